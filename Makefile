@@ -1,0 +1,33 @@
+# Two entry points for a fresh machine: `make demo` and `make test`.
+# Both create .venv and install the project on first use; the stamp file makes the second run quick.
+PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint proto bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m querycoord.demo
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(PY) scripts/gen_proto.py --check
+
+test: lint
+	$(PY) -m pytest
+
+proto: $(STAMP)
+	$(PY) scripts/gen_proto.py
+
+bench: $(STAMP)
+	$(PY) scripts/bench_meta.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,59 @@
+"""Errors of the meta layer.
+
+Callers act on the class, users read the message: every message says what
+was wrong and what to do about it (which endpoints were tried, which limit
+was exceeded, who leads now).
+"""
+
+from __future__ import annotations
+
+
+class MetaError(Exception):
+    """Base class of every error raised by ``meta``."""
+
+
+class MetaUnavailable(MetaError):
+    """etcd could not be reached (or did not answer) within the deadline."""
+
+    def __init__(self, endpoints: list[str], operation: str, elapsed: float, cause: BaseException | None):
+        self.endpoints = list(endpoints)
+        self.operation = operation
+        self.elapsed = elapsed
+        detail = f": {cause}" if cause is not None else ""
+        super().__init__(
+            f"etcd unavailable: {operation} failed after {elapsed:.1f}s trying endpoints "
+            f"{', '.join(self.endpoints)}{detail}. Check that etcd is running and reachable "
+            f"(--etcd-endpoints), and its TLS/auth settings."
+        )
+
+
+class RequestTooLarge(MetaError):
+    """A transactional write exceeds etcd's per-txn limits; nothing was sent."""
+
+    def __init__(self, ops: int, size: int, max_ops: int, max_bytes: int):
+        self.ops, self.size, self.max_ops, self.max_bytes = ops, size, max_ops, max_bytes
+        super().__init__(
+            f"request too large for one etcd txn: {ops} operations (limit {max_ops}) and "
+            f"{size} bytes (limit {max_bytes}); nothing was written. Split the write, or use "
+            f"MetaKV.chunked_save_non_atomic for data that need not be atomic."
+        )
+
+
+class NotLeader(MetaError):
+    """A fenced write was refused: the fence's leader key is gone or was recreated."""
+
+    def __init__(self, leader_key: str, revision: int, current_revision: int):
+        self.leader_key, self.revision, self.current_revision = leader_key, revision, current_revision
+        now = "deleted" if current_revision == 0 else f"created at revision {current_revision}"
+        super().__init__(
+            f"not leader: fence {leader_key}@{revision} no longer holds (the key is {now}); "
+            f"nothing was written"
+        )
+
+
+class CompareFailed(MetaError):
+    """A compare-and-swap found a different value than expected."""
+
+
+class InvalidKey(MetaError, ValueError):
+    """A key or prefix that cannot be stored (empty, or escaping the root path)."""

@@ -1,0 +1,60 @@
+"""Shared fixtures: one real etcd for the whole session, a fresh root path per test.
+
+Tests never replace etcd: isolation comes from a unique root path, so tests
+can share one member without seeing each other's keys.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from meta.client import EtcdClient, connect
+from meta.etcd_server import EtcdCluster
+from meta.kv import MetaKV
+
+
+@pytest.fixture(scope="session")
+def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
+    """A single etcd member on free loopback ports, shared by the session."""
+    cluster = EtcdCluster(tmp_path_factory.mktemp("etcd"), size=1)
+    cluster.start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def root_path(request: pytest.FixtureRequest) -> str:
+    name = re.sub(r"[^A-Za-z0-9_]+", "_", request.node.name)[:60]
+    return f"test/{name}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+async def client(etcd: EtcdCluster) -> AsyncIterator[EtcdClient]:
+    c = await connect(etcd.config())
+    yield c
+    await c.close()
+
+
+@pytest.fixture
+async def kv(client: EtcdClient, root_path: str) -> MetaKV:
+    return MetaKV(client, root_path)
+
+
+@pytest.fixture
+def project_root() -> Path:
+    return Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def subprocess_env(project_root: Path) -> dict[str, str]:
+    """Environment for child Python processes started by tests (unbuffered, project importable)."""
+    env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONPATH"] = str(project_root) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
