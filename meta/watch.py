@@ -1,0 +1,183 @@
+"""A prefix watch that neither loses nor repeats an event, across etcd restarts and compactions.
+
+``etcd3aio``'s own watch resumes from the revision in the response header,
+which can skip events (a ``created`` response or a catch-up batch carries the
+store's current revision, not the last one delivered). This watch resumes
+from the last delivered event's revision + 1, which is exact.
+
+When the revision to resume from was compacted, the events in between are
+gone for good; the watch then re-lists the prefix and yields a ``Resync``
+with the full state, after which events continue from the snapshot's
+revision + 1. Consumers replace their state on ``Resync`` and apply
+``WatchBatch`` events on top of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import grpc
+from etcd3aio._protobuf import WatchCreateRequest, WatchRequest
+from etcd3aio.kv import prefix_range_end
+from loguru import logger
+
+from meta.client import is_transient
+from meta.errors import MetaError, MetaUnavailable
+from meta.kv import MetaKV, PrefixSnapshot
+
+_PUT = 0  # mvccpb.Event.EventType
+
+
+class EventType(enum.Enum):
+    PUT = "put"
+    DELETE = "delete"
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    """One change of one key; ``key`` is relative to the root path."""
+
+    type: EventType
+    key: str
+    value: bytes
+    mod_revision: int
+    create_revision: int
+    prev_value: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WatchBatch:
+    """Events in revision order. Every change up to ``revision`` has now been delivered.
+
+    ``events`` is empty for a progress notification.
+    """
+
+    events: list[WatchEvent]
+    revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class Resync:
+    """The resume revision was compacted: here is the whole prefix; forget what you knew."""
+
+    snapshot: PrefixSnapshot
+
+    @property
+    def revision(self) -> int:
+        return self.snapshot.revision
+
+
+WatchItem = WatchBatch | Resync
+
+
+class WatchCancelled(MetaError):
+    """etcd cancelled the watch for a reason that retrying cannot fix (e.g. permission denied)."""
+
+
+async def watch_prefix(
+    kv: MetaKV,
+    prefix: str,
+    start_revision: int,
+    *,
+    prev_kv: bool = False,
+    reconnect_deadline: float | None = 60.0,
+    progress_notify: bool = False,
+) -> AsyncIterator[WatchItem]:
+    """Yield every change under ``prefix`` from ``start_revision`` on (0: from now).
+
+    The stream is re-opened after any transient failure (etcd restarted, the
+    member behind it died or lost its raft leader), resuming exactly after the
+    last delivered event. ``reconnect_deadline`` bounds how long the watch may
+    stay disconnected before it raises ``MetaUnavailable`` (``None``: keep
+    trying until cancelled; its owner must then bound it).
+    """
+    client = kv.client
+    start = kv.abs_prefix(prefix)
+    end = prefix_range_end(start)
+    next_rev = start_revision if start_revision > 0 else await kv.revision() + 1
+    backoff = 0.05
+    disconnected_since: float | None = None
+    # Like clientv3.WithRequireLeader: a member cut off from its raft leader
+    # cancels the stream instead of silently serving nothing.
+    metadata = (*(client.metadata or ()), ("hasleader", "true"))
+
+    while True:
+        stop_requests = asyncio.Event()
+        create = WatchCreateRequest(
+            key=start, range_end=end, start_revision=next_rev, prev_kv=prev_kv, progress_notify=progress_notify
+        )
+
+        async def requests(create: WatchCreateRequest = create, stop: asyncio.Event = stop_requests):
+            yield WatchRequest(create_request=create)
+            await stop.wait()
+
+        call = client.watch.Watch(requests(), metadata=metadata)
+        compacted = False
+        try:
+            async for resp in call:
+                if resp.compact_revision > 0:
+                    compacted = True
+                    break
+                if resp.canceled:
+                    if is_transient_cancel(resp.cancel_reason):
+                        break
+                    raise WatchCancelled(f"etcd cancelled the watch on {prefix!r}: {resp.cancel_reason}")
+                if resp.created:
+                    disconnected_since = None
+                    backoff = 0.05
+                    continue
+                if resp.events:
+                    events = [_event(kv, e) for e in resp.events]
+                    next_rev = events[-1].mod_revision + 1
+                    yield WatchBatch(events, events[-1].mod_revision)
+                elif resp.header.revision >= next_rev:
+                    # Progress notification: only sent to synced watchers, so
+                    # nothing below this revision is still to come.
+                    next_rev = resp.header.revision + 1
+                    yield WatchBatch([], resp.header.revision)
+        except grpc.aio.AioRpcError as exc:
+            if not is_transient(exc):
+                if exc.code() == grpc.StatusCode.UNAUTHENTICATED and client.config.user is not None:
+                    logger.info("watch on {!r}: auth token expired, logging in again", prefix)
+                    await client.reauthenticate()
+                    metadata = (*(client.metadata or ()), ("hasleader", "true"))
+                    continue
+                raise
+            logger.debug("watch on {!r} interrupted ({}); resuming at revision {}", prefix, exc.code().name, next_rev)
+        finally:
+            stop_requests.set()
+            call.cancel()
+
+        if compacted:
+            snapshot = await kv.load_prefix(prefix)
+            logger.info(
+                "watch on {!r}: revision {} was compacted; resynced at revision {} ({} keys)",
+                prefix, next_rev, snapshot.revision, len(snapshot.kvs),
+            )
+            next_rev = snapshot.revision + 1
+            yield Resync(snapshot)
+            continue
+
+        now = time.monotonic()
+        disconnected_since = disconnected_since or now
+        if reconnect_deadline is not None and now - disconnected_since > reconnect_deadline:
+            raise MetaUnavailable(client.endpoints, f"watch {prefix!r}", now - disconnected_since, None)
+        await asyncio.sleep(backoff)
+        backoff = min(backoff * 2, 1.0)
+
+
+def is_transient_cancel(reason: str) -> bool:
+    """Cancellations a new stream may not see again (the member lost its leader, is stopping)."""
+    return any(s in reason for s in ("no leader", "leader changed", "stopped", "shutdown", "timed out"))
+
+
+def _event(kv: MetaKV, e: object) -> WatchEvent:
+    raw = e.kv  # type: ignore[attr-defined]
+    prev = e.prev_kv.value if e.HasField("prev_kv") else None  # type: ignore[attr-defined]
+    if e.type == _PUT:  # type: ignore[attr-defined]
+        return WatchEvent(EventType.PUT, kv.rel_key(raw.key), raw.value, raw.mod_revision, raw.create_revision, prev)
+    return WatchEvent(EventType.DELETE, kv.rel_key(raw.key), b"", raw.mod_revision, raw.create_revision, prev)
