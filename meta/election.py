@@ -1,0 +1,211 @@
+"""Leader election with the semantics of etcd's Go ``concurrency`` package.
+
+Each candidate writes ``<prefix>/<lease id in hex>`` under its session's
+lease; the key with the lowest create revision leads. A candidate waits
+only for the key just before its own to disappear (no thundering herd),
+then checks again. Winning yields a ``Fence`` (the key and its create
+revision) that guards every write the leader makes: when the lease expires
+the key is deleted, the next candidate leads, and the old fence no longer
+matches anything in etcd.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from etcd3aio._protobuf import Compare, DeleteRangeRequest, PutRequest, RangeRequest, RequestOp, TxnRequest
+from etcd3aio.kv import prefix_range_end
+from loguru import logger
+
+from meta.errors import MetaError, NotLeader
+from meta.fence import Fence
+from meta.kv import MetaKV
+from meta.session import Session
+from meta.watch import EventType, Resync, watch_prefix
+
+ELECTION_PREFIX = "election/"
+_ASCEND, _DESCEND = 1, 2
+_SORT_CREATE = 2
+
+
+class SessionLost(MetaError):
+    """The campaign's session was lost before (or while) winning."""
+
+
+@dataclass(frozen=True)
+class LeaderInfo:
+    key: str  # relative to the root path
+    value: bytes
+    create_revision: int
+
+
+class Election:
+    """One candidate's view of the election ``name`` (see module docstring)."""
+
+    def __init__(self, kv: MetaKV, session: Session, name: str):
+        if not name or "/" in name:
+            raise ValueError(f"election name {name!r} must be a non-empty word without '/'")
+        self.kv = kv
+        self.session = session
+        self.prefix = f"{ELECTION_PREFIX}{name}/"
+        self._key: str | None = None
+        self._rev = 0
+
+    @property
+    def fence(self) -> Fence | None:
+        """The fence of this candidate's key while it holds one (leading or queued)."""
+        if self._key is None:
+            return None
+        return Fence(self.kv.abs_key(self._key).decode(), self._rev)
+
+    async def campaign(self, value: bytes | str) -> Fence:
+        """Queue for leadership and return the fence once this candidate leads.
+
+        Raises ``SessionLost`` if the session is lost while waiting. If the
+        wait is cancelled or fails, the candidate's key is removed so that it
+        does not block the candidates behind it.
+        """
+        if self.session.lease_id == 0:
+            raise RuntimeError("start the session before campaigning")
+        val = value.encode() if isinstance(value, str) else value
+        client = self.kv.client
+        key = f"{self.prefix}{self.session.lease_id:x}"
+        abs_key = self.kv.abs_key(key)
+        txn = TxnRequest(
+            compare=[Compare(result=Compare.EQUAL, target=Compare.CREATE, key=abs_key, create_revision=0)],
+            success=[RequestOp(request_put=PutRequest(key=abs_key, value=val, lease=self.session.lease_id))],
+            failure=[RequestOp(request_range=RangeRequest(key=abs_key))],
+        )
+        resp = await client.call(f"campaign {key}", lambda t: client.kv.Txn(txn, metadata=client.metadata, timeout=t))
+        self._key = key
+        if resp.succeeded:
+            self._rev = resp.header.revision
+        else:
+            # Same lease campaigned before (a retried call): keep our place in the queue.
+            self._rev = resp.responses[0].response_range.kvs[0].create_revision
+            if resp.responses[0].response_range.kvs[0].value != val:
+                await self.proclaim(val)
+        try:
+            await self._wait_for_predecessors()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.resign())
+            raise
+        fence = self.fence
+        assert fence is not None
+        logger.info("election {}: won with {}", self.prefix, fence)
+        return fence
+
+    async def _wait_for_predecessors(self) -> None:
+        client = self.kv.client
+        start = self.kv.abs_prefix(self.prefix)
+        while True:
+            if self.session.lost.is_set():
+                raise SessionLost(f"session lost while campaigning: {self.session.lost_reason}")
+            req = RangeRequest(
+                key=start,
+                range_end=prefix_range_end(start),
+                sort_order=_DESCEND,
+                sort_target=_SORT_CREATE,
+                limit=1,
+                max_create_revision=self._rev - 1,
+            )
+            resp = await client.call(
+                "election predecessors",
+                lambda t, req=req: client.kv.Range(req, metadata=client.metadata, timeout=t),
+            )
+            if not resp.kvs:
+                return
+            pred = self.kv.rel_key(resp.kvs[0].key)
+            waiter = asyncio.create_task(self._wait_deleted(pred, resp.header.revision + 1))
+            lost = asyncio.create_task(self.session.lost.wait())
+            try:
+                await asyncio.wait({waiter, lost}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for t in (waiter, lost):
+                    t.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await waiter
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is not None:
+                raise waiter.exception()  # type: ignore[misc]
+
+    async def _wait_deleted(self, key: str, from_revision: int) -> None:
+        async for item in watch_prefix(self.kv, key, from_revision, reconnect_deadline=None):
+            if isinstance(item, Resync):
+                if key not in item.snapshot.as_dict():
+                    return
+                continue
+            if any(e.key == key and e.type is EventType.DELETE for e in item.events):
+                return
+
+    async def proclaim(self, value: bytes | str) -> None:
+        """Change the leader's value without giving up leadership; ``NotLeader`` if the key is gone."""
+        if self._key is None:
+            raise NotLeader(self.prefix, 0, 0)
+        val = value.encode() if isinstance(value, str) else value
+        client = self.kv.client
+        abs_key = self.kv.abs_key(self._key)
+        txn = TxnRequest(
+            compare=[Compare(result=Compare.EQUAL, target=Compare.CREATE, key=abs_key, create_revision=self._rev)],
+            success=[RequestOp(request_put=PutRequest(key=abs_key, value=val, lease=self.session.lease_id))],
+        )
+        resp = await client.call("proclaim", lambda t: client.kv.Txn(txn, metadata=client.metadata, timeout=t))
+        if not resp.succeeded:
+            raise NotLeader(abs_key.decode(), self._rev, 0)
+
+    async def resign(self) -> None:
+        """Give up leadership (or a place in the queue) now, without waiting for the lease to expire."""
+        if self._key is None:
+            return
+        client = self.kv.client
+        abs_key = self.kv.abs_key(self._key)
+        txn = TxnRequest(
+            compare=[Compare(result=Compare.EQUAL, target=Compare.CREATE, key=abs_key, create_revision=self._rev)],
+            success=[RequestOp(request_delete_range=DeleteRangeRequest(key=abs_key))],
+        )
+        await client.call("resign", lambda t: client.kv.Txn(txn, metadata=client.metadata, timeout=t), deadline=5.0)
+        logger.info("election {}: resigned {}", self.prefix, self._key)
+        self._key = None
+        self._rev = 0
+
+    async def leader(self) -> LeaderInfo | None:
+        return await current_leader(self.kv, self.prefix)
+
+    def observe(self) -> AsyncIterator[LeaderInfo | None]:
+        return observe_leader(self.kv, self.prefix)
+
+
+async def _leader_at(kv: MetaKV, prefix: str) -> tuple[LeaderInfo | None, int]:
+    client = kv.client
+    start = kv.abs_prefix(prefix)
+    req = RangeRequest(
+        key=start, range_end=prefix_range_end(start), sort_order=_ASCEND, sort_target=_SORT_CREATE, limit=1
+    )
+    resp = await client.call("election leader", lambda t: client.kv.Range(req, metadata=client.metadata, timeout=t))
+    if not resp.kvs:
+        return None, resp.header.revision
+    kv0 = resp.kvs[0]
+    return LeaderInfo(kv.rel_key(kv0.key), kv0.value, kv0.create_revision), resp.header.revision
+
+
+async def current_leader(kv: MetaKV, prefix: str) -> LeaderInfo | None:
+    """The candidate with the lowest create revision under ``prefix``, if any."""
+    return (await _leader_at(kv, prefix))[0]
+
+
+async def observe_leader(kv: MetaKV, prefix: str) -> AsyncIterator[LeaderInfo | None]:
+    """Yield the current leader, then the leader after every change (``None`` while there is none)."""
+    last, revision = await _leader_at(kv, prefix)
+    yield last
+    async for _item in watch_prefix(kv, prefix, revision + 1, reconnect_deadline=None):
+        now = await current_leader(kv, prefix)
+        if now != last:
+            last = now
+            yield now
+
+
+def election_prefix(name: str) -> str:
+    return f"{ELECTION_PREFIX}{name}/"
