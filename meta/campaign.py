@@ -17,9 +17,12 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import sys
 import time
+
+from loguru import logger
 
 from meta.client import connect
 from meta.config import EtcdConfig
@@ -173,6 +176,8 @@ async def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    logger.remove()
+    logger.add(sys.stderr, level=os.environ.get("QUERYCOORD_LOG_LEVEL", "INFO").upper())
     p = argparse.ArgumentParser(prog="python -m meta.campaign", description=__doc__.splitlines()[0])
     p.add_argument("--endpoints", required=True, help="etcd endpoints, comma separated")
     p.add_argument("--root", required=True, help="root path in etcd")

@@ -158,7 +158,8 @@ class Session:
         if not self.lost.is_set():
             self.lost_reason = reason
             self.lost.set()
-            logger.warning("session {} lost: {}", self.info.key if self.info else "?", reason)
+            level = "INFO" if reason == "closed" else "WARNING"
+            logger.log(level, "session {} ended: {}", self.info.key if self.info else "?", reason)
 
     async def _keepalive_once(self, timeout: float) -> int:
         """One keepalive round trip; returns the TTL etcd reports (<= 0: the lease is gone)."""
