@@ -1,0 +1,330 @@
+from proto import common_pb2 as _common_pb2
+from proto import data_pb2 as _data_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class TaskKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TASK_KIND_UNSPECIFIED: _ClassVar[TaskKind]
+    TASK_KIND_LOAD_COLLECTION: _ClassVar[TaskKind]
+    TASK_KIND_RELEASE_COLLECTION: _ClassVar[TaskKind]
+    TASK_KIND_LOAD_PARTITION: _ClassVar[TaskKind]
+    TASK_KIND_RELEASE_PARTITION: _ClassVar[TaskKind]
+    TASK_KIND_LOAD_SEGMENT: _ClassVar[TaskKind]
+    TASK_KIND_RELEASE_SEGMENT: _ClassVar[TaskKind]
+    TASK_KIND_WATCH_DM_CHANNEL: _ClassVar[TaskKind]
+    TASK_KIND_WATCH_DELTA_CHANNEL: _ClassVar[TaskKind]
+    TASK_KIND_WATCH_QUERY_CHANNEL: _ClassVar[TaskKind]
+    TASK_KIND_HANDOFF: _ClassVar[TaskKind]
+    TASK_KIND_LOAD_BALANCE: _ClassVar[TaskKind]
+
+class TaskState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TASK_STATE_UNDO: _ClassVar[TaskState]
+    TASK_STATE_DOING: _ClassVar[TaskState]
+    TASK_STATE_DONE: _ClassVar[TaskState]
+    TASK_STATE_EXPIRED: _ClassVar[TaskState]
+    TASK_STATE_FAILED: _ClassVar[TaskState]
+
+class TriggerCondition(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TRIGGER_CONDITION_UNSPECIFIED: _ClassVar[TriggerCondition]
+    TRIGGER_CONDITION_HANDOFF: _ClassVar[TriggerCondition]
+    TRIGGER_CONDITION_LOAD_BALANCE: _ClassVar[TriggerCondition]
+    TRIGGER_CONDITION_GRPC_REQUEST: _ClassVar[TriggerCondition]
+    TRIGGER_CONDITION_NODE_DOWN: _ClassVar[TriggerCondition]
+
+class BalanceReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    BALANCE_REASON_UNSPECIFIED: _ClassVar[BalanceReason]
+    BALANCE_REASON_USER: _ClassVar[BalanceReason]
+    BALANCE_REASON_NODE_DOWN: _ClassVar[BalanceReason]
+    BALANCE_REASON_AUTO: _ClassVar[BalanceReason]
+TASK_KIND_UNSPECIFIED: TaskKind
+TASK_KIND_LOAD_COLLECTION: TaskKind
+TASK_KIND_RELEASE_COLLECTION: TaskKind
+TASK_KIND_LOAD_PARTITION: TaskKind
+TASK_KIND_RELEASE_PARTITION: TaskKind
+TASK_KIND_LOAD_SEGMENT: TaskKind
+TASK_KIND_RELEASE_SEGMENT: TaskKind
+TASK_KIND_WATCH_DM_CHANNEL: TaskKind
+TASK_KIND_WATCH_DELTA_CHANNEL: TaskKind
+TASK_KIND_WATCH_QUERY_CHANNEL: TaskKind
+TASK_KIND_HANDOFF: TaskKind
+TASK_KIND_LOAD_BALANCE: TaskKind
+TASK_STATE_UNDO: TaskState
+TASK_STATE_DOING: TaskState
+TASK_STATE_DONE: TaskState
+TASK_STATE_EXPIRED: TaskState
+TASK_STATE_FAILED: TaskState
+TRIGGER_CONDITION_UNSPECIFIED: TriggerCondition
+TRIGGER_CONDITION_HANDOFF: TriggerCondition
+TRIGGER_CONDITION_LOAD_BALANCE: TriggerCondition
+TRIGGER_CONDITION_GRPC_REQUEST: TriggerCondition
+TRIGGER_CONDITION_NODE_DOWN: TriggerCondition
+BALANCE_REASON_UNSPECIFIED: BalanceReason
+BALANCE_REASON_USER: BalanceReason
+BALANCE_REASON_NODE_DOWN: BalanceReason
+BALANCE_REASON_AUTO: BalanceReason
+
+class TaskInfo(_message.Message):
+    __slots__ = ("task_id", "kind", "state", "trigger_condition", "node_id", "retry_count", "error", "error_code", "collection_id", "parent_id", "created_ms", "updated_ms", "excluded_node_ids", "summary", "replaces_task_id")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    TRIGGER_CONDITION_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    RETRY_COUNT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    COLLECTION_ID_FIELD_NUMBER: _ClassVar[int]
+    PARENT_ID_FIELD_NUMBER: _ClassVar[int]
+    CREATED_MS_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_MS_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDED_NODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    REPLACES_TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    task_id: int
+    kind: TaskKind
+    state: TaskState
+    trigger_condition: TriggerCondition
+    node_id: int
+    retry_count: int
+    error: str
+    error_code: _common_pb2.ErrorCode
+    collection_id: int
+    parent_id: int
+    created_ms: int
+    updated_ms: int
+    excluded_node_ids: _containers.RepeatedScalarFieldContainer[int]
+    summary: str
+    replaces_task_id: int
+    def __init__(self, task_id: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., state: _Optional[_Union[TaskState, str]] = ..., trigger_condition: _Optional[_Union[TriggerCondition, str]] = ..., node_id: _Optional[int] = ..., retry_count: _Optional[int] = ..., error: _Optional[str] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., collection_id: _Optional[int] = ..., parent_id: _Optional[int] = ..., created_ms: _Optional[int] = ..., updated_ms: _Optional[int] = ..., excluded_node_ids: _Optional[_Iterable[int]] = ..., summary: _Optional[str] = ..., replaces_task_id: _Optional[int] = ...) -> None: ...
+
+class ChildStateCounts(_message.Message):
+    __slots__ = ("total", "undo", "doing", "done", "expired", "failed")
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    UNDO_FIELD_NUMBER: _ClassVar[int]
+    DOING_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    EXPIRED_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    total: int
+    undo: int
+    doing: int
+    done: int
+    expired: int
+    failed: int
+    def __init__(self, total: _Optional[int] = ..., undo: _Optional[int] = ..., doing: _Optional[int] = ..., done: _Optional[int] = ..., expired: _Optional[int] = ..., failed: _Optional[int] = ...) -> None: ...
+
+class TaskTree(_message.Message):
+    __slots__ = ("trigger", "children", "child_counts")
+    TRIGGER_FIELD_NUMBER: _ClassVar[int]
+    CHILDREN_FIELD_NUMBER: _ClassVar[int]
+    CHILD_COUNTS_FIELD_NUMBER: _ClassVar[int]
+    trigger: TaskInfo
+    children: _containers.RepeatedCompositeFieldContainer[TaskInfo]
+    child_counts: ChildStateCounts
+    def __init__(self, trigger: _Optional[_Union[TaskInfo, _Mapping]] = ..., children: _Optional[_Iterable[_Union[TaskInfo, _Mapping]]] = ..., child_counts: _Optional[_Union[ChildStateCounts, _Mapping]] = ...) -> None: ...
+
+class ListTasksRequest(_message.Message):
+    __slots__ = ("collection_id", "states", "include_children", "include_finished", "limit", "after_task_id", "children_limit")
+    COLLECTION_ID_FIELD_NUMBER: _ClassVar[int]
+    STATES_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_CHILDREN_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_FINISHED_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    AFTER_TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    CHILDREN_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    collection_id: int
+    states: _containers.RepeatedScalarFieldContainer[TaskState]
+    include_children: bool
+    include_finished: bool
+    limit: int
+    after_task_id: int
+    children_limit: int
+    def __init__(self, collection_id: _Optional[int] = ..., states: _Optional[_Iterable[_Union[TaskState, str]]] = ..., include_children: _Optional[bool] = ..., include_finished: _Optional[bool] = ..., limit: _Optional[int] = ..., after_task_id: _Optional[int] = ..., children_limit: _Optional[int] = ...) -> None: ...
+
+class ListTasksResponse(_message.Message):
+    __slots__ = ("status", "trees", "next_after_task_id")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    TREES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_AFTER_TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    status: _common_pb2.Status
+    trees: _containers.RepeatedCompositeFieldContainer[TaskTree]
+    next_after_task_id: int
+    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., trees: _Optional[_Iterable[_Union[TaskTree, _Mapping]]] = ..., next_after_task_id: _Optional[int] = ...) -> None: ...
+
+class GetTaskRequest(_message.Message):
+    __slots__ = ("task_id", "children_limit")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    CHILDREN_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    task_id: int
+    children_limit: int
+    def __init__(self, task_id: _Optional[int] = ..., children_limit: _Optional[int] = ...) -> None: ...
+
+class GetTaskResponse(_message.Message):
+    __slots__ = ("status", "tree")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    TREE_FIELD_NUMBER: _ClassVar[int]
+    status: _common_pb2.Status
+    tree: TaskTree
+    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., tree: _Optional[_Union[TaskTree, _Mapping]] = ...) -> None: ...
+
+class ShowCollectionsRequest(_message.Message):
+    __slots__ = ("collection_ids",)
+    COLLECTION_IDS_FIELD_NUMBER: _ClassVar[int]
+    collection_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, collection_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ShowCollectionsResponse(_message.Message):
+    __slots__ = ("status", "collections")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIONS_FIELD_NUMBER: _ClassVar[int]
+    status: _common_pb2.Status
+    collections: _containers.RepeatedCompositeFieldContainer[_data_pb2.CollectionLoadInfo]
+    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., collections: _Optional[_Iterable[_Union[_data_pb2.CollectionLoadInfo, _Mapping]]] = ...) -> None: ...
+
+class LoadCollectionRequest(_message.Message):
+    __slots__ = ("collection_id", "replica_number")
+    COLLECTION_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_NUMBER_FIELD_NUMBER: _ClassVar[int]
+    collection_id: int
+    replica_number: int
+    def __init__(self, collection_id: _Optional[int] = ..., replica_number: _Optional[int] = ...) -> None: ...
+
+class LoadCollectionResponse(_message.Message):
+    __slots__ = ("status", "task_id")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    status: _common_pb2.Status
+    task_id: int
+    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., task_id: _Optional[int] = ...) -> None: ...
+
+class ReleaseCollectionRequest(_message.Message):
+    __slots__ = ("collection_id",)
+    COLLECTION_ID_FIELD_NUMBER: _ClassVar[int]
+    collection_id: int
+    def __init__(self, collection_id: _Optional[int] = ...) -> None: ...
+
+class ReleaseCollectionResponse(_message.Message):
+    __slots__ = ("status", "task_id")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    status: _common_pb2.Status
+    task_id: int
+    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., task_id: _Optional[int] = ...) -> None: ...
+
+class ShowPartitionsRequest(_message.Message):
+    __slots__ = ("collection_id", "partition_ids")
+    COLLECTION_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_IDS_FIELD_NUMBER: _ClassVar[int]
+    collection_id: int
+    partition_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, collection_id: _Optional[int] = ..., partition_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ShowPartitionsResponse(_message.Message):
+    __slots__ = ("status", "partitions")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    status: _common_pb2.Status
+    partitions: _containers.RepeatedCompositeFieldContainer[_data_pb2.PartitionLoadInfo]
+    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., partitions: _Optional[_Iterable[_Union[_data_pb2.PartitionLoadInfo, _Mapping]]] = ...) -> None: ...
+
+class LoadPartitionsRequest(_message.Message):
+    __slots__ = ("collection_id", "partition_ids", "replica_number")
+    COLLECTION_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_IDS_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_NUMBER_FIELD_NUMBER: _ClassVar[int]
+    collection_id: int
+    partition_ids: _containers.RepeatedScalarFieldContainer[int]
+    replica_number: int
+    def __init__(self, collection_id: _Optional[int] = ..., partition_ids: _Optional[_Iterable[int]] = ..., replica_number: _Optional[int] = ...) -> None: ...
+
+class LoadPartitionsResponse(_message.Message):
+    __slots__ = ("status", "task_id")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    status: _common_pb2.Status
+    task_id: int
+    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., task_id: _Optional[int] = ...) -> None: ...
+
+class ReleasePartitionsRequest(_message.Message):
+    __slots__ = ("collection_id", "partition_ids")
+    COLLECTION_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_IDS_FIELD_NUMBER: _ClassVar[int]
+    collection_id: int
+    partition_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, collection_id: _Optional[int] = ..., partition_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ReleasePartitionsResponse(_message.Message):
+    __slots__ = ("status", "task_id")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    status: _common_pb2.Status
+    task_id: int
+    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., task_id: _Optional[int] = ...) -> None: ...
+
+class GetPartitionStatesRequest(_message.Message):
+    __slots__ = ("collection_id", "partition_ids")
+    COLLECTION_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_IDS_FIELD_NUMBER: _ClassVar[int]
+    collection_id: int
+    partition_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, collection_id: _Optional[int] = ..., partition_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class GetPartitionStatesResponse(_message.Message):
+    __slots__ = ("status", "partition_descriptions")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_DESCRIPTIONS_FIELD_NUMBER: _ClassVar[int]
+    status: _common_pb2.Status
+    partition_descriptions: _containers.RepeatedCompositeFieldContainer[_data_pb2.PartitionLoadInfo]
+    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., partition_descriptions: _Optional[_Iterable[_Union[_data_pb2.PartitionLoadInfo, _Mapping]]] = ...) -> None: ...
+
+class GetSegmentInfoRequest(_message.Message):
+    __slots__ = ("segment_ids", "collection_id")
+    SEGMENT_IDS_FIELD_NUMBER: _ClassVar[int]
+    COLLECTION_ID_FIELD_NUMBER: _ClassVar[int]
+    segment_ids: _containers.RepeatedScalarFieldContainer[int]
+    collection_id: int
+    def __init__(self, segment_ids: _Optional[_Iterable[int]] = ..., collection_id: _Optional[int] = ...) -> None: ...
+
+class GetSegmentInfoResponse(_message.Message):
+    __slots__ = ("status", "infos")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    INFOS_FIELD_NUMBER: _ClassVar[int]
+    status: _common_pb2.Status
+    infos: _containers.RepeatedCompositeFieldContainer[_data_pb2.SegmentInfo]
+    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., infos: _Optional[_Iterable[_Union[_data_pb2.SegmentInfo, _Mapping]]] = ...) -> None: ...
+
+class LoadBalanceRequest(_message.Message):
+    __slots__ = ("source_node_ids", "dst_node_ids", "sealed_segment_ids", "reason", "collection_id")
+    SOURCE_NODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    DST_NODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    SEALED_SEGMENT_IDS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    COLLECTION_ID_FIELD_NUMBER: _ClassVar[int]
+    source_node_ids: _containers.RepeatedScalarFieldContainer[int]
+    dst_node_ids: _containers.RepeatedScalarFieldContainer[int]
+    sealed_segment_ids: _containers.RepeatedScalarFieldContainer[int]
+    reason: BalanceReason
+    collection_id: int
+    def __init__(self, source_node_ids: _Optional[_Iterable[int]] = ..., dst_node_ids: _Optional[_Iterable[int]] = ..., sealed_segment_ids: _Optional[_Iterable[int]] = ..., reason: _Optional[_Union[BalanceReason, str]] = ..., collection_id: _Optional[int] = ...) -> None: ...
+
+class LoadBalanceResponse(_message.Message):
+    __slots__ = ("status", "task_id")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    status: _common_pb2.Status
+    task_id: int
+    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., task_id: _Optional[int] = ...) -> None: ...
+
+class GetComponentStatesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

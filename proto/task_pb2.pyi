@@ -1,0 +1,75 @@
+from proto import common_pb2 as _common_pb2
+from proto import data_pb2 as _data_pb2
+from proto import querycoord_pb2 as _querycoord_pb2
+from proto import querynode_pb2 as _querynode_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class HandoffSegmentsRequest(_message.Message):
+    __slots__ = ("segment_infos",)
+    SEGMENT_INFOS_FIELD_NUMBER: _ClassVar[int]
+    segment_infos: _containers.RepeatedCompositeFieldContainer[_data_pb2.SegmentInfo]
+    def __init__(self, segment_infos: _Optional[_Iterable[_Union[_data_pb2.SegmentInfo, _Mapping]]] = ...) -> None: ...
+
+class TaskRecord(_message.Message):
+    __slots__ = ("id", "kind", "parent_id", "state", "retry_count", "trigger_condition", "excluded_node_ids", "node_id", "error", "error_code", "collection_id", "created_ms", "updated_ms", "replaces_task_id", "load_collection", "release_collection", "load_partitions", "release_partitions", "load_segments", "release_segments", "watch_dm_channels", "watch_delta_channels", "add_query_channel", "handoff", "load_balance", "release_collection_on_node", "release_partitions_on_node")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    PARENT_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    RETRY_COUNT_FIELD_NUMBER: _ClassVar[int]
+    TRIGGER_CONDITION_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDED_NODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    COLLECTION_ID_FIELD_NUMBER: _ClassVar[int]
+    CREATED_MS_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_MS_FIELD_NUMBER: _ClassVar[int]
+    REPLACES_TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    LOAD_COLLECTION_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_COLLECTION_FIELD_NUMBER: _ClassVar[int]
+    LOAD_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    LOAD_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    WATCH_DM_CHANNELS_FIELD_NUMBER: _ClassVar[int]
+    WATCH_DELTA_CHANNELS_FIELD_NUMBER: _ClassVar[int]
+    ADD_QUERY_CHANNEL_FIELD_NUMBER: _ClassVar[int]
+    HANDOFF_FIELD_NUMBER: _ClassVar[int]
+    LOAD_BALANCE_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_COLLECTION_ON_NODE_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_PARTITIONS_ON_NODE_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    kind: _querycoord_pb2.TaskKind
+    parent_id: int
+    state: _querycoord_pb2.TaskState
+    retry_count: int
+    trigger_condition: _querycoord_pb2.TriggerCondition
+    excluded_node_ids: _containers.RepeatedScalarFieldContainer[int]
+    node_id: int
+    error: str
+    error_code: _common_pb2.ErrorCode
+    collection_id: int
+    created_ms: int
+    updated_ms: int
+    replaces_task_id: int
+    load_collection: _querycoord_pb2.LoadCollectionRequest
+    release_collection: _querycoord_pb2.ReleaseCollectionRequest
+    load_partitions: _querycoord_pb2.LoadPartitionsRequest
+    release_partitions: _querycoord_pb2.ReleasePartitionsRequest
+    load_segments: _querynode_pb2.LoadSegmentsRequest
+    release_segments: _querynode_pb2.ReleaseSegmentsRequest
+    watch_dm_channels: _querynode_pb2.WatchDmChannelsRequest
+    watch_delta_channels: _querynode_pb2.WatchDeltaChannelsRequest
+    add_query_channel: _querynode_pb2.AddQueryChannelRequest
+    handoff: HandoffSegmentsRequest
+    load_balance: _querycoord_pb2.LoadBalanceRequest
+    release_collection_on_node: _querynode_pb2.ReleaseCollectionRequest
+    release_partitions_on_node: _querynode_pb2.ReleasePartitionsRequest
+    def __init__(self, id: _Optional[int] = ..., kind: _Optional[_Union[_querycoord_pb2.TaskKind, str]] = ..., parent_id: _Optional[int] = ..., state: _Optional[_Union[_querycoord_pb2.TaskState, str]] = ..., retry_count: _Optional[int] = ..., trigger_condition: _Optional[_Union[_querycoord_pb2.TriggerCondition, str]] = ..., excluded_node_ids: _Optional[_Iterable[int]] = ..., node_id: _Optional[int] = ..., error: _Optional[str] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., collection_id: _Optional[int] = ..., created_ms: _Optional[int] = ..., updated_ms: _Optional[int] = ..., replaces_task_id: _Optional[int] = ..., load_collection: _Optional[_Union[_querycoord_pb2.LoadCollectionRequest, _Mapping]] = ..., release_collection: _Optional[_Union[_querycoord_pb2.ReleaseCollectionRequest, _Mapping]] = ..., load_partitions: _Optional[_Union[_querycoord_pb2.LoadPartitionsRequest, _Mapping]] = ..., release_partitions: _Optional[_Union[_querycoord_pb2.ReleasePartitionsRequest, _Mapping]] = ..., load_segments: _Optional[_Union[_querynode_pb2.LoadSegmentsRequest, _Mapping]] = ..., release_segments: _Optional[_Union[_querynode_pb2.ReleaseSegmentsRequest, _Mapping]] = ..., watch_dm_channels: _Optional[_Union[_querynode_pb2.WatchDmChannelsRequest, _Mapping]] = ..., watch_delta_channels: _Optional[_Union[_querynode_pb2.WatchDeltaChannelsRequest, _Mapping]] = ..., add_query_channel: _Optional[_Union[_querynode_pb2.AddQueryChannelRequest, _Mapping]] = ..., handoff: _Optional[_Union[HandoffSegmentsRequest, _Mapping]] = ..., load_balance: _Optional[_Union[_querycoord_pb2.LoadBalanceRequest, _Mapping]] = ..., release_collection_on_node: _Optional[_Union[_querynode_pb2.ReleaseCollectionRequest, _Mapping]] = ..., release_partitions_on_node: _Optional[_Union[_querynode_pb2.ReleasePartitionsRequest, _Mapping]] = ...) -> None: ...
