@@ -1,0 +1,67 @@
+"""gRPC client of one query node; every mutating call carries the leader's fence."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+
+from proto import common_pb2, querynode_pb2, querynode_pb2_grpc
+
+# Calls that change a node's state; they are stamped with the fence.
+MUTATING = {
+    "LoadSegments",
+    "ReleaseSegments",
+    "WatchDmChannels",
+    "WatchDeltaChannels",
+    "AddQueryChannel",
+    "ReleaseCollection",
+    "ReleasePartitions",
+}
+
+
+class NodeError(Exception):
+    """A node refused a call (status) or could not be reached (transport)."""
+
+    def __init__(self, node_id: int, method: str, code: int, reason: str, *, transport: bool = False):
+        self.node_id, self.method, self.code, self.reason, self.transport = node_id, method, code, reason, transport
+        name = common_pb2.ErrorCode.Name(code) if code in common_pb2.ErrorCode.values() else str(code)
+        super().__init__(f"query node {node_id} {method}: {name}: {reason}")
+
+
+class QueryNodeClient:
+    """One channel per node; ``fence`` is stamped on mutating requests by ``call``."""
+
+    def __init__(self, node_id: int, address: str, *, timeout: float = 10.0):
+        self.node_id = node_id
+        self.address = address
+        self.timeout = timeout
+        self._channel = grpc.aio.insecure_channel(
+            address,
+            options=[
+                ("grpc.initial_reconnect_backoff_ms", 100),
+                ("grpc.max_reconnect_backoff_ms", 1000),
+            ],
+        )
+        self._stub = querynode_pb2_grpc.QueryNodeStub(self._channel)
+        self.fence: querynode_pb2.CoordFence | None = None
+
+    async def call(self, method: str, request: Any, *, timeout: float | None = None) -> Any:
+        """Send ``request``; raise ``NodeError`` unless the node answered SUCCESS."""
+        if method in MUTATING and self.fence is not None:
+            request.fence.CopyFrom(self.fence)
+        if hasattr(request, "node_id"):
+            request.node_id = self.node_id
+        try:
+            resp = await getattr(self._stub, method)(request, timeout=timeout or self.timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise NodeError(
+                self.node_id, method, common_pb2.UNEXPECTED_ERROR, f"{exc.code().name}: {exc.details()}", transport=True
+            ) from exc
+        status = resp.status if hasattr(resp, "status") else None
+        if status is not None and status.error_code != common_pb2.SUCCESS:
+            raise NodeError(self.node_id, method, status.error_code, status.reason)
+        return resp
+
+    async def close(self) -> None:
+        await self._channel.close()

@@ -1,0 +1,256 @@
+"""Child tasks: one call to one query node each, then the query meta that records its effect."""
+
+from __future__ import annotations
+
+from loguru import logger
+
+from proto import data_pb2, querynode_pb2
+from proto import querycoord_pb2 as qc
+from querycoord.cluster.client import NodeError
+from querycoord.task.model import Task, TaskError
+
+SEALED = data_pb2.SEGMENT_STATE_SEALED
+
+
+class ChildTask(Task):
+    """A call to ``node_id``; valid while that node is online."""
+
+    METHOD: str
+
+    def is_valid(self) -> bool:
+        return self.env.nodes.is_online(self.node_id)
+
+    async def call(self, request: object) -> object:
+        client = self.env.nodes.client(self.node_id)
+        request.task_id = self.id  # type: ignore[attr-defined]
+        return await client.call(self.METHOD, request)
+
+    async def execute(self) -> None:
+        await self.call(self._copy())
+
+    def _copy(self) -> object:
+        req = type(self.request)()
+        req.CopyFrom(self.request)
+        return req
+
+
+class LoadSegmentsTask(ChildTask):
+    KIND = qc.TASK_KIND_LOAD_SEGMENT
+    REQUEST_FIELD = "load_segments"
+    METHOD = "LoadSegments"
+
+    def summary(self) -> str:
+        return f"load {len(self.request.infos)} segments of collection {self.collection_id}"
+
+    async def _filled(self) -> querynode_pb2.LoadSegmentsRequest:
+        """The persisted request is stripped of binlog paths: fetch them from the catalog again."""
+        req = self._copy()
+        by_partition: dict[int, list[int]] = {}
+        for info in req.infos:
+            by_partition.setdefault(info.partition_id, []).append(info.segment_id)
+        known: dict[int, data_pb2.SegmentBinlogs] = {}
+        for pid, seg_ids in by_partition.items():
+            _, binlogs = await self.env.broker.get_recovery_info(req.collection_id, pid, seg_ids)
+            known.update({b.segment_id: b for b in binlogs})
+        kept = []
+        for info in req.infos:
+            b = known.get(info.segment_id)
+            if b is None:
+                # Compacted away since the plan was made: its replacement arrives through handoff.
+                logger.info("segment {} left the catalog; skipped by {}", info.segment_id, self.describe())
+                continue
+            info.binlog_paths[:] = b.binlog_paths
+            del info.index_infos[:]
+            info.index_infos.extend(b.index_infos)
+            kept.append(info)
+        del req.infos[:]
+        req.infos.extend(kept)
+        return req
+
+    async def execute(self) -> None:
+        req = await self._filled()
+        if not req.infos:
+            return
+        await self.call(req)
+        await self.env.meta.save_segments(
+            [
+                data_pb2.SegmentInfo(
+                    segment_id=i.segment_id,
+                    collection_id=i.collection_id,
+                    partition_id=i.partition_id,
+                    node_id=self.node_id,
+                    mem_size=i.mem_size,
+                    num_rows=i.num_rows,
+                    state=SEALED,
+                    compaction_from=list(i.compaction_from),
+                    dm_channel=i.insert_channel,
+                )
+                for i in req.infos
+            ]
+        )
+        await self._release_moved_and_replaced(req)
+
+    async def _release_moved_and_replaced(self, req: querynode_pb2.LoadSegmentsRequest) -> None:
+        """A balance move releases the source copy; a handoff releases the compaction sources.
+
+        Best effort: a copy left behind on a node is found by reconciliation; the
+        segment is already served by its new node, which is what matters.
+        """
+        releases: dict[int, list[int]] = {}
+        if req.source_node_id and req.source_node_id != self.node_id:
+            releases[req.source_node_id] = [i.segment_id for i in req.infos]
+        replaced = [s for i in req.infos for s in i.compaction_from]
+        for seg_id in replaced:
+            old = self.env.meta.get_segment(seg_id)
+            if old is not None and old.node_id:
+                releases.setdefault(old.node_id, []).append(seg_id)
+        for node_id, seg_ids in releases.items():
+            if not self.env.nodes.is_online(node_id):
+                continue
+            try:
+                await self.env.nodes.client(node_id).call(
+                    "ReleaseSegments",
+                    querynode_pb2.ReleaseSegmentsRequest(
+                        collection_id=req.collection_id, segment_ids=seg_ids, task_id=self.id
+                    ),
+                )
+            except NodeError as exc:
+                logger.warning("{}: releasing {} on node {} failed: {}", self.describe(), seg_ids, node_id, exc)
+        if replaced:
+            await self.env.meta.remove_segments(replaced)
+
+    async def reschedule(self) -> list[Task]:
+        from querycoord.task.assign import plan_children
+
+        excluded = [*self.rec.excluded_node_ids, self.node_id]
+        parent = self.parent
+        assert parent is not None
+        req = await self._filled()
+        return await plan_children(
+            self.env,
+            parent,
+            req.collection_id,
+            list(req.infos),
+            [],
+            exclude=excluded,
+            wait=parent.rec.trigger_condition == qc.TRIGGER_CONDITION_NODE_DOWN,
+            source_node_id=req.source_node_id,
+            load_type=req.load_type,
+        )
+
+
+class WatchDmChannelsTask(ChildTask):
+    KIND = qc.TASK_KIND_WATCH_DM_CHANNEL
+    REQUEST_FIELD = "watch_dm_channels"
+    METHOD = "WatchDmChannels"
+
+    def summary(self) -> str:
+        return "watch dm " + ", ".join(i.channel_name for i in self.request.infos)
+
+    async def execute(self) -> None:
+        await self.call(self._copy())
+        await self.env.meta.save_dm_channel_watch(
+            [
+                data_pb2.DmChannelWatchInfo(
+                    collection_id=self.request.collection_id,
+                    dm_channel=i.channel_name,
+                    node_id=self.node_id,
+                    partition_ids=list(self.request.partition_ids),
+                )
+                for i in self.request.infos
+            ]
+        )
+
+    async def reschedule(self) -> list[Task]:
+        from querycoord.task.assign import plan_children
+
+        parent = self.parent
+        assert parent is not None
+        return await plan_children(
+            self.env,
+            parent,
+            self.request.collection_id,
+            [],
+            list(self.request.infos),
+            exclude=[*self.rec.excluded_node_ids, self.node_id],
+            wait=parent.rec.trigger_condition == qc.TRIGGER_CONDITION_NODE_DOWN,
+            partition_ids=list(self.request.partition_ids),
+            load_type=self.request.load_type,
+        )
+
+
+class WatchDeltaChannelsTask(ChildTask):
+    KIND = qc.TASK_KIND_WATCH_DELTA_CHANNEL
+    REQUEST_FIELD = "watch_delta_channels"
+    METHOD = "WatchDeltaChannels"
+
+    def summary(self) -> str:
+        return "watch delta " + ", ".join(i.channel_name for i in self.request.infos)
+
+    async def reschedule(self) -> list[Task]:
+        # Delta and query channels only serve the segments loaded on that node: when the
+        # node is gone, the segments' rescheduled loads bring their own watches.
+        return []
+
+
+class WatchQueryChannelTask(ChildTask):
+    KIND = qc.TASK_KIND_WATCH_QUERY_CHANNEL
+    REQUEST_FIELD = "add_query_channel"
+    METHOD = "AddQueryChannel"
+
+    def summary(self) -> str:
+        return f"watch query channel {self.request.query_channel}"
+
+    async def reschedule(self) -> list[Task]:
+        return []
+
+
+class _ReleaseChild(ChildTask):
+    """A release: retried while its node is online; an offline node holds nothing, so it counts as done."""
+
+    async def execute(self) -> None:
+        if not self.env.nodes.is_online(self.node_id):
+            return
+        await self.call(self._copy())
+
+    def is_valid(self) -> bool:
+        return True
+
+    def retryable_on_node(self) -> bool:
+        return self.env.nodes.is_online(self.node_id)
+
+    async def reschedule(self) -> list[Task]:
+        if self.env.nodes.is_online(self.node_id):
+            raise TaskError(f"{self.describe()} failed {self.rec.retry_count} times on an online node")
+        return []
+
+
+class ReleaseSegmentsTask(_ReleaseChild):
+    KIND = qc.TASK_KIND_RELEASE_SEGMENT
+    REQUEST_FIELD = "release_segments"
+    METHOD = "ReleaseSegments"
+
+    def summary(self) -> str:
+        return f"release {len(self.request.segment_ids)} segments"
+
+    async def execute(self) -> None:
+        await super().execute()
+        await self.env.meta.remove_segments(list(self.request.segment_ids))
+
+
+class ReleaseCollectionOnNodeTask(_ReleaseChild):
+    KIND = qc.TASK_KIND_RELEASE_COLLECTION
+    REQUEST_FIELD = "release_collection_on_node"
+    METHOD = "ReleaseCollection"
+
+    def summary(self) -> str:
+        return f"release collection {self.request.collection_id}"
+
+
+class ReleasePartitionsOnNodeTask(_ReleaseChild):
+    KIND = qc.TASK_KIND_RELEASE_PARTITION
+    REQUEST_FIELD = "release_partitions_on_node"
+    METHOD = "ReleasePartitions"
+
+    def summary(self) -> str:
+        return f"release partitions {list(self.request.partition_ids)}"

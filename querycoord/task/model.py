@@ -1,0 +1,208 @@
+"""The task model: a trigger (a user's or the system's request) and the tree of child tasks it plans.
+
+Every task has the life cycle of Milvus's ``task.go``: ``pre_execute`` /
+``execute`` / ``post_execute``; children can be ``reschedule``d to other
+nodes; triggers can ``roll_back``. The persistent part of a task is its
+``TaskRecord`` (``self.rec``); everything else is rebuilt from it on reload.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from meta.idalloc import IdAllocator
+from proto import common_pb2, task_pb2
+from proto import querycoord_pb2 as qc
+
+if TYPE_CHECKING:
+    from querycoord.catalog.broker import Broker
+    from querycoord.cluster.nodes import NodeManager
+    from querycoord.querymeta import QueryMeta
+    from querycoord.task.store import TaskStore
+
+UNDO, DOING, DONE = qc.TASK_STATE_UNDO, qc.TASK_STATE_DOING, qc.TASK_STATE_DONE
+EXPIRED, FAILED = qc.TASK_STATE_EXPIRED, qc.TASK_STATE_FAILED
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass
+class SchedulerConfig:
+    """Every knob of the scheduler; tests and drills scale the durations down."""
+
+    retry_budget: int = 5  # attempts per child on one node (Milvus MaxRetryNum)
+    retry_backoff: float = 0.2  # first back-off between attempts, doubling
+    retry_backoff_max: float = 2.0
+    max_concurrent_triggers: int = 8
+    max_concurrent_children: int = 64
+    trigger_timeout: float = 600.0  # a trigger's whole life, including waits for capacity
+    max_request_bytes: int = 200_000  # merged LoadSegments request on the wire (Milvus MaxSendSizeToEtcd)
+    memory_limit: float = 0.9
+    wait_interval: float = 1.0  # allocation retry interval when waiting for capacity
+    finished_history: int = 200  # finished trees kept in memory for ListTasks
+
+
+class TaskError(Exception):
+    """A task failed; ``code`` is the ErrorCode its caller sees."""
+
+    def __init__(self, reason: str, code: int = common_pb2.UNEXPECTED_ERROR):
+        self.code = code
+        self.reason = reason
+        super().__init__(reason)
+
+
+class TaskCancelled(TaskError):
+    def __init__(self, reason: str):
+        super().__init__(reason, common_pb2.CANCELLED)
+
+
+@dataclass
+class TaskEnv:
+    """What tasks work with. Built per leadership: ``meta`` and ``store`` write through the fence."""
+
+    meta: QueryMeta
+    nodes: NodeManager
+    broker: Broker
+    store: TaskStore
+    ids: IdAllocator
+    config: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+
+class Task:
+    """Base of every task kind (see module docstring)."""
+
+    KIND: ClassVar[int]
+    REQUEST_FIELD: ClassVar[str]
+    IS_TRIGGER: ClassVar[bool] = False
+
+    def __init__(self, env: TaskEnv, rec: task_pb2.TaskRecord):
+        self.env = env
+        self.rec = rec
+        self.parent: Task | None = None
+        self.children: list[Task] = []
+
+    # ----- construction ---------------------------------------------------------------------------------
+    @classmethod
+    def new(
+        cls,
+        env: TaskEnv,
+        request: Any,
+        *,
+        trigger_condition: int,
+        collection_id: int = 0,
+        node_id: int = 0,
+        parent: Task | None = None,
+        excluded: list[int] | None = None,
+    ) -> Task:
+        rec = task_pb2.TaskRecord(
+            kind=cls.KIND,
+            state=UNDO,
+            trigger_condition=trigger_condition,
+            collection_id=collection_id,
+            node_id=node_id,
+            parent_id=parent.id if parent else 0,
+            excluded_node_ids=excluded or [],
+            created_ms=now_ms(),
+            updated_ms=now_ms(),
+        )
+        getattr(rec, cls.REQUEST_FIELD).CopyFrom(request)
+        task = cls(env, rec)
+        task.parent = parent
+        return task
+
+    # ----- record accessors ------------------------------------------------------------------------------
+    @property
+    def id(self) -> int:
+        return self.rec.id
+
+    @property
+    def state(self) -> int:
+        return self.rec.state
+
+    def set_state(self, state: int) -> None:
+        self.rec.state = state
+        self.rec.updated_ms = now_ms()
+
+    @property
+    def request(self) -> Any:
+        return getattr(self.rec, self.REQUEST_FIELD)
+
+    @property
+    def node_id(self) -> int:
+        return self.rec.node_id
+
+    @property
+    def collection_id(self) -> int:
+        return self.rec.collection_id
+
+    def set_error(self, err: BaseException) -> None:
+        code = err.code if isinstance(err, TaskError) else getattr(err, "code", common_pb2.UNEXPECTED_ERROR)
+        self.rec.error = str(err)[:2000]
+        self.rec.error_code = code if code in common_pb2.ErrorCode.values() else common_pb2.UNEXPECTED_ERROR
+
+    # ----- life cycle (overridden by kinds) ----------------------------------------------------------------
+    def collections(self) -> set[int]:
+        """Collections this trigger touches; triggers of one collection run one at a time."""
+        return {self.collection_id} if self.collection_id else set()
+
+    async def pre_execute(self) -> None:
+        """Validate against current state; raising fails the task before it changes anything."""
+
+    async def execute(self) -> None:
+        """Do the work (a child) or plan the children (a trigger)."""
+        raise NotImplementedError
+
+    async def post_execute(self) -> None:
+        """Record the result (query meta) once the task and its children succeeded."""
+
+    async def on_reload(self) -> None:
+        """A DONE trigger was reloaded by a new leader: rebuild what only lived in memory."""
+
+    def is_valid(self) -> bool:
+        """False when the task cannot run as planned (its node went offline)."""
+        return True
+
+    def retryable_on_node(self) -> bool:
+        return self.is_valid()
+
+    async def reschedule(self) -> list[Task]:
+        """Replacement children on other nodes; raising means nobody can take the work."""
+        raise TaskError(f"{self.describe()} cannot be rescheduled")
+
+    def roll_back(self) -> list[Task]:
+        """Children that undo what a failed trigger may have done on the nodes."""
+        return []
+
+    def on_child_done(self, child: Task) -> None:
+        """Progress hook (Milvus updateTaskProcess)."""
+
+    def summary(self) -> str:
+        return qc.TaskKind.Name(self.KIND).removeprefix("TASK_KIND_").lower().replace("_", " ")
+
+    def describe(self) -> str:
+        node = f" on node {self.node_id}" if self.node_id else ""
+        return f"task {self.id} ({self.summary()}{node})"
+
+    def info(self) -> qc.TaskInfo:
+        r = self.rec
+        return qc.TaskInfo(
+            task_id=r.id,
+            kind=r.kind,
+            state=r.state,
+            trigger_condition=r.trigger_condition,
+            node_id=r.node_id,
+            retry_count=r.retry_count,
+            error=r.error,
+            error_code=r.error_code,
+            collection_id=r.collection_id,
+            parent_id=r.parent_id,
+            created_ms=r.created_ms,
+            updated_ms=r.updated_ms,
+            excluded_node_ids=list(r.excluded_node_ids),
+            summary=self.summary(),
+            replaces_task_id=r.replaces_task_id,
+        )

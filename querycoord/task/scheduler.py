@@ -1,0 +1,413 @@
+"""The scheduler: a priority queue of triggers, concurrent children, retries, rescheduling, rollback.
+
+* Queue order: trigger condition (NodeDown > GrpcRequest > LoadBalance >
+  Handoff), then FIFO by id. Triggers touching the same collection run one
+  at a time; others run concurrently, at most ``max_concurrent_triggers``.
+* A ReleaseCollection/ReleasePartitions cancels queued or running loads of
+  the same collection (their callers get CANCELLED "cancelled by release")
+  instead of waiting behind them (Milvus problem 6).
+* A child is retried on its node with back-off while its node is online
+  and its budget lasts, then rescheduled to other nodes (its node added to
+  the excluded ones); when no node can take it the trigger fails and is
+  rolled back. Every trigger runs under its deadline.
+* Reload never blocks start-up: records are read page by page and queued
+  in memory with no capacity limit (Milvus problem 1).
+* Losing leadership (``NotLeader`` from a fenced write, or a node reporting
+  a newer leader) stops everything without another write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+import time
+from collections import deque
+from collections.abc import Callable
+
+from loguru import logger
+
+from meta.errors import MetaError, NotLeader
+from proto import common_pb2, task_pb2
+from proto import querycoord_pb2 as qc
+from querycoord.cluster.allocator import NoAvailableNode
+from querycoord.cluster.client import NodeError
+from querycoord.task.children import (
+    LoadSegmentsTask,
+    ReleaseCollectionOnNodeTask,
+    ReleasePartitionsOnNodeTask,
+    ReleaseSegmentsTask,
+    WatchDeltaChannelsTask,
+    WatchDmChannelsTask,
+    WatchQueryChannelTask,
+)
+from querycoord.task.model import DOING, DONE, EXPIRED, FAILED, UNDO, Task, TaskCancelled, TaskEnv, TaskError
+from querycoord.task.triggers import TRIGGER_KINDS, ReleaseCollectionTask, ReleasePartitionsTask, TriggerTask
+
+CHILD_KINDS: dict[str, type[Task]] = {
+    cls.REQUEST_FIELD: cls
+    for cls in (LoadSegmentsTask, WatchDmChannelsTask, WatchDeltaChannelsTask, WatchQueryChannelTask,
+                ReleaseSegmentsTask, ReleaseCollectionOnNodeTask, ReleasePartitionsOnNodeTask)
+}
+LOAD_KINDS = (qc.TASK_KIND_LOAD_COLLECTION, qc.TASK_KIND_LOAD_PARTITION)
+
+# Failures a child survives by retrying or rescheduling.
+_CHILD_FAILURES = (NodeError, TaskError, NoAvailableNode, MetaError)
+
+
+class LeadershipLost(Exception):
+    """Raised inside the scheduler when a write or a node says another leader exists."""
+
+
+def _is_stale_leader(exc: BaseException) -> bool:
+    return isinstance(exc, NodeError) and exc.code == common_pb2.STALE_LEADER
+
+
+class Scheduler:
+    """Runs trigger trees (see module docstring)."""
+
+    def __init__(self, env: TaskEnv, *, on_leadership_lost: Callable[[BaseException], None] | None = None):
+        self.env = env
+        self.cfg = env.config
+        self.on_leadership_lost = on_leadership_lost
+        self._heap: list[tuple[int, int, int]] = []  # (-priority, id, tiebreak)
+        self.triggers: dict[int, TriggerTask] = {}  # queued or running
+        self._running: dict[int, asyncio.Task[None]] = {}
+        self._busy: dict[int, int] = {}  # collection -> trigger id
+        self._cancel_reason: dict[int, str] = {}
+        self.finished: deque[qc.TaskTree] = deque(maxlen=self.cfg.finished_history)
+        self._wake = asyncio.Event()
+        self._loop: asyncio.Task[None] | None = None
+        self._tiebreak = itertools.count()
+        self.stopped = False
+
+    # ----- life cycle ---------------------------------------------------------------------------------------
+    async def start(self, *, reload: bool = True) -> int:
+        """Reload persisted trees (returns how many triggers were queued), then start dispatching."""
+        n = await self.reload() if reload else 0
+        self._loop = asyncio.create_task(self._dispatch_loop(), name="scheduler")
+        return n
+
+    async def stop(self) -> None:
+        """Stop dispatching and cancel running triggers without writing anything more."""
+        self.stopped = True
+        tasks = [*self._running.values(), *([self._loop] if self._loop else [])]
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        for trig in self.triggers.values():
+            for fut in (trig.planned, trig.finished):
+                if not fut.done():
+                    fut.set_exception(TaskError("the coordinator stopped or lost leadership; retry against the leader",
+                                                common_pb2.NOT_LEADER))
+                    fut.exception()  # mark retrieved
+
+    def _leadership_lost(self, exc: BaseException) -> None:
+        if not self.stopped:
+            logger.error("scheduler: leadership lost ({}); stopping without further writes", exc)
+            self.stopped = True
+            if self.on_leadership_lost is not None:
+                self.on_leadership_lost(exc)
+
+    # ----- queue ------------------------------------------------------------------------------------------------
+    async def enqueue(self, trigger: TriggerTask) -> TriggerTask:
+        """Give the trigger an id, persist it (UNDO), queue it. Releases cancel loads of their collection."""
+        if self.stopped:
+            raise TaskError("the scheduler is stopped (not leader)", common_pb2.NOT_LEADER)
+        trigger.rec.id = (await self.env.ids.allocate(1))[0]
+        await self.env.store.add_trigger(trigger.rec)
+        if isinstance(trigger, ReleaseCollectionTask | ReleasePartitionsTask):
+            self._cancel_loads(trigger.collection_id, f"cancelled by release (task {trigger.id})")
+        self._push(trigger)
+        return trigger
+
+    def _push(self, trigger: TriggerTask) -> None:
+        self.triggers[trigger.id] = trigger
+        heapq.heappush(self._heap, (-trigger.rec.trigger_condition, trigger.id, next(self._tiebreak)))
+        self._wake.set()
+
+    def _cancel_loads(self, collection_id: int, reason: str) -> None:
+        for t in list(self.triggers.values()):
+            if t.collection_id != collection_id or t.KIND not in LOAD_KINDS:
+                continue
+            self._cancel_reason[t.id] = reason
+            running = self._running.get(t.id)
+            if running is not None:
+                running.cancel()
+            else:
+                # Still queued: it never started, so it has nothing to roll back.
+                self._running[t.id] = asyncio.create_task(self._finish_cancelled(t))
+
+    async def _finish_cancelled(self, t: TriggerTask) -> None:
+        err = TaskCancelled(self._cancel_reason.get(t.id, "cancelled"))
+        try:
+            t.set_error(err)
+            t.set_state(FAILED)
+            await self.env.store.remove_tree(t.rec, [c.rec for c in t.children if c.id])
+        finally:
+            self._finish(t, err)
+
+    async def _dispatch_loop(self) -> None:
+        while not self.stopped:
+            await self._wake.wait()
+            self._wake.clear()
+            blocked = []
+            while self._heap and len(self._running) < self.cfg.max_concurrent_triggers:
+                item = heapq.heappop(self._heap)
+                t = self.triggers.get(item[1])
+                if t is None or t.id in self._running:
+                    continue
+                colls = t.collections()
+                if any(c in self._busy for c in colls):
+                    blocked.append(item)
+                    continue
+                for c in colls:
+                    self._busy[c] = t.id
+                t.locked = colls  # type: ignore[attr-defined]
+                self._running[t.id] = asyncio.create_task(self._run_trigger(t), name=f"trigger-{t.id}")
+            for item in blocked:
+                heapq.heappush(self._heap, item)
+
+    # ----- running a tree ---------------------------------------------------------------------------------------
+    async def _run_trigger(self, t: TriggerTask) -> None:
+        store = self.env.store
+        error: BaseException | None = None
+        try:
+            async with asyncio.timeout_at(asyncio.get_running_loop().time() + max(0.0, t.deadline - time.monotonic())):
+                try:
+                    if t.state in (UNDO, DOING):
+                        t.set_state(DOING)
+                        await store.save(t.rec)
+                        await t.pre_execute()
+                        await t.execute()
+                        await self._commit_plan(t)
+                    else:
+                        await t.on_reload()
+                    if not t.planned.done():
+                        t.planned.set_result(None)
+                    await self._run_children(t, [c for c in t.children if c.state != DONE])
+                    await t.post_execute()
+                    t.set_state(EXPIRED)
+                except asyncio.CancelledError:
+                    reason = self._cancel_reason.get(t.id)
+                    if reason is None or self.stopped:
+                        raise
+                    error = TaskCancelled(reason)
+                    await self._fail(t, error)
+                except (NotLeader, LeadershipLost) as exc:
+                    self._leadership_lost(exc)
+                    raise asyncio.CancelledError from exc
+                except (*_CHILD_FAILURES, TimeoutError) as exc:
+                    if _is_stale_leader(exc):
+                        self._leadership_lost(exc)
+                        raise asyncio.CancelledError from exc
+                    error = exc
+                    await self._fail(t, exc)
+        except TimeoutError as exc:
+            error = TaskError(f"{t.describe()} passed its deadline of {self.cfg.trigger_timeout:.0f}s",
+                              common_pb2.TIMEOUT)
+            error.__cause__ = exc
+            with contextlib.suppress(Exception):
+                await self._fail(t, error)
+        except asyncio.CancelledError:
+            self._drop(t)
+            return
+        except NotLeader as exc:
+            self._leadership_lost(exc)
+            self._drop(t)
+            return
+        try:
+            await store.remove_tree(t.rec, [c.rec for c in t.children if c.id])
+        except NotLeader as exc:
+            self._leadership_lost(exc)
+            self._drop(t)
+            return
+        except MetaError as exc:
+            logger.error("{}: could not remove its keys ({}); the next leader cleans them up", t.describe(), exc)
+        self._finish(t, error)
+
+    async def _commit_plan(self, t: TriggerTask) -> None:
+        """Ids for the children, then children + the trigger's DONE in txns: the commit point."""
+        if t.children:
+            ids = await self.env.ids.allocate(len(t.children))
+            for c, i in zip(t.children, ids, strict=True):
+                c.rec.id = i
+                c.rec.parent_id = t.id
+                c.parent = t
+        t.set_state(DONE)
+        await self.env.store.commit_children(t.rec, [c.rec for c in t.children])
+
+    async def _run_children(self, t: TriggerTask, children: list[Task]) -> None:
+        sem = asyncio.Semaphore(self.cfg.max_concurrent_children)
+
+        async def run(c: Task) -> None:
+            async with sem:
+                await self._run_child(t, c)
+
+        results = await asyncio.gather(*(run(c) for c in children), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        for e in errors:
+            if isinstance(e, NotLeader | LeadershipLost | asyncio.CancelledError) or _is_stale_leader(e):
+                raise e
+        if errors:
+            reasons = "; ".join(str(e) for e in errors[:5])
+            more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
+            code = getattr(errors[0], "code", common_pb2.UNEXPECTED_ERROR)
+            raise TaskError(f"{len(errors)} of {len(children)} child tasks failed: {reasons}{more}", code)
+
+    async def _run_child(self, t: TriggerTask, child: Task) -> None:
+        budget = self.cfg.retry_budget
+        while child.is_valid():
+            child.rec.retry_count += 1
+            try:
+                await child.execute()
+            except _CHILD_FAILURES as exc:
+                if isinstance(exc, NotLeader) or _is_stale_leader(exc):
+                    raise LeadershipLost(str(exc)) from exc
+                child.set_error(exc)
+                logger.info("{} attempt {}/{} failed: {}", child.describe(), child.rec.retry_count, budget, exc)
+                if child.rec.retry_count >= budget or not child.retryable_on_node():
+                    break
+                await asyncio.sleep(min(self.cfg.retry_backoff * 2 ** (child.rec.retry_count - 1),
+                                        self.cfg.retry_backoff_max))
+                continue
+            child.set_state(DONE)
+            await self.env.store.save(child.rec)
+            t.on_child_done(child)
+            return
+        await self._reschedule(t, child)
+
+    async def _reschedule(self, t: TriggerTask, child: Task) -> None:
+        try:
+            new = await child.reschedule()
+        except (TaskError, NoAvailableNode, NodeError) as exc:
+            child.set_state(FAILED)
+            last = child.rec.error or "its node went offline"
+            raise TaskError(f"{child.describe()} failed ({last}) and could not be rescheduled: {exc}",
+                            getattr(exc, "code", common_pb2.NO_AVAILABLE_NODE)) from exc
+        if new:
+            ids = await self.env.ids.allocate(len(new))
+            for c, i in zip(new, ids, strict=True):
+                c.rec.id = i
+                c.rec.parent_id = t.id
+                c.rec.replaces_task_id = child.id
+                c.parent = t
+        logger.info("{} rescheduled as {}", child.describe(), [c.describe() for c in new])
+        await self.env.store.replace_child(child.rec, [c.rec for c in new])
+        t.children = [c for c in t.children if c is not child] + new
+        await self._run_children(t, new)
+
+    async def _fail(self, t: TriggerTask, exc: BaseException) -> None:
+        """Roll back on the nodes (best effort, bounded), undo query meta, record the error."""
+        logger.warning("{} failed: {}", t.describe(), exc)
+        t.set_error(exc)
+        rollback = t.roll_back()
+        if rollback:
+            results = await asyncio.gather(*(self._rollback_child(c) for c in rollback), return_exceptions=True)
+            for r in results:
+                if isinstance(r, NotLeader):
+                    raise r
+        await t.after_failure()
+        t.set_state(FAILED)
+
+    async def _rollback_child(self, c: Task) -> None:
+        for attempt in range(self.cfg.retry_budget):
+            try:
+                await c.execute()
+                return
+            except _CHILD_FAILURES as exc:
+                if isinstance(exc, NotLeader):
+                    raise
+                if not c.retryable_on_node() or attempt == self.cfg.retry_budget - 1:
+                    logger.warning("rollback {} gave up: {}", c.describe(), exc)
+                    return
+                await asyncio.sleep(self.cfg.retry_backoff)
+
+    def _release_locks(self, t: TriggerTask) -> None:
+        for c in getattr(t, "locked", ()):
+            if self._busy.get(c) == t.id:
+                del self._busy[c]
+
+    def _drop(self, t: TriggerTask) -> None:
+        """Forget a trigger without finishing it (shutdown / lost leadership): its keys stay for the next leader."""
+        self._running.pop(t.id, None)
+        self._release_locks(t)
+
+    def _finish(self, t: TriggerTask, error: BaseException | None) -> None:
+        self._running.pop(t.id, None)
+        self.triggers.pop(t.id, None)
+        self._cancel_reason.pop(t.id, None)
+        self._release_locks(t)
+        self.finished.append(self.tree(t))
+        for fut in (t.planned, t.finished):
+            if fut.done():
+                continue
+            if error is None:
+                fut.set_result(None)
+            else:
+                fut.set_exception(error if isinstance(error, TaskError) else TaskError(str(error)))
+                fut.exception()
+        self._wake.set()
+
+    # ----- reload -------------------------------------------------------------------------------------------------
+    async def reload(self) -> int:
+        """Rebuild the queue from etcd (see the commit points in ``task.store``)."""
+        records = await self.env.store.load_all()
+        by_id = {r.id: r for r in records}
+        garbage: list[task_pb2.TaskRecord] = []
+        children: dict[int, list[task_pb2.TaskRecord]] = {}
+        for r in records:
+            if r.parent_id == 0:
+                continue
+            parent = by_id.get(r.parent_id)
+            if parent is None or parent.state != DONE or (r.replaces_task_id and r.replaces_task_id in by_id):
+                garbage.append(r)  # uncommitted plan or uncommitted reschedule
+            else:
+                children.setdefault(r.parent_id, []).append(r)
+        queued = 0
+        for r in sorted((r for r in records if r.parent_id == 0), key=lambda r: r.id):
+            case = r.WhichOneof("request")
+            cls = TRIGGER_KINDS.get(case or "")
+            if cls is None or r.state in (EXPIRED, FAILED):
+                garbage.append(r)
+                garbage.extend(children.pop(r.id, []))
+                continue
+            t = cls(self.env, r)
+            if r.state == DONE:
+                for cr in sorted(children.pop(r.id, []), key=lambda c: c.id):
+                    ccls = CHILD_KINDS.get(cr.WhichOneof("request") or "")
+                    if ccls is None:
+                        garbage.append(cr)
+                        continue
+                    child = ccls(self.env, cr)
+                    child.parent = t
+                    t.children.append(child)
+            else:
+                garbage.extend(children.pop(r.id, []))
+            self._push(t)
+            queued += 1
+        if garbage:
+            await self.env.store.remove(garbage)
+        logger.info("scheduler reload: {} triggers queued, {} garbage records removed", queued, len(garbage))
+        return queued
+
+    # ----- views --------------------------------------------------------------------------------------------------
+    def tree(self, t: TriggerTask, children_limit: int = 0) -> qc.TaskTree:
+        counts = qc.ChildStateCounts(total=len(t.children))
+        for c in t.children:
+            name = {UNDO: "undo", DOING: "doing", DONE: "done", EXPIRED: "expired", FAILED: "failed"}[c.state]
+            setattr(counts, name, getattr(counts, name) + 1)
+        kids = t.children if not children_limit else t.children[:children_limit]
+        return qc.TaskTree(trigger=t.info(), children=[c.info() for c in kids], child_counts=counts)
+
+    def find(self, task_id: int) -> TriggerTask | None:
+        t = self.triggers.get(task_id)
+        if t is not None:
+            return t
+        for trig in self.triggers.values():
+            if any(c.id == task_id for c in trig.children):
+                return trig
+        return None

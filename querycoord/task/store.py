@@ -1,0 +1,174 @@
+"""Persistence of task trees under etcd prefixes, with explicit commit points.
+
+Each task has two keys, always written and removed in the same txn:
+``queryCoord-triggerTask/<id>`` (a trigger) or ``queryCoord-activeTask/<id>``
+(a child) holds the request; ``queryCoord-taskInfo/<id>`` holds the
+``TaskRecord`` without its request (kind, parent, state, retries, trigger
+condition, excluded nodes...). Milvus kept a decimal state there that could
+drift from the request; here both always change together.
+
+Commit points (DESIGN.md rule 2), which reload relies on:
+
+* children of a trigger are written first, in as many txns as etcd's limits
+  need; the trigger's flip to DONE is in the last txn. A trigger that is not
+  DONE on reload has no committed children: they are garbage.
+* a rescheduled child's replacements are written first; the failed child's
+  removal is in the last txn. A replacement whose predecessor still exists
+  on reload is garbage.
+* a finished tree is removed children first, trigger last.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from meta.kv import MAX_TXN_OPS, MetaKV
+from proto import querycoord_pb2 as qc
+from proto import task_pb2
+
+TRIGGER_PREFIX = "queryCoord-triggerTask/"
+ACTIVE_PREFIX = "queryCoord-activeTask/"
+INFO_PREFIX = "queryCoord-taskInfo/"
+TASK_PREFIXES = (TRIGGER_PREFIX, ACTIVE_PREFIX, INFO_PREFIX)
+
+# Stay clear of etcd's 1.5 MiB request limit: keys, op framing and the fence compare add bytes.
+_TXN_BUDGET_BYTES = 1_400_000
+_OP_OVERHEAD = 24
+
+
+def request_key(rec: task_pb2.TaskRecord) -> str:
+    return f"{TRIGGER_PREFIX if rec.parent_id == 0 else ACTIVE_PREFIX}{rec.id}"
+
+
+def info_key(task_id: int) -> str:
+    return f"{INFO_PREFIX}{task_id}"
+
+
+def split_record(rec: task_pb2.TaskRecord) -> tuple[bytes, bytes]:
+    """(request bytes, info bytes): the info is the record with its request cleared."""
+    case = rec.WhichOneof("request")
+    request = getattr(rec, case).SerializeToString() if case else b""
+    info = task_pb2.TaskRecord()
+    info.CopyFrom(rec)
+    if case:
+        info.ClearField(case)
+    # The request's case name is kept so that reload knows how to decode it.
+    return request, _with_case(info, case).SerializeToString()
+
+
+def _with_case(info: task_pb2.TaskRecord, case: str | None) -> task_pb2.TaskRecord:
+    # Record which oneof the request belongs to by setting an empty message of that case:
+    # an empty sub-message still marks the case and costs two bytes.
+    if case:
+        getattr(info, case).SetInParent()
+    return info
+
+
+def join_record(info_bytes: bytes, request_bytes: bytes | None) -> task_pb2.TaskRecord:
+    rec = task_pb2.TaskRecord.FromString(info_bytes)
+    case = rec.WhichOneof("request")
+    if case and request_bytes is not None:
+        getattr(rec, case).MergeFromString(request_bytes)
+    return rec
+
+
+@dataclass
+class _Unit:
+    """Keys that must change in the same txn (one task's two keys)."""
+
+    saves: dict[str, bytes] = field(default_factory=dict)
+    removals: list[str] = field(default_factory=list)
+
+    @property
+    def ops(self) -> int:
+        return len(self.saves) + len(self.removals)
+
+    @property
+    def size(self) -> int:
+        return sum(len(k) + len(v) + _OP_OVERHEAD for k, v in self.saves.items()) + sum(
+            len(k) + _OP_OVERHEAD for k in self.removals
+        )
+
+
+def save_unit(rec: task_pb2.TaskRecord) -> _Unit:
+    request, info = split_record(rec)
+    return _Unit(saves={request_key(rec): request, info_key(rec.id): info})
+
+
+def remove_unit(rec: task_pb2.TaskRecord) -> _Unit:
+    return _Unit(removals=[request_key(rec), info_key(rec.id)])
+
+
+def pack(units: Sequence[_Unit], last: _Unit) -> list[_Unit]:
+    """Group units into txns within etcd's limits, ``last`` (the commit point) in the final txn."""
+    batches: list[_Unit] = []
+    cur = _Unit()
+    for u in [*units, last]:
+        if cur.ops and (cur.ops + u.ops > MAX_TXN_OPS or cur.size + u.size > _TXN_BUDGET_BYTES):
+            batches.append(cur)
+            cur = _Unit()
+        cur.saves.update(u.saves)
+        cur.removals.extend(u.removals)
+    batches.append(cur)
+    return batches
+
+
+class TaskStore:
+    """Reads and writes task records; the coordinator gives it its fenced KV."""
+
+    def __init__(self, kv: MetaKV):
+        self.kv = kv
+        self.txns = 0  # etcd write txns made, for benchmarks and tests
+
+    async def _write(self, batches: Iterable[_Unit]) -> None:
+        for b in batches:
+            await self.kv.multi_save_and_remove(b.saves, b.removals)
+            self.txns += 1
+
+    async def add_trigger(self, rec: task_pb2.TaskRecord) -> None:
+        """Persist a new trigger (state UNDO) in one txn."""
+        await self._write([save_unit(rec)])
+
+    async def save(self, *recs: task_pb2.TaskRecord) -> None:
+        """Rewrite records whose state or retries changed (the request is rewritten with them)."""
+        await self._write(pack([save_unit(r) for r in recs[:-1]], save_unit(recs[-1])) if recs else [])
+
+    async def commit_children(self, trigger: task_pb2.TaskRecord, children: Sequence[task_pb2.TaskRecord]) -> None:
+        """Children first; the trigger's record (now DONE) in the last txn: the commit point."""
+        await self._write(pack([save_unit(c) for c in children], save_unit(trigger)))
+
+    async def replace_child(self, old: task_pb2.TaskRecord, new: Sequence[task_pb2.TaskRecord]) -> None:
+        """Replacements first; the failed child's removal in the last txn."""
+        await self._write(pack([save_unit(c) for c in new], remove_unit(old)))
+
+    async def remove_tree(self, trigger: task_pb2.TaskRecord, children: Sequence[task_pb2.TaskRecord]) -> None:
+        """Children first, trigger last: a crash in between leaves a smaller, still valid tree."""
+        await self._write(pack([remove_unit(c) for c in children], remove_unit(trigger)))
+
+    async def remove(self, recs: Sequence[task_pb2.TaskRecord]) -> None:
+        if recs:
+            await self._write(pack([remove_unit(r) for r in recs[:-1]], remove_unit(recs[-1])))
+
+    async def load_all(self) -> list[task_pb2.TaskRecord]:
+        """Every persisted task, joined from its two keys. Keys with no partner are dropped later as garbage."""
+        infos = (await self.kv.load_prefix(INFO_PREFIX)).kvs
+        requests = {kv.key: kv.value for kv in (await self.kv.load_prefix(TRIGGER_PREFIX)).kvs}
+        requests.update({kv.key: kv.value for kv in (await self.kv.load_prefix(ACTIVE_PREFIX)).kvs})
+        out = []
+        for item in infos:
+            rec = task_pb2.TaskRecord.FromString(item.value)
+            req = requests.pop(request_key(rec), None)
+            out.append(join_record(item.value, req))
+        self.orphan_request_keys = list(requests)
+        return out
+
+    async def count_keys(self) -> dict[str, int]:
+        return {p: await self.kv.count_prefix(p) for p in TASK_PREFIXES}
+
+
+def is_trigger(rec: task_pb2.TaskRecord) -> bool:
+    return rec.parent_id == 0
+
+
+TERMINAL_STATES = (qc.TASK_STATE_EXPIRED, qc.TASK_STATE_FAILED)

@@ -1,0 +1,367 @@
+"""Trigger tasks: what callers (users, the node watcher, the balancer, handoff) ask for.
+
+A trigger's ``execute`` only plans: it reads the catalog and query meta and
+builds children. The scheduler persists them (the commit point), runs them,
+and calls ``post_execute`` to record the result, or ``roll_back`` and
+``after_failure`` when the trigger fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable
+
+from loguru import logger
+
+from proto import common_pb2, data_pb2, querynode_pb2
+from proto import querycoord_pb2 as qc
+from querycoord.task.assign import plan_children
+from querycoord.task.children import (
+    LoadSegmentsTask,
+    ReleaseCollectionOnNodeTask,
+    ReleasePartitionsOnNodeTask,
+)
+from querycoord.task.model import Task, TaskEnv, TaskError
+
+IN_MEMORY = data_pb2.PARTITION_STATE_IN_MEMORY
+PARTIAL = data_pb2.PARTITION_STATE_PARTIAL_IN_MEMORY
+
+
+def delta_channel(dm: data_pb2.VChannelInfo) -> data_pb2.VChannelInfo:
+    """The delta channel that goes with a DM channel (Milvus derives it by name)."""
+    name = dm.channel_name.replace("dml", "delta", 1) if "dml" in dm.channel_name else f"delta-{dm.channel_name}"
+    return data_pb2.VChannelInfo(collection_id=dm.collection_id, channel_name=name)
+
+
+def segment_load_info(b: data_pb2.SegmentBinlogs) -> data_pb2.SegmentLoadInfo:
+    return data_pb2.SegmentLoadInfo(
+        segment_id=b.segment_id,
+        partition_id=b.partition_id,
+        collection_id=b.collection_id,
+        num_rows=b.num_rows,
+        mem_size=b.mem_size,
+        binlog_paths=list(b.binlog_paths),
+        compaction_from=list(b.compaction_from),
+        insert_channel=b.insert_channel,
+        index_infos=list(b.index_infos),
+    )
+
+
+def merge_channel(into: data_pb2.VChannelInfo, other: data_pb2.VChannelInfo) -> None:
+    for field in ("unflushed_segment_ids", "flushed_segment_ids", "dropped_segment_ids"):
+        have = set(getattr(into, field))
+        getattr(into, field).extend(x for x in getattr(other, field) if x not in have)
+
+
+class TriggerTask(Task):
+    """A trigger: carries the futures its caller waits on and its deadline."""
+
+    IS_TRIGGER = True
+
+    def __init__(self, env: TaskEnv, rec):  # type: ignore[no-untyped-def]
+        super().__init__(env, rec)
+        loop = asyncio.get_event_loop()
+        self.planned: asyncio.Future[None] = loop.create_future()
+        self.finished: asyncio.Future[None] = loop.create_future()
+        self.deadline = time.monotonic() + env.config.trigger_timeout
+
+    async def after_failure(self) -> None:
+        """Undo query meta written by a failed trigger (after ``roll_back``'s children ran)."""
+
+    def _release_everywhere(self, partition_ids: Iterable[int] = ()) -> list[Task]:
+        """Milvus's brute-force rollback: release on every online node."""
+        out: list[Task] = []
+        pids = list(partition_ids)
+        for node in self.env.nodes.online():
+            if pids:
+                req = querynode_pb2.ReleasePartitionsRequest(collection_id=self.collection_id, partition_ids=pids)
+                out.append(ReleasePartitionsOnNodeTask.new(self.env, req, trigger_condition=self.rec.trigger_condition,
+                                                           collection_id=self.collection_id, node_id=node.node_id,
+                                                           parent=self))
+            else:
+                req2 = querynode_pb2.ReleaseCollectionRequest(collection_id=self.collection_id)
+                out.append(ReleaseCollectionOnNodeTask.new(self.env, req2,
+                                                           trigger_condition=self.rec.trigger_condition,
+                                                           collection_id=self.collection_id, node_id=node.node_id,
+                                                           parent=self))
+        return out
+
+
+class _LoadTrigger(TriggerTask):
+    """Shared planning of LoadCollection and LoadPartitions."""
+
+    LOAD_TYPE: int
+
+    def __init__(self, env: TaskEnv, rec):  # type: ignore[no-untyped-def]
+        super().__init__(env, rec)
+        self.new_partitions: list[int] = []
+        self.planned_segments: dict[int, set[int]] = {}
+
+    async def _plan(self, partition_ids: list[int]) -> None:
+        env, cid = self.env, self.collection_id
+        self.new_partitions = [p for p in partition_ids if not env.meta.has_partition(cid, p)]
+        await env.meta.add_collection(cid, self.LOAD_TYPE, self.new_partitions)
+        segments: list[data_pb2.SegmentLoadInfo] = []
+        channels: dict[str, data_pb2.VChannelInfo] = {}
+        for pid in self.new_partitions:
+            chans, binlogs = await env.broker.get_recovery_info(cid, pid)
+            segments.extend(segment_load_info(b) for b in binlogs)
+            self.planned_segments[pid] = {b.segment_id for b in binlogs}
+            for c in chans:
+                if c.channel_name in channels:
+                    merge_channel(channels[c.channel_name], c)
+                else:
+                    channels[c.channel_name] = c
+        if not env.meta.get_delta_channels(cid) and channels:
+            await env.meta.set_delta_channels(cid, [delta_channel(c) for c in channels.values()])
+        watched = {w.dm_channel: w.node_id for w in env.meta.dm_channels_of(cid) if env.nodes.is_online(w.node_id)}
+        all_pids = [] if self.LOAD_TYPE == data_pb2.LOAD_TYPE_COLLECTION else self._loaded_partitions()
+        fresh = [c for name, c in channels.items() if name not in watched]
+        self.children = await plan_children(env, self, cid, segments, fresh, load_type=self.LOAD_TYPE,
+                                            partition_ids=all_pids)
+        for name, c in channels.items():
+            if name in watched:  # keep the watcher; tell it about the new partitions
+                self.children += await plan_children(env, self, cid, [], [c], include=[watched[name]],
+                                                     load_type=self.LOAD_TYPE, partition_ids=all_pids)
+
+    async def on_reload(self) -> None:
+        info = self.env.meta.get_collection(self.collection_id)
+        pending = [p.partition_id for p in info.partitions if p.state != IN_MEMORY] if info else []
+        if self.REQUEST_FIELD == "load_partitions":
+            pending = [p for p in pending if p in set(self.request.partition_ids)]
+        self.new_partitions = pending
+
+    def _loaded_partitions(self) -> list[int]:
+        info = self.env.meta.get_collection(self.collection_id)
+        return sorted({p.partition_id for p in info.partitions}) if info else []
+
+    def on_child_done(self, child: Task) -> None:
+        if isinstance(child, LoadSegmentsTask):
+            self._update_progress(final=False)
+
+    def _update_progress(self, *, final: bool) -> None:
+        """Milvus updateTaskProcess: loaded share per partition; 100 only once every child is done."""
+        meta, cid = self.env.meta, self.collection_id
+        loaded = {s.segment_id for s in meta.segments_of(cid)}
+        for pid, planned in self.planned_segments.items():
+            if final:
+                pct = 100
+            else:
+                pct = 99 if not planned else min(99, 100 * len(planned & loaded) // len(planned))
+            meta.set_progress(cid, pid, pct)
+
+    async def post_execute(self) -> None:
+        for pid in self.new_partitions:
+            await self.env.meta.set_partition_state(self.collection_id, pid, IN_MEMORY, 100)
+
+
+class LoadCollectionTask(_LoadTrigger):
+    KIND = qc.TASK_KIND_LOAD_COLLECTION
+    REQUEST_FIELD = "load_collection"
+    LOAD_TYPE = data_pb2.LOAD_TYPE_COLLECTION
+
+    def summary(self) -> str:
+        return f"load collection {self.collection_id}"
+
+    async def pre_execute(self) -> None:
+        if self.env.meta.get_load_type(self.collection_id) == data_pb2.LOAD_TYPE_PARTITION:
+            raise TaskError(f"collection {self.collection_id} is loaded as partitions: release partitions first",
+                            common_pb2.CONFLICT)
+
+    async def execute(self) -> None:
+        pids = await self.env.broker.show_partitions(self.collection_id)
+        await self._plan(list(pids))
+
+    def roll_back(self) -> list[Task]:
+        return self._release_everywhere()
+
+    async def after_failure(self) -> None:
+        await self.env.meta.release_collection(self.collection_id)
+
+
+class LoadPartitionsTask(_LoadTrigger):
+    KIND = qc.TASK_KIND_LOAD_PARTITION
+    REQUEST_FIELD = "load_partitions"
+    LOAD_TYPE = data_pb2.LOAD_TYPE_PARTITION
+
+    def summary(self) -> str:
+        return f"load partitions {list(self.request.partition_ids)} of collection {self.collection_id}"
+
+    async def pre_execute(self) -> None:
+        if self.env.meta.get_load_type(self.collection_id) == data_pb2.LOAD_TYPE_COLLECTION:
+            raise TaskError(f"collection {self.collection_id} is loaded as a whole: release it first",
+                            common_pb2.CONFLICT)
+        known = set(await self.env.broker.show_partitions(self.collection_id))
+        unknown = sorted(set(self.request.partition_ids) - known)
+        if unknown:
+            raise TaskError(f"partitions {unknown} do not exist in collection {self.collection_id}",
+                            common_pb2.NOT_FOUND)
+
+    async def execute(self) -> None:
+        await self._plan(list(self.request.partition_ids))
+
+    def roll_back(self) -> list[Task]:
+        return self._release_everywhere(self.new_partitions or list(self.request.partition_ids))
+
+    async def after_failure(self) -> None:
+        if self.new_partitions:
+            await self.env.meta.release_partitions(self.collection_id, self.new_partitions)
+
+
+class ReleaseCollectionTask(TriggerTask):
+    KIND = qc.TASK_KIND_RELEASE_COLLECTION
+    REQUEST_FIELD = "release_collection"
+
+    def summary(self) -> str:
+        return f"release collection {self.collection_id}"
+
+    async def execute(self) -> None:
+        self.children = self._release_everywhere()
+
+    async def post_execute(self) -> None:
+        await self.env.meta.release_collection(self.collection_id)
+
+
+class ReleasePartitionsTask(TriggerTask):
+    KIND = qc.TASK_KIND_RELEASE_PARTITION
+    REQUEST_FIELD = "release_partitions"
+
+    def summary(self) -> str:
+        return f"release partitions {list(self.request.partition_ids)} of collection {self.collection_id}"
+
+    async def execute(self) -> None:
+        self.children = self._release_everywhere(self.request.partition_ids)
+
+    async def post_execute(self) -> None:
+        await self.env.meta.release_partitions(self.collection_id, list(self.request.partition_ids))
+
+
+class LoadBalanceTask(TriggerTask):
+    """Move segments (and, for a dead node, channels) off the source nodes."""
+
+    KIND = qc.TASK_KIND_LOAD_BALANCE
+    REQUEST_FIELD = "load_balance"
+
+    @property
+    def node_down(self) -> bool:
+        return self.request.reason == qc.BALANCE_REASON_NODE_DOWN
+
+    def summary(self) -> str:
+        why = qc.BalanceReason.Name(self.request.reason).removeprefix("BALANCE_REASON_").lower()
+        return f"balance ({why}) from nodes {list(self.request.source_node_ids)}"
+
+    def collections(self) -> set[int]:
+        meta = self.env.meta
+        out: set[int] = set()
+        for src in self.request.source_node_ids:
+            out |= {s.collection_id for s in meta.segments_on_node(src)}
+            out |= {c.collection_id for c in meta.channels_on_node(src)}
+        if self.request.collection_id:
+            out &= {self.request.collection_id}
+        return out
+
+    def _segments_to_move(self) -> list[data_pb2.SegmentInfo]:
+        wanted = set(self.request.sealed_segment_ids)
+        segs = [s for src in self.request.source_node_ids for s in self.env.meta.segments_on_node(src)]
+        if wanted:
+            segs = [s for s in segs if s.segment_id in wanted]
+        if self.request.collection_id:
+            segs = [s for s in segs if s.collection_id == self.request.collection_id]
+        return segs
+
+    async def execute(self) -> None:
+        env = self.env
+        sources = list(self.request.source_node_ids)
+        by_coll: dict[tuple[int, int], list[data_pb2.SegmentInfo]] = {}
+        for s in self._segments_to_move():
+            by_coll.setdefault((s.collection_id, s.node_id), []).append(s)
+        children: list[Task] = []
+        for (cid, src), segs in sorted(by_coll.items()):
+            infos = await self._load_infos(cid, segs)
+            children += await plan_children(
+                env, self, cid, infos, [], exclude=sources, include=list(self.request.dst_node_ids),
+                wait=self.node_down, source_node_id=0 if self.node_down else src,
+                load_type=env.meta.get_load_type(cid) or data_pb2.LOAD_TYPE_COLLECTION,
+            )
+        if self.node_down:
+            for src in sources:
+                chans = env.meta.channels_on_node(src)
+                for cid in sorted({c.collection_id for c in chans}):
+                    names = {c.dm_channel for c in chans if c.collection_id == cid}
+                    pids = sorted({p for c in chans if c.collection_id == cid for p in c.partition_ids})
+                    infos = await self._channel_infos(cid, names)
+                    children += await plan_children(
+                        env, self, cid, [], infos, exclude=sources, wait=True, partition_ids=pids,
+                        load_type=env.meta.get_load_type(cid) or data_pb2.LOAD_TYPE_COLLECTION,
+                    )
+        self.children = children
+
+    async def _load_infos(self, cid: int, segs: list[data_pb2.SegmentInfo]) -> list[data_pb2.SegmentLoadInfo]:
+        by_pid: dict[int, list[int]] = {}
+        for s in segs:
+            by_pid.setdefault(s.partition_id, []).append(s.segment_id)
+        infos = []
+        gone: list[int] = []
+        for pid, ids in by_pid.items():
+            _, binlogs = await self.env.broker.get_recovery_info(cid, pid, ids)
+            found = {b.segment_id for b in binlogs}
+            gone += [i for i in ids if i not in found]
+            infos += [segment_load_info(b) for b in binlogs]
+        if gone:
+            logger.info("{}: segments {} left the catalog; dropping them from query meta", self.describe(), gone)
+            await self.env.meta.remove_segments(gone)
+        return infos
+
+    async def _channel_infos(self, cid: int, names: set[str]) -> list[data_pb2.VChannelInfo]:
+        info = self.env.meta.get_collection(cid)
+        pids = [p.partition_id for p in info.partitions] if info else []
+        found: dict[str, data_pb2.VChannelInfo] = {}
+        for pid in pids[:1] or [0]:
+            chans, _ = await self.env.broker.get_recovery_info(cid, pid, [])
+            found.update({c.channel_name: c for c in chans if c.channel_name in names})
+        return [found.get(n) or data_pb2.VChannelInfo(collection_id=cid, channel_name=n) for n in sorted(names)]
+
+    async def post_execute(self) -> None:
+        if self.node_down:
+            for src in self.request.source_node_ids:
+                await self.env.meta.remove_node(src)
+                await self.env.nodes.remove(src)
+
+
+class HandoffTask(TriggerTask):
+    """Load newly sealed segments of a loaded collection; their compaction sources are released after."""
+
+    KIND = qc.TASK_KIND_HANDOFF
+    REQUEST_FIELD = "handoff"
+
+    def summary(self) -> str:
+        return f"handoff {len(self.request.segment_infos)} segments of collection {self.collection_id}"
+
+    async def execute(self) -> None:
+        env, cid = self.env, self.collection_id
+        info = env.meta.get_collection(cid)
+        if info is None:
+            return
+        released = set(info.released_partition_ids)
+        by_pid: dict[int, list[int]] = {}
+        for s in self.request.segment_infos:
+            if s.partition_id in released or not env.meta.has_partition(cid, s.partition_id):
+                continue
+            if env.meta.get_segment(s.segment_id) is not None:
+                continue  # already loaded (a re-run after failover)
+            by_pid.setdefault(s.partition_id, []).append(s.segment_id)
+        infos: list[data_pb2.SegmentLoadInfo] = []
+        for pid, ids in by_pid.items():
+            _, binlogs = await env.broker.get_recovery_info(cid, pid, ids)
+            infos += [segment_load_info(b) for b in binlogs]
+        if infos:
+            self.children = await plan_children(env, self, cid, infos, [], wait=True,
+                                                load_type=env.meta.get_load_type(cid) or data_pb2.LOAD_TYPE_COLLECTION)
+
+
+TRIGGER_KINDS: dict[str, type[TriggerTask]] = {
+    cls.REQUEST_FIELD: cls
+    for cls in (LoadCollectionTask, LoadPartitionsTask, ReleaseCollectionTask, ReleasePartitionsTask,
+                LoadBalanceTask, HandoffTask)
+}
