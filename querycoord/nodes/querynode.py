@@ -1,0 +1,465 @@
+"""The reference query node: a gRPC QueryNode server registered under a meta session.
+
+Real deployments bring their own query nodes; this one exists so the demo,
+drills, benchmarks and tests have workers that speak the protocol of
+proto/querynode.proto, keep what they hold in memory (see
+``querynode_state``) and misbehave on demand (see ``querynode_faults``).
+
+Life cycle: ``start()`` binds the port, registers the session (role
+``querynode``, address ``host:port``, extra ``{"capacity_bytes": N}``) and
+only then starts serving, so no call is ever answered by a node without an
+id. ``stop()`` revokes the session first (the coordinator sees the node go
+at once, not after the TTL) and then stops the server with a short grace
+for calls in flight. A node whose session is lost (lease expired, key
+deleted) answers NOT_READY to every mutating call: the coordinator has
+already given its work to others, so it must not take more under an identity
+that no longer exists. ``run_forever`` (the process) exits with status 1 in
+that case, to be restarted with a new id.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import grpc
+from loguru import logger
+
+from meta.client import connect
+from meta.config import EtcdConfig
+from meta.errors import MetaError
+from meta.kv import MetaKV
+from meta.session import DEFAULT_TTL, Session
+from proto import common_pb2, querynode_pb2, querynode_pb2_grpc
+from querycoord.nodes.querynode_faults import (
+    CRASH_EXIT_CODE,
+    INJECTED_FAILURE,
+    MUTATING_KINDS,
+    CrashAction,
+    CrashMode,
+    FaultConfig,
+    FaultInjector,
+)
+from querycoord.nodes.querynode_state import EC, NodeRefusal, QueryNodeState, ok_status
+
+ROLE = "querynode"
+DEFAULT_LISTEN = "127.0.0.1:0"
+DEFAULT_CAPACITY_MB = 1024
+MIB = 1024 * 1024
+
+Resp = TypeVar("Resp")
+
+
+def _crash_process(node_id: int, kind: str, calls: int) -> None:
+    """Die like a SIGKILL-ed process: no cleanup, the session lease is left to expire."""
+    logger.warning("query node {}: crash-after reached on call {} ({}): exiting {}", node_id, calls, kind,
+                   CRASH_EXIT_CODE)
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+        sys.stdout.flush()
+    os._exit(CRASH_EXIT_CODE)
+
+
+def _split_listen(listen: str) -> tuple[str, int]:
+    host, sep, port = listen.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"listen address {listen!r} is not host:port (e.g. 127.0.0.1:0 for any free port)")
+    return host, int(port)
+
+
+class QueryNode:
+    """One reference query node (see module docstring).
+
+    ``crash`` replaces ``os._exit`` for the crash-after fault (tests of an
+    in-process node); it is called with (node_id, kind, call_number).
+    """
+
+    def __init__(
+        self,
+        kv: MetaKV,
+        *,
+        listen: str = DEFAULT_LISTEN,
+        capacity_bytes: int = DEFAULT_CAPACITY_MB * MIB,
+        ttl: float = DEFAULT_TTL,
+        faults: FaultConfig | None = None,
+        grace: float = 1.0,
+        crash: Callable[[int, str, int], None] = _crash_process,
+    ):
+        self.kv = kv
+        self.listen = listen
+        self._host, self._port = _split_listen(listen)
+        self.capacity_bytes = int(capacity_bytes)
+        self.state = QueryNodeState(self.capacity_bytes)
+        self.ttl = ttl
+        self.faults = faults or FaultConfig()
+        self.injector = FaultInjector(self.faults)
+        self.grace = grace
+        self._crash_fn = crash
+        self._crashed = False
+        self._server: grpc.aio.Server | None = None
+        self._session: Session | None = None
+        self._stopping = False
+        self.port = 0
+
+    # ----- identity --------------------------------------------------------
+    @property
+    def address(self) -> str:
+        """What the session advertises. A wildcard listen host is advertised as loopback (local workers)."""
+        host = "127.0.0.1" if self._host in ("0.0.0.0", "[::]", "::") else self._host
+        return f"{host}:{self.port}"
+
+    @property
+    def session(self) -> Session:
+        if self._session is None:
+            raise RuntimeError("query node not started")
+        return self._session
+
+    @property
+    def node_id(self) -> int:
+        return self.session.server_id
+
+    @property
+    def healthy(self) -> bool:
+        s = self._session
+        return s is not None and s.info is not None and not s.lost.is_set() and not self._stopping
+
+    # ----- life cycle ------------------------------------------------------
+    async def start(self) -> QueryNode:
+        """Bind, register the session, then serve (see module docstring)."""
+        server = grpc.aio.server()
+        querynode_pb2_grpc.add_QueryNodeServicer_to_server(QueryNodeServicer(self), server)
+        try:
+            self.port = server.add_insecure_port(self.listen)
+        except RuntimeError as exc:
+            raise OSError(f"query node cannot listen on {self.listen}: {exc} (port in use?)") from exc
+        self._server = server
+        session = Session(self.kv, ROLE, self.address, ttl=self.ttl, extra={"capacity_bytes": self.capacity_bytes})
+        try:
+            await session.start()
+        except BaseException:
+            await server.stop(None)
+            self._server = None
+            raise
+        self._session = session
+        self.state.node_id = session.server_id
+        await server.start()
+        logger.info("query node {} serving on {} (capacity {} bytes{})", self.node_id, self.address,
+                    self.capacity_bytes, f", faults: {self.faults.describe()}" if self.faults.active else "")
+        return self
+
+    async def stop(self) -> None:
+        """Revoke the session (the node disappears at once), then stop serving after a short grace."""
+        self._stopping = True
+        if self._session is not None:
+            await self._session.close(revoke=True)
+        if self._server is not None:
+            await self._server.stop(self.grace)
+            self._server = None
+        logger.info("query node {} stopped", self._session.server_id if self._session and self._session.info else "?")
+
+    async def __aenter__(self) -> QueryNode:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # ----- call plumbing ---------------------------------------------------
+    def _check_ready(self, kind: str) -> None:
+        if self._stopping:
+            raise NodeRefusal(EC.NOT_READY, f"{kind}: query node {self.state.node_id} is stopping")
+        if not self.healthy:
+            reason = self._session.lost_reason if self._session is not None else "not started"
+            raise NodeRefusal(
+                EC.NOT_READY,
+                f"{kind}: query node {self.state.node_id} lost its session ({reason}); it takes no more work",
+            )
+
+    async def mutate(
+        self,
+        kind: str,
+        request: Any,
+        apply: Callable[[Any], object],
+        response: Callable[..., Resp],
+        context: grpc.aio.ServicerContext | None,
+    ) -> Resp:
+        """Run one mutating call: crash/latency faults, readiness, fence, injected failure, then ``apply``.
+
+        Fence check and ``apply`` run with no await in between (see
+        querynode_state). Any exception becomes an error status: bad input
+        never takes the node down.
+        """
+        assert kind in MUTATING_KINDS
+        action = self.injector.crash_action()
+        calls = self.injector.mutating_calls
+        if self.faults.latency_ms > 0:
+            await asyncio.sleep(self.injector.latency_s)
+        if action is CrashAction.EXIT_NOW:
+            self._crash(self.state.node_id, kind, calls)
+        try:
+            self._check_ready(kind)
+            self.state.admit(kind, request, mutating=True)
+            if self.injector.should_fail(kind):
+                raise NodeRefusal(EC.UNEXPECTED_ERROR, INJECTED_FAILURE)
+            apply(request)
+            status = ok_status()
+        except NodeRefusal as refusal:
+            status = refusal.status()
+        except Exception as exc:  # a bug must answer an error, never kill the node
+            logger.exception("query node {}: {} failed", self.state.node_id, kind)
+            status = common_pb2.Status(error_code=EC.UNEXPECTED_ERROR, reason=f"internal error in {kind}: {exc}")
+        if status.error_code != EC.SUCCESS:
+            logger.info("query node {}: {} (task {}) refused: {}", self.state.node_id, kind,
+                        getattr(request, "task_id", 0), status.reason)
+        else:
+            logger.debug("query node {}: {} (task {}) done", self.state.node_id, kind, getattr(request, "task_id", 0))
+        if action is CrashAction.EXIT_AFTER_REPLY:
+            self._crash_after_reply(kind, calls, context)
+        return response(status=status)
+
+    def _crash(self, node_id: int, kind: str, calls: int) -> None:
+        if not self._crashed:
+            self._crashed = True
+            self._crash_fn(node_id, kind, calls)
+
+    def _crash_after_reply(self, kind: str, calls: int, context: grpc.aio.ServicerContext | None) -> None:
+        node_id = self.state.node_id
+        if context is None:
+            self._crash(node_id, kind, calls)
+            return
+        # Die once the answer is out; the timer is a backstop if the done callback never fires.
+        context.add_done_callback(lambda _ctx: self._crash(node_id, kind, calls))
+        asyncio.get_running_loop().call_later(1.0, self._crash, node_id, kind, calls)
+
+    async def read(self, kind: str, request: Any) -> common_pb2.Status:
+        """Admission for a read: never refused for its fence (only for naming another node)."""
+        if self.faults.latency_ms > 0:
+            await asyncio.sleep(self.injector.latency_s)
+        try:
+            self.state.admit(kind, request, mutating=False)
+        except NodeRefusal as refusal:
+            return refusal.status()
+        return ok_status()
+
+
+class QueryNodeServicer(querynode_pb2_grpc.QueryNodeServicer):
+    """The QueryNode gRPC service of one ``QueryNode``: thin adapters onto ``QueryNodeState``."""
+
+    def __init__(self, node: QueryNode):
+        self.node = node
+
+    async def LoadSegments(
+        self, request: querynode_pb2.LoadSegmentsRequest, context: grpc.aio.ServicerContext
+    ) -> querynode_pb2.LoadSegmentsResponse:
+        return await self.node.mutate(
+            "LoadSegments", request, self.node.state.load_segments, querynode_pb2.LoadSegmentsResponse, context
+        )
+
+    async def ReleaseSegments(
+        self, request: querynode_pb2.ReleaseSegmentsRequest, context: grpc.aio.ServicerContext
+    ) -> querynode_pb2.ReleaseSegmentsResponse:
+        return await self.node.mutate(
+            "ReleaseSegments", request, self.node.state.release_segments, querynode_pb2.ReleaseSegmentsResponse,
+            context,
+        )
+
+    async def WatchDmChannels(
+        self, request: querynode_pb2.WatchDmChannelsRequest, context: grpc.aio.ServicerContext
+    ) -> querynode_pb2.WatchDmChannelsResponse:
+        return await self.node.mutate(
+            "WatchDmChannels", request, self.node.state.watch_dm_channels, querynode_pb2.WatchDmChannelsResponse,
+            context,
+        )
+
+    async def WatchDeltaChannels(
+        self, request: querynode_pb2.WatchDeltaChannelsRequest, context: grpc.aio.ServicerContext
+    ) -> querynode_pb2.WatchDeltaChannelsResponse:
+        return await self.node.mutate(
+            "WatchDeltaChannels", request, self.node.state.watch_delta_channels,
+            querynode_pb2.WatchDeltaChannelsResponse, context,
+        )
+
+    async def AddQueryChannel(
+        self, request: querynode_pb2.AddQueryChannelRequest, context: grpc.aio.ServicerContext
+    ) -> querynode_pb2.AddQueryChannelResponse:
+        return await self.node.mutate(
+            "AddQueryChannel", request, self.node.state.add_query_channel, querynode_pb2.AddQueryChannelResponse,
+            context,
+        )
+
+    async def ReleaseCollection(
+        self, request: querynode_pb2.ReleaseCollectionRequest, context: grpc.aio.ServicerContext
+    ) -> querynode_pb2.ReleaseCollectionResponse:
+        return await self.node.mutate(
+            "ReleaseCollection", request, self.node.state.release_collection,
+            querynode_pb2.ReleaseCollectionResponse, context,
+        )
+
+    async def ReleasePartitions(
+        self, request: querynode_pb2.ReleasePartitionsRequest, context: grpc.aio.ServicerContext
+    ) -> querynode_pb2.ReleasePartitionsResponse:
+        return await self.node.mutate(
+            "ReleasePartitions", request, self.node.state.release_partitions,
+            querynode_pb2.ReleasePartitionsResponse, context,
+        )
+
+    async def GetSegmentInfo(
+        self, request: querynode_pb2.GetSegmentInfoRequest, context: grpc.aio.ServicerContext
+    ) -> querynode_pb2.GetSegmentInfoResponse:
+        status = await self.node.read("GetSegmentInfo", request)
+        if status.error_code != EC.SUCCESS:
+            return querynode_pb2.GetSegmentInfoResponse(status=status)
+        infos = self.node.state.segment_infos(request.segment_ids, request.collection_id)
+        return querynode_pb2.GetSegmentInfoResponse(status=status, infos=infos)
+
+    async def GetDataDistribution(
+        self, request: querynode_pb2.GetDataDistributionRequest, context: grpc.aio.ServicerContext
+    ) -> querynode_pb2.GetDataDistributionResponse:
+        status = await self.node.read("GetDataDistribution", request)
+        if status.error_code != EC.SUCCESS:
+            return querynode_pb2.GetDataDistributionResponse(status=status, node_id=self.node.state.node_id)
+        return self.node.state.distribution()
+
+    async def GetComponentStates(
+        self, request: querynode_pb2.GetComponentStatesRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb2.ComponentStates:
+        node = self.node
+        if node.healthy:
+            code = common_pb2.HEALTHY
+        elif node._session is not None and node._session.info is not None:
+            code = common_pb2.ABNORMAL  # session lost or stopping
+        else:
+            code = common_pb2.INITIALIZING
+        return common_pb2.ComponentStates(
+            state=common_pb2.ComponentInfo(node_id=node.state.node_id, role=ROLE, state_code=code),
+            status=ok_status(),
+        )
+
+
+# ----- the process ------------------------------------------------------------
+async def run_forever(
+    etcd: EtcdConfig,
+    root: str,
+    *,
+    listen: str = DEFAULT_LISTEN,
+    capacity_bytes: int = DEFAULT_CAPACITY_MB * MIB,
+    ttl: float = DEFAULT_TTL,
+    faults: FaultConfig | None = None,
+) -> int:
+    """Run one node until SIGTERM/SIGINT (exit 0) or until its session is lost (exit 1).
+
+    Prints one JSON line ``{"event": "ready", "node_id", "address", "pid"}``
+    on stdout once the node serves; drills and tests parse it.
+    """
+    # Signals first: a SIGTERM during start-up must still end in a clean stop (session revoked).
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        client = await connect(etcd)
+    except MetaError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    try:
+        node = QueryNode(MetaKV(client, root), listen=listen, capacity_bytes=capacity_bytes, ttl=ttl, faults=faults)
+        try:
+            await node.start()
+        except (MetaError, OSError) as exc:
+            print(f"error: query node could not start: {exc}", file=sys.stderr)
+            return 1
+        if stop.is_set():
+            await node.stop()
+            return 0
+        ready = {"event": "ready", "node_id": node.node_id, "address": node.address, "pid": os.getpid(),
+                 "capacity_bytes": node.capacity_bytes}
+        print(json.dumps(ready), flush=True)
+        waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(node.session.lost.wait())]
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        for w in waiters:
+            w.cancel()
+        code = 0
+        if not stop.is_set():
+            print(f"error: query node {node.node_id} lost its session ({node.session.lost_reason}); exiting so it "
+                  f"can be restarted under a new id", file=sys.stderr)
+            code = 1
+        await node.stop()
+        return code
+    finally:
+        await client.close()
+
+
+def _add_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--etcd-endpoints", required=True, help="comma-separated host:port list of etcd members")
+    p.add_argument("--root", required=True, help="meta root path in etcd shared with the coordinator")
+    p.add_argument("--listen", default=DEFAULT_LISTEN, help="gRPC listen address (port 0: any free port)")
+    p.add_argument("--capacity-mb", type=float, default=DEFAULT_CAPACITY_MB,
+                   help="memory capacity in MiB, accounted from segment mem_size")
+    p.add_argument("--ttl", type=float, default=DEFAULT_TTL, help="session lease TTL in seconds (>= 2)")
+    f = p.add_argument_group("fault injection")
+    f.add_argument("--failure-rate", type=float, default=0.0,
+                   help="probability (0..1) that a mutating call answers 'injected failure'")
+    f.add_argument("--fail-kinds", default="",
+                   help="comma-separated RPC names the failure rate applies to (default: every mutating call)")
+    f.add_argument("--latency-ms", type=float, default=0.0, help="latency added to every call")
+    f.add_argument("--crash-after", type=int, default=0,
+                   help="exit with status 137 after the Nth mutating call (0: never)")
+    f.add_argument("--crash-mode", choices=[m.value for m in CrashMode], default=CrashMode.AFTER_REPLY.value,
+                   help="after-reply: the Nth call is answered, then the node dies; mid-call: it dies on the Nth call")
+    f.add_argument("--seed", type=int, default=0, help="seed of the failure-rate RNG (reproducible drills)")
+
+
+def cmd_querynode(args: argparse.Namespace) -> int:
+    """Handler of ``querycoord querynode``."""
+    try:
+        etcd = EtcdConfig.from_endpoints(args.etcd_endpoints)
+        faults = FaultConfig(
+            failure_rate=args.failure_rate,
+            latency_ms=args.latency_ms,
+            crash_after=args.crash_after,
+            seed=args.seed,
+            fail_kinds=frozenset(k.strip() for k in args.fail_kinds.split(",") if k.strip()),
+            crash_mode=CrashMode(args.crash_mode),
+        )
+        capacity = int(args.capacity_mb * MIB)
+        if capacity <= 0:
+            raise ValueError(f"--capacity-mb must be positive, got {args.capacity_mb}")
+        _split_listen(args.listen)
+        if args.ttl < 2:
+            raise ValueError(f"--ttl must be at least 2 seconds, got {args.ttl}")
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return asyncio.run(
+        run_forever(etcd, args.root, listen=args.listen, capacity_bytes=capacity, ttl=args.ttl, faults=faults)
+    )
+
+
+def add_querynode_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``querynode`` on the ``querycoord`` sub-command parsers (``args.func`` is the handler)."""
+    p = subparsers.add_parser("querynode", help="run a reference query node (with optional fault injection)")
+    _add_options(p)
+    p.set_defaults(func=cmd_querynode)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m querycoord.nodes.querynode``: the same options as ``querycoord querynode``."""
+    from querycoord.logs import setup_logging
+
+    parser = argparse.ArgumentParser(prog="querycoord querynode", description="reference query node")
+    parser.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING (default INFO)")
+    _add_options(parser)
+    args = parser.parse_args(argv)
+    setup_logging(args.log_level)
+    return cmd_querynode(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,390 @@
+"""What a reference query node holds, and the rules that change it: no I/O, no await.
+
+Kept free of gRPC and asyncio on purpose: every check and change of one
+request runs as one synchronous step, so two concurrent calls on the node's
+event loop can never interleave between "the fence is fine / the memory
+fits" and "apply it" (a newer leader's call cannot slip in between).
+
+Rules (see proto/querynode.proto):
+
+- **Addressing.** A request names its target ``node_id``. A mutating request
+  for another node (a stale address now used by a restarted node) or with no
+  node id is refused with ILLEGAL_ARGUMENT: a coordinator must say whom it
+  means before the node changes anything. Reads accept 0 (a tool may ask
+  whoever listens there) but refuse another node's id.
+- **Fencing.** The node keeps the highest ``CoordFence.leader_revision`` it
+  has seen. A mutating request with a lower revision is refused with
+  STALE_LEADER; equal or higher is accepted, and higher raises the mark. A
+  request without a fence counts as revision 0, so it is accepted only while
+  no fence has been seen: once any coordinator has fenced this node, unfenced
+  mutating calls are refused. Reads are never refused for their fence, but a
+  higher fence on a read raises the mark too (only a real leader holds that
+  revision; fencing a deposed leader earlier is always safe).
+- **Idempotence.** Loading a held segment, watching a watched channel and
+  releasing something absent are SUCCESS, so a new leader can re-send what
+  an old one may or may not have sent.
+- **Memory.** Held segments are accounted by ``mem_size`` against the
+  capacity; a load that does not fit is refused whole (all-or-nothing per
+  request) with NO_AVAILABLE_NODE, the code that tells the coordinator to
+  place the work on another node rather than retry here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from proto import common_pb2, data_pb2, querynode_pb2
+
+EC = common_pb2.ErrorCode
+OUT_OF_MEMORY_CODE = EC.NO_AVAILABLE_NODE
+
+
+class NodeRefusal(Exception):
+    """A request the node answers with an error status (never a transport error)."""
+
+    def __init__(self, code: int, reason: str):
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+    def status(self) -> common_pb2.Status:
+        return common_pb2.Status(error_code=self.code, reason=self.reason)
+
+
+def ok_status() -> common_pb2.Status:
+    return common_pb2.Status(error_code=EC.SUCCESS)
+
+
+@dataclass
+class HeldSegment:
+    """A loaded sealed segment; binlog and index file paths are not kept (nothing reads them)."""
+
+    segment_id: int
+    collection_id: int
+    partition_id: int
+    num_rows: int
+    mem_size: int
+    insert_channel: str = ""
+    compaction_from: tuple[int, ...] = ()
+    index_infos: tuple[data_pb2.IndexInfo, ...] = ()
+
+    def to_proto(self, node_id: int) -> data_pb2.SegmentInfo:
+        return data_pb2.SegmentInfo(
+            segment_id=self.segment_id,
+            collection_id=self.collection_id,
+            partition_id=self.partition_id,
+            node_id=node_id,
+            mem_size=self.mem_size,
+            num_rows=self.num_rows,
+            index_infos=list(self.index_infos),
+            state=data_pb2.SEGMENT_STATE_SEALED,
+            compaction_from=list(self.compaction_from),
+            dm_channel=self.insert_channel,
+        )
+
+
+@dataclass
+class DmWatch:
+    """A watched DM channel; empty ``partition_ids`` means the whole collection."""
+
+    collection_id: int
+    channel_name: str
+    partition_ids: set[int] = field(default_factory=set)
+
+
+@dataclass(frozen=True)
+class FenceMark:
+    """The highest fence seen, and from which coordinator (for the refusal message)."""
+
+    leader_revision: int = 0
+    coordinator_id: int = 0
+
+
+def _positive(name: str, value: int) -> None:
+    if value <= 0:
+        raise NodeRefusal(EC.ILLEGAL_ARGUMENT, f"{name} must be a positive id, got {value}")
+
+
+def _ids(name: str, values: Iterable[int], *, required: bool) -> list[int]:
+    ids = list(values)
+    if required and not ids:
+        raise NodeRefusal(EC.ILLEGAL_ARGUMENT, f"{name} is empty: name at least one")
+    bad = [v for v in ids if v < 0]
+    if bad:
+        raise NodeRefusal(EC.ILLEGAL_ARGUMENT, f"{name} contains negative ids {bad[:5]}")
+    return ids
+
+
+class QueryNodeState:
+    """Segments, channels, memory and the fence mark of one query node (see module docstring)."""
+
+    def __init__(self, capacity_bytes: int, node_id: int = 0):
+        if capacity_bytes <= 0:
+            raise ValueError(f"capacity must be a positive number of bytes, got {capacity_bytes}")
+        self.capacity_bytes = capacity_bytes
+        self.node_id = node_id
+        self.segments: dict[int, HeldSegment] = {}
+        self.dm_channels: dict[str, DmWatch] = {}
+        self.delta_channels: dict[str, int] = {}
+        # collection -> (query channel, query result channel)
+        self.query_channels: dict[int, tuple[str, str]] = {}
+        self.fence = FenceMark()
+        self.memory_used = 0
+
+    # ----- admission -----------------------------------------------------------
+    def admit(self, kind: str, request: object, *, mutating: bool) -> None:
+        """Check addressing and fence of ``request`` (fields 1..3 of every node request); raise the mark.
+
+        Raises ``NodeRefusal``; the caller turns it into the response status.
+        """
+        node_id = int(getattr(request, "node_id", 0))
+        if node_id != self.node_id and (mutating or node_id != 0):
+            if node_id == 0:
+                raise NodeRefusal(
+                    EC.ILLEGAL_ARGUMENT,
+                    f"{kind}: node_id is not set; a mutating request must name its target node "
+                    f"(this is query node {self.node_id})",
+                )
+            raise NodeRefusal(
+                EC.ILLEGAL_ARGUMENT,
+                f"{kind}: request is meant for node {node_id} but this is query node {self.node_id} "
+                f"(stale address? re-read the node's session)",
+            )
+        fence = request.fence if request.HasField("fence") else None  # type: ignore[attr-defined]
+        revision = fence.leader_revision if fence is not None else 0
+        coordinator = fence.coordinator_id if fence is not None else 0
+        if revision < 0:
+            raise NodeRefusal(EC.ILLEGAL_ARGUMENT, f"{kind}: fence revision must be >= 0, got {revision}")
+        mark = self.fence
+        if revision < mark.leader_revision:
+            if mutating:
+                unset = " (the request carried no fence)" if fence is None else ""
+                raise NodeRefusal(
+                    EC.STALE_LEADER,
+                    f"stale coordinator: fence revision {revision} < {mark.leader_revision} already seen from "
+                    f"coordinator {mark.coordinator_id}{unset}; {kind} refused, a newer leader is in charge",
+                )
+            return
+        if revision > mark.leader_revision:
+            self.fence = FenceMark(revision, coordinator)
+
+    # ----- segments ------------------------------------------------------------
+    def load_segments(self, request: querynode_pb2.LoadSegmentsRequest) -> None:
+        """Hold every segment of the request, or none of them."""
+        coll = request.collection_id
+        _positive("collection_id", coll)
+        if not request.infos:
+            raise NodeRefusal(EC.ILLEGAL_ARGUMENT, "LoadSegments without segments: infos is empty")
+        new: dict[int, HeldSegment] = {}
+        for info in request.infos:
+            seg = self._segment_from_info(coll, info)
+            held = self.segments.get(seg.segment_id) or new.get(seg.segment_id)
+            if held is not None:
+                if (held.collection_id, held.partition_id) != (seg.collection_id, seg.partition_id):
+                    raise NodeRefusal(
+                        EC.CONFLICT,
+                        f"segment {seg.segment_id} is held as collection {held.collection_id} partition "
+                        f"{held.partition_id}, but the request says collection {seg.collection_id} partition "
+                        f"{seg.partition_id}; nothing loaded",
+                    )
+                continue  # already held (or twice in this request): idempotent
+            new[seg.segment_id] = seg
+        need = sum(s.mem_size for s in new.values())
+        if self.memory_used + need > self.capacity_bytes:
+            raise NodeRefusal(
+                OUT_OF_MEMORY_CODE,
+                f"out of memory: need {need} bytes, {self.memory_used} of {self.capacity_bytes} used "
+                f"(query node {self.node_id}, {len(new)} segment(s) of collection {coll}); nothing loaded, "
+                f"place them on another node",
+            )
+        self.segments.update(new)
+        self.memory_used += need
+
+    @staticmethod
+    def _segment_from_info(coll: int, info: data_pb2.SegmentLoadInfo) -> HeldSegment:
+        sid = info.segment_id
+        _positive("segment_id", sid)
+        if info.collection_id not in (0, coll):
+            raise NodeRefusal(
+                EC.ILLEGAL_ARGUMENT,
+                f"segment {sid} says collection {info.collection_id} in a request for collection {coll}",
+            )
+        for name in ("partition_id", "num_rows", "mem_size"):
+            if getattr(info, name) < 0:
+                raise NodeRefusal(
+                    EC.ILLEGAL_ARGUMENT, f"segment {sid}: {name} must be >= 0, got {getattr(info, name)}"
+                )
+        indexes = []
+        for idx in info.index_infos:
+            slim = data_pb2.IndexInfo()
+            slim.CopyFrom(idx)
+            del slim.index_file_paths[:]
+            indexes.append(slim)
+        return HeldSegment(
+            segment_id=sid,
+            collection_id=coll,
+            partition_id=info.partition_id,
+            num_rows=info.num_rows,
+            mem_size=info.mem_size,
+            insert_channel=info.insert_channel,
+            compaction_from=tuple(info.compaction_from),
+            index_infos=tuple(indexes),
+        )
+
+    def _drop_segments(self, seg_ids: Iterable[int]) -> int:
+        dropped = 0
+        for sid in list(seg_ids):
+            seg = self.segments.pop(sid, None)
+            if seg is not None:
+                self.memory_used -= seg.mem_size
+                dropped += 1
+        return dropped
+
+    def release_segments(self, request: querynode_pb2.ReleaseSegmentsRequest) -> int:
+        """Drop the named segments (of the collection and partitions when given); absent ones are fine."""
+        ids = _ids("segment_ids", request.segment_ids, required=True)
+        parts = set(_ids("partition_ids", request.partition_ids, required=False))
+        coll = request.collection_id
+        if coll < 0:
+            raise NodeRefusal(EC.ILLEGAL_ARGUMENT, f"collection_id must be >= 0, got {coll}")
+        chosen = [
+            sid
+            for sid in ids
+            if (seg := self.segments.get(sid)) is not None
+            and (coll == 0 or seg.collection_id == coll)
+            and (not parts or seg.partition_id in parts)
+        ]
+        return self._drop_segments(chosen)
+
+    # ----- channels ------------------------------------------------------------
+    @staticmethod
+    def _channel_names(coll: int, infos: Iterable[data_pb2.VChannelInfo], kind: str) -> list[str]:
+        names = []
+        for info in infos:
+            if not info.channel_name:
+                raise NodeRefusal(EC.ILLEGAL_ARGUMENT, f"{kind}: a channel has no channel_name")
+            if info.collection_id not in (0, coll):
+                raise NodeRefusal(
+                    EC.ILLEGAL_ARGUMENT,
+                    f"{kind}: channel {info.channel_name} says collection {info.collection_id} in a request "
+                    f"for collection {coll}",
+                )
+            names.append(info.channel_name)
+        if not names:
+            raise NodeRefusal(EC.ILLEGAL_ARGUMENT, f"{kind} without channels: infos is empty")
+        return names
+
+    def watch_dm_channels(self, request: querynode_pb2.WatchDmChannelsRequest) -> None:
+        coll = request.collection_id
+        _positive("collection_id", coll)
+        names = self._channel_names(coll, request.infos, "WatchDmChannels")
+        parts = set(_ids("partition_ids", request.partition_ids, required=False))
+        for name in names:
+            held = self.dm_channels.get(name)
+            if held is not None and held.collection_id != coll:
+                raise NodeRefusal(
+                    EC.CONFLICT,
+                    f"DM channel {name} is watched for collection {held.collection_id}, not {coll}; nothing watched",
+                )
+        for name in names:
+            held = self.dm_channels.get(name)
+            if held is None:
+                self.dm_channels[name] = DmWatch(coll, name, set(parts))
+            elif held.partition_ids and parts:
+                held.partition_ids |= parts
+            else:
+                # Either side serves the whole collection: so does the watch.
+                held.partition_ids = set()
+
+    def watch_delta_channels(self, request: querynode_pb2.WatchDeltaChannelsRequest) -> None:
+        coll = request.collection_id
+        _positive("collection_id", coll)
+        names = self._channel_names(coll, request.infos, "WatchDeltaChannels")
+        for name in names:
+            owner = self.delta_channels.get(name)
+            if owner is not None and owner != coll:
+                raise NodeRefusal(
+                    EC.CONFLICT, f"delta channel {name} is watched for collection {owner}, not {coll}; nothing watched"
+                )
+        for name in names:
+            self.delta_channels[name] = coll
+
+    def add_query_channel(self, request: querynode_pb2.AddQueryChannelRequest) -> None:
+        """Subscribe the collection's query channels; a different name replaces the old (one per collection)."""
+        coll = request.collection_id
+        _positive("collection_id", coll)
+        if not request.query_channel:
+            raise NodeRefusal(EC.ILLEGAL_ARGUMENT, "AddQueryChannel: query_channel is empty")
+        self.query_channels[coll] = (request.query_channel, request.query_result_channel)
+
+    # ----- releases ------------------------------------------------------------
+    def release_collection(self, request: querynode_pb2.ReleaseCollectionRequest) -> None:
+        coll = request.collection_id
+        _positive("collection_id", coll)
+        self._drop_segments([sid for sid, s in self.segments.items() if s.collection_id == coll])
+        for name in [n for n, w in self.dm_channels.items() if w.collection_id == coll]:
+            del self.dm_channels[name]
+        for name in [n for n, c in self.delta_channels.items() if c == coll]:
+            del self.delta_channels[name]
+        self.query_channels.pop(coll, None)
+
+    def release_partitions(self, request: querynode_pb2.ReleasePartitionsRequest) -> None:
+        """Drop the partitions' segments and their share of DM watches.
+
+        A DM watch serving only released partitions is dropped; one serving
+        the whole collection stays. Delta and query channels belong to the
+        collection and stay until ReleaseCollection.
+        """
+        coll = request.collection_id
+        _positive("collection_id", coll)
+        parts = set(_ids("partition_ids", request.partition_ids, required=True))
+        self._drop_segments(
+            [sid for sid, s in self.segments.items() if s.collection_id == coll and s.partition_id in parts]
+        )
+        for name, watch in list(self.dm_channels.items()):
+            if watch.collection_id == coll and watch.partition_ids:
+                watch.partition_ids -= parts
+                if not watch.partition_ids:
+                    del self.dm_channels[name]
+
+    # ----- reads ---------------------------------------------------------------
+    def segment_infos(self, segment_ids: Iterable[int], collection_id: int) -> list[data_pb2.SegmentInfo]:
+        ids = list(segment_ids)
+        chosen = [self.segments[s] for s in ids if s in self.segments] if ids else list(self.segments.values())
+        if collection_id:
+            chosen = [s for s in chosen if s.collection_id == collection_id]
+        return [s.to_proto(self.node_id) for s in sorted(chosen, key=lambda s: s.segment_id)]
+
+    def channels(self) -> list[querynode_pb2.WatchedChannel]:
+        out = [
+            querynode_pb2.WatchedChannel(
+                collection_id=w.collection_id,
+                channel_name=name,
+                kind=querynode_pb2.CHANNEL_KIND_DM,
+                partition_ids=sorted(w.partition_ids),
+            )
+            for name, w in sorted(self.dm_channels.items())
+        ]
+        out += [
+            querynode_pb2.WatchedChannel(collection_id=c, channel_name=name, kind=querynode_pb2.CHANNEL_KIND_DELTA)
+            for name, c in sorted(self.delta_channels.items())
+        ]
+        out += [
+            querynode_pb2.WatchedChannel(collection_id=c, channel_name=q, kind=querynode_pb2.CHANNEL_KIND_QUERY)
+            for c, (q, _result) in sorted(self.query_channels.items())
+        ]
+        return out
+
+    def distribution(self) -> querynode_pb2.GetDataDistributionResponse:
+        return querynode_pb2.GetDataDistributionResponse(
+            status=ok_status(),
+            node_id=self.node_id,
+            segments=self.segment_infos([], 0),
+            channels=self.channels(),
+            memory_used=self.memory_used,
+            memory_capacity=self.capacity_bytes,
+            highest_fence=querynode_pb2.CoordFence(
+                leader_revision=self.fence.leader_revision, coordinator_id=self.fence.coordinator_id
+            ),
+        )
