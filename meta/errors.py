@@ -15,7 +15,9 @@ class MetaError(Exception):
 class MetaUnavailable(MetaError):
     """etcd could not be reached (or did not answer) within the deadline."""
 
-    def __init__(self, endpoints: list[str], operation: str, elapsed: float, cause: BaseException | None):
+    def __init__(
+        self, endpoints: list[str], operation: str, elapsed: float, cause: BaseException | None, *, hint: str = ""
+    ):
         self.endpoints = list(endpoints)
         self.operation = operation
         self.elapsed = elapsed
@@ -23,7 +25,7 @@ class MetaUnavailable(MetaError):
         super().__init__(
             f"etcd unavailable: {operation} failed after {elapsed:.1f}s trying endpoints "
             f"{', '.join(self.endpoints)}{detail}. Check that etcd is running and reachable "
-            f"(--etcd-endpoints), and its TLS/auth settings."
+            f"(--etcd-endpoints), and its TLS/auth settings.{hint}"
         )
 
 

@@ -41,18 +41,42 @@ class KeyValue:
     lease: int
 
 
-@dataclass(frozen=True, slots=True)
 class PrefixSnapshot:
-    """All keys under a prefix as of one etcd revision."""
+    """All keys under a prefix as of one etcd revision.
 
-    kvs: list[KeyValue]
-    revision: int
+    Built lazily from the raw pages: turning 100,000 protobuf entries into
+    ``KeyValue`` objects costs a quarter of a paged load, so it is done only
+    for callers that ask for ``kvs``; ``items()`` and ``as_dict()`` skip it.
+    """
+
+    __slots__ = ("_kvs", "_raw", "_strip", "revision")
+
+    def __init__(self, raw: list[object], revision: int, strip: int = 0):
+        self._raw = raw
+        self._strip = strip
+        self._kvs: list[KeyValue] | None = None
+        self.revision = revision
+
+    @property
+    def kvs(self) -> list[KeyValue]:
+        if self._kvs is None:
+            n = self._strip
+            self._kvs = [
+                KeyValue(r.key[n:].decode(), r.value, r.create_revision, r.mod_revision, r.version, r.lease)  # type: ignore[attr-defined]
+                for r in self._raw
+            ]
+        return self._kvs
+
+    def __len__(self) -> int:
+        return len(self._raw)
 
     def items(self) -> list[tuple[str, bytes]]:
-        return [(kv.key, kv.value) for kv in self.kvs]
+        n = self._strip
+        return [(r.key[n:].decode(), r.value) for r in self._raw]  # type: ignore[attr-defined]
 
     def as_dict(self) -> dict[str, bytes]:
-        return {kv.key: kv.value for kv in self.kvs}
+        n = self._strip
+        return {r.key[n:].decode(): r.value for r in self._raw}  # type: ignore[attr-defined]
 
 
 def _to_bytes(v: Value) -> bytes:
@@ -149,7 +173,7 @@ class MetaKV:
                 raise
 
     async def _load_pages(self, start: bytes, end: bytes, page_size: int, keys_only: bool) -> PrefixSnapshot:
-        kvs: list[KeyValue] = []
+        kvs: list[object] = []
         revision = 0
         key = start
         limit = page_size
@@ -164,9 +188,9 @@ class MetaKV:
                 raise
             if revision == 0:
                 revision = resp.header.revision  # type: ignore[attr-defined]
-            kvs.extend(self._kv(raw) for raw in resp.kvs)  # type: ignore[attr-defined]
+            kvs.extend(resp.kvs)  # type: ignore[attr-defined]
             if not resp.more or not resp.kvs:  # type: ignore[attr-defined]
-                return PrefixSnapshot(kvs, revision)
+                return PrefixSnapshot(kvs, revision, len(self._root_prefix.encode()))
             key = resp.kvs[-1].key + b"\x00"  # type: ignore[attr-defined]
 
     # ----- writes -------------------------------------------------------------

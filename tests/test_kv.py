@@ -94,13 +94,17 @@ async def test_paged_load_of_100k_keys_of_1k(kv: MetaKV, client: EtcdClient) -> 
 
 async def test_paged_load_is_one_revision(kv: MetaKV) -> None:
     """Writes landing between pages are not seen: the snapshot is consistent."""
-    await kv.chunked_save_non_atomic({f"p/{i:04d}": "old" for i in range(300)})
-    loader = asyncio.create_task(kv.load_prefix("p/", page_size=10))
-    await kv.chunked_save_non_atomic({f"p/{i:04d}": "new" for i in range(300)})
-    snap = await loader
-    values = {k.value for k in snap.kvs}
-    assert len(values) == 1, "a paged load mixed two revisions"
-    assert len(snap.kvs) == 300
+    await kv.multi_save({f"p/{i:04d}": "old" for i in range(120)})
+    for _ in range(5):
+        loader = asyncio.create_task(kv.load_prefix("p/", page_size=10))  # 12 pages
+        await asyncio.sleep(0)
+        # One atomic txn: any consistent snapshot sees all old or all new values.
+        await kv.multi_save({f"p/{i:04d}": "new" for i in range(120)})
+        snap = await loader
+        values = {k.value for k in snap.kvs}
+        assert len(values) == 1, f"a paged load mixed two revisions: {values}"
+        assert len(snap.kvs) == 120
+        await kv.multi_save({f"p/{i:04d}": "old" for i in range(120)})
 
 
 async def test_fenced_view_refuses_writes_after_the_fence_is_gone(kv: MetaKV) -> None:

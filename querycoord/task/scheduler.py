@@ -31,6 +31,7 @@ from loguru import logger
 from meta.errors import MetaError, NotLeader
 from proto import common_pb2, task_pb2
 from proto import querycoord_pb2 as qc
+from querycoord.catalog.broker import BrokerError
 from querycoord.cluster.allocator import NoAvailableNode
 from querycoord.cluster.client import NodeError
 from querycoord.task.children import (
@@ -53,7 +54,7 @@ CHILD_KINDS: dict[str, type[Task]] = {
 LOAD_KINDS = (qc.TASK_KIND_LOAD_COLLECTION, qc.TASK_KIND_LOAD_PARTITION)
 
 # Failures a child survives by retrying or rescheduling.
-_CHILD_FAILURES = (NodeError, TaskError, NoAvailableNode, MetaError)
+_CHILD_FAILURES = (NodeError, TaskError, NoAvailableNode, MetaError, BrokerError)
 
 
 class LeadershipLost(Exception):
