@@ -1,0 +1,947 @@
+"""The catalog kept in etcd: collections, partitions, DM channels and sealed segments.
+
+This is the part of Milvus's RootCoord (collections, schemas, partitions,
+channels) and DataCoord (sealed segments and their binlogs) that a query
+coordinator needs. Everything lives under ``catalog/`` of the root path::
+
+    catalog/idalloc/id                            next free id (collections, partitions, segments share it)
+    catalog/collections/<cid>                     CollectionDescription (protobuf bytes)
+    catalog/collection-names/<name>               "<cid>": the name index, unique by a create-revision compare
+    catalog/segments/<cid>/<pid>/<sid:019d>       SegmentBinlogs (protobuf bytes)
+
+Segment ids are zero-padded in keys so that etcd's key order is id order:
+paging by segment id (``after_segment_id``) is then one range read.
+
+Consistency rules, each enforced by etcd compares in the same txn as the write
+(never by a read-then-write race):
+
+* A collection name is used at most once: the name key is created with a
+  ``create_revision == 0`` compare in the txn that writes the collection, so
+  of two concurrent creates exactly one wins.
+* A segment is only added to a collection that still exists (compare on the
+  collection key's create revision), so a drop racing an add leaves no orphan.
+* A segment and the compaction sources it replaces never both exist: the
+  sources are deleted in the txn that adds it, guarded by compares that they
+  still exist, so two compactions cannot consume the same source.
+* Dropping a collection removes its record, its name and all its segments in
+  one txn (two key deletes and one range delete).
+
+The catalog is not leader state: like RootCoord's clients, any process may
+write it, and every write is guarded by its own compares. ``CatalogStore``
+therefore takes a plain ``MetaKV``, not a leader's fenced view.
+
+Writes retried by the etcd client after a lost answer may already have been
+applied; each write recognises its own earlier success (the keys it wrote hold
+exactly its values) instead of reporting a conflict with itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from etcd3aio._protobuf import Compare, RangeRequest, RequestOp
+from etcd3aio.kv import prefix_range_end
+
+from meta.errors import MetaError, MetaUnavailable, NotLeader, RequestTooLarge
+from meta.idalloc import IdAllocator
+from meta.kv import MAX_TXN_BYTES, MAX_TXN_OPS, FencedKV, MetaKV
+from meta.watch import EventType, Resync, watch_prefix
+from proto import catalog_pb2, common_pb2, data_pb2
+
+CATALOG_PREFIX = "catalog/"
+COLLECTIONS_PREFIX = "catalog/collections/"
+NAMES_PREFIX = "catalog/collection-names/"
+SEGMENTS_PREFIX = "catalog/segments/"
+ID_KEY = "catalog/idalloc/id"
+
+# Limits as in Milvus (proxy.maxPartitionNum, maxShardNum, maxFieldNum, maxDimension, maxNameLength).
+MAX_PARTITIONS = 4096
+MAX_DM_CHANNELS = 64
+DEFAULT_DM_CHANNELS = 2
+MAX_FIELDS = 64
+MAX_DIM = 32768
+MAX_NAME_LENGTH = 255
+DEFAULT_PARTITION_NAME = "_default"
+# Milvus gives user fields ids from 100 on (0 and 1 are the row id and timestamp system fields).
+FIRST_FIELD_ID = 100
+
+# Bytes kept free in each txn for the txn envelope and the per-collection compares.
+_TXN_BYTE_MARGIN = 16 * 1024
+# Txns of one add_segments call (or reads of one lookup) sent at once.
+DEFAULT_WRITE_CONCURRENCY = 8
+# Above this many ids a filtered lookup reads the partition's prefix instead of key by key.
+_MAX_POINT_READS = 1024
+
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_VECTOR_TYPES = (catalog_pb2.DATA_TYPE_FLOAT_VECTOR, catalog_pb2.DATA_TYPE_BINARY_VECTOR)
+
+
+# ----- errors -------------------------------------------------------------------------------------------------------
+class CatalogError(Exception):
+    """A refused catalog request; ``code`` is the common.ErrorCode a caller sees, ``reason`` says what was wrong."""
+
+    code: int = common_pb2.UNEXPECTED_ERROR
+
+    def __init__(self, reason: str, *, code: int | None = None):
+        super().__init__(reason)
+        self.reason = reason
+        if code is not None:
+            self.code = code
+
+
+class InvalidArgument(CatalogError):
+    """The request itself is malformed (bad name, negative size, unknown channel, ...)."""
+
+    code = common_pb2.ILLEGAL_ARGUMENT
+
+
+class NotFound(CatalogError):
+    """A collection, partition or segment named by the request is not in the catalog."""
+
+    code = common_pb2.NOT_FOUND
+
+
+class CollectionNotFound(NotFound):
+    pass
+
+
+class PartitionNotFound(NotFound):
+    pass
+
+
+class Conflict(CatalogError):
+    """The request conflicts with the catalog's current state (name taken, source already compacted, ...)."""
+
+    code = common_pb2.CONFLICT
+
+
+class CollectionExists(Conflict):
+    pass
+
+
+class AddSegmentsIncomplete(CatalogError):
+    """A multi-txn ``add_segments`` failed after some of its txns were written.
+
+    Each txn is atomic (and holds whole compaction groups), so the catalog is
+    consistent, but only ``written_ids`` were added. ``code`` is the cause's.
+    """
+
+    def __init__(self, cause: BaseException, written_ids: list[int], total: int):
+        status = status_of(cause)
+        shown = ", ".join(map(str, written_ids[:20])) + (" ..." if len(written_ids) > 20 else "")
+        super().__init__(
+            f"only {len(written_ids)} of {total} segments were added (ids {shown}) before a txn failed: "
+            f"{status.reason}. The added segments stay; re-send only the others.",
+            code=status.error_code,
+        )
+        self.cause = cause
+        self.written_ids = written_ids
+
+
+def status_of(exc: BaseException) -> common_pb2.Status:
+    """The Status a caller should see for ``exc``: the fitting code and a reason naming what was wrong."""
+    if isinstance(exc, CatalogError):
+        return common_pb2.Status(error_code=exc.code, reason=exc.reason)
+    if isinstance(exc, RequestTooLarge):
+        return common_pb2.Status(error_code=common_pb2.REQUEST_TOO_LARGE, reason=str(exc))
+    if isinstance(exc, NotLeader):
+        return common_pb2.Status(error_code=common_pb2.NOT_LEADER, reason=str(exc))
+    if isinstance(exc, MetaUnavailable | MetaError):
+        return common_pb2.Status(error_code=common_pb2.META_UNAVAILABLE, reason=f"catalog meta store: {exc}")
+    return common_pb2.Status(
+        error_code=common_pb2.UNEXPECTED_ERROR, reason=f"internal error in the catalog: {type(exc).__name__}: {exc}"
+    )
+
+
+# ----- keys -----------------------------------------------------------------------------------------------------------
+def collection_key(collection_id: int) -> str:
+    return f"{COLLECTIONS_PREFIX}{collection_id}"
+
+
+def name_key(name: str) -> str:
+    return f"{NAMES_PREFIX}{name}"
+
+
+def segment_prefix(collection_id: int, partition_id: int | None = None) -> str:
+    """Prefix of a collection's segments, or of one partition's."""
+    if partition_id is None:
+        return f"{SEGMENTS_PREFIX}{collection_id}/"
+    return f"{SEGMENTS_PREFIX}{collection_id}/{partition_id}/"
+
+
+def segment_key(collection_id: int, partition_id: int, segment_id: int) -> str:
+    return f"{SEGMENTS_PREFIX}{collection_id}/{partition_id}/{segment_id:019d}"
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentRef:
+    """Where a segment lives; all a removal event can tell (the value is gone)."""
+
+    collection_id: int
+    partition_id: int
+    segment_id: int
+
+
+def parse_segment_key(key: str) -> SegmentRef:
+    """Inverse of ``segment_key`` (``key`` relative to the root path)."""
+    cid, pid, sid = key[len(SEGMENTS_PREFIX) :].split("/")
+    return SegmentRef(int(cid), int(pid), int(sid))
+
+
+# ----- results --------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class RecoveryPage:
+    """One page of ``get_recovery_page``: channels, binlogs in segment id order, and where to continue (0: done).
+
+    Each channel's ``flushed_segment_ids`` lists the segments of *this* page in
+    that channel; the union over all pages is the whole partition's.
+    """
+
+    channels: list[data_pb2.VChannelInfo]
+    binlogs: list[data_pb2.SegmentBinlogs]
+    next_after_segment_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentChange:
+    """Segment changes made by one catalog txn (one etcd revision).
+
+    A compaction shows up as one change: the new segment in ``added`` (its
+    ``compaction_from`` names what it replaces) and the sources in ``removed``.
+    Dropping a collection removes all its segments in one change.
+    """
+
+    revision: int
+    added: list[data_pb2.SegmentBinlogs] = field(default_factory=list)
+    removed: list[SegmentRef] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentResync:
+    """The watch's resume revision was compacted away: here is every segment as of ``revision``; forget the rest."""
+
+    revision: int
+    segments: list[data_pb2.SegmentBinlogs]
+
+
+SegmentWatchItem = SegmentChange | SegmentResync
+
+
+# ----- helpers --------------------------------------------------------------------------------------------------------
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _check_name(kind: str, name: str) -> None:
+    """Milvus's naming rule; it also keeps names usable as etcd key segments."""
+    if not name:
+        raise InvalidArgument(f"{kind} name is empty")
+    if len(name) > MAX_NAME_LENGTH:
+        raise InvalidArgument(f"{kind} name {name[:40]!r}... is {len(name)} characters long (limit {MAX_NAME_LENGTH})")
+    if not _NAME_RE.match(name):
+        raise InvalidArgument(
+            f"{kind} name {name!r} is invalid: it must start with a letter or '_' and contain only letters, "
+            f"digits and '_'"
+        )
+
+
+def _short_list(values: Iterable[object], limit: int = 10) -> str:
+    items = list(values)
+    text = ", ".join(map(str, items[:limit]))
+    return text + (f", ... ({len(items)} in all)" if len(items) > limit else "")
+
+
+def _compare_create(kv: MetaKV, key: str, create_revision: int) -> Compare:
+    """``CreateRevision(key) == create_revision``: 0 means "absent", any other value "this very key still exists"."""
+    return Compare(result=Compare.EQUAL, target=Compare.CREATE, key=kv.abs_key(key), create_revision=create_revision)
+
+
+@dataclass(slots=True)
+class _Unit:
+    """Segments that must be written in one txn: they share compaction sources (usually just one segment)."""
+
+    segments: list[data_pb2.SegmentBinlogs] = field(default_factory=list)
+    sources: dict[str, int] = field(default_factory=dict)  # source key -> create revision read at validation
+    new_keys: list[str] = field(default_factory=list)  # explicit ids: must not exist yet
+
+
+@dataclass(slots=True)
+class _Chunk:
+    """One txn of an ``add_segments`` call."""
+
+    collections: dict[int, int] = field(default_factory=dict)  # collection id -> create revision
+    compares: list[Compare] = field(default_factory=list)
+    ops: list[RequestOp] = field(default_factory=list)
+    puts: dict[str, bytes] = field(default_factory=dict)
+    ids: list[int] = field(default_factory=list)
+    size: int = 0
+
+
+class CatalogStore:
+    """The catalog in etcd (see module docstring). One instance per process; any number may share a root path."""
+
+    def __init__(
+        self,
+        kv: MetaKV,
+        *,
+        channel_prefix: str = "by-dev-rootcoord",
+        write_concurrency: int = DEFAULT_WRITE_CONCURRENCY,
+    ):
+        if isinstance(kv, FencedKV):
+            raise TypeError(
+                "CatalogStore needs a plain MetaKV: catalog writes are guarded by their own compares and may be "
+                "made by any process, not only the coordinator's leader"
+            )
+        if write_concurrency < 1:
+            raise ValueError(f"write_concurrency must be >= 1, got {write_concurrency}")
+        self.kv = kv
+        self.channel_prefix = channel_prefix
+        self.write_concurrency = write_concurrency
+        self._ids = IdAllocator(kv, ID_KEY)
+
+    # ----- low-level etcd access (the only place that uses MetaKV's txn internals) --------------------------------
+    async def _txn(self, operation: str, compares: Sequence[Compare], ops: Sequence[RequestOp]) -> bool:
+        """One guarded txn (limits checked by MetaKV before sending); returns whether the compares held."""
+        resp = await self.kv._txn(operation, compares, ops)
+        return bool(resp.succeeded)  # type: ignore[attr-defined]
+
+    async def _get_many(self, keys: Sequence[str]) -> dict[str, tuple[bytes, int]]:
+        """``key -> (value, create_revision)`` of the keys that exist, read in txns of up to 128 ranges."""
+        found: dict[str, tuple[bytes, int]] = {}
+        sem = asyncio.Semaphore(self.write_concurrency)
+
+        async def read(chunk: Sequence[str]) -> None:
+            ops = [RequestOp(request_range=RangeRequest(key=self.kv.abs_key(k))) for k in chunk]
+            async with sem:
+                resp = await self.kv._txn("catalog get", (), ops)
+            for r in resp.responses:  # type: ignore[attr-defined]
+                for raw in r.response_range.kvs:
+                    found[self.kv.rel_key(raw.key)] = (raw.value, raw.create_revision)
+
+        await asyncio.gather(*(read(keys[i : i + MAX_TXN_OPS]) for i in range(0, len(keys), MAX_TXN_OPS)))
+        return found
+
+    async def _range_page(self, start: str, prefix: str, limit: int) -> tuple[list[tuple[str, bytes]], bool]:
+        """Keys from ``start`` to the end of ``prefix``, at most ``limit``; and whether more follow."""
+        req = RangeRequest(
+            key=self.kv.abs_key(start), range_end=prefix_range_end(self.kv.abs_prefix(prefix)), limit=limit
+        )
+        resp = await self.kv._range(req, f"catalog page {start}")
+        pairs = [(self.kv.rel_key(raw.key), raw.value) for raw in resp.kvs]  # type: ignore[attr-defined]
+        return pairs, bool(resp.more)  # type: ignore[attr-defined]
+
+    async def revision(self) -> int:
+        """etcd's current revision: read it before a snapshot, then ``watch_segments(revision + 1)`` misses nothing."""
+        return await self.kv.revision()
+
+    async def allocate_ids(self, n: int) -> range:
+        """``n`` fresh catalog ids (e.g. segment ids chosen before their binlog paths are written)."""
+        return await self._ids.allocate(n)
+
+    # ----- collections ------------------------------------------------------------------------------------------
+    async def create_collection(
+        self,
+        name: str,
+        schema: catalog_pb2.CollectionSchema | None = None,
+        *,
+        partition_names: Sequence[str] = (),
+        num_partitions: int = 0,
+        num_channels: int = 0,
+    ) -> catalog_pb2.CollectionDescription:
+        """Create a collection with its partitions and DM channels; a name already in use raises ``CollectionExists``.
+
+        Partitions: ``partition_names``, else ``num_partitions`` named
+        ``partition_<i>``, else one named ``_default``. Channels: ``num_channels``
+        (0 means 2, as in Milvus) named ``<prefix>-dml_<i>_<cid>v0``.
+        """
+        _check_name("collection", name)
+        names = self._partition_names(partition_names, num_partitions)
+        if num_channels < 0 or num_channels > MAX_DM_CHANNELS:
+            raise InvalidArgument(f"num_dm_channels must be in 0..{MAX_DM_CHANNELS} (0 means 2), got {num_channels}")
+        num_channels = num_channels or DEFAULT_DM_CHANNELS
+        schema = self._checked_schema(name, schema)
+
+        ids = await self._ids.allocate(1 + len(names))
+        cid = ids[0]
+        now = _now_ms()
+        desc = catalog_pb2.CollectionDescription(
+            collection_id=cid,
+            name=name,
+            schema=schema,
+            partitions=[
+                catalog_pb2.PartitionInfo(partition_id=pid, name=pname, created_ms=now)
+                for pid, pname in zip(ids[1:], names, strict=True)
+            ],
+            dm_channels=[f"{self.channel_prefix}-dml_{i}_{cid}v0" for i in range(num_channels)],
+            created_ms=now,
+        )
+        nkey, ckey = name_key(name), collection_key(cid)
+        ops = [self.kv._put_op(nkey, str(cid)), self.kv._put_op(ckey, desc.SerializeToString())]
+        if await self._txn(f"create collection {name}", [_compare_create(self.kv, nkey, 0)], ops):
+            return desc
+        owner = await self.kv.get(nkey)
+        if owner == str(cid).encode():
+            return desc  # our own txn, applied before its answer was lost and retried by the client
+        raise CollectionExists(
+            f"collection name {name!r} is already used by collection {owner.decode() if owner else '?'}; "
+            f"choose another name or drop that collection first"
+        )
+
+    @staticmethod
+    def _partition_names(partition_names: Sequence[str], num_partitions: int) -> list[str]:
+        if partition_names and num_partitions and num_partitions != len(partition_names):
+            raise InvalidArgument(
+                f"num_partitions is {num_partitions} but {len(partition_names)} partition names were given; "
+                f"give one or the other"
+            )
+        if num_partitions < 0:
+            raise InvalidArgument(f"num_partitions must be >= 0, got {num_partitions}")
+        if partition_names:
+            names = list(partition_names)
+        elif num_partitions:
+            names = [f"partition_{i}" for i in range(num_partitions)]
+        else:
+            names = [DEFAULT_PARTITION_NAME]
+        if len(names) > MAX_PARTITIONS:
+            raise InvalidArgument(f"{len(names)} partitions requested; a collection has at most {MAX_PARTITIONS}")
+        for pname in names:
+            _check_name("partition", pname)
+        dup = sorted({n for n in names if names.count(n) > 1}) if len(set(names)) != len(names) else []
+        if dup:
+            raise InvalidArgument(f"partition names must be unique; repeated: {_short_list(dup)}")
+        return names
+
+    @staticmethod
+    def _checked_schema(name: str, schema: catalog_pb2.CollectionSchema | None) -> catalog_pb2.CollectionSchema:
+        """A copy of ``schema`` with its name set and field ids assigned, after Milvus's checks."""
+        out = catalog_pb2.CollectionSchema()
+        if schema is not None:
+            out.CopyFrom(schema)
+        if out.name and out.name != name:
+            raise InvalidArgument(f"schema name {out.name!r} differs from the collection name {name!r}")
+        out.name = name
+        if len(out.fields) > MAX_FIELDS:
+            raise InvalidArgument(f"schema has {len(out.fields)} fields; at most {MAX_FIELDS} are allowed")
+        seen_names: set[str] = set()
+        used_ids = {f.field_id for f in out.fields if f.field_id}
+        if len(used_ids) != len([f for f in out.fields if f.field_id]):
+            raise InvalidArgument("schema field ids must be unique")
+        if any(f.field_id < 0 for f in out.fields):
+            raise InvalidArgument("schema field ids must be >= 0 (0 = assign)")
+        next_id = FIRST_FIELD_ID
+        for f in out.fields:
+            _check_name("field", f.name)
+            if f.name in seen_names:
+                raise InvalidArgument(f"schema field name {f.name!r} is repeated")
+            seen_names.add(f.name)
+            if f.data_type == catalog_pb2.DATA_TYPE_NONE or f.data_type not in catalog_pb2.DataType.values():
+                raise InvalidArgument(f"field {f.name!r} has no valid data type ({f.data_type})")
+            if f.data_type in _VECTOR_TYPES:
+                if not 0 < f.dim <= MAX_DIM:
+                    raise InvalidArgument(f"vector field {f.name!r} needs a dim in 1..{MAX_DIM}, got {f.dim}")
+                if f.data_type == catalog_pb2.DATA_TYPE_BINARY_VECTOR and f.dim % 8:
+                    raise InvalidArgument(f"binary vector field {f.name!r} needs a dim divisible by 8, got {f.dim}")
+            elif f.dim:
+                raise InvalidArgument(f"scalar field {f.name!r} must not have a dim (got {f.dim})")
+            if not f.field_id:
+                while next_id in used_ids:
+                    next_id += 1
+                f.field_id = next_id
+                used_ids.add(next_id)
+        primaries = [f.name for f in out.fields if f.is_primary_key]
+        if len(primaries) > 1:
+            raise InvalidArgument(f"a schema has at most one primary key field; got {', '.join(primaries)}")
+        return out
+
+    async def _load_collection(self, ref: int | str) -> tuple[catalog_pb2.CollectionDescription, int]:
+        """The description of a collection (by id or name) and its key's create revision."""
+        if isinstance(ref, str):
+            if not ref:
+                raise InvalidArgument("collection name is empty (give a collection id or name)")
+            raw_id = await self.kv.get(name_key(ref))
+            if raw_id is None:
+                raise CollectionNotFound(f"collection {ref!r} does not exist in the catalog")
+            cid = int(raw_id)
+        else:
+            if isinstance(ref, bool) or not isinstance(ref, int) or ref <= 0:
+                raise InvalidArgument(f"name the collection: its id must be a positive integer (got {ref!r})")
+            cid = ref
+        kvx = await self.kv.get_kv(collection_key(cid))
+        if kvx is None:
+            raise CollectionNotFound(f"collection {ref!r} does not exist in the catalog")
+        desc = catalog_pb2.CollectionDescription()
+        desc.ParseFromString(kvx.value)
+        return desc, kvx.create_revision
+
+    async def describe_collection(self, ref: int | str) -> catalog_pb2.CollectionDescription:
+        """The collection by id (int) or name (str); ``CollectionNotFound`` if absent."""
+        desc, _ = await self._load_collection(ref)
+        return desc
+
+    async def show_partitions(self, collection_id: int | str) -> list[catalog_pb2.PartitionInfo]:
+        desc, _ = await self._load_collection(collection_id)
+        return list(desc.partitions)
+
+    async def show_collections(self, *, with_stats: bool = True) -> list[catalog_pb2.CollectionSummary]:
+        """Every collection, by id. ``with_stats`` also counts segments and rows (reads every segment record)."""
+        snap = await self.kv.load_prefix(COLLECTIONS_PREFIX)
+        descs = []
+        for _, value in snap.items():
+            desc = catalog_pb2.CollectionDescription()
+            desc.ParseFromString(value)
+            descs.append(desc)
+        descs.sort(key=lambda d: d.collection_id)
+
+        async def summary(desc: catalog_pb2.CollectionDescription) -> catalog_pb2.CollectionSummary:
+            out = catalog_pb2.CollectionSummary(
+                collection_id=desc.collection_id,
+                name=desc.name,
+                num_partitions=len(desc.partitions),
+                created_ms=desc.created_ms,
+            )
+            if with_stats:
+                values = [v for _, v in (await self.kv.load_prefix(segment_prefix(desc.collection_id))).items()]
+                seg = data_pb2.SegmentBinlogs()
+                for value in values:
+                    seg.ParseFromString(value)
+                    out.num_rows += seg.num_rows
+                out.num_segments = len(values)
+            return out
+
+        return list(await asyncio.gather(*(summary(d) for d in descs)))
+
+    async def drop_collection(self, ref: int | str) -> catalog_pb2.CollectionDescription:
+        """Remove a collection, its name and all its segments in one txn; returns what was dropped."""
+        desc, create_rev = await self._load_collection(ref)
+        cid = desc.collection_id
+        ops = [
+            self.kv._delete_op(collection_key(cid)),
+            self.kv._delete_op(name_key(desc.name)),
+            self.kv._delete_prefix_op(segment_prefix(cid)),
+        ]
+        guard = _compare_create(self.kv, collection_key(cid), create_rev)
+        if not await self._txn(f"drop collection {cid}", [guard], ops):
+            if await self.kv.get_kv(collection_key(cid)) is not None:  # pragma: no cover - ids are never reused
+                raise Conflict(f"collection {cid} changed while it was being dropped; retry")
+            # Gone either way: dropped by a concurrent call or by our own retried txn.
+        return desc
+
+    # ----- segments -------------------------------------------------------------------------------------------------
+    async def add_segments(self, segments: Sequence[data_pb2.SegmentBinlogs], collection_id: int = 0) -> list[int]:
+        """Add sealed segments; returns their ids in request order.
+
+        ``segment_id`` 0 is allocated; ``collection_id`` 0 takes the argument;
+        ``insert_channel`` empty is assigned round-robin (by segment id) over
+        the collection's DM channels. ``compaction_from`` names segments of the
+        same partition that the new one replaces: they are removed in the txn
+        that adds it. Everything is validated before anything is written; the
+        segments are then written in as few txns as etcd's limits allow (many
+        segments per txn, a compaction group never split), several at once.
+        A txn failing after others were written raises ``AddSegmentsIncomplete``.
+
+        Explicit segment ids are checked against their own partition only:
+        let the catalog allocate every id, or none.
+        """
+        if not segments:
+            raise InvalidArgument("no segments to add")
+        segs = [data_pb2.SegmentBinlogs() for _ in segments]
+        for seg, given in zip(segs, segments, strict=True):
+            seg.CopyFrom(given)
+        colls = await self._validate_segments(segs, collection_id)
+
+        explicit = {s.segment_id for s in segs if s.segment_id}
+        missing = len(segs) - len(explicit)
+        new_ids = iter(await self._ids.allocate(missing) if missing else ())
+        for seg in segs:
+            if seg.segment_id == 0:
+                seg.segment_id = next(new_ids)
+            if not seg.insert_channel:
+                channels = colls[seg.collection_id][0].dm_channels
+                seg.insert_channel = channels[seg.segment_id % len(channels)]
+
+        sources = await self._read_sources(segs)
+        units = self._units(segs, sources, explicit)
+        chunks = self._pack(units, {cid: rev for cid, (_, rev) in colls.items()})
+        await self._write_chunks(chunks, len(segs))
+        return [s.segment_id for s in segs]
+
+    async def _validate_segments(
+        self, segs: list[data_pb2.SegmentBinlogs], collection_id: int
+    ) -> dict[int, tuple[catalog_pb2.CollectionDescription, int]]:
+        """Check every segment against the request and the catalog; returns the collections involved."""
+        if collection_id < 0:
+            raise InvalidArgument(f"collection_id must be >= 0, got {collection_id}")
+        for i, seg in enumerate(segs):
+            if seg.collection_id == 0:
+                if not collection_id:
+                    raise InvalidArgument(f"segment #{i}: collection_id is 0 and the request names no collection")
+                seg.collection_id = collection_id
+            elif collection_id and seg.collection_id != collection_id:
+                raise InvalidArgument(
+                    f"segment #{i} belongs to collection {seg.collection_id}, but the request is for collection "
+                    f"{collection_id}"
+                )
+        colls: dict[int, tuple[catalog_pb2.CollectionDescription, int]] = {}
+        for cid in sorted({s.collection_id for s in segs}):
+            colls[cid] = await self._load_collection(cid)
+
+        seen: set[int] = set()
+        for i, seg in enumerate(segs):
+            what = f"segment #{i}" + (f" (id {seg.segment_id})" if seg.segment_id else "")
+            desc = colls[seg.collection_id][0]
+            if seg.segment_id < 0:
+                raise InvalidArgument(f"{what}: segment_id must be >= 0 (0 = allocate), got {seg.segment_id}")
+            if seg.segment_id:
+                if seg.segment_id in seen:
+                    raise InvalidArgument(f"{what}: segment id {seg.segment_id} appears twice in the request")
+                seen.add(seg.segment_id)
+            if seg.partition_id not in {p.partition_id for p in desc.partitions}:
+                raise PartitionNotFound(
+                    f"{what}: partition {seg.partition_id} does not exist in collection {desc.collection_id} "
+                    f"(its partitions: {_short_list(p.partition_id for p in desc.partitions)})"
+                )
+            if seg.num_rows < 0 or seg.mem_size < 0:
+                raise InvalidArgument(
+                    f"{what}: num_rows and mem_size must be >= 0, got {seg.num_rows} and {seg.mem_size}"
+                )
+            if seg.insert_channel and seg.insert_channel not in desc.dm_channels:
+                raise InvalidArgument(
+                    f"{what}: insert channel {seg.insert_channel!r} is not a DM channel of collection "
+                    f"{desc.collection_id} ({', '.join(desc.dm_channels)}); leave it empty to have one assigned"
+                )
+            if any(not p for p in seg.binlog_paths):
+                raise InvalidArgument(f"{what}: a binlog path is empty")
+            srcs = list(seg.compaction_from)
+            if len(set(srcs)) != len(srcs) or any(s <= 0 for s in srcs):
+                raise InvalidArgument(f"{what}: compaction_from must list distinct positive ids, got {srcs}")
+            if seg.segment_id and seg.segment_id in srcs:
+                raise InvalidArgument(f"{what}: a segment cannot replace itself")
+        new_ids = {s.segment_id for s in segs if s.segment_id}
+        for i, seg in enumerate(segs):
+            both = new_ids.intersection(seg.compaction_from)
+            if both:
+                raise InvalidArgument(
+                    f"segment #{i}: compaction sources {_short_list(sorted(both))} are added by this same request; "
+                    f"add sources first, then what replaces them"
+                )
+        return colls
+
+    async def _read_sources(self, segs: list[data_pb2.SegmentBinlogs]) -> dict[str, int]:
+        """Create revisions of every compaction source, which must be in the new segment's partition."""
+        keys = sorted({segment_key(s.collection_id, s.partition_id, src) for s in segs for src in s.compaction_from})
+        if not keys:
+            return {}
+        found = await self._get_many(keys)
+        for seg in segs:
+            missing = [
+                src for src in seg.compaction_from if segment_key(seg.collection_id, seg.partition_id, src) not in found
+            ]
+            if missing:
+                raise NotFound(
+                    f"segment {seg.segment_id}: compaction sources {_short_list(missing)} are not in partition "
+                    f"{seg.partition_id} of collection {seg.collection_id} (already compacted away, dropped, never "
+                    f"added, or in another partition: compaction stays within a partition)"
+                )
+        return {k: rev for k, (_, rev) in found.items()}
+
+    @staticmethod
+    def _units(segs: list[data_pb2.SegmentBinlogs], sources: dict[str, int], explicit: set[int]) -> list[_Unit]:
+        """Group segments sharing a compaction source (union-find): each group must land in one txn."""
+        parent = list(range(len(segs)))
+
+        def find(i: int) -> int:
+            while parent[i] != i:
+                parent[i] = parent[parent[i]]
+                i = parent[i]
+            return i
+
+        owner: dict[str, int] = {}
+        for i, seg in enumerate(segs):
+            for src in seg.compaction_from:
+                key = segment_key(seg.collection_id, seg.partition_id, src)
+                if key in owner:
+                    parent[find(i)] = find(owner[key])
+                else:
+                    owner[key] = i
+        groups: dict[int, _Unit] = {}
+        for i, seg in enumerate(segs):
+            unit = groups.setdefault(find(i), _Unit())
+            unit.segments.append(seg)
+            for src in seg.compaction_from:
+                key = segment_key(seg.collection_id, seg.partition_id, src)
+                unit.sources[key] = sources[key]
+            if seg.segment_id in explicit:
+                unit.new_keys.append(segment_key(seg.collection_id, seg.partition_id, seg.segment_id))
+        return list(groups.values())
+
+    def _pack(self, units: list[_Unit], coll_revs: dict[int, int]) -> list[_Chunk]:
+        """Pack units into txns within etcd's limits; a unit that alone exceeds them raises ``RequestTooLarge``."""
+        budget = MAX_TXN_BYTES - _TXN_BYTE_MARGIN
+        chunks: list[_Chunk] = []
+        current = _Chunk()
+        for unit in units:
+            ops: list[RequestOp] = []
+            compares: list[Compare] = []
+            puts: dict[str, bytes] = {}
+            for seg in unit.segments:
+                key = segment_key(seg.collection_id, seg.partition_id, seg.segment_id)
+                puts[key] = seg.SerializeToString()
+                ops.append(self.kv._put_op(key, puts[key]))
+            ops.extend(self.kv._delete_op(k) for k in unit.sources)
+            compares.extend(_compare_create(self.kv, k, rev) for k, rev in unit.sources.items())
+            compares.extend(_compare_create(self.kv, k, 0) for k in unit.new_keys)
+            new_colls = {s.collection_id for s in unit.segments}
+            size = sum(op.ByteSize() + 8 for op in ops) + sum(c.ByteSize() + 8 for c in compares)
+
+            need = (len(ops), len(compares), new_colls, size)
+            if not self._fits(_Chunk(), *need, budget):
+                raise RequestTooLarge(
+                    max(len(ops), len(compares) + len(new_colls)), size, MAX_TXN_OPS, MAX_TXN_BYTES
+                )
+            if not self._fits(current, *need, budget):
+                chunks.append(current)
+                current = _Chunk()
+            for cid in sorted(new_colls - current.collections.keys()):
+                current.collections[cid] = coll_revs[cid]
+                current.compares.append(_compare_create(self.kv, collection_key(cid), coll_revs[cid]))
+            current.ops.extend(ops)
+            current.compares.extend(compares)
+            current.puts.update(puts)
+            current.ids.extend(s.segment_id for s in unit.segments)
+            current.size += size
+        if current.ops:
+            chunks.append(current)
+        return chunks
+
+    @staticmethod
+    def _fits(chunk: _Chunk, n_ops: int, n_compares: int, colls: set[int], size: int, budget: int) -> bool:
+        """Whether a unit still fits in ``chunk`` (each new collection adds one compare)."""
+        extra = len(colls - chunk.collections.keys())
+        return (
+            len(chunk.ops) + n_ops <= MAX_TXN_OPS
+            and len(chunk.compares) + n_compares + extra <= MAX_TXN_OPS
+            and chunk.size + size <= budget
+        )
+
+    async def _write_chunks(self, chunks: list[_Chunk], total: int) -> None:
+        sem = asyncio.Semaphore(self.write_concurrency)
+
+        async def write(chunk: _Chunk) -> None:
+            async with sem:
+                if not await self._txn(f"add {len(chunk.ids)} segments", chunk.compares, chunk.ops):
+                    await self._explain_failed_chunk(chunk)
+
+        results = await asyncio.gather(*(write(c) for c in chunks), return_exceptions=True)
+        failures = [r for r in results if isinstance(r, BaseException)]
+        if not failures:
+            return
+        written = [
+            sid for c, r in zip(chunks, results, strict=True) if not isinstance(r, BaseException) for sid in c.ids
+        ]
+        if not written:
+            raise failures[0]
+        raise AddSegmentsIncomplete(failures[0], written, total) from failures[0]
+
+    async def _explain_failed_chunk(self, chunk: _Chunk) -> None:
+        """A chunk's compares failed: return if it was our own retried txn, else raise why."""
+        current = await self._get_many(list(chunk.puts))
+        if len(current) == len(chunk.puts) and all(current[k][0] == v for k, v in chunk.puts.items()):
+            return  # applied by an earlier attempt whose answer was lost
+        for cid, rev in chunk.collections.items():
+            kvx = await self.kv.get_kv(collection_key(cid))
+            if kvx is None or kvx.create_revision != rev:
+                raise CollectionNotFound(f"collection {cid} was dropped while its segments were being added")
+        taken = sorted(parse_segment_key(k).segment_id for k in current)
+        if taken:
+            raise Conflict(f"segment ids {_short_list(taken)} already exist in the catalog; allocate new ids (send 0)")
+        raise Conflict(
+            "compaction sources of this request were removed concurrently (another compaction replaced them); "
+            "nothing of this txn was written"
+        )
+
+    # ----- recovery ---------------------------------------------------------------------------------------------------
+    async def _partition(self, collection_id: int, partition_id: int) -> catalog_pb2.CollectionDescription:
+        desc, _ = await self._load_collection(collection_id)
+        if partition_id not in {p.partition_id for p in desc.partitions}:
+            raise PartitionNotFound(
+                f"partition {partition_id} does not exist in collection {collection_id} "
+                f"(its partitions: {_short_list(p.partition_id for p in desc.partitions)})"
+            )
+        return desc
+
+    async def get_recovery_info(
+        self, collection_id: int, partition_id: int, segment_ids: Iterable[int] | None = None
+    ) -> tuple[list[data_pb2.VChannelInfo], list[data_pb2.SegmentBinlogs]]:
+        """DM channels and sealed segments of a partition (all of them, or those of ``segment_ids``).
+
+        Ids not in the partition (compacted away, dropped) are absent from the
+        answer: callers compare with what they asked for. Each channel's
+        ``flushed_segment_ids`` lists the answer's segments in that channel.
+        """
+        page = await self.get_recovery_page(collection_id, partition_id, segment_ids)
+        return page.channels, page.binlogs
+
+    async def get_recovery_page(
+        self,
+        collection_id: int,
+        partition_id: int,
+        segment_ids: Iterable[int] | None = None,
+        *,
+        after_segment_id: int = 0,
+        page_size: int = 0,
+    ) -> RecoveryPage:
+        """``get_recovery_info`` restricted to segment ids > ``after_segment_id``, at most ``page_size`` (0: all)."""
+        if after_segment_id < 0 or page_size < 0:
+            raise InvalidArgument(
+                f"after_segment_id and page_size must be >= 0, got {after_segment_id} and {page_size}"
+            )
+        desc = await self._partition(collection_id, partition_id)
+        prefix = segment_prefix(collection_id, partition_id)
+        next_after = 0
+        pairs: list[tuple[str, bytes]]
+        if segment_ids is not None:
+            ids = sorted({i for i in segment_ids if i > after_segment_id})
+            if page_size and len(ids) > page_size:
+                ids, next_after = ids[:page_size], ids[page_size - 1]
+            if len(ids) <= _MAX_POINT_READS:
+                found = await self._get_many([segment_key(collection_id, partition_id, i) for i in ids])
+                pairs = sorted((k, v) for k, (v, _) in found.items())
+            else:
+                wanted = {segment_key(collection_id, partition_id, i) for i in ids}
+                pairs = [(k, v) for k, v in (await self.kv.load_prefix(prefix)).items() if k in wanted]
+        elif page_size:
+            pairs, more = await self._range_page(prefix + f"{after_segment_id + 1:019d}", prefix, page_size)
+            if more and pairs:
+                next_after = parse_segment_key(pairs[-1][0]).segment_id
+        else:
+            pairs = (await self.kv.load_prefix(prefix)).items()
+            if after_segment_id:
+                first = prefix + f"{after_segment_id + 1:019d}"
+                pairs = [(k, v) for k, v in pairs if k >= first]
+
+        binlogs = []
+        for _, value in pairs:
+            seg = data_pb2.SegmentBinlogs()
+            seg.ParseFromString(value)
+            binlogs.append(seg)
+        channels = [data_pb2.VChannelInfo(collection_id=collection_id, channel_name=c) for c in desc.dm_channels]
+        by_name = {c.channel_name: c for c in channels}
+        for seg in binlogs:
+            ch = by_name.get(seg.insert_channel)
+            if ch is not None:
+                ch.flushed_segment_ids.append(seg.segment_id)
+        return RecoveryPage(channels, binlogs, next_after)
+
+    # ----- watch ------------------------------------------------------------------------------------------------------
+    async def watch_segments(self, start_revision: int = 0) -> AsyncIterator[SegmentWatchItem]:
+        """Segment additions and removals from ``start_revision`` on (0: from now), one item per catalog txn.
+
+        Nothing is lost or repeated across etcd restarts; if the resume revision
+        was compacted, a ``SegmentResync`` carries the whole segment set.
+        """
+        async for item in watch_prefix(self.kv, SEGMENTS_PREFIX, start_revision):
+            if isinstance(item, Resync):
+                segs = []
+                for _, value in item.snapshot.items():
+                    seg = data_pb2.SegmentBinlogs()
+                    seg.ParseFromString(value)
+                    segs.append(seg)
+                yield SegmentResync(item.revision, segs)
+                continue
+            change: SegmentChange | None = None
+            for ev in item.events:
+                if change is None or change.revision != ev.mod_revision:
+                    if change is not None:
+                        yield change
+                    change = SegmentChange(ev.mod_revision)
+                if ev.type is EventType.PUT:
+                    seg = data_pb2.SegmentBinlogs()
+                    seg.ParseFromString(ev.value)
+                    change.added.append(seg)
+                else:
+                    change.removed.append(parse_segment_key(ev.key))
+            if change is not None:
+                yield change
+
+    # ----- bulk (demo, benchmarks) ----------------------------------------------------------------------------------
+    async def create_bulk_collection(
+        self,
+        name: str,
+        *,
+        num_partitions: int,
+        num_segments: int,
+        num_channels: int = DEFAULT_DM_CHANNELS,
+        rows_per_segment: int = 10_000,
+        dim: int = 128,
+        binlogs_per_segment: int = 2,
+    ) -> tuple[catalog_pb2.CollectionDescription, list[int]]:
+        """A collection with a pk + vector schema and ``num_segments`` synthetic segments spread over its partitions.
+
+        Segments go through ``add_segments`` (validated, many per txn, txns in
+        parallel), so the result is what a real ingest would have produced.
+        """
+        if num_segments < 0:
+            raise InvalidArgument(f"num_segments must be >= 0, got {num_segments}")
+        schema = catalog_pb2.CollectionSchema(
+            fields=[
+                catalog_pb2.FieldSchema(name="id", data_type=catalog_pb2.DATA_TYPE_INT64, is_primary_key=True),
+                catalog_pb2.FieldSchema(name="vec", data_type=catalog_pb2.DATA_TYPE_FLOAT_VECTOR, dim=dim),
+            ]
+        )
+        desc = await self.create_collection(
+            name, schema, num_partitions=num_partitions, num_channels=num_channels
+        )
+        if not num_segments:
+            return desc, []
+        cid = desc.collection_id
+        parts = [p.partition_id for p in desc.partitions]
+        ids = await self.allocate_ids(num_segments)
+        mem_size = rows_per_segment * (dim * 4 + 8)
+        segs = []
+        for i, sid in enumerate(ids):
+            pid = parts[i % len(parts)]
+            segs.append(
+                data_pb2.SegmentBinlogs(
+                    segment_id=sid,
+                    collection_id=cid,
+                    partition_id=pid,
+                    num_rows=rows_per_segment,
+                    mem_size=mem_size,
+                    binlog_paths=[f"insert_log/{cid}/{pid}/{sid}/{k}" for k in range(binlogs_per_segment)],
+                    insert_channel=desc.dm_channels[i % len(desc.dm_channels)],
+                )
+            )
+        return desc, await self.add_segments(segs, collection_id=cid)
+
+
+__all__ = [
+    "CATALOG_PREFIX",
+    "COLLECTIONS_PREFIX",
+    "ID_KEY",
+    "NAMES_PREFIX",
+    "SEGMENTS_PREFIX",
+    "AddSegmentsIncomplete",
+    "CatalogError",
+    "CatalogStore",
+    "CollectionExists",
+    "CollectionNotFound",
+    "Conflict",
+    "InvalidArgument",
+    "NotFound",
+    "PartitionNotFound",
+    "RecoveryPage",
+    "SegmentChange",
+    "SegmentRef",
+    "SegmentResync",
+    "SegmentWatchItem",
+    "collection_key",
+    "name_key",
+    "parse_segment_key",
+    "segment_key",
+    "segment_prefix",
+    "status_of",
+]
