@@ -1,0 +1,55 @@
+"""Errors of the query meta: each says what was wrong and what to do.
+
+They are refusals of a request against the current load state, raised before
+anything is sent to etcd (so nothing was written). etcd-side failures keep
+their ``meta.errors`` classes (``NotLeader``, ``MetaUnavailable``,
+``RequestTooLarge``) so callers handle them in one place.
+"""
+
+from __future__ import annotations
+
+from proto import data_pb2
+
+
+class QueryMetaError(Exception):
+    """Base class of the query meta's own refusals; nothing was written."""
+
+
+class CollectionNotLoaded(QueryMetaError):
+    """The collection has no load record (Milvus: "collection %d has not been loaded")."""
+
+    def __init__(self, collection_id: int):
+        self.collection_id = collection_id
+        super().__init__(f"collection {collection_id} has not been loaded; load it first")
+
+
+class PartitionNotLoaded(QueryMetaError):
+    """The collection is loaded but this partition is not (never loaded, or released)."""
+
+    def __init__(self, collection_id: int, partition_id: int):
+        self.collection_id, self.partition_id = collection_id, partition_id
+        super().__init__(
+            f"partition {partition_id} of collection {collection_id} has not been loaded; load the partition first"
+        )
+
+
+class LoadTypeConflict(QueryMetaError):
+    """A collection loaded as a whole cannot be loaded by partitions, and vice versa."""
+
+    def __init__(self, collection_id: int, loaded_as: int, requested: int):
+        self.collection_id, self.loaded_as, self.requested = collection_id, loaded_as, requested
+        super().__init__(
+            f"collection {collection_id} is loaded as {data_pb2.LoadType.Name(loaded_as)} and cannot be "
+            f"loaded as {data_pb2.LoadType.Name(requested)}; release it first"
+        )
+
+
+class CorruptRecord(QueryMetaError):
+    """A persisted record cannot be parsed or does not match its key (raised by ``reload(strict=True)``)."""
+
+    def __init__(self, key: str, reason: str):
+        self.key, self.reason = key, reason
+        super().__init__(
+            f"corrupt query meta record {key!r}: {reason}; inspect it with etcdctl, then delete it "
+            f"(QueryMeta.purge_corrupt) or restore it"
+        )

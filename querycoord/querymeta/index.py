@@ -1,0 +1,151 @@
+"""The in-memory mirror of the query meta, with the indexes readers need.
+
+``MetaIndex`` is plain synchronous data: it is changed only after etcd has
+accepted a write (``QueryMeta`` applies a txn's effects here once the txn
+returned), and built from scratch by ``reload``. Keeping it free of I/O is
+what makes "memory never shows what etcd does not have" checkable: every
+method here corresponds to one kind of etcd operation.
+
+Indexes kept up to date on every change, so that readers on hot paths
+(allocation, balance, progress) never scan all segments:
+segments by id, by (collection, partition), by node, memory per node;
+DM channel watches by collection and by node; delta channels by collection.
+Node id 0 means "on no node" and is not indexed by node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from proto import data_pb2
+
+from . import keys
+
+CollectionLoadInfo = data_pb2.CollectionLoadInfo
+SegmentInfo = data_pb2.SegmentInfo
+DmChannelWatchInfo = data_pb2.DmChannelWatchInfo
+VChannelInfo = data_pb2.VChannelInfo
+
+
+class MetaIndex:
+    """Collections, segments and channels as etcd has them, indexed (see module docstring)."""
+
+    def __init__(self) -> None:
+        self.collections: dict[int, CollectionLoadInfo] = {}
+        self.segments: dict[int, SegmentInfo] = {}
+        self.segments_by_partition: dict[int, dict[int, set[int]]] = {}
+        self.segments_by_node: dict[int, set[int]] = {}
+        self.memory_by_node: dict[int, int] = {}
+        self.dm_channels: dict[int, dict[str, DmChannelWatchInfo]] = {}
+        self.dm_channels_by_node: dict[int, set[tuple[int, str]]] = {}
+        self.delta_channels: dict[int, dict[str, VChannelInfo]] = {}
+
+    # ----- collections ------------------------------------------------------
+    def put_collection(self, info: CollectionLoadInfo) -> None:
+        self.collections[info.collection_id] = info
+
+    def drop_collection(self, collection_id: int) -> None:
+        self.collections.pop(collection_id, None)
+
+    def drop_everything_of(self, collection_id: int) -> None:
+        """The memory side of ``release_collection``'s txn: record and all three range deletes."""
+        self.drop_collection(collection_id)
+        self.drop_collection_segments(collection_id)
+        for channel in list(self.dm_channels.get(collection_id, {})):
+            self.drop_dm_channel(collection_id, channel)
+        self.delta_channels.pop(collection_id, None)
+
+    # ----- segments -----------------------------------------------------------
+    def put_segment(self, seg: SegmentInfo) -> None:
+        """Insert or replace by segment id (a replaced record may have moved node or partition)."""
+        self.drop_segment(seg.segment_id)
+        sid = seg.segment_id
+        self.segments[sid] = seg
+        self.segments_by_partition.setdefault(seg.collection_id, {}).setdefault(seg.partition_id, set()).add(sid)
+        if seg.node_id:
+            self.segments_by_node.setdefault(seg.node_id, set()).add(sid)
+            self.memory_by_node[seg.node_id] = self.memory_by_node.get(seg.node_id, 0) + seg.mem_size
+
+    def drop_segment(self, segment_id: int) -> None:
+        seg = self.segments.pop(segment_id, None)
+        if seg is None:
+            return
+        parts = self.segments_by_partition.get(seg.collection_id)
+        if parts is not None:
+            sids = parts.get(seg.partition_id)
+            if sids is not None:
+                sids.discard(segment_id)
+                if not sids:
+                    del parts[seg.partition_id]
+            if not parts:
+                del self.segments_by_partition[seg.collection_id]
+        if seg.node_id:
+            on_node = self.segments_by_node.get(seg.node_id, set())
+            on_node.discard(segment_id)
+            if on_node:
+                self.memory_by_node[seg.node_id] -= seg.mem_size
+            else:
+                # Drop the entries rather than keep zeros: "nodes with segments" stays exact.
+                self.segments_by_node.pop(seg.node_id, None)
+                self.memory_by_node.pop(seg.node_id, None)
+
+    def drop_partition_segments(self, collection_id: int, partition_id: int) -> None:
+        for sid in list(self.segments_by_partition.get(collection_id, {}).get(partition_id, ())):
+            self.drop_segment(sid)
+
+    def drop_collection_segments(self, collection_id: int) -> None:
+        for sids in list(self.segments_by_partition.get(collection_id, {}).values()):
+            for sid in list(sids):
+                self.drop_segment(sid)
+
+    def segment_ids_of(self, collection_id: int, partition_id: int | None = None) -> list[int]:
+        parts = self.segments_by_partition.get(collection_id, {})
+        if partition_id is not None:
+            return sorted(parts.get(partition_id, ()))
+        return sorted(sid for sids in parts.values() for sid in sids)
+
+    # ----- DM channels --------------------------------------------------------
+    def put_dm_channel(self, watch: DmChannelWatchInfo) -> None:
+        self.drop_dm_channel(watch.collection_id, watch.dm_channel)
+        self.dm_channels.setdefault(watch.collection_id, {})[watch.dm_channel] = watch
+        if watch.node_id:
+            self.dm_channels_by_node.setdefault(watch.node_id, set()).add((watch.collection_id, watch.dm_channel))
+
+    def drop_dm_channel(self, collection_id: int, channel: str) -> None:
+        channels = self.dm_channels.get(collection_id)
+        if channels is None or channel not in channels:
+            return
+        watch = channels.pop(channel)
+        if not channels:
+            del self.dm_channels[collection_id]
+        if watch.node_id:
+            on_node = self.dm_channels_by_node.get(watch.node_id)
+            if on_node is not None:
+                on_node.discard((collection_id, channel))
+                if not on_node:
+                    del self.dm_channels_by_node[watch.node_id]
+
+    # ----- delta channels -----------------------------------------------------
+    def put_delta_channel(self, info: VChannelInfo) -> None:
+        self.delta_channels.setdefault(info.collection_id, {})[info.channel_name] = info
+
+    def drop_delta_channel(self, collection_id: int, channel: str) -> None:
+        channels = self.delta_channels.get(collection_id)
+        if channels is not None:
+            channels.pop(channel, None)
+            if not channels:
+                del self.delta_channels[collection_id]
+
+    # ----- whole view ---------------------------------------------------------
+    def records(self) -> Iterator[tuple[str, CollectionLoadInfo | SegmentInfo | DmChannelWatchInfo | VChannelInfo]]:
+        """Every record with the key it is stored under: what etcd must hold, exactly."""
+        for cid, info in self.collections.items():
+            yield keys.collection_key(cid), info
+        for seg in self.segments.values():
+            yield keys.segment_key(seg.collection_id, seg.partition_id, seg.segment_id), seg
+        for cid, watches in self.dm_channels.items():
+            for channel, watch in watches.items():
+                yield keys.dm_channel_key(cid, channel), watch
+        for cid, deltas in self.delta_channels.items():
+            for channel, delta in deltas.items():
+                yield keys.delta_channel_key(cid, channel), delta

@@ -1,0 +1,133 @@
+"""Query meta records: how they are stored (stripped), read back (checked against their key), and derived.
+
+Pure functions on the protobuf records, no I/O, so that ``store`` keeps to
+the write protocol and ``reload`` and the writers agree on one definition
+of a valid record.
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+from google.protobuf.message import DecodeError, Message
+from loguru import logger
+
+from proto import data_pb2
+
+from . import keys
+from .errors import CorruptRecord
+from .index import MetaIndex
+
+CollectionLoadInfo = data_pb2.CollectionLoadInfo
+SegmentInfo = data_pb2.SegmentInfo
+DmChannelWatchInfo = data_pb2.DmChannelWatchInfo
+VChannelInfo = data_pb2.VChannelInfo
+
+M = TypeVar("M", bound=Message)
+
+
+def copy_message(message: M) -> M:
+    clone = type(message)()
+    clone.CopyFrom(message)
+    return clone
+
+
+def collection_percentage(info: CollectionLoadInfo) -> int:
+    """The collection's in-memory percentage: the floor of its partitions' mean.
+
+    Integer floor makes 100 reachable only when every partition is at 100
+    (Milvus: "set to 100 only once all children are Done"); no partitions: 0.
+    """
+    if not info.partitions:
+        return 0
+    return sum(p.in_memory_percentage for p in info.partitions) // len(info.partitions)
+
+
+def stored_segment(seg: SegmentInfo) -> SegmentInfo:
+    """The record as persisted: a copy without index file paths (the catalog has them)."""
+    stored = copy_message(seg)
+    for index_info in stored.index_infos:
+        del index_info.index_file_paths[:]
+    return stored
+
+
+def stored_delta_channel(info: VChannelInfo) -> VChannelInfo:
+    """The record as persisted: a copy without flushed/dropped segment ids (unbounded; the catalog has them)."""
+    stored = copy_message(info)
+    del stored.flushed_segment_ids[:]
+    del stored.dropped_segment_ids[:]
+    return stored
+
+
+def add_partitions(info: CollectionLoadInfo, partition_ids: list[int]) -> None:
+    """Add partitions not yet loaded (NOT_PRESENT, 0 %), un-release them, and recompute the percentage."""
+    loaded = {p.partition_id for p in info.partitions}
+    new = [p for p in partition_ids if p not in loaded]
+    for pid in new:
+        info.partitions.add(partition_id=pid, state=data_pb2.PARTITION_STATE_NOT_PRESENT, in_memory_percentage=0)
+    if new and info.released_partition_ids:
+        still = [p for p in info.released_partition_ids if p not in set(new)]
+        del info.released_partition_ids[:]
+        info.released_partition_ids.extend(still)
+    info.in_memory_percentage = collection_percentage(info)
+
+
+def _parse(cls: type[M], key: str, value: bytes) -> M:
+    message = cls()
+    try:
+        message.ParseFromString(value)
+    except DecodeError as exc:
+        raise CorruptRecord(key, f"not a {cls.__name__}: {exc}") from exc
+    return message
+
+
+def _expect_key(key: str, expected: str, ids_ok: bool) -> None:
+    if not ids_ok:
+        raise CorruptRecord(key, "a required id is 0 or negative")
+    if key != expected:
+        raise CorruptRecord(key, f"the record belongs under {expected!r}")
+
+
+def decode_into(index: MetaIndex, prefix: str, key: str, value: bytes) -> None:
+    """Parse one stored record, check that it matches its key, and add it to ``index``."""
+    if prefix == keys.COLLECTION_PREFIX:
+        info = _parse(CollectionLoadInfo, key, value)
+        _expect_key(key, keys.collection_key(info.collection_id), info.collection_id > 0)
+        index.put_collection(info)
+    elif prefix == keys.SEGMENT_PREFIX:
+        seg = _parse(SegmentInfo, key, value)
+        ids_ok = min(seg.collection_id, seg.partition_id, seg.segment_id) > 0
+        _expect_key(key, keys.segment_key(seg.collection_id, seg.partition_id, seg.segment_id), ids_ok)
+        twin = index.segments.get(seg.segment_id)
+        if twin is not None:
+            other = keys.segment_key(twin.collection_id, twin.partition_id, twin.segment_id)
+            raise CorruptRecord(key, f"segment {seg.segment_id} is already stored under {other!r}")
+        index.put_segment(seg)
+    elif prefix == keys.DM_CHANNEL_PREFIX:
+        watch = _parse(DmChannelWatchInfo, key, value)
+        expected = keys.dm_channel_key(watch.collection_id, watch.dm_channel)
+        _expect_key(key, expected, watch.collection_id > 0 and bool(watch.dm_channel))
+        index.put_dm_channel(watch)
+    else:
+        delta = _parse(VChannelInfo, key, value)
+        expected = keys.delta_channel_key(delta.collection_id, delta.channel_name)
+        _expect_key(key, expected, delta.collection_id > 0 and bool(delta.channel_name))
+        index.put_delta_channel(delta)
+
+
+def warn_orphans(index: MetaIndex) -> None:
+    """Log records whose collection or partition is not loaded (kept: they are what etcd holds)."""
+    orphan_segments = 0
+    for cid, parts in index.segments_by_partition.items():
+        info = index.collections.get(cid)
+        loaded = {p.partition_id for p in info.partitions} if info is not None else set()
+        orphan_segments += sum(len(sids) for pid, sids in parts.items() if pid not in loaded)
+    orphan_channels = sum(len(c) for cid, c in index.dm_channels.items() if cid not in index.collections)
+    orphan_channels += sum(len(c) for cid, c in index.delta_channels.items() if cid not in index.collections)
+    if orphan_segments or orphan_channels:
+        logger.warning(
+            "query meta holds {} segment and {} channel records of collections or partitions that are not "
+            "loaded; a release of their collection removes them",
+            orphan_segments,
+            orphan_channels,
+        )
