@@ -17,11 +17,14 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from proto import common_pb2
 from querycoord.cluster.nodes import Node
 
 
 class NoAvailableNode(Exception):
     """No online node can take the work; the message says why."""
+
+    code = common_pb2.NO_AVAILABLE_NODE
 
 
 @dataclass

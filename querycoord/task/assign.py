@@ -141,12 +141,13 @@ async def plan_children(
         if delta and node_id in per_node:
             req = querynode_pb2.WatchDeltaChannelsRequest(collection_id=collection_id, infos=list(delta))
             children.append(WatchDeltaChannelsTask.new(env, req, trigger_condition=cond,
-                                                       collection_id=collection_id, node_id=node_id, parent=parent))
+                                                       collection_id=collection_id, node_id=node_id, parent=parent,
+                                                       excluded=excluded))
         qreq = querynode_pb2.AddQueryChannelRequest(
             collection_id=collection_id, query_channel=query, query_result_channel=result
         )
         children.append(WatchQueryChannelTask.new(env, qreq, trigger_condition=cond, collection_id=collection_id,
-                                                  node_id=node_id, parent=parent))
+                                                  node_id=node_id, parent=parent, excluded=excluded))
     return children
 
 

@@ -1,0 +1,25 @@
+"""Configuration of a coordinator process: one dataclass, every duration in seconds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from meta.config import EtcdConfig
+from querycoord.task.model import SchedulerConfig
+
+
+@dataclass
+class CoordConfig:
+    """Defaults are production values; tests, drills and the demo scale durations down."""
+
+    etcd: EtcdConfig = field(default_factory=EtcdConfig)
+    root: str = "querycoord"
+    listen: str = "127.0.0.1:19531"
+    session_ttl: float = 10.0
+    rpc_timeout: float = 10.0
+    # 0 disables auto balance.
+    auto_balance_interval: float = 60.0
+    balance_spread: float = 0.30
+    # Address of an external Catalog service; None runs the catalog inside the coordinator.
+    catalog_address: str | None = None
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)

@@ -1,0 +1,208 @@
+"""The coordinator process: the composition root and the leadership life cycle.
+
+Every coordinator registers a session and campaigns. The winner builds, on
+its fenced view of the KV, everything a leader needs (query meta, nodes,
+task store, scheduler) and reloads it from etcd; when it loses the session
+or a fenced write is refused, it drops all of it without writing and
+campaigns again with a new session. Standbys keep serving reads from etcd.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+
+from loguru import logger
+
+from meta.client import EtcdClient, connect
+from meta.election import Election, current_leader, election_prefix
+from meta.errors import MetaError
+from meta.fence import Fence
+from meta.idalloc import IdAllocator
+from meta.kv import MetaKV
+from meta.session import Session
+from proto import data_pb2, querynode_pb2
+from proto import querycoord_pb2 as qc
+from querycoord.catalog.broker import Broker, GrpcBroker, LocalBroker
+from querycoord.catalog.store import CatalogStore
+from querycoord.cluster.nodes import NodeManager
+from querycoord.config import CoordConfig
+from querycoord.querymeta import QueryMeta
+from querycoord.task.model import TaskEnv
+from querycoord.task.scheduler import Scheduler
+from querycoord.task.store import TaskStore
+from querycoord.task.triggers import HandoffTask, LoadBalanceTask
+
+ROLE = "querycoord"
+ELECTION = "querycoord"
+
+
+@dataclass
+class Leadership:
+    """Everything that exists only while this coordinator leads."""
+
+    fence: Fence
+    kv: MetaKV
+    meta: QueryMeta
+    nodes: NodeManager
+    scheduler: Scheduler
+    env: TaskEnv
+    tasks: list[asyncio.Task[None]]
+
+
+class Coordinator:
+    def __init__(self, config: CoordConfig, address: str):
+        self.config = config
+        self.address = address
+        self.client: EtcdClient | None = None
+        self.kv: MetaKV | None = None
+        self.catalog: CatalogStore | None = None
+        self.broker: Broker | None = None
+        self.session: Session | None = None
+        self.leadership: Leadership | None = None
+        self.became_leader = asyncio.Event()
+        self._main: asyncio.Task[None] | None = None
+        self._lost = asyncio.Event()
+        self._stopping = False
+
+    @property
+    def is_leader(self) -> bool:
+        return self.leadership is not None and not self.leadership.scheduler.stopped
+
+    @property
+    def server_id(self) -> int:
+        return self.session.server_id if self.session and self.session.info else 0
+
+    async def leader_address(self) -> str | None:
+        assert self.kv is not None
+        leader = await current_leader(self.kv, election_prefix(ELECTION))
+        return leader.value.decode() if leader else None
+
+    async def start(self) -> None:
+        self.client = await connect(self.config.etcd)
+        self.kv = MetaKV(self.client, self.config.root)
+        self.catalog = CatalogStore(self.kv)
+        self.broker = GrpcBroker(self.config.catalog_address) if self.config.catalog_address else LocalBroker(
+            self.catalog)
+        self._main = asyncio.create_task(self._lead_forever(), name="leadership")
+
+    async def stop(self) -> None:
+        """Resign (so a standby takes over at once), stop leading, close the session."""
+        self._stopping = True
+        if self._main:
+            self._main.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._main
+        await self._drop_leadership()
+        if self.session:
+            await self.session.close()
+        if self.broker:
+            await self.broker.close()
+        if self.client:
+            await self.client.close()
+
+    async def _lead_forever(self) -> None:
+        assert self.kv is not None
+        while not self._stopping:
+            try:
+                self.session = Session(self.kv, ROLE, self.address, ttl=self.config.session_ttl)
+                await self.session.start()
+                election = Election(self.kv, self.session, ELECTION)
+                self.election = election
+                fence = await election.campaign(self.address)
+                await self._become_leader(fence)
+                lost = asyncio.create_task(self.session.lost.wait())
+                deposed = asyncio.create_task(self._lost.wait())
+                await asyncio.wait({lost, deposed}, return_when=asyncio.FIRST_COMPLETED)
+                for t in (lost, deposed):
+                    t.cancel()
+                logger.warning("coordinator {}: leadership lost ({})", self.server_id,
+                               self.session.lost_reason or "a fenced write was refused")
+            except asyncio.CancelledError:
+                with contextlib.suppress(Exception):
+                    if self.leadership is not None:
+                        await asyncio.wait_for(self.election.resign(), 2)
+                raise
+            except MetaError as exc:
+                logger.error("coordinator: etcd trouble while campaigning or leading: {}", exc)
+                await asyncio.sleep(1)
+            finally:
+                await self._drop_leadership()
+            if self.session is not None:
+                await self.session.close(revoke=False)
+
+    def _on_leadership_lost(self, exc: BaseException) -> None:
+        self._lost.set()
+
+    async def _become_leader(self, fence: Fence) -> None:
+        assert self.kv is not None and self.broker is not None
+        self._lost.clear()
+        fenced = self.kv.fenced(fence)
+        meta = QueryMeta(fenced)
+        await meta.reload()
+        coord_fence = querynode_pb2.CoordFence(leader_revision=fence.revision, coordinator_id=self.server_id)
+        holder: dict[str, Scheduler] = {}
+
+        async def on_node_down(node_id: int) -> None:
+            await self._node_down(holder["scheduler"], meta, node_id)
+
+        nodes = NodeManager(self.kv, fence=coord_fence, rpc_timeout=self.config.rpc_timeout,
+                            on_node_down=lambda nid: on_node_down(nid))
+        store = TaskStore(fenced)
+        ids = IdAllocator(fenced, "idalloc/task")
+        env = TaskEnv(meta=meta, nodes=nodes, broker=self.broker, store=store, ids=ids,
+                      config=self.config.scheduler)
+        scheduler = Scheduler(env, on_leadership_lost=self._on_leadership_lost)
+        holder["scheduler"] = scheduler
+        await nodes.start()
+        queued = await scheduler.start()
+        tasks = [asyncio.create_task(self._handoff_loop(scheduler, meta), name="handoff")]
+        self.leadership = Leadership(fence, fenced, meta, nodes, scheduler, env, tasks)
+        # Nodes that meta still places segments on but that are gone: balance them away.
+        for node_id in sorted(meta.known_node_ids() - {n.node_id for n in nodes.online()}):
+            await self._node_down(scheduler, meta, node_id)
+        logger.info("coordinator {} leads with fence {} ({} persisted triggers resumed)", self.server_id, fence,
+                    queued)
+        self.became_leader.set()
+
+    async def _drop_leadership(self) -> None:
+        lead, self.leadership = self.leadership, None
+        self.became_leader.clear()
+        if lead is None:
+            return
+        for t in lead.tasks:
+            t.cancel()
+        await lead.scheduler.stop()
+        await lead.nodes.stop()
+
+    async def _node_down(self, scheduler: Scheduler, meta: QueryMeta, node_id: int) -> None:
+        if not meta.segments_on_node(node_id) and not meta.channels_on_node(node_id):
+            await scheduler.env.nodes.remove(node_id)
+            return
+        req = qc.LoadBalanceRequest(source_node_ids=[node_id], reason=qc.BALANCE_REASON_NODE_DOWN)
+        task = LoadBalanceTask.new(scheduler.env, req, trigger_condition=qc.TRIGGER_CONDITION_NODE_DOWN)
+        await scheduler.enqueue(task)  # type: ignore[arg-type]
+        logger.info("node {} down: queued balance task {}", node_id, task.id)
+
+    async def _handoff_loop(self, scheduler: Scheduler, meta: QueryMeta) -> None:
+        """New sealed segments of loaded collections become Handoff triggers."""
+        assert self.broker is not None
+        try:
+            async for item in self.broker.watch_segments(await self.kv.revision() + 1):  # type: ignore[union-attr]
+                added = getattr(item, "added", None) or []
+                by_coll: dict[int, list[data_pb2.SegmentInfo]] = {}
+                for b in added:
+                    if meta.has_collection(b.collection_id):
+                        by_coll.setdefault(b.collection_id, []).append(data_pb2.SegmentInfo(
+                            segment_id=b.segment_id, collection_id=b.collection_id, partition_id=b.partition_id,
+                            compaction_from=list(b.compaction_from)))
+                for cid, infos in by_coll.items():
+                    from proto import task_pb2
+
+                    req = task_pb2.HandoffSegmentsRequest(segment_infos=infos)
+                    t = HandoffTask.new(scheduler.env, req, trigger_condition=qc.TRIGGER_CONDITION_HANDOFF,
+                                        collection_id=cid)
+                    await scheduler.enqueue(t)  # type: ignore[arg-type]
+        except NotImplementedError:
+            logger.info("the catalog is remote and cannot be watched: handoff is off")

@@ -1,0 +1,99 @@
+"""Run one coordinator process: the gRPC server (QueryCoord, Catalog, health, reflection) and the Coordinator.
+
+Health follows leadership through the standard gRPC health service: SERVING
+on the leader, NOT_SERVING on a standby, so probes and load balancers can
+route. SIGTERM resigns first, so a standby takes over at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from loguru import logger
+
+from proto import catalog_pb2, catalog_pb2_grpc, querycoord_pb2
+from querycoord.catalog.service import CatalogServicer
+from querycoord.config import CoordConfig
+from querycoord.coordinator import Coordinator
+from querycoord.server import add_to_server
+
+SERVICE = "querycoord.query.QueryCoord"
+
+
+class CoordinatorProcess:
+    """A Coordinator behind a gRPC server on ``config.listen``."""
+
+    def __init__(self, config: CoordConfig):
+        self.config = config
+        self.server = grpc.aio.server()
+        self.port = self.server.add_insecure_port(config.listen)
+        if self.port == 0:
+            raise OSError(f"cannot listen on {config.listen}")
+        host = config.listen.rsplit(":", 1)[0]
+        host = "127.0.0.1" if host in ("", "0.0.0.0", "[::]") else host
+        self.address = f"{host}:{self.port}"
+        self.coord = Coordinator(config, self.address)
+        self.health = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
+        self._health_task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await self.coord.start()
+        add_to_server(self.server, self.coord)
+        assert self.coord.catalog is not None
+        catalog_pb2_grpc.add_CatalogServicer_to_server(CatalogServicer(self.coord.catalog), self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        names = (
+            querycoord_pb2.DESCRIPTOR.services_by_name["QueryCoord"].full_name,
+            catalog_pb2.DESCRIPTOR.services_by_name["Catalog"].full_name,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        )
+        reflection.enable_server_reflection(names, self.server)
+        await self._set_health(False)
+        await self.server.start()
+        self._health_task = asyncio.create_task(self._follow_leadership())
+
+    async def _set_health(self, serving: bool) -> None:
+        st = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", SERVICE):
+            result = self.health.set(name, st)
+            if asyncio.iscoroutine(result):
+                await result
+
+    async def _follow_leadership(self) -> None:
+        serving = False
+        while True:
+            leading = self.coord.is_leader
+            if leading != serving:
+                serving = leading
+                await self._set_health(serving)
+                logger.info("coordinator {} is now {}", self.address, "LEADER (SERVING)" if serving else "STANDBY")
+                print(json.dumps({"event": "leader" if serving else "standby", "address": self.address,
+                                  "server_id": self.coord.server_id, "t": time.time()}), flush=True)
+            await asyncio.sleep(0.05)
+
+    async def stop(self) -> None:
+        if self._health_task:
+            self._health_task.cancel()
+        await self.coord.stop()
+        await self.server.stop(grace=1.0)
+
+
+async def run_coordinator(config: CoordConfig) -> int:
+    """The process body of ``querycoord coord``: run until SIGTERM / SIGINT."""
+    proc = CoordinatorProcess(config)
+    await proc.start()
+    print(json.dumps({"event": "ready", "address": proc.address, "t": time.time()}), flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await proc.stop()
+    return 0

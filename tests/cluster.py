@@ -1,0 +1,152 @@
+"""A real query cluster for tests: a coordinator (its gRPC server in this process) and query nodes.
+
+Nodes run in-process (real gRPC servers on loopback, real sessions) unless a
+test needs to kill one with a signal, for which ``spawn_node_process`` starts
+``querycoord querynode`` as a real process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import subprocess
+import sys
+import time
+
+from meta.client import connect
+from meta.etcd_server import EtcdCluster
+from meta.kv import MetaKV
+from proto import data_pb2, querynode_pb2
+from proto import querycoord_pb2 as qc
+from querycoord.client import QueryCoordClient
+from querycoord.config import CoordConfig
+from querycoord.nodes.querynode import FaultConfig, QueryNode
+from querycoord.process import CoordinatorProcess
+from querycoord.task.model import SchedulerConfig
+from querycoord.task.store import TASK_PREFIXES
+
+MiB = 1 << 20
+
+
+def fast_scheduler(**kw: object) -> SchedulerConfig:
+    defaults = dict(retry_backoff=0.05, retry_backoff_max=0.2, wait_interval=0.2, trigger_timeout=60.0)
+    defaults.update(kw)
+    return SchedulerConfig(**defaults)  # type: ignore[arg-type]
+
+
+class QueryCluster:
+    def __init__(self, etcd: EtcdCluster, root: str, *, scheduler: SchedulerConfig | None = None,
+                 session_ttl: float = 2.0):
+        self.etcd = etcd
+        self.root = root
+        self.config = CoordConfig(etcd=etcd.config(), root=root, listen="127.0.0.1:0", session_ttl=session_ttl,
+                                  rpc_timeout=5.0, auto_balance_interval=0, scheduler=scheduler or fast_scheduler())
+        self.coords: list[CoordinatorProcess] = []
+        self.nodes: list[QueryNode] = []
+        self.procs: list[subprocess.Popen[str]] = []
+        self.kv: MetaKV | None = None
+        self.client: QueryCoordClient | None = None
+
+    async def __aenter__(self) -> QueryCluster:
+        self.kv = MetaKV(await connect(self.etcd.config()), self.root)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.client:
+            await self.client.close()
+        for n in self.nodes:
+            with contextlib.suppress(Exception):
+                await n.stop()
+        for c in self.coords:
+            with contextlib.suppress(Exception):
+                await c.stop()
+        for p in self.procs:
+            with contextlib.suppress(ProcessLookupError):
+                p.kill()
+            p.wait()
+        if self.kv:
+            await self.kv.client.close()
+
+    async def start_coordinator(self) -> CoordinatorProcess:
+        c = CoordinatorProcess(self.config)
+        await c.start()
+        self.coords.append(c)
+        if self.client is None:
+            self.client = QueryCoordClient([c.address], deadline=30)
+        else:
+            self.client.addresses.append(c.address)
+        return c
+
+    async def wait_leader(self, timeout: float = 30.0) -> CoordinatorProcess:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for c in self.coords:
+                if c.coord.is_leader:
+                    return c
+            await asyncio.sleep(0.05)
+        raise TimeoutError("no coordinator became leader")
+
+    async def add_node(self, capacity: int = 1024 * MiB, faults: FaultConfig | None = None) -> QueryNode:
+        assert self.kv is not None
+        n = QueryNode(self.kv, capacity_bytes=capacity, ttl=2.0, faults=faults)
+        await n.start()
+        self.nodes.append(n)
+        return n
+
+    def spawn_node_process(self, *args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], dict]:
+        """A query node as a real process (to be killed with a real signal); returns it and its ready event."""
+        p = subprocess.Popen(
+            [sys.executable, "-m", "querycoord.nodes.querynode", "--etcd-endpoints", ",".join(self.etcd.endpoints),
+             "--root", self.root, "--ttl", "2", *args],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+        )
+        self.procs.append(p)
+        assert p.stdout is not None
+        ready = json.loads(p.stdout.readline())
+        return p, ready
+
+    async def create_collection(self, name: str, *, partitions: int, segments: int, channels: int = 2) -> int:
+        leader = self.coords[0].coord
+        assert leader.catalog is not None
+        desc, _ = await leader.catalog.create_bulk_collection(
+            name, num_partitions=partitions, num_segments=segments, num_channels=channels)
+        return desc.collection_id
+
+    async def wait_loaded(self, cid: int, timeout: float = 60.0) -> qc.ShowCollectionsResponse:
+        assert self.client is not None
+        deadline = time.monotonic() + timeout
+        while True:
+            resp = await self.client.query("ShowCollections", qc.ShowCollectionsRequest(collection_ids=[cid]))
+            if resp.status.error_code == 0 and resp.collections[0].in_memory_percentage == 100:
+                return resp
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"collection {cid} not loaded: {resp}")
+            await asyncio.sleep(0.1)
+
+    async def wait_idle(self, timeout: float = 60.0) -> None:
+        """Until no trigger is queued or running on the leader."""
+        deadline = time.monotonic() + timeout
+        while True:
+            leader = await self.wait_leader()
+            lead = leader.coord.leadership
+            if lead is not None and not lead.scheduler.triggers:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"tasks still pending: {list(lead.scheduler.triggers) if lead else None}")
+            await asyncio.sleep(0.1)
+
+    def distribution(self) -> dict[int, querynode_pb2.GetDataDistributionResponse]:
+        return {n.node_id: n.state.distribution() for n in self.nodes if n.healthy}
+
+    async def task_keys(self) -> dict[str, int]:
+        assert self.kv is not None
+        return {p: await self.kv.count_prefix(p) for p in TASK_PREFIXES}
+
+
+def held_segments(node: QueryNode) -> set[int]:
+    return set(node.state.segments)
+
+
+def loaded(info: data_pb2.CollectionLoadInfo) -> bool:
+    return info.in_memory_percentage == 100
