@@ -328,3 +328,33 @@ class LoadBalanceResponse(_message.Message):
 class GetComponentStatesRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class ShowNodesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class NodeInfo(_message.Message):
+    __slots__ = ("node_id", "address", "state", "memory_capacity", "memory_used", "segment_count", "dm_channel_count")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_USED_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_COUNT_FIELD_NUMBER: _ClassVar[int]
+    DM_CHANNEL_COUNT_FIELD_NUMBER: _ClassVar[int]
+    node_id: int
+    address: str
+    state: str
+    memory_capacity: int
+    memory_used: int
+    segment_count: int
+    dm_channel_count: int
+    def __init__(self, node_id: _Optional[int] = ..., address: _Optional[str] = ..., state: _Optional[str] = ..., memory_capacity: _Optional[int] = ..., memory_used: _Optional[int] = ..., segment_count: _Optional[int] = ..., dm_channel_count: _Optional[int] = ...) -> None: ...
+
+class ShowNodesResponse(_message.Message):
+    __slots__ = ("status", "nodes")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    status: _common_pb2.Status
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeInfo]
+    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ...) -> None: ...

@@ -95,6 +95,11 @@ class QueryCoordStub:
                 request_serializer=proto_dot_querycoord__pb2.GetTaskRequest.SerializeToString,
                 response_deserializer=proto_dot_querycoord__pb2.GetTaskResponse.FromString,
                 _registered_method=True)
+        self.ShowNodes = channel.unary_unary(
+                '/querycoord.query.QueryCoord/ShowNodes',
+                request_serializer=proto_dot_querycoord__pb2.ShowNodesRequest.SerializeToString,
+                response_deserializer=proto_dot_querycoord__pb2.ShowNodesResponse.FromString,
+                _registered_method=True)
 
 
 class QueryCoordServicer:
@@ -172,6 +177,13 @@ class QueryCoordServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ShowNodes(self, request, context):
+        """Query nodes known to the leader, with what query meta places on them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_QueryCoordServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -234,6 +246,11 @@ def add_QueryCoordServicer_to_server(servicer, server):
                     servicer.GetTask,
                     request_deserializer=proto_dot_querycoord__pb2.GetTaskRequest.FromString,
                     response_serializer=proto_dot_querycoord__pb2.GetTaskResponse.SerializeToString,
+            ),
+            'ShowNodes': grpc.unary_unary_rpc_method_handler(
+                    servicer.ShowNodes,
+                    request_deserializer=proto_dot_querycoord__pb2.ShowNodesRequest.FromString,
+                    response_serializer=proto_dot_querycoord__pb2.ShowNodesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -560,6 +577,33 @@ class QueryCoord:
             '/querycoord.query.QueryCoord/GetTask',
             proto_dot_querycoord__pb2.GetTaskRequest.SerializeToString,
             proto_dot_querycoord__pb2.GetTaskResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ShowNodes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/querycoord.query.QueryCoord/ShowNodes',
+            proto_dot_querycoord__pb2.ShowNodesRequest.SerializeToString,
+            proto_dot_querycoord__pb2.ShowNodesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -324,6 +324,23 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
         return await self._answer(qc.GetTaskResponse, run)
 
 
+    async def ShowNodes(self, request, context):
+        async def run():
+            lead = await self._lead()
+            meta = lead.meta
+            out = [
+                qc.NodeInfo(
+                    node_id=n.node_id, address=n.address, state=n.state.value, memory_capacity=n.capacity,
+                    memory_used=meta.node_memory_usage(n.node_id), segment_count=len(meta.segments_on_node(n.node_id)),
+                    dm_channel_count=len(meta.channels_on_node(n.node_id)),
+                )
+                for n in sorted(lead.nodes.nodes.values(), key=lambda n: n.node_id)
+            ]
+            return qc.ShowNodesResponse(status=OK, nodes=out)
+
+        return await self._answer(qc.ShowNodesResponse, run)
+
+
 def add_to_server(server: grpc.aio.Server, coord: Coordinator) -> None:
     querycoord_pb2_grpc.add_QueryCoordServicer_to_server(QueryCoordServicer(coord), server)
 

@@ -138,3 +138,18 @@ async def test_load_balance_user_and_errors(cluster: QueryCluster) -> None:
     assert sum(len(h) for h in held) == 30 == len(set().union(*held)), "moved, not duplicated"
     lead = (await cluster.wait_leader()).coord.leadership
     assert all(lead.meta.get_segment(s).node_id == dst.node_id for s in moving)
+
+
+async def test_show_nodes_reports_what_meta_places(cluster: QueryCluster) -> None:
+    cid = await cluster.create_collection("nodes", partitions=1, segments=12)
+    await cluster.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid))
+    await cluster.wait_loaded(cid)
+    await cluster.wait_idle()
+    resp = await cluster.client.query("ShowNodes", qc.ShowNodesRequest())
+    assert resp.status.error_code == common_pb2.SUCCESS
+    by_id = {n.node_id: n for n in resp.nodes}
+    for node in cluster.nodes:
+        info = by_id[node.node_id]
+        assert info.state == "online" and info.address == node.address
+        assert info.segment_count == len(node.state.segments)
+    assert sum(n.segment_count for n in resp.nodes) == 12
