@@ -24,6 +24,7 @@ from meta.kv import MetaKV
 from meta.session import Session
 from proto import data_pb2, querynode_pb2
 from proto import querycoord_pb2 as qc
+from querycoord.balance import auto_balance_loop
 from querycoord.catalog.broker import Broker, GrpcBroker, LocalBroker
 from querycoord.catalog.store import CatalogStore
 from querycoord.cluster.nodes import NodeManager
@@ -158,6 +159,10 @@ class Coordinator:
         await nodes.start()
         queued = await scheduler.start()
         tasks = [asyncio.create_task(self._handoff_loop(scheduler, meta), name="handoff")]
+        if self.config.auto_balance_interval > 0:
+            tasks.append(asyncio.create_task(
+                auto_balance_loop(scheduler, self.config.auto_balance_interval, self.config.balance_spread),
+                name="auto-balance"))
         self.leadership = Leadership(fence, fenced, meta, nodes, scheduler, env, tasks)
         # Nodes that meta still places segments on but that are gone: balance them away.
         for node_id in sorted(meta.known_node_ids() - {n.node_id for n in nodes.online()}):

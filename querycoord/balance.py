@@ -1,0 +1,68 @@
+"""Auto balance: move segments from the fullest to the emptiest node.
+
+Every ``interval`` the leader compares memory rates (query meta's segment
+sizes over each online node's capacity). When the highest rate exceeds the
+memory limit (90 %) or the spread between highest and lowest exceeds
+``spread`` (30 %), it queues one LoadBalance (reason AUTO) moving just
+enough segments, largest first, to bring the two nodes closest together.
+Nothing is queued while another balance is pending, so balances never pile up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from loguru import logger
+
+from proto import querycoord_pb2 as qc
+from querycoord.task.scheduler import Scheduler
+from querycoord.task.triggers import LoadBalanceTask
+
+
+def plan_move(rates: dict[int, tuple[int, int]], sizes: dict[int, list[tuple[int, int]]], *,
+              spread: float, memory_limit: float) -> tuple[int, int, list[int]] | None:
+    """(source, destination, segment ids) that narrows the gap, or None when balanced.
+
+    ``rates``: node -> (used bytes, capacity); ``sizes``: node -> [(segment id, bytes)].
+    """
+    if len(rates) < 2:
+        return None
+    rate = {n: used / cap for n, (used, cap) in rates.items() if cap > 0}
+    src = max(rate, key=lambda n: (rate[n], n))
+    dst = min(rate, key=lambda n: (rate[n], -n))
+    if src == dst or not (rate[src] > memory_limit or rate[src] - rate[dst] > spread):
+        return None
+    used_src, cap_src = rates[src]
+    used_dst, cap_dst = rates[dst]
+    moved: list[int] = []
+    for seg, size in sorted(sizes.get(src, []), key=lambda x: -x[1]):
+        new_src, new_dst = (used_src - size) / cap_src, (used_dst + size) / cap_dst
+        if new_dst >= memory_limit or new_dst > new_src:
+            continue
+        moved.append(seg)
+        used_src, used_dst = used_src - size, used_dst + size
+        if (used_src / cap_src) - (used_dst / cap_dst) <= spread / 2:
+            break
+    return (src, dst, moved) if moved else None
+
+
+async def auto_balance_loop(scheduler: Scheduler, interval: float, spread: float) -> None:
+    env = scheduler.env
+    while True:
+        await asyncio.sleep(interval)
+        if any(t.KIND == qc.TASK_KIND_LOAD_BALANCE for t in scheduler.triggers.values()):
+            continue
+        online = env.nodes.online()
+        rates = {n.node_id: (env.meta.node_memory_usage(n.node_id), n.capacity) for n in online}
+        sizes = {n.node_id: [(s.segment_id, s.mem_size) for s in env.meta.segments_on_node(n.node_id)]
+                 for n in online}
+        move = plan_move(rates, sizes, spread=spread, memory_limit=env.config.memory_limit)
+        if move is None:
+            continue
+        src, dst, segs = move
+        req = qc.LoadBalanceRequest(source_node_ids=[src], dst_node_ids=[dst], sealed_segment_ids=segs,
+                                    reason=qc.BALANCE_REASON_AUTO)
+        task = LoadBalanceTask.new(env, req, trigger_condition=qc.TRIGGER_CONDITION_LOAD_BALANCE)
+        await scheduler.enqueue(task)  # type: ignore[arg-type]
+        logger.info("auto balance: moving {} segments from node {} to node {} (task {})", len(segs), src, dst,
+                    task.id)

@@ -1,0 +1,194 @@
+"""Recovery: a coordinator killed mid-load, thousands of persisted triggers, a node crashing mid-load, auto balance."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import time
+
+from meta.etcd_server import EtcdCluster
+from meta.idalloc import IdAllocator
+from proto import common_pb2, task_pb2
+from proto import querycoord_pb2 as qc
+from querycoord.balance import plan_move
+from querycoord.nodes.querynode import FaultConfig
+from tests.cluster import MiB, QueryCluster, fast_scheduler
+
+COORD = """
+import asyncio, sys
+from meta.config import EtcdConfig
+from querycoord.config import CoordConfig
+from querycoord.logs import setup_logging
+from querycoord.process import run_coordinator
+from querycoord.task.model import SchedulerConfig
+setup_logging("WARNING")
+cfg = CoordConfig(etcd=EtcdConfig.from_endpoints(sys.argv[1]), root=sys.argv[2], listen="127.0.0.1:0",
+                  session_ttl=2, auto_balance_interval=0,
+                  scheduler=SchedulerConfig(retry_backoff=0.05, wait_interval=0.2, max_request_bytes=3000,
+                                            max_concurrent_children=2))
+sys.exit(asyncio.run(run_coordinator(cfg)))
+"""
+
+
+def spawn_coordinator(etcd: EtcdCluster, root: str, env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
+    p = subprocess.Popen([sys.executable, "-c", COORD, ",".join(etcd.endpoints), root], stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL, text=True, env=env)
+    assert p.stdout is not None
+    ready = json.loads(p.stdout.readline())
+    assert ready["event"] == "ready"
+    return p, ready["address"]
+
+
+def wait_event(p: subprocess.Popen[str], kind: str) -> dict:
+    assert p.stdout is not None
+    while True:
+        line = p.stdout.readline()
+        if not line:
+            raise EOFError(f"coordinator exited before {kind}")
+        ev = json.loads(line)
+        if ev["event"] == kind:
+            return ev
+
+
+async def test_coordinator_killed_mid_load_then_restarted_finishes_the_load(
+    etcd: EtcdCluster, root_path: str, subprocess_env: dict[str, str]
+) -> None:
+    async with QueryCluster(etcd, root_path) as c:
+        slow = FaultConfig(latency_ms=150)
+        for _ in range(3):
+            await c.add_node(faults=slow)
+        first, addr = spawn_coordinator(etcd, root_path, subprocess_env)
+        try:
+            await asyncio.to_thread(wait_event, first, "leader")
+            from querycoord.catalog.store import CatalogStore
+            from querycoord.client import QueryCoordClient
+
+            desc, _ = await CatalogStore(c.kv).create_bulk_collection("crash", num_partitions=4, num_segments=300)
+            cid = desc.collection_id
+            client = QueryCoordClient([addr], deadline=60)
+            r = await client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid))
+            assert r.status.error_code == common_pb2.SUCCESS, r
+            # Let some children finish, then kill -9 the coordinator mid-load.
+            while sum(len(n.state.segments) for n in c.nodes) < 30:
+                await asyncio.sleep(0.05)
+            first.send_signal(signal.SIGKILL)
+            first.wait()
+            held_at_kill = sum(len(n.state.segments) for n in c.nodes)
+            assert held_at_kill < 300, "the load was still running when the coordinator died"
+            keys = await c.task_keys()
+            assert keys["queryCoord-triggerTask/"] == 1, "the persisted tree survives the crash"
+
+            second, addr2 = spawn_coordinator(etcd, root_path, subprocess_env)
+            try:
+                await asyncio.to_thread(wait_event, second, "leader")
+                client2 = QueryCoordClient([addr2], deadline=60)
+                deadline = time.monotonic() + 90
+                while True:
+                    show = await client2.query("ShowCollections", qc.ShowCollectionsRequest(collection_ids=[cid]))
+                    if show.status.error_code == 0 and show.collections[0].in_memory_percentage == 100:
+                        break
+                    assert time.monotonic() < deadline, show
+                    await asyncio.sleep(0.2)
+                held = [set(n.state.segments) for n in c.nodes]
+                assert sum(len(h) for h in held) == 300 == len(set().union(*held)), "each segment exactly once"
+                while any((await c.task_keys()).values()):
+                    assert time.monotonic() < deadline
+                    await asyncio.sleep(0.1)
+                await client.close()
+                await client2.close()
+            finally:
+                second.send_signal(signal.SIGTERM)
+                second.wait(timeout=30)
+        finally:
+            if first.poll() is None:
+                first.kill()
+
+
+async def test_reload_of_5000_persisted_triggers_does_not_block_start_up(etcd: EtcdCluster, root_path: str) -> None:
+    """Milvus blocked start-up past 1,024 persisted triggers; here they are all queued at once."""
+    async with QueryCluster(etcd, root_path, scheduler=fast_scheduler(max_concurrent_triggers=4)) as c:
+        ids = await IdAllocator(c.kv, "idalloc/task").allocate(5000)
+        recs = []
+        for i in ids:
+            rec = task_pb2.TaskRecord(id=i, kind=qc.TASK_KIND_RELEASE_COLLECTION, collection_id=100000 + i,
+                                      trigger_condition=qc.TRIGGER_CONDITION_GRPC_REQUEST)
+            rec.release_collection.collection_id = 100000 + i
+            recs.append(rec)
+        # Written as a bulk import, like an old leader would have left them.
+        await c.kv.chunked_save_non_atomic({k: v for r in recs for k, v in _keys(r).items()})
+        coord = await c.start_coordinator()
+        started = time.monotonic()
+        await c.wait_leader(timeout=60)
+        print(f"leader with 5000 persisted triggers after {time.monotonic() - started:.2f}s")
+        assert coord.coord.is_leader
+        # Start-up did not wait for them; they drain afterwards.
+        health = await c.client.query("GetComponentStates", qc.GetComponentStatesRequest())
+        assert health.state.state_code == common_pb2.HEALTHY
+        await c.wait_idle(timeout=240)
+        assert all(v == 0 for v in (await c.task_keys()).values())
+
+
+def _keys(rec: task_pb2.TaskRecord) -> dict[str, bytes]:
+    from querycoord.task.store import save_unit
+
+    return save_unit(rec).saves
+
+
+async def test_node_crashing_mid_load_is_replaced(etcd: EtcdCluster, root_path: str,
+                                                 subprocess_env: dict[str, str]) -> None:
+    async with QueryCluster(etcd, root_path) as c:
+        await c.start_coordinator()
+        await c.wait_leader()
+        await c.add_node()
+        await c.add_node()
+        c.config.scheduler.max_request_bytes = 3000
+        proc, ready = c.spawn_node_process("--crash-after", "4", env=subprocess_env)
+        lead = c.coords[0].coord.leadership
+        while not lead.nodes.is_online(ready["node_id"]):
+            await asyncio.sleep(0.05)
+        cid = await c.create_collection("crashy", partitions=2, segments=120)
+        r = await c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid))
+        assert r.status.error_code == common_pb2.SUCCESS
+        await c.wait_loaded(cid, timeout=90)
+        assert proc.wait(timeout=30) == 137, "the node crashed during the load"
+        # Its last answered loads stay in meta until its session expires and a NodeDown balance moves them.
+        deadline = time.monotonic() + 60
+        while lead.meta.segments_on_node(ready["node_id"]) or lead.nodes.get(ready["node_id"]) is not None:
+            assert time.monotonic() < deadline, "the crashed node's segments were never moved"
+            await asyncio.sleep(0.1)
+        await c.wait_idle(timeout=90)
+        held = [set(n.state.segments) for n in c.nodes]
+        assert sum(len(h) for h in held) == 120 == len(set().union(*held))
+        assert not lead.meta.segments_on_node(ready["node_id"])
+        assert all(v == 0 for v in (await c.task_keys()).values())
+
+
+def test_plan_move_narrows_the_spread() -> None:
+    rates = {1: (800 * MiB, 1000 * MiB), 2: (100 * MiB, 1000 * MiB)}
+    sizes = {1: [(i, 100 * MiB) for i in range(8)], 2: [(100, 100 * MiB)]}
+    src, dst, segs = plan_move(rates, sizes, spread=0.3, memory_limit=0.9)
+    assert (src, dst) == (1, 2) and 2 <= len(segs) <= 4
+    assert plan_move({1: (500, 1000), 2: (400, 1000)}, {1: [(1, 100)]}, spread=0.3, memory_limit=0.9) is None
+
+
+async def test_auto_balance_moves_segments_to_a_new_empty_node(etcd: EtcdCluster, root_path: str) -> None:
+    async with QueryCluster(etcd, root_path) as c:
+        c.config.auto_balance_interval = 0.5
+        await c.start_coordinator()
+        await c.wait_leader()
+        first = await c.add_node(capacity=200 * MiB)
+        cid = await c.create_collection("auto", partitions=1, segments=24)  # ~5 MB each: ~62 % of node 1
+        await c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid))
+        await c.wait_loaded(cid)
+        second = await c.add_node(capacity=200 * MiB)
+        deadline = time.monotonic() + 30
+        while not second.state.segments:
+            assert time.monotonic() < deadline, "auto balance never moved anything"
+            await asyncio.sleep(0.1)
+        await c.wait_idle()
+        a, b = set(first.state.segments), set(second.state.segments)
+        assert not a & b and len(a | b) == 24, "moved, not copied"
+        assert abs(len(a) - len(b)) < 12
