@@ -349,7 +349,8 @@ class Scheduler:
             if error is None:
                 fut.set_result(None)
             else:
-                fut.set_exception(error if isinstance(error, TaskError) else TaskError(str(error)))
+                fut.set_exception(error if isinstance(error, TaskError)
+                                  else TaskError(str(error), getattr(error, "code", common_pb2.UNEXPECTED_ERROR)))
                 fut.exception()
         self._wake.set()
 
