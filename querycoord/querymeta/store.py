@@ -535,8 +535,8 @@ class QueryMeta:
             return out
 
         async def body() -> int:
-            for seg in to_save:
-                self._require_partition(seg.collection_id, seg.partition_id)
+            for cid, pid in {(seg.collection_id, seg.partition_id) for seg in to_save}:
+                self._require_partition(cid, pid)
             mutations = [self._put_segment(seg) for seg in to_save]
             for sid in remove_ids:
                 old = self._index.segments.get(sid)

