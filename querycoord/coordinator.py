@@ -30,6 +30,7 @@ from querycoord.catalog.store import CatalogStore
 from querycoord.cluster.nodes import NodeManager
 from querycoord.config import CoordConfig
 from querycoord.querymeta import QueryMeta
+from querycoord.reconcile import reconcile
 from querycoord.task.model import TaskEnv
 from querycoord.task.scheduler import Scheduler
 from querycoord.task.store import TaskStore
@@ -157,7 +158,10 @@ class Coordinator:
         scheduler = Scheduler(env, on_leadership_lost=self._on_leadership_lost)
         holder["scheduler"] = scheduler
         await nodes.start()
-        queued = await scheduler.start()
+        queued = await scheduler.reload()
+        # Meta and the nodes must agree before anything resumes (only then SERVING).
+        await reconcile(scheduler)
+        await scheduler.start(reload=False)
         tasks = [asyncio.create_task(self._handoff_loop(scheduler, meta), name="handoff")]
         if self.config.auto_balance_interval > 0:
             tasks.append(asyncio.create_task(

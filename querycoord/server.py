@@ -22,7 +22,9 @@ from querycoord.catalog.broker import BrokerError
 from querycoord.cluster.allocator import NoAvailableNode
 from querycoord.cluster.client import NodeError
 from querycoord.coordinator import Coordinator, Leadership
-from querycoord.task.model import TaskError
+from querycoord.querymeta import QueryMeta
+from querycoord.task.model import TaskError, record_info
+from querycoord.task.store import TaskStore
 from querycoord.task.triggers import (
     LoadBalanceTask,
     LoadCollectionTask,
@@ -51,22 +53,39 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
         self.coord = coord
 
     # ----- plumbing -------------------------------------------------------------------------------------------
-    async def _lead(self) -> Leadership:
+    async def _not_leader_message(self) -> str:
+        leader = None
+        try:
+            leader = await self.coord.leader_address()
+        except MetaError:
+            pass
+        if leader == self.coord.address:
+            return f"this coordinator ({self.coord.address}) is taking over leadership; retry shortly"
+        return f"this coordinator ({self.coord.address}) is not the leader; " + (
+            f"the leader is at {leader}" if leader else "no leader is elected yet")
+
+    async def _lead(self, context: grpc.aio.ServicerContext | None = None) -> Leadership:
+        """The leadership, or (on a standby) gRPC UNAVAILABLE naming the leader, so clients move on."""
         lead = self.coord.leadership
-        if lead is None or lead.scheduler.stopped:
-            leader = None
-            try:
-                leader = await self.coord.leader_address()
-            except MetaError:
-                pass
-            raise Refused(common_pb2.NOT_LEADER,
-                          f"this coordinator ({self.coord.address}) is not the leader; "
-                          + (f"the leader is at {leader}" if leader else "no leader is elected yet"))
+        if lead is None or lead.scheduler.stopped or not self.coord.is_leader:
+            message = await self._not_leader_message()
+            if context is not None:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, message)
+            raise Refused(common_pb2.NOT_LEADER, message)
         return lead
+
+    async def _standby_meta(self) -> QueryMeta:
+        """A standby answers reads from etcd: a fresh, read-only query meta."""
+        assert self.coord.kv is not None
+        meta = QueryMeta(self.coord.kv)
+        await meta.reload()
+        return meta
 
     async def _answer(self, response_cls: type, fn: Callable[[], Awaitable[Any]]) -> Any:
         try:
             return await fn()
+        except grpc.aio.AbortError:
+            raise  # context.abort(): the status is already set
         except Refused as exc:
             return response_cls(status=status(exc.code, exc.reason))
         except TaskError as exc:
@@ -101,8 +120,8 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
     # ----- collections ----------------------------------------------------------------------------------------
     async def ShowCollections(self, request, context):
         async def run():
-            lead = await self._lead()
-            meta = lead.meta
+            lead = self.coord.leadership if self.coord.is_leader else None
+            meta = lead.meta if lead is not None else await self._standby_meta()
             ids = list(request.collection_ids) or sorted(c.collection_id for c in meta.collections())
             out = []
             for cid in ids:
@@ -116,7 +135,7 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
 
     async def LoadCollection(self, request, context):
         async def run():
-            lead = await self._lead()
+            lead = await self._lead(context)
             cid = request.collection_id
             await self.coord.broker.describe_collection(cid)  # NOT_FOUND if unknown  # type: ignore[union-attr]
             load_type = lead.meta.get_load_type(cid)
@@ -140,7 +159,7 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
 
     async def ReleaseCollection(self, request, context):
         async def run():
-            lead = await self._lead()
+            lead = await self._lead(context)
             cid = request.collection_id
             if not lead.meta.has_collection(cid) and not self._pending(lead, cid):
                 return qc.ReleaseCollectionResponse(status=OK, task_id=0)
@@ -161,7 +180,7 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
 
     async def ShowPartitions(self, request, context):
         async def run():
-            lead = await self._lead()
+            lead = await self._lead(context)
             loaded = self._loaded_partitions(lead, request.collection_id)
             ids = list(request.partition_ids) or sorted(loaded)
             missing = [p for p in ids if p not in loaded]
@@ -174,7 +193,7 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
 
     async def GetPartitionStates(self, request, context):
         async def run():
-            lead = await self._lead()
+            lead = await self._lead(context)
             loaded = self._loaded_partitions(lead, request.collection_id)
             ids = list(request.partition_ids) or sorted(loaded)
             missing = [p for p in ids if p not in loaded]
@@ -187,7 +206,7 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
 
     async def LoadPartitions(self, request, context):
         async def run():
-            lead = await self._lead()
+            lead = await self._lead(context)
             cid, pids = request.collection_id, list(request.partition_ids)
             if not pids:
                 raise Refused(common_pb2.ILLEGAL_ARGUMENT, "LoadPartitions needs at least one partition id")
@@ -213,7 +232,7 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
 
     async def ReleasePartitions(self, request, context):
         async def run():
-            lead = await self._lead()
+            lead = await self._lead(context)
             cid, pids = request.collection_id, list(request.partition_ids)
             if not pids:
                 raise Refused(common_pb2.ILLEGAL_ARGUMENT, "ReleasePartitions needs at least one partition id")
@@ -241,7 +260,7 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
     # ----- segments and balance -------------------------------------------------------------------------------
     async def GetSegmentInfo(self, request, context):
         async def run():
-            lead = await self._lead()
+            lead = await self._lead(context)
             wanted = set(request.segment_ids)
             out: list[data_pb2.SegmentInfo] = []
             for node in lead.nodes.online():
@@ -261,7 +280,7 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
 
     async def LoadBalance(self, request, context):
         async def run():
-            lead = await self._lead()
+            lead = await self._lead(context)
             if not request.source_node_ids:
                 raise Refused(common_pb2.ILLEGAL_ARGUMENT, "LoadBalance needs at least one source node id")
             for nid in [*request.source_node_ids, *request.dst_node_ids]:
@@ -291,12 +310,17 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
 
     async def ListTasks(self, request, context):
         async def run():
-            lead = await self._lead()
-            sched = lead.scheduler
+            lead = self.coord.leadership if self.coord.is_leader else None
             limit = min(request.limit or 100, 1000)
-            trees = [sched.tree(t, request.children_limit) for t in sorted(sched.triggers.values(), key=lambda t: t.id)]
-            if request.include_finished:
-                trees = sorted([*sched.finished, *trees], key=lambda tr: tr.trigger.task_id)
+            if lead is None:
+                assert self.coord.kv is not None
+                trees = trees_from_records(await TaskStore(self.coord.kv).load_all(), request.children_limit)
+            else:
+                sched = lead.scheduler
+                trees = [sched.tree(t, request.children_limit)
+                         for t in sorted(sched.triggers.values(), key=lambda t: t.id)]
+                if request.include_finished:
+                    trees = sorted([*sched.finished, *trees], key=lambda tr: tr.trigger.task_id)
             if not request.include_children:
                 for tr in trees:
                     del tr.children[:]
@@ -311,7 +335,7 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
 
     async def GetTask(self, request, context):
         async def run():
-            lead = await self._lead()
+            lead = await self._lead(context)
             t = lead.scheduler.find(request.task_id)
             if t is not None:
                 return qc.GetTaskResponse(status=OK, tree=lead.scheduler.tree(t, request.children_limit))
@@ -326,7 +350,7 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
 
     async def ShowNodes(self, request, context):
         async def run():
-            lead = await self._lead()
+            lead = await self._lead(context)
             meta = lead.meta
             out = [
                 qc.NodeInfo(
@@ -339,6 +363,28 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
             return qc.ShowNodesResponse(status=OK, nodes=out)
 
         return await self._answer(qc.ShowNodesResponse, run)
+
+
+def trees_from_records(records: list, children_limit: int = 0) -> list[qc.TaskTree]:
+    """Task trees as persisted in etcd (what a standby can show)."""
+    children: dict[int, list[qc.TaskInfo]] = {}
+    triggers = []
+    for r in sorted(records, key=lambda r: r.id):
+        info = record_info(r)
+        if r.parent_id:
+            children.setdefault(r.parent_id, []).append(info)
+        else:
+            triggers.append(info)
+    out = []
+    for t in triggers:
+        kids = children.get(t.task_id, [])
+        counts = qc.ChildStateCounts(total=len(kids))
+        for k in kids:
+            name = qc.TaskState.Name(k.state).removeprefix("TASK_STATE_").lower()
+            setattr(counts, name, getattr(counts, name) + 1)
+        out.append(qc.TaskTree(trigger=t, children=kids[:children_limit] if children_limit else kids,
+                               child_counts=counts))
+    return out
 
 
 def add_to_server(server: grpc.aio.Server, coord: Coordinator) -> None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -20,12 +22,19 @@ from meta.kv import MetaKV
 
 
 @pytest.fixture(scope="session")
-def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
-    """A single etcd member on free loopback ports, shared by the session."""
-    cluster = EtcdCluster(tmp_path_factory.mktemp("etcd"), size=1)
+def etcd() -> Iterator[EtcdCluster]:
+    """A single etcd member on free loopback ports, shared by the session.
+
+    Its data dir is not under pytest's numbered temp dirs: another pytest run
+    on the machine prunes old ones, and deleting a live member's data dir
+    kills it (seen when several suites ran at once).
+    """
+    data_dir = Path(tempfile.mkdtemp(prefix="querycoord-test-etcd-"))
+    cluster = EtcdCluster(data_dir, size=1)
     cluster.start()
     yield cluster
     cluster.stop()
+    shutil.rmtree(data_dir, ignore_errors=True)
 
 
 @pytest.fixture

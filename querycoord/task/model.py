@@ -188,21 +188,27 @@ class Task:
         return f"task {self.id} ({self.summary()}{node})"
 
     def info(self) -> qc.TaskInfo:
-        r = self.rec
-        return qc.TaskInfo(
-            task_id=r.id,
-            kind=r.kind,
-            state=r.state,
-            trigger_condition=r.trigger_condition,
-            node_id=r.node_id,
-            retry_count=r.retry_count,
-            error=r.error,
-            error_code=r.error_code,
-            collection_id=r.collection_id,
-            parent_id=r.parent_id,
-            created_ms=r.created_ms,
-            updated_ms=r.updated_ms,
-            excluded_node_ids=list(r.excluded_node_ids),
-            summary=self.summary(),
-            replaces_task_id=r.replaces_task_id,
-        )
+        info = record_info(self.rec)
+        info.summary = self.summary()
+        return info
+
+
+def record_info(r: task_pb2.TaskRecord) -> qc.TaskInfo:
+    """A task as clients see it, from its record alone (a standby has no live task objects)."""
+    return qc.TaskInfo(
+        task_id=r.id,
+        kind=r.kind,
+        state=r.state,
+        trigger_condition=r.trigger_condition,
+        node_id=r.node_id,
+        retry_count=r.retry_count,
+        error=r.error,
+        error_code=r.error_code,
+        collection_id=r.collection_id,
+        parent_id=r.parent_id,
+        created_ms=r.created_ms,
+        updated_ms=r.updated_ms,
+        excluded_node_ids=list(r.excluded_node_ids),
+        summary=qc.TaskKind.Name(r.kind).removeprefix("TASK_KIND_").lower().replace("_", " "),
+        replaces_task_id=r.replaces_task_id,
+    )
