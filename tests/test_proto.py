@@ -51,6 +51,7 @@ SERVICES = {
             "GetComponentStates",
             "ListTasks",
             "GetTask",
+            "ShowNodes",
         },
     ),
     "QueryNode": (
