@@ -28,6 +28,7 @@ proto: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) scripts/bench_meta.py
+	$(PY) scripts/bench_load.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
