@@ -22,11 +22,11 @@ from meta.fence import Fence
 from meta.idalloc import IdAllocator
 from meta.kv import MetaKV
 from meta.session import Session
-from proto import data_pb2, querynode_pb2
+from proto import data_pb2, querynode_pb2, task_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.balance import auto_balance_loop
 from querycoord.catalog.broker import Broker, GrpcBroker, LocalBroker
-from querycoord.catalog.store import CatalogStore
+from querycoord.catalog.store import CatalogStore, SegmentResync
 from querycoord.cluster.nodes import NodeManager
 from querycoord.config import CoordConfig
 from querycoord.querymeta import QueryMeta
@@ -195,20 +195,27 @@ class Coordinator:
         logger.info("node {} down: queued balance task {}", node_id, task.id)
 
     async def _handoff_loop(self, scheduler: Scheduler, meta: QueryMeta) -> None:
-        """New sealed segments of loaded collections become Handoff triggers."""
-        assert self.broker is not None
+        """New sealed segments of loaded collections become Handoff triggers.
+
+        After a compaction of the watch's history (``SegmentResync``) the
+        catalog's full list is compared with query meta instead: segments of
+        loaded partitions that meta does not have are handed off.
+        """
+        assert self.broker is not None and self.kv is not None
         try:
-            async for item in self.broker.watch_segments(await self.kv.revision() + 1):  # type: ignore[union-attr]
-                added = getattr(item, "added", None) or []
+            async for item in self.broker.watch_segments(await self.kv.revision() + 1):
+                if isinstance(item, SegmentResync):
+                    added = [b for b in item.segments if meta.get_segment(b.segment_id) is None
+                             and not any(t.collection_id == b.collection_id for t in scheduler.triggers.values())]
+                else:
+                    added = item.added
                 by_coll: dict[int, list[data_pb2.SegmentInfo]] = {}
                 for b in added:
-                    if meta.has_collection(b.collection_id):
+                    if meta.has_partition(b.collection_id, b.partition_id):
                         by_coll.setdefault(b.collection_id, []).append(data_pb2.SegmentInfo(
                             segment_id=b.segment_id, collection_id=b.collection_id, partition_id=b.partition_id,
                             compaction_from=list(b.compaction_from)))
                 for cid, infos in by_coll.items():
-                    from proto import task_pb2
-
                     req = task_pb2.HandoffSegmentsRequest(segment_infos=infos)
                     t = HandoffTask.new(scheduler.env, req, trigger_condition=qc.TRIGGER_CONDITION_HANDOFF,
                                         collection_id=cid)
