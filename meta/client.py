@@ -33,7 +33,7 @@ from tenacity import (
 )
 
 from meta.config import EtcdConfig
-from meta.errors import MetaError, MetaUnavailable
+from meta.errors import MetaAuthError, MetaUnavailable
 
 T = TypeVar("T")
 
@@ -46,23 +46,6 @@ _CHANNEL_OPTIONS = [
 _TRANSIENT_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 # etcd answers INVALID_ARGUMENT or UNKNOWN (not UNAUTHENTICATED) to these refusals of credentials.
 _AUTH_INVALID_ARGUMENT = ("user name is empty", "authentication failed", "revision of auth store is old")
-
-
-class MetaAuthError(MetaError):
-    """etcd refused the credentials: wrong user or password, none given, or no permission.
-
-    Raised at once, never retried: another attempt with the same credentials
-    gets the same answer, so waiting out the deadline would only hide the cause.
-    """
-
-    def __init__(self, endpoints: list[str], operation: str, user: str | None, details: str):
-        self.endpoints = list(endpoints)
-        self.operation = operation
-        self.user = user
-        self.details = details
-        super().__init__(
-            f"etcd refused {operation} at {', '.join(self.endpoints)}: {details}. {_auth_advice(user, details)}"
-        )
 
 
 def _auth_advice(user: str | None, details: str) -> str:
@@ -276,7 +259,9 @@ class EtcdClient:
         """Credentials etcd refuses are refused again on retry: say so now instead of at the deadline."""
         refusal = _auth_refusal(exc)
         if refusal is not None:
-            raise MetaAuthError(self.endpoints, operation, self.config.user, refusal) from exc
+            raise MetaAuthError(
+                self.endpoints, operation, self.config.user, refusal, _auth_advice(self.config.user, refusal)
+            ) from exc
 
     async def _call_retrying(
         self, operation: str, fn: Callable[[float], Awaitable[T]], budget: float, started: float, reauth: bool

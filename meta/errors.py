@@ -29,6 +29,23 @@ class MetaUnavailable(MetaError):
         )
 
 
+class MetaAuthError(MetaError):
+    """etcd refused the credentials: wrong user or password, none given, or no permission.
+
+    Raised at once, never retried: another attempt with the same credentials
+    gets the same answer, so waiting out the deadline would only hide the cause.
+    """
+
+    def __init__(self, endpoints: list[str], operation: str, user: str | None, details: str, advice: str = ""):
+        self.endpoints = list(endpoints)
+        self.operation = operation
+        self.user = user
+        self.details = details
+        super().__init__(
+            f"etcd refused {operation} at {', '.join(self.endpoints)}: {details}. {advice}"
+        )
+
+
 class RequestTooLarge(MetaError):
     """A transactional write exceeds etcd's per-txn limits; nothing was sent."""
 

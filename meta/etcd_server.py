@@ -9,8 +9,9 @@ Children never outlive the parent: each member is started through
 parent dies, even by SIGKILL, and in its own process group (so a terminal's
 Ctrl-C reaches us, and we stop etcd in order). No Python runs between fork
 and exec (``preexec_fn`` in a process with gRPC threads can abort the child). Stop is
-SIGTERM, then SIGKILL after a timeout, because a member that lost quorum
-ignores SIGTERM.
+SIGTERM, then SIGKILL after a timeout, because a leader whose followers do not
+answer ignores SIGTERM while it tries to hand leadership over (seen with etcd
+3.5.1: up to its 7 s request timeout).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import contextlib
 import importlib.util
 import os
 import queue
+import random
 import re
 import shutil
 import signal
@@ -44,6 +46,7 @@ from meta.errors import MetaError
 T = TypeVar("T")
 
 MIN_VERSION = (3, 4)
+_START_ATTEMPTS = 3
 
 
 class EtcdNotFound(MetaError):
@@ -100,8 +103,43 @@ def find_etcd_binary(explicit: str | Path | None = None) -> Path:
     )
 
 
+def _ephemeral_port_floor() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+_LOW_PORT = 10000
+
+
+def _read_from(path: Path, offset: int) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read()
+    except OSError:
+        return b""
+
+
 def free_port() -> int:
-    """A loopback port free right now (the caller retries if someone takes it first)."""
+    """A loopback port free right now, below the kernel's ephemeral range when there is one.
+
+    A port from the ephemeral range (what ``bind(0)`` gives) can be taken by
+    any outgoing connection (every gRPC and HTTP client of the process) between
+    this check and etcd's bind; below that range only another listener can
+    take it. ``EtcdCluster.start`` still retries if someone does.
+    """
+    floor = _ephemeral_port_floor()
+    if floor > _LOW_PORT + 1000:
+        for _ in range(50):
+            port = random.randrange(_LOW_PORT, floor)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -202,6 +240,14 @@ class EtcdMember:
         except (urllib.error.URLError, OSError, TimeoutError):
             return False
 
+    def has_active_peers(self) -> bool:
+        """Whether this member still counts a peer as connected (it would pick it to hand leadership to)."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=1) as resp:
+                return re.search(rb"^etcd_network_active_peers\{[^}]*\} 1", resp.read(), re.M) is not None
+        except (urllib.error.URLError, OSError, TimeoutError):
+            return False
+
 
 class EtcdCluster:
     """One or three etcd members on loopback, in ``data_dir`` (kept across restarts)."""
@@ -289,26 +335,53 @@ class EtcdCluster:
         )
 
     def start(self, timeout: float = 30.0) -> EtcdCluster:
-        """Start every member and wait until all report healthy."""
+        """Start every member and wait until all report healthy.
+
+        A port chosen by ``free_port`` can be taken before etcd binds it (other
+        processes pick ports too); then the members are stopped and started
+        again on new ports, a few times. On any other failure every member is
+        stopped and ``EtcdStartError`` points at the logs.
+        """
         if self.members:
             raise RuntimeError("cluster already started")
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        for i in range(self.size):
-            name = f"m{i}"
-            self.members.append(
+        names = [f"m{i}" for i in range(self.size)]
+        fresh = not any((self.data_dir / f"{name}.etcd").exists() for name in names)
+        for attempt in range(1, _START_ATTEMPTS + 1):
+            ports: set[int] = set()
+            while len(ports) < 3 * self.size:
+                ports.add(free_port())
+            it = iter(ports)
+            self.members = [
                 EtcdMember(
                     name=name,
                     data_dir=self.data_dir / f"{name}.etcd",
-                    client_port=free_port(),
-                    peer_port=free_port(),
-                    metrics_port=free_port(),
+                    client_port=next(it),
+                    peer_port=next(it),
+                    metrics_port=next(it),
                     log_path=self.data_dir / f"{name}.log",
                 )
-            )
-        for m in self.members:
-            self._spawn(m)
-        self.wait_healthy(timeout=timeout)
-        return self
+                for name in names
+            ]
+            log_offsets = [m.log_path.stat().st_size if m.log_path.exists() else 0 for m in self.members]
+            for m in self.members:
+                self._spawn(m)
+            try:
+                self.wait_healthy(timeout=timeout)
+                return self
+            except EtcdStartError:
+                self.stop()
+                port_taken = any(
+                    b"address already in use" in _read_from(m.log_path, offset)
+                    for m, offset in zip(self.members, log_offsets, strict=True)
+                )
+                if not port_taken or attempt == _START_ATTEMPTS:
+                    raise
+                logger.warning("etcd: a port was taken before etcd could bind it; starting again on new ports")
+                if fresh:  # members that did start bootstrapped with the old peer URLs
+                    for m in self.members:
+                        shutil.rmtree(m.data_dir, ignore_errors=True)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def wait_healthy(self, indices: list[int] | None = None, timeout: float = 30.0) -> None:
         members = [self.members[i] for i in (indices if indices is not None else range(len(self.members)))]
@@ -368,13 +441,31 @@ class EtcdCluster:
             m.proc.wait()
 
     def stop(self) -> None:
-        """Stop every member: SIGTERM to all, then SIGKILL to those still running after the timeout."""
+        """Stop every member, followers first: SIGTERM, then SIGKILL to those still running after the timeout.
+
+        Order matters. A leader told to stop first hands leadership to a
+        follower and waits for it (up to etcd's request timeout, about 7 s);
+        when that follower is stopping at the same moment the hand-over never
+        completes and the leader would end by SIGKILL (not harmless on etcd
+        3.5.0-3.5.2). With its followers gone, the leader skips the hand-over.
+        """
         running = [m for m in self.members if m.running]
-        for m in running:
+        leaders = [m for m in running if m.is_leader()]
+        followers = [m for m in running if m not in leaders]
+        self._terminate(followers)
+        if followers:
+            # A leader that has not yet noticed a follower is gone would still pick it.
+            deadline = time.monotonic() + min(self.stop_timeout, 3.0)
+            while any(m.running and m.has_active_peers() for m in leaders) and time.monotonic() < deadline:
+                time.sleep(0.02)
+        self._terminate(leaders)
+
+    def _terminate(self, members: list[EtcdMember]) -> None:
+        for m in members:
             with contextlib.suppress(ProcessLookupError):
                 m.proc.terminate()  # type: ignore[union-attr]
         deadline = time.monotonic() + self.stop_timeout
-        for m in running:
+        for m in members:
             try:
                 m.proc.wait(timeout=max(0.0, deadline - time.monotonic()))  # type: ignore[union-attr]
             except subprocess.TimeoutExpired:
