@@ -1,19 +1,41 @@
-"""``make demo``: leader election and fencing on the embedded etcd, end to end.
+"""``make demo``: the all-in-one query cluster, a load interrupted by a crashed node, and a summary.
 
-Starts etcd, three candidate processes campaign, the leader is SIGKILLed, a
-standby takes over, and its fenced write lands while a write with the dead
-leader's fence is refused by etcd. Prints the timeline and the takeover
-time, exits 0 and leaves no process behind.
+What it shows, each part a real process on the embedded etcd:
+
+1. etcd, one coordinator and three query nodes start (``cluster_runner``,
+   as ``querycoord up`` does), with 2 s session TTLs so a crash is noticed
+   quickly;
+2. two collections with tens of partitions and thousands of sealed segments
+   are created through the Catalog service (as ``querycoord collection
+   create`` does);
+3. the first is loaded with a progress bar; mid-load one query node is
+   SIGKILLed: the children that were meant for it are rescheduled to the
+   survivors (the tree is drawn: each new child names the one it replaces and
+   excludes the dead node), the load still reaches 100 %, and a NodeDown
+   balance then moves what the dead node had already loaded;
+4. the second is loaded, the first released, and a summary printed (load
+   state, segments per node, task counts, elapsed time). Exit 0, no process
+   left behind.
+
+The query nodes answer each call after a fixed latency (their fault
+injection flag): without it a load of thousands of segments finishes before
+anyone could kill a node in the middle of it. The coordinator splits loads
+into small requests for the same reason, so the bar moves in steps.
+
+``--election`` runs the stage-one demo instead: leader election and fencing
+with candidate processes.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import signal
 import sys
 import tempfile
 import time
+from collections import Counter
 
 from meta.campaign import CandidateProcess
 from meta.client import connect
@@ -21,6 +43,10 @@ from meta.errors import NotLeader
 from meta.etcd_server import EtcdCluster
 from meta.fence import Fence
 from meta.kv import MetaKV
+from proto import querycoord_pb2 as qc
+from querycoord import cli, draw
+from querycoord.client import CoordinatorUnavailable, QueryCoordClient
+from querycoord.cluster_runner import AllInOne, ClusterStartError, NodeProcess
 from querycoord.logs import setup_logging
 
 TTL = 2.0
@@ -30,10 +56,208 @@ class Timeline:
     def __init__(self) -> None:
         self.t0 = time.time()
 
+    def stamp(self, at: float | None = None) -> str:
+        return f"  {(at or time.time()) - self.t0:6.1f}s  "
+
     def say(self, what: str, at: float | None = None) -> None:
-        print(f"  {(at or time.time()) - self.t0:7.3f}s  {what}", flush=True)
+        print(f"{self.stamp(at)}{what}", flush=True)
 
 
+# ===== the cluster demo ===============================================================================================
+def add_demo_arguments(p: argparse.ArgumentParser) -> None:
+    """Options of ``querycoord demo`` / ``python -m querycoord.demo``; the sizes are hidden knobs for tests."""
+    p.add_argument("--election", action="store_true",
+                   help="run the stage-one demo instead: leader election and fencing with candidate processes")
+    hidden = argparse.SUPPRESS
+    p.add_argument("--nodes", type=int, default=3, help=hidden)
+    p.add_argument("--partitions", type=int, default=24, help=hidden)
+    p.add_argument("--segments", type=int, default=3000, help=hidden)
+    p.add_argument("--latency-ms", type=float, default=250.0, help=hidden)
+    p.add_argument("--request-bytes", type=int, default=4000, help=hidden)
+    p.add_argument("--concurrency", type=int, default=6, help=hidden)
+    p.add_argument("--kill-at", type=int, default=45, help=hidden)
+
+
+def _count(n: int, one: str, many: str = "") -> str:
+    return f"{n:,} {one}" if n == 1 else f"{n:,} {many or one + 's'}"
+
+
+def _id(node: NodeProcess) -> int:
+    return node.node_id
+
+
+async def pick_victim(c: QueryCoordClient, task_id: int, nodes: list[NodeProcess]) -> NodeProcess:
+    """The node to kill: one with loads both done and still pending, so the demo shows both recoveries.
+
+    Its pending children are rescheduled within the load; what it already
+    loaded is moved afterwards by the NodeDown balance. Without such a node,
+    the one with the most pending loads.
+    """
+    tree = (await c.query("GetTask", qc.GetTaskRequest(task_id=task_id))).tree
+    done: Counter[int] = Counter()
+    pending: Counter[int] = Counter()
+    for ch in tree.children:
+        if ch.kind == qc.TASK_KIND_LOAD_SEGMENT:
+            (done if ch.state == qc.TASK_STATE_DONE else pending)[ch.node_id] += 1
+    alive = [n for n in nodes if n.running]
+    return max(alive, key=lambda n: (pending[n.node_id] > 0 and done[n.node_id] > 0, pending[n.node_id], -n.node_id))
+
+
+def describe_reschedule(tree: qc.TaskTree, dead: int, shown: int = 4) -> list[str]:
+    """A headline, then the tree with the rescheduled loads only (the rest counted on the last branch)."""
+    new = [ch for ch in tree.children if draw.is_rescheduled(ch)]
+    replaced = {ch.replaces_task_id for ch in new}
+    loads = [ch for ch in new if ch.kind == qc.TASK_KIND_LOAD_SEGMENT]
+    targets = sorted({ch.node_id for ch in new})
+    head = (f"task #{tree.trigger.task_id}: {_count(len(replaced), 'child', 'children')} meant for node {dead} were "
+            f"rescheduled to node{'s' if len(targets) > 1 else ''} {', '.join(map(str, targets))}\n"
+            f"as {len(new)} new ones ({len(loads)} segment loads, {len(new) - len(loads)} channel watches):")
+    more = len(loads) - min(shown, len(loads))
+    note = (f"other children ({more} more rescheduled loads, their watches, and those done where first planned)"
+            if more else "other children (the watches, and those done where first planned)")
+    tree_lines = draw.draw_tree(tree, only=lambda ch: ch.kind == qc.TASK_KIND_LOAD_SEGMENT and ch.replaces_task_id != 0,
+                                max_children=shown, hidden_note=note)
+    return [*head.splitlines(), *tree_lines]
+
+
+async def run_cluster(opts: argparse.Namespace, data_dir: str) -> int:
+    tl = Timeline()
+    sizes = [(opts.partitions, opts.segments), (max(1, opts.partitions * 2 // 3), max(1, opts.segments * 2 // 3))]
+    names = ["demo_a", "demo_b"]
+    env = dict(os.environ)
+    env["QUERYCOORD_LOG_LEVEL"] = "WARNING"
+    cluster = AllInOne(
+        nodes=opts.nodes, listen="127.0.0.1:0", data_dir=data_dir, ttl=TTL, root=f"demo-{os.getpid()}",
+        node_capacity_mb=4096,
+        coord_args=["--rpc-timeout", "5", "--auto-balance-interval", "0", "--retry-backoff", "0.2",
+                    "--max-request-bytes", str(opts.request_bytes),
+                    "--max-concurrent-children", str(opts.concurrency)],
+        node_args=["--latency-ms", f"{opts.latency_ms:g}"],
+        env=env, stop_timeout=5.0,
+    )
+    async with cluster:
+        coord = cluster.coordinator
+        assert coord is not None
+        tl.say(f"embedded etcd at {', '.join(cluster.etcd_endpoints)}")
+        tl.say(f"coordinator leads at {cluster.coordinator_address} (pid {coord.pid})")
+        tl.say("query nodes " + ", ".join(f"{n.node_id} (pid {n.pid})" for n in sorted(cluster.nodes, key=_id))
+               + f" online; each answers after {opts.latency_ms:g} ms")
+        async with cluster.client(deadline=30.0, call_timeout=60.0) as c:
+            # ---- create ----
+            descs = []
+            for name, (parts, segs) in zip(names, sizes, strict=True):
+                t = time.monotonic()
+                desc, n = await cli.create_collection(c, name, partitions=parts, segments=segs, channels=4)
+                descs.append(desc)
+                tl.say(f"created {name} (id {desc.collection_id}): {parts} partitions, {n:,} segments of 1 MiB "
+                       f"in {time.monotonic() - t:.1f}s")
+            a, b = descs
+
+            # ---- load A, kill a node in the middle ----
+            t = time.monotonic()
+            task_a = await cli.load(c, a)
+            tl.say(f"LoadCollection {a.name} -> task #{task_a}")
+            killed: list[NodeProcess] = []
+            bar = draw.ProgressBar(f"loading {a.name}", indent=" " * 10)
+
+            async def kill_mid_load(pct: int) -> None:
+                if not killed and opts.kill_at <= pct < 100:
+                    victim = await pick_victim(c, task_a, cluster.nodes)
+                    killed.append(victim)
+                    await cluster.kill_node(victim)
+                    bar.message(f"{tl.stamp()}SIGKILL query node {victim.node_id} (pid {victim.pid}) at {pct}%; "
+                                f"its session lapses within {TTL:g}s")
+
+            await cli.follow_load(c, a.collection_id, task_a, bar, on_progress=kill_mid_load)
+            bar.finish()
+            tl.say(f"{a.name} loaded: 100% in {time.monotonic() - t:.1f}s")
+            tree = (await c.query("GetTask", qc.GetTaskRequest(task_id=task_a))).tree
+            if not killed:
+                tl.say("(the load finished before a node could be killed: nothing to reschedule)")
+            else:
+                print()
+                for line in describe_reschedule(tree, killed[0].node_id):
+                    print("    " + line)
+                print()
+
+            # ---- the NodeDown balance moves what the dead node had loaded ----
+            if killed:
+                await wait_idle(c)
+                trees = await cli.list_trees(c, include_finished=True, include_children=True)
+                for tr in trees:
+                    if tr.trigger.trigger_condition == qc.TRIGGER_CONDITION_NODE_DOWN:
+                        segs = sum(cli.segments_in(ch.summary) for ch in tr.children
+                                   if ch.kind == qc.TASK_KIND_LOAD_SEGMENT)
+                        dests = sorted({ch.node_id for ch in tr.children if ch.kind == qc.TASK_KIND_LOAD_SEGMENT})
+                        tl.say(f"NodeDown balance #{tr.trigger.task_id} ({draw.state_name(tr.trigger.state)}) moved "
+                               f"the {segs:,} segments node {killed[0].node_id} had loaded to "
+                               f"node{'s' if len(dests) > 1 else ''} {', '.join(map(str, dests))} "
+                               f"({_count(len(tr.children), 'child', 'children')})")
+
+            # ---- load B, release A ----
+            t = time.monotonic()
+            task_b = await cli.load(c, b)
+            tl.say(f"LoadCollection {b.name} -> task #{task_b}")
+            bar = draw.ProgressBar(f"loading {b.name}", indent=" " * 10)
+            await cli.follow_load(c, b.collection_id, task_b, bar)
+            bar.finish()
+            tl.say(f"{b.name} loaded: 100% in {time.monotonic() - t:.1f}s")
+            await wait_idle(c)
+            t = time.monotonic()
+            task_r = await cli.release(c, a)
+            tl.say(f"ReleaseCollection {a.name} (task #{task_r}) done in {time.monotonic() - t:.1f}s")
+            await wait_idle(c)
+
+            # ---- summary ----
+            print("\nsummary")
+            print("  collections")
+            for line in draw.table(cli.COLLECTION_HEADERS, await cli.collection_rows(c), right=(0, 2, 3, 5, 6)):
+                print("    " + line)
+            nodes = (await c.query("ShowNodes", qc.ShowNodesRequest())).nodes
+            print("  query nodes (segments per node)")
+            for line in draw.table(cli.NODE_HEADERS, cli.node_rows(nodes), right=(0, 3, 4, 6)):
+                print("    " + line)
+            if killed and all(n.node_id != killed[0].node_id for n in nodes):
+                print(f"    (node {killed[0].node_id} was SIGKILLed: once its segments moved, it left the list)")
+            trees = await cli.list_trees(c, include_finished=True, include_children=True)
+            kinds = Counter(draw.kind_name(tr.trigger.kind) for tr in trees)
+            children = sum(len(tr.children) for tr in trees)
+            resched = sum(1 for tr in trees for ch in tr.children if ch.replaces_task_id)
+            failed = sum(1 for tr in trees if tr.trigger.state == qc.TASK_STATE_FAILED)
+            print(f"  tasks: {_count(len(trees), 'trigger')} ("
+                  + ", ".join(f"{k} x{v}" for k, v in sorted(kinds.items())) + "),\n"
+                  + f"         {_count(children, 'child', 'children')} ({resched} from rescheduling), {failed} failed")
+            held = sum(n.segment_count for n in nodes if n.state == "online")
+            print(f"  segments held by online nodes: {held:,} (= {b.name}'s {sizes[1][1]:,})")
+    print(f"  elapsed: {time.time() - tl.t0:.1f}s")
+    return 0
+
+
+async def wait_idle(c: QueryCoordClient, timeout: float = 60.0) -> None:
+    """Until no trigger is queued or running (a NodeDown balance may follow a load)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not await cli.list_trees(c, include_finished=False, include_children=False):
+            return
+        await asyncio.sleep(0.2)
+    raise TimeoutError(f"tasks still running after {timeout:.0f}s")
+
+
+def cluster_main(opts: argparse.Namespace) -> int:
+    setup_logging("WARNING")
+    print(f"querycoord demo: an all-in-one query cluster (embedded etcd, a coordinator, {opts.nodes} query nodes; "
+          f"each a process)\n", flush=True)
+    with tempfile.TemporaryDirectory(prefix="querycoord-demo-") as tmp:
+        try:
+            code = asyncio.run(run_cluster(opts, tmp))
+        except (cli.Refusal, CoordinatorUnavailable, ClusterStartError, TimeoutError) as exc:
+            print(f"error: {getattr(exc, 'reason', None) or exc}", file=sys.stderr)
+            return 1
+    print("done: every process stopped")
+    return code
+
+
+# ===== the stage-one demo: election and fencing ===================================================================
 async def first_leader(cands: list[CandidateProcess]) -> tuple[CandidateProcess, dict]:
     tasks = {asyncio.create_task(c.next_event("leader", timeout=30)): c for c in cands}
     done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
@@ -44,7 +268,8 @@ async def first_leader(cands: list[CandidateProcess]) -> tuple[CandidateProcess,
     return tasks[task], task.result()
 
 
-async def run(cluster: EtcdCluster) -> None:
+async def run_election(cluster: EtcdCluster) -> None:
+    """Three candidates campaign; the leader is SIGKILLed; a standby takes over; the old fence is refused."""
     tl = Timeline()
     root = "demo"
     tl.say(f"embedded etcd up at {', '.join(cluster.endpoints)}")
@@ -94,14 +319,35 @@ async def run(cluster: EtcdCluster) -> None:
             await c.kill()
 
 
-def main() -> int:
+def election_main() -> int:
     setup_logging("WARNING")
     os.environ.setdefault("QUERYCOORD_LOG_LEVEL", "WARNING")  # for the candidate processes
-    print("querycoord demo: leader election and fencing on the embedded etcd\n")
+    print("querycoord demo --election: leader election and fencing on the embedded etcd\n")
     with tempfile.TemporaryDirectory(prefix="querycoord-demo-") as tmp, EtcdCluster(tmp) as cluster:
-        asyncio.run(run(cluster))
+        asyncio.run(run_election(cluster))
     print("done: every process stopped")
     return 0
+
+
+# ===== entry points ===============================================================================================
+def run_from_args(opts: argparse.Namespace) -> int:
+    """Run the demo chosen by parsed options (shared by ``querycoord demo`` and ``python -m querycoord.demo``)."""
+    if opts.election:
+        return election_main()
+    for name in ("nodes", "partitions", "segments"):
+        if getattr(opts, name) < 1:
+            print(f"error: --{name} must be >= 1", file=sys.stderr)
+            return 2
+    if opts.nodes < 2:
+        print("error: the demo kills a query node, so it needs --nodes 2 or more", file=sys.stderr)
+        return 2
+    return cluster_main(opts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m querycoord.demo", description="the demo that `make demo` runs")
+    add_demo_arguments(parser)
+    return run_from_args(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -32,7 +32,8 @@ class CoordinatorProcess:
 
     def __init__(self, config: CoordConfig):
         self.config = config
-        self.server = grpc.aio.server()
+        # No SO_REUSEPORT: a second coordinator on a busy port must fail, not share it silently.
+        self.server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         self.port = self.server.add_insecure_port(config.listen)
         if self.port == 0:
             raise OSError(f"cannot listen on {config.listen}")
@@ -78,8 +79,16 @@ class CoordinatorProcess:
                 serving = leading
                 await self._set_health(serving)
                 logger.info("coordinator {} is now {}", self.address, "LEADER (SERVING)" if serving else "STANDBY")
-                print(json.dumps({"event": "leader" if serving else "standby", "address": self.address,
-                                  "server_id": self.coord.server_id, "t": time.time()}), flush=True)
+                event = {"event": "leader" if serving else "standby", "address": self.address,
+                         "server_id": self.coord.server_id, "t": time.time()}
+                if not serving:
+                    # Wait (bounded) until the leadership is dropped, so its write counts are final.
+                    for _ in range(100):
+                        if self.coord.leadership is None:
+                            break
+                        await asyncio.sleep(0.05)
+                    event["previous"] = self.coord.last_leadership
+                print(json.dumps(event), flush=True)
             await asyncio.sleep(0.05)
 
     async def stop(self) -> None:

@@ -322,8 +322,8 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
                 if request.include_finished:
                     trees = sorted([*sched.finished, *trees], key=lambda tr: tr.trigger.task_id)
             if not request.include_children:
-                for tr in trees:
-                    del tr.children[:]
+                # Copies: the scheduler keeps the finished trees for later calls.
+                trees = [qc.TaskTree(trigger=tr.trigger, child_counts=tr.child_counts) for tr in trees]
             trees = [tr for tr in trees if tr.trigger.task_id > request.after_task_id
                      and (not request.collection_id or tr.trigger.collection_id == request.collection_id)
                      and (not request.states or tr.trigger.state in request.states)]

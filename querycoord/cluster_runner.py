@@ -1,0 +1,398 @@
+"""The all-in-one cluster as processes: embedded etcd, one coordinator, N reference query nodes.
+
+Used by ``querycoord up`` and by the demo, so both start and stop the cluster
+the same way. Every part is a real process (``python -m querycoord.cli coord``
+/ ``querynode``), as in a deployment: killing one with a signal is a real
+crash, not a simulation.
+
+No process is left behind, whatever happens to us:
+
+* every child is started through ``setpriv --pdeathsig KILL`` (as the etcd
+  launcher does), so the kernel SIGKILLs it when we die, even by SIGKILL;
+  the signal is tied to the thread that forked, and ``asyncio`` forks on the
+  event-loop thread, which lives as long as we run;
+* every child runs in its own session, so a terminal's Ctrl-C reaches only
+  us and we stop the children in order: the coordinator first (it resigns,
+  so it does not start moving the nodes' segments around as they leave),
+  then the nodes (they revoke their sessions), then etcd; each gets SIGTERM,
+  then SIGKILL after ``stop_timeout``.
+
+Children log to files in the data dir (``coordinator.log``, ``node-<i>.log``)
+so the terminal shows only what the caller prints; a child that fails to
+start is reported with the tail of its log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import json
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from loguru import logger
+
+from meta.etcd_server import EtcdCluster
+from proto import common_pb2
+from proto import querycoord_pb2 as qc
+from querycoord.client import CoordinatorUnavailable, QueryCoordClient
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_LISTEN = "127.0.0.1:19531"
+DEFAULT_ROOT = "querycoord"
+
+
+C = TypeVar("C", bound="ChildProcess")
+
+
+class ClusterStartError(Exception):
+    """A part of the cluster did not come up; the message names it and quotes its log."""
+
+
+def pdeathsig_prefix() -> list[str]:
+    """``setpriv --pdeathsig KILL --`` where available: the child dies with us (see module docstring)."""
+    setpriv = shutil.which("setpriv")
+    if setpriv and sys.platform.startswith("linux"):
+        return [setpriv, "--pdeathsig", "KILL", "--"]
+    logger.warning("setpriv not found: cluster processes may outlive this one if it is SIGKILLed")
+    return []
+
+
+def log_tail(path: Path, lines: int = 15) -> str:
+    """The last lines of a child's log, indented, for an error message."""
+    try:
+        text = path.read_text(errors="replace").rstrip().splitlines()[-lines:]
+    except OSError:
+        return "    (no log)"
+    return "\n".join("    " + line for line in text) or "    (log is empty)"
+
+
+def listen_problem(listen: str) -> str | None:
+    """Why a coordinator cannot take ``listen`` (malformed, or someone listens there now), or None.
+
+    gRPC binds with SO_REUSEPORT, so a second coordinator on a busy port
+    would start "successfully" and share the port with the first one:
+    clients would be spread over two unrelated clusters. A plain bind
+    (SO_REUSEADDR, not SO_REUSEPORT) fails only if someone listens there now.
+    """
+    host, _, port = listen.rpartition(":")
+    host = host.strip("[]")
+    if not port.isdigit() or not host:
+        return f"listen address {listen!r} is not host:port (e.g. 127.0.0.1:19531, or port 0 for any free port)"
+    if int(port) == 0:
+        return None
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a recently closed port (TIME_WAIT) is free
+        try:
+            s.bind((host, int(port)))
+        except OSError as exc:
+            why = exc.strerror or str(exc)
+            if exc.errno == errno.EADDRINUSE:
+                why += " (another `querycoord up` or coordinator?); stop it or choose another --listen"
+            return f"cannot listen on {listen}: {why}"
+    return None
+
+
+class ChildProcess:
+    """One child: its process, its JSON events read from stdout, its log file (stderr)."""
+
+    def __init__(self, name: str, proc: asyncio.subprocess.Process, log_path: Path):
+        self.name = name
+        self.proc = proc
+        self.log_path = log_path
+        self.events: list[dict[str, Any]] = []
+        self._cursor = 0
+        self._changed = asyncio.Condition()
+        self._reader = asyncio.create_task(self._read(), name=f"read-{name}")
+
+    @classmethod
+    async def spawn(cls: type[C], name: str, args: Sequence[str], log_path: Path, env: dict[str, str]) -> C:
+        """Start ``python -m querycoord.cli <args>`` with pdeathsig, in its own session, stderr to ``log_path``."""
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:  # the child gets its own copy of the descriptor
+            proc = await asyncio.create_subprocess_exec(
+                *pdeathsig_prefix(), sys.executable, "-m", "querycoord.cli", *args,
+                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=log,
+                env=env, start_new_session=True,
+            )
+        finally:
+            os.close(log)
+        return cls(name, proc, log_path)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def running(self) -> bool:
+        return self.proc.returncode is None
+
+    async def _read(self) -> None:
+        assert self.proc.stdout is not None
+        async for line in self.proc.stdout:
+            with contextlib.suppress(ValueError):
+                event = json.loads(line)
+                if isinstance(event, dict):
+                    async with self._changed:
+                        self.events.append(event)
+                        self._changed.notify_all()
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def next_event(self, *kinds: str, timeout: float = 30.0) -> dict[str, Any]:
+        """The next event (after the last one returned) of one of ``kinds``; EOFError if the child exits first."""
+
+        async def find() -> dict[str, Any]:
+            async with self._changed:
+                while True:
+                    while self._cursor < len(self.events):
+                        event = self.events[self._cursor]
+                        self._cursor += 1
+                        if event.get("event") in kinds:
+                            return event
+                    if self._reader.done():
+                        await self.proc.wait()
+                        raise EOFError(f"{self.name} exited with code {self.proc.returncode} before {'/'.join(kinds)}")
+                    await self._changed.wait()
+
+        return await asyncio.wait_for(find(), timeout)
+
+    async def stop(self, timeout: float) -> int:
+        """SIGTERM, then SIGKILL if it is still running after ``timeout``; returns the exit code."""
+        if self.running:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.terminate()
+            try:
+                await asyncio.wait_for(self.proc.wait(), timeout)
+            except TimeoutError:
+                logger.warning("{} (pid {}) ignored SIGTERM for {:.0f}s; sending SIGKILL", self.name, self.pid, timeout)
+                await self.kill()
+        await self._drain()
+        return self.proc.returncode if self.proc.returncode is not None else -9
+
+    async def kill(self) -> int:
+        """SIGKILL (after SIGCONT, so a stopped process dies too) and reap."""
+        if self.running:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGCONT)
+                self.proc.kill()
+        code = await self.proc.wait()
+        await self._drain()
+        return code
+
+    async def _drain(self) -> None:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await asyncio.wait_for(self._reader, 5.0)
+
+
+class NodeProcess(ChildProcess):
+    """A query node child; ``node_id`` and ``address`` come from its ready event."""
+
+    node_id: int = 0
+    address: str = ""
+
+
+class AllInOne:
+    """etcd + a coordinator + ``nodes`` query nodes, each a process (see module docstring).
+
+    ``data_dir`` None: a temporary directory, removed by ``stop``; a given
+    directory is kept (etcd data survives restarts). ``ttl`` is the session
+    TTL of the coordinator and the nodes: how fast a crash is noticed.
+    ``coord_args`` / ``node_args`` are extra command-line options (scheduler
+    knobs, fault injection).
+    """
+
+    def __init__(
+        self,
+        *,
+        nodes: int = 3,
+        listen: str = DEFAULT_LISTEN,
+        data_dir: str | Path | None = None,
+        ttl: float = 10.0,
+        root: str = DEFAULT_ROOT,
+        node_capacity_mb: float = 1024,
+        coord_args: Sequence[str] = (),
+        node_args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+        log_level: str | None = None,
+        stop_timeout: float = 10.0,
+        start_timeout: float = 60.0,
+        temp_prefix: str = "querycoord-up-",
+    ):
+        if nodes < 0:
+            raise ValueError(f"the number of query nodes must be >= 0, got {nodes}")
+        if ttl < 2:
+            raise ValueError(f"--ttl must be at least 2 seconds, got {ttl}")
+        self.num_nodes = nodes
+        self.listen = listen
+        self._temp = data_dir is None
+        self.data_dir = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix=temp_prefix))
+        self.ttl = ttl
+        self.root = root
+        self.node_capacity_mb = node_capacity_mb
+        self.coord_args = list(coord_args)
+        self.node_args = list(node_args)
+        self.log_level = log_level
+        self.stop_timeout = stop_timeout
+        self.start_timeout = start_timeout
+        base = dict(os.environ if env is None else env)
+        base["PYTHONUNBUFFERED"] = "1"
+        base["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), base.get("PYTHONPATH", "")) if p)
+        self.env = base
+        self.etcd: EtcdCluster | None = None
+        self.coordinator: ChildProcess | None = None
+        self.coordinator_address = ""
+        self.nodes: list[NodeProcess] = []
+        self._node_seq = 0
+        self._stopped = False
+
+    @property
+    def keeps_data(self) -> bool:
+        """Whether ``data_dir`` outlives ``stop`` (it was given, not a temporary one)."""
+        return not self._temp
+
+    # ----- addresses ------------------------------------------------------------------------------------------------
+    @property
+    def etcd_endpoints(self) -> list[str]:
+        return self.etcd.endpoints if self.etcd is not None else []
+
+    def client(self, **kwargs: Any) -> QueryCoordClient:
+        """A client of this cluster's coordinator (the caller closes it)."""
+        return QueryCoordClient([self.coordinator_address], **kwargs)
+
+    def _cli_prefix(self) -> list[str]:
+        return ["--log-level", self.log_level] if self.log_level else []
+
+    # ----- start ------------------------------------------------------------------------------------------------
+    async def start(self) -> AllInOne:
+        """Start etcd, the coordinator (until it leads), the nodes (until the leader sees them online).
+
+        On failure everything started so far is stopped and ``ClusterStartError`` says what failed.
+        """
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    def _check_listen(self) -> None:
+        problem = listen_problem(self.listen)
+        if problem:
+            raise ClusterStartError(problem)
+
+    async def _start(self) -> None:
+        self._check_listen()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        etcd = EtcdCluster(self.data_dir / "etcd", size=1)
+        self.etcd = etcd
+        try:
+            await asyncio.to_thread(etcd.start)
+        except Exception as exc:
+            raise ClusterStartError(f"embedded etcd did not start: {exc}") from exc
+        endpoints = ",".join(etcd.endpoints)
+        args = [*self._cli_prefix(), "coord", "--etcd-endpoints", endpoints, "--root", self.root,
+                "--listen", self.listen, "--ttl", f"{self.ttl:g}", *self.coord_args]
+        coord = await ChildProcess.spawn("coordinator", args, self.data_dir / "coordinator.log", self.env)
+        self.coordinator = coord
+        try:
+            ready = await coord.next_event("ready", timeout=self.start_timeout)
+            self.coordinator_address = ready["address"]
+            await coord.next_event("leader", timeout=self.start_timeout)
+        except (EOFError, TimeoutError) as exc:
+            what = str(exc) or f"no leader within {self.start_timeout:.0f}s"
+            raise ClusterStartError(f"the coordinator did not become leader: {what}; its log "
+                                    f"{coord.log_path}:\n{log_tail(coord.log_path)}") from exc
+        await self.add_nodes(self.num_nodes)
+
+    async def add_nodes(self, n: int) -> list[NodeProcess]:
+        """Start ``n`` more query nodes and wait until the leader lists them online (so loads can use them)."""
+        new = await asyncio.gather(*(self._spawn_node() for _ in range(n)))
+        try:
+            for node in new:
+                ev = await node.next_event("ready", timeout=self.start_timeout)
+                node.node_id, node.address = int(ev["node_id"]), ev["address"]
+        except (EOFError, TimeoutError) as exc:
+            bad = next((x for x in new if not x.node_id), new[0])
+            raise ClusterStartError(f"{bad.name} did not start: {exc or 'timeout'}; its log {bad.log_path}:\n"
+                                    f"{log_tail(bad.log_path)}") from exc
+        await self.wait_nodes_online([x.node_id for x in new])
+        return list(new)
+
+    async def _spawn_node(self) -> NodeProcess:
+        self._node_seq += 1
+        i = self._node_seq
+        args = [*self._cli_prefix(), "querynode", "--etcd-endpoints", ",".join(self.etcd_endpoints),
+                "--root", self.root, "--ttl", f"{self.ttl:g}", "--capacity-mb", f"{self.node_capacity_mb:g}",
+                *self.node_args]
+        node = await NodeProcess.spawn(f"query node #{i}", args, self.data_dir / f"node-{i}.log", self.env)
+        self.nodes.append(node)
+        return node
+
+    async def wait_nodes_online(self, node_ids: Sequence[int], timeout: float | None = None) -> None:
+        """Until ShowNodes on the leader lists every id in ``node_ids`` as online."""
+        want = set(node_ids)
+        if not want:
+            return
+        deadline = time.monotonic() + (timeout or self.start_timeout)
+        async with self.client(deadline=5.0) as c:
+            while True:
+                try:
+                    resp = await c.query("ShowNodes", qc.ShowNodesRequest())
+                    online = {n.node_id for n in resp.nodes if n.state == "online"}
+                    if resp.status.error_code == common_pb2.SUCCESS and want <= online:
+                        return
+                except CoordinatorUnavailable:
+                    pass
+                if time.monotonic() > deadline:
+                    raise ClusterStartError(f"query nodes {sorted(want)} registered but the coordinator does not "
+                                            f"list them online; see {self.data_dir}/coordinator.log")
+                await asyncio.sleep(0.1)
+
+    # ----- while running ----------------------------------------------------------------------------------------
+    def exited(self) -> list[ChildProcess]:
+        """Children that are no longer running (and were not stopped by us)."""
+        kids: list[ChildProcess] = [*([self.coordinator] if self.coordinator else []), *self.nodes]
+        return [k for k in kids if not k.running]
+
+    def etcd_running(self) -> bool:
+        return self.etcd is not None and all(m.running for m in self.etcd.members)
+
+    async def kill_node(self, node: NodeProcess) -> int:
+        """SIGKILL a query node: a real crash; its session lapses after the TTL."""
+        return await node.kill()
+
+    # ----- stop ---------------------------------------------------------------------------------------------------
+    async def stop(self) -> None:
+        """Coordinator, then nodes, then etcd: SIGTERM, SIGKILL after ``stop_timeout``. Safe to call twice."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self.coordinator is not None:
+            await self.coordinator.stop(self.stop_timeout)
+        await asyncio.gather(*(n.stop(self.stop_timeout) for n in self.nodes))
+        if self.etcd is not None:
+            await asyncio.to_thread(self.etcd.stop)
+        if self._temp:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    async def __aenter__(self) -> AllInOne:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+__all__ = ["DEFAULT_LISTEN", "DEFAULT_ROOT", "AllInOne", "ChildProcess", "ClusterStartError", "NodeProcess",
+           "log_tail", "pdeathsig_prefix"]
