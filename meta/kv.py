@@ -321,6 +321,12 @@ class FencedKV(MetaKV):
             result=Compare.EQUAL, target=Compare.CREATE, key=self._fence_key, create_revision=fence.revision
         )
         self._on_failure = [RequestOp(request_range=RangeRequest(key=self._fence_key))]
+        # What etcd accepted and refused through this fence: the revision etcd
+        # returns for each committed txn is the proof (drills compare the last
+        # one with the revision at which the leader key was deleted).
+        self.writes = 0
+        self.refused = 0
+        self.last_write_revision = 0
 
     def fenced(self, fence: Fence) -> FencedKV:
         raise TypeError("this view is already fenced")
@@ -335,8 +341,14 @@ class FencedKV(MetaKV):
     async def _write(self, operation: str, ops: Sequence[RequestOp]) -> int:
         resp = await self._txn(operation, [self._guard], ops, self._on_failure)
         if not resp.succeeded:  # type: ignore[attr-defined]
+            self.refused += 1
             raise self._not_leader(resp)
+        self._count(resp.header.revision)  # type: ignore[attr-defined]
         return resp.header.revision  # type: ignore[attr-defined]
+
+    def _count(self, revision: int) -> None:
+        self.writes += 1
+        self.last_write_revision = max(self.last_write_revision, revision)
 
     async def check(self) -> None:
         """Raise ``NotLeader`` unless the fence still holds (a read, no write)."""
@@ -350,9 +362,11 @@ class FencedKV(MetaKV):
             f"fenced compare_and_swap {key}", [self._guard, self._cas_compare(key, expected)], ops, self._on_failure
         )
         if resp.succeeded:  # type: ignore[attr-defined]
+            self._count(resp.header.revision)  # type: ignore[attr-defined]
             return True, resp.header.revision  # type: ignore[attr-defined]
         err = self._not_leader(resp)
         if err.current_revision != self.fence.revision:
+            self.refused += 1
             raise err
         return False, resp.header.revision  # type: ignore[attr-defined]
 

@@ -73,8 +73,10 @@ class QueryCoordClient:
                 resp = await getattr(stub, method)(request, timeout=self.call_timeout)
             except grpc.aio.AioRpcError as exc:
                 last = f"{address}: {exc.code().name} {exc.details()}"
-                if exc.code() == grpc.StatusCode.UNAVAILABLE:
-                    # The message of a standby names the leader; a dead coordinator names nothing.
+                if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    # The message of a standby names the leader; a dead coordinator names nothing, and a
+                    # paused or partitioned one answers nothing at all: try the next. Retrying is safe:
+                    # every QueryCoord mutation is idempotent (a repeated load or release is success).
                     self._next(address, _LEADER_AT.search(exc.details() or ""))
                     tried.append(address)
                     await asyncio.sleep(0.1)

@@ -67,6 +67,8 @@ class Coordinator:
         self._main: asyncio.Task[None] | None = None
         self._lost = asyncio.Event()
         self._stopping = False
+        # What etcd accepted through the last fence held (reported when leadership is lost).
+        self.last_leadership: dict[str, object] = {}
 
     @property
     def is_leader(self) -> bool:
@@ -180,6 +182,12 @@ class Coordinator:
         self.became_leader.clear()
         if lead is None:
             return
+        fenced = lead.kv
+        self.last_leadership = {
+            "fence_key": lead.fence.leader_key, "fence_revision": lead.fence.revision,
+            "writes": getattr(fenced, "writes", 0), "refused_writes": getattr(fenced, "refused", 0),
+            "last_write_revision": getattr(fenced, "last_write_revision", 0),
+        }
         for t in lead.tasks:
             t.cancel()
         await lead.scheduler.stop()

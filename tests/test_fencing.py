@@ -1,0 +1,85 @@
+"""Fencing proven with real processes: a paused leader's writes never land after a takeover."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+from meta.election import ELECTION_PREFIX
+from meta.etcd_server import EtcdCluster
+from meta.watch import EventType, WatchBatch, watch_prefix
+from proto import common_pb2
+from proto import querycoord_pb2 as qc
+from querycoord.catalog.store import CatalogStore
+from querycoord.client import QueryCoordClient
+from querycoord.nodes.querynode import FaultConfig
+from tests.cluster import QueryCluster
+from tests.test_query_recovery import spawn_coordinator, wait_event
+
+
+async def test_paused_leader_cannot_write_after_takeover_and_nodes_refuse_it(
+    etcd: EtcdCluster, root_path: str, subprocess_env: dict[str, str]
+) -> None:
+    async with QueryCluster(etcd, root_path) as c:
+        for _ in range(2):
+            await c.add_node(faults=FaultConfig(latency_ms=200))
+        old, old_addr = spawn_coordinator(etcd, root_path, subprocess_env)
+        new = None
+        try:
+            await asyncio.to_thread(wait_event, old, "leader")
+            new, new_addr = spawn_coordinator(etcd, root_path, subprocess_env)  # a standby from the start
+            catalog = CatalogStore(c.kv)
+            first, _ = await catalog.create_bulk_collection("before", num_partitions=2, num_segments=200)
+            client = QueryCoordClient([old_addr, new_addr], deadline=60, call_timeout=5)
+            r = await client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=first.collection_id))
+            assert r.status.error_code == common_pb2.SUCCESS
+            while not any(n.state.segments for n in c.nodes):  # the old leader is mid-load
+                await asyncio.sleep(0.02)
+            old_fence_seen = max(n.state.fence.leader_revision for n in c.nodes)
+
+            old.send_signal(signal.SIGSTOP)  # past its TTL of 2 s: the standby takes over
+            took_over = await asyncio.to_thread(wait_event, new, "leader")
+            second, _ = await catalog.create_bulk_collection("after", num_partitions=1, num_segments=20)
+            r = await client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=second.collection_id))
+            assert r.status.error_code == common_pb2.SUCCESS, r
+            old.send_signal(signal.SIGCONT)
+            deposed = await asyncio.to_thread(wait_event, old, "standby")
+            await asyncio.sleep(1.0)
+
+            # etcd's history: when was the old leader key deleted?
+            prev = deposed["previous"]
+            key = c.kv.rel_key(prev["fence_key"].encode())
+            deleted_at = None
+            async for item in watch_prefix(c.kv, ELECTION_PREFIX, prev["fence_revision"]):
+                assert isinstance(item, WatchBatch)
+                for e in item.events:
+                    if e.key == key and e.type is EventType.DELETE:
+                        deleted_at = e.mod_revision
+                if deleted_at is not None:
+                    break
+            assert deleted_at is not None
+            print(f"old leader: {prev['writes']} writes accepted (last at revision {prev['last_write_revision']}), "
+                  f"{prev['refused_writes']} refused; its key was deleted at revision {deleted_at}; "
+                  f"new leader serving at t={took_over['t']:.3f}")
+            assert prev["writes"] > 0, "the old leader did write while it led"
+            assert prev["last_write_revision"] < deleted_at, "a write of the deposed leader landed after takeover"
+
+            # Node-side fencing: the nodes now hold the new leader's revision, higher than the old one.
+            assert all(n.state.fence.leader_revision > old_fence_seen for n in c.nodes)
+            # Both loads complete under the new leader.
+            for cid in (first.collection_id, second.collection_id):
+                for _ in range(600):
+                    show = await client.query("ShowCollections", qc.ShowCollectionsRequest(collection_ids=[cid]))
+                    if show.status.error_code == 0 and show.collections[0].in_memory_percentage == 100:
+                        break
+                    await asyncio.sleep(0.1)
+                assert show.collections[0].in_memory_percentage == 100
+            held = [set(n.state.segments) for n in c.nodes]
+            assert sum(len(h) for h in held) == 220 == len(set().union(*held)), "no segment lost or doubled"
+            await client.close()
+        finally:
+            for p in (old, new):
+                if p is not None and p.poll() is None:
+                    p.send_signal(signal.SIGCONT)
+                    p.kill()
+                    p.wait()
