@@ -83,3 +83,27 @@ async def test_paused_leader_cannot_write_after_takeover_and_nodes_refuse_it(
                     p.send_signal(signal.SIGCONT)
                     p.kill()
                     p.wait()
+
+
+async def test_sigterm_resigns_so_a_standby_takes_over_at_once(
+    etcd: EtcdCluster, root_path: str, subprocess_env: dict[str, str]
+) -> None:
+    import time
+
+    first, _ = spawn_coordinator(etcd, root_path, subprocess_env)
+    second = None
+    try:
+        await asyncio.to_thread(wait_event, first, "leader")
+        second, _ = spawn_coordinator(etcd, root_path, subprocess_env)
+        await asyncio.sleep(0.5)
+        sent = time.time()
+        first.send_signal(signal.SIGTERM)
+        ev = await asyncio.to_thread(wait_event, second, "leader")
+        print(f"takeover after SIGTERM (resign): {ev['t'] - sent:.2f}s (lease TTL 2s)")
+        assert first.wait(timeout=30) == 0
+        assert ev["t"] - sent < 30, "the standby took over (bounded only to prove it happens)"
+    finally:
+        for p in (first, second):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()

@@ -1,0 +1,61 @@
+"""A coordinator on a 3-member etcd: losing the majority, and getting it back."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import grpc
+
+from meta.etcd_server import EtcdCluster
+from proto import common_pb2, querycoord_pb2_grpc
+from proto import querycoord_pb2 as qc
+from querycoord.config import CoordConfig
+from querycoord.process import CoordinatorProcess
+from tests.cluster import fast_scheduler
+
+
+async def test_majority_down_means_not_serving_then_leadership_returns_with_quorum(tmp_path: Path) -> None:
+    with EtcdCluster(tmp_path / "etcd", size=3) as cluster:
+        config = CoordConfig(etcd=cluster.config(call_timeout=1.0, deadline=3.0), root="faults",
+                             listen="127.0.0.1:0", session_ttl=2, auto_balance_interval=0,
+                             scheduler=fast_scheduler())
+        proc = CoordinatorProcess(config)
+        await proc.start()
+        try:
+            deadline = time.monotonic() + 30
+            while not proc.coord.is_leader:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.05)
+            leader = cluster.leader_index()
+            victims = [*[i for i in range(3) if i != leader][:1], leader]  # keep one follower alive
+            for i in victims:
+                cluster.kill_member(i)
+            lost_at = time.monotonic()
+            while proc.coord.is_leader:
+                assert time.monotonic() - lost_at < 30, "leadership must be given up without quorum"
+                await asyncio.sleep(0.05)
+            print(f"leadership given up {time.monotonic() - lost_at:.1f}s after losing the etcd majority")
+            async with grpc.aio.insecure_channel(proc.address) as ch:
+                stub = querycoord_pb2_grpc.QueryCoordStub(ch)
+                started = time.monotonic()
+                try:
+                    await stub.LoadCollection(qc.LoadCollectionRequest(collection_id=1), timeout=30)
+                    raise AssertionError("a coordinator without etcd must not accept a load")
+                except grpc.aio.AioRpcError as exc:
+                    assert exc.code() == grpc.StatusCode.UNAVAILABLE
+                    assert "not the leader" in (exc.details() or "")
+                assert time.monotonic() - started < 30, "answered within its deadlines"
+                show = await stub.ShowCollections(qc.ShowCollectionsRequest(), timeout=30)
+                assert show.status.error_code == common_pb2.META_UNAVAILABLE
+                assert "etcd unavailable" in show.status.reason
+            for i in victims:
+                await asyncio.to_thread(cluster.restart_member, i)
+            back = time.monotonic()
+            while not proc.coord.is_leader:
+                assert time.monotonic() - back < 60, "leadership must come back with quorum"
+                await asyncio.sleep(0.1)
+            print(f"leading again {time.monotonic() - back:.1f}s after quorum returned")
+        finally:
+            await proc.stop()
