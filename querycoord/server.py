@@ -178,29 +178,27 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
             raise Refused(common_pb2.NOT_FOUND, f"collection {cid} has not been loaded")
         return {p.partition_id: p for p in info.partitions}
 
+    async def _partition_states(self, request, context) -> list[data_pb2.PartitionLoadInfo]:
+        """The asked (or all) loaded partitions; NOT_FOUND naming those that are not loaded."""
+        lead = await self._lead(context)
+        loaded = self._loaded_partitions(lead, request.collection_id)
+        ids = list(request.partition_ids) or sorted(loaded)
+        missing = [p for p in ids if p not in loaded]
+        if missing:
+            raise Refused(common_pb2.NOT_FOUND,
+                          f"partitions {missing} of collection {request.collection_id} have not been loaded")
+        return [loaded[p] for p in ids]
+
     async def ShowPartitions(self, request, context):
         async def run():
-            lead = await self._lead(context)
-            loaded = self._loaded_partitions(lead, request.collection_id)
-            ids = list(request.partition_ids) or sorted(loaded)
-            missing = [p for p in ids if p not in loaded]
-            if missing:
-                raise Refused(common_pb2.NOT_FOUND,
-                              f"partitions {missing} of collection {request.collection_id} have not been loaded")
-            return qc.ShowPartitionsResponse(status=OK, partitions=[loaded[p] for p in ids])
+            return qc.ShowPartitionsResponse(status=OK, partitions=await self._partition_states(request, context))
 
         return await self._answer(qc.ShowPartitionsResponse, run)
 
     async def GetPartitionStates(self, request, context):
         async def run():
-            lead = await self._lead(context)
-            loaded = self._loaded_partitions(lead, request.collection_id)
-            ids = list(request.partition_ids) or sorted(loaded)
-            missing = [p for p in ids if p not in loaded]
-            if missing:
-                raise Refused(common_pb2.NOT_FOUND,
-                              f"partitions {missing} of collection {request.collection_id} have not been loaded")
-            return qc.GetPartitionStatesResponse(status=OK, partition_descriptions=[loaded[p] for p in ids])
+            states = await self._partition_states(request, context)
+            return qc.GetPartitionStatesResponse(status=OK, partition_descriptions=states)
 
         return await self._answer(qc.GetPartitionStatesResponse, run)
 

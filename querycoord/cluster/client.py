@@ -7,17 +7,10 @@ from typing import Any
 import grpc
 
 from proto import common_pb2, querynode_pb2, querynode_pb2_grpc
+from querycoord.nodes.querynode_faults import MUTATING_KINDS
 
-# Calls that change a node's state; they are stamped with the fence.
-MUTATING = {
-    "LoadSegments",
-    "ReleaseSegments",
-    "WatchDmChannels",
-    "WatchDeltaChannels",
-    "AddQueryChannel",
-    "ReleaseCollection",
-    "ReleasePartitions",
-}
+# Calls that change a node's state: stamped with the fence (the node refuses stale ones).
+MUTATING = MUTATING_KINDS
 
 
 class NodeError(Exception):
