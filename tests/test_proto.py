@@ -31,7 +31,7 @@ from proto import (
     task_pb2,
 )
 
-PROTO_FILES = ["common", "data", "querycoord", "querynode", "catalog", "task"]
+PROTO_FILES = ["common", "data", "querycoord", "querynode", "catalog", "task", "stream"]
 
 # service name -> (message module, grpc module, methods the issue asks for)
 SERVICES = {
