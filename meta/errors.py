@@ -70,9 +70,5 @@ class NotLeader(MetaError):
         )
 
 
-class CompareFailed(MetaError):
-    """A compare-and-swap found a different value than expected."""
-
-
 class InvalidKey(MetaError, ValueError):
     """A key or prefix that cannot be stored (empty, or escaping the root path)."""

@@ -18,7 +18,7 @@ from etcd3aio._protobuf import Compare, DeleteRangeRequest, PutRequest, RangeReq
 from etcd3aio.kv import prefix_range_end
 
 from meta.client import EtcdClient
-from meta.errors import CompareFailed, InvalidKey, NotLeader, RequestTooLarge
+from meta.errors import InvalidKey, NotLeader, RequestTooLarge
 from meta.fence import Fence
 
 MAX_TXN_OPS = 128
@@ -374,7 +374,6 @@ class FencedKV(MetaKV):
 __all__ = [
     "MAX_TXN_BYTES",
     "MAX_TXN_OPS",
-    "CompareFailed",
     "FencedKV",
     "KeyValue",
     "MetaKV",

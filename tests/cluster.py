@@ -17,8 +17,8 @@ import time
 from meta.client import connect
 from meta.etcd_server import EtcdCluster
 from meta.kv import MetaKV
-from proto import data_pb2, querynode_pb2
 from proto import querycoord_pb2 as qc
+from proto import querynode_pb2
 from querycoord.client import QueryCoordClient
 from querycoord.config import CoordConfig
 from querycoord.nodes.querynode import FaultConfig, QueryNode
@@ -147,6 +147,3 @@ class QueryCluster:
 def held_segments(node: QueryNode) -> set[int]:
     return set(node.state.segments)
 
-
-def loaded(info: data_pb2.CollectionLoadInfo) -> bool:
-    return info.in_memory_percentage == 100

@@ -167,8 +167,10 @@ async def test_reload_adopts_committed_children_and_drops_uncommitted_ones(etcd:
                                            replaces_task_id=ids[2])
         half_resched.release_collection_on_node.collection_id = 777
         recs = [done_trigger, ran, pending, uncommitted_trigger, stray, half_resched]
-        await c.kv.chunked_save_non_atomic({k: v for r in recs for k, v in save_unit(r).saves.items()})
-        assert (await store.count_keys())["queryCoord-activeTask/"] == 4
+        keys = {k: v for r in recs for k, v in save_unit(r).saves.items()}
+        keys["queryCoord-activeTask/999999999"] = b"a request whose record was lost"  # an orphan
+        await c.kv.chunked_save_non_atomic(keys)
+        assert (await store.count_keys())["queryCoord-activeTask/"] == 5
 
         await c.start_coordinator()
         await c.wait_leader()

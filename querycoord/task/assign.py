@@ -15,7 +15,6 @@ import time
 from collections.abc import Sequence
 
 from proto import data_pb2, querynode_pb2
-from proto import querycoord_pb2 as qc
 from querycoord.cluster.allocator import Usage, allocate_channels, allocate_segments, allocate_waiting
 from querycoord.task.model import Task, TaskEnv
 
@@ -152,6 +151,3 @@ async def plan_children(
                                                   node_id=node_id, parent=parent, excluded=excluded))
     return children
 
-
-def kind_of(task: Task) -> str:
-    return qc.TaskKind.Name(task.KIND)

@@ -393,6 +393,8 @@ class Scheduler:
             queued += 1
         if garbage:
             await self.env.store.remove(garbage)
+        if self.env.store.orphan_request_keys:
+            await self.env.store.remove_keys(self.env.store.orphan_request_keys)
         logger.info("scheduler reload: {} triggers queued, {} garbage records removed", queued, len(garbage))
         return queued
 

@@ -24,7 +24,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from meta.kv import MAX_TXN_OPS, MetaKV
-from proto import querycoord_pb2 as qc
 from proto import task_pb2
 
 TRIGGER_PREFIX = "queryCoord-triggerTask/"
@@ -120,6 +119,7 @@ class TaskStore:
     def __init__(self, kv: MetaKV):
         self.kv = kv
         self.txns = 0  # etcd write txns made, for benchmarks and tests
+        self.orphan_request_keys: list[str] = []
 
     async def _write(self, batches: Iterable[_Unit]) -> None:
         for b in batches:
@@ -160,15 +160,14 @@ class TaskStore:
             rec = task_pb2.TaskRecord.FromString(item.value)
             req = requests.pop(request_key(rec), None)
             out.append(join_record(item.value, req))
+        # A request key with no record (a crash cannot make one: both keys change in one txn,
+        # but an operator's hand can) is garbage that reload removes.
         self.orphan_request_keys = list(requests)
         return out
+
+    async def remove_keys(self, keys: Sequence[str]) -> None:
+        await self._write(pack([_Unit(removals=[k]) for k in keys[:-1]], _Unit(removals=[keys[-1]])) if keys else [])
 
     async def count_keys(self) -> dict[str, int]:
         return {p: await self.kv.count_prefix(p) for p in TASK_PREFIXES}
 
-
-def is_trigger(rec: task_pb2.TaskRecord) -> bool:
-    return rec.parent_id == 0
-
-
-TERMINAL_STATES = (qc.TASK_STATE_EXPIRED, qc.TASK_STATE_FAILED)
