@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint proto bench clean
+.PHONY: demo test lint proto bench drill clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,11 @@ proto: $(STAMP)
 bench: $(STAMP)
 	$(PY) scripts/bench_meta.py
 	$(PY) scripts/bench_load.py
+
+drill: $(STAMP)
+	$(PY) -m querycoord.cli drill failover --coordinators 3 --nodes 4 --collections 20 --kills 10 --seed 1
+	$(PY) -m querycoord.cli drill failover --coordinators 3 --nodes 4 --collections 20 --kills 6 --seed 2 \
+		--etcd-members 3 --etcd-kills 4 --ttl 3
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -351,10 +351,15 @@ class FencedKV(MetaKV):
         self.last_write_revision = max(self.last_write_revision, revision)
 
     async def check(self) -> None:
-        """Raise ``NotLeader`` unless the fence still holds (a read, no write)."""
-        resp = await self._txn("fence check", [self._guard], (), self._on_failure)
-        if not resp.succeeded:  # type: ignore[attr-defined]
-            raise self._not_leader(resp)
+        """Raise ``NotLeader`` unless the fence still holds (a read, no write).
+
+        A Range, not a read-only txn: etcd before 3.5.5 panics when a read-only
+        txn is cancelled (etcd-io/etcd#14110).
+        """
+        resp = await self._range(RangeRequest(key=self._fence_key), "fence check")
+        current = resp.kvs[0].create_revision if resp.kvs else 0  # type: ignore[attr-defined]
+        if current != self.fence.revision:
+            raise NotLeader(self.fence.leader_key, self.fence.revision, current)
 
     async def _cas(self, key: str, expected: Value | None, ops: Sequence[RequestOp]) -> tuple[bool, int]:
         """Fenced CAS: the failure branch reads the fence key to tell a lost fence from a lost swap."""

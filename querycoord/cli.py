@@ -664,6 +664,7 @@ def _client_options(suppress: bool) -> argparse.ArgumentParser:
 
 def build_parser() -> argparse.ArgumentParser:
     from querycoord.demo import add_demo_arguments
+    from querycoord.drill import add_drill_parser
     from querycoord.nodes.querynode import add_querynode_parser
 
     parser = argparse.ArgumentParser(prog="querycoord", description="etcd-backed query coordinator",
@@ -696,6 +697,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_coord)
 
     add_querynode_parser(sub)
+    add_drill_parser(sub)
 
     p = sub.add_parser("up", help="run the all-in-one cluster (embedded etcd, a coordinator, query nodes)")
     p.add_argument("--nodes", type=int, default=3, help="query nodes to start (default 3)")

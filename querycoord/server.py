@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 from loguru import logger
 
-from meta.errors import MetaError, MetaUnavailable
+from meta.errors import MetaError, MetaUnavailable, NotLeader
 from proto import common_pb2, data_pb2, querycoord_pb2, querycoord_pb2_grpc, querynode_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.catalog.broker import BrokerError
@@ -94,6 +94,8 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
             return response_cls(status=status(exc.code, str(exc)))
         except BrokerError as exc:
             return response_cls(status=status(exc.code, str(exc)))
+        except NotLeader:
+            return response_cls(status=status(common_pb2.NOT_LEADER, await self._not_leader_message()))
         except MetaUnavailable as exc:
             return response_cls(status=status(common_pb2.META_UNAVAILABLE, str(exc)))
         except MetaError as exc:

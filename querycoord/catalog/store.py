@@ -310,19 +310,26 @@ class CatalogStore:
         return bool(resp.succeeded)  # type: ignore[attr-defined]
 
     async def _get_many(self, keys: Sequence[str]) -> dict[str, tuple[bytes, int]]:
-        """``key -> (value, create_revision)`` of the keys that exist, read in txns of up to 128 ranges."""
+        """``key -> (value, create_revision)`` of the keys that exist, all read at one revision.
+
+        Plain Range calls, not read-only txns: etcd before 3.5.5 panics when a
+        read-only txn is cancelled (etcd-io/etcd#14110), and a coordinator that
+        loses leadership or is killed cancels its reads.
+        """
         found: dict[str, tuple[bytes, int]] = {}
-        sem = asyncio.Semaphore(self.write_concurrency)
+        if not keys:
+            return found
+        revision = await self.kv.revision()
+        sem = asyncio.Semaphore(self.write_concurrency * 8)
 
-        async def read(chunk: Sequence[str]) -> None:
-            ops = [RequestOp(request_range=RangeRequest(key=self.kv.abs_key(k))) for k in chunk]
+        async def read(key: str) -> None:
+            req = RangeRequest(key=self.kv.abs_key(key), revision=revision)
             async with sem:
-                resp = await self.kv._txn("catalog get", (), ops)
-            for r in resp.responses:  # type: ignore[attr-defined]
-                for raw in r.response_range.kvs:
-                    found[self.kv.rel_key(raw.key)] = (raw.value, raw.create_revision)
+                resp = await self.kv._range(req, "catalog get")
+            for raw in resp.kvs:  # type: ignore[attr-defined]
+                found[self.kv.rel_key(raw.key)] = (raw.value, raw.create_revision)
 
-        await asyncio.gather(*(read(keys[i : i + MAX_TXN_OPS]) for i in range(0, len(keys), MAX_TXN_OPS)))
+        await asyncio.gather(*(read(k) for k in keys))
         return found
 
     async def _range_page(self, start: str, prefix: str, limit: int) -> tuple[list[tuple[str, bytes]], bool]:

@@ -217,7 +217,14 @@ class WatchQueryChannelTask(ChildTask):
 
 
 class _ReleaseChild(ChildTask):
-    """A release: retried while its node is online; an offline node holds nothing, so it counts as done."""
+    """A release: retried while its node is online; an offline node holds nothing, so it counts as done.
+
+    A node that just crashed is still "online" until its session lapses (one
+    TTL); giving up after the retry budget would fail the release half-done,
+    so release children keep retrying until the node is declared offline.
+    """
+
+    RETRY_WHILE_NODE_ONLINE = True
 
     async def execute(self) -> None:
         if not self.env.nodes.is_online(self.node_id):

@@ -78,6 +78,9 @@ class Task:
     KIND: ClassVar[int]
     REQUEST_FIELD: ClassVar[str]
     IS_TRIGGER: ClassVar[bool] = False
+    # Keep retrying while the node is online, past the retry budget (bounded by the
+    # trigger's deadline): a release is done once the node holds nothing or is gone.
+    RETRY_WHILE_NODE_ONLINE: ClassVar[bool] = False
 
     def __init__(self, env: TaskEnv, rec: task_pb2.TaskRecord):
         self.env = env

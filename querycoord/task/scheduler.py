@@ -118,8 +118,12 @@ class Scheduler:
         """Give the trigger an id, persist it (UNDO), queue it. Releases cancel loads of their collection."""
         if self.stopped:
             raise TaskError("the scheduler is stopped (not leader)", common_pb2.NOT_LEADER)
-        trigger.rec.id = (await self.env.ids.allocate(1))[0]
-        await self.env.store.add_trigger(trigger.rec)
+        try:
+            trigger.rec.id = (await self.env.ids.allocate(1))[0]
+            await self.env.store.add_trigger(trigger.rec)
+        except NotLeader as exc:
+            self._leadership_lost(exc)
+            raise
         if isinstance(trigger, ReleaseCollectionTask | ReleasePartitionsTask):
             self._cancel_loads(trigger.collection_id, f"cancelled by release (task {trigger.id})")
         self._push(trigger)
@@ -270,7 +274,8 @@ class Scheduler:
                     raise LeadershipLost(str(exc)) from exc
                 child.set_error(exc)
                 logger.info("{} attempt {}/{} failed: {}", child.describe(), child.rec.retry_count, budget, exc)
-                if child.rec.retry_count >= budget or not child.retryable_on_node():
+                exhausted = child.rec.retry_count >= budget and not child.RETRY_WHILE_NODE_ONLINE
+                if exhausted or not child.retryable_on_node():
                     break
                 await asyncio.sleep(min(self.cfg.retry_backoff * 2 ** (child.rec.retry_count - 1),
                                         self.cfg.retry_backoff_max))

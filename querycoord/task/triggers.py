@@ -228,6 +228,11 @@ class ReleaseCollectionTask(TriggerTask):
     async def post_execute(self) -> None:
         await self.env.meta.release_collection(self.collection_id)
 
+    async def after_failure(self) -> None:
+        # The user asked for a release: record it; whatever a node still holds is a
+        # stray that reconciliation releases.
+        await self.env.meta.release_collection(self.collection_id)
+
 
 class ReleasePartitionsTask(TriggerTask):
     KIND = qc.TASK_KIND_RELEASE_PARTITION
@@ -241,6 +246,9 @@ class ReleasePartitionsTask(TriggerTask):
 
     async def post_execute(self) -> None:
         await self.env.meta.release_partitions(self.collection_id, list(self.request.partition_ids))
+
+    async def after_failure(self) -> None:
+        await self.post_execute()
 
 
 class LoadBalanceTask(TriggerTask):

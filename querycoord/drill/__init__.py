@@ -1,0 +1,92 @@
+"""Drills: real processes, real faults, invariants checked at the end (``querycoord drill ...``).
+
+``add_drill_parser(subparsers)`` registers ``drill`` (with its ``failover``
+sub-command) on the ``querycoord`` CLI; ``main(argv)`` is the same command
+line without the CLI: ``python -m querycoord.drill failover ...``. The drill
+modules are imported lazily so that ``querycoord --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from typing import Any
+
+
+def _add_failover(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "failover", help="kill the leader (and nodes, and etcd members) under a seeded workload; check invariants",
+        description="Start etcd, coordinators and query nodes as processes, run a seeded workload while the "
+                    "leader is SIGKILLed and restarted, pause one leader past its TTL to prove fencing from "
+                    "etcd's history, then check the invariants. Prints a table and one JSON line; exits 1 when "
+                    "an invariant failed (takeover times are reported, not enforced).")
+    p.add_argument("--coordinators", type=int, default=3, help="coordinator processes (default 3, >= 2)")
+    p.add_argument("--nodes", type=int, default=4, help="query node processes (default 4)")
+    p.add_argument("--collections", type=int, default=20, help="collections created in the catalog (default 20)")
+    p.add_argument("--kills", type=int, default=10, help="leader SIGKILLs (default 10)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the schedule (default 0)")
+    p.add_argument("--etcd-members", type=int, default=1, choices=(1, 3), help="embedded etcd members (default 1)")
+    p.add_argument("--etcd-kills", type=int, default=0, help="etcd member SIGKILLs, one down at a time (needs 3)")
+    p.add_argument("--ttl", type=float, default=2.0, help="session TTL of coordinators and nodes (default 2)")
+    p.add_argument("--segments-per-collection", type=int, default=80, help="sealed segments per collection "
+                                                                           "(default 80)")
+    p.add_argument("--partitions", type=int, default=2, help="partitions per collection (default 2)")
+    p.add_argument("--pauses", type=int, default=1, help="SIGSTOP rounds proving fencing (default 1)")
+    p.add_argument("--node-kills", type=int, default=2, help="query node SIGKILLs with replacement (default 2)")
+    p.add_argument("--ops", type=int, default=0, help="client requests in the schedule (default: derived)")
+    p.add_argument("--node-latency-ms", type=float, default=10.0, help="latency of every node call (default 10)")
+    p.add_argument("--quiesce-timeout", type=float, default=120.0, help="bound of the final wait (default 120)")
+    p.add_argument("--work-dir", default=None, help="keep logs and etcd data here (default: a temp dir, removed "
+                                                    "when the drill passes)")
+    p.add_argument("--keep", action="store_true", help="keep the temp work dir even when the drill passes")
+    p.add_argument("-v", "--verbose", action="store_true", help="print every call and role change")
+    p.set_defaults(func=cmd_failover)
+    return p
+
+
+def add_drill_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``drill`` and its sub-commands on the ``querycoord`` sub-command parsers."""
+    p = subparsers.add_parser("drill", help="failure drills against a cluster of real processes")
+    sub = p.add_subparsers(dest="drill", required=True, metavar="DRILL")
+    _add_failover(sub)
+    return p
+
+
+def cmd_failover(args: argparse.Namespace) -> int:
+    """Handler of ``drill failover`` (``args.func``)."""
+    from querycoord.drill.failover import DrillOptions, run_failover
+    from querycoord.logs import setup_logging
+
+    # The drill's own process logs little: its output is the table; children log to files.
+    setup_logging(getattr(args, "log_level", None) or os.environ.get("QUERYCOORD_DRILL_LOG_LEVEL") or "WARNING")
+    try:
+        opts = DrillOptions(
+            coordinators=args.coordinators, nodes=args.nodes, collections=args.collections, kills=args.kills,
+            seed=args.seed, etcd_members=args.etcd_members, etcd_kills=args.etcd_kills, ttl=args.ttl,
+            segments_per_collection=args.segments_per_collection, partitions=args.partitions, pauses=args.pauses,
+            node_kills=args.node_kills, ops=args.ops, node_latency_ms=args.node_latency_ms,
+            quiesce_timeout=args.quiesce_timeout, work_dir=args.work_dir, keep=args.keep, verbose=args.verbose)
+        opts.validate()
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return asyncio.run(run_failover(opts))
+    except KeyboardInterrupt:
+        print("\ninterrupted: every process of the drill was stopped", file=sys.stderr)
+        return 130
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m querycoord.drill failover ...``."""
+    parser = argparse.ArgumentParser(prog="python -m querycoord.drill", description="failure drills")
+    parser.add_argument("--log-level", default=None, help="log level of the drill process (default WARNING)")
+    sub = parser.add_subparsers(dest="drill", required=True, metavar="DRILL")
+    _add_failover(sub)
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+__all__ = ["add_drill_parser", "cmd_failover", "main"]

@@ -1,0 +1,1003 @@
+"""The failover drill: the all-in-one cluster as processes, a seeded workload, leader kills, invariants.
+
+``querycoord drill failover --coordinators 3 --nodes 4 --collections 20 --kills 10 --seed S`` starts an
+embedded etcd (1 or 3 members), coordinators and query nodes as real processes, creates collections in
+the catalog, then runs the seeded schedule (``schedule``): loads, releases, partition loads and releases,
+user balances through ``QueryCoordClient``; the leader SIGKILLed at random moments (idle, right after a
+LoadCollection answer, or while one is in flight) and restarted as a standby; query nodes SIGKILLed and
+replaced; etcd members SIGKILLed and restarted (never two down); one SIGSTOP round that proves fencing
+from etcd's history (``stale``). Once the cluster is quiescent it checks the invariants (``invariants``)
+against the nodes' own GetDataDistribution and query meta as persisted in etcd, prints a table and one
+JSON line, and exits non-zero when an invariant failed. Takeover times are compared with the TTL + 1 s
+target in the table only: timing on a shared machine is noise, not a correctness failure.
+
+Takeover is measured from the SIGKILL (our clock) to the ``{"event": "leader"}`` line of another
+coordinator (its clock, same host), which a coordinator prints only once it has reloaded and reconciled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from meta.client import connect
+from meta.election import current_leader, election_prefix
+from meta.etcd_server import EtcdCluster
+from meta.kv import MetaKV
+from proto import common_pb2, data_pb2, querynode_pb2, querynode_pb2_grpc
+from proto import querycoord_pb2 as qc
+from querycoord.catalog.store import CatalogStore
+from querycoord.client import CoordinatorUnavailable, QueryCoordClient
+from querycoord.drill.children import Child, child_env, log_tail
+from querycoord.drill.invariants import (
+    UNCLEAR_CODES,
+    CatalogColl,
+    CheckResult,
+    Expected,
+    MetaColl,
+    MetaView,
+    NodeView,
+    check,
+)
+from querycoord.drill.schedule import (
+    EtcdKill,
+    KillLeader,
+    KillNode,
+    Op,
+    Pause,
+    Schedule,
+    ScheduleOptions,
+    describe,
+    make_schedule,
+)
+from querycoord.drill.stale import PauseReport, Window, changes_between, count_refusals, stable_revision
+from querycoord.querymeta import QueryMeta
+from querycoord.task.store import TASK_PREFIXES
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
+EC = common_pb2
+
+
+class DrillSetupError(Exception):
+    """The cluster could not be started; the message names the part and quotes its log."""
+
+
+@dataclass
+class DrillOptions:
+    coordinators: int = 3
+    nodes: int = 4
+    collections: int = 20
+    kills: int = 10
+    seed: int = 0
+    etcd_members: int = 1
+    etcd_kills: int = 0
+    ttl: float = 2.0
+    segments_per_collection: int = 80
+    partitions: int = 2
+    channels: int = 2
+    pauses: int = 1
+    node_kills: int = 2
+    ops: int = 0
+    node_latency_ms: float = 10.0
+    max_request_bytes: int = 3000
+    client_deadline: float = 60.0
+    quiesce_timeout: float = 120.0
+    pause_windows: int = 3
+    pause_window_s: float = 0.35
+    work_dir: str | None = None
+    keep: bool = False
+    verbose: bool = False
+
+    def validate(self) -> None:
+        if self.coordinators < 2:
+            raise ValueError("--coordinators must be >= 2 (someone has to take over)")
+        if self.nodes < 2:
+            raise ValueError("--nodes must be >= 2 (a killed node's segments need somewhere to go)")
+        if self.collections < 1 or self.partitions < 1 or self.segments_per_collection < 0:
+            raise ValueError("--collections and --partitions must be >= 1, --segments-per-collection >= 0")
+        if self.kills < 0 or self.pauses < 0 or self.node_kills < 0 or self.etcd_kills < 0:
+            raise ValueError("kill and pause counts must be >= 0")
+        if self.etcd_members not in (1, 3):
+            raise ValueError("--etcd-members must be 1 or 3")
+        if self.etcd_kills and self.etcd_members < 3:
+            raise ValueError("--etcd-kills needs --etcd-members 3 (killing the only member is an outage, "
+                             "not a fault the cluster can ride out)")
+        if self.ttl < 2:
+            raise ValueError("--ttl must be >= 2 (the session minimum)")
+
+    def command(self) -> str:
+        """The command line that replays this run's schedule."""
+        d = DrillOptions()
+        always = ("coordinators", "nodes", "collections", "kills", "seed")
+        optional = ("etcd_members", "etcd_kills", "ttl", "segments_per_collection", "partitions", "pauses",
+                    "node_kills", "ops", "node_latency_ms")
+        flags = [f"--{name.replace('_', '-')} {getattr(self, name):g}" for name in (*always, *optional)
+                 if name in always or getattr(self, name) != getattr(d, name)]
+        return "python -m querycoord.drill failover " + " ".join(flags)
+
+    def schedule_options(self) -> ScheduleOptions:
+        return ScheduleOptions(collections=self.collections, partitions=self.partitions, nodes=self.nodes,
+                               kills=self.kills, pauses=self.pauses, node_kills=self.node_kills,
+                               etcd_kills=self.etcd_kills, etcd_members=self.etcd_members, ops=self.ops)
+
+
+# ----- records --------------------------------------------------------------------------------------------------
+@dataclass
+class CallRecord:
+    seq: int
+    method: str
+    target: str
+    t: float
+    elapsed: float = 0.0
+    outcome: str = ""  # success / error / unanswered
+    code: str = ""
+    reason: str = ""
+    task_id: int = 0
+
+
+@dataclass
+class KillRecord:
+    n: int
+    t: float
+    mode: str
+    old: str
+    new: str = ""
+    takeover_s: float | None = None
+    note: str = ""
+
+
+@dataclass
+class FaultRecord:
+    t: float
+    what: str
+    note: str = ""
+
+
+@dataclass
+class CoordSlot:
+    index: int
+    child: Child
+    address: str
+    generation: int = 0
+    role: str = "standby"  # leader / standby / dead
+    role_t: float = 0.0
+
+    @property
+    def label(self) -> str:
+        return f"c{self.index}.{self.generation} {self.address}"
+
+
+@dataclass
+class NodeSlot:
+    index: int
+    child: Child
+    node_id: int
+    address: str
+    generation: int = 0
+
+
+@dataclass
+class DrillResult:
+    options: DrillOptions
+    schedule: Schedule
+    calls: list[CallRecord] = field(default_factory=list)
+    kills: list[KillRecord] = field(default_factory=list)
+    faults: list[FaultRecord] = field(default_factory=list)
+    pauses: list[PauseReport] = field(default_factory=list)
+    check: CheckResult | None = None
+    duration_s: float = 0.0
+    work_dir: Path | None = None
+
+    @property
+    def takeovers(self) -> list[float]:
+        return [k.takeover_s for k in self.kills if k.takeover_s is not None]
+
+    @property
+    def stale_writes(self) -> int:
+        return sum(p.stale_writes for p in self.pauses)
+
+    def summary(self) -> dict[str, Any]:
+        ts = self.takeovers
+        c = self.check or CheckResult()
+        return {
+            "kills": len(self.kills),
+            "takeover_p50_s": round(statistics.median(ts), 3) if ts else None,
+            "takeover_max_s": round(max(ts), 3) if ts else None,
+            "lost_tasks": c.lost_tasks,
+            "duplicate_segments": c.duplicate_segments,
+            "stale_writes": self.stale_writes,
+            "invariant_violations": c.invariant_violations,
+            "seed": self.options.seed,
+            "unanswered_calls": sum(r.outcome == "unanswered" for r in self.calls),
+            "unclear_errors": sum(r.outcome == "error" and r.code in UNCLEAR_CODES for r in self.calls),
+            "calls": len(self.calls),
+            "pauses": len(self.pauses),
+            "pause_takeover_s": [round(p.takeover_s, 3) if p.takeover_s is not None else None for p in self.pauses],
+            "stale_window_changes": sum(p.window_changes for p in self.pauses),
+            "fenced_refusals": sum(p.refused_in_log for p in self.pauses),
+            "node_kills": sum(f.what.startswith("node") for f in self.faults),
+            "etcd_kills": sum(f.what.startswith("etcd") for f in self.faults),
+            "schedule": self.schedule.digest(),
+            "duration_s": round(self.duration_s, 1),
+        }
+
+    @property
+    def failed(self) -> bool:
+        s = self.summary()
+        return any(s[k] for k in ("lost_tasks", "duplicate_segments", "stale_writes", "invariant_violations"))
+
+
+# ----- the drill ------------------------------------------------------------------------------------------------
+class FailoverDrill:
+    """One run (see module docstring). ``run`` returns the result; every process is stopped before it returns."""
+
+    def __init__(self, opts: DrillOptions, out: Any = None):
+        opts.validate()
+        self.opts = opts
+        self.out = out or sys.stdout
+        self.schedule = make_schedule(opts.seed, opts.schedule_options())
+        self.result = DrillResult(opts, self.schedule)
+        self.root = f"drill-{opts.seed}"
+        self.env = child_env(PROJECT_ROOT)
+        self.work = Path(opts.work_dir) if opts.work_dir else Path(tempfile.mkdtemp(prefix="querycoord-drill-"))
+        self.result.work_dir = self.work
+        self.etcd: EtcdCluster | None = None
+        self.kv: MetaKV | None = None
+        self.client: QueryCoordClient | None = None
+        self.coords: list[CoordSlot] = []
+        self.nodes: list[NodeSlot] = []
+        self.leader_log: list[tuple[CoordSlot, Child, dict[str, Any]]] = []
+        self._changed = asyncio.Event()
+        self.coll_ids: list[int] = []
+        self.part_ids: dict[int, list[int]] = {}
+        self.expected: dict[int, Expected] = {}
+        self._seq = 0
+        self._t0 = time.monotonic()
+        self._kill_task: asyncio.Task[None] | None = None
+        self._etcd_task: asyncio.Task[None] | None = None
+        self._extra_violations: list[str] = []
+        self._supervisor: asyncio.Task[None] | None = None
+        self._replacing: set[int] = set()
+        self._etcd_down: set[int] = set()  # members the drill killed (or is restarting) on purpose
+
+    # ----- output -----------------------------------------------------------------------------------------------
+    def now(self) -> float:
+        return time.monotonic() - self._t0
+
+    def say(self, text: str) -> None:
+        print(f"[{self.now():7.2f}s] {text}", file=self.out, flush=True)
+
+    def note(self, text: str) -> None:
+        if self.opts.verbose:
+            self.say(text)
+
+    # ----- run --------------------------------------------------------------------------------------------------
+    async def run(self) -> DrillResult:
+        started = time.monotonic()
+        try:
+            await self._start_cluster()
+            self._supervisor = asyncio.create_task(self._supervise(), name="supervisor")
+            await self._run_schedule()
+            await self._settle_background()
+            await self._check()
+        finally:
+            self.result.duration_s = time.monotonic() - started
+            await self._stop_cluster()
+        return self.result
+
+    # ----- cluster ----------------------------------------------------------------------------------------------
+    async def _start_cluster(self) -> None:
+        o = self.opts
+        self.say(f"failover drill: seed {o.seed}, {o.coordinators} coordinators, {o.nodes} query nodes, "
+                 f"{o.collections} collections ({o.partitions} partitions, {o.segments_per_collection} segments "
+                 f"each), etcd {o.etcd_members} member(s), TTL {o.ttl:g}s; work dir {self.work}")
+        s = self.schedule
+        self.say(f"schedule {s.digest()}: {len(s.steps)} steps, {s.ops} requests, {s.leader_kills} leader kills, "
+                 f"{s.count(KillNode)} node kills, {s.count(EtcdKill)} etcd kills, {s.count(Pause)} pause rounds")
+        self.work.mkdir(parents=True, exist_ok=True)
+        etcd = EtcdCluster(self.work / "etcd", size=o.etcd_members)
+        self.etcd = etcd
+        await asyncio.to_thread(etcd.start)
+        self.kv = MetaKV(await connect(etcd.config()), self.root)
+        self.coords = list(await asyncio.gather(*(self._spawn_coordinator(i, "127.0.0.1:0")
+                                                  for i in range(o.coordinators))))
+        self.client = QueryCoordClient([c.address for c in self.coords], deadline=o.client_deadline)
+        try:
+            await self._wait_leader(timeout=60)
+        except TimeoutError:
+            raise DrillSetupError(f"no coordinator became leader within 60s; logs in {self.work}") from None
+        await self._create_collections()
+        self.nodes = list(await asyncio.gather(*(self._spawn_node(i) for i in range(o.nodes))))
+        await self._wait_nodes_online(timeout=60)
+        self.say(f"cluster up: leader {self._leader().label if self._leader() else '?'}, nodes "
+                 f"{[n.node_id for n in self.nodes]}, collections {self.coll_ids[0]}..{self.coll_ids[-1]}")
+
+    def _on_event(self, slot: CoordSlot, child: Child, event: dict[str, Any]) -> None:
+        kind = event.get("event")
+        if kind in ("leader", "standby") and slot.child is child:
+            slot.role = str(kind)
+            slot.role_t = float(event.get("t", time.time()))
+            self.leader_log.append((slot, child, event))
+            self.note(f"{slot.label} is now {kind}")
+        self._changed.set()
+
+    async def _spawn_coordinator(self, index: int, listen: str, slot: CoordSlot | None = None) -> CoordSlot:
+        """Start coordinator ``index`` on ``listen``; with ``slot`` it replaces that slot's (dead) process."""
+        assert self.etcd is not None
+        generation = 0 if slot is None else slot.generation + 1
+        holder: dict[str, CoordSlot] = {}
+        argv = ["-m", "querycoord.drill.coordinator_child", "--etcd-endpoints", ",".join(self.etcd.endpoints),
+                "--root", self.root, "--listen", listen, "--ttl", f"{self.opts.ttl:g}",
+                "--max-request-bytes", str(self.opts.max_request_bytes)]
+        log = self.work / f"coord-{index}.{generation}.log"
+        child = await Child.spawn(f"coordinator c{index}.{generation}", argv, log, self.env,
+                                  sink=lambda ch, ev: self._on_event(holder["slot"], ch, ev) if "slot" in holder
+                                  else None)
+        try:
+            ready = await child.wait_event("ready", timeout=60)
+        except (EOFError, TimeoutError) as exc:
+            await child.stop()
+            raise DrillSetupError(f"coordinator c{index} did not start: {exc}\n{log_tail(log)}") from exc
+        if slot is None:
+            slot = CoordSlot(index, child, ready["address"])
+        else:
+            slot.child, slot.address, slot.generation, slot.role = child, ready["address"], generation, "standby"
+        holder["slot"] = slot
+        # Events that arrived before the slot existed (a fast first leader).
+        for ev in list(child.events):
+            self._on_event(slot, child, ev)
+        return slot
+
+    async def _restart_coordinator(self, slot: CoordSlot) -> None:
+        """Start the killed coordinator again as a standby, on its old address if it is still free.
+
+        A coordinator cannot start while etcd is unreachable (it exits): retry
+        for about a minute, the last attempts on a fresh port in case the old
+        one was taken.
+        """
+        old_address = slot.address
+        for attempt in range(1, 7):
+            listen = old_address if attempt <= 3 else "127.0.0.1:0"
+            try:
+                await self._spawn_coordinator(slot.index, listen, slot)
+                break
+            except DrillSetupError as exc:
+                if attempt == 6:
+                    raise
+                self.say(f"c{slot.index} did not restart on {listen} ({str(exc).splitlines()[0]}); retrying")
+                await asyncio.sleep(2.0 * attempt)
+        assert self.client is not None
+        if slot.address not in self.client.addresses:
+            self.client.addresses.append(slot.address)
+
+    async def _spawn_node(self, index: int, generation: int = 0) -> NodeSlot:
+        assert self.etcd is not None
+        argv = ["-m", "querycoord.nodes.querynode", "--log-level", "INFO",
+                "--etcd-endpoints", ",".join(self.etcd.endpoints), "--root", self.root, "--ttl", f"{self.opts.ttl:g}",
+                "--capacity-mb", "4096", "--latency-ms", f"{self.opts.node_latency_ms:g}"]
+        log = self.work / f"node-{index}.{generation}.log"
+        child = await Child.spawn(f"query node n{index}.{generation}", argv, log, self.env)
+        try:
+            ready = await child.wait_event("ready", timeout=60)
+        except (EOFError, TimeoutError) as exc:
+            await child.stop()
+            raise DrillSetupError(f"query node n{index} did not start: {exc}\n{log_tail(log)}") from exc
+        return NodeSlot(index, child, int(ready["node_id"]), str(ready["address"]), generation)
+
+    async def _create_collections(self) -> None:
+        assert self.kv is not None
+        catalog = CatalogStore(self.kv)
+        sem = asyncio.Semaphore(4)
+
+        async def one(i: int) -> int:
+            async with sem:
+                # Small segments (about 0.5 MB accounted each): the drill is about failover, not capacity.
+                desc, _ = await catalog.create_bulk_collection(
+                    f"drill_{i}", num_partitions=self.opts.partitions, num_segments=self.opts.segments_per_collection,
+                    num_channels=self.opts.channels, rows_per_segment=1000, dim=128)
+                self.part_ids[desc.collection_id] = [p.partition_id for p in desc.partitions]
+                return desc.collection_id
+
+        self.coll_ids = list(await asyncio.gather(*(one(i) for i in range(self.opts.collections))))
+        self.expected = {cid: Expected() for cid in self.coll_ids}
+
+    async def _wait_nodes_online(self, timeout: float) -> None:
+        assert self.client is not None
+        want = {n.node_id for n in self.nodes}
+        deadline = time.monotonic() + timeout
+        while True:
+            with contextlib.suppress(CoordinatorUnavailable, grpc.aio.AioRpcError):
+                resp = await self.client.query("ShowNodes", qc.ShowNodesRequest())
+                if want <= {n.node_id for n in resp.nodes if n.state == "online"}:
+                    return
+            if time.monotonic() > deadline:
+                raise DrillSetupError(f"query nodes {sorted(want)} never all online at the leader")
+            await asyncio.sleep(0.1)
+
+    async def _stop_cluster(self) -> None:
+        if self.client is not None:
+            with contextlib.suppress(Exception):
+                await self.client.close()
+        for t in (self._supervisor, self._kill_task, self._etcd_task):
+            if t is not None and not t.done():
+                t.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await t
+        # Coordinators first (they resign instead of balancing the nodes' segments as they leave).
+        await asyncio.gather(*(c.child.stop(5) for c in self.coords), return_exceptions=True)
+        await asyncio.gather(*(n.child.stop(5) for n in self.nodes), return_exceptions=True)
+        if self.kv is not None:
+            with contextlib.suppress(Exception):
+                await self.kv.client.close()
+        if self.etcd is not None:
+            await asyncio.to_thread(self.etcd.stop)
+
+    # ----- leadership -----------------------------------------------------------------------------------------------
+    def _leader(self) -> CoordSlot | None:
+        live = [c for c in self.coords if c.role == "leader" and c.child.running]
+        return max(live, key=lambda c: c.role_t) if live else None
+
+    async def _wait_until(self, cond: Any, timeout: float) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            self._changed.clear()
+            value = cond()
+            if value:
+                return value
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), min(remaining, 0.5))
+
+    async def _wait_leader(self, timeout: float) -> CoordSlot:
+        """The current leader; TimeoutError if none appears within ``timeout``."""
+        return await self._wait_until(self._leader, timeout)  # type: ignore[no-any-return]
+
+    async def _wait_takeover(self, old: Child, since: float, timeout: float) -> tuple[CoordSlot, dict[str, Any]]:
+        """The first ``leader`` event of a coordinator other than ``old`` stamped at or after ``since``."""
+
+        def found() -> tuple[CoordSlot, dict[str, Any]] | None:
+            for slot, child, ev in self.leader_log:
+                if child is not old and ev.get("event") == "leader" and float(ev.get("t", 0)) >= since:
+                    return slot, ev
+            return None
+
+        return await self._wait_until(found, timeout)  # type: ignore[no-any-return]
+
+    async def _settle_kill(self) -> None:
+        """Wait for the previous leader kill (takeover and restart) to complete: one kill at a time."""
+        if self._kill_task is not None:
+            await self._kill_task
+            self._kill_task = None
+
+    async def _kill_leader(self, mode: str) -> None:
+        try:
+            leader = await self._wait_leader(timeout=60)
+        except TimeoutError:
+            self._extra_violations.append(f"no leader for 60s before kill ({mode}); kill skipped")
+            self.say(f"NO LEADER for 60s: kill ({mode}) skipped")
+            return
+        rec = KillRecord(len(self.result.kills) + 1, self.now(), mode, leader.label)
+        self.result.kills.append(rec)
+        old = leader.child
+        t_kill = old.kill_now()
+        leader.role = "dead"
+        self.say(f"kill #{rec.n} ({mode}): SIGKILL leader {leader.label}")
+        self._kill_task = asyncio.create_task(self._after_kill(leader, old, t_kill, rec), name=f"kill-{rec.n}")
+
+    async def _after_kill(self, slot: CoordSlot, old: Child, t_kill: float, rec: KillRecord) -> None:
+        try:
+            new, ev = await self._wait_takeover(old, t_kill, timeout=max(60.0, 10 * self.opts.ttl))
+            rec.new, rec.takeover_s = new.label, float(ev["t"]) - t_kill
+            self.say(f"kill #{rec.n}: {new.label} leads after {rec.takeover_s:.2f}s")
+        except TimeoutError:
+            rec.note = "no takeover within the timeout"
+            self._extra_violations.append(f"kill #{rec.n}: no coordinator took over within 60s")
+            self.say(f"kill #{rec.n}: NO TAKEOVER")
+        await old.stop(1)
+        await self._restart_coordinator(slot)
+        self.note(f"kill #{rec.n}: {slot.label} restarted as a standby")
+
+    # ----- schedule ----------------------------------------------------------------------------------------------
+    async def _run_schedule(self) -> None:
+        for step in self.schedule.steps:
+            if step.wait_s:
+                await asyncio.sleep(step.wait_s)
+            a = step.action
+            self.note(f"step: {describe(a)}")
+            if isinstance(a, Op):
+                await self._run_op(a)
+            elif isinstance(a, KillLeader):
+                await self._settle_kill()
+                await self._kill_leader("idle")
+            elif isinstance(a, KillNode):
+                await self._kill_node(a.slot)
+            elif isinstance(a, EtcdKill):
+                if self._etcd_task is not None:
+                    await self._etcd_task
+                self._etcd_task = asyncio.create_task(self._etcd_fault(a), name="etcd-fault")
+            elif isinstance(a, Pause):
+                await self._settle_background()
+                await self._pause_round()
+
+    async def _settle_background(self) -> None:
+        await self._settle_kill()
+        if self._etcd_task is not None:
+            await self._etcd_task
+            self._etcd_task = None
+
+    async def _run_op(self, op: Op) -> None:
+        if op.kill is None:
+            await self._call_op(op)
+            return
+        await self._settle_kill()
+        if op.kill == "after_answer":
+            await self._call_op(op)
+            await self._kill_leader("after LoadCollection answer")
+        else:
+            call = asyncio.create_task(self._call_op(op))
+            await asyncio.sleep(op.kill_delay)
+            await self._kill_leader(f"LoadCollection in flight +{op.kill_delay * 1000:.0f}ms")
+            await call
+
+    def _request(self, op: Op) -> tuple[str, Any, str]:
+        if op.kind == "balance":
+            node = self.nodes[op.node_slot % len(self.nodes)]
+            return ("LoadBalance", qc.LoadBalanceRequest(source_node_ids=[node.node_id]),
+                    f"node {node.node_id}")
+        cid = self.coll_ids[op.coll % len(self.coll_ids)]
+        parts = self.part_ids[cid]
+        pids = [parts[p % len(parts)] for p in op.parts]
+        if op.kind == "load":
+            return "LoadCollection", qc.LoadCollectionRequest(collection_id=cid), f"coll {cid}"
+        if op.kind == "release":
+            return "ReleaseCollection", qc.ReleaseCollectionRequest(collection_id=cid), f"coll {cid}"
+        if op.kind == "load_partitions":
+            return ("LoadPartitions", qc.LoadPartitionsRequest(collection_id=cid, partition_ids=pids),
+                    f"coll {cid} partitions {pids}")
+        return ("ReleasePartitions", qc.ReleasePartitionsRequest(collection_id=cid, partition_ids=pids),
+                f"coll {cid} partitions {pids}")
+
+    async def _call_op(self, op: Op, client: QueryCoordClient | None = None) -> CallRecord:
+        method, req, target = self._request(op)
+        self._seq += 1
+        rec = CallRecord(self._seq, method, target, self.now())
+        self.result.calls.append(rec)
+        started = time.monotonic()
+        c = client or self.client
+        assert c is not None
+        try:
+            resp = await c.query(method, req)
+        except (CoordinatorUnavailable, grpc.aio.AioRpcError) as exc:
+            rec.outcome, rec.reason = "unanswered", str(exc)[:300]
+            self.say(f"call #{rec.seq} {method} {target}: UNANSWERED: {rec.reason}")
+            return rec
+        finally:
+            rec.elapsed = time.monotonic() - started
+        st = resp.status
+        rec.code, rec.reason, rec.task_id = EC.ErrorCode.Name(st.error_code), st.reason, getattr(resp, "task_id", 0)
+        rec.outcome = "success" if st.error_code == EC.SUCCESS else "error"
+        if rec.outcome == "success":
+            self._apply(op, req, f"#{rec.seq} {method} {target}")
+        self.note(f"call #{rec.seq} {method} {target}: {rec.code} {rec.reason[:120]} ({rec.elapsed:.2f}s)")
+        return rec
+
+    def _apply(self, op: Op, req: Any, label: str) -> None:
+        """The expected state after an answered SUCCESS (the model the invariants check against)."""
+        if op.kind == "balance":
+            return
+        cid = req.collection_id
+        exp = self.expected[cid]
+        if op.kind == "load":
+            self.expected[cid] = Expected("collection", frozenset(self.part_ids[cid]), label)
+        elif op.kind == "release":
+            self.expected[cid] = Expected("released", frozenset(), label)
+        elif op.kind == "load_partitions":
+            if exp.state == "collection":
+                self.expected[cid] = Expected("collection", exp.partitions, label)
+            else:
+                self.expected[cid] = Expected("partitions", exp.partitions | frozenset(req.partition_ids), label)
+        else:
+            if exp.state == "partitions":
+                left = exp.partitions - frozenset(req.partition_ids)
+                self.expected[cid] = Expected("partitions", left, label) if left else Expected("released",
+                                                                                              frozenset(), label)
+            else:
+                self.expected[cid] = Expected(exp.state, exp.partitions, label)
+
+    # ----- node and etcd faults -------------------------------------------------------------------------------
+    async def _supervise(self) -> None:
+        """Replace processes that exit without being killed by the drill, as a deployment's supervisor would.
+
+        A query node exits by design when it loses its session (an etcd fault
+        longer than its TTL): it must come back under a new id. A coordinator
+        must never exit on its own (it campaigns again instead): that is
+        recorded as a violation, and it is restarted too.
+        """
+        while True:
+            await asyncio.sleep(0.3)
+            for slot in list(self.nodes):
+                child = slot.child
+                if child.running or child.killed_at is not None or slot.index in self._replacing:
+                    continue
+                last = log_tail(child.log_path, 1).strip()
+                rec = FaultRecord(self.now(), f"node n{slot.index}: node {slot.node_id} exited on its own "
+                                              f"(code {child.proc.returncode}: {last[:110]})")
+                self.result.faults.append(rec)
+                self.say(rec.what)
+                await self._replace_node(slot, rec)
+            await self._supervise_etcd()
+            for c in self.coords:
+                if c.child.running or c.child.killed_at is not None or c.role == "dead":
+                    continue
+                c.role = "dead"
+                what = (f"coordinator {c.label} exited on its own (code {c.child.proc.returncode}); "
+                        f"see {c.child.log_path}")
+                self._extra_violations.append(what)
+                self.say(what)
+                await self._restart_coordinator(c)
+
+    async def _supervise_etcd(self) -> None:
+        """An etcd member that exits on its own (a crash, not a drill fault) is a violation; restart it."""
+        etcd = self.etcd
+        assert etcd is not None
+        for i, m in enumerate(etcd.members):
+            if i in self._etcd_down or m.running or m.proc is None:
+                continue
+            what = (f"etcd member {m.name} exited on its own (code {m.proc.returncode})"
+                    f"{': ' + etcd_crash_reason(m.log_path) if etcd_crash_reason(m.log_path) else ''}")
+            self._extra_violations.append(what)
+            self.result.faults.append(FaultRecord(self.now(), what))
+            self.say(what)
+            self._etcd_down.add(i)
+            try:
+                await asyncio.to_thread(etcd.restart_member, i, 60.0)
+                self.result.faults[-1].note = "restarted by the drill"
+            except Exception as exc:  # recorded; the run goes on and its checks will show the damage
+                self._extra_violations.append(f"etcd member {m.name} did not restart: {exc}")
+            finally:
+                self._etcd_down.discard(i)
+
+    async def _replace_node(self, slot: NodeSlot, rec: FaultRecord) -> None:
+        self._replacing.add(slot.index)
+        try:
+            for attempt in range(1, 4):  # etcd may be losing a member right now
+                try:
+                    new = await self._spawn_node(slot.index, slot.generation + attempt)
+                    break
+                except DrillSetupError:
+                    if attempt == 3:
+                        raise
+                    await asyncio.sleep(1.0)
+            self.nodes[self.nodes.index(slot)] = new
+            rec.note = f"replaced by node {new.node_id}"
+        finally:
+            self._replacing.discard(slot.index)
+
+    async def _kill_node(self, slot_index: int) -> None:
+        slot = self.nodes[slot_index % len(self.nodes)]
+        while slot.index in self._replacing:  # the supervisor is replacing it already
+            await asyncio.sleep(0.1)
+            slot = self.nodes[slot_index % len(self.nodes)]
+        slot.child.kill_now()
+        await slot.child.stop(1)
+        rec = FaultRecord(self.now(), f"node n{slot.index}: SIGKILL node {slot.node_id}")
+        self.result.faults.append(rec)
+        await self._replace_node(slot, rec)
+        self.say(f"{rec.what}, {rec.note}")
+
+    async def _etcd_fault(self, action: EtcdKill) -> None:
+        etcd = self.etcd
+        assert etcd is not None
+        leader = await asyncio.to_thread(etcd.leader_index)
+        index = action.member if action.member is not None else (leader if leader is not None else 0)
+        name = etcd.members[index].name
+        rec = FaultRecord(self.now(), f"etcd {name}{' (raft leader)' if index == leader else ''}: SIGKILL for "
+                                      f"{action.down_s:.2f}s")
+        self.result.faults.append(rec)
+        self.say(rec.what)
+        self._etcd_down.add(index)
+        try:
+            await asyncio.to_thread(etcd.kill_member, index)
+            await asyncio.sleep(action.down_s)
+            await asyncio.to_thread(etcd.restart_member, index, 60.0)
+            rec.note = "restarted"
+        except Exception as exc:  # a member that cannot come back is a drill failure, not a crash of the drill
+            rec.note = f"restart failed: {exc}"
+            self._extra_violations.append(f"etcd member {name} did not restart: {exc}")
+        finally:
+            self._etcd_down.discard(index)
+        self.note(f"etcd {name}: {rec.note}")
+
+    # ----- the SIGSTOP round ----------------------------------------------------------------------------------
+    def _released_collection(self, skip: set[int]) -> int | None:
+        for cid in self.coll_ids:
+            if cid not in skip and self.expected[cid].state == "released":
+                return cid
+        return None
+
+    async def _pause_round(self) -> None:
+        """SIGSTOP the leader mid-load, let another take over and work, then prove fencing (``stale``)."""
+        assert self.kv is not None
+        report = PauseReport()
+        self.result.pauses.append(report)
+        ttl = self.opts.ttl
+        # 1. The leader is working on a fresh load when it freezes.
+        cid = self._released_collection(set())
+        if cid is None:
+            cid = self.coll_ids[0]
+            await self._call_op(Op("release", self.coll_ids.index(cid)))
+        await self._call_op(Op("load", self.coll_ids.index(cid)))
+        try:
+            l1 = await self._wait_leader(timeout=60)
+        except TimeoutError:
+            self._extra_violations.append("pause: no leader for 60s; round skipped")
+            return
+        old = l1.child
+        report.old_leader = l1.label
+        t_stop = time.time()
+        old.signal(signal.SIGSTOP)
+        self.say(f"pause: SIGSTOP leader {l1.label} mid-load of collection {cid}")
+        try:
+            l2, ev = await self._wait_takeover(old, t_stop, timeout=max(60.0, 10 * ttl))
+        except TimeoutError:
+            old.signal(signal.SIGCONT)
+            report.conclusive = False
+            report.notes.append("no takeover while the leader was stopped")
+            self._extra_violations.append("pause: no coordinator took over from the stopped leader")
+            return
+        report.new_leader, report.takeover_s = l2.label, float(ev["t"]) - t_stop
+        self.say(f"pause: {l2.label} leads after {report.takeover_s:.2f}s; it changes state while the old one sleeps")
+        # 2. The new leader changes state (through a client that cannot reach the frozen one).
+        async with QueryCoordClient([l2.address], deadline=self.opts.client_deadline) as c2:
+            other = self._released_collection({cid})
+            if other is not None:
+                await self._call_op(Op("load", self.coll_ids.index(other)), client=c2)
+            else:
+                await self._call_op(Op("release", self.coll_ids.index(cid)), client=c2)
+        await asyncio.sleep(0.3)
+        before = await current_leader(self.kv, election_prefix("querycoord"))
+        # 3. Windows in which only the old leader runs.
+        others = [c for c in self.coords if c.child is not old and c.child.running]
+        for _ in range(self.opts.pause_windows):
+            for c in others:
+                c.child.signal(signal.SIGSTOP)
+            try:
+                a = await stable_revision(self.kv, settle=0.2)
+                old.signal(signal.SIGCONT)
+                await asyncio.sleep(self.opts.pause_window_s)
+                old.signal(signal.SIGSTOP)
+                b = await stable_revision(self.kv, settle=0.2)
+            finally:
+                for c in others:
+                    c.child.signal(signal.SIGCONT)
+            report.windows.append(Window(a, b))
+            await asyncio.sleep(max(0.8, ttl / 2))
+        old.signal(signal.SIGCONT)
+        after = await current_leader(self.kv, election_prefix("querycoord"))
+        if before is None or after is None or before.create_revision != after.create_revision:
+            report.conclusive = False
+            report.notes.append(f"the leader changed during the windows ({before} -> {after}): writes in them "
+                                f"cannot be attributed to the old leader alone")
+        for w in report.windows:
+            w.changes = await changes_between(self.kv, w.start, w.end)
+        await asyncio.sleep(1.0)
+        with contextlib.suppress(OSError):
+            report.refused_in_log = count_refusals(old.log_path.read_text(errors="replace"))
+        stale = [c for w in report.windows for c in w.stale]
+        doubt = "" if report.conclusive else f" (INCONCLUSIVE: {'; '.join(report.notes)})"
+        self.say(f"pause: {len(report.windows)} windows with only the old leader running: "
+                 f"{report.window_changes} changes in etcd, {len(stale)} stale writes, {report.refused_in_log} "
+                 f"refusals in its log{doubt}")
+        for c in stale[:10]:
+            self.say(f"pause: STALE WRITE at revision {c.revision}: {c.kind} {c.key}")
+
+    # ----- invariants -----------------------------------------------------------------------------------------
+    async def _quiesce(self) -> list[str]:
+        """Until no task runs, no task key exists and the leader sees exactly the live nodes online (bounded)."""
+        assert self.client is not None and self.kv is not None
+        deadline = time.monotonic() + self.opts.quiesce_timeout
+        good = 0
+        last = ""
+        while time.monotonic() < deadline:
+            try:
+                nodes = await self.client.query("ShowNodes", qc.ShowNodesRequest())
+                tasks = await self.client.query("ListTasks", qc.ListTasksRequest(limit=1000))
+            except (CoordinatorUnavailable, grpc.aio.AioRpcError) as exc:
+                last = f"no leader answered: {exc}"
+                good = 0
+                await asyncio.sleep(0.5)
+                continue
+            live = {n.node_id for n in self.nodes}
+            online = {n.node_id for n in nodes.nodes if n.state == "online"}
+            known = {n.node_id for n in nodes.nodes}
+            keys = {p: await self.kv.count_prefix(p) for p in TASK_PREFIXES}
+            quiet = (nodes.status.error_code == EC.SUCCESS and tasks.status.error_code == EC.SUCCESS
+                     and not tasks.trees and not any(keys.values()) and online == live and known == live)
+            last = (f"{len(tasks.trees)} task trees, task keys {keys}, online nodes {sorted(online)} (known "
+                    f"{sorted(known)}), live nodes {sorted(live)}")
+            good = good + 1 if quiet else 0
+            if good >= 3:
+                return []
+            await asyncio.sleep(0.5)
+        return [f"not quiescent after {self.opts.quiesce_timeout:.0f}s: {last}"]
+
+    async def _check(self) -> None:
+        assert self.kv is not None
+        self.say("workload done; waiting until the cluster is quiescent")
+        t = time.monotonic()
+        not_quiet = await self._quiesce()
+        self.say(f"quiescent after {time.monotonic() - t:.1f}s" if not not_quiet else not_quiet[0])
+        catalog = await self._catalog_view()
+        meta = await self._meta_view()
+        nodes = await self._node_views()
+        keys = {p: await self.kv.count_prefix(p) for p in TASK_PREFIXES}
+        unanswered = [f"#{r.seq} {r.method} {r.target}: {r.reason}" for r in self.result.calls
+                      if r.outcome == "unanswered"]
+        unclear = [f"#{r.seq} {r.method} {r.target}: {r.code} {r.reason[:200]}" for r in self.result.calls
+                   if r.outcome == "error" and r.code in UNCLEAR_CODES]
+        inconclusive = [f"pause round {i + 1} inconclusive: {'; '.join(p.notes)}"
+                        for i, p in enumerate(self.result.pauses) if not p.conclusive]
+        self.result.check = check(self.expected, catalog, meta, nodes, task_keys=keys, unanswered=unanswered,
+                                  unclear=unclear, extra_violations=self._extra_violations + not_quiet + inconclusive)
+
+    async def _catalog_view(self) -> dict[int, CatalogColl]:
+        assert self.kv is not None
+        store = CatalogStore(self.kv)
+        out: dict[int, CatalogColl] = {}
+        for cid in self.coll_ids:
+            desc = await store.describe_collection(cid)
+            parts: dict[int, frozenset[int]] = {}
+            for p in desc.partitions:
+                _, binlogs = await store.get_recovery_info(cid, p.partition_id)
+                parts[p.partition_id] = frozenset(b.segment_id for b in binlogs)
+            out[cid] = CatalogColl(parts, frozenset(desc.dm_channels))
+        return out
+
+    async def _meta_view(self) -> MetaView:
+        assert self.kv is not None
+        meta = QueryMeta(self.kv)  # a plain (unfenced) view, only read
+        await meta.reload()
+        view = MetaView()
+        for info in meta.collections():
+            kind = "collection" if info.load_type == data_pb2.LOAD_TYPE_COLLECTION else "partitions"
+            view.collections[info.collection_id] = MetaColl(kind, int(info.in_memory_percentage),
+                                                            frozenset(p.partition_id for p in info.partitions))
+        for cid in self.coll_ids:
+            for s in meta.segments_of(cid):
+                view.segments[s.segment_id] = (s.collection_id, s.partition_id, s.node_id)
+            for w in meta.dm_channels_of(cid):
+                view.channels[(cid, w.dm_channel)] = w.node_id
+        return view
+
+    async def _node_views(self) -> dict[int, NodeView]:
+        out: dict[int, NodeView] = {}
+        for n in self.nodes:
+            async with grpc.aio.insecure_channel(n.address) as ch:
+                try:
+                    d = await querynode_pb2_grpc.QueryNodeStub(ch).GetDataDistribution(
+                        querynode_pb2.GetDataDistributionRequest(), timeout=10)
+                except grpc.aio.AioRpcError as exc:
+                    self._extra_violations.append(f"node {n.node_id} did not report its distribution: {exc.code()}")
+                    continue
+            view = NodeView()
+            for s in d.segments:
+                view.segments[s.segment_id] = (s.collection_id, s.partition_id)
+            for c in d.channels:
+                (view.dm_channels if c.kind == querynode_pb2.CHANNEL_KIND_DM else view.other_channels).add(
+                    (c.collection_id, c.channel_name))
+            out[n.node_id] = view
+        return out
+
+
+def etcd_crash_reason(log_path: Path) -> str:
+    """The panic / fatal message at the end of an etcd member's log, with a hint when it is a known etcd bug."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(max(0, log_path.stat().st_size - 512_000))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return ""
+    for line in reversed(lines):
+        if '"level":"panic"' in line or '"level":"fatal"' in line:
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                return line[:200]
+            reason = f"{entry.get('level')}: {entry.get('msg')}: {entry.get('error', '')}".rstrip(": ")
+            if "unexpected error during txn" in reason and "context canceled" in reason:
+                reason += (" (etcd-io/etcd#14110, fixed in etcd 3.5.5: a read-only txn whose caller went away, "
+                           "e.g. CatalogStore._get_many's 'catalog get' txn of a coordinator killed or cancelled)")
+            return reason
+    return ""
+
+
+# ----- report ---------------------------------------------------------------------------------------------------
+def render(result: DrillResult) -> str:
+    """The table: kills, pauses, faults, calls, invariants (the JSON line is printed separately)."""
+    o = result.options
+    target = o.ttl + 1.0
+    lines = ["", f"leader kills (takeover target <= TTL + 1s = {target:g}s)",
+             f"  {'#':>3} {'at s':>7}  {'mode':<34} {'old leader':<24} {'new leader':<24} {'takeover':>9}  target"]
+    for k in result.kills:
+        took = f"{k.takeover_s:.2f}s" if k.takeover_s is not None else "-"
+        verdict = "PASS" if k.takeover_s is not None and k.takeover_s <= target else "FAIL"
+        lines.append(f"  {k.n:>3} {k.t:>7.1f}  {k.mode:<34} {k.old:<24} {k.new or '-':<24} {took:>9}  {verdict}"
+                     f"{'  ' + k.note if k.note else ''}")
+    ts = result.takeovers
+    if ts:
+        lines.append(f"  takeover p50 {statistics.median(ts):.2f}s, max {max(ts):.2f}s over {len(ts)} kills")
+    for i, p in enumerate(result.pauses, 1):
+        took = f"{p.takeover_s:.2f}s" if p.takeover_s is not None else "-"
+        lines += ["", f"pause round {i} (SIGSTOP past the TTL, then windows where only the old leader runs)",
+                  f"  old leader {p.old_leader}, new leader {p.new_leader or '-'}, takeover {took}",
+                  f"  windows (revision ranges): {[(w.start, w.end) for w in p.windows]}",
+                  f"  changes in them: {p.window_changes} (sessions/election only: "
+                  f"{p.window_changes - p.stale_writes}), stale writes: {p.stale_writes} -> "
+                  f"{'PASS' if not p.stale_writes else 'FAIL'}{'' if p.conclusive else ' (INCONCLUSIVE)'}",
+                  f"  old leader's log: {p.refused_in_log} lines of refused writes / lost leadership"]
+    if result.faults:
+        lines += ["", "faults"]
+        lines += [f"  {f.t:>7.1f}  {f.what}{'; ' + f.note if f.note else ''}" for f in result.faults]
+    by: dict[str, dict[str, int]] = {}
+    for r in result.calls:
+        key = "SUCCESS" if r.outcome == "success" else ("UNANSWERED" if r.outcome == "unanswered" else r.code)
+        by.setdefault(r.method, {}).setdefault(key, 0)
+        by[r.method][key] += 1
+    lines += ["", f"client calls: {len(result.calls)}"]
+    for method, counts in sorted(by.items()):
+        lines.append(f"  {method:<18} " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    reasons: dict[str, str] = {}
+    for r in result.calls:
+        if r.outcome != "success":
+            reasons.setdefault(f"{r.method} {r.code or 'UNANSWERED'}", f"#{r.seq} {r.target}: {r.reason[:150]}")
+    for k, v in sorted(reasons.items()):
+        lines.append(f"    e.g. {k}: {v}")
+    slow = sorted(result.calls, key=lambda r: -r.elapsed)[:3]
+    if slow:
+        lines.append("  slowest: " + "; ".join(f"#{r.seq} {r.method} {r.elapsed:.1f}s" for r in slow))
+    c = result.check
+    if c is not None:
+        lines += ["", "invariants"]
+        for name, (ok, summary) in c.checks.items():
+            lines.append(f"  [{'PASS' if ok else 'FAIL'}] {name}: {summary}")
+        for d in c.details[:40]:
+            lines.append(f"    {d}")
+        if len(c.details) > 40:
+            lines.append(f"    ... and {len(c.details) - 40} more")
+    return "\n".join(lines)
+
+
+async def run_failover(opts: DrillOptions, out: Any = None) -> int:
+    """Run the drill, print the table and the JSON line; 0 when every invariant held, 1 otherwise, 2 on setup."""
+    out = out or sys.stdout
+    drill = FailoverDrill(opts, out)
+    try:
+        result = await drill.run()
+    except DrillSetupError as exc:
+        print(f"error: the drill could not start or keep its processes running: {exc}\n(work dir kept: "
+              f"{drill.work})", file=sys.stderr)
+        return 2
+    print(render(result), file=out)
+    failed = result.failed
+    if failed:
+        print(f"\nFAILED; the same schedule: {opts.command()}", file=out)
+    if failed or opts.keep or opts.work_dir:
+        print(f"\nlogs and etcd data kept in {drill.work}", file=out)
+    else:
+        shutil.rmtree(drill.work, ignore_errors=True)
+    print(json.dumps(result.summary()), file=out, flush=True)
+    return 1 if failed else 0
