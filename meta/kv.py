@@ -217,8 +217,12 @@ class MetaKV:
         failure: Sequence[RequestOp] = (),
     ) -> object:
         """Send one txn after checking it against etcd's limits."""
-        request = TxnRequest(compare=list(compare), success=list(success), failure=list(failure))
-        n_ops = max(len(success), len(failure), len(compare))
+        return await self._send(
+            operation, TxnRequest(compare=list(compare), success=list(success), failure=list(failure))
+        )
+
+    async def _send(self, operation: str, request: TxnRequest) -> object:
+        n_ops = max(len(request.success), len(request.failure), len(request.compare))
         size = request.ByteSize()
         if n_ops > MAX_TXN_OPS or size > MAX_TXN_BYTES:
             raise RequestTooLarge(n_ops, size, MAX_TXN_OPS, MAX_TXN_BYTES)
@@ -226,29 +230,51 @@ class MetaKV:
             operation, lambda t: self.client.kv.Txn(request, metadata=self.client.metadata, timeout=t)
         )
 
-    async def _write(self, operation: str, ops: Sequence[RequestOp]) -> int:
-        """Unguarded write; returns the revision it committed at. Overridden by the fenced view."""
-        if not ops:
+    def _request(self) -> TxnRequest:
+        """An empty write txn; the fenced view adds its guard."""
+        return TxnRequest()
+
+    async def _commit(self, operation: str, request: TxnRequest) -> int:
+        """Send a write txn; returns the revision it committed at. Overridden by the fenced view."""
+        if not request.success:
             return 0
-        resp = await self._txn(operation, (), ops)
+        resp = await self._send(operation, request)
         return resp.header.revision  # type: ignore[attr-defined]
+
+    async def _write(self, operation: str, ops: Sequence[RequestOp]) -> int:
+        """Write prebuilt ops in one txn (fenced in the fenced view)."""
+        request = self._request()
+        request.success.extend(ops)
+        return await self._commit(operation, request)
+
+    def _fill(self, request: TxnRequest, saves: Saves, removals: Iterable[str]) -> TxnRequest:
+        """Add puts and deletes to ``request`` in place: building each op and copying it in cost a
+        tenth of a 128-op txn's client time (scripts/bench_meta.py)."""
+        items = saves.items() if isinstance(saves, Mapping) else saves
+        for key, value in items:
+            put = request.success.add().request_put
+            put.key = self.abs_key(key)
+            put.value = value.encode() if isinstance(value, str) else value
+        for key in removals:
+            request.success.add().request_delete_range.key = self.abs_key(key)
+        return request
 
     async def save(self, key: str, value: Value, *, lease: int = 0) -> int:
         return await self._write(f"save {key}", [self._put_op(key, value, lease)])
 
     async def multi_save(self, saves: Saves) -> int:
         """All keys in one txn, or ``RequestTooLarge`` and nothing written."""
-        return await self._write("multi_save", self._build_ops(saves, ()))
+        return await self._commit("multi_save", self._fill(self._request(), saves, ()))
 
     async def multi_save_and_remove(self, saves: Saves, removals: Iterable[str]) -> int:
         """Saves and removals in one txn (removals applied after the saves)."""
-        return await self._write("multi_save_and_remove", self._build_ops(saves, removals))
+        return await self._commit("multi_save_and_remove", self._fill(self._request(), saves, removals))
 
     async def remove(self, key: str) -> int:
         return await self._write(f"remove {key}", [self._delete_op(key)])
 
     async def multi_remove(self, keys: Iterable[str]) -> int:
-        return await self._write("multi_remove", self._build_ops((), keys))
+        return await self._commit("multi_remove", self._fill(self._request(), (), keys))
 
     async def remove_prefix(self, prefix: str) -> int:
         """Delete every key under ``prefix`` (one range delete, atomic)."""
@@ -338,8 +364,13 @@ class FencedKV(MetaKV):
                 current = r.response_range.kvs[0].create_revision
         return NotLeader(self.fence.leader_key, self.fence.revision, current)
 
-    async def _write(self, operation: str, ops: Sequence[RequestOp]) -> int:
-        resp = await self._txn(operation, [self._guard], ops, self._on_failure)
+    def _request(self) -> TxnRequest:
+        return TxnRequest(compare=[self._guard], failure=self._on_failure)
+
+    async def _commit(self, operation: str, request: TxnRequest) -> int:
+        if not request.success:
+            return 0
+        resp = await self._send(operation, request)
         if not resp.succeeded:  # type: ignore[attr-defined]
             self.refused += 1
             raise self._not_leader(resp)
