@@ -1,4 +1,4 @@
-"""The all-in-one cluster as processes: embedded etcd, one coordinator, N reference query nodes.
+"""The all-in-one cluster as processes: embedded etcd, coordinators (one leads), N reference query nodes.
 
 Used by ``querycoord up`` and by the demo, so both start and stop the cluster
 the same way. Every part is a real process (``python -m querycoord.cli coord``
@@ -12,12 +12,21 @@ No process is left behind, whatever happens to us:
   the signal is tied to the thread that forked, and ``asyncio`` forks on the
   event-loop thread, which lives as long as we run;
 * every child runs in its own session, so a terminal's Ctrl-C reaches only
-  us and we stop the children in order: the coordinator first (it resigns,
-  so it does not start moving the nodes' segments around as they leave),
-  then the nodes (they revoke their sessions), then etcd; each gets SIGTERM,
-  then SIGKILL after ``stop_timeout``.
+  us and we stop the children in order: the coordinators first (the
+  standbys, then the leader, so no standby takes over from a resigning
+  leader; the leader resigns, so it does not start moving the nodes'
+  segments around as they leave), then the nodes (they revoke their
+  sessions), then etcd; each gets SIGTERM, then SIGKILL after
+  ``stop_timeout``.
 
-Children log to files in the data dir (``coordinator.log``, ``node-<i>.log``)
+With several coordinators (``coordinators=2``, as the demo runs) one leads
+and the others stand by; which one leads is followed from their
+``leader``/``standby`` events. ``kill_leader`` SIGKILLs the leader and
+``wait_new_leader`` waits for a standby's ``leader`` event (emitted once it
+has reconciled with the nodes and resumed the persisted tasks).
+
+Children log to files in the data dir (``coordinator.log``,
+``coordinator-<i>.log`` for the second and later ones, ``node-<i>.log``)
 so the terminal shows only what the caller prints; a child that fails to
 start is reported with the tail of its log.
 """
@@ -196,6 +205,12 @@ class ChildProcess:
             await asyncio.wait_for(self._reader, 5.0)
 
 
+class CoordinatorProcess(ChildProcess):
+    """A coordinator child; ``address`` comes from its ready event."""
+
+    address: str = ""
+
+
 class NodeProcess(ChildProcess):
     """A query node child; ``node_id`` and ``address`` come from its ready event."""
 
@@ -204,7 +219,10 @@ class NodeProcess(ChildProcess):
 
 
 class AllInOne:
-    """etcd + a coordinator + ``nodes`` query nodes, each a process (see module docstring).
+    """etcd + ``coordinators`` coordinators + ``nodes`` query nodes, each a process (see module docstring).
+
+    The first coordinator listens on ``listen``; the others on any free port
+    of the same host.
 
     ``data_dir`` None: a temporary directory, removed by ``stop``; a given
     directory is kept (etcd data survives restarts). ``ttl`` is the session
@@ -217,6 +235,7 @@ class AllInOne:
         self,
         *,
         nodes: int = 3,
+        coordinators: int = 1,
         listen: str = DEFAULT_LISTEN,
         data_dir: str | Path | None = None,
         ttl: float = 10.0,
@@ -232,9 +251,12 @@ class AllInOne:
     ):
         if nodes < 0:
             raise ValueError(f"the number of query nodes must be >= 0, got {nodes}")
+        if coordinators < 1:
+            raise ValueError(f"the number of coordinators must be >= 1, got {coordinators}")
         if ttl < 2:
             raise ValueError(f"--ttl must be at least 2 seconds, got {ttl}")
         self.num_nodes = nodes
+        self.num_coordinators = coordinators
         self.listen = listen
         self._temp = data_dir is None
         self.data_dir = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix=temp_prefix))
@@ -251,8 +273,11 @@ class AllInOne:
         base["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), base.get("PYTHONPATH", "")) if p)
         self.env = base
         self.etcd: EtcdCluster | None = None
-        self.coordinator: ChildProcess | None = None
-        self.coordinator_address = ""
+        self.coordinators: list[CoordinatorProcess] = []
+        self._leader: CoordinatorProcess | None = None  # the last one whose role event said "leader"
+        self._seen: dict[int, int] = {}  # pid -> how many of its events were looked at for role changes
+        self.killed_leader: CoordinatorProcess | None = None
+        self.killed_at = 0.0
         self.nodes: list[NodeProcess] = []
         self._node_seq = 0
         self._stopped = False
@@ -267,9 +292,42 @@ class AllInOne:
     def etcd_endpoints(self) -> list[str]:
         return self.etcd.endpoints if self.etcd is not None else []
 
+    @property
+    def coordinator(self) -> CoordinatorProcess | None:
+        """The leading coordinator (the last one that said so, even if it died since), else the first one."""
+        self._track_roles()
+        return self._leader or (self.coordinators[0] if self.coordinators else None)
+
+    @property
+    def coordinator_address(self) -> str:
+        """The address of ``coordinator`` ("" before it is ready)."""
+        coord = self.coordinator
+        return coord.address if coord is not None else ""
+
+    @property
+    def coordinator_addresses(self) -> list[str]:
+        """Every coordinator's address, the leader's first."""
+        lead = self.coordinator_address
+        return [*([lead] if lead else []), *(c.address for c in self.coordinators if c.address and c.address != lead)]
+
     def client(self, **kwargs: Any) -> QueryCoordClient:
-        """A client of this cluster's coordinator (the caller closes it)."""
-        return QueryCoordClient([self.coordinator_address], **kwargs)
+        """A client of this cluster's coordinators, following the leader (the caller closes it)."""
+        return QueryCoordClient(self.coordinator_addresses, **kwargs)
+
+    def _track_roles(self) -> None:
+        """Fold the coordinators' new leader/standby events into ``_leader`` (in event time order)."""
+        new: list[tuple[float, CoordinatorProcess, str]] = []
+        for coord in self.coordinators:
+            seen = self._seen.get(coord.pid, 0)
+            for ev in coord.events[seen:]:
+                if ev.get("event") in ("leader", "standby"):
+                    new.append((float(ev.get("t", 0.0)), coord, ev["event"]))
+            self._seen[coord.pid] = len(coord.events)
+        for _, coord, kind in sorted(new, key=lambda x: x[0]):
+            if kind == "leader":
+                self._leader = coord
+            elif self._leader is coord:
+                self._leader = None
 
     def _cli_prefix(self) -> list[str]:
         return ["--log-level", self.log_level] if self.log_level else []
@@ -301,20 +359,40 @@ class AllInOne:
             await asyncio.to_thread(etcd.start)
         except Exception as exc:
             raise ClusterStartError(f"embedded etcd did not start: {exc}") from exc
-        endpoints = ",".join(etcd.endpoints)
-        args = [*self._cli_prefix(), "coord", "--etcd-endpoints", endpoints, "--root", self.root,
-                "--listen", self.listen, "--ttl", f"{self.ttl:g}", *self.coord_args]
-        coord = await ChildProcess.spawn("coordinator", args, self.data_dir / "coordinator.log", self.env)
-        self.coordinator = coord
+        await self.add_coordinators(self.num_coordinators)
         try:
-            ready = await coord.next_event("ready", timeout=self.start_timeout)
-            self.coordinator_address = ready["address"]
-            await coord.next_event("leader", timeout=self.start_timeout)
+            await self.wait_new_leader(after=0.0, timeout=self.start_timeout)
         except (EOFError, TimeoutError) as exc:
             what = str(exc) or f"no leader within {self.start_timeout:.0f}s"
-            raise ClusterStartError(f"the coordinator did not become leader: {what}; its log "
+            coord = self.coordinators[0]
+            raise ClusterStartError(f"no coordinator became leader: {what}; the log of the first one "
                                     f"{coord.log_path}:\n{log_tail(coord.log_path)}") from exc
         await self.add_nodes(self.num_nodes)
+
+    async def add_coordinators(self, n: int) -> list[CoordinatorProcess]:
+        """Start ``n`` more coordinators and wait until each is ready (listens); they campaign on their own."""
+        new = [await self._spawn_coordinator() for _ in range(n)]
+        for coord in new:
+            try:
+                ready = await coord.next_event("ready", timeout=self.start_timeout)
+            except (EOFError, TimeoutError) as exc:
+                raise ClusterStartError(f"{coord.name} did not start: {exc or 'timeout'}; its log "
+                                        f"{coord.log_path}:\n{log_tail(coord.log_path)}") from exc
+            coord.address = ready["address"]
+        return new
+
+    async def _spawn_coordinator(self) -> CoordinatorProcess:
+        i = len(self.coordinators) + 1
+        listen = self.listen
+        if i > 1:  # the first takes ``listen``; the others any free port of that host
+            listen = listen.rpartition(":")[0] + ":0"
+        args = [*self._cli_prefix(), "coord", "--etcd-endpoints", ",".join(self.etcd_endpoints), "--root", self.root,
+                "--listen", listen, "--ttl", f"{self.ttl:g}", *self.coord_args]
+        name = "coordinator" if self.num_coordinators == 1 and i == 1 else f"coordinator #{i}"
+        log = self.data_dir / ("coordinator.log" if i == 1 else f"coordinator-{i}.log")
+        coord = await CoordinatorProcess.spawn(name, args, log, self.env)
+        self.coordinators.append(coord)
+        return coord
 
     async def add_nodes(self, n: int) -> list[NodeProcess]:
         """Start ``n`` more query nodes and wait until the leader lists them online (so loads can use them)."""
@@ -363,8 +441,46 @@ class AllInOne:
     # ----- while running ----------------------------------------------------------------------------------------
     def exited(self) -> list[ChildProcess]:
         """Children that are no longer running (and were not stopped by us)."""
-        kids: list[ChildProcess] = [*([self.coordinator] if self.coordinator else []), *self.nodes]
+        kids: list[ChildProcess] = [*self.coordinators, *self.nodes]
         return [k for k in kids if not k.running]
+
+    async def kill_leader(self) -> float:
+        """SIGKILL the leading coordinator (a real crash; kept in ``killed_leader``); returns the time of the kill.
+
+        A standby takes over once the dead leader's lease lapses (within the TTL); see ``wait_new_leader``.
+        """
+        leader = self.coordinator
+        if leader is None or not leader.running:
+            raise RuntimeError("no running leading coordinator to kill")
+        self.killed_leader = leader
+        self.killed_at = at = time.time()
+        await leader.kill()
+        return at
+
+    async def wait_new_leader(self, after: float | None = None, timeout: float = 30.0) -> dict[str, Any]:
+        """The first "leader" event of a running coordinator later than ``after`` (default: the last kill).
+
+        The event carries ``address``, ``server_id`` and ``t`` (when it started serving: after reconciling with
+        the nodes and resuming the persisted tasks). TimeoutError if none within ``timeout``; EOFError if every
+        coordinator is gone.
+        """
+        if after is None:
+            after = self.killed_at
+        deadline = time.monotonic() + timeout
+        while True:
+            self._track_roles()
+            found = [(float(ev.get("t", 0.0)), ev, coord) for coord in self.coordinators if coord.running
+                     for ev in coord.events if ev.get("event") == "leader" and float(ev.get("t", 0.0)) > after]
+            if found:
+                _, ev, coord = max(found, key=lambda x: x[0])
+                if coord is self.coordinator:
+                    return ev
+            if not any(c.running for c in self.coordinators):
+                raise EOFError("every coordinator exited: " + ", ".join(
+                    f"{c.name} with code {c.proc.returncode}" for c in self.coordinators))
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no coordinator became leader within {timeout:.0f}s")
+            await asyncio.sleep(0.02)
 
     def etcd_running(self) -> bool:
         return self.etcd is not None and all(m.running for m in self.etcd.members)
@@ -375,12 +491,17 @@ class AllInOne:
 
     # ----- stop ---------------------------------------------------------------------------------------------------
     async def stop(self) -> None:
-        """Coordinator, then nodes, then etcd: SIGTERM, SIGKILL after ``stop_timeout``. Safe to call twice."""
+        """Coordinators (standbys, then the leader), then nodes, then etcd: SIGTERM, SIGKILL after ``stop_timeout``.
+
+        Safe to call twice.
+        """
         if self._stopped:
             return
         self._stopped = True
-        if self.coordinator is not None:
-            await self.coordinator.stop(self.stop_timeout)
+        leader = self.coordinator if self.coordinators else None
+        await asyncio.gather(*(c.stop(self.stop_timeout) for c in self.coordinators if c is not leader))
+        if leader is not None:
+            await leader.stop(self.stop_timeout)
         await asyncio.gather(*(n.stop(self.stop_timeout) for n in self.nodes))
         if self.etcd is not None:
             await asyncio.to_thread(self.etcd.stop)
@@ -394,5 +515,5 @@ class AllInOne:
         await self.stop()
 
 
-__all__ = ["DEFAULT_LISTEN", "DEFAULT_ROOT", "AllInOne", "ChildProcess", "ClusterStartError", "NodeProcess",
-           "log_tail", "pdeathsig_prefix"]
+__all__ = ["DEFAULT_LISTEN", "DEFAULT_ROOT", "AllInOne", "ChildProcess", "ClusterStartError", "CoordinatorProcess",
+           "NodeProcess", "log_tail", "pdeathsig_prefix"]

@@ -1,10 +1,10 @@
-"""``make demo``: the all-in-one query cluster, a load interrupted by a crashed node, and a summary.
+"""``make demo``: the all-in-one query cluster, loads interrupted by a crashed node and a crashed leader.
 
 What it shows, each part a real process on the embedded etcd:
 
-1. etcd, one coordinator and three query nodes start (``cluster_runner``,
-   as ``querycoord up`` does), with 2 s session TTLs so a crash is noticed
-   quickly;
+1. etcd, two coordinators (one leads, one stands by) and three query nodes
+   start (``cluster_runner``, as ``querycoord up`` does), with 2 s session
+   TTLs so a crash is noticed quickly;
 2. two collections with tens of partitions and thousands of sealed segments
    are created through the Catalog service (as ``querycoord collection
    create`` does);
@@ -13,8 +13,14 @@ What it shows, each part a real process on the embedded etcd:
    survivors (the tree is drawn: each new child names the one it replaces and
    excludes the dead node), the load still reaches 100 %, and a NodeDown
    balance then moves what the dead node had already loaded;
-4. the second is loaded, the first released, and a summary printed (load
-   state, segments per node, task counts, elapsed time). Exit 0, no process
+4. the second is loaded; mid-load the leading coordinator is SIGKILLed: the
+   standby takes over once the dead leader's lease lapses, reconciles with
+   the nodes, resumes the persisted load task, and the progress bar (its
+   client follows the leader) goes on to 100 %; the takeover time (the new
+   leader's "leader" event minus the kill) is printed; the killed
+   coordinator is replaced by a fresh standby;
+5. the first is released, and a summary printed (load state, segments per
+   node, task counts, the takeover time, elapsed time). Exit 0, no process
    left behind.
 
 The query nodes answer each call after a fixed latency (their fault
@@ -46,7 +52,7 @@ from meta.kv import MetaKV
 from proto import querycoord_pb2 as qc
 from querycoord import cli, draw
 from querycoord.client import CoordinatorUnavailable, QueryCoordClient
-from querycoord.cluster_runner import AllInOne, ClusterStartError, NodeProcess
+from querycoord.cluster_runner import AllInOne, ClusterStartError, CoordinatorProcess, NodeProcess
 from querycoord.logs import setup_logging
 
 TTL = 2.0
@@ -76,6 +82,7 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--request-bytes", type=int, default=4000, help=hidden)
     p.add_argument("--concurrency", type=int, default=6, help=hidden)
     p.add_argument("--kill-at", type=int, default=45, help=hidden)
+    p.add_argument("--kill-leader-at", type=int, default=40, help=hidden)
 
 
 def _count(n: int, one: str, many: str = "") -> str:
@@ -127,7 +134,7 @@ async def run_cluster(opts: argparse.Namespace, data_dir: str) -> int:
     env = dict(os.environ)
     env["QUERYCOORD_LOG_LEVEL"] = "WARNING"
     cluster = AllInOne(
-        nodes=opts.nodes, listen="127.0.0.1:0", data_dir=data_dir, ttl=TTL, root=f"demo-{os.getpid()}",
+        nodes=opts.nodes, coordinators=2, listen="127.0.0.1:0", data_dir=data_dir, ttl=TTL, root=f"demo-{os.getpid()}",
         node_capacity_mb=4096,
         coord_args=["--rpc-timeout", "5", "--auto-balance-interval", "0", "--retry-backoff", "0.2",
                     "--max-request-bytes", str(opts.request_bytes),
@@ -139,7 +146,9 @@ async def run_cluster(opts: argparse.Namespace, data_dir: str) -> int:
         coord = cluster.coordinator
         assert coord is not None
         tl.say(f"embedded etcd at {', '.join(cluster.etcd_endpoints)}")
-        tl.say(f"coordinator leads at {cluster.coordinator_address} (pid {coord.pid})")
+        tl.say(f"coordinator {coord.address} (pid {coord.pid}) leads; "
+               + ", ".join(f"{x.address} (pid {x.pid})" for x in cluster.coordinators if x is not coord)
+               + " stands by")
         tl.say("query nodes " + ", ".join(f"{n.node_id} (pid {n.pid})" for n in sorted(cluster.nodes, key=_id))
                + f" online; each answers after {opts.latency_ms:g} ms")
         async with cluster.client(deadline=30.0, call_timeout=60.0) as c:
@@ -194,15 +203,40 @@ async def run_cluster(opts: argparse.Namespace, data_dir: str) -> int:
                                f"node{'s' if len(dests) > 1 else ''} {', '.join(map(str, dests))} "
                                f"({_count(len(tr.children), 'child', 'children')})")
 
-            # ---- load B, release A ----
+            # ---- load B, kill the leading coordinator in the middle ----
             t = time.monotonic()
             task_b = await cli.load(c, b)
             tl.say(f"LoadCollection {b.name} -> task #{task_b}")
             bar = draw.ProgressBar(f"loading {b.name}", indent=" " * 10)
-            await cli.follow_load(c, b.collection_id, task_b, bar)
+            takeover: list[tuple[str, str, float]] = []  # (dead leader, new leader, seconds)
+            standby: list[asyncio.Task[list[CoordinatorProcess]]] = []
+
+            async def kill_leader_mid_load(pct: int) -> None:
+                if takeover or not opts.kill_leader_at <= pct < 100:
+                    return
+                old = cluster.coordinator
+                assert old is not None
+                killed_at = await cluster.kill_leader()
+                bar.message(f"{tl.stamp(killed_at)}SIGKILL coordinator {old.address} (pid {old.pid}) at {pct}%; "
+                            f"its lease lapses within {TTL:g}s")
+                ev = await cluster.wait_new_leader(timeout=30.0)
+                secs = ev["t"] - killed_at
+                takeover.append((old.address, ev["address"], secs))
+                bar.message(f"{tl.stamp(ev['t'])}coordinator {ev['address']} took over after {secs:.2f}s "
+                            f"(reconciled, resumed the load)")
+                standby.append(asyncio.create_task(cluster.add_coordinators(1)))  # a fresh standby
+
+            await cli.follow_load(c, b.collection_id, task_b, bar, on_progress=kill_leader_mid_load)
             bar.finish()
             tl.say(f"{b.name} loaded: 100% in {time.monotonic() - t:.1f}s")
+            if not takeover:
+                tl.say("(the load finished before the leader could be killed: no takeover)")
+            for new in standby:
+                fresh = (await new)[0]
+                tl.say(f"replaced the killed coordinator with a standby at {fresh.address} (pid {fresh.pid})")
             await wait_idle(c)
+
+            # ---- release A ----
             t = time.monotonic()
             task_r = await cli.release(c, a)
             tl.say(f"ReleaseCollection {a.name} (task #{task_r}) done in {time.monotonic() - t:.1f}s")
@@ -224,11 +258,16 @@ async def run_cluster(opts: argparse.Namespace, data_dir: str) -> int:
             children = sum(len(tr.children) for tr in trees)
             resched = sum(1 for tr in trees for ch in tr.children if ch.replaces_task_id)
             failed = sum(1 for tr in trees if tr.trigger.state == qc.TASK_STATE_FAILED)
-            print(f"  tasks: {_count(len(trees), 'trigger')} ("
+            known = " known to the new leader" if takeover else ""  # the old leader's finished ones died with it
+            print(f"  tasks{known}: {_count(len(trees), 'trigger')} ("
                   + ", ".join(f"{k} x{v}" for k, v in sorted(kinds.items())) + "),\n"
                   + f"         {_count(children, 'child', 'children')} ({resched} from rescheduling), {failed} failed")
             held = sum(n.segment_count for n in nodes if n.state == "online")
             print(f"  segments held by online nodes: {held:,} (= {b.name}'s {sizes[1][1]:,})")
+            if takeover:
+                old_addr, new_addr, secs = takeover[0]
+                print(f"  leader takeover: {secs:.2f}s ({old_addr} SIGKILLed, {new_addr} took over; "
+                      f"lease TTL {TTL:g}s)")
     print(f"  elapsed: {time.time() - tl.t0:.1f}s")
     return 0
 
@@ -245,8 +284,8 @@ async def wait_idle(c: QueryCoordClient, timeout: float = 60.0) -> None:
 
 def cluster_main(opts: argparse.Namespace) -> int:
     setup_logging("WARNING")
-    print(f"querycoord demo: an all-in-one query cluster (embedded etcd, a coordinator, {opts.nodes} query nodes; "
-          f"each a process)\n", flush=True)
+    print(f"querycoord demo: an all-in-one query cluster (embedded etcd, two coordinators, {opts.nodes} query "
+          f"nodes; each a process)\n", flush=True)
     with tempfile.TemporaryDirectory(prefix="querycoord-demo-") as tmp:
         try:
             code = asyncio.run(run_cluster(opts, tmp))

@@ -17,13 +17,13 @@ def _gone(fragment: str, timeout: float = 10.0) -> list[int]:
     return procs.pids_matching(fragment)
 
 
-def test_cluster_demo_reschedules_after_a_kill_and_leaves_no_process(subprocess_env) -> None:
+def test_cluster_demo_survives_a_node_and_a_leader_kill_and_leaves_no_process(subprocess_env) -> None:
     before = set(procs.etcd_pids_under("querycoord-demo-"))
     # Small collections, small requests and one child at a time per load: the load still takes a couple of
-    # seconds, so there is a "mid-load" to kill a node in.
+    # seconds, so there is a "mid-load" to kill a node in (demo_a) and the leading coordinator in (demo_b).
     proc = subprocess.Popen(
         [sys.executable, "-m", "querycoord.demo", "--partitions", "4", "--segments", "240",
-         "--request-bytes", "1500", "--concurrency", "2", "--latency-ms", "200"],
+         "--request-bytes", "1500", "--concurrency", "2", "--latency-ms", "200", "--kill-leader-at", "25"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=subprocess_env,
     )
     try:
@@ -38,13 +38,27 @@ def test_cluster_demo_reschedules_after_a_kill_and_leaves_no_process(subprocess_
     dead = m.group(2)
     assert re.search(rf"├── #\d+\s+LoadSegment .* replaces #\d+\s+excluded \[{dead}\]", out), out
     assert "demo_a loaded: 100%" in out and "demo_b loaded: 100%" in out, out
+    # The leader is SIGKILLed during the load of demo_b; the standby takes over and the load goes on to 100 %.
+    assert re.search(r"coordinator (\S+) \(pid \d+\) leads; (\S+) \(pid \d+\) stands by", out), out
+    b_part = out[out.index("LoadCollection demo_b"):out.index("demo_b loaded: 100%")]
+    kill = re.search(r"SIGKILL coordinator (\S+) \(pid \d+\) at (\d+)%", b_part)
+    assert kill and 0 < int(kill.group(2)) < 100, out
+    took = re.search(r"coordinator (\S+) took over after (\d+\.\d+)s \(reconciled, resumed the load\)", b_part)
+    assert took and took.group(1) != kill.group(1), out
+    assert 0 < float(took.group(2)) < 15, out  # the lease TTL is 2 s
+    assert b_part.index(kill.group(0)) < b_part.index(took.group(0)), out
+    assert re.search(r"loading demo_b \[█+\] 100%", out), out
+    assert re.search(r"replaced the killed coordinator with a standby at \S+ \(pid \d+\)", out), out
     assert re.search(r"ReleaseCollection demo_a \(task #\d+\) done", out), out
     summary = out[out.index("\nsummary"):]
     assert re.search(r"^\s+\d+\s+demo_a\s+4\s+240\s+-\s+not loaded", summary, re.M), summary
     assert re.search(r"^\s+\d+\s+demo_b\s+2\s+160\s+collection\s+100%\s+2$", summary, re.M), summary
-    assert re.search(r"tasks: \d+ triggers \(.*LoadCollection x2.*ReleaseCollection x1\),\s+\d+ children "
-                     r"\((\d+) from rescheduling\), 0 failed", summary), summary
+    # After the takeover the new leader lists the tasks it resumed (demo_b's load) or ran (the release).
+    assert re.search(r"tasks known to the new leader: \d+ triggers \(.*LoadCollection x\d.*ReleaseCollection x1\),"
+                     r"\s+\d+ children \((\d+) from rescheduling\), 0 failed", summary), summary
     assert "segments held by online nodes: 160" in summary, summary
+    m = re.search(r"leader takeover: (\d+\.\d+)s \((\S+) SIGKILLed, (\S+) took over", summary)
+    assert m and m.group(1) == took.group(2) and m.group(2) == kill.group(1) and m.group(3) == took.group(1), summary
     assert re.search(r"elapsed: [\d.]+s", summary) and out.rstrip().endswith("done: every process stopped")
     assert len(out.splitlines()) < 70, "the demo output stays readable"
     assert set(procs.etcd_pids_under("querycoord-demo-")) <= before, "etcd outlived the demo"
