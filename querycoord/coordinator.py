@@ -131,6 +131,14 @@ class Coordinator:
             except MetaError as exc:
                 logger.error("coordinator: etcd trouble while campaigning or leading: {}", exc)
                 await asyncio.sleep(1)
+            except Exception:
+                # Never let this loop die: a coordinator whose session lives on while it
+                # neither leads nor campaigns would hold the election key forever.
+                logger.exception("coordinator: unexpected error while campaigning or leading; starting over")
+                await self._drop_leadership()
+                if self.session is not None:
+                    await self.session.close(revoke=True)  # hand the election to a standby now
+                await asyncio.sleep(1)
             finally:
                 await self._drop_leadership()
             if self.session is not None:
