@@ -666,6 +666,7 @@ def build_parser() -> argparse.ArgumentParser:
     from querycoord.demo import add_demo_arguments
     from querycoord.drill import add_drill_parser
     from querycoord.nodes.querynode import add_querynode_parser
+    from querycoord.nodes.streamnode import add_streamnode_parser
 
     parser = argparse.ArgumentParser(prog="querycoord", description="etcd-backed query coordinator",
                                      parents=[_client_options(False)])
@@ -697,6 +698,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_coord)
 
     add_querynode_parser(sub)
+    add_streamnode_parser(sub)
     add_drill_parser(sub)
 
     p = sub.add_parser("up", help="run the all-in-one cluster (embedded etcd, a coordinator, query nodes)")

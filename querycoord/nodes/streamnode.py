@@ -1,0 +1,444 @@
+"""The reference stream node: heartbeats to the coordinator's StreamMgmt service under a meta session.
+
+Real deployments run streams in their own nodes; this one exists so the demo,
+drills, benchmarks and tests have stream nodes that speak proto/stream.proto,
+hold their tasks in memory (``streamnode_state``, no I/O there) and misbehave
+on demand.
+
+Life cycle: ``start()`` registers the session (role ``streamnode``, address
+``stream-node`` (it serves nothing: the coordinator never calls it, every
+action rides on heartbeat replies), extra ``{"vgroups": [...]}``), then the
+heartbeat loop runs every ``heartbeat_ms``: tasks advance in time, the next
+stream group is reported, the reply is applied. ``stop()`` revokes the
+session first so the coordinator sees the node go at once.
+
+Coordinators: the given addresses, or (none given) the addresses of the live
+``querycoord`` sessions, re-read when no coordinator answers. A NOT_LEADER
+status naming the leader moves the node there, like ``querycoord.client``;
+but a heartbeat is never retried past its tick: the next tick reports again.
+
+Control (stdin, one command per line; each answered by one JSON line on
+stdout ``{"event": "ack", "cmd": ..., "ok": ...}``), so drills and tests can
+move vgroup leadership and inject faults in a running process:
+
+    lead <vgroup>       take leadership of a vgroup
+    unlead <vgroup>     give it up
+    fail <task_id> [message...]   mark a task FAILED
+    mute / unmute       stop / resume heartbeating (the session stays)
+    crash               exit at once with status 137, no cleanup (lease left to expire)
+    tasks               answer with every held task (``"tasks": [...]``)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import re
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import grpc
+from loguru import logger
+
+from meta.client import connect
+from meta.config import EtcdConfig
+from meta.errors import MetaError
+from meta.kv import MetaKV
+from meta.session import DEFAULT_TTL, Session, list_sessions
+from proto import common_pb2, stream_pb2, stream_pb2_grpc
+from querycoord.nodes.streamnode_state import (
+    DEFAULT_GROUPS,
+    DEFAULT_INIT_DELAY_S,
+    DEFAULT_RUNNER_THREADS,
+    INJECTED_TASK_MESSAGE,
+    StreamNodeState,
+)
+from querycoord.stream.store import SNODES_PREFIX
+
+ROLE = "streamnode"
+COORDINATOR_ROLE = "querycoord"
+DEFAULT_HEARTBEAT_MS = 600.0
+CRASH_EXIT_CODE = 137
+_LEADER_AT = re.compile(r"the leader is at (\S+?)(?:[;,)]|$)")
+
+
+def _crash_process(node_id: int, why: str) -> None:
+    """Die like a SIGKILL-ed process: no cleanup, the session lease is left to expire."""
+    logger.warning("stream node {}: crash ({}): exiting {}", node_id, why, CRASH_EXIT_CODE)
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+        sys.stdout.flush()
+    os._exit(CRASH_EXIT_CODE)
+
+
+class HeartbeatClient:
+    """Sends one heartbeat to whichever coordinator leads (see module docstring).
+
+    ``discover`` returns coordinator addresses when none answered (None: keep
+    the fixed list).
+    """
+
+    def __init__(self, addresses: Sequence[str], *, timeout: float,
+                 discover: Callable[[], Any] | None = None):
+        self.addresses = list(addresses)
+        self.timeout = timeout
+        self.discover = discover
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._current = self.addresses[0] if self.addresses else ""
+        self.last_error = ""
+
+    def _stub(self, address: str) -> stream_pb2_grpc.StreamMgmtStub:
+        ch = self._channels.get(address)
+        if ch is None:
+            ch = self._channels[address] = grpc.aio.insecure_channel(address)
+        return stream_pb2_grpc.StreamMgmtStub(ch)
+
+    def _move(self, address: str, leader: str | None) -> None:
+        if leader and leader != address:
+            if leader not in self.addresses:
+                self.addresses.append(leader)
+            self._current = leader
+        elif self.addresses:
+            i = self.addresses.index(address) if address in self.addresses else -1
+            self._current = self.addresses[(i + 1) % len(self.addresses)]
+
+    async def heartbeat(self, request: stream_pb2.HeartbeatRequest) -> stream_pb2.HeartbeatReply | None:
+        """The leader's reply, or None when no coordinator answered as leader within about one try per address."""
+        if not self.addresses and self.discover is not None:
+            await self._rediscover()
+        attempts = 0
+        # One try per known address, plus one for a leader named on the way (the list may grow).
+        while attempts < len(self.addresses) + 1:
+            attempts += 1
+            address = self._current
+            if not address:
+                return None
+            try:
+                reply = await self._stub(address).StreamHeartbeat(request, timeout=self.timeout)
+            except grpc.aio.AioRpcError as exc:
+                self.last_error = f"{address}: {exc.code().name} {exc.details()}"
+                m = _LEADER_AT.search(exc.details() or "")
+                self._move(address, m.group(1) if m else None)
+                continue
+            if reply.status.error_code == common_pb2.NOT_LEADER:
+                self.last_error = f"{address}: {reply.status.reason}"
+                m = _LEADER_AT.search(reply.status.reason)
+                self._move(address, m.group(1) if m else None)
+                continue
+            return reply
+        if self.discover is not None:
+            await self._rediscover()
+        return None
+
+    async def _rediscover(self) -> None:
+        assert self.discover is not None
+        with contextlib.suppress(Exception):
+            found = list(await self.discover())
+            if found:
+                self.addresses = found
+                if self._current not in found:
+                    self._current = found[0]
+
+    async def close(self) -> None:
+        for ch in self._channels.values():
+            await ch.close()
+        self._channels.clear()
+
+
+class StreamNode:
+    """One reference stream node (see module docstring).
+
+    ``snode_id``: the snode it hosts (0: none); with ``discover_snode`` the
+    node instead takes the snode persisted for its node id under
+    ``stream/snodes/`` (created by CreateSnode), re-read every second.
+    """
+
+    def __init__(
+        self,
+        kv: MetaKV,
+        *,
+        coordinators: Sequence[str] = (),
+        vgroups: Sequence[int] = (),
+        snode_id: int = 0,
+        discover_snode: bool = False,
+        heartbeat_ms: float = DEFAULT_HEARTBEAT_MS,
+        groups: int = DEFAULT_GROUPS,
+        init_delay_s: float = DEFAULT_INIT_DELAY_S,
+        runner_threads: int = DEFAULT_RUNNER_THREADS,
+        ttl: float = DEFAULT_TTL,
+        crash: Callable[[int, str], None] = _crash_process,
+    ):
+        if heartbeat_ms <= 0:
+            raise ValueError(f"heartbeat interval must be positive, got {heartbeat_ms} ms")
+        self.kv = kv
+        self.state = StreamNodeState(vgroups=vgroups, snode_id=snode_id, groups=groups, init_delay_s=init_delay_s,
+                                     runner_threads=runner_threads)
+        self.discover_snode = discover_snode
+        self.interval = heartbeat_ms / 1000.0
+        self.ttl = ttl
+        self.muted = False
+        self._crash_fn = crash
+        self.client = HeartbeatClient(coordinators, timeout=max(1.0, 5 * self.interval),
+                                      discover=None if coordinators else self._coordinator_addresses)
+        self._session: Session | None = None
+        self._loop_task: asyncio.Task[None] | None = None
+        self._last_snode_poll = 0.0
+        self.replies = 0
+        self.failed_heartbeats = 0
+
+    @property
+    def session(self) -> Session:
+        if self._session is None:
+            raise RuntimeError("stream node not started")
+        return self._session
+
+    @property
+    def node_id(self) -> int:
+        return self.session.server_id
+
+    async def _coordinator_addresses(self) -> list[str]:
+        snap = await list_sessions(self.kv, COORDINATOR_ROLE)
+        return [snap.sessions[i].address for i in sorted(snap.sessions)]
+
+    # ----- life cycle ------------------------------------------------------
+    async def start(self) -> StreamNode:
+        """Register the session, then start heartbeating."""
+        session = Session(self.kv, ROLE, "stream-node", ttl=self.ttl,
+                          extra={"vgroups": sorted(self.state.vgroups)})
+        await session.start()
+        self._session = session
+        self.state.node_id = session.server_id
+        self._loop_task = asyncio.create_task(self._run(), name=f"streamnode-{self.node_id}-heartbeat")
+        logger.info("stream node {} heartbeating every {:.0f} ms (vgroups {}, snode {})", self.node_id,
+                    self.interval * 1000, sorted(self.state.vgroups), self.state.snode_id or "none")
+        return self
+
+    async def stop(self) -> None:
+        """Revoke the session (the node disappears at once), then stop heartbeating."""
+        if self._session is not None:
+            await self._session.close(revoke=True)
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._loop_task
+            self._loop_task = None
+        await self.client.close()
+
+    async def _run(self) -> None:
+        while not self.session.lost.is_set():
+            began = time.monotonic()
+            try:
+                await self.beat_once()
+            except Exception:  # a bug must not end heartbeating silently: log it and go on
+                logger.exception("stream node {}: heartbeat failed", self.node_id)
+            await asyncio.sleep(max(0.0, self.interval - (time.monotonic() - began)))
+
+    async def beat_once(self) -> None:
+        """One tick: tasks advance, the snode is refreshed, one stream group is reported, the reply applied."""
+        now = time.monotonic()
+        for key in self.state.tick(now):
+            logger.debug("stream node {}: task {} RUNNING", self.node_id, key)
+        if self.discover_snode and now - self._last_snode_poll >= 1.0:
+            self._last_snode_poll = now
+            await self._refresh_snode()
+        if self.muted:
+            return
+        request = self.state.build_heartbeat()
+        reply = await self.client.heartbeat(request)
+        if reply is None:
+            self.failed_heartbeats += 1
+            if self.failed_heartbeats % 50 == 1:
+                logger.warning("stream node {}: no coordinator answered ({})", self.node_id, self.client.last_error)
+            return
+        self.replies += 1
+        outcome = self.state.apply_reply(reply, time.monotonic())
+        if not outcome.accepted:
+            logger.info("stream node {}: reply ignored: {}", self.node_id, outcome.reason)
+        elif outcome.deployed or outcome.undeployed or outcome.started or outcome.runner_updates:
+            logger.info("stream node {}: deployed {}, started {}, undeployed {} (cleanup {}), runner updates {}",
+                        self.node_id, outcome.deployed, outcome.started, outcome.undeployed,
+                        outcome.cleaned_streams, outcome.runner_updates)
+
+    async def _refresh_snode(self) -> None:
+        with contextlib.suppress(MetaError):
+            snap = await self.kv.load_prefix(SNODES_PREFIX)
+            mine = 0
+            for item in snap.kvs:
+                info = stream_pb2.SnodeInfo.FromString(item.value)
+                if info.node_id == self.node_id:
+                    mine = info.id
+            if mine != self.state.snode_id:
+                logger.info("stream node {}: hosts snode {}", self.node_id, mine or "none")
+                self.state.snode_id = mine
+
+    # ----- control ---------------------------------------------------------
+    def control(self, line: str) -> dict[str, Any]:
+        """Run one control command (see module docstring); returns its JSON answer."""
+        words = line.split()
+        if not words:
+            return {"event": "ack", "cmd": "", "ok": False, "error": "empty command"}
+        cmd, args = words[0], words[1:]
+        answer: dict[str, Any] = {"event": "ack", "cmd": cmd, "ok": True}
+        try:
+            if cmd == "lead":
+                self.state.lead_vgroup(int(args[0]))
+            elif cmd == "unlead":
+                answer["readers_left"] = [list(k) for k in self.state.drop_vgroup(int(args[0]))]
+            elif cmd == "fail":
+                key = self.state.fail_task(int(args[0]), " ".join(args[1:]) or INJECTED_TASK_MESSAGE)
+                answer["task"] = list(key)
+            elif cmd == "mute":
+                self.muted = True
+            elif cmd == "unmute":
+                self.muted = False
+            elif cmd == "crash":
+                self._crash_fn(self.state.node_id, "crash command")
+            elif cmd == "tasks":
+                answer["tasks"] = self.state.snapshot()
+                answer["vgroups"] = sorted(self.state.vgroups)
+                answer["snode_id"] = self.state.snode_id
+                answer["leader_revision"] = self.state.max_leader_revision
+            else:
+                raise ValueError(f"unknown command {cmd!r} (lead, unlead, fail, mute, unmute, crash, tasks)")
+        except (ValueError, IndexError, KeyError) as exc:
+            answer.update(ok=False, error=str(exc).strip("'\""))
+        return answer
+
+
+# ----- the process ------------------------------------------------------------
+async def _read_control(node: StreamNode) -> None:
+    """Apply stdin commands until EOF (a node started with stdin at /dev/null simply has none)."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    try:
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    except (ValueError, OSError):
+        return  # stdin is not a pipe (a file or a terminal): no control channel
+    while True:
+        line = await reader.readline()
+        if not line:
+            return
+        print(json.dumps(node.control(line.decode(errors="replace"))), flush=True)
+
+
+async def run_forever(etcd: EtcdConfig, root: str, **node_options: Any) -> int:
+    """Run one node until SIGTERM/SIGINT (exit 0) or until its session is lost (exit 1).
+
+    Prints one JSON line ``{"event": "ready", "node_id", "pid", "vgroups",
+    "snode_id"}`` on stdout once the session is registered; drills and tests parse it.
+    """
+    # Signals first: a SIGTERM during start-up must still end in a clean stop (session revoked).
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        client = await connect(etcd)
+    except MetaError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    try:
+        node = StreamNode(MetaKV(client, root), **node_options)
+        try:
+            await node.start()
+        except MetaError as exc:
+            print(f"error: stream node could not start: {exc}", file=sys.stderr)
+            return 1
+        if stop.is_set():
+            await node.stop()
+            return 0
+        ready = {"event": "ready", "node_id": node.node_id, "pid": os.getpid(),
+                 "vgroups": sorted(node.state.vgroups), "snode_id": node.state.snode_id}
+        print(json.dumps(ready), flush=True)
+        waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(node.session.lost.wait()),
+                   asyncio.create_task(_read_control(node))]
+        while not (stop.is_set() or node.session.lost.is_set()):
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            waiters = [w for w in waiters if not w.done()]  # stdin EOF ends only the control reader
+        for w in waiters:
+            w.cancel()
+        code = 0
+        if not stop.is_set():
+            print(f"error: stream node {node.node_id} lost its session ({node.session.lost_reason}); exiting so it "
+                  f"can be restarted under a new id", file=sys.stderr)
+            code = 1
+        await node.stop()
+        return code
+    finally:
+        await client.close()
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _add_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--etcd-endpoints", required=True, help="comma-separated host:port list of etcd members")
+    p.add_argument("--root", required=True, help="meta root path in etcd shared with the coordinator")
+    p.add_argument("--coordinator", default="",
+                   help="comma-separated coordinator addresses (default: the live querycoord sessions)")
+    p.add_argument("--vgroups", default="", help="comma-separated vgroup ids this node leads at start")
+    p.add_argument("--snode", action="store_true",
+                   help="host the snode created for this node (read from stream/snodes/ every second)")
+    p.add_argument("--snode-id", type=int, default=0, help="host this snode id (fixed; overrides --snode)")
+    p.add_argument("--heartbeat-ms", type=float, default=DEFAULT_HEARTBEAT_MS, help="heartbeat tick (default 600)")
+    p.add_argument("--groups", type=int, default=DEFAULT_GROUPS, help="stream groups, one reported per tick")
+    p.add_argument("--init-delay-ms", type=float, default=DEFAULT_INIT_DELAY_S * 1000,
+                   help="how long a deployed reader or runner stays INIT before RUNNING")
+    p.add_argument("--runner-threads", type=int, default=DEFAULT_RUNNER_THREADS)
+    p.add_argument("--ttl", type=float, default=DEFAULT_TTL, help="session lease TTL in seconds (>= 2)")
+
+
+def cmd_streamnode(args: argparse.Namespace) -> int:
+    """Handler of ``querycoord streamnode`` (and of ``python -m querycoord.nodes.streamnode``)."""
+    try:
+        etcd = EtcdConfig.from_endpoints(args.etcd_endpoints)
+        if args.ttl < 2:
+            raise ValueError(f"--ttl must be at least 2 seconds, got {args.ttl}")
+        if args.groups < 1:
+            raise ValueError(f"--groups must be at least 1, got {args.groups}")
+        if args.heartbeat_ms <= 0 or args.init_delay_ms < 0:
+            raise ValueError("--heartbeat-ms must be positive and --init-delay-ms not negative")
+        options: dict[str, Any] = dict(
+            coordinators=[a.strip() for a in args.coordinator.split(",") if a.strip()],
+            vgroups=_int_list(args.vgroups), snode_id=args.snode_id, discover_snode=args.snode and not args.snode_id,
+            heartbeat_ms=args.heartbeat_ms, groups=args.groups, init_delay_s=args.init_delay_ms / 1000,
+            runner_threads=args.runner_threads, ttl=args.ttl,
+        )
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return asyncio.run(run_forever(etcd, args.root, **options))
+
+
+def add_streamnode_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``streamnode`` on the ``querycoord`` sub-command parsers (``args.func`` is the handler)."""
+    p = subparsers.add_parser("streamnode", help="run a reference stream node (heartbeats to StreamMgmt)")
+    _add_options(p)
+    p.set_defaults(func=cmd_streamnode)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m querycoord.nodes.streamnode``: the same options as ``querycoord streamnode``."""
+    from querycoord.logs import setup_logging
+
+    parser = argparse.ArgumentParser(prog="querycoord streamnode", description="reference stream node")
+    parser.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING (default INFO)")
+    _add_options(parser)
+    args = parser.parse_args(argv)
+    setup_logging(args.log_level)
+    return cmd_streamnode(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
