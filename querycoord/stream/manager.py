@@ -1,0 +1,625 @@
+"""The stream manager's runtime: the leader's in-memory view of streams and their tasks.
+
+Model: TDengine's mnode stream manager (``mndStreamMgmt.c``). Only stream and
+snode definitions are persisted (``StreamStore``); everything here lives in
+the leader's memory and is rebuilt on every leadership by a new
+``StreamManager``, so a deposed leader's maps can never leak into the next one.
+
+States:
+
+* WATCH (after winning leadership, when streams exist): replies carry no
+  actions so running tasks are undisturbed, and every reported task is
+  recorded against the persisted definitions. WATCH ends by a timer
+  (``watch_timeout``, checked on each heartbeat and by ``tick()``, so it ends
+  even if no node ever reports: seed bug 7) or earlier once every live node
+  has reported every stream group. Complete streams are then adopted as they
+  run (same task ids and SIDs, no redeploy); incomplete ones are stopped with
+  ``STOP_TASK_LOST`` and redeployed by the next ``tick()``. The completeness
+  check uses ``plan.expected_counts``, the same rules deployment uses (seed
+  bug 4). Any error while ending WATCH falls back to redeploying everything.
+* NORMAL: heartbeats hand out pending deploys, undeploy stale instances,
+  record statuses, start triggers and handle failures; ``tick()`` does the
+  periodic part (error-stop retries, task silence).
+
+Task ids come from the store's etcd id allocator, so they are never reused
+across leaders and need no "+100000" gap after WATCH.
+
+Durations are measured with the injected monotonic ``clock``; ShowStreams
+converts them to unix milliseconds only for display.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from enum import Enum
+
+from proto import common_pb2, stream_pb2
+from querycoord.stream.plan import (
+    CALC_READER,
+    RUNNER,
+    TRIGGER,
+    TRIGGER_READER,
+    PlannedTask,
+    expected_counts,
+    plan_stream,
+)
+from querycoord.stream.store import NoSnodeAvailable, StreamError, StreamStore
+
+log = logging.getLogger(__name__)
+
+READER_KINDS = frozenset({TRIGGER_READER, CALC_READER})
+ALIVE_STATUSES = frozenset({stream_pb2.TASK_INIT, stream_pb2.TASK_RUNNING})
+
+# Why a stream was stopped by an error (StreamStatusInfo.stop_error_code). Never 0 for a stop (seed bug 2).
+STOP_TASK_LOST = 1001
+STOP_TASK_FAILED = 1002
+STOP_NO_SNODE = 1003
+
+
+@dataclass(frozen=True, slots=True)
+class StreamConfig:
+    """Every duration of the manager, in seconds (TDengine's values by default; tests scale them down)."""
+
+    # WATCH after a leader change ends at the latest this long after start() (TDengine's short isolation).
+    watch_timeout: float = 10.0
+    # A deployed task not heard of for this long is lost; an snode not heard of for this long is not live.
+    task_silence: float = 30.0
+    # A trigger is started no sooner than this after the stream's last deploy (its tasks need time to come up).
+    min_start_delay: float = 3.0
+    # Error-stop back-off: retry after error_retry_delay, after max_retry_delay once more than
+    # fast_retries failures happened in a row; the count resets once the trigger ran reset_after.
+    error_retry_delay: float = 30.0
+    max_retry_delay: float = 600.0
+    fast_retries: int = 10
+    reset_after: float = 60.0
+
+
+class ManagerState(Enum):
+    WATCH = "watch"
+    NORMAL = "normal"
+
+
+@dataclass(slots=True)
+class TaskRuntime:
+    """One task as the leader knows it: the planned identity (current SID), where it runs and what it last said."""
+
+    task: PlannedTask
+    # 0 while the deploy is pending (not yet handed to a node).
+    node_id: int = 0
+    status: int = stream_pb2.TASK_STATUS_UNSPECIFIED
+    last_heard: float | None = None
+    deployed_at: float | None = None
+    running_since: float | None = None
+    error_code: int = 0
+    error_message: str = ""
+    # The SID whose trigger was already told to start (a start is sent once per instance).
+    started_sid: int = 0
+
+
+@dataclass(slots=True)
+class StreamRuntime:
+    """One stream in the leader's memory (TDengine's streamMap entry)."""
+
+    sdef: stream_pb2.StreamDef
+    tasks: dict[int, TaskRuntime] = field(default_factory=dict)
+    # Task ids whose deploy has not been handed out yet.
+    pending: set[int] = field(default_factory=set)
+    stop_code: int = 0
+    stop_reason: str = ""
+    deploy_times: int = 0
+    last_action: float = 0.0
+    retries: int = 0
+    next_retry: float | None = None
+
+    @property
+    def error_stopped(self) -> bool:
+        return self.stop_code != 0
+
+    def trigger(self) -> TaskRuntime | None:
+        return next((t for t in self.tasks.values() if t.task.kind == TRIGGER), None)
+
+
+@dataclass(slots=True)
+class Heard:
+    """Who leads a vgroup or hosts an snode, and when that was last reported."""
+
+    node_id: int
+    last_heard: float
+
+
+class StreamManager:
+    """The leader's stream runtime: heartbeat handling, WATCH adoption, failure handling (module docstring).
+
+    Not thread-safe; all calls come from the coordinator's event loop. The
+    caller feeds ``set_live_nodes`` (from meta sessions), calls ``tick()``
+    periodically, and notifies ``put_stream``/``remove_stream`` after each
+    committed store txn.
+    """
+
+    def __init__(
+        self,
+        store: StreamStore,
+        *,
+        leader_revision: int,
+        config: StreamConfig | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ):
+        self.store = store
+        self.leader_revision = leader_revision
+        self.config = config or StreamConfig()
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self.state = ManagerState.NORMAL
+        self.state_since = clock()
+        self.streams: dict[int, StreamRuntime] = {}
+        self.vgroups: dict[int, Heard] = {}
+        self.snodes: dict[int, Heard] = {}
+        self.replica_of: dict[int, int] = {}
+        self.live_nodes: set[int] | None = None
+        # Streams that need a plan (new, or error-stopped whose retry came, or WATCH fell back).
+        self._to_plan: set[int] = set()
+        # WATCH: reports per stream and which stream groups each node has reported.
+        self._watch_reports: dict[int, dict[int, stream_pb2.TaskStatusReport]] = {}
+        self._watch_groups: dict[int, tuple[set[int], int]] = {}
+        # Counters for tests, drills and benchmarks.
+        self.adopted = 0
+        self.redeploys = 0
+
+    # ----- lifecycle -------------------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Load the persisted streams and snodes; WATCH when any stream exists (running tasks may be out there)."""
+        await self._load_snodes()
+        for sdef in await self.store.list_streams():
+            self.streams[sdef.id] = StreamRuntime(sdef=sdef, last_action=self.clock())
+        self.state = ManagerState.WATCH if self.streams else ManagerState.NORMAL
+        self.state_since = self.clock()
+        if self.state is ManagerState.NORMAL:
+            self._to_plan.update(self.streams)
+        log.info("stream manager starts in %s with %d streams", self.state.value, len(self.streams))
+
+    async def _load_snodes(self) -> None:
+        self.replica_of = {s.id: s.replica_id for s in await self.store.list_snodes()}
+
+    def set_live_nodes(self, node_ids: Iterable[int]) -> None:
+        """The nodes with a live meta session: WATCH ends early once all of them reported every stream group."""
+        self.live_nodes = set(node_ids)
+
+    def put_stream(self, sdef: stream_pb2.StreamDef) -> None:
+        """A committed create, stop or start (called after the store's txn, never before: seed bug 6)."""
+        rt = self.streams.get(sdef.id)
+        if rt is None:
+            rt = self.streams[sdef.id] = StreamRuntime(sdef=sdef, last_action=self.clock())
+            if self.state is ManagerState.NORMAL:
+                self._to_plan.add(sdef.id)
+            return
+        was_stopped = rt.sdef.user_stopped
+        rt.sdef = sdef
+        if sdef.user_stopped:
+            # Tasks are undeployed (with checkpoint) as they report; nothing is pending any more.
+            self._clear_tasks(rt)
+            self._to_plan.discard(sdef.id)
+        elif was_stopped and self.state is ManagerState.NORMAL:
+            rt.stop_code, rt.stop_reason, rt.retries, rt.next_retry = 0, "", 0, None
+            self._to_plan.add(sdef.id)
+
+    def remove_stream(self, stream_id: int) -> None:
+        """A committed drop: forget the stream; its tasks are undeployed with cleanup when they report."""
+        self.streams.pop(stream_id, None)
+        self._to_plan.discard(stream_id)
+        self._watch_reports.pop(stream_id, None)
+
+    async def refresh(self) -> None:
+        """The stream loop: re-read the store and reconcile (catches any notification that was missed)."""
+        await self._load_snodes()
+        persisted = {s.id: s for s in await self.store.list_streams()}
+        for stream_id in [s for s in self.streams if s not in persisted]:
+            self.remove_stream(stream_id)
+        for sdef in persisted.values():
+            rt = self.streams.get(sdef.id)
+            if rt is None or rt.sdef.user_stopped != sdef.user_stopped or rt.sdef != sdef:
+                self.put_stream(sdef)
+
+    # ----- WATCH -----------------------------------------------------------------------------------------------------
+    def _watch_record(self, req: stream_pb2.HeartbeatRequest) -> None:
+        groups, _ = self._watch_groups.get(req.node_id, (set(), 0))
+        groups.add(req.stream_group)
+        self._watch_groups[req.node_id] = (groups, max(req.num_stream_groups, 1))
+        for rep in req.tasks:
+            if rep.stream_id in self.streams:
+                self._watch_reports.setdefault(rep.stream_id, {})[rep.task_id] = rep
+
+    def _watch_done(self) -> bool:
+        if self.clock() - self.state_since >= self.config.watch_timeout:
+            return True
+        if not self.live_nodes:
+            return False
+        for node in self.live_nodes:
+            groups, total = self._watch_groups.get(node, (set(), 1))
+            if len(groups) < total:
+                return False
+        return True
+
+    def _end_watch(self) -> None:
+        """Adopt complete streams, stop incomplete ones; on any error, redeploy everything (safe fallback)."""
+        now = self.clock()
+        try:
+            for stream_id, rt in self.streams.items():
+                if rt.sdef.user_stopped:
+                    continue
+                reports = self._watch_reports.get(stream_id, {})
+                if self._complete(rt.sdef, reports):
+                    self._adopt(rt, reports, now)
+                else:
+                    have = len(reports)
+                    reason = f"after a leader change {have} of {expected_counts(rt.sdef).total} tasks reported"
+                    self._stop_by_error(rt, STOP_TASK_LOST, reason, now)
+                    # Redeployed by the next tick, not after the back-off: a leader change is not a repeated
+                    # failure, and the new deploy's fresh task ids make any leftover instance stale.
+                    rt.next_retry = now
+        except Exception:
+            log.exception("ending WATCH failed: every stream is redeployed")
+            for rt in self.streams.values():
+                rt.tasks.clear()
+                rt.pending.clear()
+                rt.stop_code, rt.stop_reason, rt.next_retry = 0, "", None
+            self._to_plan = {s for s, rt in self.streams.items() if not rt.sdef.user_stopped}
+        self._watch_reports.clear()
+        self._watch_groups.clear()
+        self.state = ManagerState.NORMAL
+        self.state_since = now
+        log.info("WATCH ended: %d streams adopted", self.adopted)
+
+    @staticmethod
+    def _complete(sdef: stream_pb2.StreamDef, reports: dict[int, stream_pb2.TaskStatusReport]) -> bool:
+        """Whether the reported tasks form the stream's full task set (plan.expected_counts, one per slot)."""
+        exp = expected_counts(sdef)
+        live = [r for r in reports.values() if r.status in ALIVE_STATUSES]
+        if len(live) != len(reports):
+            return False
+        by_kind: dict[int, set[tuple[int, int]]] = {}
+        for r in live:
+            slot = (r.deploy_id, r.task_idx)
+            by_kind.setdefault(r.kind, set()).add(slot)
+        counts = {k: len(v) for k, v in by_kind.items()}
+        runner_deploys = {r.deploy_id for r in live if r.kind == RUNNER}
+        return (
+            counts.get(TRIGGER, 0) == 1
+            and counts.get(TRIGGER_READER, 0) == exp.trigger_readers
+            and counts.get(CALC_READER, 0) == exp.calc_readers
+            and counts.get(RUNNER, 0) == exp.runners
+            and len(runner_deploys) == exp.runner_deploys
+            and len(live) == exp.total
+        )
+
+    def _adopt(self, rt: StreamRuntime, reports: dict[int, stream_pb2.TaskStatusReport], now: float) -> None:
+        runners_per_deploy = rt.sdef.num_calc_subplans
+        rt.tasks = {
+            r.task_id: TaskRuntime(
+                task=PlannedTask(
+                    kind=r.kind,
+                    task_id=r.task_id,
+                    sid=r.sid,
+                    deploy_id=r.deploy_id,
+                    task_idx=r.task_idx,
+                    vgroup_id=r.vgroup_id,
+                    snode_id=r.snode_id,
+                    top=r.kind == RUNNER and r.task_idx == runners_per_deploy - 1,
+                ),
+                node_id=r.node_id,
+                status=r.status,
+                last_heard=now,
+                deployed_at=now,
+                running_since=now if r.status == stream_pb2.TASK_RUNNING else None,
+            )
+            for r in reports.values()
+        }
+        rt.pending.clear()
+        # A trigger already RUNNING needs no start; one still INIT gets the start rule as usual.
+        for t in rt.tasks.values():
+            if t.task.kind == TRIGGER and t.status == stream_pb2.TASK_RUNNING:
+                t.started_sid = t.task.sid
+        self.adopted += 1
+
+    # ----- heartbeat -------------------------------------------------------------------------------------------------
+    async def handle_heartbeat(self, req: stream_pb2.HeartbeatRequest) -> stream_pb2.HeartbeatReply:
+        """One node's heartbeat for one stream group: the reply carries this leader's revision and its actions."""
+        now = self.clock()
+        reply = stream_pb2.HeartbeatReply(leader_revision=self.leader_revision)
+        for vg in req.vgroup_ids:
+            self.vgroups[vg] = Heard(req.node_id, now)
+        if req.snode_id:
+            self.snodes[req.snode_id] = Heard(req.node_id, now)
+        if self.state is ManagerState.WATCH and self._watch_done():
+            self._end_watch()
+        if self.state is ManagerState.WATCH:
+            self._watch_record(req)
+            if self._watch_done():
+                self._end_watch()
+            reply.watching = True
+            return reply
+        undeploys: dict[int, stream_pb2.StreamUndeploy] = {}
+        for rep in req.tasks:
+            self._on_report(req.node_id, rep, now, reply, undeploys)
+        reply.undeploys.extend(undeploys.values())
+        await self._plan_pending(now)
+        self._hand_out(req, now, reply, set(undeploys))
+        return reply
+
+    def _undeploy(
+        self,
+        undeploys: dict[int, stream_pb2.StreamUndeploy],
+        rep: stream_pb2.TaskStatusReport,
+        *,
+        checkpoint: bool = False,
+        cleanup: bool = False,
+    ) -> None:
+        u = undeploys.setdefault(rep.stream_id, stream_pb2.StreamUndeploy(stream_id=rep.stream_id))
+        u.checkpoint = u.checkpoint or checkpoint
+        u.cleanup = u.cleanup or cleanup
+        u.tasks.append(
+            stream_pb2.TaskId(
+                stream_id=rep.stream_id,
+                task_id=rep.task_id,
+                sid=rep.sid,
+                kind=rep.kind,
+                node_id=rep.node_id,
+                vgroup_id=rep.vgroup_id,
+                snode_id=rep.snode_id,
+                deploy_id=rep.deploy_id,
+                task_idx=rep.task_idx,
+            )
+        )
+
+    def _on_report(
+        self,
+        node_id: int,
+        rep: stream_pb2.TaskStatusReport,
+        now: float,
+        reply: stream_pb2.HeartbeatReply,
+        undeploys: dict[int, stream_pb2.StreamUndeploy],
+    ) -> None:
+        """TDengine's status update: stale instances are undeployed, the rest recorded and acted on."""
+        if rep.status == stream_pb2.TASK_STATUS_UNSPECIFIED:
+            return  # a report without a status says nothing (proto comment): never taken as INIT
+        rt = self.streams.get(rep.stream_id)
+        if rt is None:
+            self._undeploy(undeploys, rep, cleanup=True)  # dropped (or never known): its state goes too
+            return
+        if rt.sdef.user_stopped or rt.error_stopped:
+            if rep.status != stream_pb2.TASK_STOPPED:
+                self._undeploy(undeploys, rep, checkpoint=True)
+            return
+        t = rt.tasks.get(rep.task_id)
+        if t is None or t.task.sid != rep.sid or t.node_id != node_id or rep.task_id in rt.pending:
+            if rep.status != stream_pb2.TASK_STOPPED:
+                self._undeploy(undeploys, rep)
+            return
+        t.last_heard = now
+        t.status = rep.status
+        t.error_code, t.error_message = rep.error_code, rep.error_message
+        if rep.status == stream_pb2.TASK_RUNNING:
+            if t.running_since is None:
+                t.running_since = now
+        else:
+            t.running_since = None
+        if rep.status == stream_pb2.TASK_FAILED:
+            code = rep.error_code or STOP_TASK_FAILED  # never stop with code 0 (seed bug 2)
+            if t.task.kind in READER_KINDS:
+                self._undeploy(undeploys, rep)
+                self._redeploy_task(rt, t, now)
+            else:
+                reason = f"{stream_pb2.TaskKind.Name(t.task.kind)} task {t.task.task_id} failed: {rep.error_message}"
+                self._stop_by_error(rt, code, reason, now)
+                undeploys[rep.stream_id] = stream_pb2.StreamUndeploy(
+                    stream_id=rep.stream_id, undeploy_all=True, checkpoint=True
+                )
+            return
+        if t.task.kind == TRIGGER and rep.status == stream_pb2.TASK_INIT:
+            self._maybe_start(rt, t, now, reply)
+
+    def _maybe_start(self, rt: StreamRuntime, trig: TaskRuntime, now: float, reply: stream_pb2.HeartbeatReply) -> None:
+        """Start rule: every task INIT or RUNNING, and min_start_delay passed since the last deploy; once per SID."""
+        if trig.started_sid == trig.task.sid or rt.pending:
+            return
+        if now - rt.last_action < self.config.min_start_delay:
+            return
+        if any(t.status not in ALIVE_STATUSES for t in rt.tasks.values()):
+            return
+        trig.started_sid = trig.task.sid
+        reply.starts.append(
+            stream_pb2.StreamStart(stream_id=rt.sdef.id, trigger=trig.task.to_proto(rt.sdef.id, trig.node_id))
+        )
+
+    def _redeploy_task(self, rt: StreamRuntime, t: TaskRuntime, now: float) -> None:
+        """Redeploy one reader alone: same task id, SID + 1, handed out by a later heartbeat."""
+        t.task = dataclasses.replace(t.task, sid=t.task.sid + 1)
+        t.node_id, t.status, t.last_heard, t.running_since = 0, stream_pb2.TASK_STATUS_UNSPECIFIED, None, None
+        rt.pending.add(t.task.task_id)
+        rt.last_action = now
+        self.redeploys += 1
+
+    def _stop_by_error(self, rt: StreamRuntime, code: int, reason: str, now: float) -> None:
+        """Stop a stream by an error, with back-off; its tasks are undeployed as they report."""
+        trig = rt.trigger()
+        if trig is not None and trig.running_since is not None and now - trig.running_since >= self.config.reset_after:
+            rt.retries = 0
+        rt.retries += 1
+        delay = self.config.error_retry_delay if rt.retries <= self.config.fast_retries else self.config.max_retry_delay
+        rt.stop_code, rt.stop_reason, rt.next_retry = code, reason, now + delay
+        self._clear_tasks(rt)
+        self._to_plan.discard(rt.sdef.id)
+        log.info("stream %s stopped by error %d (%s); retry in %.1fs", rt.sdef.name, code, reason, delay)
+
+    def _clear_tasks(self, rt: StreamRuntime) -> None:
+        rt.tasks.clear()
+        rt.pending.clear()
+
+    async def _plan_pending(self, now: float) -> None:
+        """Plan every stream waiting for a deploy (fresh task ids, SID 1); streams without a live snode wait."""
+        if not self._to_plan:
+            return
+        live_snodes = {s for s, h in self.snodes.items() if now - h.last_heard < self.config.task_silence}
+        for stream_id in sorted(self._to_plan):
+            rt = self.streams.get(stream_id)
+            if rt is None or rt.sdef.user_stopped or rt.error_stopped:
+                self._to_plan.discard(stream_id)
+                continue
+            try:
+                total = expected_counts(rt.sdef).total
+                ids = list(await self.store.task_ids.allocate(total))
+                plan = plan_stream(rt.sdef, None, live_snodes, self.replica_of, lambda n, ids=ids: ids[:n], self.rng)
+            except NoSnodeAvailable:
+                continue  # retried on the next heartbeat, once an snode reports
+            except StreamError as exc:
+                self._stop_by_error(rt, STOP_NO_SNODE, exc.reason, now)
+                continue
+            rt.tasks = {p.task_id: TaskRuntime(task=p) for p in plan.tasks()}
+            rt.pending = set(rt.tasks)
+            rt.deploy_times += 1
+            rt.last_action = now
+            self._to_plan.discard(stream_id)
+
+    def _hand_out(
+        self, req: stream_pb2.HeartbeatRequest, now: float, reply: stream_pb2.HeartbeatReply, skip: set[int]
+    ) -> None:
+        """Give this node the pending tasks of the vgroups it leads and of its snode, once each."""
+        vgroups = set(req.vgroup_ids)
+        for stream_id, rt in self.streams.items():
+            if not rt.pending or stream_id in skip:
+                continue
+            deploy = stream_pb2.StreamDeploy(stream_id=stream_id, stream_name=rt.sdef.name)
+            given: list[TaskRuntime] = []
+            for task_id in sorted(rt.pending):
+                t = rt.tasks[task_id]
+                p = t.task
+                mine = (
+                    p.vgroup_id in vgroups
+                    if p.kind in READER_KINDS
+                    else bool(req.snode_id) and p.snode_id == req.snode_id
+                )
+                if not mine:
+                    continue
+                t.node_id, t.deployed_at = req.node_id, now
+                given.append(t)
+                msg = p.to_proto(stream_id, req.node_id)
+                if p.kind in READER_KINDS:
+                    deploy.readers.append(stream_pb2.ReaderDeploy(task=msg, trigger_reader=p.kind == TRIGGER_READER))
+                elif p.kind == RUNNER:
+                    deploy.runners.append(stream_pb2.RunnerDeploy(task=msg))
+                else:
+                    readers = [
+                        r.task.to_proto(stream_id, r.node_id)
+                        for r in rt.tasks.values()
+                        if r.task.kind == TRIGGER_READER
+                    ]
+                    tops = [
+                        r.task.to_proto(stream_id, r.node_id)
+                        for r in sorted(rt.tasks.values(), key=lambda r: r.task.deploy_id)
+                        if r.task.kind == RUNNER and r.task.top
+                    ]
+                    deploy.trigger.CopyFrom(stream_pb2.TriggerDeploy(task=msg, readers=readers, top_runners=tops))
+            if given:
+                for t in given:
+                    rt.pending.discard(t.task.task_id)
+                rt.last_action = now
+                reply.deploys.append(deploy)
+
+    # ----- periodic --------------------------------------------------------------------------------------------------
+    def tick(self) -> None:
+        """The periodic part: the WATCH timer, error-stop retries, task silence."""
+        now = self.clock()
+        if self.state is ManagerState.WATCH:
+            if self._watch_done():
+                self._end_watch()
+            return
+        silence = self.config.task_silence
+        for rt in self.streams.values():
+            if rt.sdef.user_stopped:
+                continue
+            if rt.error_stopped:
+                if rt.next_retry is not None and now >= rt.next_retry:
+                    rt.stop_code, rt.stop_reason, rt.next_retry = 0, "", None
+                    self._to_plan.add(rt.sdef.id)
+                    self.redeploys += 1
+                continue
+            for t in list(rt.tasks.values()):
+                if t.task.task_id in rt.pending:
+                    continue
+                heard = t.last_heard if t.last_heard is not None else t.deployed_at
+                if heard is None or now - heard < silence:
+                    continue
+                if t.task.kind in READER_KINDS:
+                    self._redeploy_task(rt, t, now)
+                else:
+                    kind = stream_pb2.TaskKind.Name(t.task.kind)
+                    reason = f"{kind} task {t.task.task_id} on node {t.node_id} silent for {now - heard:.1f}s"
+                    self._stop_by_error(rt, STOP_TASK_LOST, reason, now)
+                    break
+
+    # ----- ShowStreams -----------------------------------------------------------------------------------------------
+    def _state_of(self, rt: StreamRuntime) -> int:
+        if rt.sdef.user_stopped:
+            return stream_pb2.STREAM_STOPPED_BY_USER
+        if rt.error_stopped:
+            return stream_pb2.STREAM_STOPPED_BY_ERROR
+        if not rt.tasks:
+            return stream_pb2.STREAM_UNDEPLOYED
+        if not rt.pending and all(t.status == stream_pb2.TASK_RUNNING for t in rt.tasks.values()):
+            return stream_pb2.STREAM_RUNNING
+        return stream_pb2.STREAM_DEPLOYING
+
+    def show_streams(self, req: stream_pb2.ShowStreamsRequest | None = None) -> stream_pb2.ShowStreamsResponse:
+        """Every stream (or those named) with its state and, on request, its task table."""
+        req = req or stream_pb2.ShowStreamsRequest(with_tasks=True)
+        now, wall = self.clock(), time.time()
+
+        def unix_ms(t: float | None) -> int:
+            return 0 if t is None else int((wall - (now - t)) * 1000)
+
+        wanted_ids = {r.stream_id for r in req.streams if r.stream_id}
+        wanted_names = {r.name for r in req.streams if not r.stream_id}
+        resp = stream_pb2.ShowStreamsResponse(watching=self.state is ManagerState.WATCH)
+        for stream_id in sorted(self.streams):
+            rt = self.streams[stream_id]
+            if req.streams and stream_id not in wanted_ids and rt.sdef.name not in wanted_names:
+                continue
+            info = stream_pb2.StreamStatusInfo(
+                stream=rt.sdef,
+                state=self._state_of(rt),  # type: ignore[arg-type]
+                stop_error_code=rt.stop_code,
+                stop_reason=rt.stop_reason,
+                next_retry_ms=unix_ms(rt.next_retry),
+                deploy_times=rt.deploy_times,
+            )
+            if req.with_tasks:
+                for t in sorted(rt.tasks.values(), key=lambda t: t.task.task_id):
+                    info.tasks.append(
+                        stream_pb2.TaskRow(
+                            task=t.task.to_proto(stream_id, t.node_id),
+                            status=t.status,  # type: ignore[arg-type]
+                            last_heard_ms=unix_ms(t.last_heard),
+                            error_code=t.error_code,
+                            error_message=t.error_message,
+                        )
+                    )
+            resp.streams.append(info)
+        resp.status.CopyFrom(common_pb2.Status(error_code=common_pb2.SUCCESS))
+        return resp
+
+
+__all__ = [
+    "STOP_NO_SNODE",
+    "STOP_TASK_FAILED",
+    "STOP_TASK_LOST",
+    "ManagerState",
+    "StreamConfig",
+    "StreamManager",
+    "StreamRuntime",
+    "TaskRuntime",
+]
