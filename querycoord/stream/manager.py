@@ -19,7 +19,26 @@ States:
   bug 4). Any error while ending WATCH falls back to redeploying everything.
 * NORMAL: heartbeats hand out pending deploys, undeploy stale instances,
   record statuses, start triggers and handle failures; ``tick()`` does the
-  periodic part (error-stop retries, task silence).
+  periodic part (the slotted health check, error-stop retries, task silence).
+
+Health check (``tick()``, every ``health_interval``, NORMAL and some stream
+exists): ``slot = (slot + 1) % health_slots`` and the snodes and vgroups whose
+id is ``slot`` modulo ``health_slots`` are checked, so each one every
+``health_slots`` checks. An snode silent for ``isolation`` is lost: a stream
+whose trigger is there is stopped with ``STOP_SNODE_LOST``; a stream with only
+runners there gets them redeployed (whole runner deploys, same task ids,
+SID + 1, new snodes from ``plan.place_runner_deploys``) and its trigger a
+``RunnerUpdate`` with the new top runners in a reply after the runners were
+handed out (a plain flag, cleared only when the update is sent: seed bug 1).
+A vgroup silent for ``isolation`` is lost; once lost for ``vgroup_lost_stop``
+every stream with a task on it is stopped with ``STOP_VGROUP_LOST``. A vgroup
+reported by another node than before (leadership moved) gets its readers
+redeployed on the new leader (same ids, SID + 1); the old instances are then
+undeployed as stale when their node reports them. ``node_lost()`` (a node's
+meta session was deleted) runs the lost handling for that node's snode and
+vgroups at once, at most once per ``isolation`` per node. Task silence leaves
+alone the tasks whose snode or vgroup is itself silent and not yet declared
+lost: the host's handling (above) decides for them.
 
 Task ids come from the store's etcd id allocator, so they are never reused
 across leaders and need no "+100000" gap after WATCH.
@@ -46,6 +65,7 @@ from querycoord.stream.plan import (
     TRIGGER_READER,
     PlannedTask,
     expected_counts,
+    place_runner_deploys,
     plan_stream,
 )
 from querycoord.stream.store import NoSnodeAvailable, StreamError, StreamStore
@@ -59,6 +79,8 @@ ALIVE_STATUSES = frozenset({stream_pb2.TASK_INIT, stream_pb2.TASK_RUNNING})
 STOP_TASK_LOST = 1001
 STOP_TASK_FAILED = 1002
 STOP_NO_SNODE = 1003
+STOP_SNODE_LOST = 1004
+STOP_VGROUP_LOST = 1005
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +99,14 @@ class StreamConfig:
     max_retry_delay: float = 600.0
     fast_retries: int = 10
     reset_after: float = 60.0
+    # Health check: run by tick() at most every health_interval; each snode and vgroup is checked once every
+    # health_slots runs (those whose id % health_slots is the current slot).
+    health_interval: float = 3.0
+    health_slots: int = 10
+    # An snode or vgroup not reported for this long is lost (also the damping of node_lost()).
+    isolation: float = 30.0
+    # Streams with a task on a vgroup lost this long are stopped (VGROUP_LOST).
+    vgroup_lost_stop: float = 150.0
 
 
 class ManagerState(Enum):
@@ -115,6 +145,9 @@ class StreamRuntime:
     last_action: float = 0.0
     retries: int = 0
     next_retry: float | None = None
+    # Runners were redeployed: the trigger gets a RunnerUpdate once they are handed out. A plain bool, set on
+    # redeploy and cleared only when the update is put in a reply (seed bug 1 cleared it with a wrong mask).
+    runner_update: bool = False
 
     @property
     def error_stopped(self) -> bool:
@@ -167,6 +200,13 @@ class StreamManager:
         # WATCH: reports per stream and which stream groups each node has reported.
         self._watch_reports: dict[int, dict[int, stream_pb2.TaskStatusReport]] = {}
         self._watch_groups: dict[int, tuple[set[int], int]] = {}
+        # Health check: the current slot, when it last ran, the snodes and vgroups declared lost (and when),
+        # and when node_lost() last acted on each node (damping).
+        self.health_slot = 0
+        self._last_health: float | None = None
+        self.lost_snodes: dict[int, float] = {}
+        self.lost_vgroups: dict[int, float] = {}
+        self._node_lost_at: dict[int, float] = {}
         # Counters for tests, drills and benchmarks.
         self.adopted = 0
         self.redeploys = 0
@@ -331,10 +371,16 @@ class StreamManager:
         """One node's heartbeat for one stream group: the reply carries this leader's revision and its actions."""
         now = self.clock()
         reply = stream_pb2.HeartbeatReply(leader_revision=self.leader_revision)
+        moved: list[int] = []
         for vg in req.vgroup_ids:
+            prev = self.vgroups.get(vg)
+            if prev is not None and prev.node_id != req.node_id:
+                moved.append(vg)
             self.vgroups[vg] = Heard(req.node_id, now)
+            self.lost_vgroups.pop(vg, None)
         if req.snode_id:
             self.snodes[req.snode_id] = Heard(req.node_id, now)
+            self.lost_snodes.pop(req.snode_id, None)
         if self.state is ManagerState.WATCH and self._watch_done():
             self._end_watch()
         if self.state is ManagerState.WATCH:
@@ -343,10 +389,18 @@ class StreamManager:
                 self._end_watch()
             reply.watching = True
             return reply
+        for vg in moved:
+            self._vgroup_moved(vg, req.node_id, now)
         undeploys: dict[int, stream_pb2.StreamUndeploy] = {}
+        updates: list[StreamRuntime] = []
         for rep in req.tasks:
             self._on_report(req.node_id, rep, now, reply, undeploys)
+            rt = self.streams.get(rep.stream_id)
+            if rep.kind == TRIGGER and rt is not None and rt.runner_update:
+                updates.append(rt)
         reply.undeploys.extend(undeploys.values())
+        for rt in updates:
+            self._maybe_runner_update(rt, req.node_id, reply, set(undeploys))
         await self._plan_pending(now)
         self._hand_out(req, now, reply, set(undeploys))
         return reply
@@ -436,6 +490,35 @@ class StreamManager:
             stream_pb2.StreamStart(stream_id=rt.sdef.id, trigger=trig.task.to_proto(rt.sdef.id, trig.node_id))
         )
 
+    def _maybe_runner_update(
+        self, rt: StreamRuntime, node_id: int, reply: stream_pb2.HeartbeatReply, skip: set[int]
+    ) -> None:
+        """Tell the trigger its new top runners, once every redeployed runner was handed out (in an earlier reply).
+
+        Called only for a stream whose trigger this node just reported; an undeploy of the stream in the same
+        reply overrides the update, which then waits for a later heartbeat.
+        """
+        trig = rt.trigger()
+        if not rt.runner_update or trig is None or rt.error_stopped or rt.sdef.user_stopped:
+            return
+        if rt.sdef.id in skip or trig.node_id != node_id or trig.task.task_id in rt.pending:
+            return
+        if trig.status not in ALIVE_STATUSES:
+            return
+        if any(rt.tasks[i].task.kind == RUNNER for i in rt.pending):
+            return  # not all handed out yet: the update would name runners nobody runs
+        tops = [
+            r.task.to_proto(rt.sdef.id, r.node_id)
+            for r in sorted(rt.tasks.values(), key=lambda r: r.task.deploy_id)
+            if r.task.kind == RUNNER and r.task.top
+        ]
+        reply.runner_updates.append(
+            stream_pb2.RunnerUpdate(
+                stream_id=rt.sdef.id, trigger=trig.task.to_proto(rt.sdef.id, trig.node_id), top_runners=tops
+            )
+        )
+        rt.runner_update = False
+
     def _redeploy_task(self, rt: StreamRuntime, t: TaskRuntime, now: float) -> None:
         """Redeploy one reader alone: same task id, SID + 1, handed out by a later heartbeat."""
         t.task = dataclasses.replace(t.task, sid=t.task.sid + 1)
@@ -459,12 +542,13 @@ class StreamManager:
     def _clear_tasks(self, rt: StreamRuntime) -> None:
         rt.tasks.clear()
         rt.pending.clear()
+        rt.runner_update = False
 
     async def _plan_pending(self, now: float) -> None:
         """Plan every stream waiting for a deploy (fresh task ids, SID 1); streams without a live snode wait."""
         if not self._to_plan:
             return
-        live_snodes = {s for s, h in self.snodes.items() if now - h.last_heard < self.config.task_silence}
+        live_snodes = self._live_snodes(now)
         for stream_id in sorted(self._to_plan):
             rt = self.streams.get(stream_id)
             if rt is None or rt.sdef.user_stopped or rt.error_stopped:
@@ -532,12 +616,18 @@ class StreamManager:
 
     # ----- periodic --------------------------------------------------------------------------------------------------
     def tick(self) -> None:
-        """The periodic part: the WATCH timer, error-stop retries, task silence."""
+        """The periodic part: the WATCH timer, the slotted health check, error-stop retries, task silence."""
         now = self.clock()
         if self.state is ManagerState.WATCH:
             if self._watch_done():
                 self._end_watch()
             return
+        # A tick up to 10% early still runs the check: with tick() called every health_interval, loop jitter
+        # must not make it skip every other one.
+        due = self._last_health is None or now - self._last_health >= 0.9 * self.config.health_interval
+        if self.streams and due:
+            self._last_health = now
+            self._health_check(now)
         silence = self.config.task_silence
         for rt in self.streams.values():
             if rt.sdef.user_stopped:
@@ -554,6 +644,8 @@ class StreamManager:
                 heard = t.last_heard if t.last_heard is not None else t.deployed_at
                 if heard is None or now - heard < silence:
                     continue
+                if self._host_silent(t, now):
+                    continue  # the snode's or vgroup's own loss handling decides (health check)
                 if t.task.kind in READER_KINDS:
                     self._redeploy_task(rt, t, now)
                 else:
@@ -561,6 +653,143 @@ class StreamManager:
                     reason = f"{kind} task {t.task.task_id} on node {t.node_id} silent for {now - heard:.1f}s"
                     self._stop_by_error(rt, STOP_TASK_LOST, reason, now)
                     break
+
+    # ----- health check ----------------------------------------------------------------------------------------------
+    def live_snode_ids(self) -> set[int]:
+        """Snodes heard within task_silence and not declared lost (where new tasks may be placed now)."""
+        return self._live_snodes(self.clock())
+
+    def _live_snodes(self, now: float) -> set[int]:
+        """Snodes heard within task_silence and not declared lost."""
+        silence = self.config.task_silence
+        return {s for s, h in self.snodes.items() if now - h.last_heard < silence and s not in self.lost_snodes}
+
+    def _host_silent(self, t: TaskRuntime, now: float) -> bool:
+        """Whether the task's vgroup (reader) or snode is silent and not yet declared lost."""
+        if t.task.kind in READER_KINDS:
+            h, lost = self.vgroups.get(t.task.vgroup_id), self.lost_vgroups
+            host = t.task.vgroup_id
+        else:
+            h, lost = self.snodes.get(t.task.snode_id), self.lost_snodes
+            host = t.task.snode_id
+        if h is None or host in lost:
+            return False
+        return now - h.last_heard >= self.config.task_silence
+
+    def _health_check(self, now: float) -> None:
+        """One slot: the snodes and vgroups whose id % health_slots is the new slot index."""
+        slots = max(self.config.health_slots, 1)
+        self.health_slot = (self.health_slot + 1) % slots
+        isolation = self.config.isolation
+        for snode_id, h in sorted(self.snodes.items()):
+            if snode_id % slots != self.health_slot or snode_id in self.lost_snodes:
+                continue
+            if now - h.last_heard >= isolation:
+                self._snode_lost(snode_id, now, f"snode {snode_id} silent for {now - h.last_heard:.1f}s")
+        for vg, h in sorted(self.vgroups.items()):
+            if vg % slots != self.health_slot:
+                continue
+            self._check_vgroup(vg, h, now)
+
+    def _check_vgroup(self, vg: int, h: Heard, now: float) -> None:
+        since = self.lost_vgroups.get(vg)
+        if since is None:
+            if now - h.last_heard < self.config.isolation:
+                return
+            since = self.lost_vgroups[vg] = now
+            log.info("vgroup %d lost (silent for %.1fs)", vg, now - h.last_heard)
+        if now - since >= self.config.vgroup_lost_stop:
+            self._vgroup_lost_stop(vg, now)
+
+    def _snode_lost(self, snode_id: int, now: float, why: str) -> None:
+        """An snode is lost: stop streams whose trigger is there, move the runners of the others elsewhere."""
+        self.lost_snodes[snode_id] = now
+        log.info("%s: lost", why)
+        for rt in self.streams.values():
+            if rt.sdef.user_stopped or rt.error_stopped or not rt.tasks:
+                continue
+            trig = rt.trigger()
+            if trig is not None and trig.task.snode_id == snode_id:
+                self._stop_by_error(rt, STOP_SNODE_LOST, f"{why}: it hosts the trigger", now)
+                continue
+            lost_deploys = sorted(
+                {t.task.deploy_id for t in rt.tasks.values() if t.task.kind == RUNNER and t.task.snode_id == snode_id}
+            )
+            if lost_deploys:
+                self._move_runners(rt, trig, lost_deploys, now, why)
+
+    def _move_runners(
+        self, rt: StreamRuntime, trig: TaskRuntime | None, deploys: list[int], now: float, why: str
+    ) -> None:
+        """Redeploy whole runner deploys on live snodes: same task ids, SID + 1; the trigger is then updated."""
+        live = self._live_snodes(now)
+        n_deploys = 1 + max(t.task.deploy_id for t in rt.tasks.values() if t.task.kind == RUNNER)
+        static = trig.task.snode_id if trig is not None else 0
+        try:
+            if not static:
+                raise NoSnodeAvailable("the stream has no trigger snode")
+            placement = place_runner_deploys(static, n_deploys, live, self.rng)
+        except NoSnodeAvailable as exc:
+            self._stop_by_error(rt, STOP_NO_SNODE, f"{why}: {exc.reason}", now)
+            return
+        for t in rt.tasks.values():
+            if t.task.kind != RUNNER or t.task.deploy_id not in deploys:
+                continue
+            t.task = dataclasses.replace(t.task, snode_id=placement[t.task.deploy_id])
+            self._redeploy_task(rt, t, now)
+        rt.runner_update = True
+        log.info("stream %s: runner deploys %s moved (%s)", rt.sdef.name, deploys, why)
+
+    def _vgroup_lost_stop(self, vg: int, now: float) -> None:
+        for rt in self.streams.values():
+            if rt.sdef.user_stopped or rt.error_stopped:
+                continue
+            if any(t.task.kind in READER_KINDS and t.task.vgroup_id == vg for t in rt.tasks.values()):
+                since = self.lost_vgroups.get(vg, now)
+                reason = f"vgroup {vg} lost for {now - since:.1f}s"
+                self._stop_by_error(rt, STOP_VGROUP_LOST, reason, now)
+
+    def _vgroup_moved(self, vg: int, new_node: int, now: float) -> None:
+        """Vgroup leadership moved: its readers go to the new leader (same ids, SID + 1)."""
+        for rt in self.streams.values():
+            if rt.sdef.user_stopped or rt.error_stopped:
+                continue
+            for t in rt.tasks.values():
+                p = t.task
+                if p.kind in READER_KINDS and p.vgroup_id == vg and t.node_id not in (0, new_node):
+                    if p.task_id not in rt.pending:
+                        self._redeploy_task(rt, t, now)
+        log.info("vgroup %d now led by node %d: its readers are redeployed there", vg, new_node)
+
+    def node_lost(self, node_id: int) -> bool:
+        """A node's meta session was deleted: handle its snode and vgroups as lost now (damped by isolation).
+
+        Returns whether anything was done (False within ``isolation`` of the last call for this node). In
+        WATCH, the node's snode and vgroups are only marked silent: the first health check after WATCH acts.
+        """
+        now = self.clock()
+        last = self._node_lost_at.get(node_id)
+        if last is not None and now - last < self.config.isolation:
+            return False
+        self._node_lost_at[node_id] = now
+        if self.live_nodes is not None:
+            self.live_nodes.discard(node_id)
+        silent = now - self.config.isolation
+        snodes = sorted(s for s, h in self.snodes.items() if h.node_id == node_id)
+        vgroups = sorted(v for v, h in self.vgroups.items() if h.node_id == node_id)
+        for s in snodes:
+            self.snodes[s].last_heard = min(self.snodes[s].last_heard, silent)
+        for v in vgroups:
+            self.vgroups[v].last_heard = min(self.vgroups[v].last_heard, silent)
+        log.info("node %d lost (session deleted): snodes %s, vgroups %s", node_id, snodes, vgroups)
+        if self.state is ManagerState.WATCH:
+            return True
+        for s in snodes:
+            if s not in self.lost_snodes:
+                self._snode_lost(s, now, f"snode {s} of lost node {node_id}")
+        for v in vgroups:
+            self._check_vgroup(v, self.vgroups[v], now)
+        return True
 
     # ----- ShowStreams -----------------------------------------------------------------------------------------------
     def _state_of(self, rt: StreamRuntime) -> int:
@@ -615,8 +844,10 @@ class StreamManager:
 
 __all__ = [
     "STOP_NO_SNODE",
+    "STOP_SNODE_LOST",
     "STOP_TASK_FAILED",
     "STOP_TASK_LOST",
+    "STOP_VGROUP_LOST",
     "ManagerState",
     "StreamConfig",
     "StreamManager",
