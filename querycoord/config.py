@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from meta.config import EtcdConfig
+from querycoord.stream.manager import StreamConfig
 from querycoord.task.model import SchedulerConfig
 
 
@@ -23,3 +24,7 @@ class CoordConfig:
     # Address of an external Catalog service; None runs the catalog inside the coordinator.
     catalog_address: str | None = None
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    # Stream management: the manager's durations, how often the leader ticks it and re-reads the store.
+    stream: StreamConfig = field(default_factory=StreamConfig)
+    stream_tick: float = 1.0
+    stream_refresh: float = 30.0

@@ -21,7 +21,8 @@ from meta.errors import MetaError
 from meta.fence import Fence
 from meta.idalloc import IdAllocator
 from meta.kv import MetaKV
-from meta.session import Session
+from meta.session import Session, SessionEvent, SessionSnapshot, watch_sessions
+from meta.watch import EventType
 from proto import data_pb2, querynode_pb2, task_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.balance import auto_balance_loop
@@ -31,6 +32,8 @@ from querycoord.cluster.nodes import NodeManager
 from querycoord.config import CoordConfig
 from querycoord.querymeta import QueryMeta
 from querycoord.reconcile import reconcile
+from querycoord.stream.manager import StreamManager
+from querycoord.stream.store import StreamStore
 from querycoord.task.model import TaskEnv
 from querycoord.task.scheduler import Scheduler
 from querycoord.task.store import TaskStore
@@ -38,6 +41,7 @@ from querycoord.task.triggers import HandoffTask, LoadBalanceTask
 
 ROLE = "querycoord"
 ELECTION = "querycoord"
+STREAMNODE_ROLE = "streamnode"
 
 
 @dataclass
@@ -51,6 +55,9 @@ class Leadership:
     scheduler: Scheduler
     env: TaskEnv
     tasks: list[asyncio.Task[None]]
+    # Stream management (built per leadership; querycoord/stream/service.py serves it).
+    stream_store: StreamStore | None = None
+    streams: StreamManager | None = None
 
 
 class Coordinator:
@@ -172,12 +179,18 @@ class Coordinator:
         # Meta and the nodes must agree before anything resumes (only then SERVING).
         await reconcile(scheduler)
         await scheduler.start(reload=False)
+        # Streams: only definitions are persisted; the manager rebuilds its task maps (WATCH when streams exist).
+        stream_store = StreamStore(fenced)
+        streams = StreamManager(stream_store, leader_revision=fence.revision, config=self.config.stream)
+        await streams.start()
         tasks = [asyncio.create_task(self._handoff_loop(scheduler, meta), name="handoff")]
         if self.config.auto_balance_interval > 0:
             tasks.append(asyncio.create_task(
                 auto_balance_loop(scheduler, self.config.auto_balance_interval, self.config.balance_spread),
                 name="auto-balance"))
-        self.leadership = Leadership(fence, fenced, meta, nodes, scheduler, env, tasks)
+        tasks.append(asyncio.create_task(self._stream_nodes_loop(streams), name="stream-nodes"))
+        tasks.append(asyncio.create_task(self._stream_tick_loop(streams), name="stream-tick"))
+        self.leadership = Leadership(fence, fenced, meta, nodes, scheduler, env, tasks, stream_store, streams)
         # Nodes that meta still places segments on but that are gone: balance them away.
         for node_id in sorted(meta.known_node_ids() - {n.node_id for n in nodes.online()}):
             await self._node_down(scheduler, meta, node_id)
@@ -209,6 +222,46 @@ class Coordinator:
         task = LoadBalanceTask.new(scheduler.env, req, trigger_condition=qc.TRIGGER_CONDITION_NODE_DOWN)
         await scheduler.enqueue(task)  # type: ignore[arg-type]
         logger.info("node {} down: queued balance task {}", node_id, task.id)
+
+    async def _stream_nodes_loop(self, streams: StreamManager) -> None:
+        """Feed the stream manager the stream nodes with a live meta session (WATCH ends early on them)."""
+        assert self.kv is not None
+        live: set[int] = set()
+        while True:
+            try:
+                async for item in watch_sessions(self.kv, STREAMNODE_ROLE, reconnect_deadline=None):
+                    if isinstance(item, SessionSnapshot):
+                        live = set(item.sessions)
+                    elif isinstance(item, SessionEvent):
+                        if item.type is EventType.PUT:
+                            live.add(item.info.server_id)
+                        else:
+                            live.discard(item.info.server_id)
+                            node_lost = getattr(streams, "node_lost", None)  # the manager's health check, if any
+                            if node_lost is not None:
+                                node_lost(item.info.server_id)
+                    streams.set_live_nodes(live)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.exception("coordinator: watching stream node sessions failed; retrying")
+            await asyncio.sleep(1)
+
+    async def _stream_tick_loop(self, streams: StreamManager) -> None:
+        """The stream manager's periodic part, and a periodic re-read of the store (missed notifications)."""
+        loop = asyncio.get_running_loop()
+        last_refresh = loop.time()
+        while True:
+            await asyncio.sleep(self.config.stream_tick)
+            try:
+                streams.tick()
+                if loop.time() - last_refresh >= self.config.stream_refresh:
+                    last_refresh = loop.time()
+                    await streams.refresh()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.exception("coordinator: stream tick failed")
 
     async def _handoff_loop(self, scheduler: Scheduler, meta: QueryMeta) -> None:
         """New sealed segments of loaded collections become Handoff triggers.

@@ -1,4 +1,4 @@
-"""Run one coordinator process: the gRPC server (QueryCoord, Catalog, health, reflection) and the Coordinator.
+"""Run one coordinator process: the gRPC server (QueryCoord, Catalog, StreamMgmt, health, reflection), the Coordinator.
 
 Health follows leadership through the standard gRPC health service: SERVING
 on the leader, NOT_SERVING on a standby, so probes and load balancers can
@@ -18,11 +18,12 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from loguru import logger
 
-from proto import catalog_pb2, catalog_pb2_grpc, querycoord_pb2
+from proto import catalog_pb2, catalog_pb2_grpc, querycoord_pb2, stream_pb2
 from querycoord.catalog.service import CatalogServicer
 from querycoord.config import CoordConfig
 from querycoord.coordinator import Coordinator
 from querycoord.server import add_to_server
+from querycoord.stream.service import add_stream_service
 
 SERVICE = "querycoord.query.QueryCoord"
 
@@ -52,10 +53,12 @@ class CoordinatorProcess:
         add_to_server(self.server, self.coord)
         assert self.coord.catalog is not None
         catalog_pb2_grpc.add_CatalogServicer_to_server(CatalogServicer(self.coord.catalog), self.server)
+        add_stream_service(self.server, self.coord)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = (
             querycoord_pb2.DESCRIPTOR.services_by_name["QueryCoord"].full_name,
             catalog_pb2.DESCRIPTOR.services_by_name["Catalog"].full_name,
+            stream_pb2.DESCRIPTOR.services_by_name["StreamMgmt"].full_name,
             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
             reflection.SERVICE_NAME,
         )

@@ -1,0 +1,232 @@
+"""The StreamMgmt gRPC service: stream and snode DDL, ShowStreams and the stream nodes' heartbeats.
+
+Writes (create, drop, stop, start, snode add and drop) go through the
+leader's ``StreamStore`` on its FENCED kv, so a deposed leader changes
+nothing; the manager is told only AFTER the store's txn committed (seed bug 6:
+never post a deploy for a write that may not have happened). A standby answers
+gRPC UNAVAILABLE naming the leader ("the leader is at X"), which is what the
+stream nodes' heartbeat client and the query clients follow.
+
+ShowStreams on a standby is answered from etcd: the persisted definitions and
+snodes only (a standby has no task table, so running streams show
+STREAM_STATE_UNSPECIFIED and the status reason says where the leader is).
+
+Every response carries a Status; no exception reaches gRPC except the
+deliberate UNAVAILABLE abort.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+from loguru import logger
+
+from meta.errors import MetaError, NotLeader
+from proto import common_pb2, stream_pb2, stream_pb2_grpc
+from querycoord.coordinator import Coordinator, Leadership
+from querycoord.stream.manager import StreamManager
+from querycoord.stream.store import StreamNotFound, StreamStore, status_of
+
+OK = common_pb2.Status(error_code=common_pb2.SUCCESS)
+
+
+class NotLeading(Exception):
+    """This coordinator cannot serve the call as leader (the message names the leader)."""
+
+
+def live_snode_ids(manager: StreamManager) -> set[int]:
+    """Snodes whose node heartbeated within the manager's task silence (the manager's view of liveness)."""
+    own = getattr(manager, "live_snode_ids", None)
+    if callable(own):  # the manager's own rule, when it has one
+        return set(own())
+    now = manager.clock()
+    lost = getattr(manager, "lost_snodes", ())  # snodes the manager's health check declared lost
+    return {sid for sid, heard in manager.snodes.items()
+            if now - heard.last_heard < manager.config.task_silence and sid not in lost}
+
+
+class StreamMgmtServicer(stream_pb2_grpc.StreamMgmtServicer):
+    def __init__(self, coord: Coordinator):
+        self.coord = coord
+
+    # ----- plumbing ---------------------------------------------------------------------------------------------------
+    async def _not_leader_message(self) -> str:
+        leader = None
+        try:
+            leader = await self.coord.leader_address()
+        except MetaError:
+            pass
+        if leader == self.coord.address:
+            return f"this coordinator ({self.coord.address}) is taking over leadership; retry shortly"
+        return f"this coordinator ({self.coord.address}) is not the leader; " + (
+            f"the leader is at {leader}" if leader else "no leader is elected yet")
+
+    def _leadership(self) -> Leadership | None:
+        lead = self.coord.leadership
+        if lead is None or not self.coord.is_leader or lead.streams is None or lead.stream_store is None:
+            return None
+        return lead
+
+    async def _lead(self, context: grpc.aio.ServicerContext | None) -> Leadership:
+        """The leadership, or (on a standby) gRPC UNAVAILABLE naming the leader."""
+        lead = self._leadership()
+        if lead is None:
+            message = await self._not_leader_message()
+            if context is not None:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, message)
+            raise NotLeading(message)
+        return lead
+
+    async def _answer(self, response_cls: type, fn: Callable[[], Awaitable[Any]],
+                      context: grpc.aio.ServicerContext | None) -> Any:
+        try:
+            return await fn()
+        except grpc.aio.AbortError:
+            raise  # context.abort(): the status is already set
+        except NotLeading as exc:
+            return response_cls(status=common_pb2.Status(error_code=common_pb2.NOT_LEADER, reason=str(exc)))
+        except NotLeader as exc:
+            # A fenced write was refused: this coordinator was deposed. Drop leadership; the caller moves on.
+            self.coord._on_leadership_lost(exc)
+            message = await self._not_leader_message()
+            if context is not None:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, message)
+            return response_cls(status=common_pb2.Status(error_code=common_pb2.NOT_LEADER, reason=message))
+        except Exception as exc:  # StreamError, MetaError, and bugs: a Status, never a crash or a hang
+            if not isinstance(exc, MetaError) and type(exc).__module__ != "querycoord.stream.store":
+                logger.exception("unexpected error in {}", response_cls.__name__)
+            return response_cls(status=status_of(exc))
+
+    async def _resolve(self, store: StreamStore, ref: stream_pb2.StreamRef) -> int:
+        if ref.stream_id:
+            return ref.stream_id
+        if not ref.name:
+            raise StreamNotFound("name the stream: give its id or its name")
+        return await store.stream_id_of(ref.name)
+
+    # ----- streams ----------------------------------------------------------------------------------------------------
+    async def CreateStream(self, request, context):
+        async def run():
+            lead = await self._lead(context)
+            assert lead.streams is not None and lead.stream_store is not None
+            sdef = await lead.stream_store.create_stream(request, live_snode_ids(lead.streams))
+            # Committed: only now may the manager plan and hand out its deploy (seed bug 6).
+            lead.streams.put_stream(sdef)
+            return stream_pb2.CreateStreamResponse(status=OK, stream=sdef)
+
+        return await self._answer(stream_pb2.CreateStreamResponse, run, context)
+
+    async def DropStream(self, request, context):
+        async def run():
+            lead = await self._lead(context)
+            assert lead.streams is not None and lead.stream_store is not None
+            try:
+                stream_id = await self._resolve(lead.stream_store, request.stream)
+                sdef = await lead.stream_store.drop_stream(stream_id)
+            except StreamNotFound:
+                if request.if_exists:
+                    return stream_pb2.StreamResponse(status=OK)
+                raise
+            lead.streams.remove_stream(sdef.id)
+            return stream_pb2.StreamResponse(status=OK, stream=sdef)
+
+        return await self._answer(stream_pb2.StreamResponse, run, context)
+
+    async def _update(self, request, context, op: str):
+        async def run():
+            lead = await self._lead(context)
+            assert lead.streams is not None and lead.stream_store is not None
+            stream_id = await self._resolve(lead.stream_store, request.stream)
+            if op == "stop":
+                sdef = await lead.stream_store.stop_stream(stream_id)
+            else:
+                sdef = await lead.stream_store.start_stream(stream_id)
+            lead.streams.put_stream(sdef)
+            return stream_pb2.StreamResponse(status=OK, stream=sdef)
+
+        return await self._answer(stream_pb2.StreamResponse, run, context)
+
+    async def StopStream(self, request, context):
+        return await self._update(request, context, "stop")
+
+    async def StartStream(self, request, context):
+        return await self._update(request, context, "start")
+
+    async def ShowStreams(self, request, context):
+        async def run():
+            lead = self._leadership()
+            if lead is not None:
+                assert lead.streams is not None and lead.stream_store is not None
+                resp = lead.streams.show_streams(request)
+                resp.snodes.extend(await lead.stream_store.list_snodes())
+                return resp
+            return await self._standby_show(request)
+
+        return await self._answer(stream_pb2.ShowStreamsResponse, run, context)
+
+    async def _standby_show(self, request: stream_pb2.ShowStreamsRequest) -> stream_pb2.ShowStreamsResponse:
+        """Persisted definitions and snodes from etcd; no task table (only the leader has one)."""
+        assert self.coord.kv is not None
+        store = StreamStore(self.coord.kv)  # reads only: a standby never writes
+        ids = {r.stream_id for r in request.streams if r.stream_id}
+        names = {r.name for r in request.streams if not r.stream_id}
+        resp = stream_pb2.ShowStreamsResponse()
+        for sdef in sorted(await store.list_streams(), key=lambda s: s.id):
+            if request.streams and sdef.id not in ids and sdef.name not in names:
+                continue
+            state = stream_pb2.STREAM_STOPPED_BY_USER if sdef.user_stopped else stream_pb2.STREAM_STATE_UNSPECIFIED
+            resp.streams.append(stream_pb2.StreamStatusInfo(stream=sdef, state=state))
+        resp.snodes.extend(await store.list_snodes())
+        note = await self._not_leader_message()
+        resp.status.CopyFrom(common_pb2.Status(
+            error_code=common_pb2.SUCCESS, reason=f"{note}: persisted streams only, without states or tasks"))
+        return resp
+
+    # ----- snodes -----------------------------------------------------------------------------------------------------
+    async def CreateSnode(self, request, context):
+        async def run():
+            lead = await self._lead(context)
+            assert lead.streams is not None and lead.stream_store is not None
+            info = await lead.stream_store.create_snode(request.node_id)
+            await lead.streams.refresh()  # the new replica ring (committed)
+            return stream_pb2.CreateSnodeResponse(status=OK, snode=info)
+
+        return await self._answer(stream_pb2.CreateSnodeResponse, run, context)
+
+    async def DropSnode(self, request, context):
+        async def run():
+            lead = await self._lead(context)
+            assert lead.streams is not None and lead.stream_store is not None
+            drop = await lead.stream_store.drop_snode(request.snode_id)
+            await lead.streams.refresh()  # moved streams and the new ring (committed)
+            return stream_pb2.DropSnodeResponse(status=OK, moved_streams=drop.moved_streams,
+                                                moved_to_snode_id=drop.moved_to)
+
+        return await self._answer(stream_pb2.DropSnodeResponse, run, context)
+
+    # ----- heartbeat --------------------------------------------------------------------------------------------------
+    async def StreamHeartbeat(self, request, context):
+        async def run():
+            lead = await self._lead(context)
+            assert lead.streams is not None
+            began = time.monotonic()
+            reply = await lead.streams.handle_heartbeat(request)
+            reply.status.CopyFrom(OK)
+            if time.monotonic() - began > 1.0:
+                logger.warning("stream heartbeat of node {} took {:.1f}s", request.node_id,
+                               time.monotonic() - began)
+            return reply
+
+        return await self._answer(stream_pb2.HeartbeatReply, run, context)
+
+
+def add_stream_service(server: grpc.aio.Server, coord: Coordinator) -> StreamMgmtServicer:
+    servicer = StreamMgmtServicer(coord)
+    stream_pb2_grpc.add_StreamMgmtServicer_to_server(servicer, server)
+    return servicer
+
+
+__all__ = ["StreamMgmtServicer", "add_stream_service", "live_snode_ids"]
