@@ -29,6 +29,7 @@ proto: $(STAMP)
 bench: $(STAMP)
 	$(PY) scripts/bench_meta.py
 	$(PY) scripts/bench_load.py
+	$(PY) scripts/bench_heartbeat.py
 
 drill: $(STAMP)
 	$(PY) -m querycoord.cli drill failover --coordinators 3 --nodes 4 --collections 20 --kills 10 --seed 1
