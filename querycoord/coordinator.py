@@ -237,9 +237,7 @@ class Coordinator:
                             live.add(item.info.server_id)
                         else:
                             live.discard(item.info.server_id)
-                            node_lost = getattr(streams, "node_lost", None)  # the manager's health check, if any
-                            if node_lost is not None:
-                                node_lost(item.info.server_id)
+                            streams.node_lost(item.info.server_id)  # lost-node handling at once (damped)
                     streams.set_live_nodes(live)
             except asyncio.CancelledError:
                 raise

@@ -38,14 +38,8 @@ class NotLeading(Exception):
 
 
 def live_snode_ids(manager: StreamManager) -> set[int]:
-    """Snodes whose node heartbeated within the manager's task silence (the manager's view of liveness)."""
-    own = getattr(manager, "live_snode_ids", None)
-    if callable(own):  # the manager's own rule, when it has one
-        return set(own())
-    now = manager.clock()
-    lost = getattr(manager, "lost_snodes", ())  # snodes the manager's health check declared lost
-    return {sid for sid, heard in manager.snodes.items()
-            if now - heard.last_heard < manager.config.task_silence and sid not in lost}
+    """Snodes the manager considers live (heard recently, not declared lost)."""
+    return set(manager.live_snode_ids())
 
 
 class StreamMgmtServicer(stream_pb2_grpc.StreamMgmtServicer):
