@@ -1,7 +1,7 @@
 """Drills: real processes, real faults, invariants checked at the end (``querycoord drill ...``).
 
 ``add_drill_parser(subparsers)`` registers ``drill`` (with its ``failover``
-sub-command) on the ``querycoord`` CLI; ``main(argv)`` is the same command
+and ``streams`` sub-commands) on the ``querycoord`` CLI; ``main(argv)`` is the same command
 line without the CLI: ``python -m querycoord.drill failover ...``. The drill
 modules are imported lazily so that ``querycoord --help`` stays fast.
 """
@@ -46,11 +46,65 @@ def _add_failover(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
+def _add_streams(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "streams", help="kill the leader, an snode's node, move a vgroup, fail tasks; check the streams",
+        description="Start etcd, 2 coordinators (scaled-down stream timings) and stream nodes as processes, create "
+                    "snodes and seeded streams, then SIGKILL the coordinator leader, SIGKILL an snode's node, move "
+                    "a vgroup's leadership and fail tasks, waiting until quiescent after each; check that every "
+                    "stream not stopped by the user runs with every expected task, none twice, none stale. Prints "
+                    "a table and one JSON line; exits 1 when an invariant failed.")
+    p.add_argument("--nodes", type=int, default=4, help="stream node processes, 2 vgroups each (default 4)")
+    p.add_argument("--snodes", type=int, default=2, help="nodes hosting an snode (default 2)")
+    p.add_argument("--streams", type=int, default=50, help="streams created (default 50)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the stream shapes and faults (default 0)")
+    p.add_argument("--leader-kills", type=int, default=2, help="coordinator leader SIGKILLs (default 2)")
+    p.add_argument("--node-kills", type=int, default=1, help="SIGKILLs of an snode's node (default 1)")
+    p.add_argument("--vgroup-moves", type=int, default=1, help="vgroup leadership moves (default 1)")
+    p.add_argument("--task-fails", type=int, default=3, help="tasks failed through stdin (default 3)")
+    p.add_argument("--user-stops", type=int, default=-1, help="streams stopped by the user (default streams/10)")
+    p.add_argument("--ttl", type=float, default=2.0, help="session TTL of coordinators and nodes (default 2)")
+    p.add_argument("--heartbeat-ms", type=float, default=100.0, help="stream node heartbeat tick (default 100)")
+    p.add_argument("--watch-timeout", type=float, default=2.0, help="the leader's WATCH bound (default 2)")
+    p.add_argument("--quiesce-timeout", type=float, default=60.0, help="bound of each wait (default 60)")
+    p.add_argument("--work-dir", default=None, help="keep logs and etcd data here (default: a temp dir, removed "
+                                                    "when the drill passes)")
+    p.add_argument("--keep", action="store_true", help="keep the temp work dir even when the drill passes")
+    p.add_argument("-v", "--verbose", action="store_true", help="print every observation and role change")
+    p.set_defaults(func=cmd_streams)
+    return p
+
+
+def cmd_streams(args: argparse.Namespace) -> int:
+    """Handler of ``drill streams`` (``args.func``)."""
+    from querycoord.drill.streams import StreamDrillOptions, run_streams
+    from querycoord.logs import setup_logging
+
+    setup_logging(getattr(args, "log_level", None) or os.environ.get("QUERYCOORD_DRILL_LOG_LEVEL") or "WARNING")
+    try:
+        opts = StreamDrillOptions(
+            nodes=args.nodes, snodes=args.snodes, streams=args.streams, seed=args.seed,
+            leader_kills=args.leader_kills, node_kills=args.node_kills, vgroup_moves=args.vgroup_moves,
+            task_fails=args.task_fails, user_stops=args.user_stops, ttl=args.ttl, heartbeat_ms=args.heartbeat_ms,
+            watch_timeout=args.watch_timeout, quiesce_timeout=args.quiesce_timeout, work_dir=args.work_dir,
+            keep=args.keep, verbose=args.verbose)
+        opts.validate()
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return asyncio.run(run_streams(opts))
+    except KeyboardInterrupt:
+        print("\ninterrupted: every process of the drill was stopped", file=sys.stderr)
+        return 130
+
+
 def add_drill_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``drill`` and its sub-commands on the ``querycoord`` sub-command parsers."""
     p = subparsers.add_parser("drill", help="failure drills against a cluster of real processes")
     sub = p.add_subparsers(dest="drill", required=True, metavar="DRILL")
     _add_failover(sub)
+    _add_streams(sub)
     return p
 
 
@@ -80,13 +134,14 @@ def cmd_failover(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m querycoord.drill failover ...``."""
+    """``python -m querycoord.drill failover|streams ...``."""
     parser = argparse.ArgumentParser(prog="python -m querycoord.drill", description="failure drills")
     parser.add_argument("--log-level", default=None, help="log level of the drill process (default WARNING)")
     sub = parser.add_subparsers(dest="drill", required=True, metavar="DRILL")
     _add_failover(sub)
+    _add_streams(sub)
     args = parser.parse_args(argv)
     return int(args.func(args))
 
 
-__all__ = ["add_drill_parser", "cmd_failover", "main"]
+__all__ = ["add_drill_parser", "cmd_failover", "cmd_streams", "main"]

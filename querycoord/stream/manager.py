@@ -49,6 +49,7 @@ converts them to unix milliseconds only for display.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import random
@@ -197,6 +198,7 @@ class StreamManager:
         self.live_nodes: set[int] | None = None
         # Streams that need a plan (new, or error-stopped whose retry came, or WATCH fell back).
         self._to_plan: set[int] = set()
+        self._plan_lock = asyncio.Lock()
         # WATCH: reports per stream and which stream groups each node has reported.
         self._watch_reports: dict[int, dict[int, stream_pb2.TaskStatusReport]] = {}
         self._watch_groups: dict[int, tuple[set[int], int]] = {}
@@ -545,7 +547,17 @@ class StreamManager:
         rt.runner_update = False
 
     async def _plan_pending(self, now: float) -> None:
-        """Plan every stream waiting for a deploy (fresh task ids, SID 1); streams without a live snode wait."""
+        """Plan every stream waiting for a deploy (fresh task ids, SID 1); streams without a live snode wait.
+
+        Heartbeats are handled concurrently and planning awaits the id
+        allocator: one planner at a time, and each stream re-checked after the
+        wait, or two overlapping heartbeats would plan (and hand out) the same
+        stream twice (found by tests/test_stream_failover.py).
+        """
+        async with self._plan_lock:
+            await self._plan_pending_locked(now)
+
+    async def _plan_pending_locked(self, now: float) -> None:
         if not self._to_plan:
             return
         live_snodes = self._live_snodes(now)
@@ -563,6 +575,9 @@ class StreamManager:
             except StreamError as exc:
                 self._stop_by_error(rt, STOP_NO_SNODE, exc.reason, now)
                 continue
+            if (self.streams.get(stream_id) is not rt or stream_id not in self._to_plan
+                    or rt.sdef.user_stopped or rt.error_stopped):
+                continue  # stopped, dropped or replaced while the ids were being reserved
             rt.tasks = {p.task_id: TaskRuntime(task=p) for p in plan.tasks()}
             rt.pending = set(rt.tasks)
             rt.deploy_times += 1

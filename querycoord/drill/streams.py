@@ -1,0 +1,717 @@
+"""The stream drill: coordinators and stream nodes as processes, stream faults, stream invariants.
+
+``querycoord drill streams --nodes 4 --snodes 2 --streams 50 --seed S`` starts an embedded etcd, two
+coordinators (``coordinator_child --stream-fast``: scaled-down stream timings) and ``--nodes`` reference
+stream nodes (``querycoord.nodes.streamnode``; each leads two vgroups, the first ``--snodes`` host an
+snode), creates the snodes and the streams (seeded shapes; a few are then stopped by the user), waits until
+quiescent, then runs its faults one at a time, each followed by a wait until quiescent:
+
+* the coordinator leader SIGKILLed (``--leader-kills``, default 2) and restarted as a standby;
+* the node of an snode SIGKILLed and a replacement node started on its vgroups (with a new snode);
+* a vgroup's leadership moved (stdin ``unlead V`` on its node, ``lead V`` on another);
+* some tasks failed (stdin ``fail TASK`` on the node holding them).
+
+Quiescent means: the leader is out of WATCH; every stream not stopped by the user is RUNNING in the leader's
+ShowStreams with every expected task (``plan.expected_counts``) RUNNING, readers on the node that leads their
+vgroup; and the nodes' own task lists (stdin ``tasks``) hold exactly those instances (same task id, SID and
+node), no instance of a task on two nodes, no instance with a SID below the leader's or of a task the leader
+does not have (stale). The final check is the same observation; its counts are the JSON line.
+
+Adoption is observed from the nodes, not taken from the leader: before a leader kill the drill records
+every stream's instances (task id, SID, node) on the nodes; once quiescent again under the new leader, a
+stream whose instances are all unchanged was adopted without redeploy, any other was redeployed (fresh
+task ids or higher SIDs). ``recovered_s`` of a fault is the time from the fault to quiescence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import re
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from meta.etcd_server import EtcdCluster, _pdeathsig_prefix
+from proto import common_pb2, stream_pb2, stream_pb2_grpc
+from querycoord.drill.children import Child, EventSink, child_env, log_tail
+from querycoord.stream.plan import expected_counts
+
+sp = stream_pb2
+PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
+ALIVE = ("INIT", "RUNNING")
+VGROUPS_PER_NODE = 2
+_WATCH_ENDED = re.compile(r"WATCH ended: (\d+) streams adopted")
+
+
+class DrillSetupError(Exception):
+    """A process of the drill could not be started; the message names it and quotes its log."""
+
+
+@dataclass
+class StreamDrillOptions:
+    nodes: int = 4
+    snodes: int = 2
+    streams: int = 50
+    seed: int = 0
+    leader_kills: int = 2
+    node_kills: int = 1
+    vgroup_moves: int = 1
+    task_fails: int = 3
+    user_stops: int = -1  # -1: streams // 10
+    ttl: float = 2.0
+    heartbeat_ms: float = 100.0
+    watch_timeout: float = 2.0
+    quiesce_timeout: float = 60.0
+    work_dir: str | None = None
+    keep: bool = False
+    verbose: bool = False
+
+    def validate(self) -> None:
+        if self.nodes < 2:
+            raise ValueError("--nodes must be at least 2 (a vgroup moves between two nodes)")
+        if not 1 <= self.snodes <= self.nodes:
+            raise ValueError("--snodes must be between 1 and --nodes")
+        if self.node_kills and self.snodes < 2:
+            raise ValueError("killing an snode's node needs --snodes >= 2 (streams need a live snode)")
+        if self.streams < 1:
+            raise ValueError("--streams must be at least 1")
+        if min(self.leader_kills, self.node_kills, self.vgroup_moves, self.task_fails) < 0:
+            raise ValueError("fault counts must not be negative")
+        if self.ttl < 2:
+            raise ValueError("--ttl must be at least 2")
+
+    @property
+    def stops(self) -> int:
+        return self.streams // 10 if self.user_stops < 0 else min(self.user_stops, self.streams)
+
+    def command(self) -> str:
+        return (f"querycoord drill streams --nodes {self.nodes} --snodes {self.snodes} --streams {self.streams} "
+                f"--seed {self.seed} --leader-kills {self.leader_kills} --node-kills {self.node_kills} "
+                f"--vgroup-moves {self.vgroup_moves} --task-fails {self.task_fails}")
+
+
+class NodeChild(Child):
+    """A stream node: a ``Child`` whose stdin is a pipe for control commands (answered by ``ack`` events)."""
+
+    @classmethod
+    async def spawn_node(cls, name: str, argv: list[str], log_path: Path, env: dict[str, str],
+                         sink: EventSink | None = None) -> NodeChild:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *_pdeathsig_prefix(), sys.executable, *argv,
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=log,
+                env=env, start_new_session=True,
+            )
+        finally:
+            os.close(log)
+        child = cls(name, proc, log_path, sink)
+        child._lock = asyncio.Lock()
+        return child
+
+    _lock: asyncio.Lock
+
+    async def command(self, line: str, timeout: float = 10.0) -> dict[str, Any]:
+        """Send one control line; its ``ack`` (``ok`` False with ``error`` when refused)."""
+        async with self._lock:
+            assert self.proc.stdin is not None
+            seen = len(self.events)
+            self.proc.stdin.write(line.encode() + b"\n")
+            await self.proc.stdin.drain()
+
+            async def ack() -> dict[str, Any]:
+                async with self._changed:
+                    while True:
+                        for ev in self.events[seen:]:
+                            if ev.get("event") == "ack":
+                                return ev
+                        if self._reader.done():
+                            raise EOFError(f"{self.name} exited before answering {line!r}")
+                        await self._changed.wait()
+
+            return await asyncio.wait_for(ack(), timeout)
+
+
+@dataclass
+class Coord:
+    index: int
+    child: Child
+    address: str
+    generation: int = 0
+    role: str = "starting"
+    role_t: float = 0.0
+
+    @property
+    def label(self) -> str:
+        return f"c{self.index}.{self.generation}"
+
+
+@dataclass
+class Node:
+    index: int
+    child: NodeChild
+    node_id: int
+    vgroups: list[int]
+    generation: int = 0
+    snode: bool = False
+
+    @property
+    def label(self) -> str:
+        return f"n{self.index}.{self.generation}"
+
+
+@dataclass
+class Observation:
+    """One look at the leader's ShowStreams and every live node's tasks."""
+
+    leader: str = ""
+    watching: bool = True
+    streams: int = 0
+    user_stopped: int = 0
+    not_running: list[str] = field(default_factory=list)
+    duplicates: list[str] = field(default_factory=list)
+    stale: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)  # leader instances no node holds alive (yet)
+    instances: dict[int, frozenset[tuple[int, int, int]]] = field(default_factory=dict)
+    error: str = ""
+
+    @property
+    def quiescent(self) -> bool:
+        return (not self.error and not self.watching and not self.not_running and not self.duplicates
+                and not self.stale and not self.missing)
+
+    def brief(self) -> str:
+        if self.error:
+            return self.error
+        parts = [f"watching={self.watching}", f"not_running={len(self.not_running)}",
+                 f"duplicates={len(self.duplicates)}", f"stale={len(self.stale)}", f"missing={len(self.missing)}"]
+        first = (self.not_running + self.duplicates + self.stale + self.missing)[:3]
+        return ", ".join(parts) + (f"; e.g. {first}" if first else "")
+
+
+@dataclass
+class Fault:
+    n: int
+    kind: str
+    what: str
+    t: float
+    recovered_s: float | None = None
+    adopted: int | None = None
+    redeployed: int | None = None
+    leader_says_adopted: int | None = None
+    note: str = ""
+
+
+@dataclass
+class StreamDrillResult:
+    opts: StreamDrillOptions
+    faults: list[Fault] = field(default_factory=list)
+    final: Observation | None = None
+    violations: list[str] = field(default_factory=list)
+    duration_s: float = 0.0
+
+    def of(self, kind: str) -> list[Fault]:
+        return [f for f in self.faults if f.kind == kind]
+
+    def summary(self) -> dict[str, Any]:
+        final = self.final or Observation(error="no final observation")
+        kills = self.of("leader-kill")
+        recovered = [f.recovered_s for f in self.faults if f.recovered_s is not None]
+        return {
+            "streams": self.opts.streams,
+            "leader_kills": len(kills),
+            "adopted_without_redeploy": sum(f.adopted or 0 for f in kills),
+            "redeploys": sum(f.redeployed or 0 for f in kills),
+            "recovered_s_max": round(max(recovered), 2) if recovered else None,
+            "duplicate_tasks": len(final.duplicates),
+            "stale_tasks": len(final.stale),
+            "not_running": len(final.not_running),
+        }
+
+    @property
+    def failed(self) -> bool:
+        s = self.summary()
+        return bool(self.violations or s["duplicate_tasks"] or s["stale_tasks"] or s["not_running"]
+                    or self.final is None or self.final.error)
+
+
+class StreamDrill:
+    def __init__(self, opts: StreamDrillOptions, out: Any = None):
+        self.opts = opts
+        self.out = out or sys.stdout
+        self.rng = random.Random(opts.seed)
+        self.root = f"drill-streams-{opts.seed}"
+        self.env = child_env(PROJECT_ROOT)
+        self.work = Path(opts.work_dir) if opts.work_dir else Path(tempfile.mkdtemp(prefix="querycoord-sdrill-"))
+        self.etcd: EtcdCluster | None = None
+        self.coords: list[Coord] = []
+        self.nodes: list[Node] = []
+        self.result = StreamDrillResult(opts)
+        self.stopped_ids: set[int] = set()
+        self._changed = asyncio.Event()
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._t0 = time.monotonic()
+
+    # ----- output ---------------------------------------------------------------------------------------------------
+    def say(self, text: str) -> None:
+        print(f"[{time.monotonic() - self._t0:7.2f}s] {text}", file=self.out, flush=True)
+
+    def note(self, text: str) -> None:
+        if self.opts.verbose:
+            self.say(text)
+
+    # ----- life cycle -----------------------------------------------------------------------------------------------
+    async def run(self) -> StreamDrillResult:
+        started = time.monotonic()
+        try:
+            await self._start_cluster()
+            await self._create_streams()
+            first = await self._quiesce("initial deploy")
+            if not first.quiescent:
+                self.result.violations.append(f"initial deploy not quiescent: {first.brief()}")
+            await self._run_faults()
+            self.result.final = await self._quiesce("final")
+            self.say(f"final: {self.result.final.brief()}")
+        finally:
+            self.result.duration_s = time.monotonic() - started
+            await self._stop_cluster()
+        return self.result
+
+    async def _start_cluster(self) -> None:
+        o = self.opts
+        self.say(f"stream drill: seed {o.seed}, 2 coordinators, {o.nodes} stream nodes ({o.snodes} with an snode), "
+                 f"{o.streams} streams; work dir {self.work}")
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.etcd = EtcdCluster(self.work / "etcd", size=1)
+        await asyncio.to_thread(self.etcd.start)
+        self.coords = list(await asyncio.gather(*(self._spawn_coordinator(i, "127.0.0.1:0") for i in range(2))))
+        try:
+            await self._wait_until(self._leader, 60)
+        except TimeoutError:
+            raise DrillSetupError(f"no coordinator became leader within 60s; logs in {self.work}") from None
+        vgs = [[i * VGROUPS_PER_NODE + k + 1 for k in range(VGROUPS_PER_NODE)] for i in range(o.nodes)]
+        self.nodes = list(await asyncio.gather(*(self._spawn_node(i, vgs[i], i < o.snodes) for i in range(o.nodes))))
+        for n in self.nodes:
+            if n.snode:
+                await self._create_snode(n)
+        self.say(f"cluster up: leader {self._leader().label if self._leader() else '?'}; nodes "
+                 + ", ".join(f"{n.label}=id {n.node_id} vgroups {n.vgroups}{' +snode' if n.snode else ''}"
+                             for n in self.nodes))
+
+    async def _stop_cluster(self) -> None:
+        for ch in self._channels.values():
+            with contextlib.suppress(Exception):
+                await ch.close()
+        await asyncio.gather(*(c.child.stop(5) for c in self.coords), return_exceptions=True)
+        await asyncio.gather(*(n.child.stop(5) for n in self.nodes), return_exceptions=True)
+        if self.etcd is not None:
+            await asyncio.to_thread(self.etcd.stop)
+
+    def _on_event(self, holder: dict[str, Coord], child: Child, event: dict[str, Any]) -> None:
+        slot = holder.get("slot")
+        kind = event.get("event")
+        if slot is not None and slot.child is child and kind in ("leader", "standby"):
+            slot.role, slot.role_t = str(kind), float(event.get("t", time.time()))
+            self.note(f"{slot.label} is now {kind}")
+        self._changed.set()
+
+    async def _spawn_coordinator(self, index: int, listen: str, slot: Coord | None = None) -> Coord:
+        assert self.etcd is not None
+        generation = 0 if slot is None else slot.generation + 1
+        holder: dict[str, Coord] = {}
+        argv = ["-m", "querycoord.drill.coordinator_child", "--etcd-endpoints", ",".join(self.etcd.endpoints),
+                "--root", self.root, "--listen", listen, "--ttl", f"{self.opts.ttl:g}", "--stream-fast",
+                "--stream-watch-timeout", f"{self.opts.watch_timeout:g}"]
+        log = self.work / f"coord-{index}.{generation}.log"
+        child = await Child.spawn(f"coordinator c{index}.{generation}", argv, log, self.env,
+                                  sink=lambda ch, ev: self._on_event(holder, ch, ev))
+        try:
+            ready = await child.wait_event("ready", timeout=60)
+        except (EOFError, TimeoutError) as exc:
+            await child.stop()
+            raise DrillSetupError(f"coordinator c{index} did not start: {exc}\n{log_tail(log)}") from exc
+        if slot is None:
+            slot = Coord(index, child, str(ready["address"]))
+        else:
+            slot.child, slot.address, slot.generation, slot.role = child, str(ready["address"]), generation, "standby"
+        holder["slot"] = slot
+        for ev in list(child.events):
+            self._on_event(holder, child, ev)
+        return slot
+
+    async def _restart_coordinator(self, slot: Coord) -> None:
+        old = slot.address
+        for attempt in range(1, 5):
+            try:
+                await self._spawn_coordinator(slot.index, old if attempt <= 2 else "127.0.0.1:0", slot)
+                return
+            except DrillSetupError:
+                if attempt == 4:
+                    raise
+                await asyncio.sleep(attempt)
+
+    async def _spawn_node(self, index: int, vgroups: list[int], snode: bool, generation: int = 0) -> Node:
+        assert self.etcd is not None
+        argv = ["-m", "querycoord.nodes.streamnode", "--log-level", "INFO",
+                "--etcd-endpoints", ",".join(self.etcd.endpoints), "--root", self.root,
+                "--vgroups", ",".join(map(str, vgroups)), "--heartbeat-ms", f"{self.opts.heartbeat_ms:g}",
+                "--groups", "2", "--init-delay-ms", "100", "--ttl", f"{self.opts.ttl:g}"]
+        if snode:
+            argv.append("--snode")
+        log = self.work / f"node-{index}.{generation}.log"
+        child = await NodeChild.spawn_node(f"stream node n{index}.{generation}", argv, log, self.env)
+        try:
+            ready = await child.wait_event("ready", timeout=60)
+        except (EOFError, TimeoutError) as exc:
+            await child.stop()
+            raise DrillSetupError(f"stream node n{index} did not start: {exc}\n{log_tail(log)}") from exc
+        return Node(index, child, int(ready["node_id"]), list(vgroups), generation, snode)
+
+    # ----- leader and calls -----------------------------------------------------------------------------------------
+    def _leader(self) -> Coord | None:
+        live = [c for c in self.coords if c.role == "leader" and c.child.running]
+        return max(live, key=lambda c: c.role_t) if live else None
+
+    async def _wait_until(self, cond: Any, timeout: float) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            self._changed.clear()
+            value = cond()
+            if value:
+                return value
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), min(remaining, 0.5))
+
+    def _stub(self, address: str) -> stream_pb2_grpc.StreamMgmtStub:
+        ch = self._channels.get(address)
+        if ch is None:
+            ch = self._channels[address] = grpc.aio.insecure_channel(address)
+        return stream_pb2_grpc.StreamMgmtStub(ch)
+
+    async def _call(self, method: str, request: Any, timeout: float = 30.0) -> Any:
+        """Call the leader (waiting for one); retried while no coordinator answers as leader."""
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            leader = self._leader()
+            if leader is not None:
+                try:
+                    resp = await getattr(self._stub(leader.address), method)(request, timeout=5.0)
+                    if resp.status.error_code != common_pb2.NOT_LEADER:
+                        return resp
+                    last = resp.status.reason
+                except grpc.aio.AioRpcError as exc:
+                    last = f"{exc.code().name}: {exc.details()}"
+            await asyncio.sleep(0.2)
+        raise TimeoutError(f"{method}: no answer from a leader within {timeout:g}s ({last})")
+
+    async def _create_snode(self, node: Node) -> None:
+        resp = await self._call("CreateSnode", sp.CreateSnodeRequest(node_id=node.node_id))
+        if resp.status.error_code != common_pb2.SUCCESS:
+            raise DrillSetupError(f"CreateSnode on node {node.node_id}: {resp.status.reason}")
+        node.snode = True
+        self.note(f"snode {resp.snode.id} on {node.label} (node {node.node_id})")
+
+    async def _create_streams(self) -> None:
+        o = self.opts
+        all_vgs = sorted(v for n in self.nodes for v in n.vgroups)
+        # Streams need a live snode: the first CreateStream waits until an snode heartbeats.
+        deadline = time.monotonic() + 30
+        for i in range(o.streams):
+            k = self.rng.randint(1, min(3, len(all_vgs)))
+            vgs = sorted(self.rng.sample(all_vgs, k))
+            req = sp.CreateStreamRequest(
+                name=f"s{i:03d}", source_db="db", source_vgroup_ids=vgs,
+                trigger_vgroup_id=self.rng.choice(vgs) if self.rng.random() < 0.2 else 0,
+                num_calc_scan_plans=self.rng.randint(0, 2), num_calc_subplans=self.rng.randint(1, 3),
+                runner_deploys=self.rng.randint(1, 2))
+            while True:
+                resp = await self._call("CreateStream", req)
+                if resp.status.error_code == common_pb2.SUCCESS:
+                    break
+                if resp.status.error_code != common_pb2.NO_AVAILABLE_NODE or time.monotonic() > deadline:
+                    raise DrillSetupError(f"CreateStream {req.name}: {resp.status.reason}")
+                await asyncio.sleep(0.2)
+        names = self.rng.sample([f"s{i:03d}" for i in range(o.streams)], o.stops)
+        for name in sorted(names):
+            resp = await self._call("StopStream", sp.StopStreamRequest(stream=sp.StreamRef(name=name)))
+            if resp.status.error_code != common_pb2.SUCCESS:
+                raise DrillSetupError(f"StopStream {name}: {resp.status.reason}")
+            self.stopped_ids.add(resp.stream.id)
+        self.say(f"{o.streams} streams created, {len(names)} of them stopped by the user: {sorted(names)}")
+
+    # ----- observation ----------------------------------------------------------------------------------------------
+    async def _node_tasks(self) -> dict[int, dict[str, Any]]:
+        """node id -> the ``tasks`` ack of every live node."""
+        live = [n for n in self.nodes if n.child.running]
+        acks = await asyncio.gather(*(n.child.command("tasks") for n in live), return_exceptions=True)
+        return {n.node_id: a for n, a in zip(live, acks, strict=True) if isinstance(a, dict) and a.get("ok")}
+
+    async def observe(self) -> Observation:
+        ob = Observation()
+        try:
+            show = await self._call("ShowStreams", sp.ShowStreamsRequest(with_tasks=True), timeout=10)
+        except TimeoutError as exc:
+            ob.error = str(exc)
+            return ob
+        leader = self._leader()
+        ob.leader = leader.label if leader else "?"
+        ob.watching = show.watching
+        nodes = await self._node_tasks()
+        led = {v: nid for nid, a in nodes.items() for v in a.get("vgroups", [])}
+        snode_hosts = {a.get("snode_id"): nid for nid, a in nodes.items() if a.get("snode_id")}
+        # Leader's view: task id -> (sid, node); per stream.
+        leader_tasks: dict[int, tuple[int, int, int]] = {}
+        for info in show.streams:
+            sdef = info.stream
+            ob.streams += 1
+            for row in info.tasks:
+                leader_tasks[row.task.task_id] = (sdef.id, row.task.sid, row.task.node_id)
+            if sdef.user_stopped:
+                ob.user_stopped += 1
+                continue
+            name = sdef.name
+            exp = expected_counts(sdef)
+            kinds = Counter(row.task.kind for row in info.tasks)
+            why = ""
+            if info.state != sp.STREAM_RUNNING:
+                why = f"state {sp.StreamState.Name(info.state)} {info.stop_reason}".strip()
+            elif (kinds[sp.TRIGGER] != 1 or kinds[sp.TRIGGER_READER] != exp.trigger_readers
+                  or kinds[sp.CALC_READER] != exp.calc_readers or kinds[sp.RUNNER] != exp.runners):
+                why = f"tasks {dict(kinds)} != expected {exp}"
+            elif any(row.status != sp.TASK_RUNNING for row in info.tasks):
+                why = "a task is not RUNNING"
+            else:
+                for row in info.tasks:
+                    t = row.task
+                    if t.kind in (sp.TRIGGER_READER, sp.CALC_READER) and led.get(t.vgroup_id) != t.node_id:
+                        why = f"reader {t.task_id} of vgroup {t.vgroup_id} on node {t.node_id}, not its leader"
+                    elif t.kind in (sp.TRIGGER, sp.RUNNER) and snode_hosts.get(t.snode_id) != t.node_id:
+                        why = f"task {t.task_id} on snode {t.snode_id}, not on a live node hosting it"
+            if why:
+                ob.not_running.append(f"{name}: {why}")
+        # The nodes' view.
+        holders: dict[int, list[tuple[int, int]]] = {}
+        per_stream: dict[int, set[tuple[int, int, int]]] = {}
+        for nid, ack in nodes.items():
+            for t in ack.get("tasks", []):
+                if t.get("status") not in ALIVE:
+                    continue
+                tid, sid = int(t["task_id"]), int(t["sid"])
+                holders.setdefault(tid, []).append((nid, sid))
+                per_stream.setdefault(int(t["stream_id"]), set()).add((tid, sid, nid))
+                known = leader_tasks.get(tid)
+                if known is None:
+                    ob.stale.append(f"task {tid} (stream {t['stream_id']}, SID {sid}) on node {nid}: not the "
+                                    f"leader's")
+                elif sid < known[1]:
+                    ob.stale.append(f"task {tid} SID {sid} on node {nid}: the leader's SID is {known[1]}")
+        for tid, where in sorted(holders.items()):
+            if len({nid for nid, _ in where}) > 1:
+                ob.duplicates.append(f"task {tid} on nodes {sorted(where)}")
+        for tid, (stream_id, sid, nid) in sorted(leader_tasks.items()):
+            if stream_id in self.stopped_ids:
+                continue
+            if (nid, sid) not in holders.get(tid, []):
+                ob.missing.append(f"task {tid} SID {sid} (stream {stream_id}) not alive on node {nid}")
+        ob.instances = {s: frozenset(v) for s, v in per_stream.items() if s not in self.stopped_ids}
+        return ob
+
+    async def _quiesce(self, what: str, since: float | None = None) -> Observation:
+        """Observe until quiescent or ``quiesce_timeout``; the last observation."""
+        deadline = time.monotonic() + self.opts.quiesce_timeout
+        while True:
+            ob = await self.observe()
+            if ob.quiescent:
+                if since is not None:
+                    self.note(f"{what}: quiescent after {time.monotonic() - since:.2f}s")
+                return ob
+            if time.monotonic() > deadline:
+                self.say(f"{what}: NOT quiescent within {self.opts.quiesce_timeout:g}s: {ob.brief()}")
+                return ob
+            self.note(f"{what}: {ob.brief()}")
+            await asyncio.sleep(0.25)
+
+    async def _after_fault(self, fault: Fault, before: Observation | None = None) -> Observation:
+        ob = await self._quiesce(f"fault #{fault.n} ({fault.kind})", since=fault.t)
+        if ob.quiescent:
+            fault.recovered_s = time.monotonic() - fault.t
+        else:
+            self.result.violations.append(f"fault #{fault.n} ({fault.kind}, {fault.what}): not quiescent within "
+                                          f"{self.opts.quiesce_timeout:g}s: {ob.brief()}")
+        if before is not None:
+            ids = set(before.instances) | set(ob.instances)
+            fault.adopted = sum(1 for s in ids if before.instances.get(s) == ob.instances.get(s))
+            fault.redeployed = len(ids) - fault.adopted
+        self.say(f"fault #{fault.n} ({fault.kind}: {fault.what}): "
+                 + (f"recovered in {fault.recovered_s:.2f}s" if fault.recovered_s is not None else "NOT recovered")
+                 + (f"; {fault.adopted} streams adopted as they ran, {fault.redeployed} redeployed"
+                    if before is not None else ""))
+        return ob
+
+    # ----- faults ---------------------------------------------------------------------------------------------------
+    async def _run_faults(self) -> None:
+        o = self.opts
+        plan = (["leader-kill"] * min(o.leader_kills, 1) + ["node-kill"] * o.node_kills
+                + ["vgroup-move"] * o.vgroup_moves + ["task-fail"] * (1 if o.task_fails else 0)
+                + ["leader-kill"] * max(o.leader_kills - 1, 0))
+        for kind in plan:
+            n = len(self.result.faults) + 1
+            if kind == "leader-kill":
+                await self._leader_kill(n)
+            elif kind == "node-kill":
+                await self._node_kill(n)
+            elif kind == "vgroup-move":
+                await self._vgroup_move(n)
+            else:
+                await self._task_fail(n)
+
+    async def _leader_kill(self, n: int) -> None:
+        before = await self.observe()
+        leader = await self._wait_until(self._leader, 60)
+        old = leader.child
+        fault = Fault(n, "leader-kill", f"SIGKILL leader {leader.label}", time.monotonic())
+        self.result.faults.append(fault)
+        t_kill = old.kill_now()
+        leader.role = "dead"
+        self.say(f"fault #{n}: SIGKILL coordinator leader {leader.label}")
+        try:
+            new = await self._wait_until(
+                lambda: next((c for c in self.coords if c is not leader and c.role == "leader"
+                              and c.role_t >= t_kill and c.child.running), None), 60)
+            fault.note = f"{new.label} leads after {new.role_t - t_kill:.2f}s"
+        except TimeoutError:
+            self.result.violations.append(f"fault #{n}: no coordinator took over within 60s")
+            fault.note = "NO TAKEOVER"
+            new = None
+        await old.stop(1)
+        await self._restart_coordinator(leader)
+        await self._after_fault(fault, before)
+        if new is not None:
+            with contextlib.suppress(OSError):
+                found = _WATCH_ENDED.findall(new.child.log_path.read_text(errors="replace"))
+                if found:
+                    fault.leader_says_adopted = int(found[-1])
+
+    async def _node_kill(self, n: int) -> None:
+        victims = [x for x in self.nodes if x.snode and x.child.running]
+        victim = self.rng.choice(victims)
+        fault = Fault(n, "node-kill", f"SIGKILL {victim.label} (node {victim.node_id}, snode, vgroups "
+                                      f"{victim.vgroups}); replacement with a new snode", time.monotonic())
+        self.result.faults.append(fault)
+        victim.child.kill_now()
+        self.say(f"fault #{n}: SIGKILL stream node {victim.label} (node {victim.node_id}, hosts an snode)")
+        await victim.child.stop(1)
+        repl = await self._spawn_node(victim.index, victim.vgroups, True, victim.generation + 1)
+        self.nodes[self.nodes.index(victim)] = repl
+        await self._create_snode(repl)
+        fault.note = f"replacement {repl.label} is node {repl.node_id}"
+        await self._after_fault(fault)
+
+    async def _vgroup_move(self, n: int) -> None:
+        live = [x for x in self.nodes if x.child.running and x.vgroups]
+        src = self.rng.choice(live)
+        dst = self.rng.choice([x for x in self.nodes if x.child.running and x is not src])
+        vg = self.rng.choice(src.vgroups)
+        fault = Fault(n, "vgroup-move", f"vgroup {vg}: {src.label} -> {dst.label}", time.monotonic())
+        self.result.faults.append(fault)
+        self.say(f"fault #{n}: move vgroup {vg} from {src.label} to {dst.label}")
+        a = await src.child.command(f"unlead {vg}")
+        b = await dst.child.command(f"lead {vg}")
+        if not (a.get("ok") and b.get("ok")):
+            self.result.violations.append(f"fault #{n}: vgroup move refused: {a} / {b}")
+        src.vgroups.remove(vg)
+        dst.vgroups.append(vg)
+        fault.note = f"{len(a.get('readers_left', []))} readers left behind on {src.label}"
+        await self._after_fault(fault)
+
+    async def _task_fail(self, n: int) -> None:
+        nodes = await self._node_tasks()
+        by_node = {x.node_id: x for x in self.nodes if x.child.running}
+        alive = sorted((int(t["task_id"]), nid, str(t["kind"])) for nid, a in nodes.items()
+                       for t in a.get("tasks", []) if t.get("status") == "RUNNING" and nid in by_node)
+        # Different kinds first (a failed reader is redeployed alone, a failed trigger or runner stops the stream).
+        self.rng.shuffle(alive)
+        picks: list[tuple[int, int, str]] = []
+        for tid, nid, kind in alive:
+            if len(picks) < self.opts.task_fails and kind not in {k for _, _, k in picks}:
+                picks.append((tid, nid, kind))
+        picks += [x for x in alive if x not in picks][:self.opts.task_fails - len(picks)]
+        fault = Fault(n, "task-fail", ", ".join(f"{kind.lower()} {tid}" for tid, _, kind in picks),
+                      time.monotonic())
+        self.result.faults.append(fault)
+        self.say(f"fault #{n}: fail tasks {fault.what}")
+        acks = await asyncio.gather(*(by_node[nid].child.command(f"fail {tid} drill") for tid, nid, _ in picks))
+        refused = [a for a in acks if not a.get("ok")]
+        if refused:
+            fault.note = f"{len(refused)} refused: {refused[0].get('error')}"
+        await self._after_fault(fault)
+
+
+def render(result: StreamDrillResult) -> str:
+    o = result.opts
+    lines = [f"\nstream drill, seed {o.seed}: {o.nodes} nodes, {o.snodes} snodes, {o.streams} streams "
+             f"({o.stops} stopped by the user), {result.duration_s:.1f}s", ""]
+    head = f"{'#':>2}  {'fault':<12} {'recovered':>9}  {'adopted':>7} {'redeployed':>10} {'leader log':>10}  what"
+    lines += [head, "-" * len(head)]
+    for f in result.faults:
+        rec = f"{f.recovered_s:.2f}s" if f.recovered_s is not None else "NO"
+        ad = "" if f.adopted is None else str(f.adopted)
+        rd = "" if f.redeployed is None else str(f.redeployed)
+        ll = "" if f.leader_says_adopted is None else str(f.leader_says_adopted)
+        lines.append(f"{f.n:>2}  {f.kind:<12} {rec:>9}  {ad:>7} {rd:>10} {ll:>10}  {f.what}"
+                     + (f" ({f.note})" if f.note else ""))
+    final = result.final
+    lines.append("")
+    if final is not None:
+        lines.append(f"final: {final.streams} streams ({final.user_stopped} stopped by the user), leader "
+                     f"{final.leader}, {'quiescent' if final.quiescent else 'NOT quiescent'}")
+        for label, items in (("not running", final.not_running), ("duplicate", final.duplicates),
+                             ("stale", final.stale), ("missing", final.missing)):
+            lines.append(f"  {label:<12} {len(items)}")
+            lines += [f"    {x}" for x in items[:10]]
+        if final.error:
+            lines.append(f"  error: {final.error}")
+    for v in result.violations:
+        lines.append(f"VIOLATION: {v}")
+    lines.append("adopted/redeployed (per leader kill): streams whose task instances (task id, SID, node) on the "
+                 "nodes were the same before the kill and once quiescent under the new leader / the others; "
+                 "'leader log' is the new leader's own 'WATCH ended: N streams adopted'")
+    lines.append("RESULT: " + ("FAILED" if result.failed else "every invariant held"))
+    return "\n".join(lines)
+
+
+async def run_streams(opts: StreamDrillOptions, out: Any = None) -> int:
+    """Run the drill, print the table and the JSON line; 0 when every invariant held, 1 otherwise, 2 on setup."""
+    out = out or sys.stdout
+    drill = StreamDrill(opts, out)
+    try:
+        result = await drill.run()
+    except DrillSetupError as exc:
+        print(f"error: the stream drill could not start its processes: {exc}\n(work dir kept: {drill.work})",
+              file=sys.stderr)
+        return 2
+    print(render(result), file=out)
+    if result.failed:
+        print(f"\nFAILED; the same drill: {opts.command()}", file=out)
+    if result.failed or opts.keep or opts.work_dir:
+        print(f"\nlogs and etcd data kept in {drill.work}", file=out)
+    else:
+        shutil.rmtree(drill.work, ignore_errors=True)
+    print(json.dumps(result.summary()), file=out, flush=True)
+    return 1 if result.failed else 0

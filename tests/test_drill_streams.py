@@ -1,0 +1,49 @@
+"""The stream drill: a small run against real processes (2 coordinators, 3 stream nodes, 2 snodes, 8 streams)
+passes with zero violation counts, and its observation counts what it should."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from querycoord.drill.streams import Fault, Observation, StreamDrillOptions, StreamDrillResult
+
+
+def test_small_stream_drill_passes(subprocess_env: dict[str, str], tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "querycoord.drill", "streams", "--nodes", "3", "--snodes", "2", "--streams", "8",
+           "--leader-kills", "2", "--task-fails", "2", "--user-stops", "1", "--seed", "3", "--quiesce-timeout", "30",
+           "--work-dir", str(tmp_path / "drill")]
+    started = time.monotonic()
+    proc = subprocess.run(cmd, env=subprocess_env, capture_output=True, text=True, timeout=85)
+    elapsed = time.monotonic() - started
+    out = proc.stdout
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{out}\n{proc.stderr[-3000:]}"
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["streams"] == 8 and summary["leader_kills"] == 2
+    assert summary["duplicate_tasks"] == 0 and summary["stale_tasks"] == 0 and summary["not_running"] == 0, out
+    # 7 streams run (one stopped by the user), each counted once per leader kill.
+    assert summary["adopted_without_redeploy"] + summary["redeploys"] == 14, out
+    assert summary["recovered_s_max"] is not None and summary["recovered_s_max"] > 0
+    for kind in ("leader-kill", "node-kill", "vgroup-move", "task-fail"):
+        assert kind in out, out
+    assert "RESULT: every invariant held" in out
+    assert elapsed < 90
+
+
+def test_summary_counts_and_failure() -> None:
+    result = StreamDrillResult(StreamDrillOptions(streams=5))
+    result.faults = [Fault(1, "leader-kill", "", 0.0, recovered_s=1.5, adopted=4, redeployed=1),
+                     Fault(2, "node-kill", "", 0.0, recovered_s=2.25),
+                     Fault(3, "leader-kill", "", 0.0, recovered_s=1.0, adopted=5, redeployed=0)]
+    result.final = Observation(watching=False)
+    assert result.summary() == {"streams": 5, "leader_kills": 2, "adopted_without_redeploy": 9, "redeploys": 1,
+                                "recovered_s_max": 2.25, "duplicate_tasks": 0, "stale_tasks": 0, "not_running": 0}
+    assert not result.failed
+    result.final = Observation(watching=False, stale=["task 7 SID 1 on node 3: the leader's SID is 2"])
+    assert result.summary()["stale_tasks"] == 1 and result.failed
+    result.final = Observation(watching=False)
+    result.violations.append("fault #2: not quiescent")
+    assert result.failed
