@@ -35,6 +35,7 @@ drill: $(STAMP)
 	$(PY) -m querycoord.cli drill failover --coordinators 3 --nodes 4 --collections 20 --kills 10 --seed 1
 	$(PY) -m querycoord.cli drill failover --coordinators 3 --nodes 4 --collections 20 --kills 6 --seed 2 \
 		--etcd-members 3 --etcd-kills 4 --ttl 3
+	$(PY) -m querycoord.cli drill streams --nodes 4 --snodes 2 --streams 50 --seed 7
 
 clean:
 	rm -rf $(VENV) build *.egg-info
