@@ -25,8 +25,15 @@ and the others stand by; which one leads is followed from their
 ``wait_new_leader`` waits for a standby's ``leader`` event (emitted once it
 has reconciled with the nodes and resumed the persisted tasks).
 
+Optional reference stream nodes (``stream_nodes=N``, default none; the demo
+runs three) heartbeat to the coordinators' StreamMgmt service; each is started
+with ``--snode``, so it hosts the snode that ``CreateSnode`` creates for it.
+By default stream node ``i`` leads vgroup ``i``; ``stream_vgroups`` chooses.
+They stop with the query nodes, after the coordinators.
+
 Children log to files in the data dir (``coordinator.log``,
-``coordinator-<i>.log`` for the second and later ones, ``node-<i>.log``)
+``coordinator-<i>.log`` for the second and later ones, ``node-<i>.log``,
+``streamnode-<i>.log``)
 so the terminal shows only what the caller prints; a child that fails to
 start is reported with the tail of its log.
 """
@@ -218,6 +225,13 @@ class NodeProcess(ChildProcess):
     address: str = ""
 
 
+class StreamNodeProcess(ChildProcess):
+    """A stream node child; ``node_id`` and ``vgroups`` come from its ready event."""
+
+    node_id: int = 0
+    vgroups: tuple[int, ...] = ()
+
+
 class AllInOne:
     """etcd + ``coordinators`` coordinators + ``nodes`` query nodes, each a process (see module docstring).
 
@@ -229,6 +243,11 @@ class AllInOne:
     TTL of the coordinator and the nodes: how fast a crash is noticed.
     ``coord_args`` / ``node_args`` are extra command-line options (scheduler
     knobs, fault injection).
+
+    ``stream_nodes`` reference stream nodes (``querycoord streamnode --snode``)
+    start after the query nodes; ``stream_vgroups[i]`` lists the vgroups node
+    ``i`` leads (default ``[i + 1]``); ``stream_node_args`` are extra options
+    (``--heartbeat-ms`` ...).
     """
 
     def __init__(
@@ -248,9 +267,16 @@ class AllInOne:
         stop_timeout: float = 10.0,
         start_timeout: float = 60.0,
         temp_prefix: str = "querycoord-up-",
+        stream_nodes: int = 0,
+        stream_vgroups: Sequence[Sequence[int]] | None = None,
+        stream_node_args: Sequence[str] = (),
     ):
         if nodes < 0:
             raise ValueError(f"the number of query nodes must be >= 0, got {nodes}")
+        if stream_nodes < 0:
+            raise ValueError(f"the number of stream nodes must be >= 0, got {stream_nodes}")
+        if stream_vgroups is not None and len(stream_vgroups) != stream_nodes:
+            raise ValueError(f"stream_vgroups lists {len(stream_vgroups)} nodes, not {stream_nodes}")
         if coordinators < 1:
             raise ValueError(f"the number of coordinators must be >= 1, got {coordinators}")
         if ttl < 2:
@@ -280,6 +306,10 @@ class AllInOne:
         self.killed_at = 0.0
         self.nodes: list[NodeProcess] = []
         self._node_seq = 0
+        self.num_stream_nodes = stream_nodes
+        self.stream_vgroups = [list(v) for v in stream_vgroups] if stream_vgroups is not None else None
+        self.stream_node_args = list(stream_node_args)
+        self.stream_nodes: list[StreamNodeProcess] = []
         self._stopped = False
 
     @property
@@ -368,6 +398,9 @@ class AllInOne:
             raise ClusterStartError(f"no coordinator became leader: {what}; the log of the first one "
                                     f"{coord.log_path}:\n{log_tail(coord.log_path)}") from exc
         await self.add_nodes(self.num_nodes)
+        if self.num_stream_nodes:
+            vgroups = self.stream_vgroups or [[i + 1] for i in range(self.num_stream_nodes)]
+            await self.add_stream_nodes(vgroups)
 
     async def add_coordinators(self, n: int) -> list[CoordinatorProcess]:
         """Start ``n`` more coordinators and wait until each is ready (listens); they campaign on their own."""
@@ -418,6 +451,28 @@ class AllInOne:
         self.nodes.append(node)
         return node
 
+    async def add_stream_nodes(self, vgroups: Sequence[Sequence[int]]) -> list[StreamNodeProcess]:
+        """Start one stream node per entry of ``vgroups`` (the vgroups it leads); wait until each registered."""
+        new = [await self._spawn_stream_node(v) for v in vgroups]
+        for node in new:
+            try:
+                ev = await node.next_event("ready", timeout=self.start_timeout)
+            except (EOFError, TimeoutError) as exc:
+                raise ClusterStartError(f"{node.name} did not start: {exc or 'timeout'}; its log {node.log_path}:\n"
+                                        f"{log_tail(node.log_path)}") from exc
+            node.node_id, node.vgroups = int(ev["node_id"]), tuple(int(v) for v in ev.get("vgroups", []))
+        return new
+
+    async def _spawn_stream_node(self, vgroups: Sequence[int]) -> StreamNodeProcess:
+        i = len(self.stream_nodes) + 1
+        args = [*self._cli_prefix(), "streamnode", "--etcd-endpoints", ",".join(self.etcd_endpoints),
+                "--root", self.root, "--ttl", f"{self.ttl:g}", "--snode", "--vgroups", ",".join(map(str, vgroups)),
+                *self.stream_node_args]
+        node = await StreamNodeProcess.spawn(f"stream node #{i}", args, self.data_dir / f"streamnode-{i}.log",
+                                             self.env)
+        self.stream_nodes.append(node)
+        return node
+
     async def wait_nodes_online(self, node_ids: Sequence[int], timeout: float | None = None) -> None:
         """Until ShowNodes on the leader lists every id in ``node_ids`` as online."""
         want = set(node_ids)
@@ -441,7 +496,7 @@ class AllInOne:
     # ----- while running ----------------------------------------------------------------------------------------
     def exited(self) -> list[ChildProcess]:
         """Children that are no longer running (and were not stopped by us)."""
-        kids: list[ChildProcess] = [*self.coordinators, *self.nodes]
+        kids: list[ChildProcess] = [*self.coordinators, *self.nodes, *self.stream_nodes]
         return [k for k in kids if not k.running]
 
     async def kill_leader(self) -> float:
@@ -489,9 +544,15 @@ class AllInOne:
         """SIGKILL a query node: a real crash; its session lapses after the TTL."""
         return await node.kill()
 
+    async def kill_stream_node(self, node: StreamNodeProcess) -> int:
+        """SIGKILL a stream node: a real crash; its session lapses after the TTL (the leader then calls it lost)."""
+        return await node.kill()
+
     # ----- stop ---------------------------------------------------------------------------------------------------
     async def stop(self) -> None:
-        """Coordinators (standbys, then the leader), then nodes, then etcd: SIGTERM, SIGKILL after ``stop_timeout``.
+        """Coordinators (standbys, then the leader), then query and stream nodes, then etcd.
+
+        Each gets SIGTERM, then SIGKILL after ``stop_timeout``.
 
         Safe to call twice.
         """
@@ -502,7 +563,7 @@ class AllInOne:
         await asyncio.gather(*(c.stop(self.stop_timeout) for c in self.coordinators if c is not leader))
         if leader is not None:
             await leader.stop(self.stop_timeout)
-        await asyncio.gather(*(n.stop(self.stop_timeout) for n in self.nodes))
+        await asyncio.gather(*(n.stop(self.stop_timeout) for n in [*self.nodes, *self.stream_nodes]))
         if self.etcd is not None:
             await asyncio.to_thread(self.etcd.stop)
         if self._temp:
@@ -516,4 +577,4 @@ class AllInOne:
 
 
 __all__ = ["DEFAULT_LISTEN", "DEFAULT_ROOT", "AllInOne", "ChildProcess", "ClusterStartError", "CoordinatorProcess",
-           "NodeProcess", "log_tail", "pdeathsig_prefix"]
+           "NodeProcess", "StreamNodeProcess", "log_tail", "pdeathsig_prefix"]

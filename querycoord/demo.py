@@ -20,8 +20,18 @@ What it shows, each part a real process on the embedded etcd:
    leader's "leader" event minus the kill) is printed; the killed
    coordinator is replaced by a fresh standby;
 5. the first is released, and a summary printed (load state, segments per
-   node, task counts, the takeover time, elapsed time). Exit 0, no process
-   left behind.
+   node, task counts, the takeover time);
+6. streams (StreamMgmt, with three reference stream nodes: one leads the
+   source vgroups, two host an snode each): two snodes and ten streams are
+   created and run (a table from ShowStreams); the node of one snode is
+   SIGKILLed: once its session lapses the leader declares the snode lost,
+   redeploys the runners other streams had there on the surviving snode (same
+   task ids, SID + 1) and stops the streams whose trigger was there (their
+   retry is 30 s away: the coordinator's stream timings are TDengine's
+   defaults, with no flag to shorten them); then the leading coordinator is
+   SIGKILLed: the new leader watches the nodes' reports, adopts every running
+   stream as it runs (same task ids, SIDs and nodes) and redeploys the
+   stopped ones. The elapsed time is printed. Exit 0, no process left behind.
 
 The query nodes answer each call after a fixed latency (their fault
 injection flag): without it a load of thousands of segments finishes before
@@ -42,6 +52,10 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import grpc
 
 from meta.campaign import CandidateProcess
 from meta.client import connect
@@ -49,6 +63,7 @@ from meta.errors import NotLeader
 from meta.etcd_server import EtcdCluster
 from meta.fence import Fence
 from meta.kv import MetaKV
+from proto import common_pb2, stream_pb2, stream_pb2_grpc
 from proto import querycoord_pb2 as qc
 from querycoord import cli, draw
 from querycoord.client import CoordinatorUnavailable, QueryCoordClient
@@ -83,6 +98,7 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrency", type=int, default=6, help=hidden)
     p.add_argument("--kill-at", type=int, default=45, help=hidden)
     p.add_argument("--kill-leader-at", type=int, default=40, help=hidden)
+    p.add_argument("--streams", type=int, default=10, help=hidden)  # 0: no stream part
 
 
 def _count(n: int, one: str, many: str = "") -> str:
@@ -141,6 +157,9 @@ async def run_cluster(opts: argparse.Namespace, data_dir: str) -> int:
                     "--max-concurrent-children", str(opts.concurrency)],
         node_args=["--latency-ms", f"{opts.latency_ms:g}"],
         env=env, stop_timeout=5.0,
+        # Stream nodes: the first leads the source vgroups, the other two host the snodes (see run_streams).
+        stream_nodes=3 if opts.streams else 0, stream_vgroups=[[1, 2], [], []] if opts.streams else None,
+        stream_node_args=["--heartbeat-ms", "100"],
     )
     async with cluster:
         coord = cluster.coordinator
@@ -268,8 +287,206 @@ async def run_cluster(opts: argparse.Namespace, data_dir: str) -> int:
                 old_addr, new_addr, secs = takeover[0]
                 print(f"  leader takeover: {secs:.2f}s ({old_addr} SIGKILLed, {new_addr} took over; "
                       f"lease TTL {TTL:g}s)")
+        if opts.streams:
+            await run_streams(cluster, tl, opts)
     print(f"  elapsed: {time.time() - tl.t0:.1f}s")
     return 0
+
+
+# ===== the stream part ================================================================================================
+STREAM_HEADERS = ("STREAM", "ID", "STATE", "SNODE", "TASK IDS", "TRIGGER snode/SID", "RUNNER DEPLOYS snode/SID")
+
+
+class StreamMgmt:
+    """A StreamMgmt stub that follows the leader: UNAVAILABLE or NOT_LEADER moves on to the next coordinator."""
+
+    def __init__(self, cluster: AllInOne):
+        self.cluster = cluster
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    def _stub(self, address: str) -> stream_pb2_grpc.StreamMgmtStub:
+        ch = self._channels.get(address)
+        if ch is None:
+            ch = self._channels[address] = grpc.aio.insecure_channel(address)
+        return stream_pb2_grpc.StreamMgmtStub(ch)
+
+    async def call(self, method: str, request: Any, timeout: float = 20.0) -> Any:
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            for address in self.cluster.coordinator_addresses:
+                try:
+                    resp = await getattr(self._stub(address), method)(request, timeout=5.0)
+                except grpc.aio.AioRpcError as exc:
+                    last = f"{address}: {exc.code().name} {exc.details()}"
+                    continue
+                if resp.status.error_code == common_pb2.NOT_LEADER:
+                    last = f"{address}: {resp.status.reason}"
+                    continue
+                if resp.status.error_code != common_pb2.SUCCESS:
+                    raise cli.Refusal(f"{method}: {resp.status.reason}")
+                return resp
+            await asyncio.sleep(0.2)
+        raise TimeoutError(f"{method}: no coordinator answered as leader within {timeout:.0f}s ({last})")
+
+    async def show(self) -> stream_pb2.ShowStreamsResponse:
+        return await self.call("ShowStreams", stream_pb2.ShowStreamsRequest(with_tasks=True))
+
+    async def close(self) -> None:
+        for ch in self._channels.values():
+            await ch.close()
+
+
+def _running(info: stream_pb2.StreamStatusInfo) -> bool:
+    return (info.state == stream_pb2.STREAM_RUNNING and len(info.tasks) > 0
+            and all(t.status == stream_pb2.TASK_RUNNING for t in info.tasks))
+
+
+def _identity(info: stream_pb2.StreamStatusInfo) -> set[tuple[int, int, int]]:
+    """(task id, SID, node) of each task."""
+    return {(t.task.task_id, t.task.sid, t.task.node_id) for t in info.tasks}
+
+
+def _runner_deploys(info: stream_pb2.StreamStatusInfo) -> dict[int, list[stream_pb2.TaskId]]:
+    deploys: dict[int, list[stream_pb2.TaskId]] = {}
+    for t in sorted(info.tasks, key=lambda r: (r.task.deploy_id, r.task.task_idx)):
+        if t.task.kind == stream_pb2.RUNNER:
+            deploys.setdefault(t.task.deploy_id, []).append(t.task)
+    return deploys
+
+
+def _span(ids: list[int]) -> str:
+    """``#1-#11``, or ``#1-#5,#12`` when the ids are not one run."""
+    runs: list[list[int]] = []
+    for i in sorted(ids):
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return ",".join(f"#{r[0]}" if len(r) == 1 else f"#{r[0]}-#{r[-1]}" for r in runs)
+
+
+def stream_rows(show: stream_pb2.ShowStreamsResponse) -> list[list[object]]:
+    rows: list[list[object]] = []
+    for info in sorted(show.streams, key=lambda s: s.stream.id):
+        trig = next((t.task for t in info.tasks if t.task.kind == stream_pb2.TRIGGER), None)
+        state = stream_pb2.StreamState.Name(info.state).removeprefix("STREAM_").lower()
+        deploys = _runner_deploys(info)
+        rows.append([info.stream.name, info.stream.id, state, info.stream.main_snode_id,
+                     _span([t.task.task_id for t in info.tasks]) or "-",
+                     f"{trig.snode_id}/{trig.sid}" if trig else "-",
+                     " ".join(f"{ts[0].snode_id}/{max(t.sid for t in ts)}" for _, ts in sorted(deploys.items()))
+                     or "-"])
+    return rows
+
+
+def print_streams(show: stream_pb2.ShowStreamsResponse) -> None:
+    for line in draw.table(STREAM_HEADERS, stream_rows(show), right=(1, 3, 4)):
+        print("    " + line)
+
+
+async def wait_streams(sm: StreamMgmt, ok: Callable[[stream_pb2.ShowStreamsResponse], bool], what: str,
+                       timeout: float = 30.0) -> stream_pb2.ShowStreamsResponse:
+    deadline = time.monotonic() + timeout
+    while True:
+        show = await sm.show()
+        if not show.watching and ok(show):
+            return show
+        if time.monotonic() > deadline:
+            states = Counter(stream_pb2.StreamState.Name(s.state) for s in show.streams)
+            raise TimeoutError(f"streams not {what} within {timeout:.0f}s: {dict(states)}")
+        await asyncio.sleep(0.2)
+
+
+async def run_streams(cluster: AllInOne, tl: Timeline, opts: argparse.Namespace) -> None:
+    """Snodes and streams on the stream nodes; an snode's node is SIGKILLed, then the leading coordinator."""
+    print("\nstreams")
+    readers, *hosts = cluster.stream_nodes
+    tl.say(f"stream nodes {', '.join(f'{n.node_id} (pid {n.pid})' for n in cluster.stream_nodes)} heartbeat; "
+           f"node {readers.node_id} leads vgroups {', '.join(map(str, readers.vgroups))}")
+    sm = StreamMgmt(cluster)
+    try:
+        snode_of: dict[int, int] = {}  # snode id -> node id
+        for node in hosts:
+            resp = await sm.call("CreateSnode", stream_pb2.CreateSnodeRequest(node_id=node.node_id))
+            snode_of[resp.snode.id] = node.node_id
+        tl.say("CreateSnode: " + ", ".join(f"snode {s} on node {n}" for s, n in sorted(snode_of.items()))
+               + " (each the other's replica)")
+        # The nodes read their snode from etcd every second, then heartbeat it: wait until both are live.
+        t = time.monotonic()
+        await asyncio.sleep(1.5)
+        names = [f"s{i:02d}" for i in range(1, opts.streams + 1)]
+        for name in names:
+            req = stream_pb2.CreateStreamRequest(name=name, source_db="demo_db", source_vgroup_ids=readers.vgroups,
+                                                 num_calc_scan_plans=1, num_calc_subplans=2, runner_deploys=3)
+            await sm.call("CreateStream", req)
+        show = await wait_streams(sm, lambda s: len(s.streams) == len(names) and all(map(_running, s.streams)),
+                                  "RUNNING")
+        tasks = sum(len(s.tasks) for s in show.streams)
+        tl.say(f"CreateStream x{len(names)} (each 2 trigger + 2 calc readers, a trigger, 3 runner deploys of 2): "
+               f"{tasks} tasks RUNNING after {time.monotonic() - t:.1f}s")
+        print_streams(show)
+
+        # ---- SIGKILL the node of the snode with the most streams whose runners (only) are there ----
+        def moved_runner_streams(snode: int) -> list[stream_pb2.StreamStatusInfo]:
+            return [s for s in show.streams if s.stream.main_snode_id != snode
+                    and any(d[0].snode_id == snode for d in _runner_deploys(s).values())]
+
+        def main_streams(snode: int) -> int:
+            return sum(1 for s in show.streams if s.stream.main_snode_id == snode)
+
+        lost = max(snode_of, key=lambda s: (len(moved_runner_streams(s)), main_streams(s), s))
+        victim = next(n for n in hosts if n.node_id == snode_of[lost])
+        movers = {s.stream.id: s for s in moved_runner_streams(lost)}
+        stoppers = {s.stream.id for s in show.streams if s.stream.main_snode_id == lost}
+        killed_at = time.time()
+        await cluster.kill_stream_node(victim)
+        tl.say(f"SIGKILL stream node {victim.node_id} (pid {victim.pid}) hosting snode {lost}: "
+               f"{len(stoppers)} triggers and runners of {len(movers)} other streams were there", killed_at)
+
+        def handled(s: stream_pb2.ShowStreamsResponse) -> bool:
+            by_id = {i.stream.id: i for i in s.streams}
+            return (all(by_id[i].state == stream_pb2.STREAM_STOPPED_BY_ERROR for i in stoppers)
+                    and all(_running(by_id[i]) and all(t.task.snode_id != lost for t in by_id[i].tasks)
+                            for i in movers))
+
+        show = await wait_streams(sm, handled, "handled after the snode loss", timeout=20.0)
+        by_id = {i.stream.id: i for i in show.streams}
+        tl.say(f"snode {lost} lost once node {victim.node_id}'s session lapsed; after {time.time() - killed_at:.1f}s:")
+        for sid, before in sorted(movers.items()):
+            after = _runner_deploys(by_id[sid])
+            moved = [f"deploy {d} ({','.join(f'#{t.task_id}' for t in ts)}) snode {lost} -> {after[d][0].snode_id}, "
+                     f"SID {ts[0].sid} -> {after[d][0].sid}"
+                     for d, ts in sorted(_runner_deploys(before).items()) if ts[0].snode_id == lost]
+            print(f"          {before.stream.name}: runners redeployed: {'; '.join(moved)}")
+        if stoppers:
+            first = by_id[min(stoppers)]
+            retry = max(0.0, first.next_retry_ms / 1000 - time.time())
+            print(f"          {', '.join(by_id[i].stream.name for i in sorted(stoppers))}: stopped by error "
+                  f"({first.stop_reason}), retry in {retry:.0f}s")
+
+        # ---- SIGKILL the leading coordinator: the new leader adopts the running streams ----
+        before_ids = {s.stream.id: _identity(s) for s in show.streams if _running(s)}
+        old = cluster.coordinator
+        assert old is not None
+        killed_at = await cluster.kill_leader()
+        tl.say(f"SIGKILL coordinator {old.address} (pid {old.pid}), the leader", killed_at)
+        ev = await cluster.wait_new_leader(timeout=30.0)
+        tl.say(f"coordinator {ev['address']} took over after {ev['t'] - killed_at:.2f}s; it watches the stream "
+               f"nodes' reports before acting", ev["t"])
+        show = await wait_streams(sm, lambda s: all(_running(i) for i in s.streams if i.stream.id in before_ids),
+                                  "adopted", timeout=20.0)
+        by_id = {i.stream.id: i for i in show.streams}
+        same = [i for i, ids in before_ids.items() if _identity(by_id[i]) == ids]
+        tl.say(f"{len(same)} of {len(before_ids)} running streams adopted as they ran: same task ids, SIDs and nodes"
+               f" ({sum(len(v) for v in before_ids.values())} tasks, none redeployed)")
+        if stoppers:
+            show = await wait_streams(sm, lambda s: all(map(_running, s.streams)), "RUNNING", timeout=20.0)
+            tl.say(f"the {len(stoppers)} streams stopped by the snode loss were redeployed by the new leader on "
+                   f"snode {', '.join(map(str, sorted(set(snode_of) - {lost})))} (new task ids), all RUNNING")
+        print_streams(show)
+    finally:
+        await sm.close()
 
 
 async def wait_idle(c: QueryCoordClient, timeout: float = 60.0) -> None:
@@ -377,6 +594,9 @@ def run_from_args(opts: argparse.Namespace) -> int:
         if getattr(opts, name) < 1:
             print(f"error: --{name} must be >= 1", file=sys.stderr)
             return 2
+    if opts.streams < 0:
+        print("error: --streams must be >= 0", file=sys.stderr)
+        return 2
     if opts.nodes < 2:
         print("error: the demo kills a query node, so it needs --nodes 2 or more", file=sys.stderr)
         return 2

@@ -23,11 +23,12 @@ def test_cluster_demo_survives_a_node_and_a_leader_kill_and_leaves_no_process(su
     # seconds, so there is a "mid-load" to kill a node in (demo_a) and the leading coordinator in (demo_b).
     proc = subprocess.Popen(
         [sys.executable, "-m", "querycoord.demo", "--partitions", "4", "--segments", "240",
-         "--request-bytes", "1500", "--concurrency", "2", "--latency-ms", "200", "--kill-leader-at", "25"],
+         "--request-bytes", "1500", "--concurrency", "2", "--latency-ms", "200", "--kill-leader-at", "25",
+         "--streams", "6"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=subprocess_env,
     )
     try:
-        out, err = proc.communicate(timeout=120)
+        out, err = proc.communicate(timeout=150)
     finally:
         proc.kill()
     assert proc.returncode == 0, out + err
@@ -50,7 +51,7 @@ def test_cluster_demo_survives_a_node_and_a_leader_kill_and_leaves_no_process(su
     assert re.search(r"loading demo_b \[█+\] 100%", out), out
     assert re.search(r"replaced the killed coordinator with a standby at \S+ \(pid \d+\)", out), out
     assert re.search(r"ReleaseCollection demo_a \(task #\d+\) done", out), out
-    summary = out[out.index("\nsummary"):]
+    summary = out[out.index("\nsummary"):out.index("\nstreams")]
     assert re.search(r"^\s+\d+\s+demo_a\s+4\s+240\s+-\s+not loaded", summary, re.M), summary
     assert re.search(r"^\s+\d+\s+demo_b\s+2\s+160\s+collection\s+100%\s+2$", summary, re.M), summary
     # After the takeover the new leader lists the tasks it resumed (demo_b's load) or ran (the release).
@@ -59,10 +60,61 @@ def test_cluster_demo_survives_a_node_and_a_leader_kill_and_leaves_no_process(su
     assert "segments held by online nodes: 160" in summary, summary
     m = re.search(r"leader takeover: (\d+\.\d+)s \((\S+) SIGKILLed, (\S+) took over", summary)
     assert m and m.group(1) == took.group(2) and m.group(2) == kill.group(1) and m.group(3) == took.group(1), summary
-    assert re.search(r"elapsed: [\d.]+s", summary) and out.rstrip().endswith("done: every process stopped")
-    assert len(out.splitlines()) < 70, "the demo output stays readable"
+    _check_streams(out[out.index("\nstreams"):])
+    assert re.search(r"elapsed: [\d.]+s", out) and out.rstrip().endswith("done: every process stopped")
+    assert len(out.splitlines()) < 100, "the demo output stays readable"
     assert set(procs.etcd_pids_under("querycoord-demo-")) <= before, "etcd outlived the demo"
     assert not _gone(f"--root demo-{proc.pid}"), "a coordinator or query node outlived the demo"
+
+
+ROW = re.compile(r"^\s+(s\d\d)\s+\d+\s+(\w+)\s+(\d+)\s+(\S+)\s+(\d+)/(\d+)\s+((?:\d+/\d+ ?){3})$", re.M)
+
+
+def _rows(table: str) -> dict[str, tuple[str, str, str, str, list[tuple[str, str]]]]:
+    """name -> (state, main snode, task ids, trigger snode, [(runner snode, SID)] per deploy)."""
+    return {m.group(1): (m.group(2), m.group(3), m.group(4), m.group(5),
+                         [tuple(d.split("/")) for d in m.group(7).split()]) for m in ROW.finditer(table)}
+
+
+def _check_streams(part: str) -> None:
+    """Six streams run; an snode's node dies: runners move (SID + 1) or streams stop; the new leader adopts."""
+    assert re.search(r"CreateSnode: snode \d+ on node \d+, snode \d+ on node \d+", part), part
+    assert re.search(r"CreateStream x6 .*: 66 tasks RUNNING after", part), part
+    kill = part.index("SIGKILL stream node")
+    first = _rows(part[:kill])
+    assert len(first) == 6 and all(r[0] == "running" for r in first.values()), part
+    lost_m = re.search(r"snode (\d+) lost once node (\d+)'s session lapsed; after (\d+\.\d)s", part)
+    assert lost_m and float(lost_m.group(3)) < 15, part
+    lost = lost_m.group(1)
+    assert re.search(rf"SIGKILL stream node {lost_m.group(2)} \(pid \d+\) hosting snode {lost}", part), part
+    movers = dict(re.findall(r"^\s+(s\d\d): runners redeployed: (.*)$", part, re.M))
+    stopped = re.search(r"^\s+((?:s\d\d(?:, )?)+): stopped by error \(.*it hosts the trigger\), retry in \d+s$",
+                        part, re.M)
+    stoppers = stopped.group(1).split(", ") if stopped else []
+    assert movers or stoppers, part
+    assert sorted(stoppers) == sorted(n for n, r in first.items() if r[1] == lost), part
+    for name, moved in movers.items():
+        assert first[name][1] != lost and any(d[0] == lost for d in first[name][4]), part
+        for m in re.finditer(r"snode (\d+) -> (\d+), SID (\d+) -> (\d+)", moved):
+            assert m.group(1) == lost and m.group(2) != lost and int(m.group(4)) == int(m.group(3)) + 1, moved
+    # The leader dies; the new one adopts every running stream as it runs and redeploys the stopped ones.
+    took = re.search(r"SIGKILL coordinator (\S+) \(pid \d+\), the leader\n.*coordinator (\S+) took over after", part)
+    assert took and took.group(1) != took.group(2), part
+    adopted = re.search(r"(\d+) of (\d+) running streams adopted as they ran: same task ids, SIDs and nodes", part)
+    assert adopted and adopted.group(1) == adopted.group(2) == str(6 - len(stoppers)), part
+    last = _rows(part[adopted.end():])
+    assert len(last) == 6 and all(r[0] == "running" for r in last.values()), part
+    for name, (_, _main, ids, trig, deploys) in last.items():
+        assert trig != lost and all(d[0] != lost for d in deploys), part
+        if name in stoppers:
+            assert ids != first[name][2], "a stopped stream is redeployed with new task ids"
+        else:
+            assert ids == first[name][2], "adopted and moved streams keep their task ids"
+        if name in movers:
+            assert [d[1] for d in deploys] == ["2" if d[0] == lost else "1" for d in first[name][4]], part
+    if stoppers:
+        assert re.search(rf"the {len(stoppers)} streams stopped by the snode loss were redeployed by the new leader",
+                         part), part
 
 
 def test_election_demo_still_runs(subprocess_env) -> None:
