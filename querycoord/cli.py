@@ -120,6 +120,9 @@ def cmd_coord(args: argparse.Namespace) -> int:
             session_ttl=args.ttl, rpc_timeout=args.rpc_timeout, auto_balance_interval=args.auto_balance_interval,
             scheduler=sched,
         )
+        if args.stream_scale != 1.0:
+            config.stream = config.stream.scaled(args.stream_scale)
+            config.stream_tick = min(config.stream_tick, max(0.05, config.stream_tick * args.stream_scale))
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -687,6 +690,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                              "port 0: any free port)")
     p.add_argument("--ttl", type=float, default=10.0, help="session lease TTL in seconds (default 10)")
     p.add_argument("--rpc-timeout", type=float, default=10.0, help="timeout of a call to a query node (default 10)")
+    p.add_argument("--stream-scale", type=float, default=1.0,
+                   help="multiply every stream-manager duration (isolation, WATCH timeout, back-off...) by this; "
+                        "0.1 for demos and drills (default 1: TDengine's timings)")
     p.add_argument("--auto-balance-interval", type=float, default=60.0,
                    help="seconds between auto balance checks; 0 disables (default 60)")
     # Scheduler knobs for drills and the demo; production keeps the defaults.

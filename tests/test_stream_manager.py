@@ -527,3 +527,14 @@ async def test_watch_error_falls_back_to_redeploying_everything(
     await run_until_running(mgr, nodes, clock)
     after = snapshot(nodes)
     assert len(after) == len(before) and not {s[1] for s in after} & {s[1] for s in before}
+
+
+def test_stream_config_scales_durations_not_counts() -> None:
+    from querycoord.stream.manager import StreamConfig
+
+    base = StreamConfig()
+    fast = base.scaled(0.1)
+    assert fast.isolation == base.isolation * 0.1 and fast.watch_timeout == base.watch_timeout * 0.1
+    assert fast.fast_retries == base.fast_retries and fast.health_slots == base.health_slots
+    with pytest.raises(ValueError, match="positive"):
+        base.scaled(0)

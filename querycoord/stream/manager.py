@@ -88,6 +88,14 @@ STOP_VGROUP_LOST = 1005
 class StreamConfig:
     """Every duration of the manager, in seconds (TDengine's values by default; tests scale them down)."""
 
+    def scaled(self, factor: float) -> StreamConfig:
+        """The same configuration with every duration multiplied by ``factor`` (drills, demos: 0.1)."""
+        if factor <= 0:
+            raise ValueError(f"the stream time scale must be positive, got {factor}")
+        return dataclasses.replace(self, **{
+            f.name: getattr(self, f.name) * factor for f in dataclasses.fields(self) if f.type in ("float", float)
+        })
+
     # WATCH after a leader change ends at the latest this long after start() (TDengine's short isolation).
     watch_timeout: float = 10.0
     # A deployed task not heard of for this long is lost; an snode not heard of for this long is not live.
