@@ -90,6 +90,18 @@ class Coordinator:
         leader = await current_leader(self.kv, election_prefix(ELECTION))
         return leader.value.decode() if leader else None
 
+    async def not_leader_message(self) -> str:
+        """What a standby tells callers: who leads now (clients parse "the leader is at ADDR")."""
+        leader = None
+        try:
+            leader = await self.leader_address()
+        except MetaError:
+            pass
+        if leader == self.address:
+            return f"this coordinator ({self.address}) is taking over leadership; retry shortly"
+        return f"this coordinator ({self.address}) is not the leader; " + (
+            f"the leader is at {leader}" if leader else "no leader is elected yet")
+
     async def start(self) -> None:
         self.client = await connect(self.config.etcd)
         self.kv = MetaKV(self.client, self.config.root)

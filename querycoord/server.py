@@ -53,22 +53,11 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
         self.coord = coord
 
     # ----- plumbing -------------------------------------------------------------------------------------------
-    async def _not_leader_message(self) -> str:
-        leader = None
-        try:
-            leader = await self.coord.leader_address()
-        except MetaError:
-            pass
-        if leader == self.coord.address:
-            return f"this coordinator ({self.coord.address}) is taking over leadership; retry shortly"
-        return f"this coordinator ({self.coord.address}) is not the leader; " + (
-            f"the leader is at {leader}" if leader else "no leader is elected yet")
-
     async def _lead(self, context: grpc.aio.ServicerContext | None = None) -> Leadership:
         """The leadership, or (on a standby) gRPC UNAVAILABLE naming the leader, so clients move on."""
         lead = self.coord.leadership
         if lead is None or lead.scheduler.stopped or not self.coord.is_leader:
-            message = await self._not_leader_message()
+            message = await self.coord.not_leader_message()
             if context is not None:
                 await context.abort(grpc.StatusCode.UNAVAILABLE, message)
             raise Refused(common_pb2.NOT_LEADER, message)
@@ -95,7 +84,7 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
         except BrokerError as exc:
             return response_cls(status=status(exc.code, str(exc)))
         except NotLeader:
-            return response_cls(status=status(common_pb2.NOT_LEADER, await self._not_leader_message()))
+            return response_cls(status=status(common_pb2.NOT_LEADER, await self.coord.not_leader_message()))
         except MetaUnavailable as exc:
             return response_cls(status=status(common_pb2.META_UNAVAILABLE, str(exc)))
         except MetaError as exc:

@@ -47,17 +47,6 @@ class StreamMgmtServicer(stream_pb2_grpc.StreamMgmtServicer):
         self.coord = coord
 
     # ----- plumbing ---------------------------------------------------------------------------------------------------
-    async def _not_leader_message(self) -> str:
-        leader = None
-        try:
-            leader = await self.coord.leader_address()
-        except MetaError:
-            pass
-        if leader == self.coord.address:
-            return f"this coordinator ({self.coord.address}) is taking over leadership; retry shortly"
-        return f"this coordinator ({self.coord.address}) is not the leader; " + (
-            f"the leader is at {leader}" if leader else "no leader is elected yet")
-
     def _leadership(self) -> Leadership | None:
         lead = self.coord.leadership
         if lead is None or not self.coord.is_leader or lead.streams is None or lead.stream_store is None:
@@ -68,7 +57,7 @@ class StreamMgmtServicer(stream_pb2_grpc.StreamMgmtServicer):
         """The leadership, or (on a standby) gRPC UNAVAILABLE naming the leader."""
         lead = self._leadership()
         if lead is None:
-            message = await self._not_leader_message()
+            message = await self.coord.not_leader_message()
             if context is not None:
                 await context.abort(grpc.StatusCode.UNAVAILABLE, message)
             raise NotLeading(message)
@@ -85,7 +74,7 @@ class StreamMgmtServicer(stream_pb2_grpc.StreamMgmtServicer):
         except NotLeader as exc:
             # A fenced write was refused: this coordinator was deposed. Drop leadership; the caller moves on.
             self.coord._on_leadership_lost(exc)
-            message = await self._not_leader_message()
+            message = await self.coord.not_leader_message()
             if context is not None:
                 await context.abort(grpc.StatusCode.UNAVAILABLE, message)
             return response_cls(status=common_pb2.Status(error_code=common_pb2.NOT_LEADER, reason=message))
@@ -174,7 +163,7 @@ class StreamMgmtServicer(stream_pb2_grpc.StreamMgmtServicer):
             state = stream_pb2.STREAM_STOPPED_BY_USER if sdef.user_stopped else stream_pb2.STREAM_STATE_UNSPECIFIED
             resp.streams.append(stream_pb2.StreamStatusInfo(stream=sdef, state=state))
         resp.snodes.extend(await store.list_snodes())
-        note = await self._not_leader_message()
+        note = await self.coord.not_leader_message()
         resp.status.CopyFrom(common_pb2.Status(
             error_code=common_pb2.SUCCESS, reason=f"{note}: persisted streams only, without states or tasks"))
         return resp
