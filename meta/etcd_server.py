@@ -261,7 +261,9 @@ class EtcdCluster:
         binary: str | Path | None = None,
         stop_timeout: float = 5.0,
         extra_args: tuple[str, ...] = (),
+        port_source: Callable[[], int] = free_port,
     ):
+        """``port_source`` picks each loopback port; a port taken before etcd binds it makes start() retry."""
         if size < 1:
             raise ValueError("an etcd cluster needs at least one member")
         self.data_dir = Path(data_dir).resolve()
@@ -270,6 +272,7 @@ class EtcdCluster:
         self.binary = find_etcd_binary(binary)
         self.stop_timeout = stop_timeout
         self.extra_args = tuple(extra_args)
+        self._port_source = port_source
         self.members: list[EtcdMember] = []
         self._token = f"querycoord-{os.getpid()}-{int(time.time() * 1000)}"
         atexit.register(self.stop)
@@ -350,7 +353,7 @@ class EtcdCluster:
         for attempt in range(1, _START_ATTEMPTS + 1):
             ports: set[int] = set()
             while len(ports) < 3 * self.size:
-                ports.add(free_port())
+                ports.add(self._port_source())
             it = iter(ports)
             self.members = [
                 EtcdMember(

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 
-from meta.errors import MetaUnavailable, RequestTooLarge
+from meta.errors import RequestTooLarge
 from meta.kv import MetaKV
 from proto import catalog_pb2, catalog_pb2_grpc, common_pb2, data_pb2
 from querycoord.catalog import (
@@ -495,22 +495,33 @@ async def test_grpc_service_answers_and_error_statuses(stub: catalog_pb2_grpc.Ca
     assert again.status.error_code == common_pb2.NOT_FOUND
 
 
-async def test_grpc_service_reports_etcd_outage_as_meta_unavailable(
-    store: CatalogStore, stub: catalog_pb2_grpc.CatalogStub, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    async def down(*args: object, **kwargs: object) -> None:
-        raise MetaUnavailable(["http://10.0.0.1:2379"], "get", 15.0, None)
+async def test_grpc_service_reports_etcd_outage_as_meta_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A catalog whose etcd is unreachable (nothing listens on its port) answers META_UNAVAILABLE naming it."""
+    from meta.client import EtcdClient
+    from meta.config import EtcdConfig
+    from meta.etcd_server import free_port
 
-    monkeypatch.setattr(store.kv, "get_kv", down)
-    resp = await stub.DescribeCollection(catalog_pb2.DescribeCollectionRequest(collection_id=5))
-    assert resp.status.error_code == common_pb2.META_UNAVAILABLE and "10.0.0.1:2379" in resp.status.reason
+    endpoint = f"127.0.0.1:{free_port()}"
+    client = EtcdClient(EtcdConfig(endpoints=(endpoint,), call_timeout=0.3, deadline=1.0))
+    await client.connect()  # opens the channel lazily: nothing is contacted yet
+    dead = CatalogStore(MetaKV(client, "catalog-outage"))
+    srv, port = await start_catalog_server(dead)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = catalog_pb2_grpc.CatalogStub(channel)
+            resp = await stub.DescribeCollection(catalog_pb2.DescribeCollectionRequest(collection_id=5), timeout=30)
+            assert resp.status.error_code == common_pb2.META_UNAVAILABLE and endpoint in resp.status.reason
 
-    async def bug(*args: object, **kwargs: object) -> None:
-        raise ZeroDivisionError("boom")
+            # A bug in the store (not etcd) must not escape to gRPC either.
+            async def bug(*args: object, **kwargs: object) -> None:
+                raise ZeroDivisionError("boom")
 
-    monkeypatch.setattr(store.kv, "get_kv", bug)
-    resp = await stub.DescribeCollection(catalog_pb2.DescribeCollectionRequest(collection_id=5))
-    assert resp.status.error_code == common_pb2.UNEXPECTED_ERROR and "ZeroDivisionError" in resp.status.reason
+            monkeypatch.setattr(dead, "describe_collection", bug)
+            resp = await stub.DescribeCollection(catalog_pb2.DescribeCollectionRequest(collection_id=5), timeout=30)
+            assert resp.status.error_code == common_pb2.UNEXPECTED_ERROR and "ZeroDivisionError" in resp.status.reason
+    finally:
+        await srv.stop(None)
+        await client.close()
 
 
 # ----- brokers ----------------------------------------------------------------------------------------------------

@@ -160,9 +160,8 @@ def test_start_moves_to_new_ports_when_one_is_taken(
         squatter.listen()
         taken = squatter.getsockname()[1]
         handed_out = iter([taken])
-        real_free_port = etcd_server.free_port
-        monkeypatch.setattr(etcd_server, "free_port", lambda: next(handed_out, None) or real_free_port())
-        with EtcdCluster(tmp_path / "etcd") as cluster:
+        first_taken = lambda: next(handed_out, None) or etcd_server.free_port()  # noqa: E731
+        with EtcdCluster(tmp_path / "etcd", port_source=first_taken) as cluster:
             member = cluster.members[0]
             assert taken not in (member.client_port, member.peer_port, member.metrics_port)
             assert member.healthy()
