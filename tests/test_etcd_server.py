@@ -151,9 +151,7 @@ def test_a_member_that_fails_to_start_points_at_its_log(tmp_path: Path) -> None:
     assert "flag provided but not defined" in log_path.read_text()
 
 
-def test_start_moves_to_new_ports_when_one_is_taken(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, log_lines: list[str]
-) -> None:
+def test_start_moves_to_new_ports_when_one_is_taken(tmp_path: Path, log_lines: list[str]) -> None:
     """Another process may bind a chosen port before etcd does; start() then retries on new ports."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as squatter:
         squatter.bind(("127.0.0.1", 0))
