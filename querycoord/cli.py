@@ -308,6 +308,8 @@ async def create_collection(
     into etcd txns itself. A failure after some batches leaves those segments
     in the catalog (the error says how many), as the Catalog API documents.
     """
+    from querycoord.task.assign import merge_by_size
+
     if segments < 0:
         raise ValueError(f"--segments must be >= 0, got {segments}")
     if segment_mb <= 0:
@@ -327,22 +329,12 @@ async def create_collection(
     nrows = rows or max(1, mem // (DIM * 4 + 8))
 
     def batches() -> list[list[data_pb2.SegmentBinlogs]]:
-        out: list[list[data_pb2.SegmentBinlogs]] = []
-        cur: list[data_pb2.SegmentBinlogs] = []
-        size = 0
-        for i in range(segments):
-            pid = pids[i % len(pids)]
-            seg = data_pb2.SegmentBinlogs(collection_id=cid, partition_id=pid, num_rows=nrows, mem_size=mem,
-                                          binlog_paths=[f"insert_log/{cid}/{pid}/{i}/{k}" for k in range(2)])
-            s = seg.ByteSize() + 4
-            if cur and (len(cur) >= ADD_BATCH_SEGMENTS or size + s > ADD_BATCH_BYTES):
-                out.append(cur)
-                cur, size = [], 0
-            cur.append(seg)
-            size += s
-        if cur:
-            out.append(cur)
-        return out
+        segs = [
+            data_pb2.SegmentBinlogs(collection_id=cid, partition_id=pid, num_rows=nrows, mem_size=mem,
+                                    binlog_paths=[f"insert_log/{cid}/{pid}/{i}/{k}" for k in range(2)])
+            for i, pid in ((i, pids[i % len(pids)]) for i in range(segments))
+        ]
+        return merge_by_size(segs, ADD_BATCH_BYTES, max_items=ADD_BATCH_SEGMENTS)
 
     sem = asyncio.Semaphore(ADD_CONCURRENCY)
     added = 0

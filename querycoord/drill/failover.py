@@ -51,6 +51,7 @@ from querycoord.drill.invariants import (
     NodeView,
     check,
 )
+from querycoord.drill.leaders import LeaderTracking
 from querycoord.drill.schedule import (
     EtcdKill,
     KillLeader,
@@ -240,7 +241,7 @@ class DrillResult:
 
 
 # ----- the drill ------------------------------------------------------------------------------------------------
-class FailoverDrill:
+class FailoverDrill(LeaderTracking):
     """One run (see module docstring). ``run`` returns the result; every process is stopped before it returns."""
 
     def __init__(self, opts: DrillOptions, out: Any = None):
@@ -445,23 +446,6 @@ class FailoverDrill:
             await asyncio.to_thread(self.etcd.stop)
 
     # ----- leadership -----------------------------------------------------------------------------------------------
-    def _leader(self) -> CoordSlot | None:
-        live = [c for c in self.coords if c.role == "leader" and c.child.running]
-        return max(live, key=lambda c: c.role_t) if live else None
-
-    async def _wait_until(self, cond: Any, timeout: float) -> Any:
-        deadline = time.monotonic() + timeout
-        while True:
-            self._changed.clear()
-            value = cond()
-            if value:
-                return value
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), min(remaining, 0.5))
-
     async def _wait_leader(self, timeout: float) -> CoordSlot:
         """The current leader; TimeoutError if none appears within ``timeout``."""
         return await self._wait_until(self._leader, timeout)  # type: ignore[no-any-return]

@@ -45,6 +45,7 @@ import grpc
 from meta.etcd_server import EtcdCluster, _pdeathsig_prefix
 from proto import common_pb2, stream_pb2, stream_pb2_grpc
 from querycoord.drill.children import Child, EventSink, child_env, log_tail
+from querycoord.drill.leaders import LeaderTracking
 from querycoord.stream.plan import expected_counts
 
 sp = stream_pb2
@@ -247,7 +248,7 @@ class StreamDrillResult:
                     or self.final is None or self.final.error)
 
 
-class StreamDrill:
+class StreamDrill(LeaderTracking):
     def __init__(self, opts: StreamDrillOptions, out: Any = None):
         self.opts = opts
         self.out = out or sys.stdout
@@ -380,23 +381,6 @@ class StreamDrill:
         return Node(index, child, int(ready["node_id"]), list(vgroups), generation, snode)
 
     # ----- leader and calls -----------------------------------------------------------------------------------------
-    def _leader(self) -> Coord | None:
-        live = [c for c in self.coords if c.role == "leader" and c.child.running]
-        return max(live, key=lambda c: c.role_t) if live else None
-
-    async def _wait_until(self, cond: Any, timeout: float) -> Any:
-        deadline = time.monotonic() + timeout
-        while True:
-            self._changed.clear()
-            value = cond()
-            if value:
-                return value
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), min(remaining, 0.5))
-
     def _stub(self, address: str) -> stream_pb2_grpc.StreamMgmtStub:
         ch = self._channels.get(address)
         if ch is None:

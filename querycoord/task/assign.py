@@ -13,10 +13,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import TypeVar
+
+from google.protobuf.message import Message
 
 from proto import data_pb2, querynode_pb2
 from querycoord.cluster.allocator import Usage, allocate_channels, allocate_segments, allocate_waiting
 from querycoord.task.model import Task, TaskEnv
+
+M = TypeVar("M", bound=Message)
 
 
 def query_channels(collection_id: int) -> tuple[str, str]:
@@ -40,14 +45,15 @@ def strip_channel(info: data_pb2.VChannelInfo) -> data_pb2.VChannelInfo:
     return out
 
 
-def merge_by_size(infos: Sequence[data_pb2.SegmentLoadInfo], limit: int) -> list[list[data_pb2.SegmentLoadInfo]]:
-    """Consecutive groups whose wire size stays within ``limit`` (a single larger segment goes alone)."""
-    groups: list[list[data_pb2.SegmentLoadInfo]] = []
-    cur: list[data_pb2.SegmentLoadInfo] = []
+def merge_by_size(infos: Sequence[M], limit: int, *, max_items: int = 0) -> list[list[M]]:
+    """Consecutive groups whose wire size stays within ``limit`` bytes and, when given, ``max_items``
+    messages (a single larger message goes alone)."""
+    groups: list[list[M]] = []
+    cur: list[M] = []
     size = 0
     for info in infos:
         s = info.ByteSize() + 4
-        if cur and size + s > limit:
+        if cur and (size + s > limit or (max_items and len(cur) >= max_items)):
             groups.append(cur)
             cur, size = [], 0
         cur.append(info)
