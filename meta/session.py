@@ -68,6 +68,17 @@ class SessionInfo:
         d = json.loads(raw)
         return cls(int(d["ServerID"]), str(d["ServerName"]), str(d["Address"]), dict(d.get("Extra") or {}))
 
+    @classmethod
+    def parse(cls, key: str, raw: bytes) -> SessionInfo | None:
+        """``from_json``, or None (logged) for a value that is not a session: anyone who can write under
+        the prefix can put anything there, and one bad value must not stop a watcher."""
+        try:
+            return cls.from_json(raw)
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as exc:
+            logger.warning("session key {} ignored: not a valid session value ({}: {})", key,
+                           type(exc).__name__, exc)
+            return None
+
 
 def check_role(role: str) -> str:
     """Roles are plain words: ``session/<role>-`` must never be a prefix of another role's keys."""
@@ -264,8 +275,9 @@ async def list_sessions(kv: MetaKV, role: str) -> SessionSnapshot:
     snap = await kv.load_prefix(role_prefix(role))
     sessions = {}
     for item in snap.kvs:
-        info = SessionInfo.from_json(item.value)
-        sessions[info.server_id] = info
+        info = SessionInfo.parse(item.key, item.value)
+        if info is not None:
+            sessions[info.server_id] = info
     return SessionSnapshot(sessions, snap.revision)
 
 
@@ -283,13 +295,16 @@ async def watch_sessions(
     yield snap
     async for item in watch_prefix(kv, prefix, snap.revision + 1, reconnect_deadline=reconnect_deadline):
         if isinstance(item, Resync):
-            infos = [SessionInfo.from_json(x.value) for x in item.snapshot.kvs]
+            infos = [i for x in item.snapshot.kvs if (i := SessionInfo.parse(x.key, x.value)) is not None]
             known = {info.key: info for info in infos}
             yield SessionSnapshot({i.server_id: i for i in infos}, item.revision)
             continue
         for e in item.events:
             if e.type is EventType.PUT:
-                info = SessionInfo.from_json(e.value)
+                parsed = SessionInfo.parse(e.key, e.value)
+                if parsed is None:
+                    continue
+                info = parsed
                 known[e.key] = info
                 yield SessionEvent(EventType.PUT, info, e.mod_revision)
             else:

@@ -23,6 +23,7 @@ class TaskKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TASK_KIND_WATCH_QUERY_CHANNEL: _ClassVar[TaskKind]
     TASK_KIND_HANDOFF: _ClassVar[TaskKind]
     TASK_KIND_LOAD_BALANCE: _ClassVar[TaskKind]
+    TASK_KIND_REPAIR: _ClassVar[TaskKind]
 
 class TaskState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -39,6 +40,7 @@ class TriggerCondition(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TRIGGER_CONDITION_LOAD_BALANCE: _ClassVar[TriggerCondition]
     TRIGGER_CONDITION_GRPC_REQUEST: _ClassVar[TriggerCondition]
     TRIGGER_CONDITION_NODE_DOWN: _ClassVar[TriggerCondition]
+    TRIGGER_CONDITION_CHECKER: _ClassVar[TriggerCondition]
 
 class BalanceReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -58,6 +60,7 @@ TASK_KIND_WATCH_DELTA_CHANNEL: TaskKind
 TASK_KIND_WATCH_QUERY_CHANNEL: TaskKind
 TASK_KIND_HANDOFF: TaskKind
 TASK_KIND_LOAD_BALANCE: TaskKind
+TASK_KIND_REPAIR: TaskKind
 TASK_STATE_UNDO: TaskState
 TASK_STATE_DOING: TaskState
 TASK_STATE_DONE: TaskState
@@ -68,6 +71,7 @@ TRIGGER_CONDITION_HANDOFF: TriggerCondition
 TRIGGER_CONDITION_LOAD_BALANCE: TriggerCondition
 TRIGGER_CONDITION_GRPC_REQUEST: TriggerCondition
 TRIGGER_CONDITION_NODE_DOWN: TriggerCondition
+TRIGGER_CONDITION_CHECKER: TriggerCondition
 BALANCE_REASON_UNSPECIFIED: BalanceReason
 BALANCE_REASON_USER: BalanceReason
 BALANCE_REASON_NODE_DOWN: BalanceReason

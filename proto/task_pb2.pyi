@@ -16,8 +16,34 @@ class HandoffSegmentsRequest(_message.Message):
     segment_infos: _containers.RepeatedCompositeFieldContainer[_data_pb2.SegmentInfo]
     def __init__(self, segment_infos: _Optional[_Iterable[_Union[_data_pb2.SegmentInfo, _Mapping]]] = ...) -> None: ...
 
+class RepairRequest(_message.Message):
+    __slots__ = ("missing_segments", "release_segments", "rewatch", "release_collection_on_nodes", "adopt", "forget_segment_ids", "reason")
+    MISSING_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    REWATCH_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_COLLECTION_ON_NODES_FIELD_NUMBER: _ClassVar[int]
+    ADOPT_FIELD_NUMBER: _ClassVar[int]
+    FORGET_SEGMENT_IDS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    missing_segments: _containers.RepeatedCompositeFieldContainer[_data_pb2.SegmentInfo]
+    release_segments: _containers.RepeatedCompositeFieldContainer[NodeSegments]
+    rewatch: _containers.RepeatedCompositeFieldContainer[_data_pb2.DmChannelWatchInfo]
+    release_collection_on_nodes: _containers.RepeatedScalarFieldContainer[int]
+    adopt: _containers.RepeatedCompositeFieldContainer[_data_pb2.SegmentInfo]
+    forget_segment_ids: _containers.RepeatedScalarFieldContainer[int]
+    reason: str
+    def __init__(self, missing_segments: _Optional[_Iterable[_Union[_data_pb2.SegmentInfo, _Mapping]]] = ..., release_segments: _Optional[_Iterable[_Union[NodeSegments, _Mapping]]] = ..., rewatch: _Optional[_Iterable[_Union[_data_pb2.DmChannelWatchInfo, _Mapping]]] = ..., release_collection_on_nodes: _Optional[_Iterable[int]] = ..., adopt: _Optional[_Iterable[_Union[_data_pb2.SegmentInfo, _Mapping]]] = ..., forget_segment_ids: _Optional[_Iterable[int]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class NodeSegments(_message.Message):
+    __slots__ = ("node_id", "segment_ids")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_IDS_FIELD_NUMBER: _ClassVar[int]
+    node_id: int
+    segment_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, node_id: _Optional[int] = ..., segment_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class TaskRecord(_message.Message):
-    __slots__ = ("id", "kind", "parent_id", "state", "retry_count", "trigger_condition", "excluded_node_ids", "node_id", "error", "error_code", "collection_id", "created_ms", "updated_ms", "replaces_task_id", "load_collection", "release_collection", "load_partitions", "release_partitions", "load_segments", "release_segments", "watch_dm_channels", "watch_delta_channels", "add_query_channel", "handoff", "load_balance", "release_collection_on_node", "release_partitions_on_node")
+    __slots__ = ("id", "kind", "parent_id", "state", "retry_count", "trigger_condition", "excluded_node_ids", "node_id", "error", "error_code", "collection_id", "created_ms", "updated_ms", "replaces_task_id", "load_collection", "release_collection", "load_partitions", "release_partitions", "load_segments", "release_segments", "watch_dm_channels", "watch_delta_channels", "add_query_channel", "handoff", "load_balance", "release_collection_on_node", "release_partitions_on_node", "repair")
     ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     PARENT_ID_FIELD_NUMBER: _ClassVar[int]
@@ -45,6 +71,7 @@ class TaskRecord(_message.Message):
     LOAD_BALANCE_FIELD_NUMBER: _ClassVar[int]
     RELEASE_COLLECTION_ON_NODE_FIELD_NUMBER: _ClassVar[int]
     RELEASE_PARTITIONS_ON_NODE_FIELD_NUMBER: _ClassVar[int]
+    REPAIR_FIELD_NUMBER: _ClassVar[int]
     id: int
     kind: _querycoord_pb2.TaskKind
     parent_id: int
@@ -72,4 +99,5 @@ class TaskRecord(_message.Message):
     load_balance: _querycoord_pb2.LoadBalanceRequest
     release_collection_on_node: _querynode_pb2.ReleaseCollectionRequest
     release_partitions_on_node: _querynode_pb2.ReleasePartitionsRequest
-    def __init__(self, id: _Optional[int] = ..., kind: _Optional[_Union[_querycoord_pb2.TaskKind, str]] = ..., parent_id: _Optional[int] = ..., state: _Optional[_Union[_querycoord_pb2.TaskState, str]] = ..., retry_count: _Optional[int] = ..., trigger_condition: _Optional[_Union[_querycoord_pb2.TriggerCondition, str]] = ..., excluded_node_ids: _Optional[_Iterable[int]] = ..., node_id: _Optional[int] = ..., error: _Optional[str] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., collection_id: _Optional[int] = ..., created_ms: _Optional[int] = ..., updated_ms: _Optional[int] = ..., replaces_task_id: _Optional[int] = ..., load_collection: _Optional[_Union[_querycoord_pb2.LoadCollectionRequest, _Mapping]] = ..., release_collection: _Optional[_Union[_querycoord_pb2.ReleaseCollectionRequest, _Mapping]] = ..., load_partitions: _Optional[_Union[_querycoord_pb2.LoadPartitionsRequest, _Mapping]] = ..., release_partitions: _Optional[_Union[_querycoord_pb2.ReleasePartitionsRequest, _Mapping]] = ..., load_segments: _Optional[_Union[_querynode_pb2.LoadSegmentsRequest, _Mapping]] = ..., release_segments: _Optional[_Union[_querynode_pb2.ReleaseSegmentsRequest, _Mapping]] = ..., watch_dm_channels: _Optional[_Union[_querynode_pb2.WatchDmChannelsRequest, _Mapping]] = ..., watch_delta_channels: _Optional[_Union[_querynode_pb2.WatchDeltaChannelsRequest, _Mapping]] = ..., add_query_channel: _Optional[_Union[_querynode_pb2.AddQueryChannelRequest, _Mapping]] = ..., handoff: _Optional[_Union[HandoffSegmentsRequest, _Mapping]] = ..., load_balance: _Optional[_Union[_querycoord_pb2.LoadBalanceRequest, _Mapping]] = ..., release_collection_on_node: _Optional[_Union[_querynode_pb2.ReleaseCollectionRequest, _Mapping]] = ..., release_partitions_on_node: _Optional[_Union[_querynode_pb2.ReleasePartitionsRequest, _Mapping]] = ...) -> None: ...
+    repair: RepairRequest
+    def __init__(self, id: _Optional[int] = ..., kind: _Optional[_Union[_querycoord_pb2.TaskKind, str]] = ..., parent_id: _Optional[int] = ..., state: _Optional[_Union[_querycoord_pb2.TaskState, str]] = ..., retry_count: _Optional[int] = ..., trigger_condition: _Optional[_Union[_querycoord_pb2.TriggerCondition, str]] = ..., excluded_node_ids: _Optional[_Iterable[int]] = ..., node_id: _Optional[int] = ..., error: _Optional[str] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., collection_id: _Optional[int] = ..., created_ms: _Optional[int] = ..., updated_ms: _Optional[int] = ..., replaces_task_id: _Optional[int] = ..., load_collection: _Optional[_Union[_querycoord_pb2.LoadCollectionRequest, _Mapping]] = ..., release_collection: _Optional[_Union[_querycoord_pb2.ReleaseCollectionRequest, _Mapping]] = ..., load_partitions: _Optional[_Union[_querycoord_pb2.LoadPartitionsRequest, _Mapping]] = ..., release_partitions: _Optional[_Union[_querycoord_pb2.ReleasePartitionsRequest, _Mapping]] = ..., load_segments: _Optional[_Union[_querynode_pb2.LoadSegmentsRequest, _Mapping]] = ..., release_segments: _Optional[_Union[_querynode_pb2.ReleaseSegmentsRequest, _Mapping]] = ..., watch_dm_channels: _Optional[_Union[_querynode_pb2.WatchDmChannelsRequest, _Mapping]] = ..., watch_delta_channels: _Optional[_Union[_querynode_pb2.WatchDeltaChannelsRequest, _Mapping]] = ..., add_query_channel: _Optional[_Union[_querynode_pb2.AddQueryChannelRequest, _Mapping]] = ..., handoff: _Optional[_Union[HandoffSegmentsRequest, _Mapping]] = ..., load_balance: _Optional[_Union[_querycoord_pb2.LoadBalanceRequest, _Mapping]] = ..., release_collection_on_node: _Optional[_Union[_querynode_pb2.ReleaseCollectionRequest, _Mapping]] = ..., release_partitions_on_node: _Optional[_Union[_querynode_pb2.ReleasePartitionsRequest, _Mapping]] = ..., repair: _Optional[_Union[RepairRequest, _Mapping]] = ...) -> None: ...

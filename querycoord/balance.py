@@ -47,22 +47,32 @@ def plan_move(rates: dict[int, tuple[int, int]], sizes: dict[int, list[tuple[int
 
 
 async def auto_balance_loop(scheduler: Scheduler, interval: float, spread: float) -> None:
-    env = scheduler.env
-    while True:
+    """Every ``interval``, one move if the spread calls for it; an error is logged and the loop goes on."""
+    while not scheduler.stopped:
         await asyncio.sleep(interval)
-        if any(t.KIND == qc.TASK_KIND_LOAD_BALANCE for t in scheduler.triggers.values()):
-            continue
-        online = env.nodes.online()
-        rates = {n.node_id: (env.meta.node_memory_usage(n.node_id), n.capacity) for n in online}
-        sizes = {n.node_id: [(s.segment_id, s.mem_size) for s in env.meta.segments_on_node(n.node_id)]
-                 for n in online}
-        move = plan_move(rates, sizes, spread=spread, memory_limit=env.config.memory_limit)
-        if move is None:
-            continue
-        src, dst, segs = move
-        req = qc.LoadBalanceRequest(source_node_ids=[src], dst_node_ids=[dst], sealed_segment_ids=segs,
-                                    reason=qc.BALANCE_REASON_AUTO)
-        task = LoadBalanceTask.new(env, req, trigger_condition=qc.TRIGGER_CONDITION_LOAD_BALANCE)
-        await scheduler.enqueue(task)  # type: ignore[arg-type]
-        logger.info("auto balance: moving {} segments from node {} to node {} (task {})", len(segs), src, dst,
-                    task.id)
+        try:
+            await auto_balance_once(scheduler, spread)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.opt(exception=exc).warning("auto balance failed this round: {}", exc)
+
+
+async def auto_balance_once(scheduler: Scheduler, spread: float) -> None:
+    env = scheduler.env
+    if any(t.KIND == qc.TASK_KIND_LOAD_BALANCE for t in scheduler.triggers.values()):
+        return
+    online = env.nodes.online()
+    rates = {n.node_id: (env.meta.node_memory_usage(n.node_id), n.capacity) for n in online}
+    sizes = {n.node_id: [(s.segment_id, s.mem_size) for s in env.meta.segments_on_node(n.node_id)]
+             for n in online}
+    move = plan_move(rates, sizes, spread=spread, memory_limit=env.config.memory_limit)
+    if move is None:
+        return
+    src, dst, segs = move
+    req = qc.LoadBalanceRequest(source_node_ids=[src], dst_node_ids=[dst], sealed_segment_ids=segs,
+                                reason=qc.BALANCE_REASON_AUTO)
+    task = LoadBalanceTask.new(env, req, trigger_condition=qc.TRIGGER_CONDITION_LOAD_BALANCE)
+    await scheduler.enqueue(task)  # type: ignore[arg-type]
+    logger.info("auto balance: moving {} segments from node {} to node {} (task {})", len(segs), src, dst,
+                task.id)

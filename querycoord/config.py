@@ -21,6 +21,8 @@ class CoordConfig:
     # 0 disables auto balance.
     auto_balance_interval: float = 60.0
     balance_spread: float = 0.30
+    # How often the checker compares what should be held with what nodes hold (it is also kicked by events).
+    checker_interval: float = 5.0
     # Address of an external Catalog service; None runs the catalog inside the coordinator.
     catalog_address: str | None = None
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from loguru import logger
@@ -23,11 +24,12 @@ from meta.idalloc import IdAllocator
 from meta.kv import MetaKV
 from meta.session import Session, SessionEvent, SessionSnapshot, watch_sessions
 from meta.watch import EventType
-from proto import data_pb2, querynode_pb2, task_pb2
 from proto import querycoord_pb2 as qc
+from proto import querynode_pb2
 from querycoord.balance import auto_balance_loop
 from querycoord.catalog.broker import Broker, GrpcBroker, LocalBroker
-from querycoord.catalog.store import CatalogStore, SegmentResync
+from querycoord.catalog.store import CatalogStore
+from querycoord.checker import Checker
 from querycoord.cluster.nodes import NodeManager
 from querycoord.config import CoordConfig
 from querycoord.querymeta import QueryMeta
@@ -37,7 +39,8 @@ from querycoord.stream.store import StreamStore
 from querycoord.task.model import TaskEnv
 from querycoord.task.scheduler import Scheduler
 from querycoord.task.store import TaskStore
-from querycoord.task.triggers import HandoffTask, LoadBalanceTask
+from querycoord.task.triggers import LoadBalanceTask
+from querycoord.watchers import kick_on_node_changes, run_handoff
 
 ROLE = "querycoord"
 ELECTION = "querycoord"
@@ -58,6 +61,7 @@ class Leadership:
     # Stream management (built per leadership; querycoord/stream/service.py serves it).
     stream_store: StreamStore | None = None
     streams: StreamManager | None = None
+    checker: Checker | None = None
 
 
 class Coordinator:
@@ -73,6 +77,7 @@ class Coordinator:
         self.became_leader = asyncio.Event()
         self._main: asyncio.Task[None] | None = None
         self._lost = asyncio.Event()
+        self._term = 0  # leaderships taken by this process; loss callbacks carry theirs
         self._stopping = False
         # What etcd accepted through the last fence held (reported when leadership is lost).
         self.last_leadership: dict[str, object] = {}
@@ -163,12 +168,34 @@ class Coordinator:
             if self.session is not None:
                 await self.session.close(revoke=False)
 
-    def _on_leadership_lost(self, exc: BaseException) -> None:
-        self._lost.set()
+    def _loss_callback(self, term: int) -> Callable[[BaseException], None]:
+        """A leadership-loss callback bound to ``term``: a component left over from an earlier or failed
+        takeover can never depose a later, valid term."""
+
+        def lost(exc: BaseException) -> None:
+            if term == self._term:
+                self._lost.set()
+            else:
+                logger.info("coordinator: ignoring a leadership loss from term {} (current term {}): {}", term,
+                            self._term, exc)
+
+        return lost
 
     async def _become_leader(self, fence: Fence) -> None:
-        assert self.kv is not None and self.broker is not None
+        """Build and start everything a leader runs; if any step fails, stop what was started."""
+        self._term += 1
         self._lost.clear()
+        started: list[Callable[[], Awaitable[None]]] = []
+        try:
+            await self._take_over(fence, self._term, started)
+        except BaseException:
+            for stop in reversed(started):
+                with contextlib.suppress(Exception):
+                    await stop()
+            raise
+
+    async def _take_over(self, fence: Fence, term: int, started: list[Callable[[], Awaitable[None]]]) -> None:
+        assert self.kv is not None and self.broker is not None
         fenced = self.kv.fenced(fence)
         meta = QueryMeta(fenced)
         await meta.reload()
@@ -184,28 +211,42 @@ class Coordinator:
         ids = IdAllocator(fenced, "idalloc/task")
         env = TaskEnv(meta=meta, nodes=nodes, broker=self.broker, store=store, ids=ids,
                       config=self.config.scheduler)
-        scheduler = Scheduler(env, on_leadership_lost=self._on_leadership_lost)
+        scheduler = Scheduler(env, on_leadership_lost=self._loss_callback(term))
         holder["scheduler"] = scheduler
+        started.append(nodes.stop)
         await nodes.start()
+        started.append(scheduler.stop)
         queued = await scheduler.reload()
         # Meta and the nodes must agree before anything resumes (only then SERVING).
         await reconcile(scheduler)
         await scheduler.start(reload=False)
+        checker = Checker(scheduler, interval=self.config.checker_interval)
         # Streams: only definitions are persisted; the manager rebuilds its task maps (WATCH when streams exist).
         stream_store = StreamStore(fenced)
         streams = StreamManager(stream_store, leader_revision=fence.revision, config=self.config.stream)
         await streams.start()
-        tasks = [asyncio.create_task(self._handoff_loop(scheduler, meta), name="handoff")]
+        tasks: list[asyncio.Task[None]] = []
+
+        async def cancel_tasks() -> None:
+            for t in tasks:
+                t.cancel()
+
+        started.append(cancel_tasks)
+        tasks.append(asyncio.create_task(run_handoff(self.broker, self.kv, scheduler, meta, checker), name="handoff"))
+        tasks.append(asyncio.create_task(checker.run_forever(), name="checker"))
+        checker.kick()  # the first check right after takeover
+        tasks.append(asyncio.create_task(kick_on_node_changes(nodes, checker), name="checker-kicks"))
         if self.config.auto_balance_interval > 0:
             tasks.append(asyncio.create_task(
                 auto_balance_loop(scheduler, self.config.auto_balance_interval, self.config.balance_spread),
                 name="auto-balance"))
         tasks.append(asyncio.create_task(self._stream_nodes_loop(streams), name="stream-nodes"))
         tasks.append(asyncio.create_task(self._stream_tick_loop(streams), name="stream-tick"))
-        self.leadership = Leadership(fence, fenced, meta, nodes, scheduler, env, tasks, stream_store, streams)
         # Nodes that meta still places segments on but that are gone: balance them away.
         for node_id in sorted(meta.known_node_ids() - {n.node_id for n in nodes.online()}):
             await self._node_down(scheduler, meta, node_id)
+        self.leadership = Leadership(fence, fenced, meta, nodes, scheduler, env, tasks, stream_store, streams,
+                                     checker)
         logger.info("coordinator {} leads with fence {} ({} persisted triggers resumed)", self.server_id, fence,
                     queued)
         self.became_leader.set()
@@ -272,32 +313,3 @@ class Coordinator:
                 raise
             except Exception:
                 logger.exception("coordinator: stream tick failed")
-
-    async def _handoff_loop(self, scheduler: Scheduler, meta: QueryMeta) -> None:
-        """New sealed segments of loaded collections become Handoff triggers.
-
-        After a compaction of the watch's history (``SegmentResync``) the
-        catalog's full list is compared with query meta instead: segments of
-        loaded partitions that meta does not have are handed off.
-        """
-        assert self.broker is not None and self.kv is not None
-        try:
-            async for item in self.broker.watch_segments(await self.kv.revision() + 1):
-                if isinstance(item, SegmentResync):
-                    added = [b for b in item.segments if meta.get_segment(b.segment_id) is None
-                             and not any(t.collection_id == b.collection_id for t in scheduler.triggers.values())]
-                else:
-                    added = item.added
-                by_coll: dict[int, list[data_pb2.SegmentInfo]] = {}
-                for b in added:
-                    if meta.has_partition(b.collection_id, b.partition_id):
-                        by_coll.setdefault(b.collection_id, []).append(data_pb2.SegmentInfo(
-                            segment_id=b.segment_id, collection_id=b.collection_id, partition_id=b.partition_id,
-                            compaction_from=list(b.compaction_from)))
-                for cid, infos in by_coll.items():
-                    req = task_pb2.HandoffSegmentsRequest(segment_infos=infos)
-                    t = HandoffTask.new(scheduler.env, req, trigger_condition=qc.TRIGGER_CONDITION_HANDOFF,
-                                        collection_id=cid)
-                    await scheduler.enqueue(t)  # type: ignore[arg-type]
-        except NotImplementedError:
-            logger.info("the catalog is remote and cannot be watched: handoff is off")

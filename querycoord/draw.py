@@ -30,6 +30,7 @@ KIND_NAMES: dict[int, str] = {
     qc.TASK_KIND_WATCH_QUERY_CHANNEL: "WatchQueryChannel",
     qc.TASK_KIND_HANDOFF: "Handoff",
     qc.TASK_KIND_LOAD_BALANCE: "LoadBalance",
+    qc.TASK_KIND_REPAIR: "Repair",
 }
 
 # The API's state names (UNDO, DOING, DONE, EXPIRED, FAILED), so what the CLI shows matches the proto and the docs.
@@ -47,6 +48,7 @@ CONDITION_NAMES: dict[int, str] = {
     qc.TRIGGER_CONDITION_LOAD_BALANCE: "load balance",
     qc.TRIGGER_CONDITION_GRPC_REQUEST: "request",
     qc.TRIGGER_CONDITION_NODE_DOWN: "node down",
+    qc.TRIGGER_CONDITION_CHECKER: "checker",
 }
 
 

@@ -130,10 +130,14 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
             cid = request.collection_id
             await self.coord.broker.describe_collection(cid)  # NOT_FOUND if unknown  # type: ignore[union-attr]
             load_type = lead.meta.get_load_type(cid)
-            if load_type == PARTITION:
+            if load_type == PARTITION or self._pending_load(lead, cid, qc.TASK_KIND_LOAD_PARTITION):
                 raise Refused(common_pb2.CONFLICT,
                               f"collection {cid} is loaded as partitions: release partitions first")
-            if load_type == COLLECTION and not self._pending(lead, cid):
+            pending = self._pending_load(lead, cid, qc.TASK_KIND_LOAD_COLLECTION)
+            if pending is not None:  # a retry of a load in progress: answer as the first call is answered
+                return qc.LoadCollectionResponse(status=OK, task_id=await self._join(pending, context))
+            if load_type == COLLECTION and not self._pending_release(lead, cid):
+                # Loaded; whatever a node lost since, the checker loads again.
                 return qc.LoadCollectionResponse(status=OK, task_id=0)
             req = qc.LoadCollectionRequest()
             req.CopyFrom(request)
@@ -147,6 +151,29 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
     @staticmethod
     def _pending(lead: Leadership, cid: int) -> bool:
         return any(t.collection_id == cid for t in lead.scheduler.triggers.values())
+
+    @staticmethod
+    def _pending_load(lead: Leadership, cid: int, kind: int, partition_ids: set[int] | None = None
+                      ) -> TriggerTask | None:
+        """A queued or running load of ``kind`` that a new request would repeat (not one being cancelled):
+        for partitions, one whose partitions include ``partition_ids``."""
+        sched = lead.scheduler
+        for t in sorted(sched.triggers.values(), key=lambda t: t.id):
+            if t.collection_id != cid or t.KIND != kind or sched.is_cancelled(t):
+                continue
+            if partition_ids is None or partition_ids <= set(t.request.partition_ids):
+                return t
+        return None
+
+    @staticmethod
+    def _pending_release(lead: Leadership, cid: int) -> bool:
+        kinds = (qc.TASK_KIND_RELEASE_COLLECTION, qc.TASK_KIND_RELEASE_PARTITION)
+        return any(t.collection_id == cid and t.KIND in kinds for t in lead.scheduler.triggers.values())
+
+    async def _join(self, task: TriggerTask, context: grpc.aio.ServicerContext) -> int:
+        """Wait as the original caller waits (for the plan) and answer with the same task id."""
+        await asyncio.wait_for(asyncio.shield(task.planned), self._budget(context))
+        return task.id
 
     async def ReleaseCollection(self, request, context):
         async def run():
@@ -203,8 +230,19 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
             if lead.meta.get_load_type(cid) == COLLECTION:
                 raise Refused(common_pb2.CONFLICT,
                               f"collection {cid} is loaded as a whole; release it before loading partitions")
-            loaded = [p for p in pids if lead.meta.has_partition(cid, p)]
-            if loaded and len(loaded) == len(pids) and not self._pending(lead, cid):
+            if self._pending_load(lead, cid, qc.TASK_KIND_LOAD_COLLECTION):
+                raise Refused(common_pb2.CONFLICT,
+                              f"collection {cid} is being loaded as a whole; release it before loading partitions")
+            wanted = set(pids)
+            pending = self._pending_load(lead, cid, qc.TASK_KIND_LOAD_PARTITION, wanted)
+            if pending is not None:  # a retry of a load in progress: answer as the first call is answered
+                return qc.LoadPartitionsResponse(status=OK, task_id=await self._join(pending, context))
+            in_flight = {p for t in lead.scheduler.triggers.values()
+                         if t.collection_id == cid and t.KIND == qc.TASK_KIND_LOAD_PARTITION
+                         and not lead.scheduler.is_cancelled(t) for p in t.request.partition_ids}
+            releasing = self._pending_release(lead, cid)  # then a new load runs after the release
+            loaded = [p for p in pids if lead.meta.has_partition(cid, p) and p not in in_flight and not releasing]
+            if len(loaded) == len(pids):
                 return qc.LoadPartitionsResponse(status=OK, task_id=0)
             if loaded:
                 raise Refused(common_pb2.CONFLICT,
@@ -228,18 +266,24 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
             if lead.meta.get_load_type(cid) == COLLECTION:
                 raise Refused(common_pb2.CONFLICT,
                               f"collection {cid} is loaded as a whole; release the collection instead")
+            if self._pending_load(lead, cid, qc.TASK_KIND_LOAD_COLLECTION):
+                raise Refused(common_pb2.CONFLICT,
+                              f"collection {cid} is being loaded as a whole; release the collection instead")
             info = lead.meta.get_collection(cid)
             loaded = {p.partition_id for p in info.partitions} if info else set()
-            to_release = [p for p in pids if p in loaded]
-            if not to_release and not self._pending(lead, cid):
+            loading = {p for t in lead.scheduler.triggers.values()
+                       if t.collection_id == cid and t.KIND == qc.TASK_KIND_LOAD_PARTITION
+                       for p in t.request.partition_ids}
+            to_release = [p for p in pids if p in loaded or p in loading]
+            if not to_release:  # none of them is loaded or being loaded: nothing to do, nothing to cancel
                 return qc.ReleasePartitionsResponse(status=OK, task_id=0)
-            if loaded and loaded <= set(pids):
+            if loaded and loaded <= set(pids) and loading <= set(pids):
                 task: TriggerTask = ReleaseCollectionTask.new(  # type: ignore[assignment]
                     lead.env, qc.ReleaseCollectionRequest(collection_id=cid),
                     trigger_condition=qc.TRIGGER_CONDITION_GRPC_REQUEST, collection_id=cid)
             else:
                 task = ReleasePartitionsTask.new(  # type: ignore[assignment]
-                    lead.env, qc.ReleasePartitionsRequest(collection_id=cid, partition_ids=to_release or pids),
+                    lead.env, qc.ReleasePartitionsRequest(collection_id=cid, partition_ids=to_release),
                     trigger_condition=qc.TRIGGER_CONDITION_GRPC_REQUEST, collection_id=cid)
             tid = await self._submit(lead, task, True, context)
             return qc.ReleasePartitionsResponse(status=OK, task_id=tid)

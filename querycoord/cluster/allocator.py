@@ -62,7 +62,7 @@ def allocate_segments(
         best_rate = 2.0
         for n in cands:
             used = usage.memory.get(n.node_id, 0)
-            if used / n.capacity >= memory_limit:
+            if n.capacity <= 0 or used / n.capacity >= memory_limit:
                 continue
             rate = (used + size) / n.capacity
             if rate < memory_limit and rate < best_rate:

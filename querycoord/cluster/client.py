@@ -1,4 +1,9 @@
-"""gRPC client of one query node; every mutating call carries the leader's fence."""
+"""gRPC client of one query node; every call carries the leader's fence.
+
+Reads carry it too: a node raises its fence mark on any call, so once a new
+leader has only read a node's distribution (reconcile, the checker), a late
+mutation from the deposed leader is already refused there.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ import grpc
 from proto import common_pb2, querynode_pb2, querynode_pb2_grpc
 from querycoord.nodes.querynode_faults import MUTATING_KINDS
 
-# Calls that change a node's state: stamped with the fence (the node refuses stale ones).
+# Calls that change a node's state (the node refuses them from a stale leader).
 MUTATING = MUTATING_KINDS
 
 
@@ -41,7 +46,7 @@ class QueryNodeClient:
 
     async def call(self, method: str, request: Any, *, timeout: float | None = None) -> Any:
         """Send ``request``; raise ``NodeError`` unless the node answered SUCCESS."""
-        if method in MUTATING and self.fence is not None:
+        if self.fence is not None and hasattr(request, "fence"):
             request.fence.CopyFrom(self.fence)
         if hasattr(request, "node_id"):
             request.node_id = self.node_id

@@ -20,11 +20,26 @@ from loguru import logger
 from meta.kv import MetaKV
 from meta.session import SessionEvent, SessionInfo, SessionSnapshot, watch_sessions
 from meta.watch import EventType
-from proto import querynode_pb2
-from querycoord.cluster.client import QueryNodeClient
+from proto import common_pb2, querynode_pb2
+from querycoord.cluster.client import NodeError, QueryNodeClient
 
 QUERYNODE_ROLE = "querynode"
 DEFAULT_CAPACITY = 1 << 30
+
+
+def session_capacity(info: SessionInfo) -> int | None:
+    """The memory a node offers, from its session; None when the value is not a positive integer.
+
+    A capacity of 0 once divided the allocator by zero inside a trigger.
+    """
+    raw = info.extra.get("capacity_bytes", DEFAULT_CAPACITY)
+    if isinstance(raw, bool):
+        return None
+    try:
+        cap = int(raw)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return cap if 0 < cap < 1 << 62 else None
 
 
 class NodeState(enum.Enum):
@@ -64,6 +79,8 @@ class NodeManager:
         self.ready = asyncio.Event()
         self.changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self.rejected = 0  # malformed sessions ignored
+        self.watch_errors = 0
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._watch(), name="querynode-sessions")
@@ -80,9 +97,19 @@ class NodeManager:
     def _add(self, info: SessionInfo) -> None:
         if info.server_id in self.nodes:
             return
+        cap = session_capacity(info)
+        if cap is None:
+            self.rejected += 1
+            logger.warning("query node session {} ignored: capacity_bytes {!r} is not a positive integer",
+                           info.server_id, info.extra.get("capacity_bytes"))
+            return
+        if info.server_id <= 0 or not info.address:
+            self.rejected += 1
+            logger.warning("query node session ignored: server id {} / address {!r} invalid", info.server_id,
+                           info.address)
+            return
         client = QueryNodeClient(info.server_id, info.address, timeout=self.rpc_timeout)
         client.fence = self.fence
-        cap = int(info.extra.get("capacity_bytes", DEFAULT_CAPACITY))
         self.nodes[info.server_id] = Node(info.server_id, info.address, cap, NodeState.ONLINE, client)
         logger.info("query node {} online at {} (capacity {} MiB)", info.server_id, info.address, cap >> 20)
         self.changed.set()
@@ -98,6 +125,19 @@ class NodeManager:
             await self.on_node_down(node_id)
 
     async def _watch(self) -> None:
+        """Follow node sessions forever: a failure (etcd trouble, a bug) is logged and the watch restarts
+        from a fresh snapshot, so new nodes are always seen and ``ready`` is always reached."""
+        while True:
+            try:
+                await self._follow()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self.watch_errors += 1
+                logger.exception("query node session watch failed; restarting it")
+            await asyncio.sleep(0.5)
+
+    async def _follow(self) -> None:
         async for item in watch_sessions(self.kv, QUERYNODE_ROLE, reconnect_deadline=None):
             if isinstance(item, SessionSnapshot):
                 for info in item.sessions.values():
@@ -122,9 +162,11 @@ class NodeManager:
         return self.nodes.get(node_id)
 
     def client(self, node_id: int) -> QueryNodeClient:
+        """The node's client; a node that vanished since planning is a ``NodeError`` like any failed call."""
         node = self.nodes.get(node_id)
         if node is None:
-            raise KeyError(f"query node {node_id} is unknown")
+            raise NodeError(node_id, "connect", common_pb2.NOT_FOUND, f"query node {node_id} is unknown or gone",
+                            transport=True)
         return node.client
 
     async def remove(self, node_id: int) -> None:

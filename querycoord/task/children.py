@@ -253,7 +253,11 @@ class ReleaseSegmentsTask(_ReleaseChild):
 
     async def execute(self) -> None:
         await super().execute()
-        await self.env.meta.remove_segments(list(self.request.segment_ids))
+        # Only the records of copies on this node: releasing a duplicate must not forget the kept copy.
+        here = [s for s in self.request.segment_ids
+                if (seg := self.env.meta.get_segment(s)) is not None and seg.node_id == self.node_id]
+        if here:
+            await self.env.meta.remove_segments(here)
 
 
 class ReleaseCollectionOnNodeTask(_ReleaseChild):

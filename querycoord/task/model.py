@@ -44,6 +44,7 @@ class SchedulerConfig:
     memory_limit: float = 0.9
     wait_interval: float = 1.0  # allocation retry interval when waiting for capacity
     finished_history: int = 200  # finished trees kept in memory for ListTasks
+    rollback_timeout: float = 120.0  # a failed trigger's rollback; past it the checker repairs the rest
 
 
 class TaskError(Exception):

@@ -44,6 +44,7 @@ from querycoord.task.children import (
     WatchQueryChannelTask,
 )
 from querycoord.task.model import DOING, DONE, EXPIRED, FAILED, UNDO, Task, TaskCancelled, TaskEnv, TaskError
+from querycoord.task.repair import RepairTask
 from querycoord.task.triggers import TRIGGER_KINDS, ReleaseCollectionTask, ReleasePartitionsTask, TriggerTask
 
 CHILD_KINDS: dict[str, type[Task]] = {
@@ -52,6 +53,16 @@ CHILD_KINDS: dict[str, type[Task]] = {
                 ReleaseSegmentsTask, ReleaseCollectionOnNodeTask, ReleasePartitionsOnNodeTask)
 }
 LOAD_KINDS = (qc.TASK_KIND_LOAD_COLLECTION, qc.TASK_KIND_LOAD_PARTITION)
+# Queue priority by trigger condition (higher first): Milvus's order, the checker's repairs with handoffs.
+PRIORITY = {
+    qc.TRIGGER_CONDITION_NODE_DOWN: 4,
+    qc.TRIGGER_CONDITION_GRPC_REQUEST: 3,
+    qc.TRIGGER_CONDITION_LOAD_BALANCE: 2,
+    qc.TRIGGER_CONDITION_HANDOFF: 1,
+    qc.TRIGGER_CONDITION_CHECKER: 1,
+}
+
+ALL_TRIGGER_KINDS: dict[str, type[TriggerTask]] = {**TRIGGER_KINDS, RepairTask.REQUEST_FIELD: RepairTask}
 
 # Failures a child survives by retrying or rescheduling.
 _CHILD_FAILURES = (NodeError, TaskError, NoAvailableNode, MetaError, BrokerError)
@@ -59,6 +70,16 @@ _CHILD_FAILURES = (NodeError, TaskError, NoAvailableNode, MetaError, BrokerError
 
 class LeadershipLost(Exception):
     """Raised inside the scheduler when a write or a node says another leader exists."""
+
+
+class _Abandon(Exception):
+    """Leadership is gone: drop the trigger without another write (its keys stay for the next leader)."""
+
+
+def _internal(exc: BaseException) -> TaskError:
+    err = TaskError(f"internal error: {exc!r}", common_pb2.UNEXPECTED_ERROR)
+    err.__cause__ = exc
+    return err
 
 
 def _is_stale_leader(exc: BaseException) -> bool:
@@ -78,6 +99,8 @@ class Scheduler:
         self._busy: dict[int, int] = {}  # collection -> trigger id
         self._cancel_reason: dict[int, str] = {}
         self.finished: deque[qc.TaskTree] = deque(maxlen=self.cfg.finished_history)
+        # Finished trees whose keys etcd did not take away; retried by ``sweep_unremoved``.
+        self.unremoved: list[tuple[task_pb2.TaskRecord, list[task_pb2.TaskRecord]]] = []
         self._wake = asyncio.Event()
         self._loop: asyncio.Task[None] | None = None
         self._tiebreak = itertools.count()
@@ -124,19 +147,34 @@ class Scheduler:
         except NotLeader as exc:
             self._leadership_lost(exc)
             raise
-        if isinstance(trigger, ReleaseCollectionTask | ReleasePartitionsTask):
+        if isinstance(trigger, ReleaseCollectionTask):
             self._cancel_loads(trigger.collection_id, f"cancelled by release (task {trigger.id})")
+        elif isinstance(trigger, ReleasePartitionsTask):
+            self._cancel_loads(trigger.collection_id, f"cancelled by release (task {trigger.id})",
+                               set(trigger.request.partition_ids))
         self._push(trigger)
         return trigger
 
     def _push(self, trigger: TriggerTask) -> None:
         self.triggers[trigger.id] = trigger
-        heapq.heappush(self._heap, (-trigger.rec.trigger_condition, trigger.id, next(self._tiebreak)))
+        heapq.heappush(self._heap, (-PRIORITY.get(trigger.rec.trigger_condition, 0), trigger.id,
+                                    next(self._tiebreak)))
         self._wake.set()
 
-    def _cancel_loads(self, collection_id: int, reason: str) -> None:
+    def _cancel_loads(self, collection_id: int, reason: str, partition_ids: set[int] | None = None) -> None:
+        """Cancel the loads a release really conflicts with: all of the collection's, or (a partitions
+        release) the LoadPartitions that name one of ``partition_ids``.
+
+        A trigger is cancelled once: a second release (a client retry) arriving
+        while the first cancellation rolls back must not interrupt that rollback,
+        or the load would never answer its callers nor remove its keys.
+        """
         for t in list(self.triggers.values()):
-            if t.collection_id != collection_id or t.KIND not in LOAD_KINDS:
+            if t.collection_id != collection_id or t.KIND not in LOAD_KINDS or t.id in self._cancel_reason:
+                continue
+            if partition_ids is not None and (
+                t.KIND != qc.TASK_KIND_LOAD_PARTITION or not partition_ids & set(t.request.partition_ids)
+            ):
                 continue
             self._cancel_reason[t.id] = reason
             running = self._running.get(t.id)
@@ -146,14 +184,19 @@ class Scheduler:
                 # Still queued: it never started, so it has nothing to roll back.
                 self._running[t.id] = asyncio.create_task(self._finish_cancelled(t))
 
+    def is_cancelled(self, t: TriggerTask) -> bool:
+        return t.id in self._cancel_reason
+
     async def _finish_cancelled(self, t: TriggerTask) -> None:
         err = TaskCancelled(self._cancel_reason.get(t.id, "cancelled"))
+        t.set_error(err)
+        t.set_state(FAILED)
         try:
-            t.set_error(err)
-            t.set_state(FAILED)
-            await self.env.store.remove_tree(t.rec, [c.rec for c in t.children if c.id])
-        finally:
-            self._finish(t, err)
+            await self._remove_tree(t)
+        except _Abandon:
+            self._drop(t)
+            return
+        self._finish(t, err)
 
     async def _dispatch_loop(self) -> None:
         while not self.stopped:
@@ -178,61 +221,122 @@ class Scheduler:
 
     # ----- running a tree ---------------------------------------------------------------------------------------
     async def _run_trigger(self, t: TriggerTask) -> None:
-        store = self.env.store
-        error: BaseException | None = None
+        """Run one tree to one of its exits. Whatever happens, the trigger either finishes (callers
+        answered, keys removed, lock and slot released) or, when leadership is gone, is dropped
+        with its keys left for the next leader (``stop`` answers the callers)."""
         try:
-            async with asyncio.timeout_at(asyncio.get_running_loop().time() + max(0.0, t.deadline - time.monotonic())):
+            error = await self._run_tree(t)
+            await self._remove_tree(t)
+        except _Abandon:
+            self._drop(t)
+            return
+        except BaseException as exc:  # a bug, or a cancellation nobody asked for: still answer the callers
+            logger.opt(exception=exc).error("{}: the runner failed unexpectedly", t.describe())
+            self._drop(t) if self.stopped else self._finish(t, _internal(exc))
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            return
+        self._finish(t, error)
+
+    async def _run_tree(self, t: TriggerTask) -> BaseException | None:
+        """Execute under the trigger's deadline; on any failure roll back. Returns the error, if any."""
+        loop = asyncio.get_running_loop()
+        error: BaseException
+        try:
+            async with asyncio.timeout_at(loop.time() + max(0.0, t.deadline - time.monotonic())):
                 try:
-                    if t.state in (UNDO, DOING):
-                        t.set_state(DOING)
-                        await store.save(t.rec)
-                        await t.pre_execute()
-                        await t.execute()
-                        await self._commit_plan(t)
-                    else:
-                        await t.on_reload()
-                    if not t.planned.done():
-                        t.planned.set_result(None)
-                    await self._run_children(t, [c for c in t.children if c.state != DONE])
-                    await t.post_execute()
-                    t.set_state(EXPIRED)
+                    await self._execute_tree(t)
+                    return None
                 except asyncio.CancelledError:
                     reason = self._cancel_reason.get(t.id)
                     if reason is None or self.stopped:
                         raise
+                    current = asyncio.current_task()
+                    if current is not None:
+                        current.uncancel()  # the cancellation was ours and is handled here
                     error = TaskCancelled(reason)
-                    await self._fail(t, error)
-                except (NotLeader, LeadershipLost) as exc:
-                    self._leadership_lost(exc)
-                    raise asyncio.CancelledError from exc
-                except (*_CHILD_FAILURES, TimeoutError) as exc:
-                    if _is_stale_leader(exc):
-                        self._leadership_lost(exc)
-                        raise asyncio.CancelledError from exc
-                    error = exc
-                    await self._fail(t, exc)
         except TimeoutError as exc:
             error = TaskError(f"{t.describe()} passed its deadline of {self.cfg.trigger_timeout:.0f}s",
                               common_pb2.TIMEOUT)
             error.__cause__ = exc
-            with contextlib.suppress(Exception):
-                await self._fail(t, error)
         except asyncio.CancelledError:
-            self._drop(t)
-            return
-        except NotLeader as exc:
+            if self.stopped:
+                raise _Abandon from None
+            raise
+        except (NotLeader, LeadershipLost) as exc:
             self._leadership_lost(exc)
-            self._drop(t)
-            return
+            raise _Abandon from exc
+        except Exception as exc:
+            if _is_stale_leader(exc):
+                self._leadership_lost(exc)
+                raise _Abandon from exc
+            if not isinstance(exc, (*_CHILD_FAILURES, TaskError)):
+                logger.opt(exception=exc).error("{}: unexpected error", t.describe())
+                exc = _internal(exc)
+            error = exc
+        await self._fail_safely(t, error)
+        return error
+
+    async def _execute_tree(self, t: TriggerTask) -> None:
+        store = self.env.store
+        if t.state in (UNDO, DOING):
+            t.set_state(DOING)
+            await store.save(t.rec)
+            await t.pre_execute()
+            await t.execute()
+            await self._commit_plan(t)
+        else:
+            await t.on_reload()
+        if not t.planned.done():
+            t.planned.set_result(None)
+        await self._run_children(t, [c for c in t.children if c.state != DONE])
+        await t.post_execute()
+        t.set_state(EXPIRED)
+
+    async def _fail_safely(self, t: TriggerTask, error: BaseException) -> None:
+        """Roll back within a bound; a rollback that itself fails is logged, never left hanging."""
         try:
-            await store.remove_tree(t.rec, [c.rec for c in t.children if c.id])
-        except NotLeader as exc:
+            await asyncio.wait_for(self._fail(t, error), self.cfg.rollback_timeout)
+        except (NotLeader, LeadershipLost) as exc:
             self._leadership_lost(exc)
-            self._drop(t)
-            return
-        except MetaError as exc:
-            logger.error("{}: could not remove its keys ({}); the next leader cleans them up", t.describe(), exc)
-        self._finish(t, error)
+            raise _Abandon from exc
+        except asyncio.CancelledError:
+            if self.stopped:
+                raise _Abandon from None
+            raise
+        except Exception as exc:
+            if _is_stale_leader(exc):
+                self._leadership_lost(exc)
+                raise _Abandon from exc
+            logger.opt(exception=exc).error("{}: rollback did not complete ({}); the checker repairs what is left",
+                                            t.describe(), exc)
+            t.set_error(error)
+            t.set_state(FAILED)
+
+    async def _remove_tree(self, t: TriggerTask) -> None:
+        """Remove the finished tree's keys; retried, since keys left behind would be resumed by a new leader."""
+        recs = [c.rec for c in t.children if c.id]
+        for attempt in range(1, 4):
+            try:
+                await self.env.store.remove_tree(t.rec, recs)
+                return
+            except NotLeader as exc:
+                self._leadership_lost(exc)
+                raise _Abandon from exc
+            except MetaError as exc:
+                logger.error("{}: could not remove its keys (attempt {}): {}", t.describe(), attempt, exc)
+                await asyncio.sleep(self.cfg.retry_backoff * attempt)
+        self.unremoved.append((t.rec, recs))
+
+    async def sweep_unremoved(self) -> int:
+        """Retry removing the keys of finished trees whose removal failed (etcd trouble at the time)."""
+        done = 0
+        while self.unremoved and not self.stopped:
+            rec, recs = self.unremoved[0]
+            await self.env.store.remove_tree(rec, recs)
+            self.unremoved.pop(0)
+            done += 1
+        return done
 
     async def _commit_plan(self, t: TriggerTask) -> None:
         """Ids for the children, then children + the trigger's DONE in txns: the commit point."""
@@ -377,7 +481,7 @@ class Scheduler:
         queued = 0
         for r in sorted((r for r in records if r.parent_id == 0), key=lambda r: r.id):
             case = r.WhichOneof("request")
-            cls = TRIGGER_KINDS.get(case or "")
+            cls = ALL_TRIGGER_KINDS.get(case or "")
             if cls is None or r.state in (EXPIRED, FAILED):
                 garbage.append(r)
                 garbage.extend(children.pop(r.id, []))

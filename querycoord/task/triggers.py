@@ -25,6 +25,7 @@ from querycoord.task.children import (
 from querycoord.task.model import Task, TaskEnv, TaskError
 
 IN_MEMORY = data_pb2.PARTITION_STATE_IN_MEMORY
+NOT_PRESENT = data_pb2.PARTITION_STATE_NOT_PRESENT
 PARTIAL = data_pb2.PARTITION_STATE_PARTIAL_IN_MEMORY
 
 
@@ -96,20 +97,34 @@ class _LoadTrigger(TriggerTask):
     def __init__(self, env: TaskEnv, rec):  # type: ignore[no-untyped-def]
         super().__init__(env, rec)
         self.new_partitions: list[int] = []
+        self.had_partitions = False  # the collection had loaded partitions before this trigger
         self.planned_segments: dict[int, int] = {}  # partition -> segments planned
         self.loaded_segments: dict[int, int] = {}  # partition -> segments loaded so far
 
     async def _plan(self, partition_ids: list[int]) -> None:
+        """Plan the partitions this trigger owns: those not yet in meta, or in meta but never loaded.
+
+        A partition that is in meta at 0 % NOT_PRESENT was written by a trigger
+        that never reached its commit point (its leader died): it is work to do,
+        not work done. Segments that meta already places on an online node are
+        not loaded twice.
+        """
         env, cid = self.env, self.collection_id
-        self.new_partitions = [p for p in partition_ids if not env.meta.has_partition(cid, p)]
+        before = env.meta.get_collection(cid)
+        unloaded = {p.partition_id for p in before.partitions if p.state == NOT_PRESENT} if before else set()
+        self.new_partitions = [p for p in partition_ids if not env.meta.has_partition(cid, p) or p in unloaded]
+        self.had_partitions = bool(before) and any(p.partition_id not in self.new_partitions
+                                                  for p in before.partitions)
         await env.meta.add_collection(cid, self.LOAD_TYPE, self.new_partitions)
         segments: list[data_pb2.SegmentLoadInfo] = []
         channels: dict[str, data_pb2.VChannelInfo] = {}
         # The partitions' recovery infos are independent reads: fetch them together.
         recovered = await asyncio.gather(*(env.broker.get_recovery_info(cid, pid) for pid in self.new_partitions))
         for pid, (chans, binlogs) in zip(self.new_partitions, recovered, strict=True):
-            segments.extend(segment_load_info(b) for b in binlogs)
+            held = [b for b in binlogs if self._held(b.segment_id)]
+            segments.extend(segment_load_info(b) for b in binlogs if not self._held(b.segment_id))
             self.planned_segments[pid] = len(binlogs)
+            self.loaded_segments[pid] = len(held)
             for c in chans:
                 if c.channel_name in channels:
                     merge_channel(channels[c.channel_name], c)
@@ -133,6 +148,27 @@ class _LoadTrigger(TriggerTask):
         if self.REQUEST_FIELD == "load_partitions":
             pending = [p for p in pending if p in set(self.request.partition_ids)]
         self.new_partitions = pending
+        self.had_partitions = bool(info) and any(p.partition_id not in pending for p in info.partitions)
+
+    def _held(self, segment_id: int) -> bool:
+        seg = self.env.meta.get_segment(segment_id)
+        return seg is not None and self.env.nodes.is_online(seg.node_id)
+
+    def roll_back(self) -> list[Task]:
+        """Undo only what this trigger added: its own partitions, or the whole collection if it created it."""
+        if not self.new_partitions:
+            return []
+        if self.had_partitions or self.LOAD_TYPE == data_pb2.LOAD_TYPE_PARTITION:
+            return self._release_everywhere(self.new_partitions)
+        return self._release_everywhere()
+
+    async def after_failure(self) -> None:
+        if not self.new_partitions:
+            return
+        if self.had_partitions or self.LOAD_TYPE == data_pb2.LOAD_TYPE_PARTITION:
+            await self.env.meta.release_partitions(self.collection_id, self.new_partitions)
+        else:
+            await self.env.meta.release_collection(self.collection_id)
 
     def _loaded_partitions(self) -> list[int]:
         info = self.env.meta.get_collection(self.collection_id)
@@ -179,12 +215,6 @@ class LoadCollectionTask(_LoadTrigger):
         pids = await self.env.broker.show_partitions(self.collection_id)
         await self._plan(list(pids))
 
-    def roll_back(self) -> list[Task]:
-        return self._release_everywhere()
-
-    async def after_failure(self) -> None:
-        await self.env.meta.release_collection(self.collection_id)
-
 
 class LoadPartitionsTask(_LoadTrigger):
     KIND = qc.TASK_KIND_LOAD_PARTITION
@@ -206,13 +236,6 @@ class LoadPartitionsTask(_LoadTrigger):
 
     async def execute(self) -> None:
         await self._plan(list(self.request.partition_ids))
-
-    def roll_back(self) -> list[Task]:
-        return self._release_everywhere(self.new_partitions or list(self.request.partition_ids))
-
-    async def after_failure(self) -> None:
-        if self.new_partitions:
-            await self.env.meta.release_partitions(self.collection_id, self.new_partitions)
 
 
 class ReleaseCollectionTask(TriggerTask):
@@ -338,9 +361,22 @@ class LoadBalanceTask(TriggerTask):
 
     async def post_execute(self) -> None:
         if self.node_down:
-            for src in self.request.source_node_ids:
-                await self.env.meta.remove_node(src)
-                await self.env.nodes.remove(src)
+            await self._forget_sources()
+
+    async def after_failure(self) -> None:
+        """A NodeDown balance that could not place everything (no capacity before its deadline):
+        the dead node holds nothing, so meta must not say it does. Its segments and channels
+        are forgotten; the checker loads them again, and corrects the load percentage,
+        as soon as capacity returns."""
+        if self.node_down:
+            await self._forget_sources()
+
+    async def _forget_sources(self) -> None:
+        for src in self.request.source_node_ids:
+            if self.env.nodes.is_online(src):
+                continue
+            await self.env.meta.remove_node(src)
+            await self.env.nodes.remove(src)
 
 
 class HandoffTask(TriggerTask):

@@ -1,0 +1,324 @@
+"""The checker: level-triggered reconciliation under the task trees.
+
+Triggers are edge-triggered: each does what it was asked and ends. Whatever
+falls between them (a balance that gave up, a node that lost a segment, a
+segment sealed while no leader watched the catalog, a rollback cut short)
+would stay wrong until someone asks again. The checker closes that gap the
+way Milvus's querycoordv2 does: on the leader, every ``interval`` seconds and
+whenever kicked (node join or leave, takeover, handoff), it compares
+
+* the **target**: what should be held, from query meta (which collections
+  and partitions are loaded) and the catalog (their sealed segments and DM
+  channels), with
+* the **distribution**: what every online node reports through
+  ``GetDataDistribution`` (the call carries the leader's fence),
+
+and enqueues one REPAIR trigger per collection that differs (see
+``task.repair``). It never touches a collection that has a trigger queued or
+running (the trigger owns it until it ends) and never writes except through
+the scheduler, whose writes are fenced. Load percentages are derived from
+what nodes hold, so a partition that lost segments stops claiming 100 %.
+
+The comparison (``diff``) is a pure function of plain data, so the rules are
+tested without a cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from loguru import logger
+
+from proto import data_pb2, querynode_pb2, task_pb2
+from proto import querycoord_pb2 as qc
+from querycoord.cluster.client import NodeError
+from querycoord.querymeta import QueryMeta
+from querycoord.task.repair import RepairTask
+from querycoord.task.scheduler import Scheduler
+
+IN_MEMORY = data_pb2.PARTITION_STATE_IN_MEMORY
+PARTIAL = data_pb2.PARTITION_STATE_PARTIAL_IN_MEMORY
+DM = querynode_pb2.CHANNEL_KIND_DM
+
+
+@dataclass
+class TargetSegment:
+    segment_id: int
+    partition_id: int
+    compaction_from: tuple[int, ...] = ()
+
+
+@dataclass
+class Target:
+    """What one loaded collection should have held: segments by id, DM channel names."""
+
+    segments: dict[int, TargetSegment] = field(default_factory=dict)
+    channels: set[str] = field(default_factory=set)
+
+
+@dataclass
+class Held:
+    """What the reachable online nodes report: segment -> nodes, (collection, channel) -> nodes."""
+
+    segments: dict[int, set[int]] = field(default_factory=dict)
+    segment_collection: dict[int, tuple[int, int]] = field(default_factory=dict)  # id -> (collection, partition)
+    channels: dict[tuple[int, str], set[int]] = field(default_factory=dict)
+
+
+@dataclass
+class Diff:
+    repairs: dict[int, task_pb2.RepairRequest] = field(default_factory=dict)
+    # collection -> partition -> (held, total) for every checked loaded collection
+    progress: dict[int, dict[int, tuple[int, int]]] = field(default_factory=dict)
+
+
+def _repair(d: Diff, cid: int) -> task_pb2.RepairRequest:
+    return d.repairs.setdefault(cid, task_pb2.RepairRequest())
+
+
+def diff(
+    meta: QueryMeta,
+    targets: dict[int, Target],
+    held: Held,
+    *,
+    reachable: set[int],
+    online: set[int],
+    busy: set[int],
+) -> Diff:
+    """The repairs that make the distribution match the target (see module docstring).
+
+    ``reachable``: online nodes that reported; what meta places on an online
+    node that did not report (``online - reachable``) is unknown, so it is
+    neither missing nor extra.
+    """
+    out = Diff()
+    silent = online - reachable
+    for cid, target in targets.items():
+        if cid in busy:
+            continue
+        loaded = set(meta.partition_ids(cid))
+        progress: dict[int, tuple[int, int]] = {p: (0, 0) for p in loaded}
+        keep_sources: set[int] = set()
+        for seg in target.segments.values():
+            holders = held.segments.get(seg.segment_id, set())
+            recorded = meta.get_segment(seg.segment_id)
+            unknown = recorded is not None and recorded.node_id in silent
+            h, t = progress.get(seg.partition_id, (0, 0))
+            progress[seg.partition_id] = (h + (1 if holders or unknown else 0), t + 1)
+            if holders:
+                keep = recorded.node_id if recorded is not None and recorded.node_id in holders else min(holders)
+                if recorded is None or recorded.node_id != keep:
+                    info = data_pb2.SegmentInfo(segment_id=seg.segment_id, collection_id=cid,
+                                                partition_id=seg.partition_id, node_id=keep,
+                                                state=data_pb2.SEGMENT_STATE_SEALED,
+                                                compaction_from=list(seg.compaction_from))
+                    _repair(out, cid).adopt.append(info)
+                for extra in sorted(holders - {keep}):
+                    _release(out, cid, extra, seg.segment_id)
+            elif not unknown:
+                keep_sources.update(seg.compaction_from)  # serve the sources until the result is loaded
+                _repair(out, cid).missing_segments.append(data_pb2.SegmentInfo(
+                    segment_id=seg.segment_id, collection_id=cid, partition_id=seg.partition_id,
+                    node_id=recorded.node_id if recorded is not None else 0))
+        # Copies of this collection that are not in the target: released partitions, compacted away.
+        for sid, (scid, _pid) in held.segment_collection.items():
+            if scid != cid or sid in target.segments or sid in keep_sources:
+                continue
+            for node in sorted(held.segments.get(sid, ())):
+                _release(out, cid, node, sid)
+        # Meta records of segments that are neither in the target nor held anywhere.
+        for seg in meta.segments_of(cid):
+            if seg.segment_id not in target.segments and seg.segment_id not in held.segments \
+                    and seg.node_id not in silent:
+                _repair(out, cid).forget_segment_ids.append(seg.segment_id)
+        # DM channels: each target channel watched by some reachable node, or re-watched.
+        pids = [] if meta.get_load_type(cid) == data_pb2.LOAD_TYPE_COLLECTION else sorted(loaded)
+        for name in sorted(target.channels):
+            watchers = held.channels.get((cid, name), set())
+            recorded_w = meta.get_dm_channel(cid, name)
+            if watchers:
+                continue
+            if recorded_w is not None and recorded_w.node_id in silent:
+                continue  # its node did not report: unknown
+            node = recorded_w.node_id if recorded_w is not None and recorded_w.node_id in reachable else 0
+            _repair(out, cid).rewatch.append(data_pb2.DmChannelWatchInfo(
+                collection_id=cid, dm_channel=name, node_id=node,
+                partition_ids=list(recorded_w.partition_ids) if recorded_w is not None else pids))
+        out.progress[cid] = progress
+    # Nodes holding anything of a collection that is not loaded at all.
+    stray: dict[int, set[int]] = {}
+    for sid, (scid, _pid) in held.segment_collection.items():
+        if scid not in targets and scid not in busy and not meta.has_collection(scid):
+            stray.setdefault(scid, set()).update(held.segments.get(sid, ()))
+    for (scid, _name), nodes in held.channels.items():
+        if scid not in targets and scid not in busy and not meta.has_collection(scid):
+            stray.setdefault(scid, set()).update(nodes)
+    for scid, nodes in stray.items():
+        _repair(out, scid).release_collection_on_nodes.extend(sorted(nodes))
+    for req in out.repairs.values():
+        req.reason = describe(req)
+    return out
+
+
+def _release(d: Diff, cid: int, node: int, sid: int) -> None:
+    req = _repair(d, cid)
+    for ns in req.release_segments:
+        if ns.node_id == node:
+            if sid not in ns.segment_ids:
+                ns.segment_ids.append(sid)
+            return
+    req.release_segments.append(task_pb2.NodeSegments(node_id=node, segment_ids=[sid]))
+
+
+def describe(req: task_pb2.RepairRequest) -> str:
+    parts = []
+    if req.missing_segments:
+        parts.append(f"{len(req.missing_segments)} segments held by no node")
+    n = sum(len(ns.segment_ids) for ns in req.release_segments)
+    if n:
+        parts.append(f"{n} copies to release")
+    if req.rewatch:
+        parts.append(f"{len(req.rewatch)} DM channels unwatched")
+    if req.release_collection_on_nodes:
+        parts.append(f"not loaded but held on nodes {list(req.release_collection_on_nodes)}")
+    if req.adopt:
+        parts.append(f"{len(req.adopt)} segments recorded on the wrong node")
+    if req.forget_segment_ids:
+        parts.append(f"{len(req.forget_segment_ids)} stale segment records")
+    return "; ".join(parts)
+
+
+@dataclass
+class CheckReport:
+    repairs: dict[int, str] = field(default_factory=dict)  # collection -> what differed
+    unreachable: list[int] = field(default_factory=list)
+    progress_updates: int = 0
+
+
+class Checker:
+    """Runs ``check_once`` every ``interval`` seconds or when kicked; never dies on one error."""
+
+    def __init__(self, scheduler: Scheduler, *, interval: float = 5.0):
+        self.scheduler = scheduler
+        self.interval = interval
+        self._kick = asyncio.Event()
+        self.runs = 0
+        self.repairs = 0  # repair triggers enqueued
+        self.errors = 0
+
+    def kick(self) -> None:
+        self._kick.set()
+
+    async def run_forever(self) -> None:
+        while not self.scheduler.stopped:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._kick.wait(), self.interval)
+            self._kick.clear()
+            if self.scheduler.stopped:
+                return
+            try:
+                await self.check_once()
+                await self.scheduler.sweep_unremoved()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.errors += 1
+                logger.opt(exception=exc).warning("checker: a check failed ({}); the next one tries again", exc)
+
+    def _busy(self) -> set[int]:
+        out: set[int] = set()
+        for t in self.scheduler.triggers.values():
+            out |= t.collections()
+            if t.collection_id:
+                out.add(t.collection_id)
+        return out
+
+    async def _distribution(self, report: CheckReport) -> tuple[Held, set[int]]:
+        nodes = self.scheduler.env.nodes
+        held = Held()
+        reachable: set[int] = set()
+
+        async def ask(node_id: int) -> querynode_pb2.GetDataDistributionResponse | None:
+            try:
+                return await nodes.client(node_id).call("GetDataDistribution",
+                                                        querynode_pb2.GetDataDistributionRequest())
+            except NodeError as exc:
+                logger.info("checker: node {} did not report its distribution: {}", node_id, exc)
+                report.unreachable.append(node_id)
+                return None
+
+        online = [n.node_id for n in nodes.online()]
+        answers = await asyncio.gather(*(ask(n) for n in online))
+        for node_id, dist in zip(online, answers, strict=True):
+            if dist is None:
+                continue
+            reachable.add(node_id)
+            for s in dist.segments:
+                held.segments.setdefault(s.segment_id, set()).add(node_id)
+                held.segment_collection[s.segment_id] = (s.collection_id, s.partition_id)
+            for c in dist.channels:
+                if c.kind == DM:
+                    held.channels.setdefault((c.collection_id, c.channel_name), set()).add(node_id)
+        return held, reachable
+
+    async def _targets(self, cids: Iterable[int]) -> dict[int, Target]:
+        env = self.scheduler.env
+        out: dict[int, Target] = {}
+        for cid in cids:
+            target = Target()
+            for pid in env.meta.partition_ids(cid):
+                chans, binlogs = await env.broker.get_recovery_info(cid, pid)
+                for b in binlogs:
+                    target.segments[b.segment_id] = TargetSegment(b.segment_id, pid, tuple(b.compaction_from))
+                target.channels.update(c.channel_name for c in chans)
+            out[cid] = target
+        return out
+
+    async def check_once(self) -> CheckReport:
+        """One comparison; enqueues the repairs and corrects load percentages."""
+        sched = self.scheduler
+        env = sched.env
+        report = CheckReport()
+        self.runs += 1
+        held, reachable = await self._distribution(report)
+        busy = self._busy()
+        targets = await self._targets([c for c in env.meta.collection_ids() if c not in busy])
+        # The catalog reads awaited: triggers may have started meanwhile.
+        busy |= self._busy()
+        online = {n.node_id for n in env.nodes.online()}
+        d = diff(env.meta, targets, held, reachable=reachable, online=online, busy=busy)
+        for cid, parts in d.progress.items():
+            if cid not in self._busy():
+                report.progress_updates += await self._set_progress(env.meta, cid, parts)
+        for cid, req in sorted(d.repairs.items()):
+            if cid in self._busy() or sched.stopped:
+                continue
+            task = RepairTask.new(env, req, trigger_condition=qc.TRIGGER_CONDITION_CHECKER, collection_id=cid)
+            await sched.enqueue(task)  # type: ignore[arg-type]
+            self.repairs += 1
+            report.repairs[cid] = req.reason
+            logger.info("checker: collection {}: {}; repair task {} queued", cid, req.reason, task.id)
+        return report
+
+    @staticmethod
+    async def _set_progress(meta: QueryMeta, cid: int, parts: dict[int, tuple[int, int]]) -> int:
+        """Percentages from what nodes hold: a partition that lost segments stops claiming 100 %."""
+        info = meta.get_collection(cid)
+        if info is None:
+            return 0
+        states: dict[int, tuple[int, int]] = {}
+        for p in info.partitions:
+            if p.partition_id not in parts:
+                continue
+            h, t = parts[p.partition_id]
+            pct = 100 if t == 0 else h * 100 // t
+            state = IN_MEMORY if pct == 100 else PARTIAL
+            if (p.state, p.in_memory_percentage) != (state, pct):
+                states[p.partition_id] = (state, pct)  # type: ignore[assignment]
+        if states:
+            await meta.set_partition_states(cid, states)  # type: ignore[arg-type]
+            logger.info("checker: collection {}: load progress corrected from the nodes: {}", cid, states)
+        return len(states)

@@ -1,0 +1,93 @@
+"""The checker's trigger: close one collection's difference between target and distribution.
+
+The checker (``querycoord.checker``) only observes; everything it wants done
+goes through the scheduler as a REPAIR trigger, so it is persisted, shown by
+ListTasks with trigger condition CHECKER, serialised with every other trigger
+of the collection, and resumed by a new leader like any other tree.
+
+Planning re-checks against current meta (the world may have moved between
+the check and the run): a segment someone else loaded meanwhile is not loaded
+again, a release of a segment meta now places on that node is dropped.
+"""
+
+from __future__ import annotations
+
+from loguru import logger
+
+from proto import data_pb2, querynode_pb2
+from proto import querycoord_pb2 as qc
+from querycoord.task.assign import plan_children
+from querycoord.task.children import ReleaseCollectionOnNodeTask, ReleaseSegmentsTask
+from querycoord.task.model import Task
+from querycoord.task.triggers import TriggerTask, segment_load_info
+
+
+class RepairTask(TriggerTask):
+    KIND = qc.TASK_KIND_REPAIR
+    REQUEST_FIELD = "repair"
+
+    def summary(self) -> str:
+        return f"repair collection {self.collection_id}: {self.request.reason}"
+
+    async def execute(self) -> None:
+        env, cid, req = self.env, self.collection_id, self.request
+        meta = env.meta
+        if req.adopt:
+            await meta.save_segments(list(req.adopt))
+        forget = [s for s in req.forget_segment_ids if meta.get_segment(s) is not None]
+        if forget:
+            await meta.remove_segments(forget)
+        children: list[Task] = []
+        cond = self.rec.trigger_condition
+        for node_id in req.release_collection_on_nodes:
+            if env.nodes.is_online(node_id) and not meta.has_collection(cid):
+                children.append(ReleaseCollectionOnNodeTask.new(
+                    env, querynode_pb2.ReleaseCollectionRequest(collection_id=cid), trigger_condition=cond,
+                    collection_id=cid, node_id=node_id, parent=self))
+        for ns in req.release_segments:
+            if not env.nodes.is_online(ns.node_id):
+                continue
+            children.append(ReleaseSegmentsTask.new(
+                env, querynode_pb2.ReleaseSegmentsRequest(collection_id=cid, segment_ids=list(ns.segment_ids)),
+                trigger_condition=cond, collection_id=cid, node_id=ns.node_id, parent=self))
+        if meta.has_collection(cid):
+            children += await self._plan_missing()
+            children += await self._plan_rewatch()
+        self.children = children
+
+    async def _plan_missing(self) -> list[Task]:
+        env, cid, meta = self.env, self.collection_id, self.env.meta
+        # A record still naming the node the checker saw without the segment (or an offline one) is stale;
+        # one naming another online node means somebody loaded it since: leave it.
+        stale = [s.segment_id for s in self.request.missing_segments
+                 if (m := meta.get_segment(s.segment_id)) is not None
+                 and (m.node_id == s.node_id or not env.nodes.is_online(m.node_id))]
+        if stale:
+            await meta.remove_segments(stale)
+        by_pid: dict[int, list[int]] = {}
+        for s in self.request.missing_segments:
+            if meta.has_partition(cid, s.partition_id) and meta.get_segment(s.segment_id) is None:
+                by_pid.setdefault(s.partition_id, []).append(s.segment_id)
+        infos: list[data_pb2.SegmentLoadInfo] = []
+        for pid, ids in sorted(by_pid.items()):
+            _, binlogs = await env.broker.get_recovery_info(cid, pid, ids)
+            infos += [segment_load_info(b) for b in binlogs]
+        if not infos:
+            return []
+        return await plan_children(env, self, cid, infos, [],
+                                   load_type=meta.get_load_type(cid) or data_pb2.LOAD_TYPE_COLLECTION)
+
+    async def _plan_rewatch(self) -> list[Task]:
+        env, cid, meta = self.env, self.collection_id, self.env.meta
+        out: list[Task] = []
+        load_type = meta.get_load_type(cid) or data_pb2.LOAD_TYPE_COLLECTION
+        for w in self.request.rewatch:
+            chan = data_pb2.VChannelInfo(collection_id=cid, channel_name=w.dm_channel)
+            pids = list(w.partition_ids)
+            include = [w.node_id] if w.node_id and env.nodes.is_online(w.node_id) else []
+            try:
+                out += await plan_children(env, self, cid, [], [chan], include=include, load_type=load_type,
+                                           partition_ids=pids)
+            except Exception as exc:  # placement failed: the next check tries again
+                logger.info("{}: cannot place DM channel {} now: {}", self.describe(), w.dm_channel, exc)
+        return out

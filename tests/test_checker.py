@@ -1,0 +1,138 @@
+"""The checker: the rules of ``diff`` over a real query meta, and repairs on a real cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from meta.etcd_server import EtcdCluster
+from meta.kv import MetaKV
+from proto import common_pb2, data_pb2, querynode_pb2
+from proto import querycoord_pb2 as qc
+from querycoord.checker import Held, Target, TargetSegment, diff
+from querycoord.querymeta import QueryMeta
+from tests.cluster import QueryCluster, fast_scheduler
+
+COLL = data_pb2.LOAD_TYPE_COLLECTION
+
+
+def seg(sid: int, cid: int, pid: int, node: int) -> data_pb2.SegmentInfo:
+    return data_pb2.SegmentInfo(segment_id=sid, collection_id=cid, partition_id=pid, node_id=node,
+                                state=data_pb2.SEGMENT_STATE_SEALED)
+
+
+def held_of(placement: dict[int, tuple[int, int, set[int]]], channels: dict[tuple[int, str], set[int]] | None = None
+            ) -> Held:
+    """segment -> (collection, partition, nodes)."""
+    h = Held(channels=dict(channels or {}))
+    for sid, (cid, pid, nodes) in placement.items():
+        h.segments[sid] = set(nodes)
+        h.segment_collection[sid] = (cid, pid)
+    return h
+
+
+async def loaded_meta(kv: MetaKV) -> QueryMeta:
+    meta = QueryMeta(kv)
+    await meta.reload()
+    await meta.add_collection(1, COLL, [10, 11])
+    await meta.save_segments([seg(100, 1, 10, 1), seg(101, 1, 10, 2), seg(102, 1, 11, 1)])
+    return meta
+
+
+TARGET = {1: Target(segments={100: TargetSegment(100, 10), 101: TargetSegment(101, 10),
+                              102: TargetSegment(102, 11)}, channels=set())}
+
+
+async def test_a_lost_segment_is_missing_and_progress_shows_it(kv: MetaKV) -> None:
+    meta = await loaded_meta(kv)
+    held = held_of({100: (1, 10, {1}), 102: (1, 11, {1})})  # node 2 lost 101
+    d = diff(meta, TARGET, held, reachable={1, 2}, online={1, 2}, busy=set())
+    assert [s.segment_id for s in d.repairs[1].missing_segments] == [101]
+    assert d.repairs[1].missing_segments[0].node_id == 2, "the stale record's node travels with it"
+    assert d.progress[1] == {10: (1, 2), 11: (1, 1)}
+
+
+async def test_duplicates_and_copies_of_released_partitions_are_released(kv: MetaKV) -> None:
+    meta = await loaded_meta(kv)
+    held = held_of({100: (1, 10, {1, 2}), 101: (1, 10, {2}), 102: (1, 11, {1}), 199: (1, 12, {2})})
+    d = diff(meta, TARGET, held, reachable={1, 2}, online={1, 2}, busy=set())
+    release = {ns.node_id: sorted(ns.segment_ids) for ns in d.repairs[1].release_segments}
+    assert release == {2: [100, 199]}, "the copy meta does not name, and the segment of an unloaded partition"
+    assert not d.repairs[1].missing_segments
+
+
+async def test_what_a_silent_node_holds_is_unknown_not_missing(kv: MetaKV) -> None:
+    meta = await loaded_meta(kv)
+    held = held_of({100: (1, 10, {1}), 102: (1, 11, {1})})
+    d = diff(meta, TARGET, held, reachable={1}, online={1, 2}, busy=set())
+    assert 1 not in d.repairs, "node 2 did not answer: its segment 101 is neither missing nor extra"
+    assert d.progress[1] == {10: (2, 2), 11: (1, 1)}
+
+
+async def test_busy_collections_are_left_to_their_trigger_and_strays_are_released(kv: MetaKV) -> None:
+    meta = await loaded_meta(kv)
+    held = held_of({100: (1, 10, {1}), 500: (5, 50, {2})}, channels={(6, "dml-6-0"): {1}})
+    d = diff(meta, TARGET, held, reachable={1, 2}, online={1, 2}, busy={1})
+    assert 1 not in d.repairs and 1 not in d.progress
+    assert list(d.repairs[5].release_collection_on_nodes) == [2]
+    assert list(d.repairs[6].release_collection_on_nodes) == [1]
+
+
+async def test_compaction_sources_are_served_until_their_result_is_loaded(kv: MetaKV) -> None:
+    meta = await loaded_meta(kv)
+    target = {1: Target(segments={102: TargetSegment(102, 11), 103: TargetSegment(103, 10, (100, 101))})}
+    held = held_of({100: (1, 10, {1}), 101: (1, 10, {2}), 102: (1, 11, {1})})
+    d = diff(meta, target, held, reachable={1, 2}, online={1, 2}, busy=set())
+    assert [s.segment_id for s in d.repairs[1].missing_segments] == [103]
+    assert not d.repairs[1].release_segments, "100 and 101 still serve until 103 is held"
+
+
+async def test_an_unwatched_channel_is_watched_again(kv: MetaKV) -> None:
+    meta = await loaded_meta(kv)
+    await meta.save_dm_channel_watch([data_pb2.DmChannelWatchInfo(collection_id=1, dm_channel="dml-1-0",
+                                                                  node_id=1)])
+    target = {1: Target(segments=dict(TARGET[1].segments), channels={"dml-1-0", "dml-1-1"})}
+    held = held_of({100: (1, 10, {1}), 101: (1, 10, {2}), 102: (1, 11, {1})}, channels={(1, "dml-1-1"): {2}})
+    d = diff(meta, target, held, reachable={1, 2}, online={1, 2}, busy=set())
+    assert [(w.dm_channel, w.node_id) for w in d.repairs[1].rewatch] == [("dml-1-0", 1)]
+
+
+async def test_the_checker_reloads_what_a_node_lost_and_releases_strays(etcd: EtcdCluster, root_path: str) -> None:
+    """Outside hands change what nodes hold; the checker repairs it through CHECKER triggers."""
+    c = QueryCluster(etcd, root_path, scheduler=fast_scheduler())
+    c.config.checker_interval = 0.3
+    await c.__aenter__()
+    try:
+        await c.start_coordinator()
+        await c.wait_leader()
+        for _ in range(2):
+            await c.add_node()
+        cid = await c.create_collection("lost", partitions=1, segments=12)
+        r = await c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid))
+        assert r.status.error_code == common_pb2.SUCCESS
+        await c.wait_loaded(cid)
+        await c.wait_idle()
+        node = max(c.nodes, key=lambda n: len(n.state.segments))
+        lost = sorted(node.state.segments)[:3]
+        node.state.release_segments(querynode_pb2.ReleaseSegmentsRequest(collection_id=cid, segment_ids=lost))
+        other = next(n for n in c.nodes if n is not node)
+        stray = querynode_pb2.LoadSegmentsRequest(collection_id=cid + 1000, infos=[data_pb2.SegmentLoadInfo(
+            segment_id=987654, collection_id=cid + 1000, partition_id=1, mem_size=10)])
+        stray.node_id = other.node_id
+        other.state.load_segments(stray)
+        deadline = time.monotonic() + 30
+        while not (set(lost) <= set(node.state.segments) | set(other.state.segments)
+                   and 987654 not in other.state.segments):
+            assert time.monotonic() < deadline, "the checker did not repair"
+            await asyncio.sleep(0.1)
+        await c.wait_idle()
+        all_held = [s for n in c.nodes for s in n.state.segments]
+        assert len(all_held) == len(set(all_held)) == 12
+        trees = (await c.client.query("ListTasks", qc.ListTasksRequest(include_finished=True, limit=1000))).trees
+        repairs = [t for t in trees if t.trigger.trigger_condition == qc.TRIGGER_CONDITION_CHECKER]
+        assert repairs and all(t.trigger.state == qc.TASK_STATE_EXPIRED for t in repairs)
+        assert any("held by no node" in t.trigger.summary for t in repairs)
+        keys = await c.task_keys()
+        assert all(v == 0 for v in keys.values()), keys
+    finally:
+        await c.__aexit__(None, None, None)
