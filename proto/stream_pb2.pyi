@@ -120,7 +120,7 @@ class TaskId(_message.Message):
     def __init__(self, stream_id: _Optional[int] = ..., task_id: _Optional[int] = ..., sid: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., node_id: _Optional[int] = ..., vgroup_id: _Optional[int] = ..., snode_id: _Optional[int] = ..., deploy_id: _Optional[int] = ..., task_idx: _Optional[int] = ..., scan_plan_idx: _Optional[int] = ..., top: _Optional[bool] = ...) -> None: ...
 
 class TaskStatusReport(_message.Message):
-    __slots__ = ("stream_id", "task_id", "sid", "kind", "node_id", "status", "error_code", "error_message", "deploy_id", "task_idx", "vgroup_id", "snode_id")
+    __slots__ = ("stream_id", "task_id", "sid", "kind", "node_id", "status", "error_code", "error_message", "deploy_id", "task_idx", "vgroup_id", "snode_id", "scan_plan_idx", "top", "top_runners")
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     SID_FIELD_NUMBER: _ClassVar[int]
@@ -133,6 +133,9 @@ class TaskStatusReport(_message.Message):
     TASK_IDX_FIELD_NUMBER: _ClassVar[int]
     VGROUP_ID_FIELD_NUMBER: _ClassVar[int]
     SNODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SCAN_PLAN_IDX_FIELD_NUMBER: _ClassVar[int]
+    TOP_FIELD_NUMBER: _ClassVar[int]
+    TOP_RUNNERS_FIELD_NUMBER: _ClassVar[int]
     stream_id: int
     task_id: int
     sid: int
@@ -145,7 +148,10 @@ class TaskStatusReport(_message.Message):
     task_idx: int
     vgroup_id: int
     snode_id: int
-    def __init__(self, stream_id: _Optional[int] = ..., task_id: _Optional[int] = ..., sid: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., node_id: _Optional[int] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., deploy_id: _Optional[int] = ..., task_idx: _Optional[int] = ..., vgroup_id: _Optional[int] = ..., snode_id: _Optional[int] = ...) -> None: ...
+    scan_plan_idx: int
+    top: bool
+    top_runners: _containers.RepeatedCompositeFieldContainer[TaskId]
+    def __init__(self, stream_id: _Optional[int] = ..., task_id: _Optional[int] = ..., sid: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., node_id: _Optional[int] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., deploy_id: _Optional[int] = ..., task_idx: _Optional[int] = ..., vgroup_id: _Optional[int] = ..., snode_id: _Optional[int] = ..., scan_plan_idx: _Optional[int] = ..., top: _Optional[bool] = ..., top_runners: _Optional[_Iterable[_Union[TaskId, _Mapping]]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("node_id", "snode_id", "vgroup_ids", "stream_group", "num_stream_groups", "tasks", "runner_threads", "seen_leader_revision")

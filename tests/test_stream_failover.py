@@ -195,10 +195,11 @@ async def wait_for(predicate: Callable[[], Awaitable[tuple[bool, Any]]], what: s
 
 
 def task_table(show: sp.ShowStreamsResponse) -> dict[int, list[tuple[int, ...]]]:
-    """Per stream: every task's identity (task id, kind, deploy, index, SID, vgroup, snode, node)."""
+    """Per stream: every task's identity (task id, kind, deploy, index, SID, vgroup, snode, node, scan plan, top)."""
     return {
         info.stream.id: sorted((t.task.task_id, t.task.kind, t.task.deploy_id, t.task.task_idx, t.task.sid,
-                                t.task.vgroup_id, t.task.snode_id, t.task.node_id) for t in info.tasks)
+                                t.task.vgroup_id, t.task.snode_id, t.task.node_id, t.task.scan_plan_idx,
+                                int(t.task.top)) for t in info.tasks)
         for info in show.streams
     }
 
@@ -270,7 +271,7 @@ async def test_leader_killed_while_50_streams_run_standby_adopts_all_without_red
         timings["all_running"] = time.monotonic() - t0
         table_before = task_table(before)
         assert len(table_before) == STREAMS
-        assert len({n for rows in table_before.values() for *_, n in rows}) == 3, "tasks on all three nodes"
+        assert len({row[7] for rows in table_before.values() for row in rows}) == 3, "tasks on all three nodes"
         assert all(info.deploy_times == 1 for info in before.streams), "each stream planned once"
         stats_first = await wait_for(lambda: _stats_ready(first), "the first leader's counters", timeout=5)
         assert stats_first["redeploys"] == 0, stats_first
@@ -346,6 +347,7 @@ async def test_concurrent_heartbeats_plan_a_new_stream_once(kv: MetaKV) -> None:
     a, b = await store.create_snode(11), await store.create_snode(12)
     mgr = StreamManager(store, leader_revision=100, config=StreamConfig(watch_timeout=1.0))
     await mgr.start()
+    mgr.set_live_nodes([11, 12])
     hb = {n: sp.HeartbeatRequest(node_id=n, snode_id=s.id, vgroup_ids=[v], num_stream_groups=1)
           for n, s, v in ((11, a, 1), (12, b, 2))}
     for req in hb.values():

@@ -292,10 +292,18 @@ async def test_vgroup_move_redeploys_readers_on_new_leader(store: StreamStore) -
     assert moved and all(r.vgroup_id == 4 and r.kind in READERS for r in old_leader.tasks.values())
     # Leadership of vgroup 4 moves to node 13 (node 15 stays up, still reporting its old readers).
     old_leader.vgroups, new_leader.vgroups = [], [2, 3, 4]
-    replies = await round_(mgr, [new_leader, old_leader])
-    got = {(t.task.stream_id, t.task.task_id): t.task.sid for d in replies[0].deploys for t in d.readers}
+    # Node 13 claims it before node 15 let go: refused, node 15 keeps it (two claimants never make readers flap).
+    reply = await mgr.handle_heartbeat(new_leader.request())
+    new_leader.apply(reply)
+    assert not reply.deploys and mgr.vgroups[4].node_id == 15 and mgr.rejected_claims == 1
+    # Node 15's heartbeat leaves vgroup 4 out: released, and node 13's next claim takes it.
+    replies = await round_(mgr, [old_leader, new_leader])
+    assert not replies[0].undeploys
+    got = {(t.task.stream_id, t.task.task_id): t.task.sid for d in replies[1].deploys for t in d.readers}
     assert got == {k: sid + 1 for k, sid in moved.items()}  # same ids, SID + 1, on the new leader
-    undone = {(t.stream_id, t.task_id): t.sid for u in replies[1].undeploys for t in u.tasks}
+    reply = await mgr.handle_heartbeat(old_leader.request())
+    old_leader.apply(reply)
+    undone = {(t.stream_id, t.task_id): t.sid for u in reply.undeploys for t in u.tasks}
     assert undone == moved  # the old instances, undeployed from the old node
     assert not old_leader.tasks
     await run_until_running(mgr, nodes, clock)

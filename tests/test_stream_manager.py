@@ -61,10 +61,11 @@ class Clock:
 
 
 class Node:
-    """A stream node: keeps the tasks it was given, reports them, obeys undeploys and starts.
+    """A stream node: keeps the tasks it was given, reports them, obeys undeploys, starts and runner updates.
 
     Readers and runners go INIT -> RUNNING on their own after their first
-    report; the trigger stays INIT until the leader starts it.
+    report; the trigger stays INIT until the leader starts it. It reports the
+    stream group ``group`` of ``groups`` (default: one group, every task).
     """
 
     def __init__(self, node_id: int, vgroups: Iterable[int] = (), snode_id: int = 0):
@@ -76,18 +77,20 @@ class Node:
         self.undeploys: list[stream_pb2.StreamUndeploy] = []
         self.starts: list[stream_pb2.StreamStart] = []
         self.seen_revision = 0
+        self.groups, self.group = 1, 0
 
     def request(self) -> stream_pb2.HeartbeatRequest:
+        reported = [r for k, r in self.tasks.items() if k[0] % self.groups == self.group]
         req = stream_pb2.HeartbeatRequest(
             node_id=self.node_id,
             snode_id=self.snode_id,
             vgroup_ids=self.vgroups,
-            stream_group=0,
-            num_stream_groups=1,
-            tasks=list(self.tasks.values()),
+            stream_group=self.group,
+            num_stream_groups=self.groups,
+            tasks=reported,
             seen_leader_revision=self.seen_revision,
         )
-        for rep in self.tasks.values():
+        for rep in reported:
             if rep.status == INIT and rep.kind != stream_pb2.TRIGGER:
                 rep.status = RUNNING
         return req
@@ -125,10 +128,22 @@ class Node:
                     task_idx=t.task_idx,
                     vgroup_id=t.vgroup_id,
                     snode_id=t.snode_id,
+                    scan_plan_idx=t.scan_plan_idx,
+                    top=t.top,
                 )
+            if d.HasField("trigger"):
+                self._set_tops(d.stream_id, d.trigger.task, d.trigger.top_runners)
         for s in reply.starts:
             self.starts.append(s)
             self.tasks[(s.stream_id, s.trigger.task_id)].status = RUNNING
+        for ru in reply.runner_updates:
+            self._set_tops(ru.stream_id, ru.trigger, ru.top_runners)
+
+    def _set_tops(self, stream_id: int, trigger: stream_pb2.TaskId, tops: Iterable[stream_pb2.TaskId]) -> None:
+        rep = self.tasks.get((stream_id, trigger.task_id))
+        if rep is not None and rep.sid == trigger.sid:
+            del rep.top_runners[:]
+            rep.top_runners.extend(stream_pb2.TaskId(stream_id=t.stream_id, task_id=t.task_id, sid=t.sid) for t in tops)
 
 
 async def round_(mgr: StreamManager, nodes: list[Node]) -> list[stream_pb2.HeartbeatReply]:
@@ -367,19 +382,21 @@ async def test_error_backoff_grows_and_resets(store: StreamStore) -> None:
 
 
 async def test_task_silence(store: StreamStore) -> None:
+    """Tasks whose stream group their node no longer reports at all go silent (a node that loses a task but
+    reports its group is the checker's case: tests/test_stream_checker.py)."""
     clock = Clock()
     nodes, sdefs = await setup(store, 2)
+    assert sdefs[0].id % 2 != sdefs[1].id % 2
     mgr = await normal_manager(store, clock, nodes)
     await run_until_running(mgr, nodes, clock)
-    # A reader of stream 0 goes silent (its node lost it without saying): redeployed with SID + 1.
+    # Node 13 reports only stream 1's group from now on: stream 0's readers there go silent, redeployed with SID + 1.
     reader = next(k for k, r in nodes[2].tasks.items() if k[0] == sdefs[0].id and r.kind in READERS)
-    del nodes[2].tasks[reader]
-    # A runner of stream 1 goes silent: the stream is stopped with TASK_LOST.
+    nodes[2].groups, nodes[2].group = 2, sdefs[1].id % 2
+    # The node of a runner of stream 1 reports only stream 0's group: the stream is stopped with TASK_LOST.
     runner_node = next(
         n for n in nodes if any(k[0] == sdefs[1].id and r.kind == stream_pb2.RUNNER for k, r in n.tasks.items())
     )
-    runner = next(k for k, r in runner_node.tasks.items() if k[0] == sdefs[1].id and r.kind == stream_pb2.RUNNER)
-    del runner_node.tasks[runner]
+    runner_node.groups, runner_node.group = 2, sdefs[0].id % 2
     for _ in range(4):
         clock.advance(CONFIG.task_silence / 3)
         await round_(mgr, nodes)
@@ -486,6 +503,8 @@ async def test_no_streams_starts_normal(store: StreamStore) -> None:
     mgr = await new_manager(store, clock)
     assert mgr.state is ManagerState.NORMAL
     nodes = [Node(11, [2, 3], (await store.create_snode(11)).id), Node(13, [4])]
+    mgr.set_live_nodes([11, 13])  # what the coordinator feeds from the stream node sessions
+    await mgr.refresh()  # what the service does after CreateSnode: the snode is recorded for node 11
     await round_(mgr, nodes)  # the snode reports: now live
     sdef = await store.create_stream(create_req("late"), [nodes[0].snode_id])
     mgr.put_stream(sdef)  # after the create txn committed

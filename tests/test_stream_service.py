@@ -20,6 +20,7 @@ import pytest
 
 from meta.etcd_server import EtcdCluster
 from meta.kv import MetaKV
+from meta.session import Session
 from proto import common_pb2, stream_pb2, stream_pb2_grpc
 from querycoord.config import CoordConfig
 from querycoord.process import CoordinatorProcess
@@ -228,15 +229,23 @@ async def test_standby_refuses_writes_and_heartbeats_and_shows_streams_from_etcd
         async with coordinator(etcd, root_path) as standby, stub_for(standby.address) as sstub:
             await asyncio.sleep(0.3)
             assert not standby.coord.is_leader
-            # A stream through the leader; the test plays the stream node whose heartbeat makes the snode live.
-            snode = (await lstub.CreateSnode(sp.CreateSnodeRequest(node_id=777))).snode
-            hb = await lstub.StreamHeartbeat(sp.HeartbeatRequest(node_id=777, snode_id=snode.id, num_stream_groups=1))
-            assert hb.status.error_code == common_pb2.SUCCESS and hb.leader_revision > 0
-            created = await lstub.CreateStream(stream_request("s1"))
-            assert created.status.error_code == common_pb2.SUCCESS, created
+            # A stream through the leader; the test plays the stream node whose heartbeat makes the snode live
+            # (with a real stream node session: the leader hears no node without one).
+            async with Session(kv, "streamnode", "stream-node", ttl=10) as session:
+                node_id = session.server_id
+                snode = (await lstub.CreateSnode(sp.CreateSnodeRequest(node_id=node_id))).snode
+                hb_req = sp.HeartbeatRequest(node_id=node_id, snode_id=snode.id, num_stream_groups=1)
+
+                async def heard() -> tuple[bool, Any]:
+                    hb = await lstub.StreamHeartbeat(hb_req)
+                    return hb.status.error_code == common_pb2.SUCCESS and hb.leader_revision > 0, hb
+
+                await wait_for(heard, "the leader hearing the node's session", timeout=10)
+                created = await lstub.CreateStream(stream_request("s1"))
+                assert created.status.error_code == common_pb2.SUCCESS, created
 
             for call in (sstub.CreateStream(stream_request("s2")),
-                         sstub.StreamHeartbeat(sp.HeartbeatRequest(node_id=777, snode_id=snode.id)),
+                         sstub.StreamHeartbeat(sp.HeartbeatRequest(node_id=node_id, snode_id=snode.id)),
                          sstub.StopStream(sp.StopStreamRequest(stream=sp.StreamRef(name="s1"))),
                          sstub.CreateSnode(sp.CreateSnodeRequest(node_id=778))):
                 with pytest.raises(grpc.aio.AioRpcError) as err:

@@ -85,6 +85,24 @@ def test_deploy_init_then_running_and_trigger_waits_for_start() -> None:
     assert out.runner_updates == [(1, 102)] and trig.top_runners[0].sid == 2
 
 
+def test_reports_carry_the_whole_identity_and_the_triggers_top_runners() -> None:
+    """What a new leader needs to adopt a task exactly as deployed, and to see a RunnerUpdate took effect."""
+    st = StreamNodeState(11, vgroups=[2], snode_id=7, groups=1, init_delay_s=0)
+    reply = deploy_reply(5, stream=1)
+    reply.deploys[0].readers.append(sp.ReaderDeploy(task=tid(1, 104, sp.CALC_READER, vgroup_id=2, task_idx=3,
+                                                              scan_plan_idx=2)))
+    st.apply_reply(reply, now=0)
+    reports = {r.task_id: r for r in st.build_heartbeat().tasks}
+    calc, runner, trigger = reports[104], reports[103], reports[102]
+    assert (calc.scan_plan_idx, calc.task_idx, calc.HasField("scan_plan_idx")) == (2, 3, True)
+    assert runner.top and runner.HasField("top") and not calc.top
+    assert [(t.task_id, t.sid) for t in trigger.top_runners] == [(103, 1)] and not runner.top_runners
+    st.apply_reply(sp.HeartbeatReply(leader_revision=5, runner_updates=[sp.RunnerUpdate(
+        stream_id=1, trigger=tid(1, 102, sp.TRIGGER), top_runners=[tid(1, 103, sp.RUNNER, sid=2, top=True)])]), now=1)
+    (trigger,) = [r for r in st.build_heartbeat().tasks if r.task_id == 102]
+    assert [(t.task_id, t.sid) for t in trigger.top_runners] == [(103, 2)]
+
+
 def test_undeploy_matches_sid_all_and_overrides_other_actions() -> None:
     st = StreamNodeState(11, groups=1, init_delay_s=0)
     st.apply_reply(deploy_reply(5, stream=1), now=0)

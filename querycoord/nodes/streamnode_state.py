@@ -8,7 +8,10 @@ Rules it implements (model: a TDengine dnode's stream side):
 * Heartbeats are per stream group: each ``build_heartbeat`` reports the tasks
   of one group (``stream_id % groups``) and moves to the next group, so a
   node with many streams sends small messages and every group is reported
-  once every ``groups`` ticks.
+  once every ``groups`` ticks. A report carries the task's whole identity as
+  deployed (scan plan and top flag included, so a new leader adopts it
+  unchanged) and, for a trigger, the top runners it feeds: that is how the
+  leader sees a RunnerUpdate took effect (it re-sends it until then).
 * A deployed reader or runner starts in INIT and turns RUNNING by itself
   after ``init_delay_s`` (it "opened" its inputs). A trigger stays INIT until
   the leader sends a start for it, because the leader starts it only once
@@ -79,7 +82,8 @@ class Task:
             "stream_id": self.info.stream_id, "task_id": self.info.task_id, "sid": self.info.sid,
             "kind": stream_pb2.TaskKind.Name(self.info.kind), "status": _STATUS_NAMES.get(self.status, "?"),
             "vgroup_id": self.info.vgroup_id, "snode_id": self.info.snode_id, "deploy_id": self.info.deploy_id,
-            "task_idx": self.info.task_idx, "error_code": self.error_code, "error_message": self.error_message,
+            "task_idx": self.info.task_idx, "scan_plan_idx": self.info.scan_plan_idx, "top": self.info.top,
+            "error_code": self.error_code, "error_message": self.error_message,
             "top_runners": [t.task_id for t in self.top_runners],
         }
 
@@ -166,13 +170,23 @@ class StreamNodeState:
             task = self.tasks[key]
             if group is not None and task.info.stream_id % self.groups != group:
                 continue
-            i = task.info
-            out.append(stream_pb2.TaskStatusReport(
-                stream_id=i.stream_id, task_id=i.task_id, sid=i.sid, kind=i.kind, node_id=self.node_id,
-                status=task.status, error_code=task.error_code, error_message=task.error_message,
-                deploy_id=i.deploy_id, task_idx=i.task_idx, vgroup_id=i.vgroup_id, snode_id=i.snode_id,
-            ))
+            out.append(self._report(task))
         return out
+
+    def _report(self, task: Task) -> stream_pb2.TaskStatusReport:
+        """One task's report: its whole identity as deployed (so a new leader adopts it unchanged) and, for a
+        trigger, the top runners it feeds (so the leader sees whether its RunnerUpdate took effect)."""
+        i = task.info
+        rep = stream_pb2.TaskStatusReport(
+            stream_id=i.stream_id, task_id=i.task_id, sid=i.sid, kind=i.kind, node_id=self.node_id,
+            status=task.status, error_code=task.error_code, error_message=task.error_message,
+            deploy_id=i.deploy_id, task_idx=i.task_idx, vgroup_id=i.vgroup_id, snode_id=i.snode_id,
+            scan_plan_idx=i.scan_plan_idx, top=i.top,
+        )
+        if task.is_trigger:
+            rep.top_runners.extend(stream_pb2.TaskId(stream_id=t.stream_id, task_id=t.task_id, sid=t.sid)
+                                   for t in task.top_runners)
+        return rep
 
     def build_heartbeat(self) -> stream_pb2.HeartbeatRequest:
         """The heartbeat of the next stream group (and move on to the following group)."""

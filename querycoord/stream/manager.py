@@ -19,7 +19,8 @@ States:
   bug 4). Any error while ending WATCH falls back to redeploying everything.
 * NORMAL: heartbeats hand out pending deploys, undeploy stale instances,
   record statuses, start triggers and handle failures; ``tick()`` does the
-  periodic part (the slotted health check, error-stop retries, task silence).
+  periodic part (the slotted health check, the stream checker, error-stop
+  retries, task silence).
 
 Health check (``tick()``, every ``health_interval``, NORMAL and some stream
 exists): ``slot = (slot + 1) % health_slots`` and the snodes and vgroups whose
@@ -29,16 +30,65 @@ whose trigger is there is stopped with ``STOP_SNODE_LOST``; a stream with only
 runners there gets them redeployed (whole runner deploys, same task ids,
 SID + 1, new snodes from ``plan.place_runner_deploys``) and its trigger a
 ``RunnerUpdate`` with the new top runners in a reply after the runners were
-handed out (a plain flag, cleared only when the update is sent: seed bug 1).
-A vgroup silent for ``isolation`` is lost; once lost for ``vgroup_lost_stop``
-every stream with a task on it is stopped with ``STOP_VGROUP_LOST``. A vgroup
-reported by another node than before (leadership moved) gets its readers
-redeployed on the new leader (same ids, SID + 1); the old instances are then
+handed out (a plain flag, seed bug 1, cleared only when the trigger reports
+the new top runners: seed hole 5). A vgroup silent for ``isolation`` is lost;
+once lost for ``vgroup_lost_stop`` every stream with a task on it is stopped
+with ``STOP_VGROUP_LOST``. A vgroup taken over by another node (leadership
+moved, see the claim rules below) gets its readers redeployed on the new
+leader (same ids, SID + 1); the old instances are then
 undeployed as stale when their node reports them. ``node_lost()`` (a node's
 meta session was deleted) runs the lost handling for that node's snode and
 vgroups at once, at most once per ``isolation`` per node. Task silence leaves
 alone the tasks whose snode or vgroup is itself silent and not yet declared
 lost: the host's handling (above) decides for them.
+
+Heartbeats are checked against the sender (seed hole 7). A heartbeat is
+accepted only from a node id in the live stream-node session set the caller
+feeds with ``set_live_nodes`` (none fed yet: every heartbeat is refused); a
+refused heartbeat gets a reply with a NOT_FOUND status and no action. Of an
+accepted heartbeat, the snode claim counts only when the snode is recorded
+for that node id (``SnodeInfo.node_id``), and a vgroup claim only when no
+other node holds it: the current holder keeps a vgroup until a heartbeat of
+its own leaves it out, its session goes, or it is silent for ``isolation``,
+so two claimants never make readers flap. Refused claims are counted
+(``rejected_heartbeats``, ``rejected_claims``) and logged once per change,
+never raised. WATCH records each report under the sender's session-verified
+node id (never the id written in the report), and trigger and runner
+reports only from the node that owns their snode.
+
+Actions are level-triggered (seed hole 5): nothing is "sent once". A start is
+put in every reply to a heartbeat that reports the trigger INIT while the
+start rule holds, until the trigger reports RUNNING; a RunnerUpdate is put in
+every reply to a heartbeat that reports the trigger with other top runners
+than the leader's, until it reports the leader's; an undeploy in every reply
+to a heartbeat that still reports the stale instance. A lost reply (node
+timeout, or one refused as a whole) therefore only delays an action. Planning
+errors are logged and counted per stream and never replace the reply.
+
+Adoption restores every field of a task as deployed (seed hole 12): reports
+carry the whole identity, and ``plan.task_layout`` (the slots ``plan_stream``
+fills) restores what an older node leaves out and rejects reports that do
+not fit the persisted definition.
+
+The stream checker compares what should run with what runs and repairs
+through the normal deploy path, counting each repair in ``checker_repairs``
+and logging what differed:
+
+* ``refresh()`` (the caller's stream loop): persisted definitions against
+  the leader's streams (a missed create, drop, stop or start). Streams
+  notified while the store was being read are left alone: the read is older.
+* ``tick()``, every ``check_interval``: each task against the last report of
+  its stream group by the node it was handed to. A report received after the
+  hand-out that lacks the task means the task is on no node (its deploy reply
+  was lost, or the node lost it): it is redeployed (same task id, SID + 1; a
+  top runner's trigger then gets a RunnerUpdate). A stream that should run
+  but has no task and none being planned is planned again.
+* heartbeats: a node still reporting a task of a dropped or stopped stream
+  (or a stale instance) after its undeploy was sent gets the undeploy again.
+
+Task silence stays the backstop for tasks whose group is never reported.
+Every part of ``tick()`` runs on its own: an error is logged and counted
+(``errors``) and the other parts still run.
 
 Task ids come from the store's etcd id allocator, so they are never reused
 across leaders and need no "+100000" gap after WATCH.
@@ -58,6 +108,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 
+from meta.errors import NotLeader
 from proto import common_pb2, stream_pb2
 from querycoord.stream.plan import (
     CALC_READER,
@@ -65,9 +116,11 @@ from querycoord.stream.plan import (
     TRIGGER,
     TRIGGER_READER,
     PlannedTask,
+    Slot,
     expected_counts,
     place_runner_deploys,
     plan_stream,
+    task_layout,
 )
 from querycoord.stream.store import NoSnodeAvailable, StreamError, StreamStore
 
@@ -82,6 +135,12 @@ STOP_TASK_FAILED = 1002
 STOP_NO_SNODE = 1003
 STOP_SNODE_LOST = 1004
 STOP_VGROUP_LOST = 1005
+
+# Refused claims remembered for logging once per change; past this many (a node id sweep) the memory restarts.
+MAX_REJECTIONS = 1000
+
+TaskKey = tuple[int, int, int]  # (stream_id, task_id, sid): one task instance
+WatchReport = tuple[int, stream_pb2.TaskStatusReport]  # (session-verified node id, report)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +175,8 @@ class StreamConfig:
     isolation: float = 30.0
     # Streams with a task on a vgroup lost this long are stopped (VGROUP_LOST).
     vgroup_lost_stop: float = 150.0
+    # The stream checker (tick()) compares each task with its node's last report at most this often.
+    check_interval: float = 3.0
 
 
 class ManagerState(Enum):
@@ -136,7 +197,8 @@ class TaskRuntime:
     running_since: float | None = None
     error_code: int = 0
     error_message: str = ""
-    # The SID whose trigger was already told to start (a start is sent once per instance).
+    # The SID whose trigger was last sent a start: a start sent again for it is a re-send (counted). Starts are
+    # level-triggered: sent while the trigger reports INIT, whatever this says.
     started_sid: int = 0
 
 
@@ -154,9 +216,11 @@ class StreamRuntime:
     last_action: float = 0.0
     retries: int = 0
     next_retry: float | None = None
-    # Runners were redeployed: the trigger gets a RunnerUpdate once they are handed out. A plain bool, set on
-    # redeploy and cleared only when the update is put in a reply (seed bug 1 cleared it with a wrong mask).
+    # Runners were redeployed: the trigger gets a RunnerUpdate once they are handed out. A plain bool (seed bug 1
+    # cleared it with a wrong mask), set on redeploy and cleared only when the trigger REPORTS the new top runners
+    # (seed hole 5: clearing it when the update was put in a reply lost the update with the reply).
     runner_update: bool = False
+    runner_update_sends: int = 0
 
     @property
     def error_stopped(self) -> bool:
@@ -172,6 +236,24 @@ class Heard:
 
     node_id: int
     last_heard: float
+    # Vgroups: False once a heartbeat of this node left the vgroup out (another node may take it at once).
+    claiming: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class GroupReport:
+    """One node's last report of one stream group: when it came and which task instances it held."""
+
+    at: float
+    keys: frozenset[TaskKey]
+
+
+@dataclass(slots=True)
+class NodeReports:
+    """The last report of each stream group of one node (reset when its number of groups changes)."""
+
+    groups: int
+    by_group: dict[int, GroupReport] = field(default_factory=dict)
 
 
 class StreamManager:
@@ -203,12 +285,16 @@ class StreamManager:
         self.vgroups: dict[int, Heard] = {}
         self.snodes: dict[int, Heard] = {}
         self.replica_of: dict[int, int] = {}
+        # Each snode's node as recorded in the store: the only node whose claim of the snode counts.
+        self.snode_owner: dict[int, int] = {}
         self.live_nodes: set[int] | None = None
+        # The vgroups each node holds (those of ``vgroups`` naming it): a heartbeat releases the ones it leaves out.
+        self._held: dict[int, set[int]] = {}
         # Streams that need a plan (new, or error-stopped whose retry came, or WATCH fell back).
         self._to_plan: set[int] = set()
         self._plan_lock = asyncio.Lock()
-        # WATCH: reports per stream and which stream groups each node has reported.
-        self._watch_reports: dict[int, dict[int, stream_pb2.TaskStatusReport]] = {}
+        # WATCH: reports per stream (under the sender's verified node id) and which stream groups each node reported.
+        self._watch_reports: dict[int, dict[int, WatchReport]] = {}
         self._watch_groups: dict[int, tuple[set[int], int]] = {}
         # Health check: the current slot, when it last ran, the snodes and vgroups declared lost (and when),
         # and when node_lost() last acted on each node (damping).
@@ -217,9 +303,25 @@ class StreamManager:
         self.lost_snodes: dict[int, float] = {}
         self.lost_vgroups: dict[int, float] = {}
         self._node_lost_at: dict[int, float] = {}
+        # Heartbeat verification: refused claims as last logged, by (what, node, target).
+        self._rejections: dict[tuple[str, int, int], str] = {}
+        # The checker: each node's last report per stream group, undeploys sent and not yet seen to take effect
+        # (node -> instance -> when first sent, whether counted as a repair), when the task check last ran.
+        self._reports: dict[int, NodeReports] = {}
+        self._undeploy_sent: dict[int, dict[TaskKey, tuple[float, bool]]] = {}
+        self._last_check: float | None = None
+        # refresh() leaves alone the streams notified (put_stream, remove_stream) after its read began.
+        self._notify_seq = 0
+        self._notified: dict[int, int] = {}
+        self._plan_error = ""
         # Counters for tests, drills and benchmarks.
         self.adopted = 0
         self.redeploys = 0
+        self.checker_repairs = 0
+        self.rejected_heartbeats = 0
+        self.rejected_claims = 0
+        self.resent_actions = 0
+        self.errors = 0
 
     # ----- lifecycle -------------------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -234,14 +336,29 @@ class StreamManager:
         log.info("stream manager starts in %s with %d streams", self.state.value, len(self.streams))
 
     async def _load_snodes(self) -> None:
-        self.replica_of = {s.id: s.replica_id for s in await self.store.list_snodes()}
+        snodes = await self.store.list_snodes()
+        self.replica_of = {s.id: s.replica_id for s in snodes}
+        self.snode_owner = {s.id: s.node_id for s in snodes}
 
     def set_live_nodes(self, node_ids: Iterable[int]) -> None:
-        """The nodes with a live meta session: WATCH ends early once all of them reported every stream group."""
+        """The nodes with a live meta session: only they are heard, and WATCH ends early once all of them
+        reported every stream group."""
         self.live_nodes = set(node_ids)
+        for node in [n for n in self._reports if n not in self.live_nodes]:
+            del self._reports[node]
+        for node in [n for n in self._undeploy_sent if n not in self.live_nodes]:
+            del self._undeploy_sent[node]
+
+    def _notify(self, stream_id: int) -> None:
+        self._notify_seq += 1
+        self._notified[stream_id] = self._notify_seq
 
     def put_stream(self, sdef: stream_pb2.StreamDef) -> None:
         """A committed create, stop or start (called after the store's txn, never before: seed bug 6)."""
+        self._notify(sdef.id)
+        self._put(sdef)
+
+    def _put(self, sdef: stream_pb2.StreamDef) -> None:
         rt = self.streams.get(sdef.id)
         if rt is None:
             rt = self.streams[sdef.id] = StreamRuntime(sdef=sdef, last_action=self.clock())
@@ -260,29 +377,78 @@ class StreamManager:
 
     def remove_stream(self, stream_id: int) -> None:
         """A committed drop: forget the stream; its tasks are undeployed with cleanup when they report."""
+        self._notify(stream_id)
+        self._remove(stream_id)
+
+    def _remove(self, stream_id: int) -> None:
         self.streams.pop(stream_id, None)
         self._to_plan.discard(stream_id)
         self._watch_reports.pop(stream_id, None)
 
     async def refresh(self) -> None:
-        """The stream loop: re-read the store and reconcile (catches any notification that was missed)."""
+        """The stream loop and the checker's definition part: re-read the store and reconcile.
+
+        A stream created, dropped, stopped or started without the manager
+        being told is a missed notification: repaired, counted and logged. A
+        stream notified while the store was being read is skipped (the read
+        may predate its txn: acting on it would resurrect a dropped stream or
+        drop a new one). Other differences (a main snode moved by an snode
+        drop) are ordinary updates.
+        """
+        seq = self._notify_seq
         await self._load_snodes()
         persisted = {s.id: s for s in await self.store.list_streams()}
-        for stream_id in [s for s in self.streams if s not in persisted]:
-            self.remove_stream(stream_id)
+
+        def fresh(stream_id: int) -> bool:
+            return self._notified.get(stream_id, 0) <= seq
+
+        for stream_id in [s for s in self.streams if s not in persisted and fresh(s)]:
+            self._repaired(self.streams[stream_id], "in the leader's memory but no longer persisted (a missed "
+                                                    "drop): forgotten, its tasks are undeployed with cleanup")
+            self._remove(stream_id)
         for sdef in persisted.values():
             rt = self.streams.get(sdef.id)
-            if rt is None or rt.sdef.user_stopped != sdef.user_stopped or rt.sdef != sdef:
-                self.put_stream(sdef)
+            if not fresh(sdef.id) or (rt is not None and rt.sdef == sdef):
+                continue
+            if rt is None:
+                then = "kept stopped" if sdef.user_stopped else "planned"
+                self._repaired_def(sdef, f"persisted but unknown to the leader (a missed create): {then}")
+            elif rt.sdef.user_stopped != sdef.user_stopped:
+                now_state = "stopped" if sdef.user_stopped else "started"
+                self._repaired_def(sdef, f"persisted {now_state} by a user, the leader had it "
+                                         f"{'running' if sdef.user_stopped else 'stopped'} (a missed notification)")
+            self._put(sdef)
+        self._notified = {s: n for s, n in self._notified.items() if n > seq}
 
     # ----- WATCH -----------------------------------------------------------------------------------------------------
     def _watch_record(self, req: stream_pb2.HeartbeatRequest) -> None:
-        groups, _ = self._watch_groups.get(req.node_id, (set(), 0))
+        """Record an accepted heartbeat's reports under its (session-verified) sender, never the report's node id.
+
+        A trigger or runner counts only from the node its snode is recorded
+        for; of two nodes reporting the same reader, the vgroup's holder wins.
+        """
+        node = req.node_id
+        groups, _ = self._watch_groups.get(node, (set(), 0))
         groups.add(req.stream_group)
-        self._watch_groups[req.node_id] = (groups, max(req.num_stream_groups, 1))
+        self._watch_groups[node] = (groups, max(req.num_stream_groups, 1))
         for rep in req.tasks:
-            if rep.stream_id in self.streams:
-                self._watch_reports.setdefault(rep.stream_id, {})[rep.task_id] = rep
+            if rep.stream_id not in self.streams:
+                continue
+            if rep.kind not in READER_KINDS and self.snode_owner.get(rep.snode_id) != node:
+                kind = stream_pb2.TaskKind.Name(rep.kind) if rep.kind in stream_pb2.TaskKind.values() else rep.kind
+                self._reject_claim(("task", node, rep.task_id),
+                                   f"node {node} reports {kind} task {rep.task_id} of stream {rep.stream_id} on "
+                                   f"snode {rep.snode_id}, which is not recorded for it: not adopted")
+                continue
+            reports = self._watch_reports.setdefault(rep.stream_id, {})
+            held = reports.get(rep.task_id)
+            if held is not None and held[0] != node and not self._leads(node, rep.vgroup_id):
+                continue
+            reports[rep.task_id] = (node, rep)
+
+    def _leads(self, node_id: int, vgroup_id: int) -> bool:
+        h = self.vgroups.get(vgroup_id)
+        return h is not None and h.node_id == node_id and h.claiming
 
     def _watch_done(self) -> bool:
         if self.clock() - self.state_since >= self.config.watch_timeout:
@@ -315,8 +481,7 @@ class StreamManager:
         except Exception:
             log.exception("ending WATCH failed: every stream is redeployed")
             for rt in self.streams.values():
-                rt.tasks.clear()
-                rt.pending.clear()
+                self._clear_tasks(rt)
                 rt.stop_code, rt.stop_reason, rt.next_retry = 0, "", None
             self._to_plan = {s for s, rt in self.streams.items() if not rt.sdef.user_stopped}
         self._watch_reports.clear()
@@ -326,31 +491,37 @@ class StreamManager:
         log.info("WATCH ended: %d streams adopted", self.adopted)
 
     @staticmethod
-    def _complete(sdef: stream_pb2.StreamDef, reports: dict[int, stream_pb2.TaskStatusReport]) -> bool:
-        """Whether the reported tasks form the stream's full task set (plan.expected_counts, one per slot)."""
-        exp = expected_counts(sdef)
-        live = [r for r in reports.values() if r.status in ALIVE_STATUSES]
-        if len(live) != len(reports):
-            return False
-        by_kind: dict[int, set[tuple[int, int]]] = {}
-        for r in live:
-            slot = (r.deploy_id, r.task_idx)
-            by_kind.setdefault(r.kind, set()).add(slot)
-        counts = {k: len(v) for k, v in by_kind.items()}
-        runner_deploys = {r.deploy_id for r in live if r.kind == RUNNER}
-        return (
-            counts.get(TRIGGER, 0) == 1
-            and counts.get(TRIGGER_READER, 0) == exp.trigger_readers
-            and counts.get(CALC_READER, 0) == exp.calc_readers
-            and counts.get(RUNNER, 0) == exp.runners
-            and len(runner_deploys) == exp.runner_deploys
-            and len(live) == exp.total
-        )
+    def _complete(sdef: stream_pb2.StreamDef, reports: dict[int, WatchReport]) -> bool:
+        """Whether the reports fill every slot of ``plan.task_layout`` exactly once, alive and fitting the slot.
 
-    def _adopt(self, rt: StreamRuntime, reports: dict[int, stream_pb2.TaskStatusReport], now: float) -> None:
-        runners_per_deploy = rt.sdef.num_calc_subplans
-        rt.tasks = {
-            r.task_id: TaskRuntime(
+        The same layout ``plan_stream`` deploys (seed bug 4), checked slot by
+        slot: a reader on another vgroup, or a task whose reported scan plan or
+        top flag differs from its slot's, is not the task that was planned.
+        """
+        layout = task_layout(sdef)
+        seen: set[tuple[int, int, int]] = set()
+        for _, r in reports.values():
+            key = (r.kind, r.deploy_id, r.task_idx)
+            slot = layout.get(key)
+            if r.status not in ALIVE_STATUSES or slot is None or key in seen or not _fits(r, slot):
+                return False
+            seen.add(key)
+        return len(seen) == len(layout)
+
+    def _adopt(self, rt: StreamRuntime, reports: dict[int, WatchReport], now: float) -> None:
+        """Take a complete stream over as it runs: every task exactly as deployed, on the node that reported it.
+
+        Fields a report lacks (an older node) come from the slot in
+        ``task_layout``, which ``_complete`` has checked the report against.
+        Readers whose vgroup another node holds now are moved there (SID + 1);
+        a trigger reporting other top runners than the adopted ones gets a
+        RunnerUpdate (the old leader's update may have been lost with it).
+        """
+        layout = task_layout(rt.sdef)
+        rt.tasks = {}
+        for node, r in reports.values():
+            slot = layout[(r.kind, r.deploy_id, r.task_idx)]
+            rt.tasks[r.task_id] = TaskRuntime(
                 task=PlannedTask(
                     kind=r.kind,
                     task_id=r.task_id,
@@ -359,38 +530,45 @@ class StreamManager:
                     task_idx=r.task_idx,
                     vgroup_id=r.vgroup_id,
                     snode_id=r.snode_id,
-                    top=r.kind == RUNNER and r.task_idx == runners_per_deploy - 1,
+                    scan_plan_idx=slot.scan_plan_idx,
+                    top=slot.top,
                 ),
-                node_id=r.node_id,
+                node_id=node,
                 status=r.status,
                 last_heard=now,
                 deployed_at=now,
                 running_since=now if r.status == stream_pb2.TASK_RUNNING else None,
             )
-            for r in reports.values()
-        }
         rt.pending.clear()
-        # A trigger already RUNNING needs no start; one still INIT gets the start rule as usual.
         for t in rt.tasks.values():
             if t.task.kind == TRIGGER and t.status == stream_pb2.TASK_RUNNING:
                 t.started_sid = t.task.sid
+        trig_rep = next((r for _, r in reports.values() if r.kind == TRIGGER), None)
+        if trig_rep is not None and trig_rep.top_runners and _reported_tops(trig_rep) != self._top_keys(rt):
+            rt.runner_update, rt.runner_update_sends = True, 0
+        for t in rt.tasks.values():
+            h = self.vgroups.get(t.task.vgroup_id)
+            if t.task.kind in READER_KINDS and h is not None and h.claiming and h.node_id != t.node_id:
+                self._redeploy_task(rt, t, now)
         self.adopted += 1
 
     # ----- heartbeat -------------------------------------------------------------------------------------------------
     async def handle_heartbeat(self, req: stream_pb2.HeartbeatRequest) -> stream_pb2.HeartbeatReply:
-        """One node's heartbeat for one stream group: the reply carries this leader's revision and its actions."""
+        """One node's heartbeat for one stream group: the reply carries this leader's revision and its actions.
+
+        Refused (NOT_FOUND status, no action) unless the node has a live
+        session; of an accepted one, only the verified snode and vgroup claims
+        count (module docstring).
+        """
         now = self.clock()
+        refused = self._sender_refused(req)
+        if refused:
+            return self._refuse(req, refused)
+        self._accepted(("node", req.node_id, 0))
         reply = stream_pb2.HeartbeatReply(leader_revision=self.leader_revision)
-        moved: list[int] = []
-        for vg in req.vgroup_ids:
-            prev = self.vgroups.get(vg)
-            if prev is not None and prev.node_id != req.node_id:
-                moved.append(vg)
-            self.vgroups[vg] = Heard(req.node_id, now)
-            self.lost_vgroups.pop(vg, None)
-        if req.snode_id:
-            self.snodes[req.snode_id] = Heard(req.node_id, now)
-            self.lost_snodes.pop(req.snode_id, None)
+        snode_id = self._snode_claim(req, now)
+        vgroups, moved = self._vgroup_claims(req, now)
+        self._record_reports(req, now)
         if self.state is ManagerState.WATCH and self._watch_done():
             self._end_watch()
         if self.state is ManagerState.WATCH:
@@ -402,27 +580,137 @@ class StreamManager:
         for vg in moved:
             self._vgroup_moved(vg, req.node_id, now)
         undeploys: dict[int, stream_pb2.StreamUndeploy] = {}
-        updates: list[StreamRuntime] = []
+        triggers: list[stream_pb2.TaskStatusReport] = []
         for rep in req.tasks:
             self._on_report(req.node_id, rep, now, reply, undeploys)
-            rt = self.streams.get(rep.stream_id)
-            if rep.kind == TRIGGER and rt is not None and rt.runner_update:
-                updates.append(rt)
+            if rep.kind == TRIGGER:
+                triggers.append(rep)
         reply.undeploys.extend(undeploys.values())
-        for rt in updates:
-            self._maybe_runner_update(rt, req.node_id, reply, set(undeploys))
+        for rep in triggers:
+            rt = self.streams.get(rep.stream_id)
+            if rt is not None and rt.runner_update:
+                self._maybe_runner_update(rt, rep, req.node_id, reply, set(undeploys))
         await self._plan_pending(now)
-        self._hand_out(req, now, reply, set(undeploys))
+        self._hand_out(req.node_id, snode_id, set(vgroups), now, reply, set(undeploys))
         return reply
+
+    # ----- heartbeat verification ------------------------------------------------------------------------------------
+    def _sender_refused(self, req: stream_pb2.HeartbeatRequest) -> str:
+        """Why the sender is not heard ('' when it is): only nodes with a live stream-node session are."""
+        if req.node_id <= 0:
+            return f"node id {req.node_id} is not a session id"
+        if self.live_nodes is None:
+            return "the leader does not know the live stream node sessions yet; heartbeat again"
+        if req.node_id not in self.live_nodes:
+            return f"node {req.node_id} has no live stream node session (register one, role streamnode)"
+        return ""
+
+    def _refuse(self, req: stream_pb2.HeartbeatRequest, reason: str) -> stream_pb2.HeartbeatReply:
+        self.rejected_heartbeats += 1
+        self._note_rejection(("node", req.node_id, 0), f"heartbeat of node {req.node_id} refused: {reason}")
+        return stream_pb2.HeartbeatReply(
+            leader_revision=self.leader_revision,
+            status=common_pb2.Status(error_code=common_pb2.NOT_FOUND, reason=reason),
+        )
+
+    def _snode_claim(self, req: stream_pb2.HeartbeatRequest, now: float) -> int:
+        """The snode this heartbeat may speak for: the claimed one if recorded for the sender, else 0."""
+        snode_id, node = req.snode_id, req.node_id
+        if not snode_id:
+            return 0
+        owner = self.snode_owner.get(snode_id)
+        if owner != node:
+            why = f"it is recorded for node {owner}" if owner is not None else "no such snode is recorded"
+            self._reject_claim(("snode", node, snode_id), f"node {node} claims snode {snode_id}, but {why}: ignored")
+            return 0
+        self._accepted(("snode", node, snode_id))
+        self.snodes[snode_id] = Heard(node, now)
+        self.lost_snodes.pop(snode_id, None)
+        return snode_id
+
+    def _vgroup_claims(self, req: stream_pb2.HeartbeatRequest, now: float) -> tuple[list[int], list[int]]:
+        """The vgroups this heartbeat may speak for, and those of them that moved to the sender.
+
+        Vgroups the sender held and no longer claims are released. A claim of
+        a vgroup another node holds (``_holds``) is refused: the holder keeps
+        it, so two claimants cannot make its readers flap.
+        """
+        node, claimed = req.node_id, set(req.vgroup_ids)
+        held = self._held.setdefault(node, set())
+        for vg in held - claimed:
+            self.vgroups[vg].claiming = False
+        if self._rejections:
+            for key in [k for k in self._rejections if k[0] == "vgroup" and k[1] == node and k[2] not in claimed]:
+                del self._rejections[key]
+        accepted: list[int] = []
+        moved: list[int] = []
+        for vg in sorted(claimed):
+            prev = self.vgroups.get(vg)
+            if prev is not None and prev.node_id != node and self._holds(prev, now):
+                self._reject_claim(("vgroup", node, vg), f"node {node} claims vgroup {vg}, which node "
+                                                         f"{prev.node_id} still claims: it stays there")
+                continue
+            self._accepted(("vgroup", node, vg))
+            if prev is not None and prev.node_id != node:
+                moved.append(vg)
+                self._held.get(prev.node_id, set()).discard(vg)
+            held.add(vg)
+            self.vgroups[vg] = Heard(node, now)
+            self.lost_vgroups.pop(vg, None)
+            accepted.append(vg)
+        return accepted, moved
+
+    def _holds(self, h: Heard, now: float) -> bool:
+        """Whether a vgroup's holder keeps it: still claiming, session live, heard within isolation."""
+        live = self.live_nodes is not None and h.node_id in self.live_nodes
+        return h.claiming and live and now - h.last_heard < self.config.isolation
+
+    def _reject_claim(self, key: tuple[str, int, int], message: str) -> None:
+        self.rejected_claims += 1
+        self._note_rejection(key, message)
+
+    def _note_rejection(self, key: tuple[str, int, int], message: str) -> None:
+        """Log a refusal once per change (the same refusal on every heartbeat would flood the log)."""
+        if self._rejections.get(key) == message:
+            return
+        if len(self._rejections) >= MAX_REJECTIONS:
+            self._rejections.clear()
+        self._rejections[key] = message
+        log.warning("%s", message)
+
+    def _accepted(self, key: tuple[str, int, int]) -> None:
+        message = self._rejections.pop(key, None)
+        if message is not None:
+            log.info("accepted again after: %s", message)
+
+    # ----- reports -----------------------------------------------------------------------------------------------
+    def _record_reports(self, req: stream_pb2.HeartbeatRequest, now: float) -> None:
+        """Keep the node's report of this stream group for the checker; forget undeploys that took effect."""
+        groups = req.num_stream_groups
+        if groups < 1:
+            return  # no group information: the checker cannot tell a missing task from an unreported one
+        node, group = req.node_id, req.stream_group % groups
+        nr = self._reports.get(node)
+        if nr is None or nr.groups != groups:
+            nr = self._reports[node] = NodeReports(groups)
+        keys = frozenset((r.stream_id, r.task_id, r.sid) for r in req.tasks)
+        nr.by_group[group] = GroupReport(now, keys)
+        sent = self._undeploy_sent.get(node)
+        if sent:
+            for key in [k for k in sent if k[0] % groups == group and k not in keys]:
+                del sent[key]
 
     def _undeploy(
         self,
+        node_id: int,
+        now: float,
         undeploys: dict[int, stream_pb2.StreamUndeploy],
         rep: stream_pb2.TaskStatusReport,
         *,
         checkpoint: bool = False,
         cleanup: bool = False,
     ) -> None:
+        """Undeploy a reported instance; again on every report of it (level-triggered), counted when repeated."""
         u = undeploys.setdefault(rep.stream_id, stream_pb2.StreamUndeploy(stream_id=rep.stream_id))
         u.checkpoint = u.checkpoint or checkpoint
         u.cleanup = u.cleanup or cleanup
@@ -432,13 +720,26 @@ class StreamManager:
                 task_id=rep.task_id,
                 sid=rep.sid,
                 kind=rep.kind,
-                node_id=rep.node_id,
+                node_id=node_id,
                 vgroup_id=rep.vgroup_id,
                 snode_id=rep.snode_id,
                 deploy_id=rep.deploy_id,
                 task_idx=rep.task_idx,
+                scan_plan_idx=rep.scan_plan_idx,
+                top=rep.top,
             )
         )
+        sent = self._undeploy_sent.setdefault(node_id, {})
+        key = (rep.stream_id, rep.task_id, rep.sid)
+        first, counted = sent.setdefault(key, (now, False))
+        if first < now:
+            self.resent_actions += 1
+            if not counted:  # one repair per instance, however often it is sent again
+                self.checker_repairs += 1
+                sent[key] = (first, True)
+                log.warning("stream checker: node %d still runs task %d (SID %d) of stream %d %.1fs after its "
+                            "undeploy was sent: sent again with every report of it", node_id, rep.task_id, rep.sid,
+                            rep.stream_id, now - first)
 
     def _on_report(
         self,
@@ -448,21 +749,24 @@ class StreamManager:
         reply: stream_pb2.HeartbeatReply,
         undeploys: dict[int, stream_pb2.StreamUndeploy],
     ) -> None:
-        """TDengine's status update: stale instances are undeployed, the rest recorded and acted on."""
+        """TDengine's status update: stale instances are undeployed, the rest recorded and acted on.
+
+        ``node_id`` is the session-verified sender; the node id written in the report is never used.
+        """
         if rep.status == stream_pb2.TASK_STATUS_UNSPECIFIED:
             return  # a report without a status says nothing (proto comment): never taken as INIT
         rt = self.streams.get(rep.stream_id)
         if rt is None:
-            self._undeploy(undeploys, rep, cleanup=True)  # dropped (or never known): its state goes too
+            self._undeploy(node_id, now, undeploys, rep, cleanup=True)  # dropped (or never known): state goes too
             return
         if rt.sdef.user_stopped or rt.error_stopped:
             if rep.status != stream_pb2.TASK_STOPPED:
-                self._undeploy(undeploys, rep, checkpoint=True)
+                self._undeploy(node_id, now, undeploys, rep, checkpoint=True)
             return
         t = rt.tasks.get(rep.task_id)
         if t is None or t.task.sid != rep.sid or t.node_id != node_id or rep.task_id in rt.pending:
             if rep.status != stream_pb2.TASK_STOPPED:
-                self._undeploy(undeploys, rep)
+                self._undeploy(node_id, now, undeploys, rep)
             return
         t.last_heard = now
         t.status = rep.status
@@ -475,7 +779,7 @@ class StreamManager:
         if rep.status == stream_pb2.TASK_FAILED:
             code = rep.error_code or STOP_TASK_FAILED  # never stop with code 0 (seed bug 2)
             if t.task.kind in READER_KINDS:
-                self._undeploy(undeploys, rep)
+                self._undeploy(node_id, now, undeploys, rep)
                 self._redeploy_task(rt, t, now)
             else:
                 reason = f"{stream_pb2.TaskKind.Name(t.task.kind)} task {t.task.task_id} failed: {rep.error_message}"
@@ -488,46 +792,74 @@ class StreamManager:
             self._maybe_start(rt, t, now, reply)
 
     def _maybe_start(self, rt: StreamRuntime, trig: TaskRuntime, now: float, reply: stream_pb2.HeartbeatReply) -> None:
-        """Start rule: every task INIT or RUNNING, and min_start_delay passed since the last deploy; once per SID."""
-        if trig.started_sid == trig.task.sid or rt.pending:
-            return
-        if now - rt.last_action < self.config.min_start_delay:
+        """Start rule: every task INIT or RUNNING, and min_start_delay passed since the last deploy.
+
+        Level-triggered: called for each report of the trigger INIT, so the
+        start goes out again until the trigger reports RUNNING (a start lost
+        with its reply is only late, never lost: seed hole 5).
+        """
+        if rt.pending or now - rt.last_action < self.config.min_start_delay:
             return
         if any(t.status not in ALIVE_STATUSES for t in rt.tasks.values()):
             return
+        if trig.started_sid == trig.task.sid:
+            self.resent_actions += 1
+            log.info("stream %s: trigger %d (SID %d) still INIT: start sent again", rt.sdef.name, trig.task.task_id,
+                     trig.task.sid)
         trig.started_sid = trig.task.sid
         reply.starts.append(
             stream_pb2.StreamStart(stream_id=rt.sdef.id, trigger=trig.task.to_proto(rt.sdef.id, trig.node_id))
         )
 
-    def _maybe_runner_update(
-        self, rt: StreamRuntime, node_id: int, reply: stream_pb2.HeartbeatReply, skip: set[int]
-    ) -> None:
-        """Tell the trigger its new top runners, once every redeployed runner was handed out (in an earlier reply).
+    def _top_runners(self, rt: StreamRuntime) -> list[TaskRuntime]:
+        tops = [r for r in rt.tasks.values() if r.task.kind == RUNNER and r.task.top]
+        return sorted(tops, key=lambda r: r.task.deploy_id)
 
-        Called only for a stream whose trigger this node just reported; an undeploy of the stream in the same
-        reply overrides the update, which then waits for a later heartbeat.
+    def _top_keys(self, rt: StreamRuntime) -> set[tuple[int, int]]:
+        return {(r.task.task_id, r.task.sid) for r in self._top_runners(rt)}
+
+    def _maybe_runner_update(
+        self,
+        rt: StreamRuntime,
+        rep: stream_pb2.TaskStatusReport,
+        node_id: int,
+        reply: stream_pb2.HeartbeatReply,
+        skip: set[int],
+    ) -> None:
+        """Tell the trigger its new top runners until it reports them (level-triggered: seed hole 5).
+
+        Called for a stream with ``runner_update`` set whose trigger this node
+        just reported. The update goes out once every redeployed runner was
+        handed out (in an earlier reply); an undeploy of the stream in the same
+        reply overrides it, and it waits for a later heartbeat. The flag is
+        cleared only when the trigger's report lists the leader's top runners.
         """
         trig = rt.trigger()
-        if not rt.runner_update or trig is None or rt.error_stopped or rt.sdef.user_stopped:
+        if trig is None or rt.error_stopped or rt.sdef.user_stopped:
             return
         if rt.sdef.id in skip or trig.node_id != node_id or trig.task.task_id in rt.pending:
+            return
+        if (rep.task_id, rep.sid) != (trig.task.task_id, trig.task.sid):
+            return
+        if _reported_tops(rep) == self._top_keys(rt):
+            rt.runner_update, rt.runner_update_sends = False, 0
+            log.info("stream %s: trigger %d feeds the new top runners", rt.sdef.name, trig.task.task_id)
             return
         if trig.status not in ALIVE_STATUSES:
             return
         if any(rt.tasks[i].task.kind == RUNNER for i in rt.pending):
             return  # not all handed out yet: the update would name runners nobody runs
-        tops = [
-            r.task.to_proto(rt.sdef.id, r.node_id)
-            for r in sorted(rt.tasks.values(), key=lambda r: r.task.deploy_id)
-            if r.task.kind == RUNNER and r.task.top
-        ]
+        if rt.runner_update_sends:
+            self.resent_actions += 1
+            log.info("stream %s: trigger %d still reports old top runners: runner update sent again",
+                     rt.sdef.name, trig.task.task_id)
+        tops = [r.task.to_proto(rt.sdef.id, r.node_id) for r in self._top_runners(rt)]
         reply.runner_updates.append(
             stream_pb2.RunnerUpdate(
                 stream_id=rt.sdef.id, trigger=trig.task.to_proto(rt.sdef.id, trig.node_id), top_runners=tops
             )
         )
-        rt.runner_update = False
+        rt.runner_update_sends += 1
 
     def _redeploy_task(self, rt: StreamRuntime, t: TaskRuntime, now: float) -> None:
         """Redeploy one reader alone: same task id, SID + 1, handed out by a later heartbeat."""
@@ -552,7 +884,7 @@ class StreamManager:
     def _clear_tasks(self, rt: StreamRuntime) -> None:
         rt.tasks.clear()
         rt.pending.clear()
-        rt.runner_update = False
+        rt.runner_update, rt.runner_update_sends = False, 0
 
     async def _plan_pending(self, now: float) -> None:
         """Plan every stream waiting for a deploy (fresh task ids, SID 1); streams without a live snode wait.
@@ -583,20 +915,45 @@ class StreamManager:
             except StreamError as exc:
                 self._stop_by_error(rt, STOP_NO_SNODE, exc.reason, now)
                 continue
+            except NotLeader:
+                raise  # deposed: the service drops leadership
+            except Exception as exc:  # e.g. etcd unreachable: the stream stays queued, the reply still goes out
+                self._plan_failed(rt, exc)
+                continue
             if (self.streams.get(stream_id) is not rt or stream_id not in self._to_plan
                     or rt.sdef.user_stopped or rt.error_stopped):
                 continue  # stopped, dropped or replaced while the ids were being reserved
+            if self._plan_error:
+                log.info("stream planning works again (after: %s)", self._plan_error)
+                self._plan_error = ""
             rt.tasks = {p.task_id: TaskRuntime(task=p) for p in plan.tasks()}
             rt.pending = set(rt.tasks)
             rt.deploy_times += 1
             rt.last_action = now
             self._to_plan.discard(stream_id)
 
+    def _plan_failed(self, rt: StreamRuntime, exc: Exception) -> None:
+        """Planning one stream raised: count it, log once per distinct error, retry on the next heartbeat.
+
+        Never raised out of the heartbeat: the reply carries starts, updates
+        and undeploys of other streams, which a failed reply would lose.
+        """
+        self.errors += 1
+        message = f"{type(exc).__name__}: {exc}"
+        if message != self._plan_error:
+            self._plan_error = message
+            log.warning("planning stream %s failed (%s); retried on the next heartbeat", rt.sdef.name, message)
+
     def _hand_out(
-        self, req: stream_pb2.HeartbeatRequest, now: float, reply: stream_pb2.HeartbeatReply, skip: set[int]
+        self,
+        node_id: int,
+        snode_id: int,
+        vgroups: set[int],
+        now: float,
+        reply: stream_pb2.HeartbeatReply,
+        skip: set[int],
     ) -> None:
-        """Give this node the pending tasks of the vgroups it leads and of its snode, once each."""
-        vgroups = set(req.vgroup_ids)
+        """Give this node the pending tasks of the vgroups and the snode it was verified to speak for."""
         for stream_id, rt in self.streams.items():
             if not rt.pending or stream_id in skip:
                 continue
@@ -605,16 +962,12 @@ class StreamManager:
             for task_id in sorted(rt.pending):
                 t = rt.tasks[task_id]
                 p = t.task
-                mine = (
-                    p.vgroup_id in vgroups
-                    if p.kind in READER_KINDS
-                    else bool(req.snode_id) and p.snode_id == req.snode_id
-                )
+                mine = p.vgroup_id in vgroups if p.kind in READER_KINDS else bool(snode_id) and p.snode_id == snode_id
                 if not mine:
                     continue
-                t.node_id, t.deployed_at = req.node_id, now
+                t.node_id, t.deployed_at = node_id, now
                 given.append(t)
-                msg = p.to_proto(stream_id, req.node_id)
+                msg = p.to_proto(stream_id, node_id)
                 if p.kind in READER_KINDS:
                     deploy.readers.append(stream_pb2.ReaderDeploy(task=msg, trigger_reader=p.kind == TRIGGER_READER))
                 elif p.kind == RUNNER:
@@ -625,11 +978,7 @@ class StreamManager:
                         for r in rt.tasks.values()
                         if r.task.kind == TRIGGER_READER
                     ]
-                    tops = [
-                        r.task.to_proto(stream_id, r.node_id)
-                        for r in sorted(rt.tasks.values(), key=lambda r: r.task.deploy_id)
-                        if r.task.kind == RUNNER and r.task.top
-                    ]
+                    tops = [r.task.to_proto(stream_id, r.node_id) for r in self._top_runners(rt)]
                     deploy.trigger.CopyFrom(stream_pb2.TriggerDeploy(task=msg, readers=readers, top_runners=tops))
             if given:
                 for t in given:
@@ -639,27 +988,55 @@ class StreamManager:
 
     # ----- periodic --------------------------------------------------------------------------------------------------
     def tick(self) -> None:
-        """The periodic part: the WATCH timer, the slotted health check, error-stop retries, task silence."""
+        """The periodic part: the WATCH timer, the slotted health check, the checker, retries, task silence.
+
+        Each part runs on its own: one that raises is logged and counted
+        (``errors``) and the others still run, on this tick and the next.
+        """
         now = self.clock()
         if self.state is ManagerState.WATCH:
             if self._watch_done():
                 self._end_watch()
             return
-        # A tick up to 10% early still runs the check: with tick() called every health_interval, loop jitter
-        # must not make it skip every other one.
-        due = self._last_health is None or now - self._last_health >= 0.9 * self.config.health_interval
-        if self.streams and due:
+        for what, part in (
+            ("health check", self._health_tick),
+            ("stream checker", self._check_tick),
+            ("error-stop retries", self._retry_tick),
+            ("task silence", self._silence_tick),
+        ):
+            try:
+                part(now)
+            except Exception:
+                self.errors += 1
+                log.exception("stream manager: %s failed (%d errors so far); going on", what, self.errors)
+
+    def _due(self, last: float | None, interval: float, now: float) -> bool:
+        # Up to 10% early still counts: with tick() called every interval, loop jitter must not make a periodic
+        # part skip every other tick.
+        return last is None or now - last >= 0.9 * interval
+
+    def _health_tick(self, now: float) -> None:
+        if self.streams and self._due(self._last_health, self.config.health_interval, now):
             self._last_health = now
             self._health_check(now)
+
+    def _check_tick(self, now: float) -> None:
+        if self.streams and self._due(self._last_check, self.config.check_interval, now):
+            self._last_check = now
+            self.check_tasks(now)
+
+    def _retry_tick(self, now: float) -> None:
+        for rt in self.streams.values():
+            if rt.error_stopped and not rt.sdef.user_stopped and rt.next_retry is not None and now >= rt.next_retry:
+                rt.stop_code, rt.stop_reason, rt.next_retry = 0, "", None
+                self._to_plan.add(rt.sdef.id)
+                self.redeploys += 1
+
+    def _silence_tick(self, now: float) -> None:
+        """Tasks not heard of for task_silence: readers are redeployed, a silent trigger or runner stops its stream."""
         silence = self.config.task_silence
         for rt in self.streams.values():
-            if rt.sdef.user_stopped:
-                continue
-            if rt.error_stopped:
-                if rt.next_retry is not None and now >= rt.next_retry:
-                    rt.stop_code, rt.stop_reason, rt.next_retry = 0, "", None
-                    self._to_plan.add(rt.sdef.id)
-                    self.redeploys += 1
+            if rt.sdef.user_stopped or rt.error_stopped:
                 continue
             for t in list(rt.tasks.values()):
                 if t.task.task_id in rt.pending:
@@ -676,6 +1053,57 @@ class StreamManager:
                     reason = f"{kind} task {t.task.task_id} on node {t.node_id} silent for {now - heard:.1f}s"
                     self._stop_by_error(rt, STOP_TASK_LOST, reason, now)
                     break
+
+    # ----- the stream checker ----------------------------------------------------------------------------------------
+    def check_tasks(self, now: float | None = None) -> int:
+        """The checker's task part (module docstring); returns how many streams it repaired."""
+        now = self.clock() if now is None else now
+        before = self.checker_repairs
+        for rt in list(self.streams.values()):
+            if rt.sdef.user_stopped or rt.error_stopped or self.state is not ManagerState.NORMAL:
+                continue
+            if not rt.tasks:
+                if rt.sdef.id not in self._to_plan:
+                    self._to_plan.add(rt.sdef.id)
+                    self._repaired(rt, "should run but has no task and none is being planned: planned again")
+                continue
+            missing = [(t, why) for t in rt.tasks.values() if (why := self._missing(rt, t, now))]
+            if missing:
+                self._redeploy_missing(rt, missing, now)
+        return self.checker_repairs - before
+
+    def _missing(self, rt: StreamRuntime, t: TaskRuntime, now: float) -> str:
+        """Why ``t`` runs on no node ('' if it may run): its node reported the stream's group without it after
+        the hand-out (a report received later than the hand-out was sent after the deploy reply was applied or
+        lost)."""
+        if t.task.task_id in rt.pending or not t.node_id or t.deployed_at is None:
+            return ""
+        if self.live_nodes is None or t.node_id not in self.live_nodes:
+            return ""  # a node without session: node_lost() and the health check handle its tasks
+        nr = self._reports.get(t.node_id)
+        group = rt.sdef.id % nr.groups if nr is not None else 0
+        gr = nr.by_group.get(group) if nr is not None else None
+        if gr is None or gr.at <= t.deployed_at or (rt.sdef.id, t.task.task_id, t.task.sid) in gr.keys:
+            return ""
+        kind = stream_pb2.TaskKind.Name(t.task.kind)
+        return (f"{kind} task {t.task.task_id} (SID {t.task.sid}) handed to node {t.node_id} "
+                f"{now - t.deployed_at:.1f}s ago is missing from that node's report of stream group "
+                f"{group}/{nr.groups if nr is not None else 0} ({now - gr.at:.1f}s ago)")
+
+    def _redeploy_missing(self, rt: StreamRuntime, missing: list[tuple[TaskRuntime, str]], now: float) -> None:
+        """Redeploy tasks that run nowhere through the normal path: same task ids, SID + 1, handed out again."""
+        for t, _ in missing:
+            if t.task.kind == RUNNER and t.task.top:
+                rt.runner_update, rt.runner_update_sends = True, 0  # the trigger must learn the new SID
+            self._redeploy_task(rt, t, now)
+        self._repaired(rt, "; ".join(why for _, why in missing) + ": redeployed (same task ids, SID + 1)")
+
+    def _repaired(self, rt: StreamRuntime, what: str) -> None:
+        self._repaired_def(rt.sdef, what)
+
+    def _repaired_def(self, sdef: stream_pb2.StreamDef, what: str) -> None:
+        self.checker_repairs += 1
+        log.warning("stream checker: stream %s (id %d): %s", sdef.name, sdef.id, what)
 
     # ----- health check ----------------------------------------------------------------------------------------------
     def live_snode_ids(self) -> set[int]:
@@ -760,7 +1188,7 @@ class StreamManager:
                 continue
             t.task = dataclasses.replace(t.task, snode_id=placement[t.task.deploy_id])
             self._redeploy_task(rt, t, now)
-        rt.runner_update = True
+        rt.runner_update, rt.runner_update_sends = True, 0
         log.info("stream %s: runner deploys %s moved (%s)", rt.sdef.name, deploys, why)
 
     def _vgroup_lost_stop(self, vg: int, now: float) -> None:
@@ -797,6 +1225,8 @@ class StreamManager:
         self._node_lost_at[node_id] = now
         if self.live_nodes is not None:
             self.live_nodes.discard(node_id)
+        self._reports.pop(node_id, None)
+        self._undeploy_sent.pop(node_id, None)
         silent = now - self.config.isolation
         snodes = sorted(s for s, h in self.snodes.items() if h.node_id == node_id)
         vgroups = sorted(v for v, h in self.vgroups.items() if h.node_id == node_id)
@@ -863,6 +1293,20 @@ class StreamManager:
             resp.streams.append(info)
         resp.status.CopyFrom(common_pb2.Status(error_code=common_pb2.SUCCESS))
         return resp
+
+
+def _fits(r: stream_pb2.TaskStatusReport, slot: Slot) -> bool:
+    """Whether a report matches its slot of ``plan.task_layout`` (fields it lacks are taken from the slot)."""
+    if r.vgroup_id != slot.vgroup_id:
+        return False
+    if r.HasField("scan_plan_idx") and r.scan_plan_idx != slot.scan_plan_idx:
+        return False
+    return not r.HasField("top") or r.top == slot.top
+
+
+def _reported_tops(rep: stream_pb2.TaskStatusReport) -> set[tuple[int, int]]:
+    """The top runners a trigger reports feeding, as (task id, SID)."""
+    return {(t.task_id, t.sid) for t in rep.top_runners}
 
 
 __all__ = [

@@ -18,6 +18,12 @@ Tasks of a stream:
   tasks, the last of each copy flagged top; deploy 0 on the static snode,
   the others on live snodes picked by the caller's ``random.Random``.
 
+``task_layout`` is the same set as slots (kind, deploy, index) with everything
+a slot fixes (vgroup, scan plan, top); ``plan_stream`` fills exactly these
+slots. A new leader uses it to check and to restore adopted tasks field by
+field (seed hole 12: adopted calc readers lost their scan plan, and readers
+redeployed later kept the wrong one).
+
 The static snode is the stream's main snode when live, else its replica when
 live; with neither there is no placement (``NoSnodeAvailable``), as in
 TDengine's ``msmRetrieveStaticSnodeId``. Readers name only a vgroup: the
@@ -150,6 +156,44 @@ def expected_counts(sdef: stream_pb2.StreamDef, vgroups: Iterable[int] | None = 
     )
 
 
+def calc_reader_slots(sdef: stream_pb2.StreamDef, vgroups: Iterable[int] | None = None) -> list[tuple[int, int]]:
+    """(scan plan, vgroup) of each calc reader, in task_idx order: scan plan major, then vgroup."""
+    src = source_vgroups(sdef, vgroups)
+    return [(p, vg) for p in range(sdef.num_calc_scan_plans) for vg in src]
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """What ``plan_stream`` fixes for one task slot besides ids, SIDs and snodes (those are placement)."""
+
+    vgroup_id: int = 0
+    scan_plan_idx: int = 0
+    top: bool = False
+
+
+SlotKey = tuple[int, int, int]  # (kind, deploy_id, task_idx)
+
+
+def task_layout(sdef: stream_pb2.StreamDef, vgroups: Iterable[int] | None = None) -> dict[SlotKey, Slot]:
+    """Every task slot of ``sdef`` (the trigger is ``(TRIGGER, 0, 0)``): what ``plan_stream`` deploys, minus placement.
+
+    Pure and deterministic, so a new leader can restore the fields a heartbeat
+    report may lack and reject reports that do not fit the definition.
+    """
+    counts = expected_counts(sdef, vgroups)
+    layout: dict[SlotKey, Slot] = {(TRIGGER, 0, 0): Slot()}
+    src = source_vgroups(sdef, vgroups)
+    for i, vg in enumerate(trigger_reader_vgroups(sdef, src)):
+        layout[(TRIGGER_READER, 0, i)] = Slot(vgroup_id=vg)
+    for i, (p, vg) in enumerate(calc_reader_slots(sdef, src)):
+        layout[(CALC_READER, 0, i)] = Slot(vgroup_id=vg, scan_plan_idx=p)
+    last = counts.runners_per_deploy - 1
+    for d in range(counts.runner_deploys):
+        for i in range(counts.runners_per_deploy):
+            layout[(RUNNER, d, i)] = Slot(top=i == last)
+    return layout
+
+
 def static_snode(main_snode_id: int, replica_of: Mapping[int, int], live_snode_ids: Collection[int]) -> int:
     """Where the trigger and runner deploy 0 go: the main snode if live, else its replica if live."""
     if main_snode_id in live_snode_ids:
@@ -214,7 +258,7 @@ def plan_stream(
     ]
     calc_readers = [
         PlannedTask(kind=CALC_READER, task_id=next(it), task_idx=i, vgroup_id=vg, scan_plan_idx=p)
-        for i, (p, vg) in enumerate((p, vg) for p in range(sdef.num_calc_scan_plans) for vg in src)
+        for i, (p, vg) in enumerate(calc_reader_slots(sdef, src))
     ]
     last = counts.runners_per_deploy - 1
     runners = [
@@ -237,11 +281,15 @@ def plan_stream(
 __all__ = [
     "ExpectedCounts",
     "PlannedTask",
+    "Slot",
+    "SlotKey",
     "StreamPlan",
+    "calc_reader_slots",
     "expected_counts",
     "place_runner_deploys",
     "plan_stream",
     "source_vgroups",
     "static_snode",
+    "task_layout",
     "trigger_reader_vgroups",
 ]

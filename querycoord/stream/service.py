@@ -197,7 +197,8 @@ class StreamMgmtServicer(stream_pb2_grpc.StreamMgmtServicer):
             assert lead.streams is not None
             began = time.monotonic()
             reply = await lead.streams.handle_heartbeat(request)
-            reply.status.CopyFrom(OK)
+            if not reply.HasField("status"):  # a refused heartbeat (no live session) keeps its NOT_FOUND
+                reply.status.CopyFrom(OK)
             if time.monotonic() - began > 1.0:
                 logger.warning("stream heartbeat of node {} took {:.1f}s", request.node_id,
                                time.monotonic() - began)
