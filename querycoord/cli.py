@@ -118,8 +118,10 @@ def cmd_coord(args: argparse.Namespace) -> int:
         config = CoordConfig(
             etcd=EtcdConfig.from_endpoints(args.etcd_endpoints), root=args.root, listen=args.listen,
             session_ttl=args.ttl, rpc_timeout=args.rpc_timeout, auto_balance_interval=args.auto_balance_interval,
-            scheduler=sched,
+            checker_interval=args.checker_interval, scheduler=sched,
         )
+        if args.checker_interval <= 0:
+            raise ValueError(f"--checker-interval must be > 0, got {args.checker_interval}")
         if args.stream_scale != 1.0:
             config.stream = config.stream.scaled(args.stream_scale)
             config.stream_tick = min(config.stream_tick, max(0.05, config.stream_tick * args.stream_scale))
@@ -687,6 +689,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "0.1 for demos and drills (default 1: TDengine's timings)")
     p.add_argument("--auto-balance-interval", type=float, default=60.0,
                    help="seconds between auto balance checks; 0 disables (default 60)")
+    p.add_argument("--checker-interval", type=float, default=5.0,
+                   help="seconds between checks of what nodes hold against what should be loaded; the checker "
+                        "is also kicked by node changes, takeover and handoff (default 5)")
     # Scheduler knobs for drills and the demo; production keeps the defaults.
     p.add_argument("--max-request-bytes", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--max-concurrent-children", type=int, default=None, help=argparse.SUPPRESS)

@@ -33,7 +33,6 @@ from querycoord.checker import Checker
 from querycoord.cluster.nodes import NodeManager
 from querycoord.config import CoordConfig
 from querycoord.querymeta import QueryMeta
-from querycoord.reconcile import reconcile
 from querycoord.stream.manager import StreamManager
 from querycoord.stream.store import StreamStore
 from querycoord.task.model import TaskEnv
@@ -217,9 +216,9 @@ class Coordinator:
         await nodes.start()
         started.append(scheduler.stop)
         queued = await scheduler.reload()
-        # Meta and the nodes must agree before anything resumes (only then SERVING).
-        await reconcile(scheduler)
         await scheduler.start(reload=False)
+        # Where meta and the nodes disagree (a leader that died half-way), the checker's first run, kicked
+        # below, queues the repairs; collections with resumed triggers are left to those triggers.
         checker = Checker(scheduler, interval=self.config.checker_interval)
         # Streams: only definitions are persisted; the manager rebuilds its task maps (WATCH when streams exist).
         stream_store = StreamStore(fenced)

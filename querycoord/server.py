@@ -316,6 +316,9 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
             lead = await self._lead(context)
             if not request.source_node_ids:
                 raise Refused(common_pb2.ILLEGAL_ARGUMENT, "LoadBalance needs at least one source node id")
+            for t in lead.scheduler.triggers.values():  # a retry of a balance in progress joins it
+                if t.KIND == qc.TASK_KIND_LOAD_BALANCE and same_balance(t.request, request):
+                    return qc.LoadBalanceResponse(status=OK, task_id=t.id)
             for nid in [*request.source_node_ids, *request.dst_node_ids]:
                 if not lead.nodes.is_online(nid):
                     raise Refused(common_pb2.NOT_FOUND, f"query node {nid} is unknown or offline")
@@ -396,6 +399,13 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
             return qc.ShowNodesResponse(status=OK, nodes=out)
 
         return await self._answer(qc.ShowNodesResponse, run)
+
+
+def same_balance(a: qc.LoadBalanceRequest, b: qc.LoadBalanceRequest) -> bool:
+    """The same user balance asked again (order of ids does not matter)."""
+    return (a.reason in (qc.BALANCE_REASON_USER, qc.BALANCE_REASON_UNSPECIFIED)
+            and set(a.source_node_ids) == set(b.source_node_ids) and set(a.dst_node_ids) == set(b.dst_node_ids)
+            and set(a.sealed_segment_ids) == set(b.sealed_segment_ids) and a.collection_id == b.collection_id)
 
 
 def trees_from_records(records: list, children_limit: int = 0) -> list[qc.TaskTree]:

@@ -333,3 +333,25 @@ async def test_a_failed_load_partitions_rolls_back_only_its_own_partitions(
         assert set(held_once(c)) == want, "what meta says is loaded is what the nodes hold"
     finally:
         await c.__aexit__(None, None, None)
+
+
+async def test_a_retried_balance_joins_the_one_in_progress(etcd: EtcdCluster, root_path: str) -> None:
+    """Idempotence: the retry of a balance in progress used to fail on its own effect (segments moving)."""
+    c = await start(etcd, root_path, [SLOW, SLOW])
+    try:
+        cid = await c.create_collection("move", partitions=1, segments=10)
+        r = await c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid))
+        assert r.status.error_code == common_pb2.SUCCESS
+        await c.wait_loaded(cid)
+        await settled(c)
+        src, dst = sorted(c.nodes, key=lambda n: -len(n.state.segments))
+        req = qc.LoadBalanceRequest(source_node_ids=[src.node_id], dst_node_ids=[dst.node_id],
+                                    sealed_segment_ids=sorted(src.state.segments)[:2])
+        first = await c.client.query("LoadBalance", req)
+        again = await c.client.query("LoadBalance", req)
+        assert first.status.error_code == again.status.error_code == common_pb2.SUCCESS, again
+        assert again.task_id == first.task_id
+        await settled(c)
+        assert len(held_once(c)) == 10
+    finally:
+        await c.__aexit__(None, None, None)
