@@ -147,6 +147,14 @@ class Coordinator:
                 logger.warning("coordinator {}: leadership lost ({})", self.server_id,
                                self.session.lost_reason or "a fenced write was refused")
             except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if not self._stopping and task is not None and not task.cancelling():
+                    # A CancelledError nobody asked for (a library cancelling its own call): an unexpected
+                    # error like any other. Ending here would keep the session and election key alive
+                    # while this coordinator neither leads nor campaigns.
+                    logger.error("coordinator: an internal cancellation while campaigning or leading; starting over")
+                    await self._restart_after_error()
+                    continue
                 with contextlib.suppress(Exception):
                     if self.leadership is not None:
                         await asyncio.wait_for(self.election.resign(), 2)
@@ -158,14 +166,17 @@ class Coordinator:
                 # Never let this loop die: a coordinator whose session lives on while it
                 # neither leads nor campaigns would hold the election key forever.
                 logger.exception("coordinator: unexpected error while campaigning or leading; starting over")
-                await self._drop_leadership()
-                if self.session is not None:
-                    await self.session.close(revoke=True)  # hand the election to a standby now
-                await asyncio.sleep(1)
+                await self._restart_after_error()
             finally:
                 await self._drop_leadership()
             if self.session is not None:
                 await self.session.close(revoke=False)
+
+    async def _restart_after_error(self) -> None:
+        await self._drop_leadership()
+        if self.session is not None:
+            await self.session.close(revoke=True)  # hand the election to a standby now
+        await asyncio.sleep(1)
 
     def _loss_callback(self, term: int) -> Callable[[BaseException], None]:
         """A leadership-loss callback bound to ``term``: a component left over from an earlier or failed

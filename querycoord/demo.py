@@ -12,7 +12,9 @@ What it shows, each part a real process on the embedded etcd:
    SIGKILLed: the children that were meant for it are rescheduled to the
    survivors (the tree is drawn: each new child names the one it replaces and
    excludes the dead node), the load still reaches 100 %, and a NodeDown
-   balance then moves what the dead node had already loaded;
+   balance then moves what the dead node had already loaded; where the
+   segments then are is read from the nodes (each on exactly one online
+   node, none left on the dead one);
 4. the second is loaded; mid-load the leading coordinator is SIGKILLed: the
    standby takes over once the dead leader's lease lapses, reconciles with
    the nodes, resumes the persisted load task, and the progress bar (its
@@ -110,24 +112,34 @@ def _id(node: NodeProcess) -> int:
 
 
 async def pick_victim(c: QueryCoordClient, task_id: int, nodes: list[NodeProcess]) -> NodeProcess:
-    """The node to kill: one with loads both done and still pending, so the demo shows both recoveries.
+    """The node to kill: one with loads both done and not yet sent, so the demo shows both recoveries.
 
-    Its pending children are rescheduled within the load; what it already
-    loaded is moved afterwards by the NodeDown balance. Without such a node,
-    the one with the most pending loads.
+    Its loads not yet sent are rescheduled within the load; what it already
+    loaded is moved afterwards by the NodeDown balance. A load in flight may
+    still be answered before the SIGKILL lands, so loads not yet sent are
+    preferred; without them, the node with the most pending loads.
     """
     tree = (await c.query("GetTask", qc.GetTaskRequest(task_id=task_id))).tree
     done: Counter[int] = Counter()
     pending: Counter[int] = Counter()
+    unsent: Counter[int] = Counter()  # no attempt made yet: they can only run after the kill
     for ch in tree.children:
         if ch.kind == qc.TASK_KIND_LOAD_SEGMENT:
             (done if ch.state == qc.TASK_STATE_DONE else pending)[ch.node_id] += 1
+            if ch.state != qc.TASK_STATE_DONE and ch.retry_count == 0:
+                unsent[ch.node_id] += 1
     alive = [n for n in nodes if n.running]
-    return max(alive, key=lambda n: (pending[n.node_id] > 0 and done[n.node_id] > 0, pending[n.node_id], -n.node_id))
+    return max(alive, key=lambda n: (unsent[n.node_id] > 0 and done[n.node_id] > 0, unsent[n.node_id] > 0,
+                                     pending[n.node_id] > 0 and done[n.node_id] > 0, pending[n.node_id],
+                                     -n.node_id))
 
 
 def describe_reschedule(tree: qc.TaskTree, dead: int, shown: int = 4) -> list[str]:
-    """A headline, then the tree with the rescheduled loads only (the rest counted on the last branch)."""
+    """A headline, then the tree with the rescheduled children only (the rest counted on the last branch).
+
+    The rescheduled segment loads are drawn; when the dead node had no load left to reschedule (its
+    last ones were answered before the SIGKILL landed), its rescheduled channel watches are.
+    """
     new = [ch for ch in tree.children if draw.is_rescheduled(ch)]
     replaced = {ch.replaces_task_id for ch in new}
     loads = [ch for ch in new if ch.kind == qc.TASK_KIND_LOAD_SEGMENT]
@@ -135,12 +147,45 @@ def describe_reschedule(tree: qc.TaskTree, dead: int, shown: int = 4) -> list[st
     head = (f"task #{tree.trigger.task_id}: {_count(len(replaced), 'child', 'children')} meant for node {dead} were "
             f"rescheduled to node{'s' if len(targets) > 1 else ''} {', '.join(map(str, targets))}\n"
             f"as {len(new)} new ones ({len(loads)} segment loads, {len(new) - len(loads)} channel watches):")
-    more = len(loads) - min(shown, len(loads))
-    note = (f"other children ({more} more rescheduled loads, their watches, and those done where first planned)"
-            if more else "other children (the watches, and those done where first planned)")
-    tree_lines = draw.draw_tree(tree, only=lambda ch: ch.kind == qc.TASK_KIND_LOAD_SEGMENT and ch.replaces_task_id != 0,
-                                max_children=shown, hidden_note=note)
+    drawn = loads or new
+    ids = {ch.task_id for ch in drawn}
+    more = len(drawn) - min(shown, len(drawn))
+    if loads:
+        note = (f"other children ({more} more rescheduled loads, their watches, and those done where first planned)"
+                if more else "other children (the watches, and those done where first planned)")
+    else:
+        note = (f"other children ({more} more rescheduled watches, and those done where first planned; node {dead} "
+                f"had answered all its loads before the SIGKILL)" if more else
+                f"other children (those done where first planned; node {dead} had answered all its loads before "
+                f"the SIGKILL)")
+    tree_lines = draw.draw_tree(tree, only=lambda ch: ch.task_id in ids, max_children=shown, hidden_note=note)
     return [*head.splitlines(), *tree_lines]
+
+
+async def wait_node_gone(c: QueryCoordClient, node_id: int, timeout: float = 60.0) -> None:
+    """Until the leader places nothing on ``node_id`` (a dead node leaves ShowNodes once its NodeDown
+    balance has moved everything); at the timeout, return anyway: what it still holds is then printed."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        nodes = (await c.query("ShowNodes", qc.ShowNodesRequest())).nodes
+        n = next((n for n in nodes if n.node_id == node_id), None)
+        if n is None or (n.state != "online" and n.segment_count == 0 and n.dm_channel_count == 0):
+            return
+        await asyncio.sleep(0.2)
+
+
+async def placement(c: QueryCoordClient, collection_id: int, total: int, dead: int) -> str:
+    """Where a collection's segments are, as the online nodes report them, and what meta leaves on ``dead``."""
+    infos = (await c.query("GetSegmentInfo", qc.GetSegmentInfoRequest(collection_id=collection_id))).infos
+    per_node = Counter(s.node_id for s in infos)
+    copies = Counter(s.segment_id for s in infos)
+    twice = sum(1 for n in copies.values() if n > 1)
+    nodes = (await c.query("ShowNodes", qc.ShowNodesRequest())).nodes
+    left = next((n.segment_count + n.dm_channel_count for n in nodes if n.node_id == dead), 0)
+    return (f"{len(copies):,} of {total:,} segments on online nodes ("
+            + ", ".join(f"{nid}: {k:,}" for nid, k in sorted(per_node.items())) + "), "
+            + ("none twice" if not twice else f"{twice:,} on two or more")
+            + f"; node {dead} holds " + ("none" if not left else f"{left:,} segments and channels in query meta"))
 
 
 async def run_cluster(opts: argparse.Namespace, data_dir: str) -> int:
@@ -210,6 +255,9 @@ async def run_cluster(opts: argparse.Namespace, data_dir: str) -> int:
 
             # ---- the NodeDown balance moves what the dead node had loaded ----
             if killed:
+                # The load may end before the dead node's session lapses (when its last loads were answered
+                # before the SIGKILL): wait for the node to be declared gone and emptied, not only for idle.
+                await wait_node_gone(c, killed[0].node_id)
                 await wait_idle(c)
                 trees = await cli.list_trees(c, include_finished=True, include_children=True)
                 for tr in trees:
@@ -221,6 +269,7 @@ async def run_cluster(opts: argparse.Namespace, data_dir: str) -> int:
                                f"the {segs:,} segments node {killed[0].node_id} had loaded to "
                                f"node{'s' if len(dests) > 1 else ''} {', '.join(map(str, dests))} "
                                f"({_count(len(tr.children), 'child', 'children')})")
+                tl.say(f"{a.name}: {await placement(c, a.collection_id, sizes[0][1], killed[0].node_id)}")
 
             # ---- load B, kill the leading coordinator in the middle ----
             t = time.monotonic()

@@ -1,7 +1,7 @@
 """A real query cluster for tests: a coordinator (its gRPC server in this process) and query nodes.
 
 Nodes run in-process (real gRPC servers on loopback, real sessions) unless a
-test needs to kill one with a signal, for which ``spawn_node_process`` starts
+test needs to kill one with a signal, for which ``start_node_process`` starts
 ``querycoord querynode`` as a real process.
 """
 
@@ -94,17 +94,43 @@ class QueryCluster:
         self.nodes.append(n)
         return n
 
-    def spawn_node_process(self, *args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], dict]:
-        """A query node as a real process (to be killed with a real signal); returns it and its ready event."""
+    async def start_node_process(self, *args: str, env: dict[str, str] | None = None,
+                                 timeout: float = 60.0) -> tuple[subprocess.Popen[str], dict]:
+        """A query node as a real process (to be killed with a real signal): returns it and its ready event
+        once the leader sees it online.
+
+        The ready line is read in a thread: a blocking read stalled this loop (the in-process coordinator
+        and nodes) for as long as the child took to import, seconds on a loaded machine, and their 2 s
+        sessions lapsed.
+        """
+        p = self._popen_node(args, env)  # a fork and exec: quick; the slow part is the start, read below
+        assert p.stdout is not None
+        line = await asyncio.wait_for(asyncio.to_thread(p.stdout.readline), timeout)
+        if not line:
+            raise RuntimeError(f"query node process {p.pid} exited before it was ready (code {p.poll()})")
+        ready = json.loads(line)
+        await self.wait_node_online(ready["node_id"], timeout=timeout)
+        return p, ready
+
+    def _popen_node(self, args: tuple[str, ...], env: dict[str, str] | None) -> subprocess.Popen[str]:
         p = subprocess.Popen(
             [sys.executable, "-m", "querycoord.nodes.querynode", "--etcd-endpoints", ",".join(self.etcd.endpoints),
              "--root", self.root, "--ttl", "2", *args],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
         )
         self.procs.append(p)
-        assert p.stdout is not None
-        ready = json.loads(p.stdout.readline())
-        return p, ready
+        return p
+
+    async def wait_node_online(self, node_id: int, timeout: float = 60.0) -> None:
+        """Until the leader counts ``node_id`` among its online nodes."""
+        deadline = time.monotonic() + timeout
+        while True:
+            lead = (await self.wait_leader(timeout=max(0.1, deadline - time.monotonic()))).coord.leadership
+            if lead is not None and lead.nodes.is_online(node_id):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"query node {node_id} not online at the leader within {timeout:.0f}s")
+            await asyncio.sleep(0.05)
 
     async def create_collection(self, name: str, *, partitions: int, segments: int, channels: int = 2) -> int:
         leader = self.coords[0].coord

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import grpc
+import pytest
 
 from meta.etcd_server import EtcdCluster
 from proto import common_pb2
@@ -110,16 +111,29 @@ def test_stale_writes_are_changes_outside_sessions_and_election() -> None:
     assert count_refusals(log) == 1
 
 
+# The drill takes ~30 s on an idle 2-core machine and ~35 s with eight CPU hogs beside it: this budget is for
+# a machine loaded by other suites too. A run that needs it all is stuck, not slow; the progress lines (-v)
+# then show the step it is stuck at, and the drill's work dir (its first line) keeps every child's log.
+DRILL_BUDGET_S = 420
+
+
+@pytest.mark.timeout(DRILL_BUDGET_S + 60)
 def test_failover_drill_small(project_root: Path, subprocess_env: dict[str, str]) -> None:
     """2 leader kills and a SIGSTOP round against real processes: every count 0, exit 0."""
     started = time.monotonic()
-    proc = subprocess.run(
+    proc = subprocess.Popen(
         [sys.executable, "-m", "querycoord.drill", "failover", "--coordinators", "2", "--nodes", "3",
-         "--collections", "4", "--kills", "2", "--seed", "1"],
-        cwd=project_root, env=subprocess_env, capture_output=True, text=True, timeout=240)
+         "--collections", "4", "--kills", "2", "--seed", "1", "-v"],
+        cwd=project_root, env=subprocess_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=DRILL_BUDGET_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()  # its children die with it (pdeathsig)
+        out, err = proc.communicate()
+        pytest.fail(f"the drill did not finish within {DRILL_BUDGET_S}s (stuck, not slow); its last lines:\n"
+                    f"{out[-6000:]}\n{err[-3000:]}")
     elapsed = time.monotonic() - started
-    out = proc.stdout
-    assert proc.returncode == 0, f"drill failed ({proc.returncode}):\n{out[-6000:]}\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, f"drill failed ({proc.returncode}):\n{out[-6000:]}\n{err[-3000:]}"
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["kills"] == 2 and summary["seed"] == 1
     for key in ("lost_tasks", "duplicate_segments", "stale_writes", "invariant_violations", "unanswered_calls"):
@@ -132,17 +146,19 @@ def test_failover_drill_small(project_root: Path, subprocess_env: dict[str, str]
 async def test_release_right_after_a_node_crash_keeps_meta_and_nodes_in_agreement(
     etcd: EtcdCluster, root_path: str, subprocess_env: dict[str, str]
 ) -> None:
-    """The deterministic reproduction of what ``drill failover --seed 2`` found."""
+    """The deterministic reproduction of what ``drill failover --seed 2`` found.
+
+    A node process is SIGKILLed; within its TTL the collection is released, then loaded again. What
+    must hold whatever the timing: the reload is accepted, every segment ends up on exactly one
+    surviving node, query meta places them where the nodes hold them, and nothing on the dead node.
+    """
     async with QueryCluster(etcd, root_path) as c:
         await c.start_coordinator()
         await c.wait_leader()
         await c.add_node()
         await c.add_node()
-        proc, ready = c.spawn_node_process(env=subprocess_env)
-        lead = c.coords[0].coord.leadership
-        assert lead is not None
-        while not lead.nodes.is_online(ready["node_id"]):
-            await asyncio.sleep(0.05)
+        proc, ready = await c.start_node_process(env=subprocess_env)
+        dead = ready["node_id"]
         cid = await c.create_collection("x", partitions=1, segments=30)
         assert c.client is not None
         await c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid))
@@ -150,17 +166,24 @@ async def test_release_right_after_a_node_crash_keeps_meta_and_nodes_in_agreemen
         await c.wait_idle()
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        # Within the node's TTL: its release child cannot reach it and the trigger fails.
+        # Within the node's TTL: its release child cannot reach it (and retries until its session lapses).
         release = await c.client.query("ReleaseCollection", qc.ReleaseCollectionRequest(collection_id=cid))
         load = await c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid))
-        if load.status.error_code == common_pb2.SUCCESS:
-            await c.wait_loaded(cid, timeout=30)
+        said = (f"release answered {common_pb2.ErrorCode.Name(release.status.error_code)} "
+                f"{release.status.reason[:160]!r}; load answered {common_pb2.ErrorCode.Name(load.status.error_code)} "
+                f"{load.status.reason[:160]!r} (task {load.task_id})")
+        assert all(n.healthy for n in c.nodes), f"a surviving node lost its session: {said}"
+        assert load.status.error_code == common_pb2.SUCCESS, said
+        await c.wait_loaded(cid)
         await c.wait_idle()
+        lead = (await c.wait_leader()).coord.leadership
+        assert lead is not None
         held = {n.node_id: set(n.state.segments) for n in c.nodes}
         in_meta = {n.node_id: {s.segment_id for s in lead.meta.segments_on_node(n.node_id)} for n in c.nodes}
-        assert in_meta == held, (f"release answered {release.status.reason[:160]!r}; then load task "
-                                 f"{load.task_id}: meta {in_meta} but nodes hold {held}")
-        assert sum(len(h) for h in held.values()) == 30
+        assert in_meta == held, f"{said}: meta {in_meta} but nodes hold {held}"
+        every = [s for h in held.values() for s in h]
+        assert len(every) == len(set(every)) == 30, f"{said}: each of the 30 segments once, nodes hold {held}"
+        assert not lead.meta.segments_on_node(dead) and not lead.meta.channels_on_node(dead), said
 
 
 async def test_a_fence_lost_during_a_request_is_answered_not_leader_and_ends_leadership(

@@ -355,3 +355,47 @@ async def test_a_retried_balance_joins_the_one_in_progress(etcd: EtcdCluster, ro
         assert len(held_once(c)) == 10
     finally:
         await c.__aexit__(None, None, None)
+
+
+async def test_closing_a_node_channel_mid_call_is_a_node_error_not_a_cancellation(
+        etcd: EtcdCluster, root_path: str) -> None:
+    """grpc.aio cancels calls in flight when their channel closes (a node forgotten once its session ended);
+    that CancelledError used to escape into the trigger runner and the leadership loop as if they had
+    been cancelled."""
+    c = QueryCluster(etcd, root_path)
+    await c.__aenter__()
+    try:
+        node = await c.add_node(faults=FaultConfig(latency_ms=3000))
+        client = QueryNodeClient(node.node_id, node.address)
+        call = asyncio.create_task(client.call("GetDataDistribution", querynode_pb2.GetDataDistributionRequest()))
+        await asyncio.sleep(0.5)
+        await client.close()
+        try:
+            await asyncio.wait_for(call, 10)
+        except NodeError as exc:
+            assert exc.transport
+        else:
+            raise AssertionError("expected NodeError")
+    finally:
+        await c.__aexit__(None, None, None)
+
+
+async def test_a_load_finishes_when_a_node_with_a_call_in_flight_and_nothing_in_meta_goes(
+        etcd: EtcdCluster, root_path: str) -> None:
+    """The same cancellation left the load trigger half done and never finished."""
+    c = await start(etcd, root_path, [None])
+    try:
+        slow = await c.add_node(faults=FaultConfig(latency_ms=6000))
+        cid = await c.create_collection("gone", partitions=1, segments=20)
+        r = await c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid))
+        assert r.status.error_code == common_pb2.SUCCESS
+        await asyncio.sleep(1.0)  # the slow node's calls are in flight; meta has nothing on it yet
+        await slow.session.close(revoke=True)  # its session ends: the node is forgotten, its channel closed
+        await c.wait_loaded(cid, timeout=60)
+        await settled(c)
+        tree = (await c.client.query("GetTask", qc.GetTaskRequest(task_id=r.task_id))).tree
+        assert tree.trigger.state == qc.TASK_STATE_EXPIRED, tree.trigger
+        held = {s for n in c.nodes if n is not slow for s in n.state.segments}
+        assert held == await catalog_segments(c, cid)
+    finally:
+        await c.__aexit__(None, None, None)

@@ -107,9 +107,7 @@ async def test_node_down_moves_segments_and_channels_to_survivors(etcd: EtcdClus
                                                                   subprocess_env: dict[str, str]) -> None:
     c = await start(etcd, root_path, [None, None])
     try:
-        proc, ready = c.spawn_node_process(env=subprocess_env)
-        while not any(n.node_id == ready["node_id"] for n in c.coords[0].coord.leadership.nodes.online()):
-            await asyncio.sleep(0.05)
+        proc, ready = await c.start_node_process(env=subprocess_env)
         cid = await c.create_collection("down", partitions=2, segments=90, channels=3)
         await c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid))
         await c.wait_loaded(cid)

@@ -145,10 +145,8 @@ async def test_node_crashing_mid_load_is_replaced(etcd: EtcdCluster, root_path: 
         await c.add_node()
         await c.add_node()
         c.config.scheduler.max_request_bytes = 3000
-        proc, ready = c.spawn_node_process("--crash-after", "4", env=subprocess_env)
+        proc, ready = await c.start_node_process("--crash-after", "4", env=subprocess_env)
         lead = c.coords[0].coord.leadership
-        while not lead.nodes.is_online(ready["node_id"]):
-            await asyncio.sleep(0.05)
         cid = await c.create_collection("crashy", partitions=2, segments=120)
         r = await c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid))
         assert r.status.error_code == common_pb2.SUCCESS

@@ -61,9 +61,7 @@ async def test_node_down_waits_for_capacity_until_a_new_node_appears(
         await c.start_coordinator()
         lead = (await c.wait_leader()).coord.leadership
         small = await c.add_node(capacity=8 * MiB)  # cannot take the big node's segments
-        proc, ready = c.spawn_node_process("--capacity-mb", "1024", env=subprocess_env)
-        while not lead.nodes.is_online(ready["node_id"]):
-            await asyncio.sleep(0.05)
+        proc, ready = await c.start_node_process("--capacity-mb", "1024", env=subprocess_env)
         cid = await c.create_collection("big", partitions=1, segments=20)  # ~5 MB each
         await c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid))
         await c.wait_loaded(cid)

@@ -7,6 +7,7 @@ mutation from the deposed leader is already refused there.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import grpc
@@ -52,6 +53,15 @@ class QueryNodeClient:
             request.node_id = self.node_id
         try:
             resp = await getattr(self._stub, method)(request, timeout=timeout or self.timeout)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the caller was cancelled
+            # grpc.aio cancels calls in flight when their channel is closed (the node's session ended and
+            # the node was forgotten): for the caller that is a failed call, not a cancellation of itself.
+            raise NodeError(self.node_id, method, common_pb2.UNEXPECTED_ERROR,
+                            "the connection to the node was closed while the call was in flight (node gone)",
+                            transport=True) from None
         except grpc.aio.AioRpcError as exc:
             raise NodeError(
                 self.node_id, method, common_pb2.UNEXPECTED_ERROR, f"{exc.code().name}: {exc.details()}", transport=True
