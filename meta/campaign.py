@@ -24,6 +24,7 @@ import time
 
 from loguru import logger
 
+from meta.child import ChildProcess
 from meta.client import connect
 from meta.config import EtcdConfig
 from meta.election import Election, SessionLost
@@ -35,86 +36,22 @@ EXIT_NOT_LEADER = 3
 EXIT_SESSION_LOST = 4
 
 
-class CandidateProcess:
-    """Parent side: start a candidate process and read its JSON events as they come."""
-
-    def __init__(self, name: str, proc: asyncio.subprocess.Process):
-        self.name = name
-        self.proc = proc
-        self.events: list[dict] = []
-        self._cursor = 0
-        self._changed = asyncio.Condition()
-        self._reader = asyncio.create_task(self._read())
-
-    @classmethod
-    async def spawn(
-        cls,
-        endpoints: list[str],
-        root: str,
-        name: str,
-        *,
-        ttl: float = 2.0,
-        election: str = "demo",
-        write_interval: float = 0.1,
-        env: dict[str, str] | None = None,
-    ) -> CandidateProcess:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "meta.campaign", "--endpoints", ",".join(endpoints), "--root", root,
-            "--name", name, "--ttl", str(ttl), "--election", election, "--write-interval", str(write_interval),
-            stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL, env=env,
-        )
-        return cls(name, proc)
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    async def _read(self) -> None:
-        assert self.proc.stdout is not None
-        async for line in self.proc.stdout:
-            with contextlib.suppress(ValueError):
-                event = json.loads(line)
-                async with self._changed:
-                    self.events.append(event)
-                    self._changed.notify_all()
-        async with self._changed:
-            self._changed.notify_all()
-
-    async def next_event(self, *kinds: str, timeout: float = 30.0) -> dict:
-        """The next event (after the last one returned) whose kind is in ``kinds``."""
-
-        async def find() -> dict:
-            async with self._changed:
-                while True:
-                    while self._cursor < len(self.events):
-                        event = self.events[self._cursor]
-                        self._cursor += 1
-                        if event["event"] in kinds:
-                            return event
-                    if self._reader.done():
-                        raise EOFError(f"candidate {self.name} exited (code {self.proc.returncode}) before {kinds}")
-                    await self._changed.wait()
-
-        return await asyncio.wait_for(find(), timeout)
-
-    def send_signal(self, sig: int) -> None:
-        if self.proc.returncode is None:
-            self.proc.send_signal(sig)
-
-    async def wait(self, timeout: float = 30.0) -> int:
-        code = await asyncio.wait_for(self.proc.wait(), timeout)
-        await self._reader
-        return code
-
-    async def kill(self) -> None:
-        """SIGKILL (after SIGCONT, so a stopped process dies too) and reap."""
-        if self.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(signal.SIGCONT)
-                self.proc.kill()
-        await self.proc.wait()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._reader
+async def spawn_candidate(
+    endpoints: list[str],
+    root: str,
+    name: str,
+    *,
+    ttl: float = 2.0,
+    election: str = "demo",
+    write_interval: float = 0.1,
+    env: dict[str, str] | None = None,
+) -> ChildProcess:
+    """Parent side: start a candidate process; its JSON events come as ``ChildProcess`` events."""
+    return await ChildProcess.spawn(
+        name, ["-m", "meta.campaign", "--endpoints", ",".join(endpoints), "--root", root, "--name", name,
+               "--ttl", str(ttl), "--election", election, "--write-interval", str(write_interval)],
+        env=env, new_session=False,
+    )
 
 
 def emit(event: str, **fields: object) -> None:

@@ -27,7 +27,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -40,6 +39,7 @@ from typing import TypeVar
 
 from loguru import logger
 
+from meta.child import pdeathsig_prefix
 from meta.config import EtcdConfig
 from meta.errors import MetaError
 
@@ -143,15 +143,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _pdeathsig_prefix() -> list[str]:
-    """The command prefix that makes the member die with us (empty where unsupported)."""
-    setpriv = shutil.which("setpriv")
-    if setpriv and sys.platform.startswith("linux"):
-        return [setpriv, "--pdeathsig", "KILL", "--"]
-    logger.warning("setpriv not found: etcd members may outlive this process if it is SIGKILLed")
-    return []
 
 
 class _Spawner:
@@ -321,7 +312,7 @@ class EtcdCluster:
         member.data_dir.parent.mkdir(parents=True, exist_ok=True)
         log = open(member.log_path, "ab")  # the child keeps its own copy of the descriptor
         try:
-            command = _pdeathsig_prefix() + self._command(member)
+            command = pdeathsig_prefix() + self._command(member)
             member.proc = _spawner.call(
                 lambda: subprocess.Popen(
                     command,

@@ -6,39 +6,67 @@ transaction that etcd would refuse (more than ``MAX_TXN_OPS`` operations or
 more than ``MAX_TXN_BYTES`` bytes) is refused here first with
 ``RequestTooLarge``, so nothing is half-written. Prefix loads are paged at one
 revision so that no response exceeds gRPC's 4 MiB receive limit.
+
+Arbitrary txns (compares, puts, deletes, range deletes and gets together) are
+described with ``meta.txn``'s values and sent with ``MetaKV.txn``; writes too
+large for one txn are split by ``MetaKV.pack`` and sent by ``write_packed``.
+This module is the only one that turns them into etcd requests.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import grpc
-from etcd3aio._protobuf import Compare, DeleteRangeRequest, PutRequest, RangeRequest, RequestOp, TxnRequest
+from etcd3aio._protobuf import Compare as PbCompare
+from etcd3aio._protobuf import RangeRequest, RequestOp, TxnRequest
 from etcd3aio.kv import prefix_range_end
 
 from meta.client import EtcdClient
 from meta.errors import InvalidKey, NotLeader, RequestTooLarge
 from meta.fence import Fence
+from meta.txn import (
+    MAX_PACKED_COMPARES,
+    MAX_TXN_BYTES,
+    MAX_TXN_OPS,
+    TXN_BYTE_BUDGET,
+    TXN_HEADROOM,
+    Batch,
+    Compare,
+    Delete,
+    DeletePrefix,
+    Get,
+    KeyValue,
+    Op,
+    Put,
+    Target,
+    TxnResult,
+    Unit,
+    absent,
+    created_at,
+    delete,
+    delete_prefix,
+    get,
+    modified_at,
+    pack,
+    put,
+    value_is,
+    version_is,
+)
 
-MAX_TXN_OPS = 128
-MAX_TXN_BYTES = 1536 * 1024  # etcd's default --max-request-bytes (1.5 MiB)
 DEFAULT_PAGE_SIZE = 1000
 
 Value = bytes | str
 Saves = Mapping[str, Value] | Iterable[tuple[str, Value]]
 
-
-@dataclass(frozen=True, slots=True)
-class KeyValue:
-    """One key as stored: ``key`` is relative to the root path."""
-
-    key: str
-    value: bytes
-    create_revision: int
-    mod_revision: int
-    version: int
-    lease: int
+# ``Compare.target`` -> (etcd's target, the field of etcd's Compare that holds the expected value).
+_TARGETS = {
+    Target.VALUE: (PbCompare.VALUE, "value"),
+    Target.CREATE: (PbCompare.CREATE, "create_revision"),
+    Target.MOD: (PbCompare.MOD, "mod_revision"),
+    Target.VERSION: (PbCompare.VERSION, "version"),
+}
 
 
 class PrefixSnapshot:
@@ -132,9 +160,22 @@ class MetaKV:
             operation, lambda t: self.client.kv.Range(request, metadata=self.client.metadata, timeout=t)
         )
 
-    async def get_kv(self, key: str) -> KeyValue | None:
-        resp = await self._range(RangeRequest(key=self.abs_key(key)), f"get {key}")
+    async def get_kv(self, key: str, *, revision: int = 0) -> KeyValue | None:
+        """The key as stored now, or as of ``revision`` (0: now): reads of several keys at one revision agree.
+
+        A Range, not a read-only txn: etcd before 3.5.5 panics when a read-only
+        txn is cancelled (etcd-io/etcd#14110).
+        """
+        resp = await self._range(RangeRequest(key=self.abs_key(key), revision=revision), f"get {key}")
         return self._kv(resp.kvs[0]) if resp.kvs else None  # type: ignore[attr-defined]
+
+    async def range_page(self, prefix: str, *, start: str = "", limit: int) -> tuple[list[KeyValue], bool]:
+        """Keys under ``prefix`` from ``start`` on (a key >= ``prefix``; empty: from the first), at most
+        ``limit``; and whether more follow. One page of a cursor that callers resume after its last key."""
+        first = self.abs_key(start) if start else self.abs_prefix(prefix)
+        req = RangeRequest(key=first, range_end=prefix_range_end(self.abs_prefix(prefix)), limit=limit)
+        resp = await self._range(req, f"range_page {start or prefix}")
+        return [self._kv(raw) for raw in resp.kvs], bool(resp.more)  # type: ignore[attr-defined]
 
     async def get(self, key: str) -> bytes | None:
         kv = await self.get_kv(key)
@@ -194,34 +235,12 @@ class MetaKV:
             key = resp.kvs[-1].key + b"\x00"  # type: ignore[attr-defined]
 
     # ----- writes -------------------------------------------------------------
-    def _put_op(self, key: str, value: Value, lease: int = 0) -> RequestOp:
-        return RequestOp(request_put=PutRequest(key=self.abs_key(key), value=_to_bytes(value), lease=lease))
-
-    def _delete_op(self, key: str) -> RequestOp:
-        return RequestOp(request_delete_range=DeleteRangeRequest(key=self.abs_key(key)))
-
-    def _delete_prefix_op(self, prefix: str) -> RequestOp:
-        start = self.abs_prefix(prefix)
-        return RequestOp(request_delete_range=DeleteRangeRequest(key=start, range_end=prefix_range_end(start)))
-
-    def _build_ops(self, saves: Saves, removals: Iterable[str]) -> list[RequestOp]:
-        ops = [self._put_op(k, v) for k, v in _pairs(saves)]
-        ops.extend(self._delete_op(k) for k in removals)
-        return ops
-
-    async def _txn(
-        self,
-        operation: str,
-        compare: Sequence[Compare],
-        success: Sequence[RequestOp],
-        failure: Sequence[RequestOp] = (),
-    ) -> object:
-        """Send one txn after checking it against etcd's limits."""
-        return await self._send(
-            operation, TxnRequest(compare=list(compare), success=list(success), failure=list(failure))
-        )
+    def _request(self) -> TxnRequest:
+        """An empty write txn; the fenced view adds its guard."""
+        return TxnRequest()
 
     async def _send(self, operation: str, request: TxnRequest) -> object:
+        """Send one txn after checking it against etcd's limits (``RequestTooLarge``: nothing sent)."""
         n_ops = max(len(request.success), len(request.failure), len(request.compare))
         size = request.ByteSize()
         if n_ops > MAX_TXN_OPS or size > MAX_TXN_BYTES:
@@ -230,10 +249,6 @@ class MetaKV:
             operation, lambda t: self.client.kv.Txn(request, metadata=self.client.metadata, timeout=t)
         )
 
-    def _request(self) -> TxnRequest:
-        """An empty write txn; the fenced view adds its guard."""
-        return TxnRequest()
-
     async def _commit(self, operation: str, request: TxnRequest) -> int:
         """Send a write txn; returns the revision it committed at. Overridden by the fenced view."""
         if not request.success:
@@ -241,26 +256,65 @@ class MetaKV:
         resp = await self._send(operation, request)
         return resp.header.revision  # type: ignore[attr-defined]
 
-    async def _write(self, operation: str, ops: Sequence[RequestOp]) -> int:
-        """Write prebuilt ops in one txn (fenced in the fenced view)."""
-        request = self._request()
-        request.success.extend(ops)
-        return await self._commit(operation, request)
-
     def _fill(self, request: TxnRequest, saves: Saves, removals: Iterable[str]) -> TxnRequest:
         """Add puts and deletes to ``request`` in place: building each op and copying it in cost a
         tenth of a 128-op txn's client time (scripts/bench_meta.py)."""
         items = saves.items() if isinstance(saves, Mapping) else saves
         for key, value in items:
-            put = request.success.add().request_put
-            put.key = self.abs_key(key)
-            put.value = value.encode() if isinstance(value, str) else value
+            pb_put = request.success.add().request_put
+            pb_put.key = self.abs_key(key)
+            pb_put.value = value.encode() if isinstance(value, str) else value
         for key in removals:
             request.success.add().request_delete_range.key = self.abs_key(key)
         return request
 
+    def _fill_ops(self, branch: Any, ops: Iterable[Op]) -> bool:
+        """Add ``ops`` to ``branch`` (a TxnRequest's ``success`` or ``failure``) in place, as ``_fill`` does
+        and for the same reason (speed); returns whether any op is a get."""
+        has_get = False
+        for op in ops:
+            if isinstance(op, Put):
+                pb_put = branch.add().request_put
+                pb_put.key = self.abs_key(op.key)
+                pb_put.value = op.value
+                if op.lease:
+                    pb_put.lease = op.lease
+            elif isinstance(op, Delete):
+                branch.add().request_delete_range.key = self.abs_key(op.key)
+            elif isinstance(op, DeletePrefix):
+                start = self.abs_prefix(op.prefix)
+                rng = branch.add().request_delete_range
+                rng.key = start
+                rng.range_end = prefix_range_end(start)
+            elif isinstance(op, Get):
+                branch.add().request_range.key = self.abs_key(op.key)
+                has_get = True
+            else:
+                raise TypeError(f"not a meta.txn operation: {op!r}")
+        return has_get
+
+    def _fill_compares(self, request: TxnRequest, compares: Iterable[Compare]) -> None:
+        for c in compares:
+            target, field = _TARGETS[c.target]
+            pb = request.compare.add()
+            pb.key = self.abs_key(c.key)
+            pb.target = target
+            setattr(pb, field, c.expected)
+
+    async def _commit_ops(self, operation: str, ops: Sequence[Op]) -> int:
+        """Write ``ops`` in one txn (fenced in the fenced view); the revision it committed at."""
+        request = self._request()
+        self._fill_ops(request.success, ops)
+        return await self._commit(operation, request)
+
     async def save(self, key: str, value: Value, *, lease: int = 0) -> int:
-        return await self._write(f"save {key}", [self._put_op(key, value, lease)])
+        request = self._request()  # filled in place, as ``_fill``: the sequential-put path of the benchmark
+        pb_put = request.success.add().request_put
+        pb_put.key = self.abs_key(key)
+        pb_put.value = _to_bytes(value)
+        if lease:
+            pb_put.lease = lease
+        return await self._commit(f"save {key}", request)
 
     async def multi_save(self, saves: Saves) -> int:
         """All keys in one txn, or ``RequestTooLarge`` and nothing written."""
@@ -271,31 +325,105 @@ class MetaKV:
         return await self._commit("multi_save_and_remove", self._fill(self._request(), saves, removals))
 
     async def remove(self, key: str) -> int:
-        return await self._write(f"remove {key}", [self._delete_op(key)])
+        return await self._commit_ops(f"remove {key}", (Delete(key),))
 
     async def multi_remove(self, keys: Iterable[str]) -> int:
         return await self._commit("multi_remove", self._fill(self._request(), (), keys))
 
     async def remove_prefix(self, prefix: str) -> int:
         """Delete every key under ``prefix`` (one range delete, atomic)."""
-        return await self._write(f"remove_prefix {prefix}", [self._delete_prefix_op(prefix)])
+        return await self._commit_ops(f"remove_prefix {prefix}", (DeletePrefix(prefix),))
 
     async def compare_and_swap(self, key: str, expected: Value | None, value: Value) -> bool:
         """Write ``value`` only if ``key`` holds ``expected`` (``None``: only if absent).
 
-        Returns whether the swap happened.
+        Returns whether the swap happened (fenced view: ``NotLeader`` if the fence is gone).
         """
-        ok, _ = await self._cas(key, expected, [self._put_op(key, value)])
-        return ok
+        compare = absent(key) if expected is None else value_is(key, expected)
+        result = await self.txn([compare], [Put(key, _to_bytes(value))], operation=f"compare_and_swap {key}")
+        return result.succeeded
 
-    def _cas_compare(self, key: str, expected: Value | None) -> Compare:
-        if expected is None:
-            return Compare(result=Compare.EQUAL, target=Compare.CREATE, key=self.abs_key(key), create_revision=0)
-        return Compare(result=Compare.EQUAL, target=Compare.VALUE, key=self.abs_key(key), value=_to_bytes(expected))
+    # ----- transactions ------------------------------------------------------
+    async def txn(
+        self,
+        compares: Sequence[Compare] = (),
+        ops: Sequence[Op] = (),
+        *,
+        on_failure_ops: Sequence[Op] = (),
+        operation: str = "txn",
+    ) -> TxnResult:
+        """One etcd txn: if every compare holds, ``ops`` run, else ``on_failure_ops``; all at one revision.
 
-    async def _cas(self, key: str, expected: Value | None, ops: Sequence[RequestOp]) -> tuple[bool, int]:
-        resp = await self._txn(f"compare_and_swap {key}", [self._cas_compare(key, expected)], ops)
-        return resp.succeeded, resp.header.revision  # type: ignore[attr-defined]
+        Checked against etcd's limits first (``RequestTooLarge``, nothing
+        sent). A failed compare is an ordinary answer (``succeeded=False``),
+        not an error. The fenced view adds its fence: there ``NotLeader`` is
+        raised when the fence is gone, whatever the caller's compares did.
+        ``operation`` names the txn in errors and logs. A txn without writes
+        is a read-only txn, which etcd before 3.5.5 panics on when the caller
+        cancels it (etcd-io/etcd#14110): read with ``get_kv`` instead.
+        """
+        request = self._request()
+        self._fill_compares(request, compares)
+        gets = self._fill_ops(request.success, ops)
+        gets |= self._fill_ops(request.failure, on_failure_ops)
+        resp = await self._send(operation, request)
+        succeeded = self._judge(resp)
+        branch = ops if succeeded else on_failure_ops
+        revision: int = resp.header.revision  # type: ignore[attr-defined]
+        return TxnResult(succeeded, revision, self._responses(resp, branch, succeeded, gets))
+
+    def _judge(self, resp: object) -> bool:
+        """Whether the caller's compares held. The fenced view also tells a lost fence (raised) apart."""
+        return bool(resp.succeeded)  # type: ignore[attr-defined]
+
+    def _failure_skip(self) -> int:
+        """Failure-branch responses of ``meta``'s own before the caller's (the fenced view's fence read)."""
+        return 0
+
+    def _responses(
+        self, resp: object, branch: Sequence[Op], succeeded: bool, gets: bool
+    ) -> tuple[KeyValue | None, ...]:
+        """The branch's answers: gets decoded to ``KeyValue``s (skipped entirely when the txn had no get)."""
+        if not gets:
+            return (None,) * len(branch)
+        skip = 0 if succeeded else self._failure_skip()
+        raw = resp.responses[skip:]  # type: ignore[attr-defined]
+        out: list[KeyValue | None] = []
+        for op, r in zip(branch, raw, strict=True):
+            kvs = r.response_range.kvs if type(op) is Get else ()
+            out.append(self._kv(kvs[0]) if kvs else None)
+        return tuple(out)
+
+    def pack(self, units: Iterable[Unit], last: Unit | None = None, *, atomic: bool = False) -> list[Batch]:
+        """``meta.txn.pack`` for this root (its path's bytes counted in every key): txns within etcd's limits."""
+        return pack(units, last, atomic=atomic, key_prefix=len(self._root_prefix.encode()))
+
+    async def write_packed(
+        self,
+        batches: Sequence[Batch],
+        *,
+        operation: str = "write_packed",
+        on_sent: Callable[[Batch, TxnResult], None] | None = None,
+    ) -> list[TxnResult]:
+        """NOT ATOMIC as a whole: send ``batches`` (from ``pack``) one txn each, strictly in order.
+
+        Each txn starts after the previous one committed, so the last batch
+        (which holds the commit-point unit) is written only after every one
+        before it. Stops after the first batch whose compares fail (its result,
+        ``succeeded=False``, ends the list) or at the first error (raised;
+        earlier batches stay written). ``on_sent`` sees each batch's result as
+        soon as etcd answered. In the fenced view every txn carries the fence.
+        """
+        results: list[TxnResult] = []
+        for i, batch in enumerate(batches):
+            name = operation if len(batches) == 1 else f"{operation} ({i + 1}/{len(batches)})"
+            result = await self.txn(batch.compares, batch.ops, operation=name)
+            results.append(result)
+            if on_sent is not None:
+                on_sent(batch, result)
+            if not result.succeeded:
+                break
+        return results
 
     async def chunked_save_non_atomic(
         self, saves: Saves, removals: Iterable[str] = (), *, max_ops: int = MAX_TXN_OPS
@@ -310,24 +438,10 @@ class MetaKV:
         """
         if not 1 <= max_ops <= MAX_TXN_OPS:
             raise ValueError(f"max_ops must be in 1..{MAX_TXN_OPS}")
-        ops = self._build_ops(saves, removals)
-        chunk: list[RequestOp] = []
-        size = 0
-        sent = 0
-        for op in ops:
-            op_size = op.ByteSize() + 4
-            if op_size > MAX_TXN_BYTES - 64:
-                raise RequestTooLarge(1, op_size, MAX_TXN_OPS, MAX_TXN_BYTES)
-            if chunk and (len(chunk) >= max_ops or size + op_size > MAX_TXN_BYTES - 64):
-                await self._write("chunked_save_non_atomic", chunk)
-                sent += 1
-                chunk, size = [], 0
-            chunk.append(op)
-            size += op_size
-        if chunk:
-            await self._write("chunked_save_non_atomic", chunk)
-            sent += 1
-        return sent
+        units = [Unit((Put(k, v),)) for k, v in _pairs(saves)]
+        units.extend(Unit((Delete(k),)) for k in removals)
+        batches = pack(units, max_ops=max_ops, key_prefix=len(self._root_prefix.encode()))
+        return len(await self.write_packed(batches, operation="chunked_save_non_atomic"))
 
 
 class FencedKV(MetaKV):
@@ -337,14 +451,18 @@ class FencedKV(MetaKV):
     fence.revision``. When the compare fails nothing is written and
     ``NotLeader`` is raised: a deposed leader (paused, partitioned, slow)
     cannot change anything once its leader key is gone. Reads are plain.
+
+    ``txn`` puts the fence compare first and a read of the leader key first in
+    the failure branch, so a failed txn tells a lost fence (``NotLeader``)
+    from a failed compare of the caller's own (``succeeded=False``).
     """
 
     def __init__(self, base: MetaKV, fence: Fence):
         super().__init__(base.client, base.root)
         self.fence = fence
         self._fence_key = fence.leader_key.encode()
-        self._guard = Compare(
-            result=Compare.EQUAL, target=Compare.CREATE, key=self._fence_key, create_revision=fence.revision
+        self._guard = PbCompare(
+            result=PbCompare.EQUAL, target=PbCompare.CREATE, key=self._fence_key, create_revision=fence.revision
         )
         self._on_failure = [RequestOp(request_range=RangeRequest(key=self._fence_key))]
         # What etcd accepted and refused through this fence: the revision etcd
@@ -359,9 +477,9 @@ class FencedKV(MetaKV):
 
     def _not_leader(self, resp: object) -> NotLeader:
         current = 0
-        for r in resp.responses:  # type: ignore[attr-defined]
-            if r.HasField("response_range") and r.response_range.kvs:
-                current = r.response_range.kvs[0].create_revision
+        r = resp.responses[0]  # type: ignore[attr-defined]  # the fence read, first of the failure branch
+        if r.HasField("response_range") and r.response_range.kvs:
+            current = r.response_range.kvs[0].create_revision
         return NotLeader(self.fence.leader_key, self.fence.revision, current)
 
     def _request(self) -> TxnRequest:
@@ -376,6 +494,20 @@ class FencedKV(MetaKV):
             raise self._not_leader(resp)
         self._count(resp.header.revision)  # type: ignore[attr-defined]
         return resp.header.revision  # type: ignore[attr-defined]
+
+    def _judge(self, resp: object) -> bool:
+        """Succeeded: counted. Failed: ``NotLeader`` if the fence is gone, else the caller's compare failed."""
+        if resp.succeeded:  # type: ignore[attr-defined]
+            self._count(resp.header.revision)  # type: ignore[attr-defined]
+            return True
+        err = self._not_leader(resp)
+        if err.current_revision != self.fence.revision:
+            self.refused += 1
+            raise err
+        return False
+
+    def _failure_skip(self) -> int:
+        return len(self._on_failure)
 
     def _count(self, revision: int) -> None:
         self.writes += 1
@@ -392,26 +524,37 @@ class FencedKV(MetaKV):
         if current != self.fence.revision:
             raise NotLeader(self.fence.leader_key, self.fence.revision, current)
 
-    async def _cas(self, key: str, expected: Value | None, ops: Sequence[RequestOp]) -> tuple[bool, int]:
-        """Fenced CAS: the failure branch reads the fence key to tell a lost fence from a lost swap."""
-        resp = await self._txn(
-            f"fenced compare_and_swap {key}", [self._guard, self._cas_compare(key, expected)], ops, self._on_failure
-        )
-        if resp.succeeded:  # type: ignore[attr-defined]
-            self._count(resp.header.revision)  # type: ignore[attr-defined]
-            return True, resp.header.revision  # type: ignore[attr-defined]
-        err = self._not_leader(resp)
-        if err.current_revision != self.fence.revision:
-            self.refused += 1
-            raise err
-        return False, resp.header.revision  # type: ignore[attr-defined]
 
-
+# The transaction API of ``meta.txn`` is re-exported: ``from meta.kv import MetaKV, put, value_is`` works.
 __all__ = [
+    "DEFAULT_PAGE_SIZE",
+    "MAX_PACKED_COMPARES",
     "MAX_TXN_BYTES",
     "MAX_TXN_OPS",
+    "TXN_BYTE_BUDGET",
+    "TXN_HEADROOM",
+    "Batch",
+    "Compare",
+    "Delete",
+    "DeletePrefix",
     "FencedKV",
+    "Get",
     "KeyValue",
     "MetaKV",
+    "Op",
     "PrefixSnapshot",
+    "Put",
+    "Target",
+    "TxnResult",
+    "Unit",
+    "absent",
+    "created_at",
+    "delete",
+    "delete_prefix",
+    "get",
+    "modified_at",
+    "pack",
+    "put",
+    "value_is",
+    "version_is",
 ]

@@ -36,6 +36,7 @@ from querycoord.logs import setup_logging
 
 if TYPE_CHECKING:
     from querycoord.cluster_runner import AllInOne
+    from querycoord.stream.manager import StreamConfig
 
 DEFAULT_ADDRESS = "127.0.0.1:19531"
 MIB = 1 << 20
@@ -94,6 +95,15 @@ def cmd_etcd(args: argparse.Namespace) -> int:
     return 0
 
 
+def fast_stream_config(watch_timeout: float = 2.0) -> StreamConfig:
+    """The stream manager's durations scaled down for drills (``coord --stream-fast``; TDengine's are tens of s)."""
+    from querycoord.stream.manager import StreamConfig
+
+    return StreamConfig(watch_timeout=watch_timeout, task_silence=5.0, min_start_delay=0.2, error_retry_delay=0.5,
+                        max_retry_delay=2.0, reset_after=5.0, health_interval=0.3, health_slots=2, isolation=3.0,
+                        vgroup_lost_stop=30.0)
+
+
 def cmd_coord(args: argparse.Namespace) -> int:
     """Run one coordinator until SIGTERM/SIGINT (it campaigns; with others running it may stand by)."""
     from meta.config import EtcdConfig
@@ -111,7 +121,7 @@ def cmd_coord(args: argparse.Namespace) -> int:
             raise ValueError(f"--ttl must be at least 2 seconds, got {args.ttl}")
         sched = SchedulerConfig()
         for name in ("max_request_bytes", "max_concurrent_children", "retry_backoff", "retry_backoff_max",
-                     "trigger_timeout"):
+                     "wait_interval", "trigger_timeout"):
             value = getattr(args, name)
             if value is not None:
                 setattr(sched, name, type(getattr(sched, name))(value))
@@ -125,6 +135,9 @@ def cmd_coord(args: argparse.Namespace) -> int:
         if args.stream_scale != 1.0:
             config.stream = config.stream.scaled(args.stream_scale)
             config.stream_tick = min(config.stream_tick, max(0.05, config.stream_tick * args.stream_scale))
+        if args.stream_fast:
+            config.stream = fast_stream_config(args.stream_watch_timeout)
+            config.stream_tick, config.stream_refresh = 0.1, 5.0
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -697,7 +710,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-concurrent-children", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--retry-backoff", type=float, default=None, help=argparse.SUPPRESS)
     p.add_argument("--retry-backoff-max", type=float, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--wait-interval", type=float, default=None, help=argparse.SUPPRESS)
     p.add_argument("--trigger-timeout", type=float, default=None, help=argparse.SUPPRESS)
+    # Stream management scaled down for the stream drill (``fast_stream_config``).
+    p.add_argument("--stream-fast", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--stream-watch-timeout", type=float, default=2.0, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_coord)
 
     add_querynode_parser(sub)

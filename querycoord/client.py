@@ -1,43 +1,75 @@
-"""A client of the coordinators that follows the leader.
+"""Clients of the coordinators that follow the leader: one implementation for every service and caller.
 
-Given any coordinator addresses, it calls the one it believes leads; a
-``NOT_LEADER`` status names the leader (or says none is elected yet), and an
-unreachable coordinator is skipped, so the call is retried on the right one
-until it succeeds or the deadline passes. Statuses other than NOT_LEADER are
-the answer and are returned as they are.
+Given any coordinator addresses, a client calls the one it believes leads. A
+standby says where the leader is (``protocol.leader_is_at``) in a
+``NOT_LEADER`` status or a gRPC UNAVAILABLE; a dead coordinator names
+nothing and a paused or partitioned one answers nothing at all
+(DEADLINE_EXCEEDED): the client moves to the named leader, or else to the
+next address, and tries again. Statuses other than NOT_LEADER are the answer
+and are returned as they are; other gRPC errors are raised.
+
+How long it keeps trying is the caller's choice: a user-facing call retries
+until its ``deadline`` (retrying is safe: every QueryCoord mutation is
+idempotent, a repeated load or release is success), while a stream node's
+heartbeat gives up after one round over the known addresses, since its next
+tick reports again anyway.
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
+import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
 
-from proto import catalog_pb2_grpc, common_pb2, querycoord_pb2_grpc
+from proto import catalog_pb2_grpc, common_pb2, querycoord_pb2_grpc, stream_pb2_grpc
+from querycoord.protocol import parse_leader
 
-_LEADER_AT = re.compile(r"the leader is at (\S+?)(?:[;,)]|$)")
+# gRPC codes after which another coordinator may answer: a standby's redirect, a dead or unreachable one.
+FOLLOWED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+Discover = Callable[[], Awaitable[Sequence[str]]]
 
 
 class CoordinatorUnavailable(Exception):
-    """No coordinator answered as leader before the deadline."""
+    """No coordinator answered as leader before the deadline (or within one round)."""
 
 
-class QueryCoordClient:
-    def __init__(self, addresses: Sequence[str] | str, *, deadline: float = 60.0, call_timeout: float = 30.0):
-        if isinstance(addresses, str):
-            addresses = [a.strip() for a in addresses.split(",") if a.strip()]
-        if not addresses:
-            raise ValueError("at least one coordinator address is required")
-        self.addresses = list(addresses)
-        self.deadline = deadline
+def split_addresses(addresses: Sequence[str] | str) -> list[str]:
+    """A list of addresses, from a list or a comma-separated string."""
+    if isinstance(addresses, str):
+        return [a.strip() for a in addresses.split(",") if a.strip()]
+    return list(addresses)
+
+
+class LeaderFollowingClient:
+    """Calls ``method`` of any stub class on the leading coordinator (see module docstring).
+
+    ``deadline``: seconds to keep trying; None: one round (each known address
+    once, plus a leader named on the way). ``pause``: seconds between tries.
+    ``discover``: where to find coordinator addresses when none is known or
+    none answered (e.g. the live coordinator sessions).
+    """
+
+    def __init__(self, addresses: Sequence[str] | str = (), *, call_timeout: float = 30.0,
+                 deadline: float | None = 60.0, pause: float = 0.1, discover: Discover | None = None):
+        self.addresses = split_addresses(addresses)
         self.call_timeout = call_timeout
+        self.deadline = deadline
+        self.pause = pause
+        self.discover = discover
         self._channels: dict[str, grpc.aio.Channel] = {}
-        self._current = self.addresses[0]
+        self._current = self.addresses[0] if self.addresses else ""
         self.leader_changes = 0
+        self.last_error = ""
+
+    @property
+    def current(self) -> str:
+        """The address the next call goes to first (the leader, as far as this client knows)."""
+        return self._current
 
     def _channel(self, address: str) -> grpc.aio.Channel:
         ch = self._channels.get(address)
@@ -50,57 +82,98 @@ class QueryCoordClient:
             await ch.close()
         self._channels.clear()
 
-    async def __aenter__(self) -> QueryCoordClient:
+    async def __aenter__(self) -> LeaderFollowingClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def query(self, method: str, request: Any) -> Any:
-        return await self._call(querycoord_pb2_grpc.QueryCoordStub, method, request)
-
-    async def catalog(self, method: str, request: Any) -> Any:
-        return await self._call(catalog_pb2_grpc.CatalogStub, method, request)
-
-    async def _call(self, stub_cls: type, method: str, request: Any) -> Any:
+    async def call(self, stub_cls: type, method: str, request: Any) -> Any:
+        """The leader's response; ``CoordinatorUnavailable`` when no coordinator answered as leader in time."""
+        if not self.addresses and self.discover is not None:
+            await self._rediscover()
         started = time.monotonic()
+        attempts = 0
         tried: list[str] = []
-        last = ""
-        while time.monotonic() - started < self.deadline:
+        while self._may_try(started, attempts) and self._current:
+            attempts += 1
             address = self._current
             try:
-                stub = stub_cls(self._channel(address))
-                resp = await getattr(stub, method)(request, timeout=self.call_timeout)
+                resp = await getattr(stub_cls(self._channel(address)), method)(request, timeout=self.call_timeout)
             except grpc.aio.AioRpcError as exc:
-                last = f"{address}: {exc.code().name} {exc.details()}"
-                if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                    # The message of a standby names the leader; a dead coordinator names nothing, and a
-                    # paused or partitioned one answers nothing at all: try the next. Retrying is safe:
-                    # every QueryCoord mutation is idempotent (a repeated load or release is success).
-                    self._next(address, _LEADER_AT.search(exc.details() or ""))
-                    tried.append(address)
-                    await asyncio.sleep(0.1)
-                    continue
-                raise
-            status = getattr(resp, "status", None)
-            if status is not None and status.error_code == common_pb2.NOT_LEADER:
-                last = f"{address}: {status.reason}"
-                self._next(address, _LEADER_AT.search(status.reason))
-                tried.append(address)
-                await asyncio.sleep(0.1)
-                continue
-            return resp
-        raise CoordinatorUnavailable(f"no leader answered {method} within {self.deadline:.0f}s "
-                                     f"(tried {sorted(set(tried))}; last: {last})")
+                if exc.code() not in FOLLOWED:
+                    raise
+                self.last_error = f"{address}: {exc.code().name} {exc.details()}"
+                self._follow(address, parse_leader(exc.details()))
+            else:
+                status = getattr(resp, "status", None)
+                if status is None or status.error_code != common_pb2.NOT_LEADER:
+                    return resp
+                self.last_error = f"{address}: {status.reason}"
+                self._follow(address, parse_leader(status.reason))
+            tried.append(address)
+            if self.pause > 0:
+                await asyncio.sleep(self.pause)
+        if self.discover is not None:
+            await self._rediscover()
+        within = f"within {self.deadline:.0f}s" if self.deadline is not None else "in one round"
+        raise CoordinatorUnavailable(f"no leader answered {method} {within} "
+                                     f"(tried {sorted(set(tried))}; last: {self.last_error})")
 
-    def _next(self, address: str, leader: re.Match[str] | None) -> None:
-        if leader and leader.group(1) != address:
-            nxt = leader.group(1)
+    def _may_try(self, started: float, attempts: int) -> bool:
+        if self.deadline is not None:
+            return time.monotonic() - started < self.deadline
+        return attempts < len(self.addresses) + 1  # the list may grow by a named leader
+
+    def prefer(self, leader: str) -> None:
+        """Send the next calls to ``leader`` (learnt elsewhere, e.g. from a coordinator's own events): a
+        standby answers some reads itself, so a client left on one would not notice a new leader."""
+        self._follow(self._current, leader)
+
+    def _follow(self, address: str, leader: str | None) -> None:
+        """Move to the named leader (remembering its address), else to the address after ``address``."""
+        if leader and leader != address:
+            nxt = leader
             if nxt not in self.addresses:
                 self.addresses.append(nxt)
-        else:
+        elif self.addresses:
             i = self.addresses.index(address) if address in self.addresses else -1
             nxt = self.addresses[(i + 1) % len(self.addresses)]
+        else:
+            return
         if nxt != self._current:
             self.leader_changes += 1
         self._current = nxt
+
+    async def _rediscover(self) -> None:
+        assert self.discover is not None
+        with contextlib.suppress(Exception):  # keep what is known; the next call asks again
+            found = list(await self.discover())
+            if found:
+                self.addresses = found
+                if self._current not in found:
+                    self._current = found[0]
+
+
+class QueryCoordClient(LeaderFollowingClient):
+    """The client of users and tools: QueryCoord, Catalog and StreamMgmt calls, retried until ``deadline``."""
+
+    def __init__(self, addresses: Sequence[str] | str, *, deadline: float = 60.0, call_timeout: float = 30.0):
+        super().__init__(addresses, call_timeout=call_timeout, deadline=deadline)
+        if not self.addresses:
+            raise ValueError("at least one coordinator address is required")
+
+    async def __aenter__(self) -> QueryCoordClient:
+        return self
+
+    async def query(self, method: str, request: Any) -> Any:
+        return await self.call(querycoord_pb2_grpc.QueryCoordStub, method, request)
+
+    async def catalog(self, method: str, request: Any) -> Any:
+        return await self.call(catalog_pb2_grpc.CatalogStub, method, request)
+
+    async def stream(self, method: str, request: Any) -> Any:
+        return await self.call(stream_pb2_grpc.StreamMgmtStub, method, request)
+
+
+__all__ = ["FOLLOWED", "CoordinatorUnavailable", "LeaderFollowingClient", "QueryCoordClient", "split_addresses"]

@@ -7,8 +7,8 @@ crash, not a simulation.
 
 No process is left behind, whatever happens to us:
 
-* every child is started through ``setpriv --pdeathsig KILL`` (as the etcd
-  launcher does), so the kernel SIGKILLs it when we die, even by SIGKILL;
+* every child is a ``meta.child.ChildProcess``: started through
+  ``setpriv --pdeathsig KILL`` (as the etcd launcher does), so the kernel SIGKILLs it when we die, even by SIGKILL;
   the signal is tied to the thread that forked, and ``asyncio`` forks on the
   event-loop thread, which lives as long as we run;
 * every child runs in its own session, so a terminal's Ctrl-C reaches only
@@ -41,22 +41,16 @@ start is reported with the tail of its log.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
-import json
-import os
 import shutil
-import signal
 import socket
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from loguru import logger
-
+from meta.child import ChildProcess, child_env, log_tail
 from meta.etcd_server import EtcdCluster
 from proto import common_pb2
 from proto import querycoord_pb2 as qc
@@ -67,29 +61,8 @@ DEFAULT_LISTEN = "127.0.0.1:19531"
 DEFAULT_ROOT = "querycoord"
 
 
-C = TypeVar("C", bound="ChildProcess")
-
-
 class ClusterStartError(Exception):
     """A part of the cluster did not come up; the message names it and quotes its log."""
-
-
-def pdeathsig_prefix() -> list[str]:
-    """``setpriv --pdeathsig KILL --`` where available: the child dies with us (see module docstring)."""
-    setpriv = shutil.which("setpriv")
-    if setpriv and sys.platform.startswith("linux"):
-        return [setpriv, "--pdeathsig", "KILL", "--"]
-    logger.warning("setpriv not found: cluster processes may outlive this one if it is SIGKILLed")
-    return []
-
-
-def log_tail(path: Path, lines: int = 15) -> str:
-    """The last lines of a child's log, indented, for an error message."""
-    try:
-        text = path.read_text(errors="replace").rstrip().splitlines()[-lines:]
-    except OSError:
-        return "    (no log)"
-    return "\n".join("    " + line for line in text) or "    (log is empty)"
 
 
 def listen_problem(listen: str) -> str | None:
@@ -117,99 +90,6 @@ def listen_problem(listen: str) -> str | None:
                 why += " (another `querycoord up` or coordinator?); stop it or choose another --listen"
             return f"cannot listen on {listen}: {why}"
     return None
-
-
-class ChildProcess:
-    """One child: its process, its JSON events read from stdout, its log file (stderr)."""
-
-    def __init__(self, name: str, proc: asyncio.subprocess.Process, log_path: Path):
-        self.name = name
-        self.proc = proc
-        self.log_path = log_path
-        self.events: list[dict[str, Any]] = []
-        self._cursor = 0
-        self._changed = asyncio.Condition()
-        self._reader = asyncio.create_task(self._read(), name=f"read-{name}")
-
-    @classmethod
-    async def spawn(cls: type[C], name: str, args: Sequence[str], log_path: Path, env: dict[str, str]) -> C:
-        """Start ``python -m querycoord.cli <args>`` with pdeathsig, in its own session, stderr to ``log_path``."""
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        try:  # the child gets its own copy of the descriptor
-            proc = await asyncio.create_subprocess_exec(
-                *pdeathsig_prefix(), sys.executable, "-m", "querycoord.cli", *args,
-                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=log,
-                env=env, start_new_session=True,
-            )
-        finally:
-            os.close(log)
-        return cls(name, proc, log_path)
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    @property
-    def running(self) -> bool:
-        return self.proc.returncode is None
-
-    async def _read(self) -> None:
-        assert self.proc.stdout is not None
-        async for line in self.proc.stdout:
-            with contextlib.suppress(ValueError):
-                event = json.loads(line)
-                if isinstance(event, dict):
-                    async with self._changed:
-                        self.events.append(event)
-                        self._changed.notify_all()
-        async with self._changed:
-            self._changed.notify_all()
-
-    async def next_event(self, *kinds: str, timeout: float = 30.0) -> dict[str, Any]:
-        """The next event (after the last one returned) of one of ``kinds``; EOFError if the child exits first."""
-
-        async def find() -> dict[str, Any]:
-            async with self._changed:
-                while True:
-                    while self._cursor < len(self.events):
-                        event = self.events[self._cursor]
-                        self._cursor += 1
-                        if event.get("event") in kinds:
-                            return event
-                    if self._reader.done():
-                        await self.proc.wait()
-                        raise EOFError(f"{self.name} exited with code {self.proc.returncode} before {'/'.join(kinds)}")
-                    await self._changed.wait()
-
-        return await asyncio.wait_for(find(), timeout)
-
-    async def stop(self, timeout: float) -> int:
-        """SIGTERM, then SIGKILL if it is still running after ``timeout``; returns the exit code."""
-        if self.running:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.terminate()
-            try:
-                await asyncio.wait_for(self.proc.wait(), timeout)
-            except TimeoutError:
-                logger.warning("{} (pid {}) ignored SIGTERM for {:.0f}s; sending SIGKILL", self.name, self.pid, timeout)
-                await self.kill()
-        await self._drain()
-        return self.proc.returncode if self.proc.returncode is not None else -9
-
-    async def kill(self) -> int:
-        """SIGKILL (after SIGCONT, so a stopped process dies too) and reap."""
-        if self.running:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(signal.SIGCONT)
-                self.proc.kill()
-        code = await self.proc.wait()
-        await self._drain()
-        return code
-
-    async def _drain(self) -> None:
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await asyncio.wait_for(self._reader, 5.0)
 
 
 class CoordinatorProcess(ChildProcess):
@@ -294,10 +174,7 @@ class AllInOne:
         self.log_level = log_level
         self.stop_timeout = stop_timeout
         self.start_timeout = start_timeout
-        base = dict(os.environ if env is None else env)
-        base["PYTHONUNBUFFERED"] = "1"
-        base["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), base.get("PYTHONPATH", "")) if p)
-        self.env = base
+        self.env = child_env(env, PROJECT_ROOT)
         self.etcd: EtcdCluster | None = None
         self.coordinators: list[CoordinatorProcess] = []
         self._leader: CoordinatorProcess | None = None  # the last one whose role event said "leader"
@@ -423,7 +300,7 @@ class AllInOne:
                 "--listen", listen, "--ttl", f"{self.ttl:g}", *self.coord_args]
         name = "coordinator" if self.num_coordinators == 1 and i == 1 else f"coordinator #{i}"
         log = self.data_dir / ("coordinator.log" if i == 1 else f"coordinator-{i}.log")
-        coord = await CoordinatorProcess.spawn(name, args, log, self.env)
+        coord = await CoordinatorProcess.spawn(name, ["-m", "querycoord.cli", *args], log_path=log, env=self.env)
         self.coordinators.append(coord)
         return coord
 
@@ -447,7 +324,8 @@ class AllInOne:
         args = [*self._cli_prefix(), "querynode", "--etcd-endpoints", ",".join(self.etcd_endpoints),
                 "--root", self.root, "--ttl", f"{self.ttl:g}", "--capacity-mb", f"{self.node_capacity_mb:g}",
                 *self.node_args]
-        node = await NodeProcess.spawn(f"query node #{i}", args, self.data_dir / f"node-{i}.log", self.env)
+        node = await NodeProcess.spawn(f"query node #{i}", ["-m", "querycoord.cli", *args],
+                                      log_path=self.data_dir / f"node-{i}.log", env=self.env)
         self.nodes.append(node)
         return node
 
@@ -468,8 +346,8 @@ class AllInOne:
         args = [*self._cli_prefix(), "streamnode", "--etcd-endpoints", ",".join(self.etcd_endpoints),
                 "--root", self.root, "--ttl", f"{self.ttl:g}", "--snode", "--vgroups", ",".join(map(str, vgroups)),
                 *self.stream_node_args]
-        node = await StreamNodeProcess.spawn(f"stream node #{i}", args, self.data_dir / f"streamnode-{i}.log",
-                                             self.env)
+        node = await StreamNodeProcess.spawn(f"stream node #{i}", ["-m", "querycoord.cli", *args],
+                                             log_path=self.data_dir / f"streamnode-{i}.log", env=self.env)
         self.stream_nodes.append(node)
         return node
 
@@ -576,5 +454,5 @@ class AllInOne:
         await self.stop()
 
 
-__all__ = ["DEFAULT_LISTEN", "DEFAULT_ROOT", "AllInOne", "ChildProcess", "ClusterStartError", "CoordinatorProcess",
-           "NodeProcess", "StreamNodeProcess", "log_tail", "pdeathsig_prefix"]
+__all__ = ["DEFAULT_LISTEN", "DEFAULT_ROOT", "AllInOne", "ClusterStartError", "CoordinatorProcess", "NodeProcess",
+           "StreamNodeProcess"]

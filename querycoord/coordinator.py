@@ -32,6 +32,7 @@ from querycoord.catalog.store import CatalogStore
 from querycoord.checker import Checker
 from querycoord.cluster.nodes import NodeManager
 from querycoord.config import CoordConfig
+from querycoord.protocol import QUERYCOORD_ELECTION, QUERYCOORD_ROLE, STREAMNODE_ROLE, leader_is_at
 from querycoord.querymeta import QueryMeta
 from querycoord.stream.manager import StreamManager
 from querycoord.stream.store import StreamStore
@@ -40,10 +41,6 @@ from querycoord.task.scheduler import Scheduler
 from querycoord.task.store import TaskStore
 from querycoord.task.triggers import LoadBalanceTask
 from querycoord.watchers import kick_on_node_changes, run_handoff
-
-ROLE = "querycoord"
-ELECTION = "querycoord"
-STREAMNODE_ROLE = "streamnode"
 
 
 @dataclass
@@ -91,11 +88,11 @@ class Coordinator:
 
     async def leader_address(self) -> str | None:
         assert self.kv is not None
-        leader = await current_leader(self.kv, election_prefix(ELECTION))
+        leader = await current_leader(self.kv, election_prefix(QUERYCOORD_ELECTION))
         return leader.value.decode() if leader else None
 
     async def not_leader_message(self) -> str:
-        """What a standby tells callers: who leads now (clients parse "the leader is at ADDR")."""
+        """What a standby tells callers: who leads now (clients follow it: ``protocol.parse_leader``)."""
         leader = None
         try:
             leader = await self.leader_address()
@@ -104,7 +101,7 @@ class Coordinator:
         if leader == self.address:
             return f"this coordinator ({self.address}) is taking over leadership; retry shortly"
         return f"this coordinator ({self.address}) is not the leader; " + (
-            f"the leader is at {leader}" if leader else "no leader is elected yet")
+            leader_is_at(leader) if leader else "no leader is elected yet")
 
     async def start(self) -> None:
         self.client = await connect(self.config.etcd)
@@ -133,9 +130,9 @@ class Coordinator:
         assert self.kv is not None
         while not self._stopping:
             try:
-                self.session = Session(self.kv, ROLE, self.address, ttl=self.config.session_ttl)
+                self.session = Session(self.kv, QUERYCOORD_ROLE, self.address, ttl=self.config.session_ttl)
                 await self.session.start()
-                election = Election(self.kv, self.session, ELECTION)
+                election = Election(self.kv, self.session, QUERYCOORD_ELECTION)
                 self.election = election
                 fence = await election.campaign(self.address)
                 await self._become_leader(fence)

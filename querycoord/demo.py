@@ -57,15 +57,14 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-import grpc
-
-from meta.campaign import CandidateProcess
+from meta.campaign import spawn_candidate
+from meta.child import ChildProcess
 from meta.client import connect
 from meta.errors import NotLeader
 from meta.etcd_server import EtcdCluster
 from meta.fence import Fence
 from meta.kv import MetaKV
-from proto import common_pb2, stream_pb2, stream_pb2_grpc
+from proto import common_pb2, stream_pb2
 from proto import querycoord_pb2 as qc
 from querycoord import cli, draw
 from querycoord.client import CoordinatorUnavailable, QueryCoordClient
@@ -347,43 +346,24 @@ STREAM_HEADERS = ("STREAM", "ID", "STATE", "SNODE", "TASK IDS", "TRIGGER snode/S
 
 
 class StreamMgmt:
-    """A StreamMgmt stub that follows the leader: UNAVAILABLE or NOT_LEADER moves on to the next coordinator."""
+    """StreamMgmt calls on the leader (the shared leader-following client); a refusal raises ``cli.Refusal``."""
 
     def __init__(self, cluster: AllInOne):
         self.cluster = cluster
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self.client = QueryCoordClient(cluster.coordinator_addresses, deadline=20.0, call_timeout=5.0)
 
-    def _stub(self, address: str) -> stream_pb2_grpc.StreamMgmtStub:
-        ch = self._channels.get(address)
-        if ch is None:
-            ch = self._channels[address] = grpc.aio.insecure_channel(address)
-        return stream_pb2_grpc.StreamMgmtStub(ch)
-
-    async def call(self, method: str, request: Any, timeout: float = 20.0) -> Any:
-        deadline = time.monotonic() + timeout
-        last = ""
-        while time.monotonic() < deadline:
-            for address in self.cluster.coordinator_addresses:
-                try:
-                    resp = await getattr(self._stub(address), method)(request, timeout=5.0)
-                except grpc.aio.AioRpcError as exc:
-                    last = f"{address}: {exc.code().name} {exc.details()}"
-                    continue
-                if resp.status.error_code == common_pb2.NOT_LEADER:
-                    last = f"{address}: {resp.status.reason}"
-                    continue
-                if resp.status.error_code != common_pb2.SUCCESS:
-                    raise cli.Refusal(f"{method}: {resp.status.reason}")
-                return resp
-            await asyncio.sleep(0.2)
-        raise TimeoutError(f"{method}: no coordinator answered as leader within {timeout:.0f}s ({last})")
+    async def call(self, method: str, request: Any) -> Any:
+        """The leader's SUCCESS response; ``cli.Refusal`` otherwise, ``CoordinatorUnavailable`` if no leader answers."""
+        resp = await self.client.stream(method, request)
+        if resp.status.error_code != common_pb2.SUCCESS:
+            raise cli.Refusal(f"{method}: {resp.status.reason}")
+        return resp
 
     async def show(self) -> stream_pb2.ShowStreamsResponse:
         return await self.call("ShowStreams", stream_pb2.ShowStreamsRequest(with_tasks=True))
 
     async def close(self) -> None:
-        for ch in self._channels.values():
-            await ch.close()
+        await self.client.close()
 
 
 def _running(info: stream_pb2.StreamStatusInfo) -> bool:
@@ -563,7 +543,7 @@ def cluster_main(opts: argparse.Namespace) -> int:
 
 
 # ===== the stage-one demo: election and fencing ===================================================================
-async def first_leader(cands: list[CandidateProcess]) -> tuple[CandidateProcess, dict]:
+async def first_leader(cands: list[ChildProcess]) -> tuple[ChildProcess, dict]:
     tasks = {asyncio.create_task(c.next_event("leader", timeout=30)): c for c in cands}
     done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     for t in pending:
@@ -579,7 +559,7 @@ async def run_election(cluster: EtcdCluster) -> None:
     root = "demo"
     tl.say(f"embedded etcd up at {', '.join(cluster.endpoints)}")
     names = ("alpha", "beta", "gamma")
-    cands = [await CandidateProcess.spawn(cluster.endpoints, root, name, ttl=TTL) for name in names]
+    cands = [await spawn_candidate(cluster.endpoints, root, name, ttl=TTL) for name in names]
     try:
         sessions = [(await c.next_event("session"), c) for c in cands]
         for ev, c in sorted(sessions, key=lambda x: x[0]["t"]):

@@ -1,8 +1,8 @@
 """One place that configures logging for every querycoord process.
 
 Everything goes to loguru on stderr; records of the standard ``logging``
-module (etcd3aio, grpc, and any module that uses it) are forwarded to loguru
-so that nothing is silently dropped.
+module (the etcd client library behind ``meta``, grpc, and any module that
+uses it) are forwarded to loguru so that nothing is silently dropped.
 """
 
 from __future__ import annotations

@@ -22,10 +22,9 @@ from proto import catalog_pb2, catalog_pb2_grpc, querycoord_pb2, stream_pb2
 from querycoord.catalog.service import CatalogServicer
 from querycoord.config import CoordConfig
 from querycoord.coordinator import Coordinator
+from querycoord.protocol import QUERYCOORD_SERVICE
 from querycoord.server import add_to_server
 from querycoord.stream.service import add_stream_service
-
-SERVICE = "querycoord.query.QueryCoord"
 
 
 class CoordinatorProcess:
@@ -69,7 +68,7 @@ class CoordinatorProcess:
 
     async def _set_health(self, serving: bool) -> None:
         st = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
-        for name in ("", SERVICE):
+        for name in ("", QUERYCOORD_SERVICE):
             result = self.health.set(name, st)
             if asyncio.iscoroutine(result):
                 await result

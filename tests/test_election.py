@@ -9,7 +9,8 @@ import uuid
 
 import pytest
 
-from meta.campaign import EXIT_NOT_LEADER, CandidateProcess
+from meta.campaign import EXIT_NOT_LEADER, spawn_candidate
+from meta.child import ChildProcess
 from meta.election import Election, current_leader, election_prefix
 from meta.errors import NotLeader
 from meta.etcd_server import EtcdCluster
@@ -114,16 +115,16 @@ async def test_lost_session_deposes_the_leader(kv: MetaKV) -> None:
 # ----- real processes -------------------------------------------------------------------------------
 
 
-async def spawn_all(etcd: EtcdCluster, root: str, names: list[str], env: dict[str, str]) -> list[CandidateProcess]:
+async def spawn_all(etcd: EtcdCluster, root: str, names: list[str], env: dict[str, str]) -> list[ChildProcess]:
     procs = []
     for name in names:
-        p = await CandidateProcess.spawn(etcd.endpoints, root, name, ttl=2, env=env)
+        p = await spawn_candidate(etcd.endpoints, root, name, ttl=2, env=env)
         await p.next_event("session")
         procs.append(p)
     return procs
 
 
-async def leader_of(procs: list[CandidateProcess]) -> tuple[CandidateProcess, dict]:
+async def leader_of(procs: list[ChildProcess]) -> tuple[ChildProcess, dict]:
     """Wait for the first 'leader' event among ``procs``."""
     tasks = {asyncio.create_task(p.next_event("leader")): p for p in procs}
     try:

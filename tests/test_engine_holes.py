@@ -8,6 +8,7 @@ keeps: callers answered, no trigger left in the scheduler, no task key left.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 from meta.errors import MetaUnavailable
@@ -397,5 +398,132 @@ async def test_a_load_finishes_when_a_node_with_a_call_in_flight_and_nothing_in_
         assert tree.trigger.state == qc.TASK_STATE_EXPIRED, tree.trigger
         held = {s for n in c.nodes if n is not slow for s in n.state.segments}
         assert held == await catalog_segments(c, cid)
+    finally:
+        await c.__aexit__(None, None, None)
+
+
+def dm_watchers(c: QueryCluster, cid: int) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for n in c.nodes:
+        if n.healthy:
+            for name, w in n.state.dm_channels.items():
+                if w.collection_id == cid:
+                    out.setdefault(name, []).append(n.node_id)
+    return out
+
+
+async def test_a_watch_failing_on_a_live_node_is_retried_there_not_moved(etcd: EtcdCluster, root_path: str) -> None:
+    """Chaos drill, seed 13: a watch that failed on a node whose link was cut (session alive) was moved to
+    another node while the first still watched the channel; nothing undoes a watch, so it stayed doubled."""
+    from querycoord.nodes.querynode_faults import FaultInjector
+
+    c = await start(etcd, root_path, [None, None])
+    try:
+        cid = await c.create_collection("watch", partitions=2, segments=10, channels=2)
+        p0, p1 = await partitions(c, cid)
+        r = await c.client.query("LoadPartitions", qc.LoadPartitionsRequest(collection_id=cid, partition_ids=[p0]))
+        assert r.status.error_code == common_pb2.SUCCESS
+        await c.wait_idle()
+        watchers = {w for ns in dm_watchers(c, cid).values() for w in ns}
+        sick = next(n for n in c.nodes if n.node_id in watchers)
+        healthy_injector = sick.injector
+        sick.injector = FaultInjector(FaultConfig(failure_rate=1.0, fail_kinds=frozenset({"WatchDmChannels"})))
+        r = await c.client.query("LoadPartitions", qc.LoadPartitionsRequest(collection_id=cid, partition_ids=[p1]))
+        assert r.status.error_code == common_pb2.SUCCESS
+        await asyncio.sleep(2.0)  # far past the retry budget on the node
+        sick.injector = healthy_injector
+        await settled(c)
+        doubled = {name: ns for name, ns in dm_watchers(c, cid).items() if len(ns) > 1}
+        assert not doubled, f"DM channels watched twice: {doubled}"
+        assert len(dm_watchers(c, cid)) == 2
+    finally:
+        await c.__aexit__(None, None, None)
+
+
+async def test_concurrent_partition_releases_that_empty_a_collection_release_it_on_the_nodes(
+        etcd: EtcdCluster, root_path: str) -> None:
+    """Chaos drill, seed 13: two ReleasePartitions that together released every loaded partition left the
+    collection's channels on the nodes (only the first to be validated could have become a whole release)."""
+    c = await start(etcd, root_path, [SLOW, SLOW])
+    try:
+        cid = await c.create_collection("halves", partitions=2, segments=10)
+        p0, p1 = await partitions(c, cid)
+        r = await c.client.query("LoadPartitions",
+                                 qc.LoadPartitionsRequest(collection_id=cid, partition_ids=[p0, p1]))
+        assert r.status.error_code == common_pb2.SUCCESS
+        await c.wait_loaded(cid)
+        await settled(c)
+        a, b = await asyncio.gather(*(c.client.query("ReleasePartitions", qc.ReleasePartitionsRequest(
+            collection_id=cid, partition_ids=[p])) for p in (p0, p1)))
+        assert a.status.error_code == b.status.error_code == common_pb2.SUCCESS, (a, b)
+        await settled(c)
+        for n in c.nodes:
+            st = n.state
+            assert not st.segments and not st.dm_channels, n.node_id
+            assert cid not in st.query_channels and not st.delta_channels, (n.node_id, st.delta_channels)
+    finally:
+        await c.__aexit__(None, None, None)
+
+
+async def test_a_caller_giving_up_mid_enqueue_leaves_no_orphan_trigger(etcd: EtcdCluster, root_path: str) -> None:
+    """Chaos drill, seed 7: a client that gave up cancelled the handler after the trigger was persisted but
+    before it was queued; the key sat in etcd unseen and the next leader ran the load after its release."""
+    import grpc
+
+    from proto import querycoord_pb2_grpc
+
+    c = await start(etcd, root_path, [None])
+    try:
+        cid = await c.create_collection("abandon", partitions=1, segments=4)
+        leader = await c.wait_leader()
+        async with grpc.aio.insecure_channel(leader.address) as ch:
+            stub = querycoord_pb2_grpc.QueryCoordStub(ch)
+            for i in range(40):  # deadlines around the few milliseconds persisting takes
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    await stub.LoadCollection(qc.LoadCollectionRequest(collection_id=cid), timeout=0.001 * (1 + i % 20))
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    await stub.ReleaseCollection(qc.ReleaseCollectionRequest(collection_id=cid),
+                                                 timeout=0.001 * (1 + i % 20))
+        r = await c.client.query("ReleaseCollection", qc.ReleaseCollectionRequest(collection_id=cid))
+        assert r.status.error_code == common_pb2.SUCCESS
+        await settled(c)  # every persisted trigger was queued and ran: none is left in etcd
+        assert not held_once(c)
+    finally:
+        await c.__aexit__(None, None, None)
+
+
+async def test_a_resumed_balance_does_not_load_a_collection_released_meanwhile(
+        etcd: EtcdCluster, root_path: str) -> None:
+    """Chaos drill, seed 13: a resumed balance's children loaded segments of a collection released since,
+    which nothing recorded (the collection no longer in meta, the balance not serialised with it)."""
+    c = QueryCluster(etcd, root_path, scheduler=fast_scheduler())
+    await c.__aenter__()
+    try:
+        assert c.kv is not None
+        node = await c.add_node()
+        first = await c.start_coordinator()
+        await c.wait_leader()
+        cid = await c.create_collection("gone", partitions=1, segments=6)
+        (pid,) = await partitions(c, cid)
+        segs = sorted(await catalog_segments(c, cid))
+        await first.stop()
+        ids = await IdAllocator(c.kv, "idalloc/task").allocate(2)
+        trig = task_pb2.TaskRecord(id=ids[0], kind=qc.TASK_KIND_LOAD_BALANCE, state=qc.TASK_STATE_DONE,
+                                   trigger_condition=qc.TRIGGER_CONDITION_LOAD_BALANCE,
+                                   load_balance=qc.LoadBalanceRequest(source_node_ids=[node.node_id + 1000],
+                                                                      reason=qc.BALANCE_REASON_USER))
+        child = task_pb2.TaskRecord(
+            id=ids[1], kind=qc.TASK_KIND_LOAD_SEGMENT, state=qc.TASK_STATE_UNDO, parent_id=ids[0],
+            trigger_condition=qc.TRIGGER_CONDITION_LOAD_BALANCE, collection_id=cid, node_id=node.node_id,
+            load_segments=querynode_pb2.LoadSegmentsRequest(collection_id=cid, infos=[
+                data_pb2.SegmentLoadInfo(segment_id=s, partition_id=pid, collection_id=cid) for s in segs]))
+        store = TaskStore(c.kv)
+        await store.commit_children(trig, [child])
+        c.coords.clear()
+        c.client = None
+        await c.start_coordinator()
+        await c.wait_leader()
+        await settled(c)
+        assert not node.state.segments, "segments of a collection that is not loaded were loaded"
     finally:
         await c.__aexit__(None, None, None)

@@ -23,11 +23,12 @@ async def test_paused_leader_cannot_write_after_takeover_and_nodes_refuse_it(
     async with QueryCluster(etcd, root_path) as c:
         for _ in range(2):
             await c.add_node(faults=FaultConfig(latency_ms=200))
-        old, old_addr = spawn_coordinator(etcd, root_path, subprocess_env)
+        old, old_addr = await asyncio.to_thread(spawn_coordinator, etcd, root_path, subprocess_env)
         new = None
         try:
             await asyncio.to_thread(wait_event, old, "leader")
-            new, new_addr = spawn_coordinator(etcd, root_path, subprocess_env)  # a standby from the start
+            # a standby from the start
+            new, new_addr = await asyncio.to_thread(spawn_coordinator, etcd, root_path, subprocess_env)
             catalog = CatalogStore(c.kv)
             first, _ = await catalog.create_bulk_collection("before", num_partitions=2, num_segments=200)
             client = QueryCoordClient([old_addr, new_addr], deadline=60, call_timeout=5)
@@ -90,11 +91,11 @@ async def test_sigterm_resigns_so_a_standby_takes_over_at_once(
 ) -> None:
     import time
 
-    first, _ = spawn_coordinator(etcd, root_path, subprocess_env)
+    first, _ = await asyncio.to_thread(spawn_coordinator, etcd, root_path, subprocess_env)
     second = None
     try:
         await asyncio.to_thread(wait_event, first, "leader")
-        second, _ = spawn_coordinator(etcd, root_path, subprocess_env)
+        second, _ = await asyncio.to_thread(spawn_coordinator, etcd, root_path, subprocess_env)
         await asyncio.sleep(0.5)
         sent = time.time()
         first.send_signal(signal.SIGTERM)

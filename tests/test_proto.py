@@ -28,6 +28,7 @@ from proto import (
     querycoord_pb2_grpc,
     querynode_pb2,
     querynode_pb2_grpc,
+    stream_pb2,  # noqa: F401  (registers proto/stream.proto, whatever else this run imported)
     task_pb2,
 )
 
@@ -216,6 +217,15 @@ RECORD_CASES: list[tuple[int, str, Message]] = [
             reason=querycoord_pb2.BALANCE_REASON_NODE_DOWN,
         ),
     ),
+    (
+        K.TASK_KIND_REPAIR,
+        "repair",
+        task_pb2.RepairRequest(
+            missing_segments=[data_pb2.SegmentInfo(segment_id=5001, collection_id=7, partition_id=11, node_id=3)],
+            release_segments=[task_pb2.NodeSegments(node_id=4, segment_ids=[5002])],
+            reason="1 segments held by no node",
+        ),
+    ),
 ]
 
 
@@ -227,6 +237,7 @@ TRIGGER_FIELDS = {
     "release_partitions",
     "handoff",
     "load_balance",
+    "repair",
 }
 
 
@@ -254,7 +265,7 @@ def test_files_are_registered_under_proto_names() -> None:
 def test_record_cases_cover_every_kind_and_request() -> None:
     kinds = {v.number for v in querycoord_pb2.TaskKind.DESCRIPTOR.values} - {K.TASK_KIND_UNSPECIFIED}
     assert kinds == {kind for kind, _, _ in RECORD_CASES}
-    assert len(kinds) == 11
+    assert len(kinds) == 12
     oneof = task_pb2.TaskRecord.DESCRIPTOR.oneofs_by_name["request"]
     assert {f.name for f in oneof.fields} == {field for _, field, _ in RECORD_CASES}
     # each case's request is of the type its oneof field declares

@@ -15,26 +15,25 @@ from proto import common_pb2, task_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.balance import plan_move
 from querycoord.nodes.querynode import FaultConfig
+from querycoord.tooling.coordinators import coord_argv
 from tests.cluster import MiB, QueryCluster, fast_scheduler
 
-COORD = """
-import asyncio, sys
-from meta.config import EtcdConfig
-from querycoord.config import CoordConfig
-from querycoord.logs import setup_logging
-from querycoord.process import run_coordinator
-from querycoord.task.model import SchedulerConfig
-setup_logging("WARNING")
-cfg = CoordConfig(etcd=EtcdConfig.from_endpoints(sys.argv[1]), root=sys.argv[2], listen="127.0.0.1:0",
-                  session_ttl=2, auto_balance_interval=0,
-                  scheduler=SchedulerConfig(retry_backoff=0.05, wait_interval=0.2, max_request_bytes=3000,
-                                            max_concurrent_children=2))
-sys.exit(asyncio.run(run_coordinator(cfg)))
-"""
+
+def coordinator_argv(etcd: EtcdCluster, root: str) -> list[str]:
+    """``querycoord coord`` with a 2 s session, no auto balance and fast, small scheduler steps."""
+    return coord_argv(etcd.endpoints, root, "127.0.0.1:0", 2, "--auto-balance-interval", "0",
+                      "--retry-backoff", "0.05", "--wait-interval", "0.2", "--max-request-bytes", "3000",
+                      "--max-concurrent-children", "2", log_level="WARNING")
 
 
 def spawn_coordinator(etcd: EtcdCluster, root: str, env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
-    p = subprocess.Popen([sys.executable, "-c", COORD, ",".join(etcd.endpoints), root], stdout=subprocess.PIPE,
+    """Blocks until the child is ready: call it through ``asyncio.to_thread``, or the in-process nodes of
+    the test stop sending keepalives while the child starts and their 2 s sessions lapse under load.
+
+    A plain ``Popen``, not a ``meta.child.ChildProcess``: it runs in a worker thread, without an event loop
+    (and a parent-death signal would fire when that thread ends); callers use the ``Popen`` API.
+    """
+    p = subprocess.Popen([sys.executable, *coordinator_argv(etcd, root)], stdout=subprocess.PIPE,
                          stderr=subprocess.DEVNULL, text=True, env=env)
     assert p.stdout is not None
     ready = json.loads(p.stdout.readline())
@@ -60,7 +59,7 @@ async def test_coordinator_killed_mid_load_then_restarted_finishes_the_load(
         slow = FaultConfig(latency_ms=150)
         for _ in range(3):
             await c.add_node(faults=slow)
-        first, addr = spawn_coordinator(etcd, root_path, subprocess_env)
+        first, addr = await asyncio.to_thread(spawn_coordinator, etcd, root_path, subprocess_env)
         try:
             await asyncio.to_thread(wait_event, first, "leader")
             from querycoord.catalog.store import CatalogStore
@@ -78,10 +77,10 @@ async def test_coordinator_killed_mid_load_then_restarted_finishes_the_load(
             first.wait()
             held_at_kill = sum(len(n.state.segments) for n in c.nodes)
             assert held_at_kill < 300, "the load was still running when the coordinator died"
-            keys = await c.task_keys()
-            assert keys["queryCoord-triggerTask/"] == 1, "the persisted tree survives the crash"
+            assert await c.kv.get(f"queryCoord-triggerTask/{r.task_id}") is not None, \
+                "the persisted tree survives the crash"
 
-            second, addr2 = spawn_coordinator(etcd, root_path, subprocess_env)
+            second, addr2 = await asyncio.to_thread(spawn_coordinator, etcd, root_path, subprocess_env)
             try:
                 await asyncio.to_thread(wait_event, second, "leader")
                 client2 = QueryCoordClient([addr2], deadline=60)

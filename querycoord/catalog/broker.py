@@ -24,7 +24,8 @@ from typing import Protocol, runtime_checkable
 import grpc
 
 from proto import catalog_pb2, catalog_pb2_grpc, common_pb2, data_pb2
-from querycoord.catalog.store import CatalogStore, SegmentWatchItem, status_of
+from querycoord.catalog.store import STATUS_SOURCE, CatalogStore, SegmentWatchItem
+from querycoord.errors import CoordError, status_of
 
 Channels = list[data_pb2.VChannelInfo]
 Binlogs = list[data_pb2.SegmentBinlogs]
@@ -33,13 +34,18 @@ DEFAULT_TIMEOUT = 5.0
 DEFAULT_PAGE_SIZE = 1000
 
 
-class BrokerError(Exception):
-    """The catalog refused a call or could not be reached; ``code`` is a common.ErrorCode."""
+class BrokerError(CoordError):
+    """The catalog refused a call or could not be reached; ``code`` is a common.ErrorCode.
+
+    ``reason`` is the catalog's own; ``str()`` (what the coordinator's callers read) names the code first.
+    """
 
     def __init__(self, code: int, reason: str):
-        super().__init__(f"{common_pb2.ErrorCode.Name(code)}: {reason}")
-        self.code = code
-        self.reason = reason
+        super().__init__(reason, code)
+
+    def __str__(self) -> str:
+        name = common_pb2.ErrorCode.Name(self.code) if self.code in common_pb2.ErrorCode.values() else str(self.code)
+        return f"{name}: {self.reason}"
 
     @classmethod
     def from_status(cls, status: common_pb2.Status) -> BrokerError:
@@ -81,7 +87,7 @@ class Broker(Protocol):
 def _error(exc: Exception) -> BrokerError:
     if isinstance(exc, BrokerError):
         return exc
-    return BrokerError.from_status(status_of(exc))
+    return BrokerError.from_status(status_of(exc, source=STATUS_SOURCE))
 
 
 class LocalBroker:

@@ -17,7 +17,8 @@ from loguru import logger
 
 from meta.errors import RequestTooLarge
 from proto import catalog_pb2, catalog_pb2_grpc, common_pb2
-from querycoord.catalog.store import CatalogError, CatalogStore, InvalidArgument, status_of
+from querycoord.catalog.store import STATUS_SOURCE, CatalogStore, InvalidArgument
+from querycoord.errors import CoordError, status_of
 
 # Largest GetRecoveryInfo page served over gRPC: at up to about 1 KiB per segment a page stays well under
 # the 4 MiB a client accepts. A request asking for more gets pages of this size (and a next pointer).
@@ -32,8 +33,8 @@ async def _answer(method: str, response: type[R], work: Callable[[], Awaitable[R
     try:
         return await work()
     except Exception as exc:
-        status = status_of(exc)
-        if isinstance(exc, CatalogError | RequestTooLarge):
+        status = status_of(exc, source=STATUS_SOURCE)
+        if isinstance(exc, CoordError | RequestTooLarge):
             logger.debug("catalog {} refused: {}", method, status.reason)
         else:
             logger.warning("catalog {} failed: {}", method, status.reason)

@@ -43,14 +43,13 @@ import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from etcd3aio._protobuf import Compare, RangeRequest, RequestOp
-from etcd3aio.kv import prefix_range_end
-
-from meta.errors import MetaError, MetaUnavailable, NotLeader, RequestTooLarge
 from meta.idalloc import IdAllocator
-from meta.kv import MAX_TXN_BYTES, MAX_TXN_OPS, FencedKV, MetaKV
+from meta.kv import Batch, FencedKV, MetaKV
+from meta.txn import Compare, Op, Put, Unit, absent, created_at, delete, delete_prefix, put
 from meta.watch import EventType, Resync, watch_prefix
 from proto import catalog_pb2, common_pb2, data_pb2
+from querycoord.errors import CoordError
+from querycoord.errors import status_of as coord_status_of
 
 CATALOG_PREFIX = "catalog/"
 COLLECTIONS_PREFIX = "catalog/collections/"
@@ -69,8 +68,6 @@ DEFAULT_PARTITION_NAME = "_default"
 # Milvus gives user fields ids from 100 on (0 and 1 are the row id and timestamp system fields).
 FIRST_FIELD_ID = 100
 
-# Bytes kept free in each txn for the txn envelope and the per-collection compares.
-_TXN_BYTE_MARGIN = 16 * 1024
 # Txns of one add_segments call (or reads of one lookup) sent at once.
 DEFAULT_WRITE_CONCURRENCY = 8
 # Above this many ids a filtered lookup reads the partition's prefix instead of key by key.
@@ -81,16 +78,12 @@ _VECTOR_TYPES = (catalog_pb2.DATA_TYPE_FLOAT_VECTOR, catalog_pb2.DATA_TYPE_BINAR
 
 
 # ----- errors -------------------------------------------------------------------------------------------------------
-class CatalogError(Exception):
+# How the catalog is named in reasons of errors without context of their own (etcd failures, bugs).
+STATUS_SOURCE = "the catalog"
+
+
+class CatalogError(CoordError):
     """A refused catalog request; ``code`` is the common.ErrorCode a caller sees, ``reason`` says what was wrong."""
-
-    code: int = common_pb2.UNEXPECTED_ERROR
-
-    def __init__(self, reason: str, *, code: int | None = None):
-        super().__init__(reason)
-        self.reason = reason
-        if code is not None:
-            self.code = code
 
 
 class InvalidArgument(CatalogError):
@@ -143,18 +136,8 @@ class AddSegmentsIncomplete(CatalogError):
 
 
 def status_of(exc: BaseException) -> common_pb2.Status:
-    """The Status a caller should see for ``exc``: the fitting code and a reason naming what was wrong."""
-    if isinstance(exc, CatalogError):
-        return common_pb2.Status(error_code=exc.code, reason=exc.reason)
-    if isinstance(exc, RequestTooLarge):
-        return common_pb2.Status(error_code=common_pb2.REQUEST_TOO_LARGE, reason=str(exc))
-    if isinstance(exc, NotLeader):
-        return common_pb2.Status(error_code=common_pb2.NOT_LEADER, reason=str(exc))
-    if isinstance(exc, MetaUnavailable | MetaError):
-        return common_pb2.Status(error_code=common_pb2.META_UNAVAILABLE, reason=f"catalog meta store: {exc}")
-    return common_pb2.Status(
-        error_code=common_pb2.UNEXPECTED_ERROR, reason=f"internal error in the catalog: {type(exc).__name__}: {exc}"
-    )
+    """The Status a caller should see for ``exc`` (``querycoord.errors.status_of``, naming the catalog)."""
+    return coord_status_of(exc, source=STATUS_SOURCE)
 
 
 # ----- keys -----------------------------------------------------------------------------------------------------------
@@ -255,11 +238,6 @@ def _short_list(values: Iterable[object], limit: int = 10) -> str:
     return text + (f", ... ({len(items)} in all)" if len(items) > limit else "")
 
 
-def _compare_create(kv: MetaKV, key: str, create_revision: int) -> Compare:
-    """``CreateRevision(key) == create_revision``: 0 means "absent", any other value "this very key still exists"."""
-    return Compare(result=Compare.EQUAL, target=Compare.CREATE, key=kv.abs_key(key), create_revision=create_revision)
-
-
 @dataclass(slots=True)
 class _Unit:
     """Segments that must be written in one txn: they share compaction sources (usually just one segment)."""
@@ -269,16 +247,19 @@ class _Unit:
     new_keys: list[str] = field(default_factory=list)  # explicit ids: must not exist yet
 
 
-@dataclass(slots=True)
-class _Chunk:
-    """One txn of an ``add_segments`` call."""
+def _segment_ids(batch: Batch) -> list[int]:
+    """Ids of the segments one txn of ``add_segments`` adds."""
+    return [seg.segment_id for unit in batch.payloads for seg in unit.segments]
 
-    collections: dict[int, int] = field(default_factory=dict)  # collection id -> create revision
-    compares: list[Compare] = field(default_factory=list)
-    ops: list[RequestOp] = field(default_factory=list)
-    puts: dict[str, bytes] = field(default_factory=dict)
-    ids: list[int] = field(default_factory=list)
-    size: int = 0
+
+def _segment_puts(batch: Batch) -> dict[str, bytes]:
+    """Key -> value of every segment one txn of ``add_segments`` writes."""
+    return {op.key: op.value for op in batch.ops if isinstance(op, Put)}
+
+
+def _collections(batch: Batch) -> list[int]:
+    """Collections whose segments one txn of ``add_segments`` adds."""
+    return sorted({seg.collection_id for unit in batch.payloads for seg in unit.segments})
 
 
 class CatalogStore:
@@ -303,11 +284,10 @@ class CatalogStore:
         self.write_concurrency = write_concurrency
         self._ids = IdAllocator(kv, ID_KEY)
 
-    # ----- low-level etcd access (the only place that uses MetaKV's txn internals) --------------------------------
-    async def _txn(self, operation: str, compares: Sequence[Compare], ops: Sequence[RequestOp]) -> bool:
+    # ----- low-level etcd access ------------------------------------------------------------------------------------
+    async def _txn(self, operation: str, compares: Sequence[Compare], ops: Sequence[Op]) -> bool:
         """One guarded txn (limits checked by MetaKV before sending); returns whether the compares held."""
-        resp = await self.kv._txn(operation, compares, ops)
-        return bool(resp.succeeded)  # type: ignore[attr-defined]
+        return (await self.kv.txn(compares, ops, operation=operation)).succeeded
 
     async def _get_many(self, keys: Sequence[str]) -> dict[str, tuple[bytes, int]]:
         """``key -> (value, create_revision)`` of the keys that exist, all read at one revision.
@@ -323,23 +303,18 @@ class CatalogStore:
         sem = asyncio.Semaphore(self.write_concurrency * 8)
 
         async def read(key: str) -> None:
-            req = RangeRequest(key=self.kv.abs_key(key), revision=revision)
             async with sem:
-                resp = await self.kv._range(req, "catalog get")
-            for raw in resp.kvs:  # type: ignore[attr-defined]
-                found[self.kv.rel_key(raw.key)] = (raw.value, raw.create_revision)
+                item = await self.kv.get_kv(key, revision=revision)
+            if item is not None:
+                found[item.key] = (item.value, item.create_revision)
 
         await asyncio.gather(*(read(k) for k in keys))
         return found
 
     async def _range_page(self, start: str, prefix: str, limit: int) -> tuple[list[tuple[str, bytes]], bool]:
         """Keys from ``start`` to the end of ``prefix``, at most ``limit``; and whether more follow."""
-        req = RangeRequest(
-            key=self.kv.abs_key(start), range_end=prefix_range_end(self.kv.abs_prefix(prefix)), limit=limit
-        )
-        resp = await self.kv._range(req, f"catalog page {start}")
-        pairs = [(self.kv.rel_key(raw.key), raw.value) for raw in resp.kvs]  # type: ignore[attr-defined]
-        return pairs, bool(resp.more)  # type: ignore[attr-defined]
+        items, more = await self.kv.range_page(prefix, start=start, limit=limit)
+        return [(item.key, item.value) for item in items], more
 
     async def revision(self) -> int:
         """etcd's current revision: read it before a snapshot, then ``watch_segments(revision + 1)`` misses nothing."""
@@ -387,8 +362,8 @@ class CatalogStore:
             created_ms=now,
         )
         nkey, ckey = name_key(name), collection_key(cid)
-        ops = [self.kv._put_op(nkey, str(cid)), self.kv._put_op(ckey, desc.SerializeToString())]
-        if await self._txn(f"create collection {name}", [_compare_create(self.kv, nkey, 0)], ops):
+        ops = [put(nkey, str(cid)), put(ckey, desc.SerializeToString())]
+        if await self._txn(f"create collection {name}", [absent(nkey)], ops):
             return desc
         owner = await self.kv.get(nkey)
         if owner == str(cid).encode():
@@ -525,12 +500,8 @@ class CatalogStore:
         """Remove a collection, its name and all its segments in one txn; returns what was dropped."""
         desc, create_rev = await self._load_collection(ref)
         cid = desc.collection_id
-        ops = [
-            self.kv._delete_op(collection_key(cid)),
-            self.kv._delete_op(name_key(desc.name)),
-            self.kv._delete_prefix_op(segment_prefix(cid)),
-        ]
-        guard = _compare_create(self.kv, collection_key(cid), create_rev)
+        ops = [delete(collection_key(cid)), delete(name_key(desc.name)), delete_prefix(segment_prefix(cid))]
+        guard = created_at(collection_key(cid), create_rev)
         if not await self._txn(f"drop collection {cid}", [guard], ops):
             if await self.kv.get_kv(collection_key(cid)) is not None:  # pragma: no cover - ids are never reused
                 raise Conflict(f"collection {cid} changed while it was being dropped; retry")
@@ -572,8 +543,9 @@ class CatalogStore:
 
         sources = await self._read_sources(segs)
         units = self._units(segs, sources, explicit)
-        chunks = self._pack(units, {cid: rev for cid, (_, rev) in colls.items()})
-        await self._write_chunks(chunks, len(segs))
+        coll_revs = {cid: rev for cid, (_, rev) in colls.items()}
+        chunks = self.kv.pack([self._txn_unit(u, coll_revs) for u in units])
+        await self._write_chunks(chunks, len(segs), coll_revs)
         return [s.segment_id for s in segs]
 
     async def _validate_segments(
@@ -685,82 +657,53 @@ class CatalogStore:
                 unit.new_keys.append(segment_key(seg.collection_id, seg.partition_id, seg.segment_id))
         return list(groups.values())
 
-    def _pack(self, units: list[_Unit], coll_revs: dict[int, int]) -> list[_Chunk]:
-        """Pack units into txns within etcd's limits; a unit that alone exceeds them raises ``RequestTooLarge``."""
-        budget = MAX_TXN_BYTES - _TXN_BYTE_MARGIN
-        chunks: list[_Chunk] = []
-        current = _Chunk()
-        for unit in units:
-            ops: list[RequestOp] = []
-            compares: list[Compare] = []
-            puts: dict[str, bytes] = {}
-            for seg in unit.segments:
-                key = segment_key(seg.collection_id, seg.partition_id, seg.segment_id)
-                puts[key] = seg.SerializeToString()
-                ops.append(self.kv._put_op(key, puts[key]))
-            ops.extend(self.kv._delete_op(k) for k in unit.sources)
-            compares.extend(_compare_create(self.kv, k, rev) for k, rev in unit.sources.items())
-            compares.extend(_compare_create(self.kv, k, 0) for k in unit.new_keys)
-            new_colls = {s.collection_id for s in unit.segments}
-            size = sum(op.ByteSize() + 8 for op in ops) + sum(c.ByteSize() + 8 for c in compares)
-
-            need = (len(ops), len(compares), new_colls, size)
-            if not self._fits(_Chunk(), *need, budget):
-                raise RequestTooLarge(
-                    max(len(ops), len(compares) + len(new_colls)), size, MAX_TXN_OPS, MAX_TXN_BYTES
-                )
-            if not self._fits(current, *need, budget):
-                chunks.append(current)
-                current = _Chunk()
-            for cid in sorted(new_colls - current.collections.keys()):
-                current.collections[cid] = coll_revs[cid]
-                current.compares.append(_compare_create(self.kv, collection_key(cid), coll_revs[cid]))
-            current.ops.extend(ops)
-            current.compares.extend(compares)
-            current.puts.update(puts)
-            current.ids.extend(s.segment_id for s in unit.segments)
-            current.size += size
-        if current.ops:
-            chunks.append(current)
-        return chunks
-
     @staticmethod
-    def _fits(chunk: _Chunk, n_ops: int, n_compares: int, colls: set[int], size: int, budget: int) -> bool:
-        """Whether a unit still fits in ``chunk`` (each new collection adds one compare)."""
-        extra = len(colls - chunk.collections.keys())
-        return (
-            len(chunk.ops) + n_ops <= MAX_TXN_OPS
-            and len(chunk.compares) + n_compares + extra <= MAX_TXN_OPS
-            and chunk.size + size <= budget
-        )
+    def _txn_unit(unit: _Unit, coll_revs: dict[int, int]) -> Unit:
+        """The ops and compares of one group: its segments' puts and its sources' deletes, guarded by the
+        sources still being the ones read, explicit ids being free and (once per txn) its collections existing."""
+        ops: list[Op] = [
+            put(segment_key(seg.collection_id, seg.partition_id, seg.segment_id), seg.SerializeToString())
+            for seg in unit.segments
+        ]
+        ops.extend(delete(k) for k in unit.sources)
+        compares = [created_at(k, rev) for k, rev in unit.sources.items()]
+        compares.extend(absent(k) for k in unit.new_keys)
+        cids = sorted({s.collection_id for s in unit.segments})
+        shared = [created_at(collection_key(cid), coll_revs[cid]) for cid in cids]
+        return Unit(ops, compares, shared, payload=unit)
 
-    async def _write_chunks(self, chunks: list[_Chunk], total: int) -> None:
+    async def _write_chunks(self, chunks: list[Batch], total: int, coll_revs: dict[int, int]) -> None:
+        """The txns of one ``add_segments``, several at once (independent: each holds whole groups)."""
         sem = asyncio.Semaphore(self.write_concurrency)
 
-        async def write(chunk: _Chunk) -> None:
+        async def write(chunk: Batch) -> None:
             async with sem:
-                if not await self._txn(f"add {len(chunk.ids)} segments", chunk.compares, chunk.ops):
-                    await self._explain_failed_chunk(chunk)
+                if not await self._txn(f"add {len(_segment_ids(chunk))} segments", chunk.compares, chunk.ops):
+                    await self._explain_failed_chunk(chunk, coll_revs)
 
         results = await asyncio.gather(*(write(c) for c in chunks), return_exceptions=True)
         failures = [r for r in results if isinstance(r, BaseException)]
         if not failures:
             return
         written = [
-            sid for c, r in zip(chunks, results, strict=True) if not isinstance(r, BaseException) for sid in c.ids
+            sid
+            for c, r in zip(chunks, results, strict=True)
+            if not isinstance(r, BaseException)
+            for sid in _segment_ids(c)
         ]
         if not written:
             raise failures[0]
         raise AddSegmentsIncomplete(failures[0], written, total) from failures[0]
 
-    async def _explain_failed_chunk(self, chunk: _Chunk) -> None:
+    async def _explain_failed_chunk(self, chunk: Batch, coll_revs: dict[int, int]) -> None:
         """A chunk's compares failed: return if it was our own retried txn, else raise why."""
-        current = await self._get_many(list(chunk.puts))
-        if len(current) == len(chunk.puts) and all(current[k][0] == v for k, v in chunk.puts.items()):
+        puts = _segment_puts(chunk)
+        current = await self._get_many(list(puts))
+        if len(current) == len(puts) and all(current[k][0] == v for k, v in puts.items()):
             return  # applied by an earlier attempt whose answer was lost
-        for cid, rev in chunk.collections.items():
+        for cid in _collections(chunk):
             kvx = await self.kv.get_kv(collection_key(cid))
-            if kvx is None or kvx.create_revision != rev:
+            if kvx is None or kvx.create_revision != coll_revs[cid]:
                 raise CollectionNotFound(f"collection {cid} was dropped while its segments were being added")
         taken = sorted(parse_segment_key(k).segment_id for k in current)
         if taken:

@@ -19,9 +19,10 @@ from dataclasses import dataclass
 
 from proto import common_pb2
 from querycoord.cluster.nodes import Node
+from querycoord.errors import CoordError
 
 
-class NoAvailableNode(Exception):
+class NoAvailableNode(CoordError):
     """No online node can take the work; the message says why."""
 
     code = common_pb2.NO_AVAILABLE_NODE

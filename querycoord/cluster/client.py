@@ -13,19 +13,23 @@ from typing import Any
 import grpc
 
 from proto import common_pb2, querynode_pb2, querynode_pb2_grpc
-from querycoord.nodes.querynode_faults import MUTATING_KINDS
-
-# Calls that change a node's state (the node refuses them from a stale leader).
-MUTATING = MUTATING_KINDS
+from querycoord.errors import CoordError
 
 
-class NodeError(Exception):
-    """A node refused a call (status) or could not be reached (transport)."""
+class NodeError(CoordError):
+    """A node refused a call (status) or could not be reached (transport).
+
+    ``reason`` is the node's own (or the transport's); ``str()`` names the node, the method and the code.
+    """
 
     def __init__(self, node_id: int, method: str, code: int, reason: str, *, transport: bool = False):
-        self.node_id, self.method, self.code, self.reason, self.transport = node_id, method, code, reason, transport
+        super().__init__(reason, code)
+        self.node_id, self.method, self.transport = node_id, method, transport
+
+    def __str__(self) -> str:
+        code = self.code
         name = common_pb2.ErrorCode.Name(code) if code in common_pb2.ErrorCode.values() else str(code)
-        super().__init__(f"query node {node_id} {method}: {name}: {reason}")
+        return f"query node {self.node_id} {self.method}: {name}: {self.reason}"
 
 
 class QueryNodeClient:

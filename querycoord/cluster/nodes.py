@@ -22,8 +22,8 @@ from meta.session import SessionEvent, SessionInfo, SessionSnapshot, watch_sessi
 from meta.watch import EventType
 from proto import common_pb2, querynode_pb2
 from querycoord.cluster.client import NodeError, QueryNodeClient
+from querycoord.protocol import QUERYNODE_ROLE
 
-QUERYNODE_ROLE = "querynode"
 DEFAULT_CAPACITY = 1 << 30
 
 

@@ -1,7 +1,7 @@
 """Drills: real processes, real faults, invariants checked at the end (``querycoord drill ...``).
 
-``add_drill_parser(subparsers)`` registers ``drill`` (with its ``failover``
-and ``streams`` sub-commands) on the ``querycoord`` CLI; ``main(argv)`` is the same command
+``add_drill_parser(subparsers)`` registers ``drill`` (with its ``failover``,
+``streams`` and ``chaos`` sub-commands) on the ``querycoord`` CLI; ``main(argv)`` is the same command
 line without the CLI: ``python -m querycoord.drill failover ...``. The drill
 modules are imported lazily so that ``querycoord --help`` stays fast.
 """
@@ -99,12 +99,84 @@ def cmd_streams(args: argparse.Namespace) -> int:
         return 130
 
 
+def _add_chaos(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "chaos", help="seeded concurrent requests while links are cut and processes die; check after each phase",
+        description="Start etcd, coordinators (querycoord coord) and query nodes (querycoord querynode) as "
+                    "processes, with a TCP proxy on every etcd link and in front of every node, then run a seeded "
+                    "plan of phases: concurrent clients load and release collections and partitions (duplicates, "
+                    "retries, conflicting requests), balance, add and compact segments, while the leader is "
+                    "killed, paused or cut off from etcd, nodes are killed, added or partitioned. After each phase "
+                    "the links heal and the drill waits until quiescent and checks the invariants. Prints a table "
+                    "and one JSON line; exits 1 when a call went unanswered, an invariant failed or a trigger "
+                    "stuck.")
+    p.add_argument("--ops", type=int, default=300, help="client requests in the plan (default 300)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the plan (default 0)")
+    p.add_argument("--coordinators", type=int, default=3, help="coordinator processes (default 3)")
+    p.add_argument("--nodes", type=int, default=4, help="query node processes at the start (default 4; kills "
+                                                        "and adds keep 3 to 6)")
+    p.add_argument("--clients", type=int, default=3, help="concurrent clients (default 3)")
+    p.add_argument("--collections", type=int, default=12, help="collections in the catalog (default 12)")
+    p.add_argument("--partitions", type=int, default=3, help="partitions per collection (default 3)")
+    p.add_argument("--segments-per-collection", type=int, default=30, help="sealed segments per collection at "
+                                                                           "the start (default 30)")
+    p.add_argument("--ttl", type=float, default=2.0, help="session TTL of coordinators and nodes (default 2)")
+    p.add_argument("--node-latency-ms", type=float, default=10.0, help="latency of every node call (default 10)")
+    p.add_argument("--call-deadline", type=float, default=60.0, help="every call must be answered within this "
+                                                                     "(default 60)")
+    p.add_argument("--quiesce-timeout", type=float, default=60.0, help="bound of each wait for quiescence; "
+                                                                       "triggers still running then are stuck "
+                                                                       "(default 60)")
+    p.add_argument("--checker-interval", type=float, default=1.0, help="the coordinators' checker interval, when "
+                                                                       "`querycoord coord` has that option "
+                                                                       "(default 1)")
+    p.add_argument("--settle", type=float, default=None, help="seconds the leader must stay idle to be quiescent "
+                                                               "(default: one checker interval + 1 s; 1.5 without a "
+                                                               "checker)")
+    p.add_argument("--time-budget", type=float, default=900.0, help="bound of the whole run in seconds; phases "
+                                                                    "left are skipped (default 900)")
+    p.add_argument("--work-dir", default=None, help="keep logs and etcd data here (default: a temp dir, removed "
+                                                    "when the drill passes)")
+    p.add_argument("--keep", action="store_true", help="keep the temp work dir even when the drill passes")
+    p.add_argument("-v", "--verbose", action="store_true", help="print every call and role change")
+    p.set_defaults(func=cmd_chaos)
+    return p
+
+
+def cmd_chaos(args: argparse.Namespace) -> int:
+    """Handler of ``drill chaos`` (``args.func``)."""
+    from querycoord.drill.chaos import ChaosOptions, run_chaos
+    from querycoord.logs import setup_logging
+
+    setup_logging(getattr(args, "log_level", None) or os.environ.get("QUERYCOORD_DRILL_LOG_LEVEL") or "WARNING")
+    try:
+        opts = ChaosOptions(
+            ops=args.ops, seed=args.seed, coordinators=args.coordinators, nodes=args.nodes, clients=args.clients,
+            collections=args.collections, partitions=args.partitions,
+            segments_per_collection=args.segments_per_collection, ttl=args.ttl,
+            node_latency_ms=args.node_latency_ms, call_deadline=args.call_deadline,
+            quiesce_timeout=args.quiesce_timeout, checker_interval=args.checker_interval, settle=args.settle,
+            time_budget=args.time_budget,
+            work_dir=args.work_dir,
+            keep=args.keep, verbose=args.verbose)
+        opts.validate()
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return asyncio.run(run_chaos(opts))
+    except KeyboardInterrupt:
+        print("\ninterrupted: every process of the drill was stopped", file=sys.stderr)
+        return 130
+
+
 def add_drill_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``drill`` and its sub-commands on the ``querycoord`` sub-command parsers."""
     p = subparsers.add_parser("drill", help="failure drills against a cluster of real processes")
     sub = p.add_subparsers(dest="drill", required=True, metavar="DRILL")
     _add_failover(sub)
     _add_streams(sub)
+    _add_chaos(sub)
     return p
 
 
@@ -134,14 +206,15 @@ def cmd_failover(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m querycoord.drill failover|streams ...``."""
+    """``python -m querycoord.drill failover|streams|chaos ...``."""
     parser = argparse.ArgumentParser(prog="python -m querycoord.drill", description="failure drills")
     parser.add_argument("--log-level", default=None, help="log level of the drill process (default WARNING)")
     sub = parser.add_subparsers(dest="drill", required=True, metavar="DRILL")
     _add_failover(sub)
     _add_streams(sub)
+    _add_chaos(sub)
     args = parser.parse_args(argv)
     return int(args.func(args))
 
 
-__all__ = ["add_drill_parser", "cmd_failover", "cmd_streams", "main"]
+__all__ = ["add_drill_parser", "cmd_chaos", "cmd_failover", "cmd_streams", "main"]

@@ -32,6 +32,7 @@ from typing import Any
 
 import grpc
 
+from meta.child import ChildProcess, child_env, log_tail
 from meta.client import connect
 from meta.election import current_leader, election_prefix
 from meta.etcd_server import EtcdCluster
@@ -40,7 +41,6 @@ from proto import common_pb2, data_pb2, querynode_pb2, querynode_pb2_grpc
 from proto import querycoord_pb2 as qc
 from querycoord.catalog.store import CatalogStore
 from querycoord.client import CoordinatorUnavailable, QueryCoordClient
-from querycoord.drill.children import Child, child_env, log_tail
 from querycoord.drill.invariants import (
     UNCLEAR_CODES,
     CatalogColl,
@@ -64,8 +64,10 @@ from querycoord.drill.schedule import (
     make_schedule,
 )
 from querycoord.drill.stale import PauseReport, Window, changes_between, count_refusals, stable_revision
+from querycoord.protocol import QUERYCOORD_ELECTION
 from querycoord.querymeta import QueryMeta
 from querycoord.task.store import TASK_PREFIXES
+from querycoord.tooling.coordinators import drill_coordinator_argv
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
 EC = common_pb2
@@ -169,7 +171,7 @@ class FaultRecord:
 @dataclass
 class CoordSlot:
     index: int
-    child: Child
+    child: ChildProcess
     address: str
     generation: int = 0
     role: str = "standby"  # leader / standby / dead
@@ -183,7 +185,7 @@ class CoordSlot:
 @dataclass
 class NodeSlot:
     index: int
-    child: Child
+    child: ChildProcess
     node_id: int
     address: str
     generation: int = 0
@@ -251,7 +253,7 @@ class FailoverDrill(LeaderTracking):
         self.schedule = make_schedule(opts.seed, opts.schedule_options())
         self.result = DrillResult(opts, self.schedule)
         self.root = f"drill-{opts.seed}"
-        self.env = child_env(PROJECT_ROOT)
+        self.env = child_env(project_root=PROJECT_ROOT)
         self.work = Path(opts.work_dir) if opts.work_dir else Path(tempfile.mkdtemp(prefix="querycoord-drill-"))
         self.result.work_dir = self.work
         self.etcd: EtcdCluster | None = None
@@ -259,7 +261,7 @@ class FailoverDrill(LeaderTracking):
         self.client: QueryCoordClient | None = None
         self.coords: list[CoordSlot] = []
         self.nodes: list[NodeSlot] = []
-        self.leader_log: list[tuple[CoordSlot, Child, dict[str, Any]]] = []
+        self.leader_log: list[tuple[CoordSlot, ChildProcess, dict[str, Any]]] = []
         self._changed = asyncio.Event()
         self.coll_ids: list[int] = []
         self.part_ids: dict[int, list[int]] = {}
@@ -325,7 +327,7 @@ class FailoverDrill(LeaderTracking):
         self.say(f"cluster up: leader {self._leader().label if self._leader() else '?'}, nodes "
                  f"{[n.node_id for n in self.nodes]}, collections {self.coll_ids[0]}..{self.coll_ids[-1]}")
 
-    def _on_event(self, slot: CoordSlot, child: Child, event: dict[str, Any]) -> None:
+    def _on_event(self, slot: CoordSlot, child: ChildProcess, event: dict[str, Any]) -> None:
         kind = event.get("event")
         if kind in ("leader", "standby") and slot.child is child:
             slot.role = str(kind)
@@ -334,18 +336,22 @@ class FailoverDrill(LeaderTracking):
             self.note(f"{slot.label} is now {kind}")
         self._changed.set()
 
+    async def _coordinator_argv(self, index: int, listen: str) -> list[str]:
+        """The command line of coordinator ``index`` (a hook: the chaos drill routes it through a proxy)."""
+        assert self.etcd is not None
+        return drill_coordinator_argv(self.etcd.endpoints, self.root, listen, self.opts.ttl,
+                                      max_request_bytes=self.opts.max_request_bytes)
+
     async def _spawn_coordinator(self, index: int, listen: str, slot: CoordSlot | None = None) -> CoordSlot:
         """Start coordinator ``index`` on ``listen``; with ``slot`` it replaces that slot's (dead) process."""
         assert self.etcd is not None
         generation = 0 if slot is None else slot.generation + 1
         holder: dict[str, CoordSlot] = {}
-        argv = ["-m", "querycoord.drill.coordinator_child", "--etcd-endpoints", ",".join(self.etcd.endpoints),
-                "--root", self.root, "--listen", listen, "--ttl", f"{self.opts.ttl:g}",
-                "--max-request-bytes", str(self.opts.max_request_bytes)]
+        argv = await self._coordinator_argv(index, listen)
         log = self.work / f"coord-{index}.{generation}.log"
-        child = await Child.spawn(f"coordinator c{index}.{generation}", argv, log, self.env,
-                                  sink=lambda ch, ev: self._on_event(holder["slot"], ch, ev) if "slot" in holder
-                                  else None)
+        child = await ChildProcess.spawn(f"coordinator c{index}.{generation}", argv, log_path=log, env=self.env,
+                                         sink=lambda ch, ev: self._on_event(holder["slot"], ch, ev)
+                                         if "slot" in holder else None)
         try:
             ready = await child.wait_event("ready", timeout=60)
         except (EOFError, TimeoutError) as exc:
@@ -389,7 +395,7 @@ class FailoverDrill(LeaderTracking):
                 "--etcd-endpoints", ",".join(self.etcd.endpoints), "--root", self.root, "--ttl", f"{self.opts.ttl:g}",
                 "--capacity-mb", "4096", "--latency-ms", f"{self.opts.node_latency_ms:g}"]
         log = self.work / f"node-{index}.{generation}.log"
-        child = await Child.spawn(f"query node n{index}.{generation}", argv, log, self.env)
+        child = await ChildProcess.spawn(f"query node n{index}.{generation}", argv, log_path=log, env=self.env)
         try:
             ready = await child.wait_event("ready", timeout=60)
         except (EOFError, TimeoutError) as exc:
@@ -450,7 +456,7 @@ class FailoverDrill(LeaderTracking):
         """The current leader; TimeoutError if none appears within ``timeout``."""
         return await self._wait_until(self._leader, timeout)  # type: ignore[no-any-return]
 
-    async def _wait_takeover(self, old: Child, since: float, timeout: float) -> tuple[CoordSlot, dict[str, Any]]:
+    async def _wait_takeover(self, old: ChildProcess, since: float, timeout: float) -> tuple[CoordSlot, dict[str, Any]]:
         """The first ``leader`` event of a coordinator other than ``old`` stamped at or after ``since``."""
 
         def found() -> tuple[CoordSlot, dict[str, Any]] | None:
@@ -482,7 +488,7 @@ class FailoverDrill(LeaderTracking):
         self.say(f"kill #{rec.n} ({mode}): SIGKILL leader {leader.label}")
         self._kill_task = asyncio.create_task(self._after_kill(leader, old, t_kill, rec), name=f"kill-{rec.n}")
 
-    async def _after_kill(self, slot: CoordSlot, old: Child, t_kill: float, rec: KillRecord) -> None:
+    async def _after_kill(self, slot: CoordSlot, old: ChildProcess, t_kill: float, rec: KillRecord) -> None:
         try:
             new, ev = await self._wait_takeover(old, t_kill, timeout=max(60.0, 10 * self.opts.ttl))
             rec.new, rec.takeover_s = new.label, float(ev["t"]) - t_kill
@@ -753,7 +759,7 @@ class FailoverDrill(LeaderTracking):
             else:
                 await self._call_op(Op("release", self.coll_ids.index(cid)), client=c2)
         await asyncio.sleep(0.3)
-        before = await current_leader(self.kv, election_prefix("querycoord"))
+        before = await current_leader(self.kv, election_prefix(QUERYCOORD_ELECTION))
         # 3. Windows in which only the old leader runs.
         others = [c for c in self.coords if c.child is not old and c.child.running]
         for _ in range(self.opts.pause_windows):
@@ -771,7 +777,7 @@ class FailoverDrill(LeaderTracking):
             report.windows.append(Window(a, b))
             await asyncio.sleep(max(0.8, ttl / 2))
         old.signal(signal.SIGCONT)
-        after = await current_leader(self.kv, election_prefix("querycoord"))
+        after = await current_leader(self.kv, election_prefix(QUERYCOORD_ELECTION))
         if before is None or after is None or before.create_revision != after.create_revision:
             report.conclusive = False
             report.notes.append(f"the leader changed during the windows ({before} -> {after}): writes in them "

@@ -40,11 +40,11 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
+from meta.election import ELECTION_PREFIX
 from meta.kv import MetaKV
 from meta.session import SERVER_ID_KEY, SESSION_PREFIX
 from meta.watch import Resync, WatchBatch, watch_prefix
 
-ELECTION_PREFIX = "election/"
 COORDINATION_PREFIXES = (SESSION_PREFIX, ELECTION_PREFIX)
 
 

@@ -1,7 +1,7 @@
 """The stream drill: coordinators and stream nodes as processes, stream faults, stream invariants.
 
 ``querycoord drill streams --nodes 4 --snodes 2 --streams 50 --seed S`` starts an embedded etcd, two
-coordinators (``coordinator_child --stream-fast``: scaled-down stream timings) and ``--nodes`` reference
+coordinators (``querycoord coord --stream-fast``: scaled-down stream timings) and ``--nodes`` reference
 stream nodes (``querycoord.nodes.streamnode``; each leads two vgroups, the first ``--snodes`` host an
 snode), creates the snodes and the streams (seeded shapes; a few are then stopped by the user), waits until
 quiescent, then runs its faults one at a time, each followed by a wait until quiescent:
@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import random
 import re
 import shutil
@@ -40,13 +39,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import grpc
-
-from meta.etcd_server import EtcdCluster, _pdeathsig_prefix
-from proto import common_pb2, stream_pb2, stream_pb2_grpc
-from querycoord.drill.children import Child, EventSink, child_env, log_tail
+from meta.child import ChildProcess, child_env, log_tail
+from meta.etcd_server import EtcdCluster
+from proto import common_pb2, stream_pb2
+from querycoord.client import CoordinatorUnavailable, QueryCoordClient
 from querycoord.drill.leaders import LeaderTracking
 from querycoord.stream.plan import expected_counts
+from querycoord.tooling.coordinators import drill_coordinator_argv
 
 sp = stream_pb2
 PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
@@ -102,53 +101,10 @@ class StreamDrillOptions:
                 f"--vgroup-moves {self.vgroup_moves} --task-fails {self.task_fails}")
 
 
-class NodeChild(Child):
-    """A stream node: a ``Child`` whose stdin is a pipe for control commands (answered by ``ack`` events)."""
-
-    @classmethod
-    async def spawn_node(cls, name: str, argv: list[str], log_path: Path, env: dict[str, str],
-                         sink: EventSink | None = None) -> NodeChild:
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *_pdeathsig_prefix(), sys.executable, *argv,
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=log,
-                env=env, start_new_session=True,
-            )
-        finally:
-            os.close(log)
-        child = cls(name, proc, log_path, sink)
-        child._lock = asyncio.Lock()
-        return child
-
-    _lock: asyncio.Lock
-
-    async def command(self, line: str, timeout: float = 10.0) -> dict[str, Any]:
-        """Send one control line; its ``ack`` (``ok`` False with ``error`` when refused)."""
-        async with self._lock:
-            assert self.proc.stdin is not None
-            seen = len(self.events)
-            self.proc.stdin.write(line.encode() + b"\n")
-            await self.proc.stdin.drain()
-
-            async def ack() -> dict[str, Any]:
-                async with self._changed:
-                    while True:
-                        for ev in self.events[seen:]:
-                            if ev.get("event") == "ack":
-                                return ev
-                        if self._reader.done():
-                            raise EOFError(f"{self.name} exited before answering {line!r}")
-                        await self._changed.wait()
-
-            return await asyncio.wait_for(ack(), timeout)
-
-
 @dataclass
 class Coord:
     index: int
-    child: Child
+    child: ChildProcess
     address: str
     generation: int = 0
     role: str = "starting"
@@ -162,7 +118,7 @@ class Coord:
 @dataclass
 class Node:
     index: int
-    child: NodeChild
+    child: ChildProcess
     node_id: int
     vgroups: list[int]
     generation: int = 0
@@ -254,7 +210,7 @@ class StreamDrill(LeaderTracking):
         self.out = out or sys.stdout
         self.rng = random.Random(opts.seed)
         self.root = f"drill-streams-{opts.seed}"
-        self.env = child_env(PROJECT_ROOT)
+        self.env = child_env(project_root=PROJECT_ROOT)
         self.work = Path(opts.work_dir) if opts.work_dir else Path(tempfile.mkdtemp(prefix="querycoord-sdrill-"))
         self.etcd: EtcdCluster | None = None
         self.coords: list[Coord] = []
@@ -262,7 +218,7 @@ class StreamDrill(LeaderTracking):
         self.result = StreamDrillResult(opts)
         self.stopped_ids: set[int] = set()
         self._changed = asyncio.Event()
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self.client: QueryCoordClient | None = None
         self._t0 = time.monotonic()
 
     # ----- output ---------------------------------------------------------------------------------------------------
@@ -298,6 +254,7 @@ class StreamDrill(LeaderTracking):
         self.etcd = EtcdCluster(self.work / "etcd", size=1)
         await asyncio.to_thread(self.etcd.start)
         self.coords = list(await asyncio.gather(*(self._spawn_coordinator(i, "127.0.0.1:0") for i in range(2))))
+        self.client = QueryCoordClient([c.address for c in self.coords], deadline=30.0, call_timeout=5.0)
         try:
             await self._wait_until(self._leader, 60)
         except TimeoutError:
@@ -312,15 +269,15 @@ class StreamDrill(LeaderTracking):
                              for n in self.nodes))
 
     async def _stop_cluster(self) -> None:
-        for ch in self._channels.values():
+        if self.client is not None:
             with contextlib.suppress(Exception):
-                await ch.close()
+                await self.client.close()
         await asyncio.gather(*(c.child.stop(5) for c in self.coords), return_exceptions=True)
         await asyncio.gather(*(n.child.stop(5) for n in self.nodes), return_exceptions=True)
         if self.etcd is not None:
             await asyncio.to_thread(self.etcd.stop)
 
-    def _on_event(self, holder: dict[str, Coord], child: Child, event: dict[str, Any]) -> None:
+    def _on_event(self, holder: dict[str, Coord], child: ChildProcess, event: dict[str, Any]) -> None:
         slot = holder.get("slot")
         kind = event.get("event")
         if slot is not None and slot.child is child and kind in ("leader", "standby"):
@@ -332,12 +289,11 @@ class StreamDrill(LeaderTracking):
         assert self.etcd is not None
         generation = 0 if slot is None else slot.generation + 1
         holder: dict[str, Coord] = {}
-        argv = ["-m", "querycoord.drill.coordinator_child", "--etcd-endpoints", ",".join(self.etcd.endpoints),
-                "--root", self.root, "--listen", listen, "--ttl", f"{self.opts.ttl:g}", "--stream-fast",
-                "--stream-watch-timeout", f"{self.opts.watch_timeout:g}"]
+        argv = drill_coordinator_argv(self.etcd.endpoints, self.root, listen, self.opts.ttl, stream_fast=True,
+                                      stream_watch_timeout=self.opts.watch_timeout)
         log = self.work / f"coord-{index}.{generation}.log"
-        child = await Child.spawn(f"coordinator c{index}.{generation}", argv, log, self.env,
-                                  sink=lambda ch, ev: self._on_event(holder, ch, ev))
+        child = await ChildProcess.spawn(f"coordinator c{index}.{generation}", argv, log_path=log, env=self.env,
+                                         sink=lambda ch, ev: self._on_event(holder, ch, ev))
         try:
             ready = await child.wait_event("ready", timeout=60)
         except (EOFError, TimeoutError) as exc:
@@ -348,6 +304,8 @@ class StreamDrill(LeaderTracking):
         else:
             slot.child, slot.address, slot.generation, slot.role = child, str(ready["address"]), generation, "standby"
         holder["slot"] = slot
+        if self.client is not None and slot.address not in self.client.addresses:
+            self.client.addresses.append(slot.address)  # respawned at a new address
         for ev in list(child.events):
             self._on_event(holder, child, ev)
         return slot
@@ -372,7 +330,8 @@ class StreamDrill(LeaderTracking):
         if snode:
             argv.append("--snode")
         log = self.work / f"node-{index}.{generation}.log"
-        child = await NodeChild.spawn_node(f"stream node n{index}.{generation}", argv, log, self.env)
+        child = await ChildProcess.spawn(f"stream node n{index}.{generation}", argv, log_path=log, env=self.env,
+                                         stdin=True)
         try:
             ready = await child.wait_event("ready", timeout=60)
         except (EOFError, TimeoutError) as exc:
@@ -381,28 +340,23 @@ class StreamDrill(LeaderTracking):
         return Node(index, child, int(ready["node_id"]), list(vgroups), generation, snode)
 
     # ----- leader and calls -----------------------------------------------------------------------------------------
-    def _stub(self, address: str) -> stream_pb2_grpc.StreamMgmtStub:
-        ch = self._channels.get(address)
-        if ch is None:
-            ch = self._channels[address] = grpc.aio.insecure_channel(address)
-        return stream_pb2_grpc.StreamMgmtStub(ch)
-
     async def _call(self, method: str, request: Any, timeout: float = 30.0) -> Any:
-        """Call the leader (waiting for one); retried while no coordinator answers as leader."""
+        """Call the leader through the shared leader-following client, starting at the one our events name.
+
+        A standby answers reads (ShowStreams) itself with persisted streams only, so the client is pointed at
+        the coordinator that last reported leading before each call; it still follows redirects from there.
+        TimeoutError if no coordinator reports leading within ``timeout``; ``CoordinatorUnavailable`` if no
+        leader answers.
+        """
+        assert self.client is not None
         deadline = time.monotonic() + timeout
-        last = ""
-        while time.monotonic() < deadline:
-            leader = self._leader()
-            if leader is not None:
-                try:
-                    resp = await getattr(self._stub(leader.address), method)(request, timeout=5.0)
-                    if resp.status.error_code != common_pb2.NOT_LEADER:
-                        return resp
-                    last = resp.status.reason
-                except grpc.aio.AioRpcError as exc:
-                    last = f"{exc.code().name}: {exc.details()}"
-            await asyncio.sleep(0.2)
-        raise TimeoutError(f"{method}: no answer from a leader within {timeout:g}s ({last})")
+        while (leader := self._leader()) is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{method}: no coordinator leads after {timeout:g}s")
+            await asyncio.sleep(0.05)
+        if self.client.current != leader.address:
+            self.client.prefer(leader.address)  # the redirect a standby would give
+        return await asyncio.wait_for(self.client.stream(method, request), max(0.1, deadline - time.monotonic()))
 
     async def _create_snode(self, node: Node) -> None:
         resp = await self._call("CreateSnode", sp.CreateSnodeRequest(node_id=node.node_id))
@@ -450,8 +404,8 @@ class StreamDrill(LeaderTracking):
         ob = Observation()
         try:
             show = await self._call("ShowStreams", sp.ShowStreamsRequest(with_tasks=True), timeout=10)
-        except TimeoutError as exc:
-            ob.error = str(exc)
+        except (TimeoutError, CoordinatorUnavailable) as exc:
+            ob.error = str(exc) or "ShowStreams: no answer from a leader within 10s"
             return ob
         leader = self._leader()
         ob.leader = leader.label if leader else "?"

@@ -38,18 +38,18 @@ from meta.errors import MetaError
 from meta.kv import MetaKV
 from meta.session import DEFAULT_TTL, Session
 from proto import common_pb2, querynode_pb2, querynode_pb2_grpc
+from querycoord.errors import status_of
 from querycoord.nodes.querynode_faults import (
     CRASH_EXIT_CODE,
     INJECTED_FAILURE,
-    MUTATING_KINDS,
     CrashAction,
     CrashMode,
     FaultConfig,
     FaultInjector,
 )
 from querycoord.nodes.querynode_state import EC, NodeRefusal, QueryNodeState, ok_status
+from querycoord.protocol import MUTATING_METHODS, QUERYNODE_ROLE
 
-ROLE = "querynode"
 DEFAULT_LISTEN = "127.0.0.1:0"
 DEFAULT_CAPACITY_MB = 1024
 MIB = 1024 * 1024
@@ -91,9 +91,14 @@ class QueryNode:
         faults: FaultConfig | None = None,
         grace: float = 1.0,
         crash: Callable[[int, str, int], None] = _crash_process,
+        advertise: str | None = None,
     ):
         self.kv = kv
         self.listen = listen
+        if advertise is not None:
+            _split_listen(advertise)
+        # What the session advertises instead of the bound address (e.g. a proxy in front of the node).
+        self.advertise = advertise
         self._host, self._port = _split_listen(listen)
         self.capacity_bytes = int(capacity_bytes)
         self.state = QueryNodeState(self.capacity_bytes)
@@ -111,7 +116,13 @@ class QueryNode:
     # ----- identity --------------------------------------------------------
     @property
     def address(self) -> str:
-        """What the session advertises. A wildcard listen host is advertised as loopback (local workers)."""
+        """What the session advertises: ``advertise`` if given, else the bound address (a wildcard host as
+        loopback, for local workers)."""
+        return self.advertise or self.bound_address
+
+    @property
+    def bound_address(self) -> str:
+        """Where the gRPC server really listens."""
         host = "127.0.0.1" if self._host in ("0.0.0.0", "[::]", "::") else self._host
         return f"{host}:{self.port}"
 
@@ -140,7 +151,8 @@ class QueryNode:
         except RuntimeError as exc:
             raise OSError(f"query node cannot listen on {self.listen}: {exc} (port in use?)") from exc
         self._server = server
-        session = Session(self.kv, ROLE, self.address, ttl=self.ttl, extra={"capacity_bytes": self.capacity_bytes})
+        session = Session(self.kv, QUERYNODE_ROLE, self.address, ttl=self.ttl,
+                          extra={"capacity_bytes": self.capacity_bytes})
         try:
             await session.start()
         except BaseException:
@@ -195,7 +207,7 @@ class QueryNode:
         querynode_state). Any exception becomes an error status: bad input
         never takes the node down.
         """
-        assert kind in MUTATING_KINDS
+        assert kind in MUTATING_METHODS
         action = self.injector.crash_action()
         calls = self.injector.mutating_calls
         if self.faults.latency_ms > 0:
@@ -210,10 +222,10 @@ class QueryNode:
             apply(request)
             status = ok_status()
         except NodeRefusal as refusal:
-            status = refusal.status()
+            status = status_of(refusal)
         except Exception as exc:  # a bug must answer an error, never kill the node
             logger.exception("query node {}: {} failed", self.state.node_id, kind)
-            status = common_pb2.Status(error_code=EC.UNEXPECTED_ERROR, reason=f"internal error in {kind}: {exc}")
+            status = status_of(exc, source=kind)
         if status.error_code != EC.SUCCESS:
             logger.info("query node {}: {} (task {}) refused: {}", self.state.node_id, kind,
                         getattr(request, "task_id", 0), status.reason)
@@ -244,7 +256,7 @@ class QueryNode:
         try:
             self.state.admit(kind, request, mutating=False)
         except NodeRefusal as refusal:
-            return refusal.status()
+            return status_of(refusal)
         return ok_status()
 
 
@@ -337,7 +349,7 @@ class QueryNodeServicer(querynode_pb2_grpc.QueryNodeServicer):
         else:
             code = common_pb2.INITIALIZING
         return common_pb2.ComponentStates(
-            state=common_pb2.ComponentInfo(node_id=node.state.node_id, role=ROLE, state_code=code),
+            state=common_pb2.ComponentInfo(node_id=node.state.node_id, role=QUERYNODE_ROLE, state_code=code),
             status=ok_status(),
         )
 
@@ -351,11 +363,12 @@ async def run_forever(
     capacity_bytes: int = DEFAULT_CAPACITY_MB * MIB,
     ttl: float = DEFAULT_TTL,
     faults: FaultConfig | None = None,
+    advertise: str | None = None,
 ) -> int:
     """Run one node until SIGTERM/SIGINT (exit 0) or until its session is lost (exit 1).
 
-    Prints one JSON line ``{"event": "ready", "node_id", "address", "pid"}``
-    on stdout once the node serves; drills and tests parse it.
+    Prints one JSON line ``{"event": "ready", "node_id", "address", "listen_address", "pid"}``
+    on stdout once the node serves (``address`` is the advertised one); drills and tests parse it.
     """
     # Signals first: a SIGTERM during start-up must still end in a clean stop (session revoked).
     stop = asyncio.Event()
@@ -368,7 +381,8 @@ async def run_forever(
         print(f"error: {exc}", file=sys.stderr)
         return 1
     try:
-        node = QueryNode(MetaKV(client, root), listen=listen, capacity_bytes=capacity_bytes, ttl=ttl, faults=faults)
+        node = QueryNode(MetaKV(client, root), listen=listen, capacity_bytes=capacity_bytes, ttl=ttl, faults=faults,
+                         advertise=advertise)
         try:
             await node.start()
         except (MetaError, OSError) as exc:
@@ -377,8 +391,8 @@ async def run_forever(
         if stop.is_set():
             await node.stop()
             return 0
-        ready = {"event": "ready", "node_id": node.node_id, "address": node.address, "pid": os.getpid(),
-                 "capacity_bytes": node.capacity_bytes}
+        ready = {"event": "ready", "node_id": node.node_id, "address": node.address,
+                 "listen_address": node.bound_address, "pid": os.getpid(), "capacity_bytes": node.capacity_bytes}
         print(json.dumps(ready), flush=True)
         waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(node.session.lost.wait())]
         await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
@@ -399,6 +413,9 @@ def _add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--etcd-endpoints", required=True, help="comma-separated host:port list of etcd members")
     p.add_argument("--root", required=True, help="meta root path in etcd shared with the coordinator")
     p.add_argument("--listen", default=DEFAULT_LISTEN, help="gRPC listen address (port 0: any free port)")
+    p.add_argument("--advertise", default=None, metavar="ADDR",
+                   help="host:port to advertise in the session instead of the bound address (e.g. a proxy or NAT "
+                        "in front of the node; the drills put a partitionable proxy there)")
     p.add_argument("--capacity-mb", type=float, default=DEFAULT_CAPACITY_MB,
                    help="memory capacity in MiB, accounted from segment mem_size")
     p.add_argument("--ttl", type=float, default=DEFAULT_TTL, help="session lease TTL in seconds (>= 2)")
@@ -431,13 +448,16 @@ def cmd_querynode(args: argparse.Namespace) -> int:
         if capacity <= 0:
             raise ValueError(f"--capacity-mb must be positive, got {args.capacity_mb}")
         _split_listen(args.listen)
+        if args.advertise is not None:
+            _split_listen(args.advertise)
         if args.ttl < 2:
             raise ValueError(f"--ttl must be at least 2 seconds, got {args.ttl}")
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return asyncio.run(
-        run_forever(etcd, args.root, listen=args.listen, capacity_bytes=capacity, ttl=args.ttl, faults=faults)
+        run_forever(etcd, args.root, listen=args.listen, capacity_bytes=capacity, ttl=args.ttl, faults=faults,
+                    advertise=args.advertise)
     )
 
 

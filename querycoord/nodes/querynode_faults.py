@@ -14,6 +14,10 @@ nodes misbehave, so the node can be told to:
   or when the Nth call arrives (``mid-call``: the node dies during the call,
   the caller sees a transport error and cannot tell whether it was applied).
 
+Only the mutating calls (``protocol.MUTATING_METHODS``) count towards
+``crash_after`` and can fail by ``failure_rate``; reads never fail by
+injection so the coordinator can always see what a flaky node holds.
+
 Decisions are made by a seeded RNG so that a drill run is reproducible.
 """
 
@@ -23,20 +27,7 @@ import random
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 
-# Kinds (RPC method names) that change what the node holds. Only these count
-# towards ``crash_after`` and can fail by ``failure_rate``; reads never fail
-# by injection so the coordinator can always see what a flaky node holds.
-MUTATING_KINDS: frozenset[str] = frozenset(
-    {
-        "LoadSegments",
-        "ReleaseSegments",
-        "WatchDmChannels",
-        "WatchDeltaChannels",
-        "AddQueryChannel",
-        "ReleaseCollection",
-        "ReleasePartitions",
-    }
-)
+from querycoord.protocol import MUTATING_METHODS
 
 INJECTED_FAILURE = "injected failure"
 CRASH_EXIT_CODE = 137
@@ -72,10 +63,10 @@ class FaultConfig:
             raise ValueError(f"latency must be >= 0 ms, got {self.latency_ms}")
         if self.crash_after < 0:
             raise ValueError(f"crash-after must be >= 0 (0 disables it), got {self.crash_after}")
-        unknown = set(self.fail_kinds) - MUTATING_KINDS
+        unknown = set(self.fail_kinds) - MUTATING_METHODS
         if unknown:
             raise ValueError(
-                f"unknown fail kind(s) {sorted(unknown)}: choose among the mutating calls {sorted(MUTATING_KINDS)}"
+                f"unknown fail kind(s) {sorted(unknown)}: choose among the mutating calls {sorted(MUTATING_METHODS)}"
             )
         object.__setattr__(self, "fail_kinds", frozenset(self.fail_kinds))
         object.__setattr__(self, "crash_mode", CrashMode(self.crash_mode))

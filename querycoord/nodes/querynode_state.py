@@ -35,21 +35,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from proto import common_pb2, data_pb2, querynode_pb2
+from querycoord.errors import CoordError
 
 EC = common_pb2.ErrorCode
 OUT_OF_MEMORY_CODE = EC.NO_AVAILABLE_NODE
 
 
-class NodeRefusal(Exception):
-    """A request the node answers with an error status (never a transport error)."""
+class NodeRefusal(CoordError):
+    """A request the node answers with an error status (never a transport error); ``status()`` is that answer."""
 
     def __init__(self, code: int, reason: str):
-        super().__init__(reason)
-        self.code = code
-        self.reason = reason
-
-    def status(self) -> common_pb2.Status:
-        return common_pb2.Status(error_code=self.code, reason=self.reason)
+        super().__init__(reason, code)
 
 
 def ok_status() -> common_pb2.Status:

@@ -14,8 +14,9 @@ session first so the coordinator sees the node go at once.
 
 Coordinators: the given addresses, or (none given) the addresses of the live
 ``querycoord`` sessions, re-read when no coordinator answers. A NOT_LEADER
-status naming the leader moves the node there, like ``querycoord.client``;
-but a heartbeat is never retried past its tick: the next tick reports again.
+status (or UNAVAILABLE) naming the leader moves the node there: the heartbeat
+client is ``querycoord.client``'s leader-following client, but a heartbeat is
+never retried past its tick: the next tick reports again.
 
 Control (stdin, one command per line; each answered by one JSON line on
 stdout ``{"event": "ack", "cmd": ..., "ok": ...}``), so drills and tests can
@@ -36,7 +37,6 @@ import asyncio
 import contextlib
 import json
 import os
-import re
 import signal
 import sys
 import time
@@ -51,7 +51,8 @@ from meta.config import EtcdConfig
 from meta.errors import MetaError
 from meta.kv import MetaKV
 from meta.session import DEFAULT_TTL, Session, list_sessions
-from proto import common_pb2, stream_pb2, stream_pb2_grpc
+from proto import stream_pb2, stream_pb2_grpc
+from querycoord.client import CoordinatorUnavailable, Discover, LeaderFollowingClient
 from querycoord.nodes.streamnode_state import (
     DEFAULT_GROUPS,
     DEFAULT_INIT_DELAY_S,
@@ -59,13 +60,10 @@ from querycoord.nodes.streamnode_state import (
     INJECTED_TASK_MESSAGE,
     StreamNodeState,
 )
-from querycoord.stream.store import SNODES_PREFIX
+from querycoord.protocol import QUERYCOORD_ROLE, SNODES_PREFIX, STREAMNODE_ADDRESS, STREAMNODE_ROLE
 
-ROLE = "streamnode"
-COORDINATOR_ROLE = "querycoord"
 DEFAULT_HEARTBEAT_MS = 600.0
 CRASH_EXIT_CODE = 137
-_LEADER_AT = re.compile(r"the leader is at (\S+?)(?:[;,)]|$)")
 
 
 def _crash_process(node_id: int, why: str) -> None:
@@ -77,78 +75,27 @@ def _crash_process(node_id: int, why: str) -> None:
     os._exit(CRASH_EXIT_CODE)
 
 
-class HeartbeatClient:
+class HeartbeatClient(LeaderFollowingClient):
     """Sends one heartbeat to whichever coordinator leads (see module docstring).
 
+    The leader-following is ``querycoord.client``'s, limited to one round over
+    the known addresses: a heartbeat is never retried past its tick.
     ``discover`` returns coordinator addresses when none answered (None: keep
     the fixed list).
     """
 
-    def __init__(self, addresses: Sequence[str], *, timeout: float,
-                 discover: Callable[[], Any] | None = None):
-        self.addresses = list(addresses)
-        self.timeout = timeout
-        self.discover = discover
-        self._channels: dict[str, grpc.aio.Channel] = {}
-        self._current = self.addresses[0] if self.addresses else ""
-        self.last_error = ""
-
-    def _stub(self, address: str) -> stream_pb2_grpc.StreamMgmtStub:
-        ch = self._channels.get(address)
-        if ch is None:
-            ch = self._channels[address] = grpc.aio.insecure_channel(address)
-        return stream_pb2_grpc.StreamMgmtStub(ch)
-
-    def _move(self, address: str, leader: str | None) -> None:
-        if leader and leader != address:
-            if leader not in self.addresses:
-                self.addresses.append(leader)
-            self._current = leader
-        elif self.addresses:
-            i = self.addresses.index(address) if address in self.addresses else -1
-            self._current = self.addresses[(i + 1) % len(self.addresses)]
+    def __init__(self, addresses: Sequence[str], *, timeout: float, discover: Discover | None = None):
+        super().__init__(addresses, call_timeout=timeout, deadline=None, pause=0.0, discover=discover)
 
     async def heartbeat(self, request: stream_pb2.HeartbeatRequest) -> stream_pb2.HeartbeatReply | None:
-        """The leader's reply, or None when no coordinator answered as leader within about one try per address."""
-        if not self.addresses and self.discover is not None:
-            await self._rediscover()
-        attempts = 0
-        # One try per known address, plus one for a leader named on the way (the list may grow).
-        while attempts < len(self.addresses) + 1:
-            attempts += 1
-            address = self._current
-            if not address:
-                return None
-            try:
-                reply = await self._stub(address).StreamHeartbeat(request, timeout=self.timeout)
-            except grpc.aio.AioRpcError as exc:
-                self.last_error = f"{address}: {exc.code().name} {exc.details()}"
-                m = _LEADER_AT.search(exc.details() or "")
-                self._move(address, m.group(1) if m else None)
-                continue
-            if reply.status.error_code == common_pb2.NOT_LEADER:
-                self.last_error = f"{address}: {reply.status.reason}"
-                m = _LEADER_AT.search(reply.status.reason)
-                self._move(address, m.group(1) if m else None)
-                continue
-            return reply
-        if self.discover is not None:
-            await self._rediscover()
-        return None
-
-    async def _rediscover(self) -> None:
-        assert self.discover is not None
-        with contextlib.suppress(Exception):
-            found = list(await self.discover())
-            if found:
-                self.addresses = found
-                if self._current not in found:
-                    self._current = found[0]
-
-    async def close(self) -> None:
-        for ch in self._channels.values():
-            await ch.close()
-        self._channels.clear()
+        """The leader's reply, or None when no coordinator answered as leader within one round."""
+        try:
+            return await self.call(stream_pb2_grpc.StreamMgmtStub, "StreamHeartbeat", request)
+        except CoordinatorUnavailable:
+            return None
+        except grpc.aio.AioRpcError as exc:  # an error no other coordinator would answer differently
+            self.last_error = f"{self.current}: {exc.code().name} {exc.details()}"
+            return None
 
 
 class StreamNode:
@@ -203,13 +150,13 @@ class StreamNode:
         return self.session.server_id
 
     async def _coordinator_addresses(self) -> list[str]:
-        snap = await list_sessions(self.kv, COORDINATOR_ROLE)
+        snap = await list_sessions(self.kv, QUERYCOORD_ROLE)
         return [snap.sessions[i].address for i in sorted(snap.sessions)]
 
     # ----- life cycle ------------------------------------------------------
     async def start(self) -> StreamNode:
         """Register the session, then start heartbeating."""
-        session = Session(self.kv, ROLE, "stream-node", ttl=self.ttl,
+        session = Session(self.kv, STREAMNODE_ROLE, STREAMNODE_ADDRESS, ttl=self.ttl,
                           extra={"vgroups": sorted(self.state.vgroups)})
         await session.start()
         self._session = session

@@ -2,12 +2,12 @@
 
 A change is a ``Mutation``: the etcd operations that must be sent together
 (one txn) and its effect on the in-memory ``MetaIndex``. ``TxnWriter.commit``
-packs mutations into txns of at most ``MAX_TXN_OPS`` operations and
-``TXN_BYTE_BUDGET`` bytes, in order, sends each txn through the ``MetaKV`` it
-was given (the leader's ``FencedKV`` adds the fence guard to every one), and
-applies a txn's mutations to memory only after etcd accepted that txn. So
-memory never shows what etcd does not have, and a refused txn changes
-nothing in memory.
+packs mutations into txns with ``MetaKV.pack`` (at most ``MAX_TXN_OPS``
+operations and ``TXN_BYTE_BUDGET`` bytes each, in order), sends each txn
+through the ``MetaKV`` it was given (the leader's ``FencedKV`` adds the fence
+guard to every one), and applies a txn's mutations to memory only after etcd
+accepted that txn. So memory never shows what etcd does not have, and a
+refused txn changes nothing in memory.
 
 Two modes:
 
@@ -21,71 +21,34 @@ Two modes:
 Every mutation is checked against the limits before the first txn is sent:
 a single oversized record is refused with nothing written.
 
-Note on ``MetaKV`` internals: range deletes have to share a txn with puts and
-key deletes (``release_collection`` is one txn), which ``MetaKV``'s public
-API cannot express, so the ops are built with its ``_put_op`` /
-``_delete_op`` / ``_delete_prefix_op`` helpers and sent with ``_write``, the
-one method ``FencedKV`` overrides to add the guard. Fencing therefore holds
-for every txn sent from here.
+The ops are ``meta.txn`` values (range deletes share a txn with puts and key
+deletes: ``release_collection`` is one txn), sent with ``MetaKV.txn``, which
+``FencedKV`` guards; fencing therefore holds for every txn sent from here.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from etcd3aio._protobuf import RequestOp
 from google.protobuf.message import Message
 
-from meta.errors import MetaUnavailable, RequestTooLarge
-from meta.kv import MAX_TXN_BYTES, MAX_TXN_OPS, MetaKV
+from meta.errors import MetaUnavailable
+from meta.kv import Batch, MetaKV, TxnResult
+from meta.txn import TXN_BYTE_BUDGET, Delete, DeletePrefix, Op, Put, Unit
 
 from .index import MetaIndex
 
-#: Bytes a ``RequestOp`` adds to a ``TxnRequest`` besides its own size (field tag and length varint).
-OP_OVERHEAD = 5
-#: Room left in every txn for the leader fence's compare and failure read (a few hundred bytes at most).
-TXN_HEADROOM = 16 * 1024
-TXN_BYTE_BUDGET = MAX_TXN_BYTES - TXN_HEADROOM
+__all__ = ["TXN_BYTE_BUDGET", "Mutation", "TxnWriter"]
 
 
 @dataclass(slots=True)
 class Mutation:
     """One logical change: etcd ops that go in the same txn, and their effect on memory."""
 
-    ops: list[RequestOp]
+    ops: list[Op]
     apply: Callable[[MetaIndex], None]
-    size: int = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.size = sum(op.ByteSize() + OP_OVERHEAD for op in self.ops)
-
-
-def plan_txns(mutations: Sequence[Mutation], *, atomic: bool) -> list[list[Mutation]]:
-    """Pack ``mutations`` (in order) into txns within the limits; raise ``RequestTooLarge`` if impossible."""
-    total_ops = sum(len(m.ops) for m in mutations)
-    total_bytes = sum(m.size for m in mutations)
-    if atomic:
-        if total_ops > MAX_TXN_OPS or total_bytes > TXN_BYTE_BUDGET:
-            raise RequestTooLarge(total_ops, total_bytes + TXN_HEADROOM, MAX_TXN_OPS, MAX_TXN_BYTES)
-        return [list(mutations)] if mutations else []
-    for m in mutations:
-        if len(m.ops) > MAX_TXN_OPS or m.size > TXN_BYTE_BUDGET:
-            raise RequestTooLarge(len(m.ops), m.size + TXN_HEADROOM, MAX_TXN_OPS, MAX_TXN_BYTES)
-    txns: list[list[Mutation]] = []
-    current: list[Mutation] = []
-    n_ops = n_bytes = 0
-    for m in mutations:
-        if current and (n_ops + len(m.ops) > MAX_TXN_OPS or n_bytes + m.size > TXN_BYTE_BUDGET):
-            txns.append(current)
-            current, n_ops, n_bytes = [], 0, 0
-        current.append(m)
-        n_ops += len(m.ops)
-        n_bytes += m.size
-    if current:
-        txns.append(current)
-    return txns
 
 
 _MAX_TXNS_IN_FLIGHT = 8
@@ -106,14 +69,14 @@ class TxnWriter:
         self.txns = 0
         self.in_doubt = False
 
-    def put(self, key: str, message: Message) -> RequestOp:
-        return self.kv._put_op(key, message.SerializeToString())
+    def put(self, key: str, message: Message) -> Put:
+        return Put(key, message.SerializeToString())
 
-    def delete(self, key: str) -> RequestOp:
-        return self.kv._delete_op(key)
+    def delete(self, key: str) -> Delete:
+        return Delete(key)
 
-    def delete_prefix(self, prefix: str) -> RequestOp:
-        return self.kv._delete_prefix_op(prefix)
+    def delete_prefix(self, prefix: str) -> DeletePrefix:
+        return DeletePrefix(prefix)
 
     async def commit(
         self,
@@ -124,36 +87,48 @@ class TxnWriter:
         atomic: bool,
     ) -> int:
         """Send ``mutations`` in txns, applying each txn to ``index()`` once etcd accepted it; return the count."""
-        txns = plan_txns(mutations, atomic=atomic)
-
-        async def send(i: int, txn: Sequence[Mutation]) -> None:
-            ops = [op for m in txn for op in m.ops]
-            name = operation if len(txns) == 1 else f"{operation} ({i + 1}/{len(txns)})"
-            try:
-                await self.kv._write(name, ops)
-            except MetaUnavailable:
-                self.in_doubt = True
-                raise
-            self.txns += 1
-            target = index()
-            for m in txn:
-                m.apply(target)
-
-        if not atomic and len(txns) > 1 and all(op.HasField("request_put") for t in txns for m in t for op in m.ops):
+        txns = self.kv.pack([Unit(m.ops, payload=m) for m in mutations], atomic=atomic)
+        applied = self._applier(index)
+        if not atomic and len(txns) > 1 and all(type(op) is Put for t in txns for op in t.ops):
             # Independent puts (rule 5 allows several txns): keep a few in flight instead of
             # waiting for each round trip; a 100,000-segment load spends most of its time here.
-            sem = asyncio.Semaphore(_MAX_TXNS_IN_FLIGHT)
-
-            async def bounded(i: int, txn: Sequence[Mutation]) -> None:
-                async with sem:
-                    await send(i, txn)
-
-            results = await asyncio.gather(*(bounded(i, t) for i, t in enumerate(txns)), return_exceptions=True)
-            for r in results:
-                if isinstance(r, BaseException):
-                    raise r
-        else:
-            # Removals stay behind the saves they follow (a handoff never loses a segment first).
-            for i, txn in enumerate(txns):
-                await send(i, txn)
+            await self._send_concurrently(operation, txns, applied)
+            return len(txns)
+        # Removals stay behind the saves they follow (a handoff never loses a segment first).
+        try:
+            await self.kv.write_packed(txns, operation=operation, on_sent=applied)
+        except MetaUnavailable:
+            self.in_doubt = True
+            raise
         return len(txns)
+
+    def _applier(self, index: Callable[[], MetaIndex]) -> Callable[[Batch, TxnResult], None]:
+        """What follows each accepted txn: count it, apply its mutations to memory (etcd first, then memory)."""
+
+        def applied(txn: Batch, _result: TxnResult) -> None:
+            self.txns += 1
+            target = index()
+            for m in txn.payloads:
+                m.apply(target)
+
+        return applied
+
+    async def _send_concurrently(
+        self, operation: str, txns: Sequence[Batch], applied: Callable[[Batch, TxnResult], None]
+    ) -> None:
+        """Up to ``_MAX_TXNS_IN_FLIGHT`` txns at once; every one is tried, then the first error is raised."""
+        sem = asyncio.Semaphore(_MAX_TXNS_IN_FLIGHT)
+
+        async def send(i: int, txn: Batch) -> None:
+            async with sem:
+                try:
+                    result = await self.kv.txn((), txn.ops, operation=f"{operation} ({i + 1}/{len(txns)})")
+                except MetaUnavailable:
+                    self.in_doubt = True
+                    raise
+            applied(txn, result)
+
+        results = await asyncio.gather(*(send(i, t) for i, t in enumerate(txns)), return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r

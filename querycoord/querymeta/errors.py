@@ -4,19 +4,28 @@ They are refusals of a request against the current load state, raised before
 anything is sent to etcd (so nothing was written). etcd-side failures keep
 their ``meta.errors`` classes (``NotLeader``, ``MetaUnavailable``,
 ``RequestTooLarge``) so callers handle them in one place.
+
+Each carries the ``common.ErrorCode`` its caller sees (``CoordError``): a
+refusal raised deep inside a trigger still reaches the client as a
+NOT_FOUND or CONFLICT it can act on, not as an internal error.
 """
 
 from __future__ import annotations
 
-from proto import data_pb2
+from proto import common_pb2, data_pb2
+from querycoord.errors import CoordError
 
 
-class QueryMetaError(Exception):
+class QueryMetaError(CoordError):
     """Base class of the query meta's own refusals; nothing was written."""
+
+    code = common_pb2.CONFLICT
 
 
 class CollectionNotLoaded(QueryMetaError):
     """The collection has no load record (Milvus: "collection %d has not been loaded")."""
+
+    code = common_pb2.NOT_FOUND
 
     def __init__(self, collection_id: int):
         self.collection_id = collection_id
@@ -25,6 +34,8 @@ class CollectionNotLoaded(QueryMetaError):
 
 class PartitionNotLoaded(QueryMetaError):
     """The collection is loaded but this partition is not (never loaded, or released)."""
+
+    code = common_pb2.NOT_FOUND
 
     def __init__(self, collection_id: int, partition_id: int):
         self.collection_id, self.partition_id = collection_id, partition_id
@@ -45,11 +56,16 @@ class LoadTypeConflict(QueryMetaError):
 
 
 class CorruptRecord(QueryMetaError):
-    """A persisted record cannot be parsed or does not match its key (raised by ``reload(strict=True)``)."""
+    """A persisted record cannot be parsed or does not match its key (raised by ``reload(strict=True)``).
+
+    ``reason`` is the record's fault alone (listed in ``corrupt_keys``); ``str()`` adds what to do.
+    """
+
+    code = common_pb2.UNEXPECTED_ERROR
 
     def __init__(self, key: str, reason: str):
-        self.key, self.reason = key, reason
         super().__init__(
             f"corrupt query meta record {key!r}: {reason}; inspect it with etcdctl, then delete it "
             f"(QueryMeta.purge_corrupt) or restore it"
         )
+        self.key, self.reason = key, reason

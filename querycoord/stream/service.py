@@ -5,7 +5,9 @@ leader's ``StreamStore`` on its FENCED kv, so a deposed leader changes
 nothing; the manager is told only AFTER the store's txn committed (seed bug 6:
 never post a deploy for a write that may not have happened). A standby answers
 gRPC UNAVAILABLE naming the leader ("the leader is at X"), which is what the
-stream nodes' heartbeat client and the query clients follow.
+stream nodes' heartbeat client and the query clients follow; a fenced write
+refused (this leader was deposed) answers NOT_LEADER naming the new one. Both
+come from ``querycoord.gate``, shared with the QueryCoord service.
 
 ShowStreams on a standby is answered from etcd: the persisted definitions and
 snodes only (a standby has no task table, so running streams show
@@ -18,23 +20,17 @@ deliberate UNAVAILABLE abort.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
 
 import grpc
 from loguru import logger
 
-from meta.errors import MetaError, NotLeader
 from proto import common_pb2, stream_pb2, stream_pb2_grpc
 from querycoord.coordinator import Coordinator, Leadership
+from querycoord.gate import LeaderGate
 from querycoord.stream.manager import StreamManager
-from querycoord.stream.store import StreamNotFound, StreamStore, status_of
+from querycoord.stream.store import STATUS_SOURCE, StreamNotFound, StreamStore
 
 OK = common_pb2.Status(error_code=common_pb2.SUCCESS)
-
-
-class NotLeading(Exception):
-    """This coordinator cannot serve the call as leader (the message names the leader)."""
 
 
 def live_snode_ids(manager: StreamManager) -> set[int]:
@@ -42,47 +38,16 @@ def live_snode_ids(manager: StreamManager) -> set[int]:
     return set(manager.live_snode_ids())
 
 
+def _serves_streams(lead: Leadership) -> bool:
+    return lead.streams is not None and lead.stream_store is not None
+
+
 class StreamMgmtServicer(stream_pb2_grpc.StreamMgmtServicer):
     def __init__(self, coord: Coordinator):
         self.coord = coord
+        self.gate = LeaderGate(coord, serves=_serves_streams, source=STATUS_SOURCE)
 
     # ----- plumbing ---------------------------------------------------------------------------------------------------
-    def _leadership(self) -> Leadership | None:
-        lead = self.coord.leadership
-        if lead is None or not self.coord.is_leader or lead.streams is None or lead.stream_store is None:
-            return None
-        return lead
-
-    async def _lead(self, context: grpc.aio.ServicerContext | None) -> Leadership:
-        """The leadership, or (on a standby) gRPC UNAVAILABLE naming the leader."""
-        lead = self._leadership()
-        if lead is None:
-            message = await self.coord.not_leader_message()
-            if context is not None:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, message)
-            raise NotLeading(message)
-        return lead
-
-    async def _answer(self, response_cls: type, fn: Callable[[], Awaitable[Any]],
-                      context: grpc.aio.ServicerContext | None) -> Any:
-        try:
-            return await fn()
-        except grpc.aio.AbortError:
-            raise  # context.abort(): the status is already set
-        except NotLeading as exc:
-            return response_cls(status=common_pb2.Status(error_code=common_pb2.NOT_LEADER, reason=str(exc)))
-        except NotLeader as exc:
-            # A fenced write was refused: this coordinator was deposed. Drop leadership; the caller moves on.
-            self.coord._on_leadership_lost(exc)
-            message = await self.coord.not_leader_message()
-            if context is not None:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, message)
-            return response_cls(status=common_pb2.Status(error_code=common_pb2.NOT_LEADER, reason=message))
-        except Exception as exc:  # StreamError, MetaError, and bugs: a Status, never a crash or a hang
-            if not isinstance(exc, MetaError) and type(exc).__module__ != "querycoord.stream.store":
-                logger.exception("unexpected error in {}", response_cls.__name__)
-            return response_cls(status=status_of(exc))
-
     async def _resolve(self, store: StreamStore, ref: stream_pb2.StreamRef) -> int:
         if ref.stream_id:
             return ref.stream_id
@@ -93,18 +58,18 @@ class StreamMgmtServicer(stream_pb2_grpc.StreamMgmtServicer):
     # ----- streams ----------------------------------------------------------------------------------------------------
     async def CreateStream(self, request, context):
         async def run():
-            lead = await self._lead(context)
+            lead = await self.gate.lead(context)
             assert lead.streams is not None and lead.stream_store is not None
             sdef = await lead.stream_store.create_stream(request, live_snode_ids(lead.streams))
             # Committed: only now may the manager plan and hand out its deploy (seed bug 6).
             lead.streams.put_stream(sdef)
             return stream_pb2.CreateStreamResponse(status=OK, stream=sdef)
 
-        return await self._answer(stream_pb2.CreateStreamResponse, run, context)
+        return await self.gate.answer(stream_pb2.CreateStreamResponse, run)
 
     async def DropStream(self, request, context):
         async def run():
-            lead = await self._lead(context)
+            lead = await self.gate.lead(context)
             assert lead.streams is not None and lead.stream_store is not None
             try:
                 stream_id = await self._resolve(lead.stream_store, request.stream)
@@ -116,11 +81,11 @@ class StreamMgmtServicer(stream_pb2_grpc.StreamMgmtServicer):
             lead.streams.remove_stream(sdef.id)
             return stream_pb2.StreamResponse(status=OK, stream=sdef)
 
-        return await self._answer(stream_pb2.StreamResponse, run, context)
+        return await self.gate.answer(stream_pb2.StreamResponse, run)
 
     async def _update(self, request, context, op: str):
         async def run():
-            lead = await self._lead(context)
+            lead = await self.gate.lead(context)
             assert lead.streams is not None and lead.stream_store is not None
             stream_id = await self._resolve(lead.stream_store, request.stream)
             if op == "stop":
@@ -130,7 +95,7 @@ class StreamMgmtServicer(stream_pb2_grpc.StreamMgmtServicer):
             lead.streams.put_stream(sdef)
             return stream_pb2.StreamResponse(status=OK, stream=sdef)
 
-        return await self._answer(stream_pb2.StreamResponse, run, context)
+        return await self.gate.answer(stream_pb2.StreamResponse, run)
 
     async def StopStream(self, request, context):
         return await self._update(request, context, "stop")
@@ -140,7 +105,7 @@ class StreamMgmtServicer(stream_pb2_grpc.StreamMgmtServicer):
 
     async def ShowStreams(self, request, context):
         async def run():
-            lead = self._leadership()
+            lead = self.gate.leadership()
             if lead is not None:
                 assert lead.streams is not None and lead.stream_store is not None
                 resp = lead.streams.show_streams(request)
@@ -148,7 +113,7 @@ class StreamMgmtServicer(stream_pb2_grpc.StreamMgmtServicer):
                 return resp
             return await self._standby_show(request)
 
-        return await self._answer(stream_pb2.ShowStreamsResponse, run, context)
+        return await self.gate.answer(stream_pb2.ShowStreamsResponse, run)
 
     async def _standby_show(self, request: stream_pb2.ShowStreamsRequest) -> stream_pb2.ShowStreamsResponse:
         """Persisted definitions and snodes from etcd; no task table (only the leader has one)."""
@@ -171,29 +136,29 @@ class StreamMgmtServicer(stream_pb2_grpc.StreamMgmtServicer):
     # ----- snodes -----------------------------------------------------------------------------------------------------
     async def CreateSnode(self, request, context):
         async def run():
-            lead = await self._lead(context)
+            lead = await self.gate.lead(context)
             assert lead.streams is not None and lead.stream_store is not None
             info = await lead.stream_store.create_snode(request.node_id)
             await lead.streams.refresh()  # the new replica ring (committed)
             return stream_pb2.CreateSnodeResponse(status=OK, snode=info)
 
-        return await self._answer(stream_pb2.CreateSnodeResponse, run, context)
+        return await self.gate.answer(stream_pb2.CreateSnodeResponse, run)
 
     async def DropSnode(self, request, context):
         async def run():
-            lead = await self._lead(context)
+            lead = await self.gate.lead(context)
             assert lead.streams is not None and lead.stream_store is not None
             drop = await lead.stream_store.drop_snode(request.snode_id)
             await lead.streams.refresh()  # moved streams and the new ring (committed)
             return stream_pb2.DropSnodeResponse(status=OK, moved_streams=drop.moved_streams,
                                                 moved_to_snode_id=drop.moved_to)
 
-        return await self._answer(stream_pb2.DropSnodeResponse, run, context)
+        return await self.gate.answer(stream_pb2.DropSnodeResponse, run)
 
     # ----- heartbeat --------------------------------------------------------------------------------------------------
     async def StreamHeartbeat(self, request, context):
         async def run():
-            lead = await self._lead(context)
+            lead = await self.gate.lead(context)
             assert lead.streams is not None
             began = time.monotonic()
             reply = await lead.streams.handle_heartbeat(request)
@@ -204,7 +169,7 @@ class StreamMgmtServicer(stream_pb2_grpc.StreamMgmtServicer):
                                time.monotonic() - began)
             return reply
 
-        return await self._answer(stream_pb2.HeartbeatReply, run, context)
+        return await self.gate.answer(stream_pb2.HeartbeatReply, run)
 
 
 def add_stream_service(server: grpc.aio.Server, coord: Coordinator) -> StreamMgmtServicer:

@@ -52,12 +52,12 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
-from etcd3aio._protobuf import Compare, RequestOp
-
-from meta.errors import MetaError, MetaUnavailable, NotLeader, RequestTooLarge
 from meta.idalloc import IdAllocator
-from meta.kv import MAX_TXN_OPS, FencedKV, KeyValue, MetaKV
+from meta.kv import MAX_TXN_OPS, KeyValue, MetaKV
+from meta.txn import Compare, Op, created_at, delete, modified_at, put, value_is
 from proto import common_pb2, stream_pb2
+from querycoord.errors import CoordError
+from querycoord.errors import status_of as coord_status_of
 
 STREAM_PREFIX = "stream/"
 STREAMS_PREFIX = "stream/streams/"
@@ -84,14 +84,12 @@ _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
 
 
 # ----- errors ---------------------------------------------------------------------------------------------------------
-class StreamError(Exception):
+# How the stream store is named in reasons of errors without context of their own (etcd failures, bugs).
+STATUS_SOURCE = "the stream store"
+
+
+class StreamError(CoordError):
     """A refused stream request; ``code`` is the common.ErrorCode a caller sees, ``reason`` says what was wrong."""
-
-    code: int = common_pb2.UNEXPECTED_ERROR
-
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
 
 
 class InvalidStream(StreamError):
@@ -135,19 +133,8 @@ class TooMuchContention(StreamError):
 
 
 def status_of(exc: BaseException) -> common_pb2.Status:
-    """The Status a caller should see for ``exc``."""
-    if isinstance(exc, StreamError):
-        return common_pb2.Status(error_code=exc.code, reason=exc.reason)
-    if isinstance(exc, RequestTooLarge):
-        return common_pb2.Status(error_code=common_pb2.REQUEST_TOO_LARGE, reason=str(exc))
-    if isinstance(exc, NotLeader):
-        return common_pb2.Status(error_code=common_pb2.NOT_LEADER, reason=str(exc))
-    if isinstance(exc, MetaUnavailable | MetaError):
-        return common_pb2.Status(error_code=common_pb2.META_UNAVAILABLE, reason=f"stream meta store: {exc}")
-    return common_pb2.Status(
-        error_code=common_pb2.UNEXPECTED_ERROR,
-        reason=f"internal error in the stream store: {type(exc).__name__}: {exc}",
-    )
+    """The Status a caller should see for ``exc`` (``querycoord.errors.status_of``, naming the stream store)."""
+    return coord_status_of(exc, source=STATUS_SOURCE)
 
 
 # ----- keys and helpers -----------------------------------------------------------------------------------------------
@@ -256,42 +243,13 @@ class StreamStore:
         self.task_ids = IdAllocator(kv, TASK_ID_KEY)
 
     # ----- low-level txn ---------------------------------------------------------------------------------------------
-    def _create_cmp(self, key: str, create_revision: int) -> Compare:
-        key_bytes = self.kv.abs_key(key)
-        return Compare(result=Compare.EQUAL, target=Compare.CREATE, key=key_bytes, create_revision=create_revision)
-
-    def _mod_cmp(self, key: str, mod_revision: int) -> Compare:
-        return Compare(result=Compare.EQUAL, target=Compare.MOD, key=self.kv.abs_key(key), mod_revision=mod_revision)
-
-    def _value_cmp(self, key: str, value: bytes) -> Compare:
-        return Compare(result=Compare.EQUAL, target=Compare.VALUE, key=self.kv.abs_key(key), value=value)
-
-    async def _txn(self, operation: str, compares: Sequence[Compare], ops: Sequence[RequestOp]) -> bool:
+    async def _txn(self, operation: str, compares: Sequence[Compare], ops: Sequence[Op]) -> bool:
         """One txn guarded by ``compares`` (and the fence when ``kv`` is fenced); returns whether they held.
 
-        With a ``FencedKV`` the fence compare comes first and the failure branch
-        reads the leader key, so a lost fence (``NotLeader``, nothing written)
-        is told apart from a lost optimistic compare (``False``, retry).
+        With a ``FencedKV`` a lost fence raises ``NotLeader`` (nothing written),
+        told apart from a lost optimistic compare (``False``, retry).
         """
-        kv = self.kv
-        if isinstance(kv, FencedKV):
-            resp = await kv._txn(operation, [kv._guard, *compares], ops, kv._on_failure)
-            if resp.succeeded:  # type: ignore[attr-defined]
-                kv._count(resp.header.revision)  # type: ignore[attr-defined]
-                return True
-            err = kv._not_leader(resp)
-            if err.current_revision != kv.fence.revision:
-                kv.refused += 1
-                raise err
-            return False
-        resp = await kv._txn(operation, compares, ops)
-        return bool(resp.succeeded)  # type: ignore[attr-defined]
-
-    def _put(self, key: str, value: bytes | str) -> RequestOp:
-        return self.kv._put_op(key, value)
-
-    def _delete(self, key: str) -> RequestOp:
-        return self.kv._delete_op(key)
+        return (await self.kv.txn(compares, ops, operation=operation)).succeeded
 
     # ----- reads -----------------------------------------------------------------------------------------------------
     async def _get_stream_kv(self, stream_id: int) -> tuple[stream_pb2.StreamDef, KeyValue]:
@@ -390,12 +348,12 @@ class StreamStore:
                 create_ms=now,
                 update_ms=now,
             )
-            compares = [self._create_cmp(name_key(req.name), 0), self._value_cmp(snode_key(main), main_item.value)]
+            compares = [created_at(name_key(req.name), 0), value_is(snode_key(main), main_item.value)]
             ops = [
-                self._put(stream_key(stream_id), sdef.SerializeToString()),
-                self._put(name_key(req.name), str(stream_id)),
+                put(stream_key(stream_id), sdef.SerializeToString()),
+                put(name_key(req.name), str(stream_id)),
                 # Unchanged value, new mod revision: a concurrent drop of this snode notices (module docstring).
-                self._put(snode_key(main), main_item.value),
+                put(snode_key(main), main_item.value),
             ]
             if await self._txn(f"create stream {req.name}", compares, ops):
                 return sdef
@@ -412,8 +370,8 @@ class StreamStore:
             sdef.update_ms = _now_ms()
             ok = await self._txn(
                 f"{operation} stream {stream_id}",
-                [self._mod_cmp(item.key, item.mod_revision)],
-                [self._put(item.key, sdef.SerializeToString())],
+                [modified_at(item.key, item.mod_revision)],
+                [put(item.key, sdef.SerializeToString())],
             )
             if ok:
                 return sdef
@@ -447,8 +405,8 @@ class StreamStore:
             sdef, item = await self._get_stream_kv(stream_id)
             ok = await self._txn(
                 f"drop stream {stream_id}",
-                [self._mod_cmp(item.key, item.mod_revision)],
-                [self._delete(item.key), self._delete(name_key(sdef.name))],
+                [modified_at(item.key, item.mod_revision)],
+                [delete(item.key), delete(name_key(sdef.name))],
             )
             if ok:
                 sdef.user_dropped = True
@@ -459,7 +417,7 @@ class StreamStore:
     # ----- snodes ----------------------------------------------------------------------------------------------------
     def _ring_ops(
         self, snodes: dict[int, tuple[stream_pb2.SnodeInfo, KeyValue]], new_ids: Collection[int]
-    ) -> list[RequestOp]:
+    ) -> list[Op]:
         """Puts of the existing snodes (still in ``new_ids``) whose replica changes in the ring of ``new_ids``."""
         replicas = ring_replicas(new_ids) if new_ids else {}
         ops = []
@@ -468,7 +426,7 @@ class StreamStore:
                 changed = stream_pb2.SnodeInfo()
                 changed.CopyFrom(info)
                 changed.replica_id = replicas[sid]
-                ops.append(self._put(item.key, changed.SerializeToString()))
+                ops.append(put(item.key, changed.SerializeToString()))
         return ops
 
     async def _ring_revision(self) -> int:
@@ -492,9 +450,9 @@ class StreamStore:
             info = stream_pb2.SnodeInfo(
                 id=snode_id, node_id=node_id, replica_id=ring_replicas(new_ids)[snode_id], create_ms=_now_ms()
             )
-            ops = [self._put(snode_key(snode_id), info.SerializeToString()), *self._ring_ops(snodes, new_ids)]
-            ops.append(self._put(RING_KEY, str(snode_id)))
-            if await self._txn(f"create snode on node {node_id}", [self._mod_cmp(RING_KEY, ring_rev)], ops):
+            ops = [put(snode_key(snode_id), info.SerializeToString()), *self._ring_ops(snodes, new_ids)]
+            ops.append(put(RING_KEY, str(snode_id)))
+            if await self._txn(f"create snode on node {node_id}", [modified_at(RING_KEY, ring_rev)], ops):
                 return info
         raise TooMuchContention(f"create snode on node {node_id}: lost {self.max_attempts} txns to ring changes")
 
@@ -532,7 +490,7 @@ class StreamStore:
                     f"or move those streams"
                 )
             rest = {sid: v for sid, v in snodes.items() if sid != snode_id}
-            final_ops = [self._delete(item.key), *self._ring_ops(rest, others), self._put(RING_KEY, str(snode_id))]
+            final_ops = [delete(item.key), *self._ring_ops(rest, others), put(RING_KEY, str(snode_id))]
             room = min(self.move_chunk, MAX_TXN_OPS - len(final_ops) - 2)
             if len(streams) > room and not info.dropping:
                 marked = stream_pb2.SnodeInfo()
@@ -540,22 +498,22 @@ class StreamStore:
                 marked.dropping = True
                 ok = await self._txn(
                     f"mark snode {snode_id} dropping",
-                    [self._mod_cmp(item.key, item.mod_revision)],
-                    [self._put(item.key, marked.SerializeToString())],
+                    [modified_at(item.key, item.mod_revision)],
+                    [put(item.key, marked.SerializeToString())],
                 )
                 txns += ok
                 continue  # re-read: the streams loaded after the mark are all there are
             while len(streams) > room:
                 chunk, streams = streams[: self.move_chunk], streams[self.move_chunk :]
                 # The ring compare: a concurrent drop of the target makes this chunk fail and re-read.
-                guard = [self._mod_cmp(RING_KEY, ring_rev), self._mod_cmp(item.key, item.mod_revision)]
+                guard = [modified_at(RING_KEY, ring_rev), modified_at(item.key, item.mod_revision)]
                 if not await self._move(chunk, target, guard):
                     break
                 txns += 1
                 moved += len(chunk)
             else:
-                compares = [self._mod_cmp(RING_KEY, ring_rev), self._mod_cmp(item.key, item.mod_revision)]
-                compares += [self._mod_cmp(kv.key, kv.mod_revision) for _, kv in streams]
+                compares = [modified_at(RING_KEY, ring_rev), modified_at(item.key, item.mod_revision)]
+                compares += [modified_at(kv.key, kv.mod_revision) for _, kv in streams]
                 ops = [*self._move_ops(streams, target), *final_ops]
                 if await self._txn(f"drop snode {snode_id}", compares, ops):
                     return SnodeDrop(info, moved + len(streams), target, txns + 1)
@@ -565,7 +523,7 @@ class StreamStore:
         snap = await self.kv.load_prefix(STREAMS_PREFIX)
         return [(stream_pb2.StreamDef.FromString(item.value), item) for item in snap.kvs]
 
-    def _move_ops(self, streams: Sequence[tuple[stream_pb2.StreamDef, KeyValue]], target: int) -> list[RequestOp]:
+    def _move_ops(self, streams: Sequence[tuple[stream_pb2.StreamDef, KeyValue]], target: int) -> list[Op]:
         now = _now_ms()
         ops = []
         for sdef, item in streams:
@@ -573,13 +531,13 @@ class StreamStore:
             moved.CopyFrom(sdef)
             moved.main_snode_id = target
             moved.update_ms = now
-            ops.append(self._put(item.key, moved.SerializeToString()))
+            ops.append(put(item.key, moved.SerializeToString()))
         return ops
 
     async def _move(
         self, streams: Sequence[tuple[stream_pb2.StreamDef, KeyValue]], target: int, extra: Sequence[Compare]
     ) -> bool:
-        compares = [*extra, *(self._mod_cmp(kv.key, kv.mod_revision) for _, kv in streams)]
+        compares = [*extra, *(modified_at(kv.key, kv.mod_revision) for _, kv in streams)]
         ops = self._move_ops(streams, target)
         return await self._txn(f"move {len(streams)} streams to snode {target}", compares, ops)
 

@@ -80,6 +80,13 @@ class LoadSegmentsTask(ChildTask):
 
     async def execute(self) -> None:
         req = await self._filled()
+        # Partitions released since the plan (a resumed balance or handoff after a release): loading
+        # them would leave copies that nothing records.
+        meta = self.env.meta
+        kept = [i for i in req.infos if meta.has_partition(i.collection_id, i.partition_id)]
+        if len(kept) != len(req.infos):
+            del req.infos[:]
+            req.infos.extend(kept)
         if not req.infos:
             return
         await self.call(req)
@@ -151,9 +158,17 @@ class LoadSegmentsTask(ChildTask):
 
 
 class WatchDmChannelsTask(ChildTask):
+    """Watch DM channels on a node; retried there while the node is online, moved only when it is gone.
+
+    A watch that failed may still be in place on the node (a reply lost on a cut link, or the node
+    already watching the channel for an earlier load), and no call undoes a watch: moving it to
+    another node while this one lives would leave the channel watched twice.
+    """
+
     KIND = qc.TASK_KIND_WATCH_DM_CHANNEL
     REQUEST_FIELD = "watch_dm_channels"
     METHOD = "WatchDmChannels"
+    RETRY_WHILE_NODE_ONLINE = True
 
     def summary(self) -> str:
         return "watch dm " + ", ".join(i.channel_name for i in self.request.infos)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from meta.idalloc import IdAllocator
 from proto import common_pb2, task_pb2
 from proto import querycoord_pb2 as qc
+from querycoord.errors import CoordError
 
 if TYPE_CHECKING:
     from querycoord.catalog.broker import Broker
@@ -47,18 +48,14 @@ class SchedulerConfig:
     rollback_timeout: float = 120.0  # a failed trigger's rollback; past it the checker repairs the rest
 
 
-class TaskError(Exception):
-    """A task failed; ``code`` is the ErrorCode its caller sees."""
-
-    def __init__(self, reason: str, code: int = common_pb2.UNEXPECTED_ERROR):
-        self.code = code
-        self.reason = reason
-        super().__init__(reason)
+class TaskError(CoordError):
+    """A task failed; ``code`` (UNEXPECTED_ERROR unless given) is the ErrorCode its caller sees."""
 
 
 class TaskCancelled(TaskError):
-    def __init__(self, reason: str):
-        super().__init__(reason, common_pb2.CANCELLED)
+    """A load cancelled by a release (or otherwise given up): its callers see CANCELLED."""
+
+    code = common_pb2.CANCELLED
 
 
 @dataclass
@@ -144,7 +141,7 @@ class Task:
         return self.rec.collection_id
 
     def set_error(self, err: BaseException) -> None:
-        code = err.code if isinstance(err, TaskError) else getattr(err, "code", common_pb2.UNEXPECTED_ERROR)
+        code = err.code if isinstance(err, CoordError) else common_pb2.UNEXPECTED_ERROR
         self.rec.error = str(err)[:2000]
         self.rec.error_code = code if code in common_pb2.ErrorCode.values() else common_pb2.UNEXPECTED_ERROR
 

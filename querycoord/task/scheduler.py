@@ -24,7 +24,7 @@ import heapq
 import itertools
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from loguru import logger
 
@@ -34,6 +34,7 @@ from proto import querycoord_pb2 as qc
 from querycoord.catalog.broker import BrokerError
 from querycoord.cluster.allocator import NoAvailableNode
 from querycoord.cluster.client import NodeError
+from querycoord.errors import CoordError
 from querycoord.task.children import (
     LoadSegmentsTask,
     ReleaseCollectionOnNodeTask,
@@ -129,6 +130,10 @@ class Scheduler:
                                                 common_pb2.NOT_LEADER))
                     fut.exception()  # mark retrieved
 
+    def leadership_lost(self, exc: BaseException) -> None:
+        """A fenced write outside the scheduler was refused (a service's): stop as if one of ours had been."""
+        self._leadership_lost(exc)
+
     def _leadership_lost(self, exc: BaseException) -> None:
         if not self.stopped:
             logger.error("scheduler: leadership lost ({}); stopping without further writes", exc)
@@ -138,9 +143,17 @@ class Scheduler:
 
     # ----- queue ------------------------------------------------------------------------------------------------
     async def enqueue(self, trigger: TriggerTask) -> TriggerTask:
-        """Give the trigger an id, persist it (UNDO), queue it. Releases cancel loads of their collection."""
+        """Give the trigger an id, persist it (UNDO), queue it. Releases cancel loads of their collection.
+
+        Persisting and queueing run to the end even if the caller is cancelled (a client that gave up):
+        a trigger persisted but never queued would sit in etcd unseen, and the next leader would run it
+        long after its caller and every later request had moved on.
+        """
         if self.stopped:
             raise TaskError("the scheduler is stopped (not leader)", common_pb2.NOT_LEADER)
+        return await asyncio.shield(self._enqueue(trigger))
+
+    async def _enqueue(self, trigger: TriggerTask) -> TriggerTask:
         try:
             trigger.rec.id = (await self.env.ids.allocate(1))[0]
             await self.env.store.add_trigger(trigger.rec)
@@ -186,6 +199,15 @@ class Scheduler:
 
     def is_cancelled(self, t: TriggerTask) -> bool:
         return t.id in self._cancel_reason
+
+    def pending(self, collection_id: int | None = None, kinds: Collection[int] = (), *,
+                cancelled: bool = True) -> list[TriggerTask]:
+        """Queued or running triggers, oldest first, for callers that must not start a duplicate (the jobs):
+        of one collection (None: any), of ``kinds`` (empty: any); ``cancelled=False`` leaves out loads that a
+        release is cancelling (they will not load anything)."""
+        return [t for t in sorted(self.triggers.values(), key=lambda t: t.id)
+                if (collection_id is None or t.collection_id == collection_id) and (not kinds or t.KIND in kinds)
+                and (cancelled or t.id not in self._cancel_reason)]
 
     async def _finish_cancelled(self, t: TriggerTask) -> None:
         err = TaskCancelled(self._cancel_reason.get(t.id, "cancelled"))
@@ -270,7 +292,7 @@ class Scheduler:
             if _is_stale_leader(exc):
                 self._leadership_lost(exc)
                 raise _Abandon from exc
-            if not isinstance(exc, (*_CHILD_FAILURES, TaskError)):
+            if not isinstance(exc, (*_CHILD_FAILURES, CoordError)):  # a CoordError keeps its code (query meta's too)
                 logger.opt(exception=exc).error("{}: unexpected error", t.describe())
                 exc = _internal(exc)
             error = exc

@@ -20,20 +20,17 @@ Commit points (DESIGN.md rule 2), which reload relies on:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from meta.kv import MAX_TXN_OPS, MetaKV
+from meta.kv import Batch, MetaKV, TxnResult
+from meta.txn import Delete, Op, Put, Unit
 from proto import task_pb2
 
 TRIGGER_PREFIX = "queryCoord-triggerTask/"
 ACTIVE_PREFIX = "queryCoord-activeTask/"
 INFO_PREFIX = "queryCoord-taskInfo/"
 TASK_PREFIXES = (TRIGGER_PREFIX, ACTIVE_PREFIX, INFO_PREFIX)
-
-# Stay clear of etcd's 1.5 MiB request limit: keys, op framing and the fence compare add bytes.
-_TXN_BUDGET_BYTES = 1_400_000
-_OP_OVERHEAD = 24
 
 
 def request_key(rec: task_pb2.TaskRecord) -> str:
@@ -73,44 +70,26 @@ def join_record(info_bytes: bytes, request_bytes: bytes | None) -> task_pb2.Task
 
 
 @dataclass
-class _Unit:
+class TaskKeys:
     """Keys that must change in the same txn (one task's two keys)."""
 
     saves: dict[str, bytes] = field(default_factory=dict)
     removals: list[str] = field(default_factory=list)
 
-    @property
-    def ops(self) -> int:
-        return len(self.saves) + len(self.removals)
-
-    @property
-    def size(self) -> int:
-        return sum(len(k) + len(v) + _OP_OVERHEAD for k, v in self.saves.items()) + sum(
-            len(k) + _OP_OVERHEAD for k in self.removals
-        )
+    def unit(self) -> Unit:
+        """The txn unit ``pack`` keeps whole: the saves, then the removals."""
+        ops: list[Op] = [Put(k, v) for k, v in self.saves.items()]
+        ops.extend(Delete(k) for k in self.removals)
+        return Unit(ops)
 
 
-def save_unit(rec: task_pb2.TaskRecord) -> _Unit:
+def save_unit(rec: task_pb2.TaskRecord) -> TaskKeys:
     request, info = split_record(rec)
-    return _Unit(saves={request_key(rec): request, info_key(rec.id): info})
+    return TaskKeys(saves={request_key(rec): request, info_key(rec.id): info})
 
 
-def remove_unit(rec: task_pb2.TaskRecord) -> _Unit:
-    return _Unit(removals=[request_key(rec), info_key(rec.id)])
-
-
-def pack(units: Sequence[_Unit], last: _Unit) -> list[_Unit]:
-    """Group units into txns within etcd's limits, ``last`` (the commit point) in the final txn."""
-    batches: list[_Unit] = []
-    cur = _Unit()
-    for u in [*units, last]:
-        if cur.ops and (cur.ops + u.ops > MAX_TXN_OPS or cur.size + u.size > _TXN_BUDGET_BYTES):
-            batches.append(cur)
-            cur = _Unit()
-        cur.saves.update(u.saves)
-        cur.removals.extend(u.removals)
-    batches.append(cur)
-    return batches
+def remove_unit(rec: task_pb2.TaskRecord) -> TaskKeys:
+    return TaskKeys(removals=[request_key(rec), info_key(rec.id)])
 
 
 class TaskStore:
@@ -121,34 +100,40 @@ class TaskStore:
         self.txns = 0  # etcd write txns made, for benchmarks and tests
         self.orphan_request_keys: list[str] = []
 
-    async def _write(self, batches: Iterable[_Unit]) -> None:
-        for b in batches:
-            await self.kv.multi_save_and_remove(b.saves, b.removals)
-            self.txns += 1
+    async def _write(self, units: Sequence[TaskKeys], last: TaskKeys | None = None) -> None:
+        """``units`` then ``last`` (the commit point) in as few txns as etcd allows, the commit point's last."""
+        if last is None:
+            if not units:
+                return
+            units, last = units[:-1], units[-1]
+        batches = self.kv.pack([u.unit() for u in units], last.unit())
+        await self.kv.write_packed(batches, operation="task store", on_sent=self._sent)
+
+    def _sent(self, _batch: Batch, _result: TxnResult) -> None:
+        self.txns += 1
 
     async def add_trigger(self, rec: task_pb2.TaskRecord) -> None:
         """Persist a new trigger (state UNDO) in one txn."""
-        await self._write([save_unit(rec)])
+        await self._write([], save_unit(rec))
 
     async def save(self, *recs: task_pb2.TaskRecord) -> None:
         """Rewrite records whose state or retries changed (the request is rewritten with them)."""
-        await self._write(pack([save_unit(r) for r in recs[:-1]], save_unit(recs[-1])) if recs else [])
+        await self._write([save_unit(r) for r in recs])
 
     async def commit_children(self, trigger: task_pb2.TaskRecord, children: Sequence[task_pb2.TaskRecord]) -> None:
         """Children first; the trigger's record (now DONE) in the last txn: the commit point."""
-        await self._write(pack([save_unit(c) for c in children], save_unit(trigger)))
+        await self._write([save_unit(c) for c in children], save_unit(trigger))
 
     async def replace_child(self, old: task_pb2.TaskRecord, new: Sequence[task_pb2.TaskRecord]) -> None:
         """Replacements first; the failed child's removal in the last txn."""
-        await self._write(pack([save_unit(c) for c in new], remove_unit(old)))
+        await self._write([save_unit(c) for c in new], remove_unit(old))
 
     async def remove_tree(self, trigger: task_pb2.TaskRecord, children: Sequence[task_pb2.TaskRecord]) -> None:
         """Children first, trigger last: a crash in between leaves a smaller, still valid tree."""
-        await self._write(pack([remove_unit(c) for c in children], remove_unit(trigger)))
+        await self._write([remove_unit(c) for c in children], remove_unit(trigger))
 
     async def remove(self, recs: Sequence[task_pb2.TaskRecord]) -> None:
-        if recs:
-            await self._write(pack([remove_unit(r) for r in recs[:-1]], remove_unit(recs[-1])))
+        await self._write([remove_unit(r) for r in recs])
 
     async def load_all(self) -> list[task_pb2.TaskRecord]:
         """Every persisted task, joined from its two keys. Keys with no partner are dropped later as garbage."""
@@ -166,7 +151,7 @@ class TaskStore:
         return out
 
     async def remove_keys(self, keys: Sequence[str]) -> None:
-        await self._write(pack([_Unit(removals=[k]) for k in keys[:-1]], _Unit(removals=[keys[-1]])) if keys else [])
+        await self._write([TaskKeys(removals=[k]) for k in keys])
 
     async def count_keys(self) -> dict[str, int]:
         return {p: await self.kv.count_prefix(p) for p in TASK_PREFIXES}

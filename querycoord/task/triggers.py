@@ -265,7 +265,14 @@ class ReleasePartitionsTask(TriggerTask):
         return f"release partitions {list(self.request.partition_ids)} of collection {self.collection_id}"
 
     async def execute(self) -> None:
-        self.children = self._release_everywhere(self.request.partition_ids)
+        # Decided now, not when the request was accepted: releases running one after another (two
+        # concurrent requests) may together release every loaded partition, and then the nodes must
+        # drop the whole collection (its delta and query channels too), as meta does.
+        loaded = set(self.env.meta.partition_ids(self.collection_id))
+        if loaded and loaded <= set(self.request.partition_ids):
+            self.children = self._release_everywhere()
+        else:
+            self.children = self._release_everywhere(self.request.partition_ids)
 
     async def post_execute(self) -> None:
         await self.env.meta.release_partitions(self.collection_id, list(self.request.partition_ids))
@@ -289,8 +296,10 @@ class LoadBalanceTask(TriggerTask):
         return f"balance ({why}) from nodes {list(self.request.source_node_ids)}"
 
     def collections(self) -> set[int]:
+        """What it moves now, and what its planned children move: a resumed balance whose collection was
+        released meanwhile must still wait for (and be serialised with) that release."""
         meta = self.env.meta
-        out: set[int] = set()
+        out: set[int] = {c.collection_id for c in self.children if c.collection_id}
         for src in self.request.source_node_ids:
             out |= {s.collection_id for s in meta.segments_on_node(src)}
             out |= {c.collection_id for c in meta.channels_on_node(src)}

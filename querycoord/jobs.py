@@ -1,0 +1,207 @@
+"""Jobs: what each mutating QueryCoord request does (Milvus v2's ``querycoordv2/job/``).
+
+A job validates its request against the query meta and the pending triggers,
+joins an identical trigger already pending (a client retry must be answered
+as the first call is, not start a second load), else builds and submits its
+trigger and waits as the API promises: a load answers once its plan is
+persisted (the client follows progress with ShowCollections or GetTask), a
+release once it is done, a balance once it is queued. The gRPC service only
+decodes, runs a job and encodes; the scheduler only runs triggers. Refusals
+are ``CoordError``s carrying the code the caller sees.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from enum import Enum
+from typing import Generic, TypeVar
+
+from proto import data_pb2
+from proto import querycoord_pb2 as qc
+from querycoord.errors import TIMEOUT_REASON, Conflict, DeadlinePassed, IllegalArgument, NotFound
+from querycoord.task.model import TaskEnv
+from querycoord.task.scheduler import Scheduler
+from querycoord.task.triggers import (
+    LoadBalanceTask,
+    LoadCollectionTask,
+    LoadPartitionsTask,
+    ReleaseCollectionTask,
+    ReleasePartitionsTask,
+    TriggerTask,
+)
+
+COLLECTION, PARTITION = data_pb2.LOAD_TYPE_COLLECTION, data_pb2.LOAD_TYPE_PARTITION
+RELEASE_KINDS = (qc.TASK_KIND_RELEASE_COLLECTION, qc.TASK_KIND_RELEASE_PARTITION)
+GRPC = qc.TRIGGER_CONDITION_GRPC_REQUEST
+R = TypeVar("R")
+
+
+class Until(Enum):
+    """How long a request waits for its trigger (the API contract of each call)."""
+
+    QUEUED = "queued"
+    PLANNED = "planned"
+    FINISHED = "finished"
+
+
+class Job(Generic[R]):
+    """One request's work on the leader: ``run`` returns the trigger's id (0: nothing to do)."""
+
+    def __init__(self, scheduler: Scheduler, request: R, budget: float | None = None):
+        self.scheduler = scheduler
+        self.request = request
+        self.env: TaskEnv = scheduler.env
+        self.meta = scheduler.env.meta
+        self.budget = budget  # seconds the caller still waits (None: no deadline)
+
+    async def run(self) -> int:
+        raise NotImplementedError
+
+    async def _submit(self, task: TriggerTask, until: Until) -> int:
+        await self.scheduler.enqueue(task)
+        return await self._wait(task, until)
+
+    async def _wait(self, task: TriggerTask, until: Until) -> int:
+        """Wait for ``task`` as the first caller waits (also when joining it); its id."""
+        if until is not Until.QUEUED:
+            fut = task.planned if until is Until.PLANNED else task.finished
+            try:
+                await asyncio.wait_for(asyncio.shield(fut), self.budget)
+            except TimeoutError:
+                raise DeadlinePassed(f"{TIMEOUT_REASON}: check ListTasks") from None
+        return task.id
+
+    def _pending_load(self, cid: int, kind: int, partition_ids: set[int] | None = None) -> TriggerTask | None:
+        """A queued or running load of ``kind`` that a new request would repeat (not one being cancelled):
+        for partitions, one whose partitions include ``partition_ids``."""
+        for t in self.scheduler.pending(cid, (kind,), cancelled=False):
+            if partition_ids is None or partition_ids <= set(t.request.partition_ids):
+                return t
+        return None
+
+    def _releasing(self, cid: int) -> bool:
+        return bool(self.scheduler.pending(cid, RELEASE_KINDS))
+
+
+class LoadCollectionJob(Job[qc.LoadCollectionRequest]):
+    async def run(self) -> int:
+        cid = self.request.collection_id
+        await self.env.broker.describe_collection(cid)  # NOT_FOUND if unknown
+        load_type = self.meta.get_load_type(cid)
+        if load_type == PARTITION or self._pending_load(cid, qc.TASK_KIND_LOAD_PARTITION):
+            raise Conflict(f"collection {cid} is loaded as partitions: release partitions first")
+        pending = self._pending_load(cid, qc.TASK_KIND_LOAD_COLLECTION)
+        if pending is not None:  # a retry of a load in progress: answer as the first call is answered
+            return await self._wait(pending, Until.PLANNED)
+        if load_type == COLLECTION and not self._releasing(cid):
+            return 0  # loaded; whatever a node lost since, the checker loads again
+        req = qc.LoadCollectionRequest()
+        req.CopyFrom(self.request)
+        task = LoadCollectionTask.new(self.env, req, trigger_condition=GRPC, collection_id=cid)
+        return await self._submit(task, Until.PLANNED)  # type: ignore[arg-type]
+
+
+class ReleaseCollectionJob(Job[qc.ReleaseCollectionRequest]):
+    async def run(self) -> int:
+        cid = self.request.collection_id
+        if not self.meta.has_collection(cid) and not self.scheduler.pending(cid):
+            return 0  # releasing what is not loaded is success
+        req = qc.ReleaseCollectionRequest(collection_id=cid)
+        task = ReleaseCollectionTask.new(self.env, req, trigger_condition=GRPC, collection_id=cid)
+        return await self._submit(task, Until.FINISHED)  # type: ignore[arg-type]
+
+
+class LoadPartitionsJob(Job[qc.LoadPartitionsRequest]):
+    async def run(self) -> int:
+        cid, pids = self.request.collection_id, list(self.request.partition_ids)
+        if not pids:
+            raise IllegalArgument("LoadPartitions needs at least one partition id")
+        await self.env.broker.describe_collection(cid)
+        if self.meta.get_load_type(cid) == COLLECTION:
+            raise Conflict(f"collection {cid} is loaded as a whole; release it before loading partitions")
+        if self._pending_load(cid, qc.TASK_KIND_LOAD_COLLECTION):
+            raise Conflict(f"collection {cid} is being loaded as a whole; release it before loading partitions")
+        pending = self._pending_load(cid, qc.TASK_KIND_LOAD_PARTITION, set(pids))
+        if pending is not None:  # a retry of a load in progress: answer as the first call is answered
+            return await self._wait(pending, Until.PLANNED)
+        in_flight = {p for t in self.scheduler.pending(cid, (qc.TASK_KIND_LOAD_PARTITION,), cancelled=False)
+                     for p in t.request.partition_ids}
+        releasing = self._releasing(cid)  # then a new load runs after the release
+        loaded = [p for p in pids if self.meta.has_partition(cid, p) and p not in in_flight and not releasing]
+        if len(loaded) == len(pids):
+            return 0
+        if loaded:
+            raise Conflict(f"partitions {loaded} of collection {cid} are already loaded while "
+                           f"{[p for p in pids if p not in loaded]} are not; load only the new ones")
+        req = qc.LoadPartitionsRequest()
+        req.CopyFrom(self.request)
+        task = LoadPartitionsTask.new(self.env, req, trigger_condition=GRPC, collection_id=cid)
+        return await self._submit(task, Until.PLANNED)  # type: ignore[arg-type]
+
+
+class ReleasePartitionsJob(Job[qc.ReleasePartitionsRequest]):
+    async def run(self) -> int:
+        cid, pids = self.request.collection_id, list(self.request.partition_ids)
+        if not pids:
+            raise IllegalArgument("ReleasePartitions needs at least one partition id")
+        if self.meta.get_load_type(cid) == COLLECTION:
+            raise Conflict(f"collection {cid} is loaded as a whole; release the collection instead")
+        if self._pending_load(cid, qc.TASK_KIND_LOAD_COLLECTION):
+            raise Conflict(f"collection {cid} is being loaded as a whole; release the collection instead")
+        info = self.meta.get_collection(cid)
+        loaded = {p.partition_id for p in info.partitions} if info else set()
+        loading = {p for t in self.scheduler.pending(cid, (qc.TASK_KIND_LOAD_PARTITION,))
+                   for p in t.request.partition_ids}
+        to_release = [p for p in pids if p in loaded or p in loading]
+        if not to_release:  # none of them is loaded or being loaded: nothing to do, nothing to cancel
+            return 0
+        task: TriggerTask
+        if loaded and loaded <= set(pids) and loading <= set(pids):  # every partition goes: the collection goes
+            task = ReleaseCollectionTask.new(  # type: ignore[assignment]
+                self.env, qc.ReleaseCollectionRequest(collection_id=cid), trigger_condition=GRPC, collection_id=cid)
+        else:
+            task = ReleasePartitionsTask.new(  # type: ignore[assignment]
+                self.env, qc.ReleasePartitionsRequest(collection_id=cid, partition_ids=to_release),
+                trigger_condition=GRPC, collection_id=cid)
+        return await self._submit(task, Until.FINISHED)
+
+
+class LoadBalanceJob(Job[qc.LoadBalanceRequest]):
+    async def run(self) -> int:
+        request = self.request
+        if not request.source_node_ids:
+            raise IllegalArgument("LoadBalance needs at least one source node id")
+        for t in self.scheduler.pending(None, (qc.TASK_KIND_LOAD_BALANCE,)):  # a retry of a balance joins it
+            if same_balance(t.request, request):
+                return t.id
+        for nid in [*request.source_node_ids, *request.dst_node_ids]:
+            if not self.env.nodes.is_online(nid):
+                raise NotFound(f"query node {nid} is unknown or offline")
+        on_sources = {s.segment_id for n in request.source_node_ids for s in self.meta.segments_on_node(n)}
+        missing = sorted(set(request.sealed_segment_ids) - on_sources)
+        if missing:
+            raise NotFound(f"segments {missing} are not loaded on source nodes {list(request.source_node_ids)}")
+        req = qc.LoadBalanceRequest()
+        req.CopyFrom(request)
+        req.reason = qc.BALANCE_REASON_USER
+        task = LoadBalanceTask.new(self.env, req, trigger_condition=qc.TRIGGER_CONDITION_LOAD_BALANCE)
+        return await self._submit(task, Until.QUEUED)  # type: ignore[arg-type]
+
+
+def same_balance(a: qc.LoadBalanceRequest, b: qc.LoadBalanceRequest) -> bool:
+    """The same user balance asked again (order of ids does not matter)."""
+    return (a.reason in (qc.BALANCE_REASON_USER, qc.BALANCE_REASON_UNSPECIFIED)
+            and set(a.source_node_ids) == set(b.source_node_ids) and set(a.dst_node_ids) == set(b.dst_node_ids)
+            and set(a.sealed_segment_ids) == set(b.sealed_segment_ids) and a.collection_id == b.collection_id)
+
+
+__all__ = [
+    "Job",
+    "LoadBalanceJob",
+    "LoadCollectionJob",
+    "LoadPartitionsJob",
+    "ReleaseCollectionJob",
+    "ReleasePartitionsJob",
+    "Until",
+    "same_balance",
+]
