@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import os
 import sys
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 
@@ -38,10 +39,7 @@ def _add_failover(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--ops", type=int, default=0, help="client requests in the schedule (default: derived)")
     p.add_argument("--node-latency-ms", type=float, default=10.0, help="latency of every node call (default 10)")
     p.add_argument("--quiesce-timeout", type=float, default=120.0, help="bound of the final wait (default 120)")
-    p.add_argument("--work-dir", default=None, help="keep logs and etcd data here (default: a temp dir, removed "
-                                                    "when the drill passes)")
-    p.add_argument("--keep", action="store_true", help="keep the temp work dir even when the drill passes")
-    p.add_argument("-v", "--verbose", action="store_true", help="print every call and role change")
+    _add_run_options(p, "print every call and role change")
     p.set_defaults(func=cmd_failover)
     return p
 
@@ -67,10 +65,7 @@ def _add_streams(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--heartbeat-ms", type=float, default=100.0, help="stream node heartbeat tick (default 100)")
     p.add_argument("--watch-timeout", type=float, default=2.0, help="the leader's WATCH bound (default 2)")
     p.add_argument("--quiesce-timeout", type=float, default=60.0, help="bound of each wait (default 60)")
-    p.add_argument("--work-dir", default=None, help="keep logs and etcd data here (default: a temp dir, removed "
-                                                    "when the drill passes)")
-    p.add_argument("--keep", action="store_true", help="keep the temp work dir even when the drill passes")
-    p.add_argument("-v", "--verbose", action="store_true", help="print every observation and role change")
+    _add_run_options(p, "print every observation and role change")
     p.set_defaults(func=cmd_streams)
     return p
 
@@ -88,15 +83,10 @@ def cmd_streams(args: argparse.Namespace) -> int:
             task_fails=args.task_fails, user_stops=args.user_stops, ttl=args.ttl, heartbeat_ms=args.heartbeat_ms,
             watch_timeout=args.watch_timeout, quiesce_timeout=args.quiesce_timeout, work_dir=args.work_dir,
             keep=args.keep, verbose=args.verbose)
-        opts.validate()
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    try:
-        return asyncio.run(run_streams(opts))
-    except KeyboardInterrupt:
-        print("\ninterrupted: every process of the drill was stopped", file=sys.stderr)
-        return 130
+    return _run(opts, run_streams)
 
 
 def _add_chaos(sub: Any) -> argparse.ArgumentParser:
@@ -135,10 +125,7 @@ def _add_chaos(sub: Any) -> argparse.ArgumentParser:
                                                                "checker)")
     p.add_argument("--time-budget", type=float, default=900.0, help="bound of the whole run in seconds; phases "
                                                                     "left are skipped (default 900)")
-    p.add_argument("--work-dir", default=None, help="keep logs and etcd data here (default: a temp dir, removed "
-                                                    "when the drill passes)")
-    p.add_argument("--keep", action="store_true", help="keep the temp work dir even when the drill passes")
-    p.add_argument("-v", "--verbose", action="store_true", help="print every call and role change")
+    _add_run_options(p, "print every call and role change")
     p.set_defaults(func=cmd_chaos)
     return p
 
@@ -159,12 +146,29 @@ def cmd_chaos(args: argparse.Namespace) -> int:
             time_budget=args.time_budget,
             work_dir=args.work_dir,
             keep=args.keep, verbose=args.verbose)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return _run(opts, run_chaos)
+
+
+def _add_run_options(p: argparse.ArgumentParser, verbose_help: str) -> None:
+    """What every drill takes: where its logs go, whether to keep them, how much to print."""
+    p.add_argument("--work-dir", default=None, help="keep logs and etcd data here (default: a temp dir, removed "
+                                                    "when the drill passes)")
+    p.add_argument("--keep", action="store_true", help="keep the temp work dir even when the drill passes")
+    p.add_argument("-v", "--verbose", action="store_true", help=verbose_help)
+
+
+def _run(opts: Any, runner: Callable[[Any], Awaitable[int]]) -> int:
+    """Validate the options (a bad one is one error line, exit 2) and run the drill to its exit code."""
+    try:
         opts.validate()
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
-        return asyncio.run(run_chaos(opts))
+        return asyncio.run(runner(opts))
     except KeyboardInterrupt:
         print("\ninterrupted: every process of the drill was stopped", file=sys.stderr)
         return 130
@@ -194,15 +198,10 @@ def cmd_failover(args: argparse.Namespace) -> int:
             segments_per_collection=args.segments_per_collection, partitions=args.partitions, pauses=args.pauses,
             node_kills=args.node_kills, ops=args.ops, node_latency_ms=args.node_latency_ms,
             quiesce_timeout=args.quiesce_timeout, work_dir=args.work_dir, keep=args.keep, verbose=args.verbose)
-        opts.validate()
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    try:
-        return asyncio.run(run_failover(opts))
-    except KeyboardInterrupt:
-        print("\ninterrupted: every process of the drill was stopped", file=sys.stderr)
-        return 130
+    return _run(opts, run_failover)
 
 
 def main(argv: list[str] | None = None) -> int:
