@@ -23,7 +23,7 @@ With several coordinators (``coordinators=2``, as the demo runs) one leads
 and the others stand by; which one leads is followed from their
 ``leader``/``standby`` events. ``kill_leader`` SIGKILLs the leader and
 ``wait_new_leader`` waits for a standby's ``leader`` event (emitted once it
-has reconciled with the nodes and resumed the persisted tasks).
+has reloaded and resumed the persisted tasks; the checker then compares with the nodes).
 
 Optional reference stream nodes (``stream_nodes=N``, default none; the demo
 runs three) heartbeat to the coordinators' StreamMgmt service; each is started
@@ -393,8 +393,8 @@ class AllInOne:
     async def wait_new_leader(self, after: float | None = None, timeout: float = 30.0) -> dict[str, Any]:
         """The first "leader" event of a running coordinator later than ``after`` (default: the last kill).
 
-        The event carries ``address``, ``server_id`` and ``t`` (when it started serving: after reconciling with
-        the nodes and resuming the persisted tasks). TimeoutError if none within ``timeout``; EOFError if every
+        The event carries ``address``, ``server_id`` and ``t`` (when it started serving: after reloading and
+        resuming the persisted tasks). TimeoutError if none within ``timeout``; EOFError if every
         coordinator is gone.
         """
         if after is None:

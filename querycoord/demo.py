@@ -16,8 +16,8 @@ What it shows, each part a real process on the embedded etcd:
    segments then are is read from the nodes (each on exactly one online
    node, none left on the dead one);
 4. the second is loaded; mid-load the leading coordinator is SIGKILLed: the
-   standby takes over once the dead leader's lease lapses, reconciles with
-   the nodes, resumes the persisted load task, and the progress bar (its
+   standby takes over once the dead leader's lease lapses, resumes the
+   persisted load task (its checker compares meta with the nodes), and the progress bar (its
    client follows the leader) goes on to 100 %; the takeover time (the new
    leader's "leader" event minus the kill) is printed; the killed
    coordinator is replaced by a fresh standby;
@@ -290,7 +290,7 @@ async def run_cluster(opts: argparse.Namespace, data_dir: str) -> int:
                 secs = ev["t"] - killed_at
                 takeover.append((old.address, ev["address"], secs))
                 bar.message(f"{tl.stamp(ev['t'])}coordinator {ev['address']} took over after {secs:.2f}s "
-                            f"(reconciled, resumed the load)")
+                            f"(resumed the load)")
                 standby.append(asyncio.create_task(cluster.add_coordinators(1)))  # a fresh standby
 
             await cli.follow_load(c, b.collection_id, task_b, bar, on_progress=kill_leader_mid_load)

@@ -1,7 +1,7 @@
 """gRPC client of one query node; every call carries the leader's fence.
 
 Reads carry it too: a node raises its fence mark on any call, so once a new
-leader has only read a node's distribution (reconcile, the checker), a late
+leader has only read a node's distribution (the checker), a late
 mutation from the deposed leader is already refused there.
 """
 

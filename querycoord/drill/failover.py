@@ -12,7 +12,7 @@ JSON line, and exits non-zero when an invariant failed. Takeover times are compa
 target in the table only: timing on a shared machine is noise, not a correctness failure.
 
 Takeover is measured from the SIGKILL (our clock) to the ``{"event": "leader"}`` line of another
-coordinator (its clock, same host), which a coordinator prints only once it has reloaded and reconciled.
+coordinator (its clock, same host), which a coordinator prints only once it has reloaded and resumed its tasks.
 """
 
 from __future__ import annotations

@@ -34,9 +34,9 @@ Rules every write follows:
    every record of the collection however many there are, including records
    memory does not know (left by a crash or skipped as corrupt).
 5. **Segment and channel records may be written in several txns.** They are
-   facts about which node holds what; the reconcile after a failover
-   re-derives them from the nodes, so a batch cut in two by a crash is
-   repaired there. Collection records, the intent, are always one put.
+   facts about which node holds what; the checker (right after a failover,
+   then periodically) re-derives them from the nodes, so a batch cut in two
+   by a crash is repaired there. Collection records, the intent, are always one put.
 6. **Stored stripped.** Fields the catalog can tell again (index file paths
    of a segment; flushed and dropped segment ids of a delta channel) are
    cleared before storing, as ``proto/data.proto`` prescribes for persisted
@@ -152,8 +152,8 @@ class QueryMeta:
         skipped and listed in ``corrupt_keys`` unless ``strict``. Why skip
         rather than refuse to start: a refusal would stop every future leader
         (the whole cluster) on one bad value, while skipping costs little:
-        a skipped segment or channel record is re-derived by the reconcile
-        with the nodes, a skipped collection shows as not loaded and can be
+        a skipped segment or channel record is re-derived by the checker
+        from the nodes, a skipped collection shows as not loaded and can be
         loaded again, and memory still shows nothing etcd lacks. Range
         deletes of a later release remove skipped keys too; ``purge_corrupt``
         removes them at once.

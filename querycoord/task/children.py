@@ -111,7 +111,7 @@ class LoadSegmentsTask(ChildTask):
     async def _release_moved_and_replaced(self, req: querynode_pb2.LoadSegmentsRequest) -> None:
         """A balance move releases the source copy; a handoff releases the compaction sources.
 
-        Best effort: a copy left behind on a node is found by reconciliation; the
+        Best effort: a copy left behind on a node is released by the checker; the
         segment is already served by its new node, which is what matters.
         """
         releases: dict[int, list[int]] = {}

@@ -253,7 +253,7 @@ class ReleaseCollectionTask(TriggerTask):
 
     async def after_failure(self) -> None:
         # The user asked for a release: record it; whatever a node still holds is a
-        # stray that reconciliation releases.
+        # stray that the checker releases.
         await self.env.meta.release_collection(self.collection_id)
 
 
