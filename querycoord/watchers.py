@@ -33,8 +33,9 @@ async def run_handoff(broker: Broker, kv: MetaKV, scheduler: Scheduler, meta: Qu
     errors = 0
     while not scheduler.stopped:
         try:
-            await _handoff(broker, kv, scheduler, meta, checker)
-            return  # the catalog cannot be watched (remote): nothing to follow
+            if not await _handoff(broker, kv, scheduler, meta, checker):
+                return  # the catalog cannot be watched (remote): nothing to follow
+            logger.warning("handoff: the catalog watch ended; restarting it")
         except asyncio.CancelledError:
             raise
         except NotLeader:
@@ -56,13 +57,14 @@ async def _start_revision(kv: MetaKV, meta: QueryMeta) -> int:
     return await kv.revision() + 1
 
 
-async def _handoff(broker: Broker, kv: MetaKV, scheduler: Scheduler, meta: QueryMeta, checker: Checker) -> None:
+async def _handoff(broker: Broker, kv: MetaKV, scheduler: Scheduler, meta: QueryMeta, checker: Checker) -> bool:
     """New sealed segments of loaded collections become Handoff triggers.
 
     The watch resumes from the revision persisted after the last handoff was
     queued, so segments sealed while no leader watched are not skipped. After
     a compaction of the watch's history (``SegmentResync``) the catalog's full
-    list is compared with query meta instead.
+    list is compared with query meta instead. False when the catalog cannot be
+    watched at all.
     """
     try:
         async for item in broker.watch_segments(await _start_revision(kv, meta)):
@@ -88,6 +90,8 @@ async def _handoff(broker: Broker, kv: MetaKV, scheduler: Scheduler, meta: Query
     except NotImplementedError:
         logger.info("the catalog is remote and cannot be watched: handoff is off (the checker still loads "
                     "new segments)")
+        return False
+    return True
 
 
 async def kick_on_node_changes(nodes: NodeManager, checker: Checker) -> None:

@@ -30,9 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import random
-import shutil
 import signal
 import sys
 import tempfile
@@ -71,7 +69,15 @@ from querycoord.drill.chaos_ops import (
     make_plan,
     state_name,
 )
-from querycoord.drill.failover import CoordSlot, DrillOptions, DrillSetupError, FailoverDrill, FaultRecord, NodeSlot
+from querycoord.drill.failover import (
+    CoordSlot,
+    DrillOptions,
+    DrillSetupError,
+    FailoverDrill,
+    FaultRecord,
+    NodeSlot,
+    run_and_report,
+)
 from querycoord.drill.invariants import UNCLEAR_CODES, Expected, MetaView, check
 from querycoord.drill.proxy import TcpProxy
 from querycoord.drill.stale import count_refusals
@@ -311,7 +317,6 @@ class ChaosDrill(FailoverDrill):
     def __init__(self, opts: ChaosOptions, out: Any = None):
         opts.validate()
         self.copts = opts
-        self._temp_work = opts.work_dir is None
         work = opts.work_dir or tempfile.mkdtemp(prefix="querycoord-chaos-")
         super().__init__(DrillOptions(
             coordinators=opts.coordinators, nodes=opts.nodes, collections=opts.collections, kills=0, seed=opts.seed,
@@ -954,22 +959,7 @@ def render(result: ChaosResult) -> str:
 async def run_chaos(opts: ChaosOptions, out: Any = None) -> int:
     """Run the drill, print the table and the JSON line; 0 when nothing failed, 1 otherwise, 2 on setup."""
     out = out or sys.stdout
-    drill = ChaosDrill(opts, out)
-    try:
-        result = await drill.run()
-    except DrillSetupError as exc:
-        print(f"error: the drill could not start or keep its processes running: {exc}\n(work dir kept: "
-              f"{drill.work})", file=sys.stderr)
-        return 2
-    print(render(result), file=out)
-    if result.failed:
-        print(f"\nFAILED; the same plan: {opts.command()}", file=out)
-    if result.failed or opts.keep or not drill._temp_work:
-        print(f"\nlogs and etcd data kept in {drill.work}", file=out)
-    else:
-        shutil.rmtree(drill.work, ignore_errors=True)
-    print(json.dumps(result.summary()), file=out, flush=True)
-    return 1 if result.failed else 0
+    return await run_and_report(ChaosDrill(opts, out), opts, render, out, plan="plan")
 
 
 __all__ = ["ChaosCall", "ChaosDrill", "ChaosOptions", "ChaosResult", "idempotence_violations", "render", "run_chaos"]

@@ -26,6 +26,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -974,17 +975,23 @@ def render(result: DrillResult) -> str:
 async def run_failover(opts: DrillOptions, out: Any = None) -> int:
     """Run the drill, print the table and the JSON line; 0 when every invariant held, 1 otherwise, 2 on setup."""
     out = out or sys.stdout
-    drill = FailoverDrill(opts, out)
+    return await run_and_report(FailoverDrill(opts, out), opts, render, out, plan="schedule")
+
+
+async def run_and_report(drill: Any, opts: Any, render_result: Callable[[Any], str], out: Any, *,
+                         plan: str) -> int:
+    """What every process drill does around ``drill.run()``: the table, how to rerun a failure, where the
+    logs are (kept on failure, with --keep or --work-dir), and the JSON line last. 0 passed, 1 failed, 2 setup."""
     try:
         result = await drill.run()
     except DrillSetupError as exc:
         print(f"error: the drill could not start or keep its processes running: {exc}\n(work dir kept: "
               f"{drill.work})", file=sys.stderr)
         return 2
-    print(render(result), file=out)
+    print(render_result(result), file=out)
     failed = result.failed
     if failed:
-        print(f"\nFAILED; the same schedule: {opts.command()}", file=out)
+        print(f"\nFAILED; the same {plan}: {opts.command()}", file=out)
     if failed or opts.keep or opts.work_dir:
         print(f"\nlogs and etcd data kept in {drill.work}", file=out)
     else:

@@ -197,9 +197,6 @@ class Scheduler:
                 # Still queued: it never started, so it has nothing to roll back.
                 self._running[t.id] = asyncio.create_task(self._finish_cancelled(t))
 
-    def is_cancelled(self, t: TriggerTask) -> bool:
-        return t.id in self._cancel_reason
-
     def pending(self, collection_id: int | None = None, kinds: Collection[int] = (), *,
                 cancelled: bool = True) -> list[TriggerTask]:
         """Queued or running triggers, oldest first, for callers that must not start a duplicate (the jobs):
@@ -254,7 +251,10 @@ class Scheduler:
             return
         except BaseException as exc:  # a bug, or a cancellation nobody asked for: still answer the callers
             logger.opt(exception=exc).error("{}: the runner failed unexpectedly", t.describe())
-            self._drop(t) if self.stopped else self._finish(t, _internal(exc))
+            if self.stopped:
+                self._drop(t)
+            else:
+                self._finish(t, _internal(exc))
             if isinstance(exc, asyncio.CancelledError):
                 raise
             return
