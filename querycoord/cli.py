@@ -36,7 +36,6 @@ from querycoord.logs import setup_logging
 
 if TYPE_CHECKING:
     from querycoord.cluster_runner import AllInOne
-    from querycoord.stream.manager import StreamConfig
 
 DEFAULT_ADDRESS = "127.0.0.1:19531"
 MIB = 1 << 20
@@ -95,49 +94,18 @@ def cmd_etcd(args: argparse.Namespace) -> int:
     return 0
 
 
-def fast_stream_config(watch_timeout: float = 2.0) -> StreamConfig:
-    """The stream manager's durations scaled down for drills (``coord --stream-fast``; TDengine's are tens of s)."""
-    from querycoord.stream.manager import StreamConfig
-
-    return StreamConfig(watch_timeout=watch_timeout, task_silence=5.0, min_start_delay=0.2, error_retry_delay=0.5,
-                        max_retry_delay=2.0, reset_after=5.0, health_interval=0.3, health_slots=2, isolation=3.0,
-                        vgroup_lost_stop=30.0)
-
-
 def cmd_coord(args: argparse.Namespace) -> int:
     """Run one coordinator until SIGTERM/SIGINT (it campaigns; with others running it may stand by)."""
-    from meta.config import EtcdConfig
     from meta.errors import MetaError
     from querycoord.cluster_runner import listen_problem
-    from querycoord.config import CoordConfig
+    from querycoord.coord_options import config_from_args
     from querycoord.process import run_coordinator
-    from querycoord.task.model import SchedulerConfig
 
     try:
-        problem = listen_problem(args.listen)
+        config = config_from_args(args)
+        problem = listen_problem(config.listen)
         if problem:
             raise ValueError(problem)
-        if args.ttl < 2:
-            raise ValueError(f"--ttl must be at least 2 seconds, got {args.ttl}")
-        sched = SchedulerConfig()
-        for name in ("max_request_bytes", "max_concurrent_children", "retry_backoff", "retry_backoff_max",
-                     "wait_interval", "trigger_timeout"):
-            value = getattr(args, name)
-            if value is not None:
-                setattr(sched, name, type(getattr(sched, name))(value))
-        config = CoordConfig(
-            etcd=EtcdConfig.from_endpoints(args.etcd_endpoints), root=args.root, listen=args.listen,
-            session_ttl=args.ttl, rpc_timeout=args.rpc_timeout, auto_balance_interval=args.auto_balance_interval,
-            checker_interval=args.checker_interval, scheduler=sched,
-        )
-        if args.checker_interval <= 0:
-            raise ValueError(f"--checker-interval must be > 0, got {args.checker_interval}")
-        if args.stream_scale != 1.0:
-            config.stream = config.stream.scaled(args.stream_scale)
-            config.stream_tick = min(config.stream_tick, max(0.05, config.stream_tick * args.stream_scale))
-        if args.stream_fast:
-            config.stream = fast_stream_config(args.stream_watch_timeout)
-            config.stream_tick, config.stream_refresh = 0.1, 5.0
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -673,6 +641,7 @@ def _client_options(suppress: bool) -> argparse.ArgumentParser:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from querycoord.coord_options import add_coord_options
     from querycoord.demo import add_demo_arguments
     from querycoord.drill import add_drill_parser
     from querycoord.nodes.querynode import add_querynode_parser
@@ -691,30 +660,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_etcd)
 
     p = sub.add_parser("coord", help="run one coordinator (campaigns; leads or stands by)")
-    p.add_argument("--etcd-endpoints", required=True, help="comma-separated host:port list of etcd members")
-    p.add_argument("--root", default="querycoord", help="meta root path in etcd (default querycoord)")
-    p.add_argument("--listen", default=DEFAULT_ADDRESS, help=f"gRPC listen address (default {DEFAULT_ADDRESS}; "
-                                                             "port 0: any free port)")
-    p.add_argument("--ttl", type=float, default=10.0, help="session lease TTL in seconds (default 10)")
-    p.add_argument("--rpc-timeout", type=float, default=10.0, help="timeout of a call to a query node (default 10)")
-    p.add_argument("--stream-scale", type=float, default=1.0,
-                   help="multiply every stream-manager duration (isolation, WATCH timeout, back-off...) by this; "
-                        "0.1 for demos and drills (default 1: TDengine's timings)")
-    p.add_argument("--auto-balance-interval", type=float, default=60.0,
-                   help="seconds between auto balance checks; 0 disables (default 60)")
-    p.add_argument("--checker-interval", type=float, default=5.0,
-                   help="seconds between checks of what nodes hold against what should be loaded; the checker "
-                        "is also kicked by node changes, takeover and handoff (default 5)")
-    # Scheduler knobs for drills and the demo; production keeps the defaults.
-    p.add_argument("--max-request-bytes", type=int, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--max-concurrent-children", type=int, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--retry-backoff", type=float, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--retry-backoff-max", type=float, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--wait-interval", type=float, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--trigger-timeout", type=float, default=None, help=argparse.SUPPRESS)
-    # Stream management scaled down for the stream drill (``fast_stream_config``).
-    p.add_argument("--stream-fast", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--stream-watch-timeout", type=float, default=2.0, help=argparse.SUPPRESS)
+    add_coord_options(p)
     p.set_defaults(func=cmd_coord)
 
     add_querynode_parser(sub)

@@ -63,7 +63,8 @@ from meta.config import EtcdConfig
 from meta.etcd_server import EtcdCluster
 from meta.kv import MetaKV
 from proto import stream_pb2
-from querycoord.stream.manager import ManagerState, StreamConfig, StreamManager
+from querycoord.config import StreamConfig
+from querycoord.stream.manager import ManagerState, StreamManager
 from querycoord.stream.plan import expected_counts
 from querycoord.stream.store import StreamStore
 

@@ -78,11 +78,10 @@ from meta.etcd_server import EtcdCluster
 from meta.kv import MAX_TXN_BYTES, MAX_TXN_OPS, MetaKV
 from proto import querycoord_pb2 as qc
 from querycoord.client import QueryCoordClient
-from querycoord.config import CoordConfig
+from querycoord.config import CoordConfig, SchedulerConfig
 from querycoord.coordinator import Leadership
 from querycoord.nodes.querynode import QueryNode
 from querycoord.process import CoordinatorProcess
-from querycoord.task.model import SchedulerConfig
 
 MIB = 1 << 20
 # Upper bound of a bulk segment's mem_size (create_bulk_collection: 10,000 rows of a 128-dim vector = 5.2 MB);

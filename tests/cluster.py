@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import subprocess
 import sys
 import time
+from typing import Any
 
 from meta.client import connect
 from meta.etcd_server import EtcdCluster
@@ -20,19 +22,17 @@ from meta.kv import MetaKV
 from proto import querycoord_pb2 as qc
 from proto import querynode_pb2
 from querycoord.client import QueryCoordClient
-from querycoord.config import CoordConfig
+from querycoord.config import SCALED_SCHEDULER, SchedulerConfig, scaled_config
 from querycoord.nodes.querynode import FaultConfig, QueryNode
 from querycoord.process import CoordinatorProcess
-from querycoord.task.model import SchedulerConfig
 from querycoord.task.store import TASK_PREFIXES
 
 MiB = 1 << 20
 
 
-def fast_scheduler(**kw: object) -> SchedulerConfig:
-    defaults = dict(retry_backoff=0.05, retry_backoff_max=0.2, wait_interval=0.2, trigger_timeout=60.0)
-    defaults.update(kw)
-    return SchedulerConfig(**defaults)  # type: ignore[arg-type]
+def fast_scheduler(**kw: Any) -> SchedulerConfig:
+    """The scaled preset's scheduler with ``kw`` changed."""
+    return dataclasses.replace(SCALED_SCHEDULER, **kw)
 
 
 class QueryCluster:
@@ -40,8 +40,8 @@ class QueryCluster:
                  session_ttl: float = 2.0):
         self.etcd = etcd
         self.root = root
-        self.config = CoordConfig(etcd=etcd.config(), root=root, listen="127.0.0.1:0", session_ttl=session_ttl,
-                                  rpc_timeout=5.0, auto_balance_interval=0, scheduler=scheduler or fast_scheduler())
+        self.config = scaled_config(etcd=etcd.config(), root=root, session_ttl=session_ttl,
+                                    scheduler=scheduler or fast_scheduler())
         self.coords: list[CoordinatorProcess] = []
         self.nodes: list[QueryNode] = []
         self.procs: list[subprocess.Popen[str]] = []

@@ -11,16 +11,14 @@ import grpc
 from meta.etcd_server import EtcdCluster
 from proto import common_pb2, querycoord_pb2_grpc
 from proto import querycoord_pb2 as qc
-from querycoord.config import CoordConfig
+from querycoord.config import CoordConfig, scaled_config
 from querycoord.process import CoordinatorProcess
-from tests.cluster import fast_scheduler
 
 
 async def test_majority_down_means_not_serving_then_leadership_returns_with_quorum(tmp_path: Path) -> None:
     with EtcdCluster(tmp_path / "etcd", size=3) as cluster:
-        config = CoordConfig(etcd=cluster.config(call_timeout=1.0, deadline=3.0), root="faults",
-                             listen="127.0.0.1:0", session_ttl=2, auto_balance_interval=0,
-                             scheduler=fast_scheduler())
+        config = scaled_config(etcd=cluster.config(call_timeout=1.0, deadline=3.0), root="faults",
+                               rpc_timeout=CoordConfig.rpc_timeout)
         proc = CoordinatorProcess(config)
         await proc.start()
         try:

@@ -32,7 +32,8 @@ from meta.etcd_server import EtcdCluster
 from meta.fence import Fence
 from meta.kv import MetaKV
 from proto import common_pb2, stream_pb2, stream_pb2_grpc
-from querycoord.stream.manager import StreamConfig, StreamManager
+from querycoord.config import StreamConfig
+from querycoord.stream.manager import StreamManager
 from querycoord.stream.store import StreamStore
 
 sp = stream_pb2
@@ -46,8 +47,8 @@ from meta.config import EtcdConfig
 from querycoord.config import CoordConfig
 from querycoord.logs import setup_logging
 from querycoord.process import CoordinatorProcess
-from querycoord.stream.manager import StreamConfig
-from querycoord.task.model import SchedulerConfig
+from querycoord.config import StreamConfig
+from querycoord.config import SchedulerConfig
 import querycoord.process as qp
 
 setup_logging("WARNING")

@@ -18,11 +18,11 @@ import pytest
 from meta.fence import Fence
 from meta.kv import MetaKV
 from proto import stream_pb2
+from querycoord.config import StreamConfig
 from querycoord.stream.manager import (
     STOP_SNODE_LOST,
     STOP_VGROUP_LOST,
     ManagerState,
-    StreamConfig,
     StreamManager,
 )
 from querycoord.stream.store import StreamStore

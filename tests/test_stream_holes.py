@@ -33,9 +33,10 @@ from meta.idalloc import IdAllocator
 from meta.kv import MetaKV
 from meta.session import Session, list_sessions
 from proto import common_pb2, stream_pb2
+from querycoord.config import StreamConfig
 from querycoord.nodes.streamnode import StreamNode
 from querycoord.nodes.streamnode_state import StreamNodeState
-from querycoord.stream.manager import ManagerState, StreamConfig, StreamManager
+from querycoord.stream.manager import ManagerState, StreamManager
 from querycoord.stream.plan import Slot, expected_counts, plan_stream, task_layout
 from querycoord.stream.store import TASK_ID_KEY, StreamStore, status_of
 from tests.test_stream_manager import Clock

@@ -25,11 +25,11 @@ import pytest
 from meta.fence import Fence
 from meta.kv import MetaKV
 from proto import stream_pb2
+from querycoord.config import StreamConfig
 from querycoord.stream.manager import (
     STOP_TASK_FAILED,
     STOP_TASK_LOST,
     ManagerState,
-    StreamConfig,
     StreamManager,
 )
 from querycoord.stream.store import StreamStore
@@ -549,7 +549,7 @@ async def test_watch_error_falls_back_to_redeploying_everything(
 
 
 def test_stream_config_scales_durations_not_counts() -> None:
-    from querycoord.stream.manager import StreamConfig
+    from querycoord.config import StreamConfig
 
     base = StreamConfig()
     fast = base.scaled(0.1)

@@ -22,11 +22,9 @@ from meta.etcd_server import EtcdCluster
 from meta.kv import MetaKV
 from meta.session import Session
 from proto import common_pb2, stream_pb2, stream_pb2_grpc
-from querycoord.config import CoordConfig
+from querycoord.config import CoordConfig, StreamConfig, scaled_config
 from querycoord.process import CoordinatorProcess
-from querycoord.stream.manager import StreamConfig
 from querycoord.stream.store import StreamStore
-from tests.cluster import fast_scheduler
 
 sp = stream_pb2
 FAST_STREAMS = StreamConfig(watch_timeout=1.0, task_silence=5.0, min_start_delay=0.2, error_retry_delay=0.5,
@@ -34,8 +32,7 @@ FAST_STREAMS = StreamConfig(watch_timeout=1.0, task_silence=5.0, min_start_delay
 
 
 def coord_config(etcd: EtcdCluster, root: str) -> CoordConfig:
-    return CoordConfig(etcd=etcd.config(), root=root, listen="127.0.0.1:0", session_ttl=2.0, rpc_timeout=5.0,
-                       auto_balance_interval=0, scheduler=fast_scheduler(), stream=FAST_STREAMS, stream_tick=0.1)
+    return scaled_config(etcd=etcd.config(), root=root, stream=FAST_STREAMS)
 
 
 @contextlib.asynccontextmanager

@@ -110,6 +110,7 @@ from enum import Enum
 
 from meta.errors import NotLeader
 from proto import common_pb2, stream_pb2
+from querycoord.config import StreamConfig
 from querycoord.stream.plan import (
     CALC_READER,
     RUNNER,
@@ -141,42 +142,6 @@ MAX_REJECTIONS = 1000
 
 TaskKey = tuple[int, int, int]  # (stream_id, task_id, sid): one task instance
 WatchReport = tuple[int, stream_pb2.TaskStatusReport]  # (session-verified node id, report)
-
-
-@dataclass(frozen=True, slots=True)
-class StreamConfig:
-    """Every duration of the manager, in seconds (TDengine's values by default; tests scale them down)."""
-
-    def scaled(self, factor: float) -> StreamConfig:
-        """The same configuration with every duration multiplied by ``factor`` (drills, demos: 0.1)."""
-        if factor <= 0:
-            raise ValueError(f"the stream time scale must be positive, got {factor}")
-        return dataclasses.replace(self, **{
-            f.name: getattr(self, f.name) * factor for f in dataclasses.fields(self) if f.type in ("float", float)
-        })
-
-    # WATCH after a leader change ends at the latest this long after start() (TDengine's short isolation).
-    watch_timeout: float = 10.0
-    # A deployed task not heard of for this long is lost; an snode not heard of for this long is not live.
-    task_silence: float = 30.0
-    # A trigger is started no sooner than this after the stream's last deploy (its tasks need time to come up).
-    min_start_delay: float = 3.0
-    # Error-stop back-off: retry after error_retry_delay, after max_retry_delay once more than
-    # fast_retries failures happened in a row; the count resets once the trigger ran reset_after.
-    error_retry_delay: float = 30.0
-    max_retry_delay: float = 600.0
-    fast_retries: int = 10
-    reset_after: float = 60.0
-    # Health check: run by tick() at most every health_interval; each snode and vgroup is checked once every
-    # health_slots runs (those whose id % health_slots is the current slot).
-    health_interval: float = 3.0
-    health_slots: int = 10
-    # An snode or vgroup not reported for this long is lost (also the damping of node_lost()).
-    isolation: float = 30.0
-    # Streams with a task on a vgroup lost this long are stopped (VGROUP_LOST).
-    vgroup_lost_stop: float = 150.0
-    # The stream checker (tick()) compares each task with its node's last report at most this often.
-    check_interval: float = 3.0
 
 
 class ManagerState(Enum):

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from meta.idalloc import IdAllocator
 from proto import common_pb2, task_pb2
 from proto import querycoord_pb2 as qc
+from querycoord.config import SchedulerConfig
 from querycoord.errors import CoordError
 
 if TYPE_CHECKING:
@@ -29,23 +30,6 @@ EXPIRED, FAILED = qc.TASK_STATE_EXPIRED, qc.TASK_STATE_FAILED
 
 def now_ms() -> int:
     return int(time.time() * 1000)
-
-
-@dataclass
-class SchedulerConfig:
-    """Every knob of the scheduler; tests and drills scale the durations down."""
-
-    retry_budget: int = 5  # attempts per child on one node (Milvus MaxRetryNum)
-    retry_backoff: float = 0.2  # first back-off between attempts, doubling
-    retry_backoff_max: float = 2.0
-    max_concurrent_triggers: int = 8
-    max_concurrent_children: int = 64
-    trigger_timeout: float = 600.0  # a trigger's whole life, including waits for capacity
-    max_request_bytes: int = 200_000  # merged LoadSegments request on the wire (Milvus MaxSendSizeToEtcd)
-    memory_limit: float = 0.9
-    wait_interval: float = 1.0  # allocation retry interval when waiting for capacity
-    finished_history: int = 200  # finished trees kept in memory for ListTasks
-    rollback_timeout: float = 120.0  # a failed trigger's rollback; past it the checker repairs the rest
 
 
 class TaskError(CoordError):

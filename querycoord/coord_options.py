@@ -1,0 +1,104 @@
+"""The options of ``querycoord coord``, one table from flag to ``CoordConfig`` field.
+
+The defaults a user sees in ``--help`` are read from the dataclasses, so the
+command line cannot drift from the configuration it builds. An option not
+given keeps the value of the base configuration: production values, or the
+scaled preset with ``--scaled`` (tests, drills and the demo), so a drill can
+start from the preset and still change one knob.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from meta.config import EtcdConfig
+from querycoord.config import CoordConfig, scaled_config
+
+
+@dataclass(frozen=True)
+class Option:
+    """``--flag`` sets the field at ``path`` (``scheduler.retry_backoff``); ``help`` None hides it from --help."""
+
+    flag: str
+    path: str
+    kind: type
+    help: str | None = None
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("--root", "root", str, "meta root path in etcd"),
+    Option("--listen", "listen", str, "gRPC listen address (port 0: any free port)"),
+    Option("--ttl", "session_ttl", float, "session lease TTL in seconds: how soon a crash is noticed (at least 2)"),
+    Option("--rpc-timeout", "rpc_timeout", float, "timeout of a call to a query node, in seconds"),
+    Option("--auto-balance-interval", "auto_balance_interval", float,
+           "seconds between auto balance checks; 0 disables"),
+    Option("--checker-interval", "checker_interval", float,
+           "seconds between checks of what nodes hold against what should be loaded; the checker is also kicked "
+           "by node changes, takeover and handoff"),
+    # Scheduler knobs: drills and the demo change them; production keeps the defaults.
+    Option("--max-request-bytes", "scheduler.max_request_bytes", int),
+    Option("--max-concurrent-children", "scheduler.max_concurrent_children", int),
+    Option("--retry-backoff", "scheduler.retry_backoff", float),
+    Option("--retry-backoff-max", "scheduler.retry_backoff_max", float),
+    Option("--wait-interval", "scheduler.wait_interval", float),
+    Option("--trigger-timeout", "scheduler.trigger_timeout", float),
+    Option("--stream-watch-timeout", "stream.watch_timeout", float),
+)
+
+
+def _get(config: Any, path: str) -> Any:
+    for name in path.split("."):
+        config = getattr(config, name)
+    return config
+
+
+def _replaced(config: Any, path: str, value: Any) -> Any:
+    """A copy of ``config`` with the (possibly nested) field at ``path`` set; the original is left alone."""
+    head, _, rest = path.partition(".")
+    return dataclasses.replace(config, **{head: _replaced(getattr(config, head), rest, value) if rest else value})
+
+
+def add_coord_options(p: argparse.ArgumentParser) -> None:
+    """Declare every option of ``coord``; defaults stay None so that "not given" is visible to ``config_from_args``."""
+    defaults = CoordConfig()
+    p.add_argument("--etcd-endpoints", required=True, help="comma-separated host:port list of etcd members")
+    for opt in OPTIONS:
+        shown = argparse.SUPPRESS if opt.help is None else f"{opt.help} (default {_get(defaults, opt.path)})"
+        p.add_argument(opt.flag, type=opt.kind, default=None, help=shown)
+    p.add_argument("--scaled", action="store_true",
+                   help="start from the scaled preset (tests, drills, demos): TTL 2 s, short back-offs, no auto "
+                        "balance, stream management about ten times faster; other options still apply")
+    p.add_argument("--stream-scale", type=float, default=None,
+                   help="multiply every stream-manager duration (isolation, WATCH timeout, back-off...) by this "
+                        "(default 1: TDengine's timings)")
+    # Before --scaled existed: the scaled stream timings alone. Kept so older scripts keep working.
+    p.add_argument("--stream-fast", action="store_true", help=argparse.SUPPRESS)
+
+
+def config_from_args(args: argparse.Namespace) -> CoordConfig:
+    """The configuration ``args`` ask for; ``ValueError`` names the first option out of range."""
+    config = scaled_config(listen=CoordConfig.listen) if args.scaled else CoordConfig()
+    if args.stream_fast:
+        scaled = scaled_config()
+        config.stream, config.stream_tick, config.stream_refresh = scaled.stream, scaled.stream_tick, 5.0
+    if args.stream_scale is not None:
+        if args.stream_scale <= 0:
+            raise ValueError(f"--stream-scale must be positive, got {args.stream_scale}")
+        config.stream = config.stream.scaled(args.stream_scale)
+        config.stream_tick = min(config.stream_tick, max(0.05, config.stream_tick * args.stream_scale))
+    for opt in OPTIONS:
+        value = getattr(args, opt.flag.lstrip("-").replace("-", "_"))
+        if value is not None:
+            config = _replaced(config, opt.path, value)
+    config.etcd = EtcdConfig.from_endpoints(args.etcd_endpoints)
+    if config.session_ttl < 2:
+        raise ValueError(f"--ttl must be at least 2 seconds, got {config.session_ttl:g}")
+    if config.checker_interval <= 0:
+        raise ValueError(f"--checker-interval must be > 0, got {config.checker_interval:g}")
+    return config
+
+
+__all__ = ["OPTIONS", "Option", "add_coord_options", "config_from_args"]
