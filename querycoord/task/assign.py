@@ -1,4 +1,4 @@
-"""Plan child tasks for segments and channels: allocate nodes, merge requests, strip what is persisted.
+"""The pieces ``children.plan_children`` plans with: node usage, request merging, stripping what is persisted.
 
 Milvus's ``assignInternalTask``: segments are allocated memory-aware and
 merged per (collection, node) into LoadSegments requests of at most
@@ -11,15 +11,14 @@ child's record stays small whatever the segments carry.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import TypeVar
 
 from google.protobuf.message import Message
 
-from proto import data_pb2, querynode_pb2
-from querycoord.cluster.allocator import Usage, allocate_channels, allocate_segments, allocate_waiting
-from querycoord.task.model import Task, TaskEnv
+from proto import data_pb2
+from querycoord.cluster.allocator import Usage
+from querycoord.task.model import TaskEnv
 
 M = TypeVar("M", bound=Message)
 
@@ -69,91 +68,3 @@ def usage_of(env: TaskEnv) -> Usage:
         memory={n: env.meta.node_memory_usage(n) for n in nodes},
         channels={n: len(env.meta.channels_on_node(n)) for n in nodes},
     )
-
-
-async def plan_children(
-    env: TaskEnv,
-    parent: Task,
-    collection_id: int,
-    segments: Sequence[data_pb2.SegmentLoadInfo],
-    channels: Sequence[data_pb2.VChannelInfo],
-    *,
-    exclude: Sequence[int] = (),
-    include: Sequence[int] = (),
-    wait: bool = False,
-    source_node_id: int = 0,
-    load_type: int = data_pb2.LOAD_TYPE_COLLECTION,
-    partition_ids: Sequence[int] = (),
-) -> list[Task]:
-    """Children (without ids) that load ``segments`` and watch ``channels``; see module docstring."""
-    from querycoord.task.children import (
-        LoadSegmentsTask,
-        WatchDeltaChannelsTask,
-        WatchDmChannelsTask,
-        WatchQueryChannelTask,
-    )
-
-    cfg = env.config
-    deadline = getattr(parent, "deadline", time.monotonic() + cfg.trigger_timeout)
-    sizes = [(s.segment_id, s.mem_size) for s in segments]
-
-    def attempt() -> dict:
-        usage = usage_of(env)
-        placed_segments = (
-            allocate_segments(sizes, env.nodes.nodes.values(), usage, exclude=exclude, include=include,
-                              memory_limit=cfg.memory_limit)
-            if sizes else {}
-        )
-        placed_channels = (
-            allocate_channels([c.channel_name for c in channels], env.nodes.nodes.values(), usage,
-                              exclude=exclude, include=include)
-            if channels else {}
-        )
-        return {"segments": placed_segments, "channels": placed_channels}
-
-    placed = await allocate_waiting(attempt, wait=wait, deadline=deadline, wait_interval=cfg.wait_interval)
-    cond = parent.rec.trigger_condition
-    excluded = list(exclude)
-    children: list[Task] = []
-
-    per_node: dict[int, list[data_pb2.SegmentLoadInfo]] = {}
-    for s in segments:
-        per_node.setdefault(placed["segments"][s.segment_id], []).append(s)
-    for node_id, infos in sorted(per_node.items()):
-        for group in merge_by_size(infos, cfg.max_request_bytes):
-            req = querynode_pb2.LoadSegmentsRequest(
-                collection_id=collection_id,
-                infos=[strip_segment(i) for i in group],
-                source_node_id=source_node_id,
-                load_type=load_type,
-            )
-            child = LoadSegmentsTask.new(env, req, trigger_condition=cond, collection_id=collection_id,
-                                         node_id=node_id, parent=parent, excluded=excluded)
-            child.full_infos = group  # type: ignore[attr-defined]
-            children.append(child)
-
-    for ch in channels:
-        node_id = placed["channels"][ch.channel_name]
-        req = querynode_pb2.WatchDmChannelsRequest(
-            collection_id=collection_id, partition_ids=list(partition_ids), infos=[strip_channel(ch)],
-            load_type=load_type,
-        )
-        children.append(WatchDmChannelsTask.new(env, req, trigger_condition=cond, collection_id=collection_id,
-                                                node_id=node_id, parent=parent, excluded=excluded))
-
-    receivers = sorted(set(per_node) | set(placed["channels"].values()))
-    delta = env.meta.get_delta_channels(collection_id)
-    query, result = query_channels(collection_id)
-    for node_id in receivers:
-        if delta and node_id in per_node:
-            req = querynode_pb2.WatchDeltaChannelsRequest(collection_id=collection_id, infos=list(delta))
-            children.append(WatchDeltaChannelsTask.new(env, req, trigger_condition=cond,
-                                                       collection_id=collection_id, node_id=node_id, parent=parent,
-                                                       excluded=excluded))
-        qreq = querynode_pb2.AddQueryChannelRequest(
-            collection_id=collection_id, query_channel=query, query_result_channel=result
-        )
-        children.append(WatchQueryChannelTask.new(env, qreq, trigger_condition=cond, collection_id=collection_id,
-                                                  node_id=node_id, parent=parent, excluded=excluded))
-    return children
-

@@ -1,13 +1,22 @@
-"""Child tasks: one call to one query node each, then the query meta that records its effect."""
+"""Child tasks: one call to one query node each, then the query meta that records its effect.
+
+``plan_children`` lives here, next to the tasks it builds: a child's ``reschedule`` plans its replacement the
+same way a trigger plans its first children.
+"""
 
 from __future__ import annotations
+
+import time
+from collections.abc import Sequence
 
 from loguru import logger
 
 from proto import data_pb2, querynode_pb2
 from proto import querycoord_pb2 as qc
+from querycoord.cluster.allocator import allocate_channels, allocate_segments, allocate_waiting
 from querycoord.cluster.client import NodeError
-from querycoord.task.model import Task, TaskError
+from querycoord.task.assign import merge_by_size, query_channels, strip_channel, strip_segment, usage_of
+from querycoord.task.model import Task, TaskEnv, TaskError
 
 SEALED = data_pb2.SEGMENT_STATE_SEALED
 
@@ -138,8 +147,6 @@ class LoadSegmentsTask(ChildTask):
             await self.env.meta.remove_segments(replaced)
 
     async def reschedule(self) -> list[Task]:
-        from querycoord.task.assign import plan_children
-
         excluded = [*self.rec.excluded_node_ids, self.node_id]
         parent = self.parent
         assert parent is not None
@@ -188,8 +195,6 @@ class WatchDmChannelsTask(ChildTask):
         )
 
     async def reschedule(self) -> list[Task]:
-        from querycoord.task.assign import plan_children
-
         parent = self.parent
         assert parent is not None
         return await plan_children(
@@ -291,3 +296,84 @@ class ReleasePartitionsOnNodeTask(_ReleaseChild):
 
     def summary(self) -> str:
         return f"release partitions {list(self.request.partition_ids)}"
+
+
+async def plan_children(
+    env: TaskEnv,
+    parent: Task,
+    collection_id: int,
+    segments: Sequence[data_pb2.SegmentLoadInfo],
+    channels: Sequence[data_pb2.VChannelInfo],
+    *,
+    exclude: Sequence[int] = (),
+    include: Sequence[int] = (),
+    wait: bool = False,
+    source_node_id: int = 0,
+    load_type: int = data_pb2.LOAD_TYPE_COLLECTION,
+    partition_ids: Sequence[int] = (),
+) -> list[Task]:
+    """Children (without ids) that load ``segments`` and watch ``channels``; see module docstring."""
+    cfg = env.config
+    deadline = getattr(parent, "deadline", time.monotonic() + cfg.trigger_timeout)
+    sizes = [(s.segment_id, s.mem_size) for s in segments]
+
+    def attempt() -> dict:
+        usage = usage_of(env)
+        placed_segments = (
+            allocate_segments(sizes, env.nodes.nodes.values(), usage, exclude=exclude, include=include,
+                              memory_limit=cfg.memory_limit)
+            if sizes else {}
+        )
+        placed_channels = (
+            allocate_channels([c.channel_name for c in channels], env.nodes.nodes.values(), usage,
+                              exclude=exclude, include=include)
+            if channels else {}
+        )
+        return {"segments": placed_segments, "channels": placed_channels}
+
+    placed = await allocate_waiting(attempt, wait=wait, deadline=deadline, wait_interval=cfg.wait_interval)
+    cond = parent.rec.trigger_condition
+    excluded = list(exclude)
+    children: list[Task] = []
+
+    per_node: dict[int, list[data_pb2.SegmentLoadInfo]] = {}
+    for s in segments:
+        per_node.setdefault(placed["segments"][s.segment_id], []).append(s)
+    for node_id, infos in sorted(per_node.items()):
+        for group in merge_by_size(infos, cfg.max_request_bytes):
+            req = querynode_pb2.LoadSegmentsRequest(
+                collection_id=collection_id,
+                infos=[strip_segment(i) for i in group],
+                source_node_id=source_node_id,
+                load_type=load_type,
+            )
+            child = LoadSegmentsTask.new(env, req, trigger_condition=cond, collection_id=collection_id,
+                                         node_id=node_id, parent=parent, excluded=excluded)
+            child.full_infos = group  # type: ignore[attr-defined]
+            children.append(child)
+
+    for ch in channels:
+        node_id = placed["channels"][ch.channel_name]
+        req = querynode_pb2.WatchDmChannelsRequest(
+            collection_id=collection_id, partition_ids=list(partition_ids), infos=[strip_channel(ch)],
+            load_type=load_type,
+        )
+        children.append(WatchDmChannelsTask.new(env, req, trigger_condition=cond, collection_id=collection_id,
+                                                node_id=node_id, parent=parent, excluded=excluded))
+
+    receivers = sorted(set(per_node) | set(placed["channels"].values()))
+    delta = env.meta.get_delta_channels(collection_id)
+    query, result = query_channels(collection_id)
+    for node_id in receivers:
+        if delta and node_id in per_node:
+            req = querynode_pb2.WatchDeltaChannelsRequest(collection_id=collection_id, infos=list(delta))
+            children.append(WatchDeltaChannelsTask.new(env, req, trigger_condition=cond,
+                                                       collection_id=collection_id, node_id=node_id, parent=parent,
+                                                       excluded=excluded))
+        qreq = querynode_pb2.AddQueryChannelRequest(
+            collection_id=collection_id, query_channel=query, query_result_channel=result
+        )
+        children.append(WatchQueryChannelTask.new(env, qreq, trigger_condition=cond, collection_id=collection_id,
+                                                  node_id=node_id, parent=parent, excluded=excluded))
+    return children
+

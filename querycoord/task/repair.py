@@ -16,8 +16,7 @@ from loguru import logger
 
 from proto import data_pb2, querynode_pb2
 from proto import querycoord_pb2 as qc
-from querycoord.task.assign import plan_children
-from querycoord.task.children import ReleaseCollectionOnNodeTask, ReleaseSegmentsTask
+from querycoord.task.children import ReleaseCollectionOnNodeTask, ReleaseSegmentsTask, plan_children
 from querycoord.task.model import Task
 from querycoord.task.triggers import TriggerTask, segment_load_info
 

@@ -16,11 +16,11 @@ from loguru import logger
 
 from proto import common_pb2, data_pb2, querynode_pb2
 from proto import querycoord_pb2 as qc
-from querycoord.task.assign import plan_children
 from querycoord.task.children import (
     LoadSegmentsTask,
     ReleaseCollectionOnNodeTask,
     ReleasePartitionsOnNodeTask,
+    plan_children,
 )
 from querycoord.task.model import Task, TaskEnv, TaskError
 
