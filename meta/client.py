@@ -168,7 +168,7 @@ class EtcdClient:
 
     @property
     def channel(self) -> grpc.aio.Channel:
-        return self._raw._channel  # type: ignore[return-value]
+        return self._raw._channel
 
     async def connect(self) -> EtcdClient:
         """Open the channel and, with auth configured, log in (within the deadline)."""
@@ -195,14 +195,14 @@ class EtcdClient:
 
     async def _authenticate(self) -> None:
         async with self._auth_lock:
-            assert self._raw.auth is not None
+            auth = self._raw.auth
+            assert auth is not None
+            user, password = self.config.user or "", self.config.password or ""
             self._set_token(None)
             try:
                 resp = await self.call(
                     "Auth.Authenticate",
-                    lambda t: self._raw.auth.authenticate(  # type: ignore[union-attr]
-                        self.config.user, self.config.password, timeout=t
-                    ),
+                    lambda t: auth.authenticate(user, password, timeout=t),
                     reauth=False,
                 )
             except grpc.aio.AioRpcError as exc:

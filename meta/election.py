@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 from etcd3aio._protobuf import Compare, DeleteRangeRequest, PutRequest, RangeRequest, RequestOp, TxnRequest
 from etcd3aio.kv import prefix_range_end
@@ -113,10 +114,11 @@ class Election:
                 limit=1,
                 max_create_revision=self._rev - 1,
             )
-            resp = await client.call(
-                "election predecessors",
-                lambda t, req=req: client.kv.Range(req, metadata=client.metadata, timeout=t),
-            )
+
+            def predecessors(t: float, req: RangeRequest = req) -> Any:
+                return client.kv.Range(req, metadata=client.metadata, timeout=t)
+
+            resp = await client.call("election predecessors", predecessors)
             if not resp.kvs:
                 return
             pred = self.kv.rel_key(resp.kvs[0].key)

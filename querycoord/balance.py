@@ -73,6 +73,6 @@ async def auto_balance_once(scheduler: Scheduler, spread: float) -> None:
     req = qc.LoadBalanceRequest(source_node_ids=[src], dst_node_ids=[dst], sealed_segment_ids=segs,
                                 reason=qc.BALANCE_REASON_AUTO)
     task = LoadBalanceTask.new(env, req, trigger_condition=qc.TRIGGER_CONDITION_LOAD_BALANCE)
-    await scheduler.enqueue(task)  # type: ignore[arg-type]
+    await scheduler.enqueue(task)
     logger.info("auto balance: moving {} segments from node {} to node {} (task {})", len(segs), src, dst,
                 task.id)

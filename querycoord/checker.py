@@ -297,7 +297,7 @@ class Checker:
             if cid in self._busy() or sched.stopped:
                 continue
             task = RepairTask.new(env, req, trigger_condition=qc.TRIGGER_CONDITION_CHECKER, collection_id=cid)
-            await sched.enqueue(task)  # type: ignore[arg-type]
+            await sched.enqueue(task)
             self.repairs += 1
             report.repairs[cid] = req.reason
             logger.info("checker: collection {}: {}; repair task {} queued", cid, req.reason, task.id)
@@ -317,7 +317,7 @@ class Checker:
             pct = 100 if t == 0 else h * 100 // t
             state = IN_MEMORY if pct == 100 else PARTIAL
             if (p.state, p.in_memory_percentage) != (state, pct):
-                states[p.partition_id] = (state, pct)  # type: ignore[assignment]
+                states[p.partition_id] = (state, pct)
         if states:
             await meta.set_partition_states(cid, states)  # type: ignore[arg-type]
             logger.info("checker: collection {}: load progress corrected from the nodes: {}", cid, states)

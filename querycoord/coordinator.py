@@ -280,7 +280,7 @@ class Coordinator:
             return
         req = qc.LoadBalanceRequest(source_node_ids=[node_id], reason=qc.BALANCE_REASON_NODE_DOWN)
         task = LoadBalanceTask.new(scheduler.env, req, trigger_condition=qc.TRIGGER_CONDITION_NODE_DOWN)
-        await scheduler.enqueue(task)  # type: ignore[arg-type]
+        await scheduler.enqueue(task)
         logger.info("node {} down: queued balance task {}", node_id, task.id)
 
     async def _stream_nodes_loop(self, streams: StreamManager) -> None:

@@ -23,9 +23,9 @@ class CoordError(Exception):
     as the node and method, or what to do).
     """
 
-    code: int = common_pb2.UNEXPECTED_ERROR
+    code: common_pb2.ErrorCode = common_pb2.UNEXPECTED_ERROR
 
-    def __init__(self, reason: str, code: int | None = None):
+    def __init__(self, reason: str, code: common_pb2.ErrorCode | None = None):
         super().__init__(reason)
         self.reason = reason
         if code is not None:

@@ -98,7 +98,7 @@ class LoadCollectionJob(Job[qc.LoadCollectionRequest]):
         req = qc.LoadCollectionRequest()
         req.CopyFrom(self.request)
         task = LoadCollectionTask.new(self.env, req, trigger_condition=GRPC, collection_id=cid)
-        return await self._submit(task, Until.PLANNED)  # type: ignore[arg-type]
+        return await self._submit(task, Until.PLANNED)
 
 
 class ReleaseCollectionJob(Job[qc.ReleaseCollectionRequest]):
@@ -108,7 +108,7 @@ class ReleaseCollectionJob(Job[qc.ReleaseCollectionRequest]):
             return 0  # releasing what is not loaded is success
         req = qc.ReleaseCollectionRequest(collection_id=cid)
         task = ReleaseCollectionTask.new(self.env, req, trigger_condition=GRPC, collection_id=cid)
-        return await self._submit(task, Until.FINISHED)  # type: ignore[arg-type]
+        return await self._submit(task, Until.FINISHED)
 
 
 class LoadPartitionsJob(Job[qc.LoadPartitionsRequest]):
@@ -136,7 +136,7 @@ class LoadPartitionsJob(Job[qc.LoadPartitionsRequest]):
         req = qc.LoadPartitionsRequest()
         req.CopyFrom(self.request)
         task = LoadPartitionsTask.new(self.env, req, trigger_condition=GRPC, collection_id=cid)
-        return await self._submit(task, Until.PLANNED)  # type: ignore[arg-type]
+        return await self._submit(task, Until.PLANNED)
 
 
 class ReleasePartitionsJob(Job[qc.ReleasePartitionsRequest]):
@@ -157,10 +157,10 @@ class ReleasePartitionsJob(Job[qc.ReleasePartitionsRequest]):
             return 0
         task: TriggerTask
         if loaded and loaded <= set(pids) and loading <= set(pids):  # every partition goes: the collection goes
-            task = ReleaseCollectionTask.new(  # type: ignore[assignment]
+            task = ReleaseCollectionTask.new(
                 self.env, qc.ReleaseCollectionRequest(collection_id=cid), trigger_condition=GRPC, collection_id=cid)
         else:
-            task = ReleasePartitionsTask.new(  # type: ignore[assignment]
+            task = ReleasePartitionsTask.new(
                 self.env, qc.ReleasePartitionsRequest(collection_id=cid, partition_ids=to_release),
                 trigger_condition=GRPC, collection_id=cid)
         return await self._submit(task, Until.FINISHED)
@@ -185,7 +185,7 @@ class LoadBalanceJob(Job[qc.LoadBalanceRequest]):
         req.CopyFrom(request)
         req.reason = qc.BALANCE_REASON_USER
         task = LoadBalanceTask.new(self.env, req, trigger_condition=qc.TRIGGER_CONDITION_LOAD_BALANCE)
-        return await self._submit(task, Until.QUEUED)  # type: ignore[arg-type]
+        return await self._submit(task, Until.QUEUED)
 
 
 def same_balance(a: qc.LoadBalanceRequest, b: qc.LoadBalanceRequest) -> bool:

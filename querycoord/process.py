@@ -12,6 +12,7 @@ import gc
 import json
 import signal
 import time
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -81,7 +82,7 @@ class CoordinatorProcess:
                 serving = leading
                 await self._set_health(serving)
                 logger.info("coordinator {} is now {}", self.address, "LEADER (SERVING)" if serving else "STANDBY")
-                event = {"event": "leader" if serving else "standby", "address": self.address,
+                event: dict[str, Any] = {"event": "leader" if serving else "standby", "address": self.address,
                          "server_id": self.coord.server_id, "t": time.time()}
                 if not serving:
                     # Wait (bounded) until the leadership is dropped, so its write counts are final.

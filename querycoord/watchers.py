@@ -83,7 +83,7 @@ async def _handoff(broker: Broker, kv: MetaKV, scheduler: Scheduler, meta: Query
                 req = task_pb2.HandoffSegmentsRequest(segment_infos=infos)
                 t = HandoffTask.new(scheduler.env, req, trigger_condition=qc.TRIGGER_CONDITION_HANDOFF,
                                     collection_id=cid)
-                await scheduler.enqueue(t)  # type: ignore[arg-type]
+                await scheduler.enqueue(t)
             if by_coll or isinstance(item, SegmentResync):
                 await meta.kv.save(HANDOFF_REVISION_KEY, str(item.revision).encode())
                 checker.kick()

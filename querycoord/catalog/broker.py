@@ -40,7 +40,7 @@ class BrokerError(CoordError):
     ``reason`` is the catalog's own; ``str()`` (what the coordinator's callers read) names the code first.
     """
 
-    def __init__(self, code: int, reason: str):
+    def __init__(self, code: common_pb2.ErrorCode, reason: str):
         super().__init__(reason, code)
 
     def __str__(self) -> str:

@@ -500,7 +500,7 @@ class CatalogStore:
         """Remove a collection, its name and all its segments in one txn; returns what was dropped."""
         desc, create_rev = await self._load_collection(ref)
         cid = desc.collection_id
-        ops = [delete(collection_key(cid)), delete(name_key(desc.name)), delete_prefix(segment_prefix(cid))]
+        ops: list[Op] = [delete(collection_key(cid)), delete(name_key(desc.name)), delete_prefix(segment_prefix(cid))]
         guard = created_at(collection_key(cid), create_rev)
         if not await self._txn(f"drop collection {cid}", [guard], ops):
             if await self.kv.get_kv(collection_key(cid)) is not None:  # pragma: no cover - ids are never reused

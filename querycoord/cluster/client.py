@@ -22,7 +22,8 @@ class NodeError(CoordError):
     ``reason`` is the node's own (or the transport's); ``str()`` names the node, the method and the code.
     """
 
-    def __init__(self, node_id: int, method: str, code: int, reason: str, *, transport: bool = False):
+    def __init__(self, node_id: int, method: str, code: common_pb2.ErrorCode, reason: str, *,
+                 transport: bool = False):
         super().__init__(reason, code)
         self.node_id, self.method, self.transport = node_id, method, transport
 

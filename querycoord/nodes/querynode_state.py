@@ -44,7 +44,7 @@ OUT_OF_MEMORY_CODE = EC.NO_AVAILABLE_NODE
 class NodeRefusal(CoordError):
     """A request the node answers with an error status (never a transport error); ``status()`` is that answer."""
 
-    def __init__(self, code: int, reason: str):
+    def __init__(self, code: common_pb2.ErrorCode, reason: str):
         super().__init__(reason, code)
 
 

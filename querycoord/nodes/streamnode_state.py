@@ -59,7 +59,7 @@ class Task:
     """One task instance held by the node."""
 
     info: stream_pb2.TaskId
-    status: int = stream_pb2.TASK_INIT
+    status: stream_pb2.TaskStatus = stream_pb2.TASK_INIT
     deployed_at: float = 0.0
     # Trigger only: whether the leader started it, and its current top runners.
     started: bool = False

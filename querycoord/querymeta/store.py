@@ -55,6 +55,7 @@ from typing import TypeVar
 from loguru import logger
 
 from meta.kv import DEFAULT_PAGE_SIZE, MetaKV
+from meta.txn import Op
 from proto import data_pb2
 
 from . import keys
@@ -433,8 +434,8 @@ class QueryMeta:
         if collection_id not in self._flushing:
             self._flushing.add(collection_id)
             task = asyncio.get_running_loop().create_task(self._flush_progress(collection_id))
-            self._inflight.add(task)  # type: ignore[arg-type]
-            task.add_done_callback(self._inflight.discard)  # type: ignore[arg-type]
+            self._inflight.add(task)
+            task.add_done_callback(self._inflight.discard)
 
     async def _flush_progress(self, collection_id: int) -> None:
         try:
@@ -709,7 +710,7 @@ class QueryMeta:
 
     def _release_collection(self, collection_id: int) -> Mutation:
         w = self._writer
-        ops = [
+        ops: list[Op] = [
             w.delete(keys.collection_key(collection_id)),
             w.delete_prefix(keys.segment_collection_prefix(collection_id)),
             w.delete_prefix(keys.dm_channel_prefix(collection_id)),
@@ -719,7 +720,7 @@ class QueryMeta:
 
     def _put_segment(self, seg: SegmentInfo) -> Mutation:
         key = keys.segment_key(seg.collection_id, seg.partition_id, seg.segment_id)
-        ops = [self._writer.put(key, seg)]
+        ops: list[Op] = [self._writer.put(key, seg)]
         old = self._index.segments.get(seg.segment_id)
         if old is not None:
             old_key = keys.segment_key(old.collection_id, old.partition_id, old.segment_id)
@@ -769,13 +770,13 @@ class QueryMeta:
     async def _exclusive(self, collections: Callable[[], Iterable[int]], body: Callable[[], Awaitable[T]]) -> T:
         """Run ``body`` holding the locks of ``collections()``, shielded from the caller's cancellation (rule 3)."""
         task: asyncio.Task[T] = asyncio.get_running_loop().create_task(self._locked(collections, body))
-        self._inflight.add(task)  # type: ignore[arg-type]
-        task.add_done_callback(self._inflight.discard)  # type: ignore[arg-type]
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
             if not task.done():
-                task.add_done_callback(_log_abandoned_write)  # type: ignore[arg-type]
+                task.add_done_callback(_log_abandoned_write)
             raise
 
     async def _locked(self, collections: Callable[[], Iterable[int]], body: Callable[[], Awaitable[T]]) -> T:

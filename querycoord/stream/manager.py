@@ -874,7 +874,11 @@ class StreamManager:
             try:
                 total = expected_counts(rt.sdef).total
                 ids = list(await self.store.task_ids.allocate(total))
-                plan = plan_stream(rt.sdef, None, live_snodes, self.replica_of, lambda n, ids=ids: ids[:n], self.rng)
+
+                def take(n: int, ids: list[int] = ids) -> list[int]:
+                    return ids[:n]
+
+                plan = plan_stream(rt.sdef, None, live_snodes, self.replica_of, take, self.rng)
             except NoSnodeAvailable:
                 continue  # retried on the next heartbeat, once an snode reports
             except StreamError as exc:

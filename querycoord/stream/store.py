@@ -420,7 +420,7 @@ class StreamStore:
     ) -> list[Op]:
         """Puts of the existing snodes (still in ``new_ids``) whose replica changes in the ring of ``new_ids``."""
         replicas = ring_replicas(new_ids) if new_ids else {}
-        ops = []
+        ops: list[Op] = []
         for sid, (info, item) in snodes.items():
             if sid in replicas and info.replica_id != replicas[sid]:
                 changed = stream_pb2.SnodeInfo()
@@ -525,7 +525,7 @@ class StreamStore:
 
     def _move_ops(self, streams: Sequence[tuple[stream_pb2.StreamDef, KeyValue]], target: int) -> list[Op]:
         now = _now_ms()
-        ops = []
+        ops: list[Op] = []
         for sdef, item in streams:
             moved = stream_pb2.StreamDef()
             moved.CopyFrom(sdef)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from loguru import logger
 
@@ -29,15 +30,15 @@ class ChildTask(Task):
     def is_valid(self) -> bool:
         return self.env.nodes.is_online(self.node_id)
 
-    async def call(self, request: object) -> object:
+    async def call(self, request: Any) -> Any:
         client = self.env.nodes.client(self.node_id)
-        request.task_id = self.id  # type: ignore[attr-defined]
+        request.task_id = self.id
         return await client.call(self.METHOD, request)
 
     async def execute(self) -> None:
         await self.call(self._copy())
 
-    def _copy(self) -> object:
+    def _copy(self) -> Any:
         req = type(self.request)()
         req.CopyFrom(self.request)
         return req
@@ -309,7 +310,7 @@ async def plan_children(
     include: Sequence[int] = (),
     wait: bool = False,
     source_node_id: int = 0,
-    load_type: int = data_pb2.LOAD_TYPE_COLLECTION,
+    load_type: data_pb2.LoadType = data_pb2.LOAD_TYPE_COLLECTION,
     partition_ids: Sequence[int] = (),
 ) -> list[Task]:
     """Children (without ids) that load ``segments`` and watch ``channels``; see module docstring."""
@@ -349,7 +350,7 @@ async def plan_children(
             )
             child = LoadSegmentsTask.new(env, req, trigger_condition=cond, collection_id=collection_id,
                                          node_id=node_id, parent=parent, excluded=excluded)
-            child.full_infos = group  # type: ignore[attr-defined]
+            child.full_infos = group
             children.append(child)
 
     for ch in channels:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from meta.idalloc import IdAllocator
 from proto import common_pb2, task_pb2
@@ -57,7 +57,7 @@ class TaskEnv:
 class Task:
     """Base of every task kind (see module docstring)."""
 
-    KIND: ClassVar[int]
+    KIND: ClassVar[qc.TaskKind]
     REQUEST_FIELD: ClassVar[str]
     IS_TRIGGER: ClassVar[bool] = False
     # Keep retrying while the node is online, past the retry budget (bounded by the
@@ -77,12 +77,12 @@ class Task:
         env: TaskEnv,
         request: Any,
         *,
-        trigger_condition: int,
+        trigger_condition: qc.TriggerCondition,
         collection_id: int = 0,
         node_id: int = 0,
         parent: Task | None = None,
         excluded: list[int] | None = None,
-    ) -> Task:
+    ) -> Self:
         rec = task_pb2.TaskRecord(
             kind=cls.KIND,
             state=UNDO,
@@ -105,10 +105,10 @@ class Task:
         return self.rec.id
 
     @property
-    def state(self) -> int:
+    def state(self) -> qc.TaskState:
         return self.rec.state
 
-    def set_state(self, state: int) -> None:
+    def set_state(self, state: qc.TaskState) -> None:
         self.rec.state = state
         self.rec.updated_ms = now_ms()
 

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 from loguru import logger
 
-from proto import common_pb2, data_pb2, querynode_pb2
+from proto import common_pb2, data_pb2, querynode_pb2, task_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.task.children import (
     LoadSegmentsTask,
@@ -60,7 +60,7 @@ class TriggerTask(Task):
 
     IS_TRIGGER = True
 
-    def __init__(self, env: TaskEnv, rec):  # type: ignore[no-untyped-def]
+    def __init__(self, env: TaskEnv, rec: task_pb2.TaskRecord):
         super().__init__(env, rec)
         loop = asyncio.get_event_loop()
         self.planned: asyncio.Future[None] = loop.create_future()
@@ -92,9 +92,9 @@ class TriggerTask(Task):
 class _LoadTrigger(TriggerTask):
     """Shared planning of LoadCollection and LoadPartitions."""
 
-    LOAD_TYPE: int
+    LOAD_TYPE: data_pb2.LoadType
 
-    def __init__(self, env: TaskEnv, rec):  # type: ignore[no-untyped-def]
+    def __init__(self, env: TaskEnv, rec: task_pb2.TaskRecord):
         super().__init__(env, rec)
         self.new_partitions: list[int] = []
         self.had_partitions = False  # the collection had loaded partitions before this trigger
@@ -113,8 +113,8 @@ class _LoadTrigger(TriggerTask):
         before = env.meta.get_collection(cid)
         unloaded = {p.partition_id for p in before.partitions if p.state == NOT_PRESENT} if before else set()
         self.new_partitions = [p for p in partition_ids if not env.meta.has_partition(cid, p) or p in unloaded]
-        self.had_partitions = bool(before) and any(p.partition_id not in self.new_partitions
-                                                  for p in before.partitions)
+        self.had_partitions = before is not None and any(p.partition_id not in self.new_partitions
+                                                        for p in before.partitions)
         await env.meta.add_collection(cid, self.LOAD_TYPE, self.new_partitions)
         segments: list[data_pb2.SegmentLoadInfo] = []
         channels: dict[str, data_pb2.VChannelInfo] = {}
@@ -148,7 +148,7 @@ class _LoadTrigger(TriggerTask):
         if self.REQUEST_FIELD == "load_partitions":
             pending = [p for p in pending if p in set(self.request.partition_ids)]
         self.new_partitions = pending
-        self.had_partitions = bool(info) and any(p.partition_id not in pending for p in info.partitions)
+        self.had_partitions = info is not None and any(p.partition_id not in pending for p in info.partitions)
 
     def _held(self, segment_id: int) -> bool:
         seg = self.env.meta.get_segment(segment_id)
