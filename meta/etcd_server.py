@@ -217,27 +217,24 @@ class EtcdMember:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None else None
 
-    def healthy(self) -> bool:
+    def _scrape(self, path: str, pattern: bytes) -> bool:
+        """Whether the member's metrics endpoint answers ``path`` with a line matching ``pattern`` (a member that
+        does not answer within a second matches nothing)."""
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/health", timeout=1) as resp:
-                return b'"health":"true"' in resp.read()
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}{path}", timeout=1) as resp:
+                return re.search(pattern, resp.read(), re.M) is not None
         except (urllib.error.URLError, OSError, TimeoutError):
             return False
 
+    def healthy(self) -> bool:
+        return self._scrape("/health", rb'"health":"true"')
+
     def is_leader(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=1) as resp:
-                return re.search(rb"^etcd_server_is_leader 1", resp.read(), re.M) is not None
-        except (urllib.error.URLError, OSError, TimeoutError):
-            return False
+        return self._scrape("/metrics", rb"^etcd_server_is_leader 1")
 
     def has_active_peers(self) -> bool:
         """Whether this member still counts a peer as connected (it would pick it to hand leadership to)."""
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=1) as resp:
-                return re.search(rb"^etcd_network_active_peers\{[^}]*\} 1", resp.read(), re.M) is not None
-        except (urllib.error.URLError, OSError, TimeoutError):
-            return False
+        return self._scrape("/metrics", rb"^etcd_network_active_peers\{[^}]*\} 1")
 
 
 class EtcdCluster:

@@ -27,11 +27,8 @@ from meta.client import EtcdClient
 from meta.errors import InvalidKey, NotLeader, RequestTooLarge
 from meta.fence import Fence
 from meta.txn import (
-    MAX_PACKED_COMPARES,
     MAX_TXN_BYTES,
     MAX_TXN_OPS,
-    TXN_BYTE_BUDGET,
-    TXN_HEADROOM,
     Batch,
     Compare,
     Delete,
@@ -44,15 +41,8 @@ from meta.txn import (
     TxnResult,
     Unit,
     absent,
-    created_at,
-    delete,
-    delete_prefix,
-    get,
-    modified_at,
     pack,
-    put,
     value_is,
-    version_is,
 )
 
 DEFAULT_PAGE_SIZE = 1000
@@ -525,36 +515,17 @@ class FencedKV(MetaKV):
             raise NotLeader(self.fence.leader_key, self.fence.revision, current)
 
 
-# The transaction API of ``meta.txn`` is re-exported: ``from meta.kv import MetaKV, put, value_is`` works.
+# The limits and the values ``MetaKV``'s methods take and return are re-exported from ``meta.txn``; the rest of
+# the transaction API (``put``, ``value_is``, ``pack``...) is imported from ``meta.txn`` itself.
 __all__ = [
     "DEFAULT_PAGE_SIZE",
-    "MAX_PACKED_COMPARES",
     "MAX_TXN_BYTES",
     "MAX_TXN_OPS",
-    "TXN_BYTE_BUDGET",
-    "TXN_HEADROOM",
     "Batch",
-    "Compare",
-    "Delete",
-    "DeletePrefix",
     "FencedKV",
-    "Get",
     "KeyValue",
     "MetaKV",
-    "Op",
     "PrefixSnapshot",
-    "Put",
-    "Target",
     "TxnResult",
-    "Unit",
-    "absent",
-    "created_at",
-    "delete",
-    "delete_prefix",
-    "get",
-    "modified_at",
-    "pack",
-    "put",
-    "value_is",
-    "version_is",
+    "Value",
 ]

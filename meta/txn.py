@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, ClassVar
 
 from meta.errors import InvalidKey, RequestTooLarge
 
@@ -118,12 +118,20 @@ class Put:
 
 
 @dataclass(frozen=True, slots=True)
-class Delete:
+class _OneKey:
+    """An op on one key whose request costs the key plus a fixed framing (``_framing`` of each kind)."""
+
     key: str
+    _framing: ClassVar[int]
 
     @property
     def size(self) -> int:
-        return _key_len(self.key) + _DELETE_FRAMING
+        return _key_len(self.key) + self._framing
+
+
+@dataclass(frozen=True, slots=True)
+class Delete(_OneKey):
+    _framing = _DELETE_FRAMING
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,14 +146,10 @@ class DeletePrefix:
 
 
 @dataclass(frozen=True, slots=True)
-class Get:
+class Get(_OneKey):
     """Read one key inside the txn, at the txn's revision: its answer is in ``TxnResult.responses``."""
 
-    key: str
-
-    @property
-    def size(self) -> int:
-        return _key_len(self.key) + _GET_FRAMING
+    _framing = _GET_FRAMING
 
 
 Op = Put | Delete | DeletePrefix | Get

@@ -9,6 +9,9 @@ place an exception becomes a ``common.Status``.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 from meta.errors import MetaError, NotLeader, RequestTooLarge
 from proto import common_pb2
 
@@ -88,6 +91,11 @@ def status_of(exc: BaseException, *, source: str = "") -> common_pb2.Status:
                              reason=f"internal error{where}: {type(exc).__name__}: {exc}")
 
 
+def status_for(source: str) -> Callable[[BaseException], common_pb2.Status]:
+    """``status_of`` as one component answers: reasons of errors without context of their own name ``source``."""
+    return functools.partial(status_of, source=source)
+
+
 __all__ = [
     "TIMEOUT_REASON",
     "Conflict",
@@ -96,5 +104,6 @@ __all__ = [
     "IllegalArgument",
     "NotFound",
     "NotLeading",
+    "status_for",
     "status_of",
 ]

@@ -2,7 +2,7 @@
 
 Nodes run in-process (real gRPC servers on loopback, real sessions) unless a
 test needs to kill one with a signal, for which ``start_node_process`` starts
-``querycoord querynode`` as a real process.
+``querycoord querynode`` as a real process (``tests.spawn``).
 """
 
 from __future__ import annotations
@@ -10,22 +10,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
-import subprocess
-import sys
 import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from meta.client import connect
 from meta.etcd_server import EtcdCluster
 from meta.kv import MetaKV
+from proto import common_pb2, querynode_pb2
 from proto import querycoord_pb2 as qc
-from proto import querynode_pb2
 from querycoord.client import QueryCoordClient
 from querycoord.config import SCALED_SCHEDULER, SchedulerConfig, scaled_config
 from querycoord.nodes.querynode import FaultConfig, QueryNode
 from querycoord.process import CoordinatorProcess
 from querycoord.task.store import TASK_PREFIXES
+from tests.spawn import Spawned, spawn_query_node
 
 MiB = 1 << 20
 
@@ -44,7 +44,7 @@ class QueryCluster:
                                     scheduler=scheduler or fast_scheduler())
         self.coords: list[CoordinatorProcess] = []
         self.nodes: list[QueryNode] = []
-        self.procs: list[subprocess.Popen[str]] = []
+        self.procs: list[Spawned] = []
         self.kv: MetaKV | None = None
         self.client: QueryCoordClient | None = None
 
@@ -62,9 +62,7 @@ class QueryCluster:
             with contextlib.suppress(Exception):
                 await c.stop()
         for p in self.procs:
-            with contextlib.suppress(ProcessLookupError):
-                p.kill()
-            p.wait()
+            await p.kill()
         if self.kv:
             await self.kv.client.close()
 
@@ -94,32 +92,15 @@ class QueryCluster:
         self.nodes.append(n)
         return n
 
-    async def start_node_process(self, *args: str, env: dict[str, str] | None = None,
-                                 timeout: float = 60.0) -> tuple[subprocess.Popen[str], dict]:
+    async def start_node_process(self, *args: str, env: Mapping[str, str] | None = None, log_dir: Path | None = None,
+                                 timeout: float = 60.0) -> tuple[Spawned, dict[str, Any]]:
         """A query node as a real process (to be killed with a real signal): returns it and its ready event
-        once the leader sees it online.
-
-        The ready line is read in a thread: a blocking read stalled this loop (the in-process coordinator
-        and nodes) for as long as the child took to import, seconds on a loaded machine, and their 2 s
-        sessions lapsed.
-        """
-        p = self._popen_node(args, env)  # a fork and exec: quick; the slow part is the start, read below
-        assert p.stdout is not None
-        line = await asyncio.wait_for(asyncio.to_thread(p.stdout.readline), timeout)
-        if not line:
-            raise RuntimeError(f"query node process {p.pid} exited before it was ready (code {p.poll()})")
-        ready = json.loads(line)
-        await self.wait_node_online(ready["node_id"], timeout=timeout)
-        return p, ready
-
-    def _popen_node(self, args: tuple[str, ...], env: dict[str, str] | None) -> subprocess.Popen[str]:
-        p = subprocess.Popen(
-            [sys.executable, "-m", "querycoord.nodes.querynode", "--etcd-endpoints", ",".join(self.etcd.endpoints),
-             "--root", self.root, "--ttl", "2", *args],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
-        )
+        once the leader sees it online."""
+        p = await spawn_query_node(self.etcd, self.root, log_dir, "--ttl", "2", *args,
+                                   name=f"querynode-{len(self.procs)}", env=env, timeout=timeout)
         self.procs.append(p)
-        return p
+        await self.wait_node_online(p.node_id, timeout=timeout)
+        return p, p.ready
 
     async def wait_node_online(self, node_id: int, timeout: float = 60.0) -> None:
         """Until the leader counts ``node_id`` among its online nodes."""
@@ -150,6 +131,14 @@ class QueryCluster:
                 raise TimeoutError(f"collection {cid} not loaded: {resp}")
             await asyncio.sleep(0.1)
 
+    async def load_collection(self, cid: int, timeout: float = 60.0) -> Any:
+        """LoadCollection accepted and then 100 % in memory; returns the answer (its ``task_id``)."""
+        assert self.client is not None
+        r = await self.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid))
+        assert r.status.error_code == common_pb2.SUCCESS, r
+        await self.wait_loaded(cid, timeout)
+        return r
+
     async def wait_idle(self, timeout: float = 60.0) -> None:
         """Until no trigger is queued or running on the leader."""
         deadline = time.monotonic() + timeout
@@ -173,3 +162,17 @@ class QueryCluster:
 def held_segments(node: QueryNode) -> set[int]:
     return set(node.state.segments)
 
+
+@contextlib.asynccontextmanager
+async def running_cluster(etcd: EtcdCluster, root: str, faults: Sequence[FaultConfig | None], *,
+                          capacity: int = 1024 * MiB, scheduler: SchedulerConfig | None = None,
+                          checker_interval: float | None = None) -> AsyncIterator[QueryCluster]:
+    """A leader and one in-process query node per entry of ``faults`` (None: a healthy one); all stopped on exit."""
+    async with QueryCluster(etcd, root, scheduler=scheduler) as c:
+        if checker_interval is not None:
+            c.config.checker_interval = checker_interval
+        await c.start_coordinator()
+        await c.wait_leader()
+        for f in faults:
+            await c.add_node(capacity=capacity, faults=f)
+        yield c

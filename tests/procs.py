@@ -23,3 +23,8 @@ def pids_matching(fragment: str) -> list[int]:
 def etcd_pids_under(fragment: str | Path) -> list[int]:
     """Pids of etcd members whose data dir contains ``fragment``."""
     return [pid for pid, cmd in _cmdlines() if "--data-dir=" in cmd and str(fragment) in cmd]
+
+
+def pids_mentioning(fragment: str) -> list[int]:
+    """Pids whose command line contains ``fragment``, pytest's own included: what a script left behind."""
+    return [pid for pid, cmd in _cmdlines() if fragment in cmd]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -164,8 +163,7 @@ async def test_release_right_after_a_node_crash_keeps_meta_and_nodes_in_agreemen
         await c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid))
         await c.wait_loaded(cid)
         await c.wait_idle()
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        await proc.kill()  # SIGKILL, and reaped
         # Within the node's TTL: its release child cannot reach it (and retries until its session lapses).
         release = await c.client.query("ReleaseCollection", qc.ReleaseCollectionRequest(collection_id=cid))
         load = await c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid))

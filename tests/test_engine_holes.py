@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from contextlib import AbstractAsyncContextManager
 
 from meta.errors import MetaUnavailable
 from meta.etcd_server import EtcdCluster
@@ -24,21 +25,16 @@ from querycoord.nodes.querynode import FaultConfig
 from querycoord.querymeta import QueryMeta
 from querycoord.task.store import TaskStore
 from querycoord.task.triggers import LoadPartitionsTask
-from tests.cluster import MiB, QueryCluster, fast_scheduler
+from tests.cluster import MiB, QueryCluster, fast_scheduler, running_cluster
 
 SLOW = FaultConfig(latency_ms=300)
 
 
-async def start(etcd: EtcdCluster, root: str, faults: list[FaultConfig | None], *, capacity: int = 1024 * MiB,
-                trigger_timeout: float = 60.0, checker_interval: float = 0.5) -> QueryCluster:
-    c = QueryCluster(etcd, root, scheduler=fast_scheduler(trigger_timeout=trigger_timeout))
-    c.config.checker_interval = checker_interval
-    await c.__aenter__()
-    await c.start_coordinator()
-    await c.wait_leader()
-    for f in faults:
-        await c.add_node(capacity=capacity, faults=f)
-    return c
+def started(etcd: EtcdCluster, root: str, faults: list[FaultConfig | None], *, capacity: int = 1024 * MiB,
+            trigger_timeout: float = 60.0, checker_interval: float = 0.5) -> AbstractAsyncContextManager[QueryCluster]:
+    """``running_cluster`` with the checker every 0.5 s and a minute for each trigger unless a test says otherwise."""
+    return running_cluster(etcd, root, faults, capacity=capacity,
+                           scheduler=fast_scheduler(trigger_timeout=trigger_timeout), checker_interval=checker_interval)
 
 
 async def settled(c: QueryCluster) -> None:
@@ -79,8 +75,7 @@ async def catalog_segments(c: QueryCluster, cid: int, pid: int | None = None) ->
 async def test_a_second_release_during_a_cancelled_loads_rollback_answers_everyone(
         etcd: EtcdCluster, root_path: str) -> None:
     """Hole 1: the second release used to interrupt the rollback; the load then stayed in the scheduler forever."""
-    c = await start(etcd, root_path, [SLOW, SLOW])
-    try:
+    async with started(etcd, root_path, [SLOW, SLOW]) as c:
         cid = await c.create_collection("twice", partitions=2, segments=40)
         load = await c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid))
         assert load.status.error_code == common_pb2.SUCCESS
@@ -98,16 +93,12 @@ async def test_a_second_release_during_a_cancelled_loads_rollback_answers_everyo
         assert not held_once(c), "released: no node holds anything"
         show = await c.client.query("ShowCollections", qc.ShowCollectionsRequest(collection_ids=[cid]))
         assert show.status.error_code == common_pb2.NOT_FOUND
-    finally:
-        await c.__aexit__(None, None, None)
 
 
 async def test_a_load_whose_leader_died_before_its_commit_point_is_done_by_the_next(
         etcd: EtcdCluster, root_path: str) -> None:
     """Hole 2: partitions written to meta by an uncommitted trigger were taken for loaded ones."""
-    c = QueryCluster(etcd, root_path, scheduler=fast_scheduler())
-    await c.__aenter__()
-    try:
+    async with QueryCluster(etcd, root_path, scheduler=fast_scheduler()) as c:
         coord = await c.start_coordinator()
         await c.wait_leader()
         cid = await c.create_collection("uncommitted", partitions=2, segments=20)
@@ -131,19 +122,14 @@ async def test_a_load_whose_leader_died_before_its_commit_point_is_done_by_the_n
         await c.wait_loaded(cid, timeout=60)
         await settled(c)
         assert set(held_once(c)) == await catalog_segments(c, cid)
-    finally:
-        await c.__aexit__(None, None, None)
 
 
 async def test_a_node_down_balance_that_finds_no_room_forgets_the_dead_copies_and_the_checker_reloads(
         etcd: EtcdCluster, root_path: str) -> None:
     """Hole 3: the dead node's segments stayed recorded on it, 100 % was shown and nothing retried."""
-    c = await start(etcd, root_path, [None, None], capacity=40 * MiB, trigger_timeout=6.0)
-    try:
+    async with started(etcd, root_path, [None, None], capacity=40 * MiB, trigger_timeout=6.0) as c:
         cid = await c.create_collection("tight", partitions=1, segments=10)
-        r = await c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid))
-        assert r.status.error_code == common_pb2.SUCCESS
-        await c.wait_loaded(cid)
+        await c.load_collection(cid)
         await settled(c)
         victim = max(c.nodes, key=lambda n: len(n.state.segments))
         assert victim.state.segments
@@ -162,34 +148,30 @@ async def test_a_node_down_balance_that_finds_no_room_forgets_the_dead_copies_an
         await c.wait_loaded(cid, timeout=60)
         await settled(c)
         assert set(held_once(c)) == await catalog_segments(c, cid)
-    finally:
-        await c.__aexit__(None, None, None)
 
 
 async def test_a_session_offering_no_capacity_is_ignored_and_loads_go_on(etcd: EtcdCluster, root_path: str) -> None:
     """Hole 4: capacity 0 divided the allocator by zero inside a trigger, which died holding its lock."""
-    c = await start(etcd, root_path, [None])
-    assert c.kv is not None
-    bogus = Session(c.kv, "querynode", "127.0.0.1:1", ttl=2.0, extra={"capacity_bytes": 0})
-    await bogus.start()
-    try:
-        cid = await c.create_collection("zero", partitions=1, segments=8)
-        r = await asyncio.wait_for(c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid)), 30)
-        assert r.status.error_code == common_pb2.SUCCESS, r
-        await c.wait_loaded(cid)
-        await settled(c)
-        assert len(held_once(c)) == 8
-    finally:
-        await bogus.close()
-        await c.__aexit__(None, None, None)
+    async with started(etcd, root_path, [None]) as c:
+        assert c.kv is not None
+        bogus = Session(c.kv, "querynode", "127.0.0.1:1", ttl=2.0, extra={"capacity_bytes": 0})
+        await bogus.start()
+        try:
+            cid = await c.create_collection("zero", partitions=1, segments=8)
+            r = await asyncio.wait_for(c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid)),
+                                       30)
+            assert r.status.error_code == common_pb2.SUCCESS, r
+            await c.wait_loaded(cid)
+            await settled(c)
+            assert len(held_once(c)) == 8
+        finally:
+            await bogus.close()
 
 
 async def test_a_malformed_session_value_stops_neither_the_node_watch_nor_a_takeover(
         etcd: EtcdCluster, root_path: str) -> None:
     """Hole 4: a garbage session value killed the node watcher; a new leader then waited forever for nodes."""
-    c = QueryCluster(etcd, root_path, scheduler=fast_scheduler())
-    await c.__aenter__()
-    try:
+    async with QueryCluster(etcd, root_path, scheduler=fast_scheduler()) as c:
         assert c.kv is not None
         await c.kv.save("session/querynode-999999", b"{not json")
         await c.start_coordinator()
@@ -197,19 +179,14 @@ async def test_a_malformed_session_value_stops_neither_the_node_watch_nor_a_take
         await c.kv.save("session/querynode-999998", b'{"ServerID": "x"}')
         await c.add_node()  # seen although garbage came before it
         cid = await c.create_collection("garbage", partitions=1, segments=6)
-        r = await c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid))
-        assert r.status.error_code == common_pb2.SUCCESS, r
-        await c.wait_loaded(cid)
+        await c.load_collection(cid)
         await settled(c)
-    finally:
-        await c.__aexit__(None, None, None)
 
 
 async def test_a_failure_inside_failure_handling_still_answers_and_unlocks(
         etcd: EtcdCluster, root_path: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Hole 4: MetaUnavailable raised while undoing a failed trigger escaped the runner with the lock held."""
-    c = await start(etcd, root_path, [None])
-    try:
+    async with started(etcd, root_path, [None]) as c:
         cid = await c.create_collection("undo", partitions=2, segments=6)
 
         async def broken(self: LoadPartitionsTask) -> None:
@@ -224,8 +201,6 @@ async def test_a_failure_inside_failure_handling_still_answers_and_unlocks(
         assert r.status.error_code == common_pb2.SUCCESS, r
         await c.wait_loaded(cid)
         await settled(c)
-    finally:
-        await c.__aexit__(None, None, None)
 
 
 async def test_a_node_that_vanished_is_a_node_error(etcd: EtcdCluster, root_path: str, kv) -> None:  # type: ignore[no-untyped-def]
@@ -241,8 +216,7 @@ async def test_a_node_that_vanished_is_a_node_error(etcd: EtcdCluster, root_path
 
 async def test_releasing_an_unrelated_partition_does_not_cancel_a_load(etcd: EtcdCluster, root_path: str) -> None:
     """Hole 8: ReleasePartitions of a partition nobody loads cancelled the load of another."""
-    c = await start(etcd, root_path, [SLOW, SLOW])
-    try:
+    async with started(etcd, root_path, [SLOW, SLOW]) as c:
         cid = await c.create_collection("unrelated", partitions=3, segments=30)
         p1, p2, _ = await partitions(c, cid)
         load = await c.client.query("LoadPartitions", qc.LoadPartitionsRequest(collection_id=cid, partition_ids=[p1]))
@@ -257,14 +231,11 @@ async def test_releasing_an_unrelated_partition_does_not_cancel_a_load(etcd: Etc
                                       qc.GetPartitionStatesRequest(collection_id=cid, partition_ids=[p1]))
         assert states.partition_descriptions[0].in_memory_percentage == 100
         assert set(held_once(c)) == await catalog_segments(c, cid, p1)
-    finally:
-        await c.__aexit__(None, None, None)
 
 
 async def test_a_retried_load_partitions_joins_the_one_in_progress(etcd: EtcdCluster, root_path: str) -> None:
     """Hole 9: the identical retry answered CONFLICT about its own first attempt."""
-    c = await start(etcd, root_path, [SLOW])
-    try:
+    async with started(etcd, root_path, [SLOW]) as c:
         cid = await c.create_collection("retry", partitions=2, segments=20)
         p1, _ = await partitions(c, cid)
         req = qc.LoadPartitionsRequest(collection_id=cid, partition_ids=[p1])
@@ -277,16 +248,12 @@ async def test_a_retried_load_partitions_joins_the_one_in_progress(etcd: EtcdClu
         assert again_coll.status.error_code == common_pb2.CONFLICT, "loaded as partitions: a clear conflict"
         await settled(c)
         assert set(held_once(c)) == await catalog_segments(c, cid, p1)
-    finally:
-        await c.__aexit__(None, None, None)
 
 
 async def test_a_read_by_the_new_leader_fences_off_the_old_one(etcd: EtcdCluster, root_path: str) -> None:
     """Hole 10: GetDataDistribution carried no fence, so a node the new leader had only read from still
     accepted a late mutation from the deposed leader."""
-    c = QueryCluster(etcd, root_path)
-    await c.__aenter__()
-    try:
+    async with QueryCluster(etcd, root_path) as c:
         node = await c.add_node()
         new = QueryNodeClient(node.node_id, node.address)
         new.fence = querynode_pb2.CoordFence(leader_revision=1000, coordinator_id=2)
@@ -303,15 +270,12 @@ async def test_a_read_by_the_new_leader_fences_off_the_old_one(etcd: EtcdCluster
         finally:
             await new.close()
             await old.close()
-    finally:
-        await c.__aexit__(None, None, None)
 
 
 async def test_a_failed_load_partitions_rolls_back_only_its_own_partitions(
         etcd: EtcdCluster, root_path: str) -> None:
     """Hole 11: a LoadPartitions failing on an unknown partition released partitions an earlier request loaded."""
-    c = await start(etcd, root_path, [SLOW, SLOW])
-    try:
+    async with started(etcd, root_path, [SLOW, SLOW]) as c:
         cid = await c.create_collection("own", partitions=3, segments=30)
         p0, p1, _ = await partitions(c, cid)
         # p0's load keeps the collection busy, so both requests below queue behind it and p1 is not in meta
@@ -332,18 +296,13 @@ async def test_a_failed_load_partitions_rolls_back_only_its_own_partitions(
         assert [s.in_memory_percentage for s in states.partition_descriptions] == [100, 100]
         want = await catalog_segments(c, cid, p0) | await catalog_segments(c, cid, p1)
         assert set(held_once(c)) == want, "what meta says is loaded is what the nodes hold"
-    finally:
-        await c.__aexit__(None, None, None)
 
 
 async def test_a_retried_balance_joins_the_one_in_progress(etcd: EtcdCluster, root_path: str) -> None:
     """Idempotence: the retry of a balance in progress used to fail on its own effect (segments moving)."""
-    c = await start(etcd, root_path, [SLOW, SLOW])
-    try:
+    async with started(etcd, root_path, [SLOW, SLOW]) as c:
         cid = await c.create_collection("move", partitions=1, segments=10)
-        r = await c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid))
-        assert r.status.error_code == common_pb2.SUCCESS
-        await c.wait_loaded(cid)
+        await c.load_collection(cid)
         await settled(c)
         src, dst = sorted(c.nodes, key=lambda n: -len(n.state.segments))
         req = qc.LoadBalanceRequest(source_node_ids=[src.node_id], dst_node_ids=[dst.node_id],
@@ -354,8 +313,6 @@ async def test_a_retried_balance_joins_the_one_in_progress(etcd: EtcdCluster, ro
         assert again.task_id == first.task_id
         await settled(c)
         assert len(held_once(c)) == 10
-    finally:
-        await c.__aexit__(None, None, None)
 
 
 async def test_closing_a_node_channel_mid_call_is_a_node_error_not_a_cancellation(
@@ -363,9 +320,7 @@ async def test_closing_a_node_channel_mid_call_is_a_node_error_not_a_cancellatio
     """grpc.aio cancels calls in flight when their channel closes (a node forgotten once its session ended);
     that CancelledError used to escape into the trigger runner and the leadership loop as if they had
     been cancelled."""
-    c = QueryCluster(etcd, root_path)
-    await c.__aenter__()
-    try:
+    async with QueryCluster(etcd, root_path) as c:
         node = await c.add_node(faults=FaultConfig(latency_ms=3000))
         client = QueryNodeClient(node.node_id, node.address)
         call = asyncio.create_task(client.call("GetDataDistribution", querynode_pb2.GetDataDistributionRequest()))
@@ -377,15 +332,12 @@ async def test_closing_a_node_channel_mid_call_is_a_node_error_not_a_cancellatio
             assert exc.transport
         else:
             raise AssertionError("expected NodeError")
-    finally:
-        await c.__aexit__(None, None, None)
 
 
 async def test_a_load_finishes_when_a_node_with_a_call_in_flight_and_nothing_in_meta_goes(
         etcd: EtcdCluster, root_path: str) -> None:
     """The same cancellation left the load trigger half done and never finished."""
-    c = await start(etcd, root_path, [None])
-    try:
+    async with started(etcd, root_path, [None]) as c:
         slow = await c.add_node(faults=FaultConfig(latency_ms=6000))
         cid = await c.create_collection("gone", partitions=1, segments=20)
         r = await c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid))
@@ -398,8 +350,6 @@ async def test_a_load_finishes_when_a_node_with_a_call_in_flight_and_nothing_in_
         assert tree.trigger.state == qc.TASK_STATE_EXPIRED, tree.trigger
         held = {s for n in c.nodes if n is not slow for s in n.state.segments}
         assert held == await catalog_segments(c, cid)
-    finally:
-        await c.__aexit__(None, None, None)
 
 
 def dm_watchers(c: QueryCluster, cid: int) -> dict[str, list[int]]:
@@ -417,8 +367,7 @@ async def test_a_watch_failing_on_a_live_node_is_retried_there_not_moved(etcd: E
     another node while the first still watched the channel; nothing undoes a watch, so it stayed doubled."""
     from querycoord.nodes.querynode_faults import FaultInjector
 
-    c = await start(etcd, root_path, [None, None])
-    try:
+    async with started(etcd, root_path, [None, None]) as c:
         cid = await c.create_collection("watch", partitions=2, segments=10, channels=2)
         p0, p1 = await partitions(c, cid)
         r = await c.client.query("LoadPartitions", qc.LoadPartitionsRequest(collection_id=cid, partition_ids=[p0]))
@@ -436,16 +385,13 @@ async def test_a_watch_failing_on_a_live_node_is_retried_there_not_moved(etcd: E
         doubled = {name: ns for name, ns in dm_watchers(c, cid).items() if len(ns) > 1}
         assert not doubled, f"DM channels watched twice: {doubled}"
         assert len(dm_watchers(c, cid)) == 2
-    finally:
-        await c.__aexit__(None, None, None)
 
 
 async def test_concurrent_partition_releases_that_empty_a_collection_release_it_on_the_nodes(
         etcd: EtcdCluster, root_path: str) -> None:
     """Chaos drill, seed 13: two ReleasePartitions that together released every loaded partition left the
     collection's channels on the nodes (only the first to be validated could have become a whole release)."""
-    c = await start(etcd, root_path, [SLOW, SLOW])
-    try:
+    async with started(etcd, root_path, [SLOW, SLOW]) as c:
         cid = await c.create_collection("halves", partitions=2, segments=10)
         p0, p1 = await partitions(c, cid)
         r = await c.client.query("LoadPartitions",
@@ -461,8 +407,6 @@ async def test_concurrent_partition_releases_that_empty_a_collection_release_it_
             st = n.state
             assert not st.segments and not st.dm_channels, n.node_id
             assert cid not in st.query_channels and not st.delta_channels, (n.node_id, st.delta_channels)
-    finally:
-        await c.__aexit__(None, None, None)
 
 
 async def test_a_caller_giving_up_mid_enqueue_leaves_no_orphan_trigger(etcd: EtcdCluster, root_path: str) -> None:
@@ -472,8 +416,7 @@ async def test_a_caller_giving_up_mid_enqueue_leaves_no_orphan_trigger(etcd: Etc
 
     from proto import querycoord_pb2_grpc
 
-    c = await start(etcd, root_path, [None])
-    try:
+    async with started(etcd, root_path, [None]) as c:
         cid = await c.create_collection("abandon", partitions=1, segments=4)
         leader = await c.wait_leader()
         async with grpc.aio.insecure_channel(leader.address) as ch:
@@ -488,17 +431,13 @@ async def test_a_caller_giving_up_mid_enqueue_leaves_no_orphan_trigger(etcd: Etc
         assert r.status.error_code == common_pb2.SUCCESS
         await settled(c)  # every persisted trigger was queued and ran: none is left in etcd
         assert not held_once(c)
-    finally:
-        await c.__aexit__(None, None, None)
 
 
 async def test_a_resumed_balance_does_not_load_a_collection_released_meanwhile(
         etcd: EtcdCluster, root_path: str) -> None:
     """Chaos drill, seed 13: a resumed balance's children loaded segments of a collection released since,
     which nothing recorded (the collection no longer in meta, the balance not serialised with it)."""
-    c = QueryCluster(etcd, root_path, scheduler=fast_scheduler())
-    await c.__aenter__()
-    try:
+    async with QueryCluster(etcd, root_path, scheduler=fast_scheduler()) as c:
         assert c.kv is not None
         node = await c.add_node()
         first = await c.start_coordinator()
@@ -525,5 +464,3 @@ async def test_a_resumed_balance_does_not_load_a_collection_released_meanwhile(
         await c.wait_leader()
         await settled(c)
         assert not node.state.segments, "segments of a collection that is not loaded were loaded"
-    finally:
-        await c.__aexit__(None, None, None)

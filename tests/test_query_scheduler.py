@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import signal
 import time
 
 import pytest
@@ -68,8 +67,7 @@ async def test_node_down_waits_for_capacity_until_a_new_node_appears(
         await c.wait_idle()
         on_big = {s.segment_id for s in lead.meta.segments_on_node(ready["node_id"])}
         assert len(on_big) >= 19
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        await proc.kill()  # SIGKILL, and reaped
         deadline = time.monotonic() + 30
         while not any(t.KIND == qc.TASK_KIND_LOAD_BALANCE for t in lead.scheduler.triggers.values()):
             assert time.monotonic() < deadline, "no NodeDown balance was queued"

@@ -26,6 +26,7 @@ from querycoord.querymeta import (
     QueryMeta,
 )
 from querycoord.querymeta import keys as K
+from tests.leader import leader_fence
 
 PART = data_pb2.LOAD_TYPE_PARTITION
 COLL = data_pb2.LOAD_TYPE_COLLECTION
@@ -50,16 +51,9 @@ def watch(cid: int, channel: str, node: int, pids: tuple[int, ...] = ()) -> data
     return data_pb2.DmChannelWatchInfo(collection_id=cid, dm_channel=channel, node_id=node, partition_ids=pids)
 
 
-async def make_fence(kv: MetaKV) -> Fence:
-    await kv.save("election/leader", "me")
-    item = await kv.get_kv("election/leader")
-    assert item is not None
-    return Fence(kv.abs_key("election/leader").decode(), item.create_revision)
-
-
 @pytest.fixture
 async def fence(kv: MetaKV) -> Fence:
-    return await make_fence(kv)
+    return await leader_fence(kv)
 
 
 @pytest.fixture

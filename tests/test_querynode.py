@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import signal
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -20,6 +18,7 @@ from meta.session import list_sessions, session_key
 from proto import common_pb2, data_pb2, querynode_pb2, querynode_pb2_grpc
 from querycoord.nodes.querynode import QueryNode, add_querynode_parser, cmd_querynode
 from querycoord.nodes.querynode_faults import CRASH_EXIT_CODE, FaultConfig, FaultInjector
+from tests.spawn import spawn_query_node
 
 EC = common_pb2.ErrorCode
 qn = querynode_pb2
@@ -384,43 +383,6 @@ def test_cli_parser_and_bad_options() -> None:
 
 
 # ----- the node as a process --------------------------------------------------
-def log_tail(log: Path, lines: int = 40) -> str:
-    """The end of a node's stderr, for assertion messages (small file, read synchronously on failure only)."""
-    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
-
-
-class NodeProcess:
-    """``python -m querycoord.nodes.querynode`` with its ready line parsed."""
-
-    def __init__(self, proc: asyncio.subprocess.Process, ready: dict[str, Any], log: Path):
-        self.proc, self.ready, self.log = proc, ready, log
-
-    @classmethod
-    async def start(cls, etcd: EtcdCluster, root: str, env: dict[str, str], log: Path, *extra: str) -> NodeProcess:
-        args = ["-m", "querycoord.nodes.querynode", "--etcd-endpoints", ",".join(etcd.endpoints), "--root", root,
-                *extra]
-        with log.open("wb") as err:
-            proc = await asyncio.create_subprocess_exec(sys.executable, *args, stdout=asyncio.subprocess.PIPE,
-                                                        stderr=err, env=env)
-        assert proc.stdout is not None
-        try:
-            line = await asyncio.wait_for(proc.stdout.readline(), 30)
-            ready = json.loads(line)
-        except BaseException:
-            proc.kill()
-            await proc.wait()
-            raise AssertionError(f"no ready line; node log:\n{log_tail(log)}") from None
-        return cls(proc, ready, log)
-
-    async def wait(self, timeout: float = 20) -> int:
-        return await asyncio.wait_for(self.proc.wait(), timeout)
-
-    async def kill(self) -> None:
-        if self.proc.returncode is None:
-            self.proc.kill()
-            await self.proc.wait()
-
-
 async def wait_gone(kv: MetaKV, key: str, timeout: float) -> bool:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -432,13 +394,12 @@ async def wait_gone(kv: MetaKV, key: str, timeout: float) -> bool:
 
 
 async def test_process_prints_ready_line_and_sigterm_revokes_session(
-    etcd: EtcdCluster, kv: MetaKV, root_path: str, subprocess_env: dict[str, str], tmp_path: Path
+    etcd: EtcdCluster, kv: MetaKV, root_path: str, tmp_path: Path
 ) -> None:
-    node = await NodeProcess.start(etcd, root_path, subprocess_env, tmp_path / "node.log", "--capacity-mb", "2",
-                                   "--ttl", "60")
+    node = await spawn_query_node(etcd, root_path, tmp_path, "--capacity-mb", "2", "--ttl", "60")
     try:
         ready = node.ready
-        assert ready["event"] == "ready" and ready["pid"] == node.proc.pid
+        assert ready["event"] == "ready" and ready["pid"] == node.pid
         info = (await list_sessions(kv, "querynode")).sessions[ready["node_id"]]
         assert info.address == ready["address"] and info.address.startswith("127.0.0.1:")
         assert info.extra == {"capacity_bytes": 2 * 1024 * 1024}
@@ -447,8 +408,8 @@ async def test_process_prints_ready_line_and_sigterm_revokes_session(
             r = await stub.LoadSegments(qn.LoadSegmentsRequest(fence=fence(1), node_id=ready["node_id"],
                                                                collection_id=1, infos=[seg(1, 10, 1024)]))
             assert r.status.error_code == EC.SUCCESS
-        node.proc.send_signal(signal.SIGTERM)
-        assert await node.wait() == 0, log_tail(node.log)
+        node.signal(signal.SIGTERM)
+        assert await node.wait(20) == 0, node.tail()
         # TTL is 60 s: the key being gone now means the lease was revoked, not expired.
         assert await kv.get(session_key("querynode", ready["node_id"])) is None
     finally:
@@ -456,10 +417,9 @@ async def test_process_prints_ready_line_and_sigterm_revokes_session(
 
 
 async def test_process_crashes_after_n_calls_and_its_session_expires(
-    etcd: EtcdCluster, kv: MetaKV, root_path: str, subprocess_env: dict[str, str], tmp_path: Path
+    etcd: EtcdCluster, kv: MetaKV, root_path: str, tmp_path: Path
 ) -> None:
-    node = await NodeProcess.start(etcd, root_path, subprocess_env, tmp_path / "node.log", "--crash-after", "3",
-                                   "--ttl", "4")
+    node = await spawn_query_node(etcd, root_path, tmp_path, "--crash-after", "3", "--ttl", "4")
     try:
         nid = node.ready["node_id"]
         async with grpc.aio.insecure_channel(node.ready["address"]) as ch:
@@ -468,7 +428,7 @@ async def test_process_crashes_after_n_calls_and_its_session_expires(
                 r = await stub.LoadSegments(qn.LoadSegmentsRequest(fence=fence(1), node_id=nid, collection_id=1,
                                                                    infos=[seg(i + 1, 10, 1)]))
                 assert r.status.error_code == EC.SUCCESS, f"call {i + 1} of 3 is answered"
-            assert await node.wait() == CRASH_EXIT_CODE, log_tail(node.log)
+            assert await node.wait(20) == CRASH_EXIT_CODE, node.tail()
         key = session_key("querynode", nid)
         assert await kv.get(key) is not None, "a crash does not revoke the lease"
         assert await wait_gone(kv, key, 20), "the session must expire after its TTL"
@@ -477,10 +437,10 @@ async def test_process_crashes_after_n_calls_and_its_session_expires(
 
 
 async def test_process_crash_mid_call_gives_a_transport_error(
-    etcd: EtcdCluster, kv: MetaKV, root_path: str, subprocess_env: dict[str, str], tmp_path: Path
+    etcd: EtcdCluster, kv: MetaKV, root_path: str, tmp_path: Path
 ) -> None:
-    node = await NodeProcess.start(etcd, root_path, subprocess_env, tmp_path / "node.log", "--crash-after", "1",
-                                   "--crash-mode", "mid-call", "--ttl", "2")
+    node = await spawn_query_node(etcd, root_path, tmp_path, "--crash-after", "1", "--crash-mode", "mid-call",
+                                  "--ttl", "2")
     try:
         async with grpc.aio.insecure_channel(node.ready["address"]) as ch:
             stub = querynode_pb2_grpc.QueryNodeStub(ch)
@@ -489,19 +449,19 @@ async def test_process_crash_mid_call_gives_a_transport_error(
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await stub.WatchDmChannels(req, timeout=10)
             assert err.value.code() == grpc.StatusCode.UNAVAILABLE
-        assert await node.wait() == CRASH_EXIT_CODE, log_tail(node.log)
+        assert await node.wait(20) == CRASH_EXIT_CODE, node.tail()
         assert await wait_gone(kv, session_key("querynode", node.ready["node_id"]), 20)
     finally:
         await node.kill()
 
 
 async def test_process_exits_when_its_session_is_lost(
-    etcd: EtcdCluster, kv: MetaKV, root_path: str, subprocess_env: dict[str, str], tmp_path: Path
+    etcd: EtcdCluster, kv: MetaKV, root_path: str, tmp_path: Path
 ) -> None:
-    node = await NodeProcess.start(etcd, root_path, subprocess_env, tmp_path / "node.log", "--ttl", "60")
+    node = await spawn_query_node(etcd, root_path, tmp_path, "--ttl", "60")
     try:
-        await kv.remove(session_key("querynode", node.ready["node_id"]))
-        assert await node.wait() == 1, "a node whose session is gone must not keep serving under that id"
-        assert "lost its session" in log_tail(node.log)
+        await kv.remove(session_key("querynode", node.node_id))
+        assert await node.wait(20) == 1, "a node whose session is gone must not keep serving under that id"
+        assert "lost its session" in node.log_tail(40)
     finally:
         await node.kill()

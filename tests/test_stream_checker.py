@@ -21,9 +21,11 @@ import pytest
 from meta.kv import MetaKV
 from proto import stream_pb2
 from querycoord.stream.store import StreamStore
+from tests.streams import Clock
 from tests.test_stream_holes import (
     CONFIG,
     MANAGER_LOG,
+    TWO_NODES,
     RealNode,
     create_req,
     create_streams,
@@ -33,10 +35,10 @@ from tests.test_stream_holes import (
     round_,
     run_until,
     running,
+    running_streams,
     summary,
     tasks_of,
 )
-from tests.test_stream_manager import Clock
 
 sp = stream_pb2
 
@@ -54,7 +56,7 @@ async def test_lost_deploy_reply_is_repaired_long_before_task_silence(
     store: StreamStore, kv: MetaKV, caplog: pytest.LogCaptureFixture
 ) -> None:
     clock = Clock()
-    async with real_nodes(kv, [([1, 2], True), ([3], True)], groups=2) as nodes:
+    async with real_nodes(kv, TWO_NODES, groups=2) as nodes:
         sdefs = await create_streams(store, nodes, 4)
         mgr = await manager(store, kv, clock)
         caplog.set_level(logging.WARNING, MANAGER_LOG)
@@ -93,10 +95,7 @@ async def test_stream_that_should_run_but_has_nothing_planned_is_planned_again(
     store: StreamStore, kv: MetaKV
 ) -> None:
     clock = Clock()
-    async with real_nodes(kv, [([1, 2], True), ([3], True)]) as nodes:
-        sdefs = await create_streams(store, nodes, 2)
-        mgr = await manager(store, kv, clock)
-        await run_until(mgr, nodes, clock, lambda: running(mgr))
+    async with running_streams(store, kv, clock, 2) as (nodes, sdefs, mgr):
         repairs = getattr(mgr, "checker_repairs", 0)
         # The leader's task map of one stream is lost (a bug): nothing would ever deploy it again.
         rt = mgr.streams[sdefs[0].id]
@@ -115,10 +114,7 @@ async def test_refresh_repairs_missed_notifications(
     store: StreamStore, kv: MetaKV, caplog: pytest.LogCaptureFixture
 ) -> None:
     clock = Clock()
-    async with real_nodes(kv, [([1, 2], True), ([3], True)]) as nodes:
-        dropped, stopped, kept = await create_streams(store, nodes, 3)
-        mgr = await manager(store, kv, clock)
-        await run_until(mgr, nodes, clock, lambda: running(mgr))
+    async with running_streams(store, kv, clock, 3) as (nodes, (dropped, stopped, kept), mgr):
         caplog.set_level(logging.WARNING, MANAGER_LOG)
         # Committed, but the manager is never told (a lost notification).
         await store.drop_stream(dropped.id)
@@ -156,10 +152,7 @@ async def test_refresh_leaves_alone_streams_notified_during_its_read(store: Stre
     """Before the fix a refresh whose read predates a create removed the new stream (its tasks were then cleaned
     up as a dropped stream's), and one whose read predates a drop brought the dropped stream back."""
     clock = Clock()
-    async with real_nodes(kv, [([1, 2], True), ([3], True)]) as nodes:
-        (old,) = await create_streams(store, nodes, 1)
-        mgr = await manager(store, kv, clock)
-        await run_until(mgr, nodes, clock, lambda: running(mgr))
+    async with running_streams(store, kv, clock, 1) as (nodes, (old,), mgr):
         slow = SlowListStore(store)
         mgr.store = slow
         refresh = asyncio.create_task(mgr.refresh())
@@ -177,10 +170,7 @@ async def test_refresh_leaves_alone_streams_notified_during_its_read(store: Stre
 
 async def test_lost_undeploy_is_sent_again_and_counted(store: StreamStore, kv: MetaKV) -> None:
     clock = Clock()
-    async with real_nodes(kv, [([1, 2], True), ([3], True)]) as nodes:
-        stopped, kept = await create_streams(store, nodes, 2)
-        mgr = await manager(store, kv, clock)
-        await run_until(mgr, nodes, clock, lambda: running(mgr))
+    async with running_streams(store, kv, clock, 2) as (nodes, (stopped, kept), mgr):
         # Undeploys that take effect at once are no repair.
         mgr.put_stream(await store.stop_stream(stopped.id))
         await run_until(mgr, nodes, clock, lambda: held_streams(nodes) == {kept.id}, what="stopped stream undeployed")
@@ -211,11 +201,7 @@ async def test_tick_parts_survive_an_error(
     store: StreamStore, kv: MetaKV, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     clock = Clock()
-    async with real_nodes(kv, [([1, 2], True), ([3], True)]) as nodes:
-        sdefs = await create_streams(store, nodes, 2)
-        mgr = await manager(store, kv, clock)
-        await run_until(mgr, nodes, clock, lambda: running(mgr))
-
+    async with running_streams(store, kv, clock, 2) as (nodes, sdefs, mgr):
         def broken(*_: object) -> None:
             raise RuntimeError("bug in the health check")
 

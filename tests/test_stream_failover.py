@@ -16,25 +16,22 @@ and must not have redeployed anything. "Zero redeploys" is checked three ways:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
-
-import grpc
 
 from meta.etcd_server import EtcdCluster
 from meta.fence import Fence
 from meta.kv import MetaKV
-from proto import common_pb2, stream_pb2, stream_pb2_grpc
+from proto import common_pb2, stream_pb2
 from querycoord.config import StreamConfig
 from querycoord.stream.manager import StreamManager
 from querycoord.stream.store import StreamStore
+from tests.stream_client import stub_for, wait_for
 
 sp = stream_pb2
 STREAMS = 50
@@ -172,27 +169,6 @@ class StreamNode:
         except TimeoutError:
             self.proc.kill()
             await self.proc.wait()
-
-
-@contextlib.asynccontextmanager
-async def stub_for(address: str) -> AsyncIterator[stream_pb2_grpc.StreamMgmtStub]:
-    channel = grpc.aio.insecure_channel(address)
-    try:
-        yield stream_pb2_grpc.StreamMgmtStub(channel)
-    finally:
-        await channel.close()
-
-
-async def wait_for(predicate: Callable[[], Awaitable[tuple[bool, Any]]], what: str, timeout: float,
-                   interval: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        ok, last = await predicate()
-        if ok:
-            return last
-        await asyncio.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last}")
 
 
 def task_table(show: sp.ShowStreamsResponse) -> dict[int, list[tuple[int, ...]]]:

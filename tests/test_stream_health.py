@@ -1,6 +1,6 @@
 """StreamManager's health check: slots, snode loss, vgroup loss and moves, and node_lost().
 
-Same harness as ``test_stream_manager`` (simulated stream nodes, a real etcd
+Same harness as ``test_stream_manager`` (tests/streams.py: simulated stream nodes, a real etcd
 store, a fake clock), with scaled durations: a health check every 0.3 s over
 10 slots (each snode and vgroup checked every 3 s), isolation 3 s, streams on
 a lost vgroup stopped 15 s after it was declared lost. The layout keeps snodes
@@ -11,14 +11,12 @@ node 15.
 
 from __future__ import annotations
 
-import random
+import dataclasses
 
 import pytest
 
-from meta.fence import Fence
 from meta.kv import MetaKV
 from proto import stream_pb2
-from querycoord.config import StreamConfig
 from querycoord.stream.manager import (
     STOP_SNODE_LOST,
     STOP_VGROUP_LOST,
@@ -26,32 +24,28 @@ from querycoord.stream.manager import (
     StreamManager,
 )
 from querycoord.stream.store import StreamStore
-from tests.test_stream_manager import Clock, Node, create_req, round_, snapshot
-
-CONFIG = StreamConfig(
-    watch_timeout=1.0,
-    task_silence=3.0,
-    min_start_delay=0.3,
-    error_retry_delay=100.0,  # a stopped stream stays stopped for the whole test
-    max_retry_delay=100.0,
-    fast_retries=10,
-    reset_after=6.0,
-    health_interval=0.3,
-    health_slots=10,
-    isolation=3.0,
-    vgroup_lost_stop=15.0,
+from tests.streams import (
+    HEALTH_CONFIG,
+    Clock,
+    Node,
+    create_req,
+    fenced_store,
+    new_manager,
+    round_,
+    run_until_running,
+    running_manager,
+    snapshot,
 )
+
+# A stopped stream stays stopped for the whole test.
+CONFIG = dataclasses.replace(HEALTH_CONFIG, error_retry_delay=100.0, max_retry_delay=100.0, vgroup_lost_stop=15.0)
 RUNNER, TRIGGER = stream_pb2.RUNNER, stream_pb2.TRIGGER
 READERS = (stream_pb2.TRIGGER_READER, stream_pb2.CALC_READER)
 
 
 @pytest.fixture
 async def store(kv: MetaKV) -> StreamStore:
-    await kv.save("election/leader", "me")
-    item = await kv.get_kv("election/leader")
-    assert item is not None
-    fence = Fence(kv.abs_key("election/leader").decode(), item.create_revision)
-    return StreamStore(kv.fenced(fence), rng=random.Random(3))
+    return await fenced_store(kv)
 
 
 async def setup(store: StreamStore, n_streams: int, **kw: object) -> tuple[list[Node], list[stream_pb2.StreamDef]]:
@@ -60,28 +54,6 @@ async def setup(store: StreamStore, n_streams: int, **kw: object) -> tuple[list[
     nodes = [Node(11, [], ids[0]), Node(12, [], ids[1]), Node(14, [], ids[2]), Node(13, [2, 3]), Node(15, [4])]
     sdefs = [await store.create_stream(create_req(f"s{i}", **kw), ids) for i in range(n_streams)]
     return nodes, sdefs
-
-
-async def running_manager(store: StreamStore, clock: Clock, nodes: list[Node]) -> StreamManager:
-    mgr = StreamManager(store, leader_revision=100, config=CONFIG, clock=clock, rng=random.Random(5))
-    await mgr.start()
-    mgr.set_live_nodes([n.node_id for n in nodes])
-    await round_(mgr, nodes)
-    assert mgr.state is ManagerState.NORMAL
-    mgr.tick()
-    await run_until_running(mgr, nodes, clock)
-    return mgr
-
-
-async def run_until_running(mgr: StreamManager, nodes: list[Node], clock: Clock, ids: set[int] | None = None) -> None:
-    for _ in range(30):
-        await round_(mgr, nodes)
-        mgr.tick()
-        states = {s.state for s in mgr.show_streams().streams if ids is None or s.stream.id in ids}
-        if states == {stream_pb2.STREAM_RUNNING}:
-            return
-        clock.advance(0.1)
-    raise AssertionError(f"streams not running: {mgr.show_streams()}")
 
 
 def node_of(nodes: list[Node], node_id: int) -> Node:
@@ -114,7 +86,7 @@ def states(mgr: StreamManager) -> dict[int, tuple[int, int]]:
 async def test_health_check_slots(store: StreamStore) -> None:
     clock = Clock()
     nodes, _ = await setup(store, 1)
-    mgr = await running_manager(store, clock, nodes)
+    mgr = await running_manager(store, clock, nodes, CONFIG)
     slots = CONFIG.health_slots
     alive = [n for n in nodes if n.node_id != 15]  # vgroup 4's leader goes silent
     silent_since = clock()
@@ -140,8 +112,7 @@ async def test_health_check_slots(store: StreamStore) -> None:
 
 async def test_no_health_check_without_streams(store: StreamStore) -> None:
     clock = Clock()
-    mgr = StreamManager(store, leader_revision=100, config=CONFIG, clock=clock, rng=random.Random(5))
-    await mgr.start()
+    mgr = await new_manager(store, clock, config=CONFIG)
     await mgr.handle_heartbeat(stream_pb2.HeartbeatRequest(node_id=13, vgroup_ids=[4]))
     for _ in range(3 * CONFIG.health_slots):
         clock.advance(CONFIG.health_interval)
@@ -156,7 +127,7 @@ async def snode_loss_setup(
     """Streams running; returns the manager, nodes, the snode to lose, streams triggered there, streams with only
     runners there."""
     nodes, sdefs = await setup(store, 8)
-    mgr = await running_manager(store, clock, nodes)
+    mgr = await running_manager(store, clock, nodes, CONFIG)
     lost = node_of(nodes, 12).snode_id
     triggered = [s.id for s in sdefs if trigger_snode(mgr, s.id) == lost]
     runners_only = [s.id for s in sdefs if trigger_snode(mgr, s.id) != lost and lost in runner_snodes(mgr, s.id)]
@@ -267,7 +238,7 @@ async def test_vgroup_lost_stops_streams_after_delay(store: StreamStore) -> None
     clock = Clock()
     nodes, sdefs = await setup(store, 2)
     other = await store.create_stream(create_req("on23", source_vgroup_ids=[2, 3]), [nodes[0].snode_id])
-    mgr = await running_manager(store, clock, nodes)
+    mgr = await running_manager(store, clock, nodes, CONFIG)
     alive = [n for n in nodes if n.node_id != 15]
     await health_ticks(mgr, alive, clock, 2 * CONFIG.health_slots)
     assert 4 in mgr.lost_vgroups
@@ -286,7 +257,7 @@ async def test_vgroup_lost_stops_streams_after_delay(store: StreamStore) -> None
 async def test_vgroup_move_redeploys_readers_on_new_leader(store: StreamStore) -> None:
     clock = Clock()
     nodes, _ = await setup(store, 2)
-    mgr = await running_manager(store, clock, nodes)
+    mgr = await running_manager(store, clock, nodes, CONFIG)
     old_leader, new_leader = node_of(nodes, 15), node_of(nodes, 13)
     moved = {k: r.sid for k, r in old_leader.tasks.items()}
     assert moved and all(r.vgroup_id == 4 and r.kind in READERS for r in old_leader.tasks.values())
@@ -343,7 +314,7 @@ async def test_node_lost_acts_at_once_and_is_damped(store: StreamStore) -> None:
 async def test_node_lost_vgroups_then_stop(store: StreamStore) -> None:
     clock = Clock()
     nodes, sdefs = await setup(store, 1)
-    mgr = await running_manager(store, clock, nodes)
+    mgr = await running_manager(store, clock, nodes, CONFIG)
     assert mgr.node_lost(15)
     assert 4 in mgr.lost_vgroups and mgr.lost_vgroups[4] == clock()
     assert 15 not in (mgr.live_nodes or set())
@@ -364,8 +335,7 @@ async def test_node_lost_in_watch_is_handled_after_watch(store: StreamStore) -> 
     clock = Clock()
     _, nodes, lost, triggered, runners_only = await snode_loss_setup(store, clock)
     # A new leader; node 12 dies while it watches.
-    mgr = StreamManager(store, leader_revision=200, config=CONFIG, clock=clock, rng=random.Random(5))
-    await mgr.start()
+    mgr = await new_manager(store, clock, revision=200, config=CONFIG)
     assert mgr.state is ManagerState.WATCH
     mgr.set_live_nodes([n.node_id for n in nodes])
     alive = [n for n in nodes if n.node_id != 12]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import random
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -28,36 +29,38 @@ from typing import Any
 import pytest
 
 from meta.etcd_server import EtcdCluster
-from meta.fence import Fence
 from meta.idalloc import IdAllocator
 from meta.kv import MetaKV
 from meta.session import Session, list_sessions
 from proto import common_pb2, stream_pb2
-from querycoord.config import StreamConfig
 from querycoord.nodes.streamnode import StreamNode
 from querycoord.nodes.streamnode_state import StreamNodeState
 from querycoord.stream.manager import ManagerState, StreamManager
 from querycoord.stream.plan import Slot, expected_counts, plan_stream, task_layout
 from querycoord.stream.store import TASK_ID_KEY, StreamStore, status_of
-from tests.test_stream_manager import Clock
-from tests.test_stream_service import coordinator, stub_for, wait_for, wait_leader
+from tests import streams
+from tests.stream_client import stub_for, wait_for
+from tests.streams import HEALTH_CONFIG, Clock, fenced_store, new_manager
+from tests.test_stream_service import coordinator, wait_leader
 
 sp = stream_pb2
 INIT, RUNNING = sp.TASK_INIT, sp.TASK_RUNNING
 READERS = (sp.TRIGGER_READER, sp.CALC_READER)
-CONFIG = StreamConfig(
-    watch_timeout=1.0,
+CONFIG = dataclasses.replace(
+    HEALTH_CONFIG,
     task_silence=30.0,  # far beyond every test: nothing here may be "repaired" by silence
-    min_start_delay=0.3,
     error_retry_delay=100.0,
     max_retry_delay=100.0,
-    reset_after=6.0,
-    health_interval=0.3,
-    health_slots=10,
-    isolation=3.0,
     vgroup_lost_stop=100.0,
     check_interval=0.3,
 )
+# Streams over the vgroups the layouts here lead (1-3), with two runner deploys.
+REQUEST_DEFAULTS: dict[str, Any] = dict(source_db="db", source_vgroup_ids=[1, 2, 3], num_calc_scan_plans=3,
+                                        num_calc_subplans=2, runner_deploys=2)
+# Two nodes, each with an snode: one leads vgroups 1 and 2, the other vgroup 3.
+TWO_NODES = [([1, 2], True), ([3], True)]
+# Snodes on three nodes, the vgroups led by two others: losing an snode never loses a vgroup.
+SNODES_APART = [([], True), ([], True), ([], True), ([1, 2], False), ([3], False)]
 MANAGER_LOG = "querycoord.stream.manager"
 
 
@@ -116,14 +119,6 @@ async def feed_sessions(mgr: StreamManager, kv: MetaKV) -> None:
     mgr.set_live_nodes((await list_sessions(kv, "streamnode")).sessions)
 
 
-async def fenced_store(kv: MetaKV) -> StreamStore:
-    await kv.save("election/leader", "me")
-    item = await kv.get_kv("election/leader")
-    assert item is not None
-    return StreamStore(kv.fenced(Fence(kv.abs_key("election/leader").decode(), item.create_revision)),
-                       rng=random.Random(3))
-
-
 @pytest.fixture
 async def store(kv: MetaKV) -> StreamStore:
     return await fenced_store(kv)
@@ -148,10 +143,7 @@ async def real_nodes(
 
 
 def create_req(name: str, **kw: Any) -> sp.CreateStreamRequest:
-    fields: dict[str, Any] = dict(source_db="db", source_vgroup_ids=[1, 2, 3], num_calc_scan_plans=3,
-                                  num_calc_subplans=2, runner_deploys=2)
-    fields.update(kw)
-    return sp.CreateStreamRequest(name=name, **fields)
+    return streams.create_req(name, **{**REQUEST_DEFAULTS, **kw})
 
 
 async def create_streams(store: StreamStore, nodes: list[RealNode], n: int, **kw: Any) -> list[sp.StreamDef]:
@@ -160,10 +152,21 @@ async def create_streams(store: StreamStore, nodes: list[RealNode], n: int, **kw
 
 
 async def manager(store: StreamStore, kv: MetaKV, clock: Clock, revision: int = 100) -> StreamManager:
-    mgr = StreamManager(store, leader_revision=revision, config=CONFIG, clock=clock, rng=random.Random(5))
-    await mgr.start()
+    mgr = await new_manager(store, clock, revision=revision, config=CONFIG)
     await feed_sessions(mgr, kv)
     return mgr
+
+
+@contextlib.asynccontextmanager
+async def running_streams(
+    store: StreamStore, kv: MetaKV, clock: Clock, n: int, layout: list[tuple[list[int], bool]] = TWO_NODES, **kw: Any
+) -> AsyncIterator[tuple[list[RealNode], list[sp.StreamDef], StreamManager]]:
+    """``n`` streams (``kw`` for their requests) running on nodes of ``layout`` under a leader's manager."""
+    async with real_nodes(kv, layout) as nodes:
+        sdefs = await create_streams(store, nodes, n, **kw)
+        mgr = await manager(store, kv, clock)
+        await run_until(mgr, nodes, clock, lambda: running(mgr))
+        yield nodes, sdefs, mgr
 
 
 async def round_(mgr: StreamManager, nodes: list[RealNode], clock: Clock,
@@ -205,10 +208,25 @@ def node_by_id(nodes: list[RealNode], node_id: int) -> RealNode:
     return next(n for n in nodes if n.node_id == node_id)
 
 
+async def lose_runner_snode(
+    mgr: StreamManager, kv: MetaKV, nodes: list[RealNode]
+) -> tuple[RealNode, int, list[RealNode]]:
+    """A node hosting runners of a stream whose trigger runs elsewhere dies: its session goes, the manager is fed
+    the live sessions. Returns that node, that stream and the nodes left alive."""
+    lost_node, stream_id = next(
+        (n, sid) for n in nodes if n.state.snode_id for sid, rt in sorted(mgr.streams.items())
+        if (trig := rt.trigger()) is not None and trig.node_id != n.node_id
+        and any(t.task.kind == sp.RUNNER and t.node_id == n.node_id for t in rt.tasks.values())
+    )
+    await lost_node.session.close()
+    await feed_sessions(mgr, kv)
+    return lost_node, stream_id, [n for n in nodes if n is not lost_node]
+
+
 # ----- hole 5: level-triggered actions ----------------------------------------------------------------------------
 async def test_lost_start_is_sent_again_until_the_trigger_runs(store: StreamStore, kv: MetaKV) -> None:
     clock = Clock()
-    async with real_nodes(kv, [([1, 2], True), ([3], True)]) as nodes:
+    async with real_nodes(kv, TWO_NODES) as nodes:
         (sdef,) = await create_streams(store, nodes, 1)
         mgr = await manager(store, kv, clock)
         lost: list[sp.HeartbeatReply] = []
@@ -236,7 +254,7 @@ async def test_planning_error_does_not_lose_the_start_of_another_stream(store: S
     the fix the exception replaced the whole reply, and with it the start of a stream that was due: that stream
     then stayed DEPLOYING forever, even after planning worked again."""
     clock = Clock()
-    async with real_nodes(kv, [([1, 2], True), ([3], True)]) as nodes:
+    async with real_nodes(kv, TWO_NODES) as nodes:
         (first,) = await create_streams(store, nodes, 1)
         # Reserve task ids exactly as needed, so planning the next stream must read the allocator key in etcd.
         store.task_ids = IdAllocator(store.kv, TASK_ID_KEY, block_size=1)
@@ -257,20 +275,8 @@ async def test_planning_error_does_not_lose_the_start_of_another_stream(store: S
 
 async def test_lost_runner_update_is_sent_again_until_the_trigger_reports_it(store: StreamStore, kv: MetaKV) -> None:
     clock = Clock()
-    layout = [([], True), ([], True), ([], True), ([1, 2], False), ([3], False)]
-    async with real_nodes(kv, layout) as nodes:
-        await create_streams(store, nodes, 8, runner_deploys=3)
-        mgr = await manager(store, kv, clock)
-        await run_until(mgr, nodes, clock, lambda: running(mgr))
-        # An snode that runs runners of some stream whose trigger is elsewhere.
-        lost_node, stream_id = next(
-            (n, sid) for n in nodes[:3] for sid, rt in sorted(mgr.streams.items())
-            if (trig := rt.trigger()) is not None and trig.node_id != n.node_id
-            and any(t.task.kind == sp.RUNNER and t.node_id == n.node_id for t in rt.tasks.values())
-        )
-        await lost_node.session.close()  # the node dies: its session goes
-        alive = [n for n in nodes if n is not lost_node]
-        await feed_sessions(mgr, kv)
+    async with running_streams(store, kv, clock, 8, SNODES_APART, runner_deploys=3) as (nodes, _, mgr):
+        lost_node, stream_id, alive = await lose_runner_snode(mgr, kv, nodes)
         assert mgr.node_lost(lost_node.node_id)
         rt = mgr.streams[stream_id]
         assert rt.runner_update
@@ -302,19 +308,8 @@ async def test_runner_update_lost_before_a_leader_change_is_sent_by_the_next_lea
     """The old leader moved runners and died before its update reached the trigger: the new leader adopts the
     stream as it runs and sees from the trigger's report that it feeds old top runners."""
     clock = Clock()
-    layout = [([], True), ([], True), ([], True), ([1, 2], False), ([3], False)]
-    async with real_nodes(kv, layout) as nodes:
-        await create_streams(store, nodes, 8, runner_deploys=3)
-        old = await manager(store, kv, clock)
-        await run_until(old, nodes, clock, lambda: running(old))
-        lost_node, stream_id = next(
-            (n, sid) for n in nodes[:3] for sid, rt in sorted(old.streams.items())
-            if (trig := rt.trigger()) is not None and trig.node_id != n.node_id
-            and any(t.task.kind == sp.RUNNER and t.node_id == n.node_id for t in rt.tasks.values())
-        )
-        await lost_node.session.close()
-        alive = [n for n in nodes if n is not lost_node]
-        await feed_sessions(old, kv)
+    async with running_streams(store, kv, clock, 8, SNODES_APART, runner_deploys=3) as (nodes, _, old):
+        lost_node, stream_id, alive = await lose_runner_snode(old, kv, nodes)
         old.node_lost(lost_node.node_id)
         def no_update_gets_out(_: RealNode, reply: sp.HeartbeatReply) -> bool:
             del reply.runner_updates[:]  # the old leader dies before any update reaches a trigger
@@ -361,7 +356,7 @@ async def test_heartbeat_without_a_live_session_is_refused(
     store: StreamStore, kv: MetaKV, caplog: pytest.LogCaptureFixture
 ) -> None:
     clock = Clock()
-    async with real_nodes(kv, [([1, 2], True), ([3], True)]) as nodes:
+    async with real_nodes(kv, TWO_NODES) as nodes:
         await create_streams(store, nodes, 2)
         ghost = await RealNode.start(kv)
         await ghost.session.close()  # its session is gone, the node keeps heartbeating
@@ -412,11 +407,9 @@ async def test_two_claimants_of_a_vgroup_do_not_make_readers_flap(
     store: StreamStore, kv: MetaKV, caplog: pytest.LogCaptureFixture
 ) -> None:
     clock = Clock()
-    async with real_nodes(kv, [([], True), ([1, 2, 3], False), ([], False), ([], False)]) as nodes:
+    layout = [([], True), ([1, 2, 3], False), ([], False), ([], False)]
+    async with running_streams(store, kv, clock, 2, layout) as (nodes, _, mgr):
         holder, rival, third = nodes[1], nodes[2], nodes[3]
-        await create_streams(store, nodes, 2)
-        mgr = await manager(store, kv, clock)
-        await run_until(mgr, nodes, clock, lambda: running(mgr))
         on_3 = {k: node for k, (task, node) in tasks_of(mgr).items() if task.vgroup_id == 3}
         assert on_3 and set(on_3.values()) == {holder.node_id}
         before = holder.held()
@@ -454,10 +447,7 @@ async def test_watch_adopts_under_the_session_verified_node_id(store: StreamStor
     Before the fix WATCH trusted the report's node id: the tasks were adopted on the other node, then found
     "stale" on their real node, undeployed and redeployed."""
     clock = Clock()
-    async with real_nodes(kv, [([1, 2], True), ([3], True)]) as nodes:
-        await create_streams(store, nodes, 3)
-        old = await manager(store, kv, clock)
-        await run_until(old, nodes, clock, lambda: running(old))
+    async with running_streams(store, kv, clock, 3) as (nodes, _, old):
         deployed = tasks_of(old)
         held = {n.node_id: n.held() for n in nodes}
         liar, other = nodes
@@ -575,7 +565,7 @@ async def test_reports_without_identity_fields_are_restored_from_the_definition(
 ) -> None:
     """An older node reports no scan plan and no top flag: the leader recomputes them from the persisted stream."""
     clock = Clock()
-    async with real_nodes(kv, [([1, 2], True), ([3], True)]) as nodes:
+    async with real_nodes(kv, TWO_NODES) as nodes:
         await create_streams(store, nodes, 2)
 
         def older_node(req: sp.HeartbeatRequest) -> None:
@@ -594,7 +584,7 @@ async def test_report_that_does_not_fit_the_definition_is_not_adopted(
     """A calc reader reported on another vgroup, or with another scan plan, than its slot in the persisted
     definition is not the task that was planned: its stream is stopped and redeployed instead of adopted."""
     clock = Clock()
-    async with real_nodes(kv, [([1, 2], True), ([3], True)]) as nodes:
+    async with real_nodes(kv, TWO_NODES) as nodes:
         sdefs = await create_streams(store, nodes, 2)
         bad = sdefs[0].id
 
@@ -613,7 +603,7 @@ async def test_report_that_does_not_fit_the_definition_is_not_adopted(
 
 async def test_reader_redeployed_after_adoption_keeps_its_scan_plan(store: StreamStore, kv: MetaKV) -> None:
     clock = Clock()
-    async with real_nodes(kv, [([1, 2], True), ([3], True)]) as nodes:
+    async with real_nodes(kv, TWO_NODES) as nodes:
         await create_streams(store, nodes, 1)
         mgr, deployed = await adopt_after_leader_change(store, kv, clock, nodes)
         (key, (task, node_id)) = next((k, v) for k, v in sorted(deployed.items())

@@ -10,22 +10,17 @@ handled; and after a leader change WATCH adopts 50 running streams with
 identical task ids and SIDs and zero redeploys, stops and redeploys an
 incomplete stream, and ends by its timer even when no node reports.
 
-The nodes are simulated in-process (the manager's rules are under test, not
+The nodes are simulated in-process by tests/streams.py (the manager's rules are under test, not
 the transport) and time is a fake monotonic clock, so the durations are exact
 and the tests do not sleep.
 """
 
 from __future__ import annotations
 
-import random
-from collections.abc import Iterable
-
 import pytest
 
-from meta.fence import Fence
 from meta.kv import MetaKV
 from proto import stream_pb2
-from querycoord.config import StreamConfig
 from querycoord.stream.manager import (
     STOP_TASK_FAILED,
     STOP_TASK_LOST,
@@ -33,165 +28,28 @@ from querycoord.stream.manager import (
     StreamManager,
 )
 from querycoord.stream.store import StreamStore
-
-CONFIG = StreamConfig(
-    watch_timeout=1.0,
-    task_silence=3.0,
-    min_start_delay=0.3,
-    error_retry_delay=3.0,
-    max_retry_delay=60.0,
-    fast_retries=10,
-    reset_after=6.0,
+from tests.streams import (
+    CONFIG,
+    RUNNING,
+    Clock,
+    Node,
+    create_req,
+    fenced_store,
+    new_manager,
+    normal_manager,
+    round_,
+    run_until_running,
+    running_manager,
+    snapshot,
 )
-INIT, RUNNING, FAILED = stream_pb2.TASK_INIT, stream_pb2.TASK_RUNNING, stream_pb2.TASK_FAILED
+
+FAILED = stream_pb2.TASK_FAILED
 READERS = (stream_pb2.TRIGGER_READER, stream_pb2.CALC_READER)
-
-
-class Clock:
-    """A monotonic clock the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, dt: float) -> None:
-        self.now += dt
-
-
-class Node:
-    """A stream node: keeps the tasks it was given, reports them, obeys undeploys, starts and runner updates.
-
-    Readers and runners go INIT -> RUNNING on their own after their first
-    report; the trigger stays INIT until the leader starts it. It reports the
-    stream group ``group`` of ``groups`` (default: one group, every task).
-    """
-
-    def __init__(self, node_id: int, vgroups: Iterable[int] = (), snode_id: int = 0):
-        self.node_id = node_id
-        self.vgroups = list(vgroups)
-        self.snode_id = snode_id
-        self.tasks: dict[tuple[int, int], stream_pb2.TaskStatusReport] = {}
-        self.deploys: list[stream_pb2.TaskId] = []
-        self.undeploys: list[stream_pb2.StreamUndeploy] = []
-        self.starts: list[stream_pb2.StreamStart] = []
-        self.seen_revision = 0
-        self.groups, self.group = 1, 0
-
-    def request(self) -> stream_pb2.HeartbeatRequest:
-        reported = [r for k, r in self.tasks.items() if k[0] % self.groups == self.group]
-        req = stream_pb2.HeartbeatRequest(
-            node_id=self.node_id,
-            snode_id=self.snode_id,
-            vgroup_ids=self.vgroups,
-            stream_group=self.group,
-            num_stream_groups=self.groups,
-            tasks=reported,
-            seen_leader_revision=self.seen_revision,
-        )
-        for rep in reported:
-            if rep.status == INIT and rep.kind != stream_pb2.TRIGGER:
-                rep.status = RUNNING
-        return req
-
-    def apply(self, reply: stream_pb2.HeartbeatReply) -> None:
-        if reply.leader_revision < self.seen_revision:
-            return
-        self.seen_revision = reply.leader_revision
-        undeployed = set()
-        for u in reply.undeploys:
-            self.undeploys.append(u)
-            undeployed.add(u.stream_id)
-            if u.undeploy_all:
-                self.tasks = {k: v for k, v in self.tasks.items() if k[0] != u.stream_id}
-            for t in u.tasks:
-                rep = self.tasks.get((t.stream_id, t.task_id))
-                if rep is not None and rep.sid == t.sid:
-                    del self.tasks[(t.stream_id, t.task_id)]
-        for d in reply.deploys:
-            assert d.stream_id not in undeployed, "an undeploy overrides every other action of the stream"
-            msgs = [r.task for r in d.readers] + [r.task for r in d.runners]
-            if d.HasField("trigger"):
-                msgs.append(d.trigger.task)
-            for t in msgs:
-                assert t.node_id == self.node_id
-                self.deploys.append(t)
-                self.tasks[(t.stream_id, t.task_id)] = stream_pb2.TaskStatusReport(
-                    stream_id=t.stream_id,
-                    task_id=t.task_id,
-                    sid=t.sid,
-                    kind=t.kind,
-                    node_id=self.node_id,
-                    status=INIT,
-                    deploy_id=t.deploy_id,
-                    task_idx=t.task_idx,
-                    vgroup_id=t.vgroup_id,
-                    snode_id=t.snode_id,
-                    scan_plan_idx=t.scan_plan_idx,
-                    top=t.top,
-                )
-            if d.HasField("trigger"):
-                self._set_tops(d.stream_id, d.trigger.task, d.trigger.top_runners)
-        for s in reply.starts:
-            self.starts.append(s)
-            self.tasks[(s.stream_id, s.trigger.task_id)].status = RUNNING
-        for ru in reply.runner_updates:
-            self._set_tops(ru.stream_id, ru.trigger, ru.top_runners)
-
-    def _set_tops(self, stream_id: int, trigger: stream_pb2.TaskId, tops: Iterable[stream_pb2.TaskId]) -> None:
-        rep = self.tasks.get((stream_id, trigger.task_id))
-        if rep is not None and rep.sid == trigger.sid:
-            del rep.top_runners[:]
-            rep.top_runners.extend(stream_pb2.TaskId(stream_id=t.stream_id, task_id=t.task_id, sid=t.sid) for t in tops)
-
-
-async def round_(mgr: StreamManager, nodes: list[Node]) -> list[stream_pb2.HeartbeatReply]:
-    replies = []
-    for n in nodes:
-        reply = await mgr.handle_heartbeat(n.request())
-        assert reply.leader_revision == mgr.leader_revision
-        n.apply(reply)
-        replies.append(reply)
-    return replies
-
-
-async def run_until_running(mgr: StreamManager, nodes: list[Node], clock: Clock, rounds: int = 20) -> None:
-    for _ in range(rounds):
-        await round_(mgr, nodes)
-        mgr.tick()
-        states = {s.state for s in mgr.show_streams().streams}
-        if states == {stream_pb2.STREAM_RUNNING}:
-            return
-        clock.advance(0.1)
-    raise AssertionError(f"streams not running: {mgr.show_streams()}")
-
-
-def snapshot(nodes: list[Node]) -> set[tuple[int, int, int, int, int, int]]:
-    """Every running instance: (stream, task id, SID, deploy, index, node)."""
-    return {
-        (r.stream_id, r.task_id, r.sid, r.deploy_id, r.task_idx, r.node_id) for n in nodes for r in n.tasks.values()
-    }
-
-
-def create_req(name: str, **kw: object) -> stream_pb2.CreateStreamRequest:
-    fields: dict[str, object] = {
-        "source_db": "db1",
-        "source_vgroup_ids": [2, 3, 4],
-        "num_calc_scan_plans": 2,
-        "num_calc_subplans": 2,
-    }
-    fields.update(kw)
-    return stream_pb2.CreateStreamRequest(name=name, **fields)  # type: ignore[arg-type]
 
 
 @pytest.fixture
 async def store(kv: MetaKV) -> StreamStore:
-    await kv.save("election/leader", "me")
-    item = await kv.get_kv("election/leader")
-    assert item is not None
-    fence = Fence(kv.abs_key("election/leader").decode(), item.create_revision)
-    return StreamStore(kv.fenced(fence), rng=random.Random(3))
+    return await fenced_store(kv)
 
 
 async def setup(store: StreamStore, n_streams: int) -> tuple[list[Node], list[stream_pb2.StreamDef]]:
@@ -201,22 +59,6 @@ async def setup(store: StreamStore, n_streams: int) -> tuple[list[Node], list[st
     nodes = [Node(11, [2, 3], s1.id), Node(12, [], s2.id), Node(13, [4])]
     sdefs = [await store.create_stream(create_req(f"s{i}"), [s1.id, s2.id]) for i in range(n_streams)]
     return nodes, sdefs
-
-
-async def new_manager(store: StreamStore, clock: Clock, revision: int = 100) -> StreamManager:
-    mgr = StreamManager(store, leader_revision=revision, config=CONFIG, clock=clock, rng=random.Random(5))
-    await mgr.start()
-    return mgr
-
-
-async def normal_manager(store: StreamStore, clock: Clock, nodes: list[Node]) -> StreamManager:
-    """A manager past WATCH (nothing was running, so everything is deployed afresh)."""
-    mgr = await new_manager(store, clock)
-    mgr.set_live_nodes([n.node_id for n in nodes])
-    await round_(mgr, nodes)
-    assert mgr.state is ManagerState.NORMAL
-    mgr.tick()  # the streams nobody reported are redeployed at once
-    return mgr
 
 
 # ----- NORMAL ---------------------------------------------------------------------------------------------------------
@@ -270,8 +112,7 @@ async def test_start_waits_for_every_task(store: StreamStore) -> None:
 async def test_stale_instances_are_undeployed(store: StreamStore) -> None:
     clock = Clock()
     nodes, sdefs = await setup(store, 2)
-    mgr = await normal_manager(store, clock, nodes)
-    await run_until_running(mgr, nodes, clock)
+    mgr = await running_manager(store, clock, nodes)
     node = nodes[0]
     rep = next(r for r in node.tasks.values() if r.kind == stream_pb2.TRIGGER_READER)
     old_sid = stream_pb2.TaskStatusReport()
@@ -306,8 +147,7 @@ async def test_stale_instances_are_undeployed(store: StreamStore) -> None:
 async def test_failed_reader_is_redeployed_alone_with_next_sid(store: StreamStore) -> None:
     clock = Clock()
     nodes, _ = await setup(store, 1)
-    mgr = await normal_manager(store, clock, nodes)
-    await run_until_running(mgr, nodes, clock)
+    mgr = await running_manager(store, clock, nodes)
     before = snapshot(nodes)
     redeploys = mgr.redeploys
     node = nodes[2]  # leads vgroup 4
@@ -332,8 +172,7 @@ async def test_failed_reader_is_redeployed_alone_with_next_sid(store: StreamStor
 async def test_failed_trigger_stops_stream_and_redeploys_after_backoff(store: StreamStore) -> None:
     clock = Clock()
     nodes, sdefs = await setup(store, 1)
-    mgr = await normal_manager(store, clock, nodes)
-    await run_until_running(mgr, nodes, clock)
+    mgr = await running_manager(store, clock, nodes)
     first_ids = {k[1] for n in nodes for k in n.tasks}
     trig_node = next(n for n in nodes if any(r.kind == stream_pb2.TRIGGER for r in n.tasks.values()))
     trig = next(r for r in trig_node.tasks.values() if r.kind == stream_pb2.TRIGGER)
@@ -387,8 +226,7 @@ async def test_task_silence(store: StreamStore) -> None:
     clock = Clock()
     nodes, sdefs = await setup(store, 2)
     assert sdefs[0].id % 2 != sdefs[1].id % 2
-    mgr = await normal_manager(store, clock, nodes)
-    await run_until_running(mgr, nodes, clock)
+    mgr = await running_manager(store, clock, nodes)
     # Node 13 reports only stream 1's group from now on: stream 0's readers there go silent, redeployed with SID + 1.
     reader = next(k for k, r in nodes[2].tasks.items() if k[0] == sdefs[0].id and r.kind in READERS)
     nodes[2].groups, nodes[2].group = 2, sdefs[1].id % 2
@@ -413,8 +251,7 @@ async def test_task_silence(store: StreamStore) -> None:
 async def test_watch_adopts_50_running_streams_without_redeploy(store: StreamStore) -> None:
     clock = Clock()
     nodes, _ = await setup(store, 50)
-    old = await normal_manager(store, clock, nodes)
-    await run_until_running(old, nodes, clock)
+    await running_manager(store, clock, nodes)  # the old leader
     before = snapshot(nodes)
     assert len(before) == 50 * 16
     deploys_before = sum(len(n.deploys) for n in nodes)
@@ -453,8 +290,7 @@ async def test_watch_adopts_50_running_streams_without_redeploy(store: StreamSto
 async def test_watch_stops_and_redeploys_incomplete_stream(store: StreamStore) -> None:
     clock = Clock()
     nodes, sdefs = await setup(store, 2)
-    old = await normal_manager(store, clock, nodes)
-    await run_until_running(old, nodes, clock)
+    await running_manager(store, clock, nodes)  # the old leader
     lost_stream, kept_stream = sdefs[0].id, sdefs[1].id
     # One runner of stream 0 vanished with the old leader (its node lost it).
     holder = next(
@@ -515,8 +351,7 @@ async def test_no_streams_starts_normal(store: StreamStore) -> None:
 async def test_refresh_removes_dropped_stream_and_cleans_its_tasks(store: StreamStore) -> None:
     clock = Clock()
     nodes, sdefs = await setup(store, 2)
-    mgr = await normal_manager(store, clock, nodes)
-    await run_until_running(mgr, nodes, clock)
+    mgr = await running_manager(store, clock, nodes)
     await store.drop_stream(sdefs[0].id)  # the drop notification is missed: the stream loop catches it
     await mgr.refresh()
     assert sdefs[0].id not in mgr.streams
@@ -531,8 +366,7 @@ async def test_watch_error_falls_back_to_redeploying_everything(
 ) -> None:
     clock = Clock()
     nodes, _ = await setup(store, 2)
-    old = await normal_manager(store, clock, nodes)
-    await run_until_running(old, nodes, clock)
+    await running_manager(store, clock, nodes)  # the old leader
     before = snapshot(nodes)
     mgr = await new_manager(store, clock, revision=200)
 

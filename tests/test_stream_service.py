@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import json
 import sys
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -21,10 +20,11 @@ import pytest
 from meta.etcd_server import EtcdCluster
 from meta.kv import MetaKV
 from meta.session import Session
-from proto import common_pb2, stream_pb2, stream_pb2_grpc
+from proto import common_pb2, stream_pb2
 from querycoord.config import CoordConfig, StreamConfig, scaled_config
 from querycoord.process import CoordinatorProcess
 from querycoord.stream.store import StreamStore
+from tests.stream_client import stub_for, wait_for
 
 sp = stream_pb2
 FAST_STREAMS = StreamConfig(watch_timeout=1.0, task_silence=5.0, min_start_delay=0.2, error_retry_delay=0.5,
@@ -47,15 +47,6 @@ async def coordinator(etcd: EtcdCluster, root: str) -> AsyncIterator[Coordinator
 
 async def wait_leader(proc: CoordinatorProcess, timeout: float = 30.0) -> None:
     await asyncio.wait_for(proc.coord.became_leader.wait(), timeout)
-
-
-@contextlib.asynccontextmanager
-async def stub_for(address: str) -> AsyncIterator[stream_pb2_grpc.StreamMgmtStub]:
-    channel = grpc.aio.insecure_channel(address)
-    try:
-        yield stream_pb2_grpc.StreamMgmtStub(channel)
-    finally:
-        await channel.close()
 
 
 def stream_request(name: str, **kw: Any) -> sp.CreateStreamRequest:
@@ -105,17 +96,6 @@ class NodeProcs:
             except TimeoutError:
                 p.kill()
                 await p.wait()
-
-
-async def wait_for(predicate: Any, what: str, timeout: float = 30.0, interval: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        ok, last = await predicate()
-        if ok:
-            return last
-        await asyncio.sleep(interval)
-    raise AssertionError(f"timed out waiting for {what}; last: {last}")
 
 
 async def test_create_stream_runs_on_real_stream_nodes_and_errors_have_statuses(

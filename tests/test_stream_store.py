@@ -17,7 +17,6 @@ from itertools import count
 import pytest
 
 from meta.errors import NotLeader
-from meta.fence import Fence
 from meta.kv import MetaKV
 from proto import common_pb2, stream_pb2
 from querycoord.stream import plan as P
@@ -35,30 +34,18 @@ from querycoord.stream.store import (
     ring_replicas,
     status_of,
 )
+from tests.leader import leader_fence
+from tests.streams import create_req
 
 
 def req(name: str, **kw: object) -> stream_pb2.CreateStreamRequest:
-    fields: dict[str, object] = {
-        "source_db": "db1",
-        "source_vgroup_ids": [2, 3, 4],
-        "num_calc_scan_plans": 2,
-        "num_calc_subplans": 3,
-    }
-    fields.update(kw)
-    return stream_pb2.CreateStreamRequest(name=name, **fields)  # type: ignore[arg-type]
-
-
-async def make_fence(kv: MetaKV) -> Fence:
-    await kv.save("election/leader", "me")
-    item = await kv.get_kv("election/leader")
-    assert item is not None
-    return Fence(kv.abs_key("election/leader").decode(), item.create_revision)
+    return create_req(name, **{"num_calc_subplans": 3, **kw})
 
 
 @pytest.fixture
 async def store(kv: MetaKV) -> StreamStore:
     """The leader's store: every write fenced, as the coordinator will use it."""
-    return StreamStore(kv.fenced(await make_fence(kv)), rng=random.Random(7))
+    return StreamStore(kv.fenced(await leader_fence(kv)), rng=random.Random(7))
 
 
 async def stored(kv: MetaKV) -> dict[str, bytes]:
@@ -130,7 +117,7 @@ async def test_create_errors(store: StreamStore) -> None:
 
 
 async def test_concurrent_creates_of_one_name_exactly_one_wins(kv: MetaKV) -> None:
-    fenced = kv.fenced(await make_fence(kv))
+    fenced = kv.fenced(await leader_fence(kv))
     s1 = await StreamStore(fenced).create_snode(1)
     # Separate stores (separate id allocators), as several requests racing on the leader.
     stores = [StreamStore(fenced) for _ in range(6)]
@@ -169,7 +156,7 @@ async def test_snode_ring_add_and_drop(store: StreamStore) -> None:
 
 
 async def test_concurrent_snode_changes_keep_the_ring(kv: MetaKV) -> None:
-    fenced = kv.fenced(await make_fence(kv))
+    fenced = kv.fenced(await leader_fence(kv))
     stores = [StreamStore(fenced) for _ in range(8)]
     created = await asyncio.gather(*(s.create_snode(100 + i) for i, s in enumerate(stores)))
     assert check_ring(await stores[0].list_snodes()) == []
@@ -193,7 +180,7 @@ async def test_drop_snode_moves_streams_to_replica_in_one_txn(kv: MetaKV, store:
 
 
 async def test_creates_racing_a_snode_drop_never_leave_a_stream_on_a_dropped_snode(kv: MetaKV) -> None:
-    fenced = kv.fenced(await make_fence(kv))
+    fenced = kv.fenced(await leader_fence(kv))
     store = StreamStore(fenced, rng=random.Random(1))
     for round_ in range(5):
         a, b = await store.create_snode(10 * round_ + 1), await store.create_snode(10 * round_ + 2)
@@ -222,7 +209,7 @@ async def test_drop_last_snode_with_streams_is_refused(kv: MetaKV, store: Stream
 
 
 async def test_drop_snode_beyond_one_txn_is_chunked_with_the_removal_last(kv: MetaKV) -> None:
-    fenced = kv.fenced(await make_fence(kv))
+    fenced = kv.fenced(await leader_fence(kv))
     store = StreamStore(fenced, move_chunk=4)
     s1, s2 = await store.create_snode(1), await store.create_snode(2)
     names = [f"s{i}" for i in range(11)]
@@ -258,7 +245,7 @@ async def test_drop_snode_beyond_one_txn_is_chunked_with_the_removal_last(kv: Me
 
 
 async def test_drop_snode_with_more_streams_than_one_txn_holds(kv: MetaKV) -> None:
-    fenced = kv.fenced(await make_fence(kv))
+    fenced = kv.fenced(await leader_fence(kv))
     store = StreamStore(fenced)
     _, s2, s3 = [await store.create_snode(n) for n in (1, 2, 3)]
     n = MOVE_CHUNK + 15  # more than fit in one txn with the ring update
@@ -270,7 +257,7 @@ async def test_drop_snode_with_more_streams_than_one_txn_holds(kv: MetaKV) -> No
 
 
 async def test_deposed_leader_changes_nothing(kv: MetaKV) -> None:
-    fence = await make_fence(kv)
+    fence = await leader_fence(kv)
     store = StreamStore(kv.fenced(fence))
     s1, s2 = await store.create_snode(1), await store.create_snode(2)
     a = await store.create_stream(req("a"), [s1.id])
@@ -289,7 +276,7 @@ async def test_deposed_leader_changes_nothing(kv: MetaKV) -> None:
     assert await stored(kv) == before
     assert status_of(NotLeader("k", 1, 0)).error_code == common_pb2.NOT_LEADER
     # A new leader (new fence) writes fine.
-    new = StreamStore(kv.fenced(await make_fence(kv)))
+    new = StreamStore(kv.fenced(await leader_fence(kv)))
     assert (await new.stop_stream(a.id)).user_stopped
     assert s2.id in {s.id for s in await new.list_snodes()}
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -26,6 +29,50 @@ async def collect(kv: MetaKV, prefix: str, start: int, until_key: str, sink: lis
 
 def events_of(items: list) -> list[WatchEvent]:
     return [e for it in items if isinstance(it, WatchBatch) for e in it.events]
+
+
+def apply_events(state: dict[str, bytes], events: Iterable[WatchEvent]) -> None:
+    """What a watcher that mirrors the keys does with a batch."""
+    for e in events:
+        if e.type is EventType.PUT:
+            state[e.key] = e.value
+        else:
+            state.pop(e.key, None)
+
+
+@dataclass
+class Watched:
+    """A client's keys under a root and a watch of its ``k/`` keys that collects ``items`` until ``k/end``."""
+
+    kv: MetaKV
+    start: int
+    items: list
+    watcher: asyncio.Task[None]
+
+
+@contextlib.asynccontextmanager
+async def watched(config: EtcdConfig, root: str) -> AsyncIterator[Watched]:
+    """A watch of ``k/`` under ``root`` from the next revision on, on a client of its own (closed on exit)."""
+    client = await connect(config)
+    try:
+        kv = MetaKV(client, root)
+        start = await kv.revision() + 1
+        items: list = []
+        yield Watched(kv, start, items, asyncio.create_task(collect(kv, "k/", start, "k/end", items)))
+    finally:
+        await client.close()
+
+
+async def assert_none_lost(config: EtcdConfig, root: str, n: int, disrupt: Callable[[int], Awaitable[None]]) -> None:
+    """Write ``n`` keys, ``disrupt(i)`` after the i-th: the watch saw every revision exactly once."""
+    async with watched(config, root) as w:
+        keys = [f"k/{i:04d}" for i in range(n)]
+        for i, key in enumerate(keys):
+            await w.kv.save(key, str(i))
+            await disrupt(i)
+        last = await w.kv.save("k/end", "")
+        await asyncio.wait_for(w.watcher, 60)
+        assert_exact(events_of(w.items), w.start, last, keys)
 
 
 async def test_events_in_order_with_relative_keys(kv: MetaKV) -> None:
@@ -80,27 +127,16 @@ def assert_exact(evs: list[WatchEvent], first_rev: int, last_rev: int, keys: lis
 
 
 async def test_no_event_lost_or_repeated_across_etcd_restart(own_etcd: EtcdCluster) -> None:
-    client = await connect(own_etcd.config(call_timeout=1.0, deadline=30.0))
-    kv = MetaKV(client, "restart")
-    try:
-        start = await kv.revision() + 1
-        items: list = []
-        watcher = asyncio.create_task(collect(kv, "k/", start, "k/end", items))
-        keys = [f"k/{i:04d}" for i in range(300)]
-        for i, key in enumerate(keys):
-            await kv.save(key, str(i))
-            if i == 100:
-                own_etcd.kill_member(0)  # SIGKILL: the stream breaks mid-flight
-                await asyncio.sleep(0.5)
-                await asyncio.to_thread(own_etcd.restart_member, 0)
-            if i == 200:
-                own_etcd.stop_member(0)  # graceful stop this time
-                await asyncio.to_thread(own_etcd.restart_member, 0)
-        last = await kv.save("k/end", "")
-        await asyncio.wait_for(watcher, 60)
-        assert_exact(events_of(items), start, last, keys)
-    finally:
-        await client.close()
+    async def restart(i: int) -> None:
+        if i == 100:
+            own_etcd.kill_member(0)  # SIGKILL: the stream breaks mid-flight
+            await asyncio.sleep(0.5)
+            await asyncio.to_thread(own_etcd.restart_member, 0)
+        if i == 200:
+            own_etcd.stop_member(0)  # graceful stop this time
+            await asyncio.to_thread(own_etcd.restart_member, 0)
+
+    await assert_none_lost(own_etcd.config(call_timeout=1.0, deadline=30.0), "restart", 300, restart)
 
 
 async def test_compacted_revision_yields_resync_then_events(kv: MetaKV, client) -> None:
@@ -120,11 +156,7 @@ async def test_compacted_revision_yields_resync_then_events(kv: MetaKV, client) 
             await kv.remove("c/2")
             await kv.save("c/end", "")
             continue
-        for e in item.events:
-            if e.type is EventType.PUT:
-                state[e.key] = e.value
-            else:
-                state.pop(e.key, None)
+        apply_events(state, item.events)
         if "c/end" in state:
             break
     assert seen_resync
@@ -133,14 +165,9 @@ async def test_compacted_revision_yields_resync_then_events(kv: MetaKV, client) 
 
 async def test_compaction_while_disconnected_resyncs(own_etcd: EtcdCluster) -> None:
     """The watch is down while its resume revision is compacted away: it must resync, not stall."""
-    client = await connect(own_etcd.config(call_timeout=1.0, deadline=30.0))
-    kv = MetaKV(client, "compact")
-    try:
-        start = await kv.revision() + 1
-        items: list = []
-        watcher = asyncio.create_task(collect(kv, "k/", start, "k/end", items))
-        await kv.save("k/0", "")
-        while not events_of(items):
+    async with watched(own_etcd.config(call_timeout=1.0, deadline=30.0), "compact") as w:
+        await w.kv.save("k/0", "")
+        while not events_of(w.items):
             await asyncio.sleep(0.05)
         own_etcd.kill_member(0)
         await asyncio.to_thread(own_etcd.restart_member, 0)
@@ -155,43 +182,26 @@ async def test_compaction_while_disconnected_resyncs(own_etcd: EtcdCluster) -> N
             await okv.save("k/end", "")
         finally:
             await other.close()
-        await asyncio.wait_for(watcher, 60)
+        await asyncio.wait_for(w.watcher, 60)
         final: dict[str, bytes] = {}
-        for it in items:
+        for it in w.items:
             if isinstance(it, Resync):
                 final = it.snapshot.as_dict()
             else:
-                for e in it.events:
-                    if e.type is EventType.PUT:
-                        final[e.key] = e.value
-                    else:
-                        final.pop(e.key, None)
-        assert final == (await kv.load_prefix("k/")).as_dict()
+                apply_events(final, it.events)
+        assert final == (await w.kv.load_prefix("k/")).as_dict()
         assert "k/0" not in final and len(final) == 50
-    finally:
-        await client.close()
 
 
 async def test_no_event_lost_when_members_of_a_cluster_die(tmp_path: Path) -> None:
     """3 members; each in turn is SIGKILLed and restarted while we write and watch."""
     with EtcdCluster(tmp_path / "etcd3", size=3) as cluster:
+        async def kill_in_turn(i: int) -> None:
+            if i in (60, 120, 180):
+                victim = i // 60 - 1
+                cluster.kill_member(victim)
+                await asyncio.sleep(0.3)
+                await asyncio.to_thread(cluster.restart_member, victim)
+
         config = EtcdConfig(endpoints=tuple(cluster.endpoints), call_timeout=1.0, deadline=30.0)
-        client = await connect(config)
-        kv = MetaKV(client, "members")
-        try:
-            start = await kv.revision() + 1
-            items: list = []
-            watcher = asyncio.create_task(collect(kv, "k/", start, "k/end", items))
-            keys = [f"k/{i:04d}" for i in range(240)]
-            for i, key in enumerate(keys):
-                await kv.save(key, str(i))
-                if i in (60, 120, 180):
-                    victim = i // 60 - 1
-                    cluster.kill_member(victim)
-                    await asyncio.sleep(0.3)
-                    await asyncio.to_thread(cluster.restart_member, victim)
-            last = await kv.save("k/end", "")
-            await asyncio.wait_for(watcher, 60)
-            assert_exact(events_of(items), start, last, keys)
-        finally:
-            await client.close()
+        await assert_none_lost(config, "members", 240, kill_in_turn)

@@ -8,8 +8,9 @@ tell a refused request (a Status) from a transport failure (an RpcError).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.message import Message
@@ -25,6 +26,7 @@ from querycoord.errors import CoordError, status_of
 MAX_PAGE_SIZE = 2000
 
 R = TypeVar("R", bound=Message)
+Method = Callable[["CatalogServicer", Any, grpc.aio.ServicerContext], Awaitable[R]]
 OK = common_pb2.Status(error_code=common_pb2.SUCCESS)
 
 
@@ -41,6 +43,19 @@ async def _answer(method: str, response: type[R], work: Callable[[], Awaitable[R
         return response(status=status)
 
 
+def _answered(response: type[R]) -> Callable[[Method[R]], Method[R]]:
+    """An RPC of the servicer that answers ``response(status=...)`` for whatever its body raises (see ``_answer``)."""
+
+    def wrap(method: Method[R]) -> Method[R]:
+        @functools.wraps(method)
+        async def rpc(servicer: CatalogServicer, request: Any, context: grpc.aio.ServicerContext) -> R:
+            return await _answer(method.__name__, response, lambda: method(servicer, request, context))
+
+        return rpc
+
+    return wrap
+
+
 def _ref(collection_id: int, collection_name: str) -> int | str:
     """A collection named by id, or by name when the id is 0 (neither: 0, which the store refuses)."""
     return collection_id or collection_name or 0
@@ -53,92 +68,78 @@ class CatalogServicer(catalog_pb2_grpc.CatalogServicer):
         self.store = store
         self.max_page_size = max_page_size
 
+    @_answered(catalog_pb2.CreateCollectionResponse)
     async def CreateCollection(
         self, request: catalog_pb2.CreateCollectionRequest, context: grpc.aio.ServicerContext
     ) -> catalog_pb2.CreateCollectionResponse:
-        async def work() -> catalog_pb2.CreateCollectionResponse:
-            desc = await self.store.create_collection(
-                request.collection_name,
-                request.schema if request.HasField("schema") else None,
-                partition_names=list(request.partition_names),
-                num_partitions=request.num_partitions,
-                num_channels=request.num_dm_channels,
-            )
-            return catalog_pb2.CreateCollectionResponse(status=OK, collection=desc)
+        desc = await self.store.create_collection(
+            request.collection_name,
+            request.schema if request.HasField("schema") else None,
+            partition_names=list(request.partition_names),
+            num_partitions=request.num_partitions,
+            num_channels=request.num_dm_channels,
+        )
+        return catalog_pb2.CreateCollectionResponse(status=OK, collection=desc)
 
-        return await _answer("CreateCollection", catalog_pb2.CreateCollectionResponse, work)
-
+    @_answered(catalog_pb2.DropCollectionResponse)
     async def DropCollection(
         self, request: catalog_pb2.DropCollectionRequest, context: grpc.aio.ServicerContext
     ) -> catalog_pb2.DropCollectionResponse:
-        async def work() -> catalog_pb2.DropCollectionResponse:
-            await self.store.drop_collection(_ref(request.collection_id, request.collection_name))
-            return catalog_pb2.DropCollectionResponse(status=OK)
+        await self.store.drop_collection(_ref(request.collection_id, request.collection_name))
+        return catalog_pb2.DropCollectionResponse(status=OK)
 
-        return await _answer("DropCollection", catalog_pb2.DropCollectionResponse, work)
-
+    @_answered(catalog_pb2.DescribeCollectionResponse)
     async def DescribeCollection(
         self, request: catalog_pb2.DescribeCollectionRequest, context: grpc.aio.ServicerContext
     ) -> catalog_pb2.DescribeCollectionResponse:
-        async def work() -> catalog_pb2.DescribeCollectionResponse:
-            desc = await self.store.describe_collection(_ref(request.collection_id, request.collection_name))
-            return catalog_pb2.DescribeCollectionResponse(status=OK, collection=desc)
+        desc = await self.store.describe_collection(_ref(request.collection_id, request.collection_name))
+        return catalog_pb2.DescribeCollectionResponse(status=OK, collection=desc)
 
-        return await _answer("DescribeCollection", catalog_pb2.DescribeCollectionResponse, work)
-
+    @_answered(catalog_pb2.ShowCollectionsResponse)
     async def ShowCollections(
         self, request: catalog_pb2.ShowCollectionsRequest, context: grpc.aio.ServicerContext
     ) -> catalog_pb2.ShowCollectionsResponse:
-        async def work() -> catalog_pb2.ShowCollectionsResponse:
-            return catalog_pb2.ShowCollectionsResponse(status=OK, collections=await self.store.show_collections())
+        return catalog_pb2.ShowCollectionsResponse(status=OK, collections=await self.store.show_collections())
 
-        return await _answer("ShowCollections", catalog_pb2.ShowCollectionsResponse, work)
-
+    @_answered(catalog_pb2.ShowPartitionsResponse)
     async def ShowPartitions(
         self, request: catalog_pb2.ShowPartitionsRequest, context: grpc.aio.ServicerContext
     ) -> catalog_pb2.ShowPartitionsResponse:
-        async def work() -> catalog_pb2.ShowPartitionsResponse:
-            parts = await self.store.show_partitions(request.collection_id)
-            return catalog_pb2.ShowPartitionsResponse(status=OK, partitions=parts)
+        parts = await self.store.show_partitions(request.collection_id)
+        return catalog_pb2.ShowPartitionsResponse(status=OK, partitions=parts)
 
-        return await _answer("ShowPartitions", catalog_pb2.ShowPartitionsResponse, work)
-
+    @_answered(catalog_pb2.AddSegmentsResponse)
     async def AddSegments(
         self, request: catalog_pb2.AddSegmentsRequest, context: grpc.aio.ServicerContext
     ) -> catalog_pb2.AddSegmentsResponse:
-        async def work() -> catalog_pb2.AddSegmentsResponse:
-            ids = await self.store.add_segments(list(request.segments), collection_id=request.collection_id)
-            return catalog_pb2.AddSegmentsResponse(status=OK, segment_ids=ids)
+        ids = await self.store.add_segments(list(request.segments), collection_id=request.collection_id)
+        return catalog_pb2.AddSegmentsResponse(status=OK, segment_ids=ids)
 
-        return await _answer("AddSegments", catalog_pb2.AddSegmentsResponse, work)
-
+    @_answered(catalog_pb2.GetRecoveryInfoResponse)
     async def GetRecoveryInfo(
         self, request: catalog_pb2.GetRecoveryInfoRequest, context: grpc.aio.ServicerContext
     ) -> catalog_pb2.GetRecoveryInfoResponse:
-        async def work() -> catalog_pb2.GetRecoveryInfoResponse:
-            page_size = request.page_size
-            if page_size < 0:
-                raise InvalidArgument(f"page_size must be >= 0, got {page_size}")
-            # A paging client follows next_after_segment_id, so its pages may be cut to what fits a message.
-            # page_size 0 means "everything" (as the proto says): never silently cut, and a client whose
-            # message limit it exceeds gets a loud RESOURCE_EXHAUSTED rather than a partial answer.
-            if page_size:
-                page_size = min(page_size, self.max_page_size)
-            page = await self.store.get_recovery_page(
-                request.collection_id,
-                request.partition_id,
-                list(request.segment_ids) or None,
-                after_segment_id=request.after_segment_id,
-                page_size=page_size,
-            )
-            return catalog_pb2.GetRecoveryInfoResponse(
-                status=OK,
-                channels=page.channels,
-                binlogs=page.binlogs,
-                next_after_segment_id=page.next_after_segment_id,
-            )
-
-        return await _answer("GetRecoveryInfo", catalog_pb2.GetRecoveryInfoResponse, work)
+        page_size = request.page_size
+        if page_size < 0:
+            raise InvalidArgument(f"page_size must be >= 0, got {page_size}")
+        # A paging client follows next_after_segment_id, so its pages may be cut to what fits a message.
+        # page_size 0 means "everything" (as the proto says): never silently cut, and a client whose
+        # message limit it exceeds gets a loud RESOURCE_EXHAUSTED rather than a partial answer.
+        if page_size:
+            page_size = min(page_size, self.max_page_size)
+        page = await self.store.get_recovery_page(
+            request.collection_id,
+            request.partition_id,
+            list(request.segment_ids) or None,
+            after_segment_id=request.after_segment_id,
+            page_size=page_size,
+        )
+        return catalog_pb2.GetRecoveryInfoResponse(
+            status=OK,
+            channels=page.channels,
+            binlogs=page.binlogs,
+            next_after_segment_id=page.next_after_segment_id,
+        )
 
 
 async def start_catalog_server(store: CatalogStore, address: str = "127.0.0.1:0") -> tuple[grpc.aio.Server, int]:

@@ -47,9 +47,9 @@ from meta.idalloc import IdAllocator
 from meta.kv import Batch, FencedKV, MetaKV
 from meta.txn import Compare, Op, Put, Unit, absent, created_at, delete, delete_prefix, put
 from meta.watch import EventType, Resync, watch_prefix
-from proto import catalog_pb2, common_pb2, data_pb2
-from querycoord.errors import CoordError
-from querycoord.errors import status_of as coord_status_of
+from proto import catalog_pb2, data_pb2
+from querycoord import errors
+from querycoord.errors import CoordError, status_for
 
 CATALOG_PREFIX = "catalog/"
 COLLECTIONS_PREFIX = "catalog/collections/"
@@ -86,16 +86,13 @@ class CatalogError(CoordError):
     """A refused catalog request; ``code`` is the common.ErrorCode a caller sees, ``reason`` says what was wrong."""
 
 
-class InvalidArgument(CatalogError):
+# Each refusal is also the ``querycoord.errors`` class of its code (ILLEGAL_ARGUMENT, NOT_FOUND, CONFLICT).
+class InvalidArgument(CatalogError, errors.IllegalArgument):
     """The request itself is malformed (bad name, negative size, unknown channel, ...)."""
 
-    code = common_pb2.ILLEGAL_ARGUMENT
 
-
-class NotFound(CatalogError):
+class NotFound(CatalogError, errors.NotFound):
     """A collection, partition or segment named by the request is not in the catalog."""
-
-    code = common_pb2.NOT_FOUND
 
 
 class CollectionNotFound(NotFound):
@@ -106,10 +103,8 @@ class PartitionNotFound(NotFound):
     pass
 
 
-class Conflict(CatalogError):
+class Conflict(CatalogError, errors.Conflict):
     """The request conflicts with the catalog's current state (name taken, source already compacted, ...)."""
-
-    code = common_pb2.CONFLICT
 
 
 class CollectionExists(Conflict):
@@ -135,9 +130,8 @@ class AddSegmentsIncomplete(CatalogError):
         self.written_ids = written_ids
 
 
-def status_of(exc: BaseException) -> common_pb2.Status:
-    """The Status a caller should see for ``exc`` (``querycoord.errors.status_of``, naming the catalog)."""
-    return coord_status_of(exc, source=STATUS_SOURCE)
+# The Status a caller should see for an exception (``querycoord.errors.status_of``, naming the catalog).
+status_of = status_for(STATUS_SOURCE)
 
 
 # ----- keys -----------------------------------------------------------------------------------------------------------

@@ -21,32 +21,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import json
-import os
-import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
 from loguru import logger
 
-from meta.client import connect
 from meta.config import EtcdConfig
 from meta.errors import MetaError
 from meta.kv import MetaKV
 from meta.session import DEFAULT_TTL, Session
 from proto import common_pb2, querynode_pb2, querynode_pb2_grpc
 from querycoord.errors import status_of
-from querycoord.nodes.querynode_faults import (
-    CRASH_EXIT_CODE,
-    INJECTED_FAILURE,
-    CrashAction,
-    CrashMode,
-    FaultConfig,
-    FaultInjector,
-)
+from querycoord.nodes.node_process import NodeCommand, SessionNode, crash_process, meta_of, run_node
+from querycoord.nodes.querynode_faults import INJECTED_FAILURE, CrashAction, CrashMode, FaultConfig, FaultInjector
 from querycoord.nodes.querynode_state import EC, NodeRefusal, QueryNodeState, ok_status
 from querycoord.protocol import MUTATING_METHODS, QUERYNODE_ROLE
 
@@ -58,13 +47,7 @@ Resp = TypeVar("Resp")
 
 
 def _crash_process(node_id: int, kind: str, calls: int) -> None:
-    """Die like a SIGKILL-ed process: no cleanup, the session lease is left to expire."""
-    logger.warning("query node {}: crash-after reached on call {} ({}): exiting {}", node_id, calls, kind,
-                   CRASH_EXIT_CODE)
-    with contextlib.suppress(Exception):
-        sys.stderr.flush()
-        sys.stdout.flush()
-    os._exit(CRASH_EXIT_CODE)
+    crash_process(f"query node {node_id}: crash-after reached on call {calls} ({kind})")
 
 
 def _split_listen(listen: str) -> tuple[str, int]:
@@ -74,12 +57,14 @@ def _split_listen(listen: str) -> tuple[str, int]:
     return host, int(port)
 
 
-class QueryNode:
+class QueryNode(SessionNode):
     """One reference query node (see module docstring).
 
     ``crash`` replaces ``os._exit`` for the crash-after fault (tests of an
     in-process node); it is called with (node_id, kind, call_number).
     """
+
+    kind = "query node"
 
     def __init__(
         self,
@@ -125,16 +110,6 @@ class QueryNode:
         """Where the gRPC server really listens."""
         host = "127.0.0.1" if self._host in ("0.0.0.0", "[::]", "::") else self._host
         return f"{host}:{self.port}"
-
-    @property
-    def session(self) -> Session:
-        if self._session is None:
-            raise RuntimeError("query node not started")
-        return self._session
-
-    @property
-    def node_id(self) -> int:
-        return self.session.server_id
 
     @property
     def healthy(self) -> bool:
@@ -260,66 +235,33 @@ class QueryNode:
         return ok_status()
 
 
+def _mutation(state_method: str, response: type[Resp]) -> Callable[..., Awaitable[Resp]]:
+    """The RPC answered by ``response`` (``LoadSegments`` for ``LoadSegmentsResponse``): ``QueryNode.mutate``
+    applying ``QueryNodeState.<state_method>``."""
+    kind = response.__name__.removesuffix("Response")
+
+    async def rpc(servicer: QueryNodeServicer, request: Any, context: grpc.aio.ServicerContext) -> Resp:
+        node = servicer.node
+        return await node.mutate(kind, request, getattr(node.state, state_method), response, context)
+
+    rpc.__name__ = rpc.__qualname__ = kind
+    return rpc
+
+
 class QueryNodeServicer(querynode_pb2_grpc.QueryNodeServicer):
     """The QueryNode gRPC service of one ``QueryNode``: thin adapters onto ``QueryNodeState``."""
 
     def __init__(self, node: QueryNode):
         self.node = node
 
-    async def LoadSegments(
-        self, request: querynode_pb2.LoadSegmentsRequest, context: grpc.aio.ServicerContext
-    ) -> querynode_pb2.LoadSegmentsResponse:
-        return await self.node.mutate(
-            "LoadSegments", request, self.node.state.load_segments, querynode_pb2.LoadSegmentsResponse, context
-        )
-
-    async def ReleaseSegments(
-        self, request: querynode_pb2.ReleaseSegmentsRequest, context: grpc.aio.ServicerContext
-    ) -> querynode_pb2.ReleaseSegmentsResponse:
-        return await self.node.mutate(
-            "ReleaseSegments", request, self.node.state.release_segments, querynode_pb2.ReleaseSegmentsResponse,
-            context,
-        )
-
-    async def WatchDmChannels(
-        self, request: querynode_pb2.WatchDmChannelsRequest, context: grpc.aio.ServicerContext
-    ) -> querynode_pb2.WatchDmChannelsResponse:
-        return await self.node.mutate(
-            "WatchDmChannels", request, self.node.state.watch_dm_channels, querynode_pb2.WatchDmChannelsResponse,
-            context,
-        )
-
-    async def WatchDeltaChannels(
-        self, request: querynode_pb2.WatchDeltaChannelsRequest, context: grpc.aio.ServicerContext
-    ) -> querynode_pb2.WatchDeltaChannelsResponse:
-        return await self.node.mutate(
-            "WatchDeltaChannels", request, self.node.state.watch_delta_channels,
-            querynode_pb2.WatchDeltaChannelsResponse, context,
-        )
-
-    async def AddQueryChannel(
-        self, request: querynode_pb2.AddQueryChannelRequest, context: grpc.aio.ServicerContext
-    ) -> querynode_pb2.AddQueryChannelResponse:
-        return await self.node.mutate(
-            "AddQueryChannel", request, self.node.state.add_query_channel, querynode_pb2.AddQueryChannelResponse,
-            context,
-        )
-
-    async def ReleaseCollection(
-        self, request: querynode_pb2.ReleaseCollectionRequest, context: grpc.aio.ServicerContext
-    ) -> querynode_pb2.ReleaseCollectionResponse:
-        return await self.node.mutate(
-            "ReleaseCollection", request, self.node.state.release_collection,
-            querynode_pb2.ReleaseCollectionResponse, context,
-        )
-
-    async def ReleasePartitions(
-        self, request: querynode_pb2.ReleasePartitionsRequest, context: grpc.aio.ServicerContext
-    ) -> querynode_pb2.ReleasePartitionsResponse:
-        return await self.node.mutate(
-            "ReleasePartitions", request, self.node.state.release_partitions,
-            querynode_pb2.ReleasePartitionsResponse, context,
-        )
+    # The mutating calls, each applied by the state method named after it (see ``QueryNode.mutate``).
+    LoadSegments = _mutation("load_segments", querynode_pb2.LoadSegmentsResponse)
+    ReleaseSegments = _mutation("release_segments", querynode_pb2.ReleaseSegmentsResponse)
+    WatchDmChannels = _mutation("watch_dm_channels", querynode_pb2.WatchDmChannelsResponse)
+    WatchDeltaChannels = _mutation("watch_delta_channels", querynode_pb2.WatchDeltaChannelsResponse)
+    AddQueryChannel = _mutation("add_query_channel", querynode_pb2.AddQueryChannelResponse)
+    ReleaseCollection = _mutation("release_collection", querynode_pb2.ReleaseCollectionResponse)
+    ReleasePartitions = _mutation("release_partitions", querynode_pb2.ReleasePartitionsResponse)
 
     async def GetSegmentInfo(
         self, request: querynode_pb2.GetSegmentInfoRequest, context: grpc.aio.ServicerContext
@@ -370,48 +312,17 @@ async def run_forever(
     Prints one JSON line ``{"event": "ready", "node_id", "address", "listen_address", "pid"}``
     on stdout once the node serves (``address`` is the advertised one); drills and tests parse it.
     """
-    # Signals first: a SIGTERM during start-up must still end in a clean stop (session revoked).
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        client = await connect(etcd)
-    except MetaError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    try:
-        node = QueryNode(MetaKV(client, root), listen=listen, capacity_bytes=capacity_bytes, ttl=ttl, faults=faults,
-                         advertise=advertise)
-        try:
-            await node.start()
-        except (MetaError, OSError) as exc:
-            print(f"error: query node could not start: {exc}", file=sys.stderr)
-            return 1
-        if stop.is_set():
-            await node.stop()
-            return 0
-        ready = {"event": "ready", "node_id": node.node_id, "address": node.address,
-                 "listen_address": node.bound_address, "pid": os.getpid(), "capacity_bytes": node.capacity_bytes}
-        print(json.dumps(ready), flush=True)
-        waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(node.session.lost.wait())]
-        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-        for w in waiters:
-            w.cancel()
-        code = 0
-        if not stop.is_set():
-            print(f"error: query node {node.node_id} lost its session ({node.session.lost_reason}); exiting so it "
-                  f"can be restarted under a new id", file=sys.stderr)
-            code = 1
-        await node.stop()
-        return code
-    finally:
-        await client.close()
+
+    def build(kv: MetaKV) -> QueryNode:
+        return QueryNode(kv, listen=listen, capacity_bytes=capacity_bytes, ttl=ttl, faults=faults, advertise=advertise)
+
+    def ready(node: QueryNode) -> dict[str, Any]:
+        return {"address": node.address, "listen_address": node.bound_address, "capacity_bytes": node.capacity_bytes}
+
+    return await run_node(etcd, root, build, ready=ready, start_errors=(MetaError, OSError))
 
 
 def _add_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--etcd-endpoints", required=True, help="comma-separated host:port list of etcd members")
-    p.add_argument("--root", required=True, help="meta root path in etcd shared with the coordinator")
     p.add_argument("--listen", default=DEFAULT_LISTEN, help="gRPC listen address (port 0: any free port)")
     p.add_argument("--advertise", default=None, metavar="ADDR",
                    help="host:port to advertise in the session instead of the bound address (e.g. a proxy or NAT "
@@ -435,7 +346,7 @@ def _add_options(p: argparse.ArgumentParser) -> None:
 def cmd_querynode(args: argparse.Namespace) -> int:
     """Handler of ``querycoord querynode``."""
     try:
-        etcd = EtcdConfig.from_endpoints(args.etcd_endpoints)
+        etcd = meta_of(args)
         faults = FaultConfig(
             failure_rate=args.failure_rate,
             latency_ms=args.latency_ms,
@@ -450,8 +361,6 @@ def cmd_querynode(args: argparse.Namespace) -> int:
         _split_listen(args.listen)
         if args.advertise is not None:
             _split_listen(args.advertise)
-        if args.ttl < 2:
-            raise ValueError(f"--ttl must be at least 2 seconds, got {args.ttl}")
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -461,25 +370,10 @@ def cmd_querynode(args: argparse.Namespace) -> int:
     )
 
 
-def add_querynode_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``querynode`` on the ``querycoord`` sub-command parsers (``args.func`` is the handler)."""
-    p = subparsers.add_parser("querynode", help="run a reference query node (with optional fault injection)")
-    _add_options(p)
-    p.set_defaults(func=cmd_querynode)
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m querycoord.nodes.querynode``: the same options as ``querycoord querynode``."""
-    from querycoord.logs import setup_logging
-
-    parser = argparse.ArgumentParser(prog="querycoord querynode", description="reference query node")
-    parser.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING (default INFO)")
-    _add_options(parser)
-    args = parser.parse_args(argv)
-    setup_logging(args.log_level)
-    return cmd_querynode(args)
-
+# ``querycoord querynode`` (cli.py adds the parser) and ``python -m querycoord.nodes.querynode``.
+COMMAND = NodeCommand("querynode", "run a reference query node (with optional fault injection)",
+                      _add_options, cmd_querynode)
+add_querynode_parser = COMMAND.add_parser
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(COMMAND.main())

@@ -27,10 +27,10 @@ import random
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 
+from querycoord.nodes.node_process import CRASH_EXIT_CODE as CRASH_EXIT_CODE  # where tests and drills look for it
 from querycoord.protocol import MUTATING_METHODS
 
 INJECTED_FAILURE = "injected failure"
-CRASH_EXIT_CODE = 137
 
 
 class CrashMode(StrEnum):

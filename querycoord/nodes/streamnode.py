@@ -36,8 +36,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
-import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -46,13 +44,13 @@ from typing import Any
 import grpc
 from loguru import logger
 
-from meta.client import connect
 from meta.config import EtcdConfig
 from meta.errors import MetaError
 from meta.kv import MetaKV
 from meta.session import DEFAULT_TTL, Session, list_sessions
 from proto import stream_pb2, stream_pb2_grpc
 from querycoord.client import CoordinatorUnavailable, Discover, LeaderFollowingClient
+from querycoord.nodes.node_process import NodeCommand, SessionNode, crash_process, meta_of, run_node
 from querycoord.nodes.streamnode_state import (
     DEFAULT_GROUPS,
     DEFAULT_INIT_DELAY_S,
@@ -63,16 +61,10 @@ from querycoord.nodes.streamnode_state import (
 from querycoord.protocol import QUERYCOORD_ROLE, SNODES_PREFIX, STREAMNODE_ADDRESS, STREAMNODE_ROLE
 
 DEFAULT_HEARTBEAT_MS = 600.0
-CRASH_EXIT_CODE = 137
 
 
 def _crash_process(node_id: int, why: str) -> None:
-    """Die like a SIGKILL-ed process: no cleanup, the session lease is left to expire."""
-    logger.warning("stream node {}: crash ({}): exiting {}", node_id, why, CRASH_EXIT_CODE)
-    with contextlib.suppress(Exception):
-        sys.stderr.flush()
-        sys.stdout.flush()
-    os._exit(CRASH_EXIT_CODE)
+    crash_process(f"stream node {node_id}: crash ({why})")
 
 
 class HeartbeatClient(LeaderFollowingClient):
@@ -98,13 +90,15 @@ class HeartbeatClient(LeaderFollowingClient):
             return None
 
 
-class StreamNode:
+class StreamNode(SessionNode):
     """One reference stream node (see module docstring).
 
     ``snode_id``: the snode it hosts (0: none); with ``discover_snode`` the
     node instead takes the snode persisted for its node id under
     ``stream/snodes/`` (created by CreateSnode), re-read every second.
     """
+
+    kind = "stream node"
 
     def __init__(
         self,
@@ -138,16 +132,6 @@ class StreamNode:
         self._last_snode_poll = 0.0
         self.replies = 0
         self.failed_heartbeats = 0
-
-    @property
-    def session(self) -> Session:
-        if self._session is None:
-            raise RuntimeError("stream node not started")
-        return self._session
-
-    @property
-    def node_id(self) -> int:
-        return self.session.server_id
 
     async def _coordinator_addresses(self) -> list[str]:
         snap = await list_sessions(self.kv, QUERYCOORD_ROLE)
@@ -279,46 +263,13 @@ async def run_forever(etcd: EtcdConfig, root: str, **node_options: Any) -> int:
 
     Prints one JSON line ``{"event": "ready", "node_id", "pid", "vgroups",
     "snode_id"}`` on stdout once the session is registered; drills and tests parse it.
+    Control commands are read from stdin meanwhile (its EOF ends only the control reader).
     """
-    # Signals first: a SIGTERM during start-up must still end in a clean stop (session revoked).
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        client = await connect(etcd)
-    except MetaError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    try:
-        node = StreamNode(MetaKV(client, root), **node_options)
-        try:
-            await node.start()
-        except MetaError as exc:
-            print(f"error: stream node could not start: {exc}", file=sys.stderr)
-            return 1
-        if stop.is_set():
-            await node.stop()
-            return 0
-        ready = {"event": "ready", "node_id": node.node_id, "pid": os.getpid(),
-                 "vgroups": sorted(node.state.vgroups), "snode_id": node.state.snode_id}
-        print(json.dumps(ready), flush=True)
-        waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(node.session.lost.wait()),
-                   asyncio.create_task(_read_control(node))]
-        while not (stop.is_set() or node.session.lost.is_set()):
-            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-            waiters = [w for w in waiters if not w.done()]  # stdin EOF ends only the control reader
-        for w in waiters:
-            w.cancel()
-        code = 0
-        if not stop.is_set():
-            print(f"error: stream node {node.node_id} lost its session ({node.session.lost_reason}); exiting so it "
-                  f"can be restarted under a new id", file=sys.stderr)
-            code = 1
-        await node.stop()
-        return code
-    finally:
-        await client.close()
+
+    def ready(node: StreamNode) -> dict[str, Any]:
+        return {"vgroups": sorted(node.state.vgroups), "snode_id": node.state.snode_id}
+
+    return await run_node(etcd, root, lambda kv: StreamNode(kv, **node_options), ready=ready, alongside=_read_control)
 
 
 def _int_list(text: str) -> list[int]:
@@ -329,8 +280,6 @@ def _int_list(text: str) -> list[int]:
 
 
 def _add_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--etcd-endpoints", required=True, help="comma-separated host:port list of etcd members")
-    p.add_argument("--root", required=True, help="meta root path in etcd shared with the coordinator")
     p.add_argument("--coordinator", default="",
                    help="comma-separated coordinator addresses (default: the live querycoord sessions)")
     p.add_argument("--vgroups", default="", help="comma-separated vgroup ids this node leads at start")
@@ -348,9 +297,7 @@ def _add_options(p: argparse.ArgumentParser) -> None:
 def cmd_streamnode(args: argparse.Namespace) -> int:
     """Handler of ``querycoord streamnode`` (and of ``python -m querycoord.nodes.streamnode``)."""
     try:
-        etcd = EtcdConfig.from_endpoints(args.etcd_endpoints)
-        if args.ttl < 2:
-            raise ValueError(f"--ttl must be at least 2 seconds, got {args.ttl}")
+        etcd = meta_of(args)
         if args.groups < 1:
             raise ValueError(f"--groups must be at least 1, got {args.groups}")
         if args.heartbeat_ms <= 0 or args.init_delay_ms < 0:
@@ -367,25 +314,10 @@ def cmd_streamnode(args: argparse.Namespace) -> int:
     return asyncio.run(run_forever(etcd, args.root, **options))
 
 
-def add_streamnode_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``streamnode`` on the ``querycoord`` sub-command parsers (``args.func`` is the handler)."""
-    p = subparsers.add_parser("streamnode", help="run a reference stream node (heartbeats to StreamMgmt)")
-    _add_options(p)
-    p.set_defaults(func=cmd_streamnode)
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m querycoord.nodes.streamnode``: the same options as ``querycoord streamnode``."""
-    from querycoord.logs import setup_logging
-
-    parser = argparse.ArgumentParser(prog="querycoord streamnode", description="reference stream node")
-    parser.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING (default INFO)")
-    _add_options(parser)
-    args = parser.parse_args(argv)
-    setup_logging(args.log_level)
-    return cmd_streamnode(args)
-
+# ``querycoord streamnode`` (cli.py adds the parser) and ``python -m querycoord.nodes.streamnode``.
+COMMAND = NodeCommand("streamnode", "run a reference stream node (heartbeats to StreamMgmt)",
+                      _add_options, cmd_streamnode)
+add_streamnode_parser = COMMAND.add_parser
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(COMMAND.main())

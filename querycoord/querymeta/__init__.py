@@ -7,7 +7,7 @@ reload, derived percentage), ``store`` (``QueryMeta``, the API), ``errors``.
 """
 
 from .errors import CollectionNotLoaded, CorruptRecord, LoadTypeConflict, PartitionNotLoaded, QueryMetaError
-from .keys import query_channel, query_result_channel
+from .keys import query_channels
 from .records import collection_percentage, stored_delta_channel, stored_segment
 from .store import QueryMeta
 
@@ -19,8 +19,7 @@ __all__ = [
     "QueryMeta",
     "QueryMetaError",
     "collection_percentage",
-    "query_channel",
-    "query_result_channel",
+    "query_channels",
     "stored_delta_channel",
     "stored_segment",
 ]

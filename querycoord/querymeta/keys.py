@@ -49,11 +49,6 @@ def delta_channel_prefix(collection_id: int) -> str:
     return f"{DELTA_CHANNEL_PREFIX}{collection_id}/"
 
 
-def query_channel(collection_id: int) -> str:
-    """The query channel of a collection: derived from its id, so nothing is stored."""
-    return f"query-{collection_id}"
-
-
-def query_result_channel(collection_id: int) -> str:
-    """The query result channel of a collection: derived from its id, so nothing is stored."""
-    return f"query-result-{collection_id}"
+def query_channels(collection_id: int) -> tuple[str, str]:
+    """The query channel and the query result channel of a collection: derived from its id, so nothing is stored."""
+    return f"query-{collection_id}", f"query-result-{collection_id}"

@@ -650,7 +650,7 @@ class QueryMeta:
     @staticmethod
     def query_channels(collection_id: int) -> tuple[str, str]:
         """(query channel, query result channel) of a collection: derived from the id, not stored."""
-        return keys.query_channel(collection_id), keys.query_result_channel(collection_id)
+        return keys.query_channels(collection_id)
 
     # ===== nodes ===================================================================
     async def remove_node(self, node_id: int) -> int:

@@ -56,8 +56,7 @@ from meta.idalloc import IdAllocator
 from meta.kv import MAX_TXN_OPS, KeyValue, MetaKV
 from meta.txn import Compare, Op, created_at, delete, modified_at, put, value_is
 from proto import common_pb2, stream_pb2
-from querycoord.errors import CoordError
-from querycoord.errors import status_of as coord_status_of
+from querycoord.errors import Conflict, CoordError, IllegalArgument, NotFound, status_for
 
 STREAM_PREFIX = "stream/"
 STREAMS_PREFIX = "stream/streams/"
@@ -92,32 +91,29 @@ class StreamError(CoordError):
     """A refused stream request; ``code`` is the common.ErrorCode a caller sees, ``reason`` says what was wrong."""
 
 
-class InvalidStream(StreamError):
+# Each refusal is also the ``querycoord.errors`` class of its code (ILLEGAL_ARGUMENT, NOT_FOUND, CONFLICT).
+class InvalidStream(StreamError, IllegalArgument):
     """The request itself is malformed (bad name, negative or too large counts)."""
 
-    code = common_pb2.ILLEGAL_ARGUMENT
+
+class StreamNotFound(StreamError, NotFound):
+    """No stream has the id or name the request gives."""
 
 
-class StreamNotFound(StreamError):
-    code = common_pb2.NOT_FOUND
+class SnodeNotFound(StreamError, NotFound):
+    """No snode has the id the request gives."""
 
 
-class SnodeNotFound(StreamError):
-    code = common_pb2.NOT_FOUND
+class StreamExists(StreamError, Conflict):
+    """The name is taken by another stream."""
 
 
-class StreamExists(StreamError):
-    code = common_pb2.CONFLICT
+class SnodeExists(StreamError, Conflict):
+    """The node already hosts an snode."""
 
 
-class SnodeExists(StreamError):
-    code = common_pb2.CONFLICT
-
-
-class StreamStateConflict(StreamError):
+class StreamStateConflict(StreamError, Conflict):
     """Stop of a stopped stream, start of a running one."""
-
-    code = common_pb2.CONFLICT
 
 
 class NoSnodeAvailable(StreamError):
@@ -126,15 +122,12 @@ class NoSnodeAvailable(StreamError):
     code = common_pb2.NO_AVAILABLE_NODE
 
 
-class TooMuchContention(StreamError):
+class TooMuchContention(StreamError, Conflict):
     """An optimistic txn kept losing to concurrent writers; nothing was written by the last attempt."""
 
-    code = common_pb2.CONFLICT
 
-
-def status_of(exc: BaseException) -> common_pb2.Status:
-    """The Status a caller should see for ``exc`` (``querycoord.errors.status_of``, naming the stream store)."""
-    return coord_status_of(exc, source=STATUS_SOURCE)
+# The Status a caller should see for an exception (``querycoord.errors.status_of``, naming the stream store).
+status_of = status_for(STATUS_SOURCE)
 
 
 # ----- keys and helpers -----------------------------------------------------------------------------------------------

@@ -1,0 +1,177 @@
+"""What the reference query and stream node processes share.
+
+Both are known by a meta session (their id is its server id), both run until
+SIGTERM/SIGINT (exit 0) or until that session is lost (exit 1: restart under a
+new id), both announce themselves with one JSON ``ready`` line that drills and
+tests parse, both die like a SIGKILL-ed process when told to crash, and both
+are started by ``querycoord <role>`` or ``python -m querycoord.nodes.<role>``
+with the same options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from loguru import logger
+
+from meta.client import connect
+from meta.config import EtcdConfig
+from meta.errors import MetaError
+from meta.kv import MetaKV
+from meta.session import Session
+
+# The exit status of a SIGKILL-ed process: a crashed node must look like a killed one.
+CRASH_EXIT_CODE = 137
+
+
+def crash_process(what: str) -> None:
+    """Die like a SIGKILL-ed process: no cleanup, the session lease is left to expire."""
+    logger.warning("{}: exiting {}", what, CRASH_EXIT_CODE)
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+        sys.stdout.flush()
+    os._exit(CRASH_EXIT_CODE)
+
+
+class SessionNode:
+    """A node known by its meta session (set by ``start``); ``kind`` names it in errors ("query node")."""
+
+    kind = "node"
+    _session: Session | None = None
+
+    @property
+    def session(self) -> Session:
+        if self._session is None:
+            raise RuntimeError(f"{self.kind} not started")
+        return self._session
+
+    @property
+    def node_id(self) -> int:
+        return self.session.server_id
+
+
+class RunnableNode(Protocol):
+    kind: str
+
+    @property
+    def session(self) -> Session: ...
+
+    @property
+    def node_id(self) -> int: ...
+
+    async def start(self) -> object: ...
+
+    async def stop(self) -> None: ...
+
+
+N = TypeVar("N", bound=RunnableNode)
+
+
+async def run_node(
+    etcd: EtcdConfig,
+    root: str,
+    build: Callable[[MetaKV], N],
+    *,
+    ready: Callable[[N], dict[str, Any]],
+    start_errors: tuple[type[BaseException], ...] = (MetaError,),
+    alongside: Callable[[N], Coroutine[Any, Any, None]] | None = None,
+) -> int:
+    """Run the node ``build`` makes until SIGTERM/SIGINT (exit 0) or until its session is lost (exit 1).
+
+    Prints ``{"event": "ready", "node_id", "pid", **ready(node)}`` on stdout once
+    the node has started. ``alongside`` (e.g. a control reader) runs as long as
+    the node; its end does not end the node.
+    """
+    # Signals first: a SIGTERM during start-up must still end in a clean stop (session revoked).
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        client = await connect(etcd)
+    except MetaError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    try:
+        node = build(MetaKV(client, root))
+        try:
+            await node.start()
+        except start_errors as exc:
+            print(f"error: {node.kind} could not start: {exc}", file=sys.stderr)
+            return 1
+        if stop.is_set():
+            await node.stop()
+            return 0
+        print(json.dumps({"event": "ready", "node_id": node.node_id, "pid": os.getpid(), **ready(node)}), flush=True)
+        waiters: list[asyncio.Task[Any]] = [asyncio.create_task(stop.wait()),
+                                            asyncio.create_task(node.session.lost.wait())]
+        if alongside is not None:
+            waiters.append(asyncio.create_task(alongside(node)))
+        while not (stop.is_set() or node.session.lost.is_set()):
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            waiters = [w for w in waiters if not w.done()]
+        for w in waiters:
+            w.cancel()
+        code = 0
+        if not stop.is_set():
+            print(f"error: {node.kind} {node.node_id} lost its session ({node.session.lost_reason}); exiting so it "
+                  f"can be restarted under a new id", file=sys.stderr)
+            code = 1
+        await node.stop()
+        return code
+    finally:
+        await client.close()
+
+
+def meta_of(args: argparse.Namespace) -> EtcdConfig:
+    """The etcd of ``--etcd-endpoints``; a ``ValueError`` names a bad option (``--ttl`` below 2 s too)."""
+    if args.ttl < 2:
+        raise ValueError(f"--ttl must be at least 2 seconds, got {args.ttl}")
+    return EtcdConfig.from_endpoints(args.etcd_endpoints)
+
+
+@dataclass(frozen=True)
+class NodeCommand:
+    """``querycoord <role>`` and ``python -m querycoord.nodes.<role>``: the same options, the same handler.
+
+    ``add_options`` adds the role's own options (``--etcd-endpoints`` and
+    ``--root`` are every role's); ``handler`` runs the node and returns the
+    exit status.
+    """
+
+    role: str
+    summary: str
+    add_options: Callable[[argparse.ArgumentParser], None]
+    handler: Callable[[argparse.Namespace], int]
+
+    def _options(self, p: argparse.ArgumentParser) -> None:
+        p.add_argument("--etcd-endpoints", required=True, help="comma-separated host:port list of etcd members")
+        p.add_argument("--root", required=True, help="meta root path in etcd shared with the coordinator")
+        self.add_options(p)
+
+    def add_parser(self, subparsers: Any) -> argparse.ArgumentParser:
+        """Register the role on the ``querycoord`` sub-command parsers (``args.func`` is the handler)."""
+        p = subparsers.add_parser(self.role, help=self.summary)
+        self._options(p)
+        p.set_defaults(func=self.handler)
+        return p
+
+    def main(self, argv: list[str] | None = None) -> int:
+        """``python -m querycoord.nodes.<role>``: the options of ``querycoord <role>`` and ``--log-level``."""
+        from querycoord.logs import setup_logging
+
+        parser = argparse.ArgumentParser(prog=f"querycoord {self.role}", description=self.summary)
+        parser.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING (default INFO)")
+        self._options(parser)
+        args = parser.parse_args(argv)
+        setup_logging(args.log_level)
+        return self.handler(args)
