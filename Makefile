@@ -14,11 +14,13 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m querycoord.demo
+	$(PY) -m querycoord.cli demo
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(PY) scripts/gen_proto.py --check
+	$(PY) scripts/check_imports.py
+	$(VENV)/bin/mypy
 
 test: lint
 	$(PY) -m pytest

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import TypeGuard, TypeVar
 
 import grpc
 from etcd3aio import (
@@ -33,7 +33,7 @@ from tenacity import (
 )
 
 from meta.config import EtcdConfig
-from meta.errors import MetaAuthError, MetaUnavailable
+from meta.errors import MetaAuthError, MetaNoSpace, MetaUnavailable
 
 T = TypeVar("T")
 
@@ -73,6 +73,12 @@ def _auth_refusal(exc: BaseException) -> str | None:
         if exc.code() in refusal_codes and any(m in details for m in _AUTH_INVALID_ARGUMENT):
             return details
     return None
+
+
+def _is_nospace(exc: BaseException) -> TypeGuard[grpc.aio.AioRpcError]:
+    """etcd's answer to a write while its NOSPACE alarm is raised."""
+    return (isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            and "space exceeded" in (exc.details() or ""))
 
 
 def _tls_hint(config: EtcdConfig, cause: BaseException | None) -> str:
@@ -256,7 +262,9 @@ class EtcdClient:
         return await self._call_retrying(operation, fn, budget, started, reauth)
 
     def _raise_if_refused(self, operation: str, exc: BaseException) -> None:
-        """Credentials etcd refuses are refused again on retry: say so now instead of at the deadline."""
+        """What etcd refuses (credentials, a write while out of space) it refuses again on retry: say so now."""
+        if _is_nospace(exc):
+            raise MetaNoSpace(self.endpoints, operation, exc.details() or "NOSPACE") from exc
         refusal = _auth_refusal(exc)
         if refusal is not None:
             raise MetaAuthError(

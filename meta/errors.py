@@ -46,6 +46,24 @@ class MetaAuthError(MetaError):
         )
 
 
+class MetaNoSpace(MetaError):
+    """etcd raised its NOSPACE alarm: its database reached the backend quota and every write is refused.
+
+    Reads and deletes still work. Never retried: nothing changes until an
+    operator compacts, defragments and disarms the alarm (``querycoord etcd
+    maintain``), so waiting out a deadline would only hide the cause.
+    """
+
+    def __init__(self, endpoints: list[str], operation: str, details: str):
+        self.endpoints = list(endpoints)
+        self.operation = operation
+        super().__init__(
+            f"etcd is out of space ({details}; {operation} refused at {', '.join(self.endpoints)}): "
+            "run `querycoord etcd maintain` (compact, defragment, disarm the alarm), or raise etcd's "
+            "--quota-backend-bytes"
+        )
+
+
 class RequestTooLarge(MetaError):
     """A transactional write exceeds etcd's per-txn limits; nothing was sent."""
 

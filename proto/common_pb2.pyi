@@ -21,6 +21,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     NO_AVAILABLE_NODE: _ClassVar[ErrorCode]
     STALE_LEADER: _ClassVar[ErrorCode]
     TIMEOUT: _ClassVar[ErrorCode]
+    RESOURCE_EXHAUSTED: _ClassVar[ErrorCode]
 
 class StateCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -41,6 +42,7 @@ CANCELLED: ErrorCode
 NO_AVAILABLE_NODE: ErrorCode
 STALE_LEADER: ErrorCode
 TIMEOUT: ErrorCode
+RESOURCE_EXHAUSTED: ErrorCode
 INITIALIZING: StateCode
 HEALTHY: StateCode
 ABNORMAL: StateCode

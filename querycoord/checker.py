@@ -174,21 +174,16 @@ def _release(d: Diff, cid: int, node: int, sid: int) -> None:
 
 
 def describe(req: task_pb2.RepairRequest) -> str:
-    parts = []
-    if req.missing_segments:
-        parts.append(f"{len(req.missing_segments)} segments held by no node")
-    n = sum(len(ns.segment_ids) for ns in req.release_segments)
-    if n:
-        parts.append(f"{n} copies to release")
-    if req.rewatch:
-        parts.append(f"{len(req.rewatch)} DM channels unwatched")
-    if req.release_collection_on_nodes:
-        parts.append(f"not loaded but held on nodes {list(req.release_collection_on_nodes)}")
-    if req.adopt:
-        parts.append(f"{len(req.adopt)} segments recorded on the wrong node")
-    if req.forget_segment_ids:
-        parts.append(f"{len(req.forget_segment_ids)} stale segment records")
-    return "; ".join(parts)
+    copies = sum(len(ns.segment_ids) for ns in req.release_segments)
+    found = [
+        (req.missing_segments, f"{len(req.missing_segments)} segments held by no node"),
+        (copies, f"{copies} copies to release"),
+        (req.rewatch, f"{len(req.rewatch)} DM channels unwatched"),
+        (req.release_collection_on_nodes, f"not loaded but held on nodes {list(req.release_collection_on_nodes)}"),
+        (req.adopt, f"{len(req.adopt)} segments recorded on the wrong node"),
+        (req.forget_segment_ids, f"{len(req.forget_segment_ids)} stale segment records"),
+    ]
+    return "; ".join(text for present, text in found if present)
 
 
 @dataclass

@@ -90,6 +90,8 @@ class CoordConfig:
     stream: StreamConfig = field(default_factory=StreamConfig)
     stream_tick: float = 1.0
     stream_refresh: float = 30.0
+    # Where /metrics, /healthz and /readyz are served over HTTP (host:port, port 0: any free port); "" serves none.
+    http_listen: str = ""
 
 
 # The scaled preset: the same behaviour as production with short durations. A session TTL of 2 s notices a crash

@@ -14,8 +14,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from meta.config import EtcdConfig
 from querycoord.config import CoordConfig, scaled_config
+from querycoord.etcd_options import add_etcd_options, etcd_config_from_args
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,8 @@ class Option:
 OPTIONS: tuple[Option, ...] = (
     Option("--root", "root", str, "meta root path in etcd"),
     Option("--listen", "listen", str, "gRPC listen address (port 0: any free port)"),
+    Option("--http-listen", "http_listen", str,
+           "serve /metrics (Prometheus), /healthz and /readyz over HTTP at host:port (port 0: any free port)"),
     Option("--ttl", "session_ttl", float, "session lease TTL in seconds: how soon a crash is noticed (at least 2)"),
     Option("--rpc-timeout", "rpc_timeout", float, "timeout of a call to a query node, in seconds"),
     Option("--auto-balance-interval", "auto_balance_interval", float,
@@ -64,7 +66,7 @@ def _replaced(config: Any, path: str, value: Any) -> Any:
 def add_coord_options(p: argparse.ArgumentParser) -> None:
     """Declare every option of ``coord``; defaults stay None so that "not given" is visible to ``config_from_args``."""
     defaults = CoordConfig()
-    p.add_argument("--etcd-endpoints", required=True, help="comma-separated host:port list of etcd members")
+    add_etcd_options(p)
     for opt in OPTIONS:
         shown = argparse.SUPPRESS if opt.help is None else f"{opt.help} (default {_get(defaults, opt.path)})"
         p.add_argument(opt.flag, type=opt.kind, default=None, help=shown)
@@ -93,7 +95,7 @@ def config_from_args(args: argparse.Namespace) -> CoordConfig:
         value = getattr(args, opt.flag.lstrip("-").replace("-", "_"))
         if value is not None:
             config = _replaced(config, opt.path, value)
-    config.etcd = EtcdConfig.from_endpoints(args.etcd_endpoints)
+    config.etcd = etcd_config_from_args(args)
     if config.session_ttl < 2:
         raise ValueError(f"--ttl must be at least 2 seconds, got {config.session_ttl:g}")
     if config.checker_interval <= 0:

@@ -22,9 +22,7 @@ from meta.errors import MetaError
 from meta.fence import Fence
 from meta.idalloc import IdAllocator
 from meta.kv import MetaKV
-from meta.session import Session, SessionEvent, SessionSnapshot, watch_sessions
-from meta.watch import EventType
-from proto import querycoord_pb2 as qc
+from meta.session import Session
 from proto import querynode_pb2
 from querycoord.balance import auto_balance_loop
 from querycoord.catalog.broker import Broker, GrpcBroker, LocalBroker
@@ -32,15 +30,15 @@ from querycoord.catalog.store import CatalogStore
 from querycoord.checker import Checker
 from querycoord.cluster.nodes import NodeManager
 from querycoord.config import CoordConfig
-from querycoord.protocol import QUERYCOORD_ELECTION, QUERYCOORD_ROLE, STREAMNODE_ROLE, leader_is_at
+from querycoord.protocol import QUERYCOORD_ELECTION, QUERYCOORD_ROLE, leader_is_at
 from querycoord.querymeta import QueryMeta
+from querycoord.stream.loops import follow_stream_nodes, tick_streams
 from querycoord.stream.manager import StreamManager
 from querycoord.stream.store import StreamStore
 from querycoord.task.model import TaskEnv
 from querycoord.task.scheduler import Scheduler
 from querycoord.task.store import TaskStore
-from querycoord.task.triggers import LoadBalanceTask
-from querycoord.watchers import kick_on_node_changes, run_handoff
+from querycoord.watchers import balance_away, kick_on_node_changes, run_handoff
 
 
 @dataclass
@@ -210,7 +208,7 @@ class Coordinator:
         holder: dict[str, Scheduler] = {}
 
         async def on_node_down(node_id: int) -> None:
-            await self._node_down(holder["scheduler"], meta, node_id)
+            await balance_away(holder["scheduler"], meta, node_id)
 
         nodes = NodeManager(self.kv, fence=coord_fence, rpc_timeout=self.config.rpc_timeout,
                             on_node_down=lambda nid: on_node_down(nid))
@@ -247,11 +245,12 @@ class Coordinator:
             tasks.append(asyncio.create_task(
                 auto_balance_loop(scheduler, self.config.auto_balance_interval, self.config.balance_spread),
                 name="auto-balance"))
-        tasks.append(asyncio.create_task(self._stream_nodes_loop(streams), name="stream-nodes"))
-        tasks.append(asyncio.create_task(self._stream_tick_loop(streams), name="stream-tick"))
+        tasks.append(asyncio.create_task(follow_stream_nodes(self.kv, streams), name="stream-nodes"))
+        tasks.append(asyncio.create_task(
+            tick_streams(streams, self.config.stream_tick, self.config.stream_refresh), name="stream-tick"))
         # Nodes that meta still places segments on but that are gone: balance them away.
         for node_id in sorted(meta.known_node_ids() - {n.node_id for n in nodes.online()}):
-            await self._node_down(scheduler, meta, node_id)
+            await balance_away(scheduler, meta, node_id)
         self.leadership = Leadership(fence, fenced, meta, nodes, scheduler, env, tasks, stream_store, streams,
                                      checker)
         logger.info("coordinator {} leads with fence {} ({} persisted triggers resumed)", self.server_id, fence,
@@ -273,50 +272,3 @@ class Coordinator:
             t.cancel()
         await lead.scheduler.stop()
         await lead.nodes.stop()
-
-    async def _node_down(self, scheduler: Scheduler, meta: QueryMeta, node_id: int) -> None:
-        if not meta.segments_on_node(node_id) and not meta.channels_on_node(node_id):
-            await scheduler.env.nodes.remove(node_id)
-            return
-        req = qc.LoadBalanceRequest(source_node_ids=[node_id], reason=qc.BALANCE_REASON_NODE_DOWN)
-        task = LoadBalanceTask.new(scheduler.env, req, trigger_condition=qc.TRIGGER_CONDITION_NODE_DOWN)
-        await scheduler.enqueue(task)
-        logger.info("node {} down: queued balance task {}", node_id, task.id)
-
-    async def _stream_nodes_loop(self, streams: StreamManager) -> None:
-        """Feed the stream manager the stream nodes with a live meta session (WATCH ends early on them)."""
-        assert self.kv is not None
-        live: set[int] = set()
-        while True:
-            try:
-                async for item in watch_sessions(self.kv, STREAMNODE_ROLE, reconnect_deadline=None):
-                    if isinstance(item, SessionSnapshot):
-                        live = set(item.sessions)
-                    elif isinstance(item, SessionEvent):
-                        if item.type is EventType.PUT:
-                            live.add(item.info.server_id)
-                        else:
-                            live.discard(item.info.server_id)
-                            streams.node_lost(item.info.server_id)  # lost-node handling at once (damped)
-                    streams.set_live_nodes(live)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                logger.exception("coordinator: watching stream node sessions failed; retrying")
-            await asyncio.sleep(1)
-
-    async def _stream_tick_loop(self, streams: StreamManager) -> None:
-        """The stream manager's periodic part, and a periodic re-read of the store (missed notifications)."""
-        loop = asyncio.get_running_loop()
-        last_refresh = loop.time()
-        while True:
-            await asyncio.sleep(self.config.stream_tick)
-            try:
-                streams.tick()
-                if loop.time() - last_refresh >= self.config.stream_refresh:
-                    last_refresh = loop.time()
-                    await streams.refresh()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                logger.exception("coordinator: stream tick failed")

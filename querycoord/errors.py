@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-from meta.errors import MetaError, NotLeader, RequestTooLarge
+from meta.errors import MetaError, MetaNoSpace, NotLeader, RequestTooLarge
 from proto import common_pb2
 
 TIMEOUT_REASON = "the request did not finish before its deadline; it may still complete"
@@ -81,6 +81,8 @@ def status_of(exc: BaseException, *, source: str = "") -> common_pb2.Status:
         return common_pb2.Status(error_code=common_pb2.REQUEST_TOO_LARGE, reason=str(exc))
     if isinstance(exc, NotLeader):
         return common_pb2.Status(error_code=common_pb2.NOT_LEADER, reason=str(exc))
+    if isinstance(exc, MetaNoSpace):
+        return common_pb2.Status(error_code=common_pb2.RESOURCE_EXHAUSTED, reason=str(exc))
     if isinstance(exc, MetaError):
         return common_pb2.Status(error_code=common_pb2.META_UNAVAILABLE,
                                  reason=f"{source}: {exc}" if source else str(exc))

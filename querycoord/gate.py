@@ -10,8 +10,9 @@ failure.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 from loguru import logger
@@ -87,4 +88,27 @@ class LeaderGate:
             lead.scheduler.leadership_lost(exc)
 
 
-__all__ = ["LeaderGate", "budget"]
+class Gated(Protocol):
+    """A servicer whose RPCs go through its ``gate``."""
+
+    gate: LeaderGate
+
+
+Rpc = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Any]]
+
+
+def answered(response_cls: type) -> Callable[[Rpc], Rpc]:
+    """An RPC of a ``Gated`` servicer, answered through ``LeaderGate.answer``: what its body returns, or
+    ``response_cls`` carrying the Status of what it raised."""
+
+    def wrap(method: Rpc) -> Rpc:
+        @functools.wraps(method)
+        async def rpc(servicer: Gated, request: Any, context: grpc.aio.ServicerContext) -> Any:
+            return await servicer.gate.answer(response_cls, lambda: method(servicer, request, context))
+
+        return rpc
+
+    return wrap
+
+
+__all__ = ["Gated", "LeaderGate", "answered", "budget"]

@@ -34,6 +34,17 @@ COLLECTION, PARTITION = data_pb2.LOAD_TYPE_COLLECTION, data_pb2.LOAD_TYPE_PARTIT
 RELEASE_KINDS = (qc.TASK_KIND_RELEASE_COLLECTION, qc.TASK_KIND_RELEASE_PARTITION)
 GRPC = qc.TRIGGER_CONDITION_GRPC_REQUEST
 R = TypeVar("R")
+CollectionRequest = (
+    qc.LoadCollectionRequest | qc.ReleaseCollectionRequest | qc.LoadPartitionsRequest | qc.ReleasePartitionsRequest
+)
+
+
+def partition_ids(call: str, request: qc.LoadPartitionsRequest | qc.ReleasePartitionsRequest) -> list[int]:
+    """The partitions a partitions call names; naming none is an illegal argument."""
+    pids = list(request.partition_ids)
+    if not pids:
+        raise IllegalArgument(f"{call} needs at least one partition id")
+    return pids
 
 
 class Until(Enum):
@@ -60,6 +71,11 @@ class Job(Generic[R]):
     async def _submit(self, task: TriggerTask, until: Until) -> int:
         await self.scheduler.enqueue(task)
         return await self._wait(task, until)
+
+    async def _submit_new(self, kind: type[TriggerTask], request: CollectionRequest, until: Until) -> int:
+        """Submit a new trigger of ``kind`` (a copy of ``request``) on the request's collection; its id."""
+        task = kind.new(self.env, request, trigger_condition=GRPC, collection_id=request.collection_id)
+        return await self._submit(task, until)
 
     async def _wait(self, task: TriggerTask, until: Until) -> int:
         """Wait for ``task`` as the first caller waits (also when joining it); its id."""
@@ -95,10 +111,7 @@ class LoadCollectionJob(Job[qc.LoadCollectionRequest]):
             return await self._wait(pending, Until.PLANNED)
         if load_type == COLLECTION and not self._releasing(cid):
             return 0  # loaded; whatever a node lost since, the checker loads again
-        req = qc.LoadCollectionRequest()
-        req.CopyFrom(self.request)
-        task = LoadCollectionTask.new(self.env, req, trigger_condition=GRPC, collection_id=cid)
-        return await self._submit(task, Until.PLANNED)
+        return await self._submit_new(LoadCollectionTask, self.request, Until.PLANNED)
 
 
 class ReleaseCollectionJob(Job[qc.ReleaseCollectionRequest]):
@@ -106,16 +119,13 @@ class ReleaseCollectionJob(Job[qc.ReleaseCollectionRequest]):
         cid = self.request.collection_id
         if not self.meta.has_collection(cid) and not self.scheduler.pending(cid):
             return 0  # releasing what is not loaded is success
-        req = qc.ReleaseCollectionRequest(collection_id=cid)
-        task = ReleaseCollectionTask.new(self.env, req, trigger_condition=GRPC, collection_id=cid)
-        return await self._submit(task, Until.FINISHED)
+        return await self._submit_new(ReleaseCollectionTask, qc.ReleaseCollectionRequest(collection_id=cid),
+                                      Until.FINISHED)
 
 
 class LoadPartitionsJob(Job[qc.LoadPartitionsRequest]):
     async def run(self) -> int:
-        cid, pids = self.request.collection_id, list(self.request.partition_ids)
-        if not pids:
-            raise IllegalArgument("LoadPartitions needs at least one partition id")
+        cid, pids = self.request.collection_id, partition_ids("LoadPartitions", self.request)
         await self.env.broker.describe_collection(cid)
         if self.meta.get_load_type(cid) == COLLECTION:
             raise Conflict(f"collection {cid} is loaded as a whole; release it before loading partitions")
@@ -133,17 +143,12 @@ class LoadPartitionsJob(Job[qc.LoadPartitionsRequest]):
         if loaded:
             raise Conflict(f"partitions {loaded} of collection {cid} are already loaded while "
                            f"{[p for p in pids if p not in loaded]} are not; load only the new ones")
-        req = qc.LoadPartitionsRequest()
-        req.CopyFrom(self.request)
-        task = LoadPartitionsTask.new(self.env, req, trigger_condition=GRPC, collection_id=cid)
-        return await self._submit(task, Until.PLANNED)
+        return await self._submit_new(LoadPartitionsTask, self.request, Until.PLANNED)
 
 
 class ReleasePartitionsJob(Job[qc.ReleasePartitionsRequest]):
     async def run(self) -> int:
-        cid, pids = self.request.collection_id, list(self.request.partition_ids)
-        if not pids:
-            raise IllegalArgument("ReleasePartitions needs at least one partition id")
+        cid, pids = self.request.collection_id, partition_ids("ReleasePartitions", self.request)
         if self.meta.get_load_type(cid) == COLLECTION:
             raise Conflict(f"collection {cid} is loaded as a whole; release the collection instead")
         if self._pending_load(cid, qc.TASK_KIND_LOAD_COLLECTION):
@@ -155,15 +160,12 @@ class ReleasePartitionsJob(Job[qc.ReleasePartitionsRequest]):
         to_release = [p for p in pids if p in loaded or p in loading]
         if not to_release:  # none of them is loaded or being loaded: nothing to do, nothing to cancel
             return 0
-        task: TriggerTask
         if loaded and loaded <= set(pids) and loading <= set(pids):  # every partition goes: the collection goes
-            task = ReleaseCollectionTask.new(
-                self.env, qc.ReleaseCollectionRequest(collection_id=cid), trigger_condition=GRPC, collection_id=cid)
-        else:
-            task = ReleasePartitionsTask.new(
-                self.env, qc.ReleasePartitionsRequest(collection_id=cid, partition_ids=to_release),
-                trigger_condition=GRPC, collection_id=cid)
-        return await self._submit(task, Until.FINISHED)
+            return await self._submit_new(ReleaseCollectionTask, qc.ReleaseCollectionRequest(collection_id=cid),
+                                          Until.FINISHED)
+        return await self._submit_new(ReleasePartitionsTask,
+                                      qc.ReleasePartitionsRequest(collection_id=cid, partition_ids=to_release),
+                                      Until.FINISHED)
 
 
 class LoadBalanceJob(Job[qc.LoadBalanceRequest]):

@@ -10,6 +10,8 @@ leader, every call but GetComponentStates, ShowCollections and ListTasks
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
 from loguru import logger
 
@@ -18,8 +20,9 @@ from proto import querycoord_pb2 as qc
 from querycoord.cluster.client import NodeError
 from querycoord.coordinator import Coordinator
 from querycoord.errors import NotFound
-from querycoord.gate import LeaderGate, budget
+from querycoord.gate import LeaderGate, Rpc, answered, budget
 from querycoord.jobs import (
+    Job,
     LoadBalanceJob,
     LoadCollectionJob,
     LoadPartitionsJob,
@@ -34,6 +37,17 @@ from querycoord.task.store import TaskStore
 OK = common_pb2.Status(error_code=common_pb2.SUCCESS)
 
 
+def _job_call(job: type[Job[Any]], response_cls: type) -> Rpc:
+    """A mutating call: its job (``querycoord.jobs``) runs on the leader; the answer carries the trigger's id."""
+
+    @answered(response_cls)
+    async def call(servicer: QueryCoordServicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        lead = await servicer.gate.lead(context)
+        return response_cls(status=OK, task_id=await job(lead.scheduler, request, budget(context)).run())
+
+    return call
+
+
 class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
     def __init__(self, coord: Coordinator):
         self.coord = coord
@@ -46,39 +60,27 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
         await meta.reload()
         return meta
 
-    # ----- collections ----------------------------------------------------------------------------------------
+    # ----- mutating calls ---------------------------------------------------------------------------------------
+    LoadCollection = _job_call(LoadCollectionJob, qc.LoadCollectionResponse)
+    ReleaseCollection = _job_call(ReleaseCollectionJob, qc.ReleaseCollectionResponse)
+    LoadPartitions = _job_call(LoadPartitionsJob, qc.LoadPartitionsResponse)
+    ReleasePartitions = _job_call(ReleasePartitionsJob, qc.ReleasePartitionsResponse)
+    LoadBalance = _job_call(LoadBalanceJob, qc.LoadBalanceResponse)
+
+    # ----- collections and partitions -------------------------------------------------------------------------
+    @answered(qc.ShowCollectionsResponse)
     async def ShowCollections(self, request, context):
-        async def run():
-            lead = self.gate.leadership()
-            meta = lead.meta if lead is not None else await self._standby_meta()
-            ids = list(request.collection_ids) or sorted(c.collection_id for c in meta.collections())
-            out = []
-            for cid in ids:
-                info = meta.get_collection(cid)
-                if info is None:
-                    raise NotFound(f"collection {cid} has not been loaded")
-                out.append(info)
-            return qc.ShowCollectionsResponse(status=OK, collections=out)
+        lead = self.gate.leadership()
+        meta = lead.meta if lead is not None else await self._standby_meta()
+        ids = list(request.collection_ids) or sorted(c.collection_id for c in meta.collections())
+        out = []
+        for cid in ids:
+            info = meta.get_collection(cid)
+            if info is None:
+                raise NotFound(f"collection {cid} has not been loaded")
+            out.append(info)
+        return qc.ShowCollectionsResponse(status=OK, collections=out)
 
-        return await self.gate.answer(qc.ShowCollectionsResponse, run)
-
-    async def LoadCollection(self, request, context):
-        async def run():
-            lead = await self.gate.lead(context)
-            tid = await LoadCollectionJob(lead.scheduler, request, budget(context)).run()
-            return qc.LoadCollectionResponse(status=OK, task_id=tid)
-
-        return await self.gate.answer(qc.LoadCollectionResponse, run)
-
-    async def ReleaseCollection(self, request, context):
-        async def run():
-            lead = await self.gate.lead(context)
-            tid = await ReleaseCollectionJob(lead.scheduler, request, budget(context)).run()
-            return qc.ReleaseCollectionResponse(status=OK, task_id=tid)
-
-        return await self.gate.answer(qc.ReleaseCollectionResponse, run)
-
-    # ----- partitions -----------------------------------------------------------------------------------------
     async def _partition_states(self, request, context) -> list[data_pb2.PartitionLoadInfo]:
         """The asked (or all) loaded partitions; NOT_FOUND naming those that are not loaded."""
         lead = await self.gate.lead(context)
@@ -93,63 +95,33 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
             raise NotFound(f"partitions {missing} of collection {cid} have not been loaded")
         return [loaded[p] for p in ids]
 
+    @answered(qc.ShowPartitionsResponse)
     async def ShowPartitions(self, request, context):
-        async def run():
-            return qc.ShowPartitionsResponse(status=OK, partitions=await self._partition_states(request, context))
+        return qc.ShowPartitionsResponse(status=OK, partitions=await self._partition_states(request, context))
 
-        return await self.gate.answer(qc.ShowPartitionsResponse, run)
-
+    @answered(qc.GetPartitionStatesResponse)
     async def GetPartitionStates(self, request, context):
-        async def run():
-            states = await self._partition_states(request, context)
-            return qc.GetPartitionStatesResponse(status=OK, partition_descriptions=states)
+        states = await self._partition_states(request, context)
+        return qc.GetPartitionStatesResponse(status=OK, partition_descriptions=states)
 
-        return await self.gate.answer(qc.GetPartitionStatesResponse, run)
-
-    async def LoadPartitions(self, request, context):
-        async def run():
-            lead = await self.gate.lead(context)
-            tid = await LoadPartitionsJob(lead.scheduler, request, budget(context)).run()
-            return qc.LoadPartitionsResponse(status=OK, task_id=tid)
-
-        return await self.gate.answer(qc.LoadPartitionsResponse, run)
-
-    async def ReleasePartitions(self, request, context):
-        async def run():
-            lead = await self.gate.lead(context)
-            tid = await ReleasePartitionsJob(lead.scheduler, request, budget(context)).run()
-            return qc.ReleasePartitionsResponse(status=OK, task_id=tid)
-
-        return await self.gate.answer(qc.ReleasePartitionsResponse, run)
-
-    # ----- segments and balance -------------------------------------------------------------------------------
+    # ----- segments -------------------------------------------------------------------------------------------
+    @answered(qc.GetSegmentInfoResponse)
     async def GetSegmentInfo(self, request, context):
-        async def run():
-            lead = await self.gate.lead(context)
-            wanted = set(request.segment_ids)
-            out: list[data_pb2.SegmentInfo] = []
-            for node in lead.nodes.online():
-                try:
-                    resp = await node.client.call("GetSegmentInfo", querynode_pb2.GetSegmentInfoRequest(
-                        segment_ids=list(wanted), collection_id=request.collection_id))
-                except NodeError as exc:
-                    logger.warning("GetSegmentInfo: {}", exc)
-                    continue
-                out += [s for s in resp.infos if not wanted or s.segment_id in wanted]
-            missing = wanted - {s.segment_id for s in out}
-            if missing:
-                raise NotFound(f"segments {sorted(missing)} are not loaded on any online node")
-            return qc.GetSegmentInfoResponse(status=OK, infos=out)
-
-        return await self.gate.answer(qc.GetSegmentInfoResponse, run)
-
-    async def LoadBalance(self, request, context):
-        async def run():
-            lead = await self.gate.lead(context)
-            tid = await LoadBalanceJob(lead.scheduler, request, budget(context)).run()
-            return qc.LoadBalanceResponse(status=OK, task_id=tid)
-
-        return await self.gate.answer(qc.LoadBalanceResponse, run)
+        lead = await self.gate.lead(context)
+        wanted = set(request.segment_ids)
+        out: list[data_pb2.SegmentInfo] = []
+        for node in lead.nodes.online():
+            try:
+                resp = await node.client.call("GetSegmentInfo", querynode_pb2.GetSegmentInfoRequest(
+                    segment_ids=list(wanted), collection_id=request.collection_id))
+            except NodeError as exc:
+                logger.warning("GetSegmentInfo: {}", exc)
+                continue
+            out += [s for s in resp.infos if not wanted or s.segment_id in wanted]
+        missing = wanted - {s.segment_id for s in out}
+        if missing:
+            raise NotFound(f"segments {sorted(missing)} are not loaded on any online node")
+        return qc.GetSegmentInfoResponse(status=OK, infos=out)
 
     # ----- health and tasks -----------------------------------------------------------------------------------
     async def GetComponentStates(self, request, context):
@@ -159,59 +131,53 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
             status=OK,
         )
 
+    @answered(qc.ListTasksResponse)
     async def ListTasks(self, request, context):
-        async def run():
-            lead = self.gate.leadership()
-            limit = min(request.limit or 100, 1000)
-            if lead is None:
-                assert self.coord.kv is not None
-                trees = trees_from_records(await TaskStore(self.coord.kv).load_all(), request.children_limit)
-            else:
-                sched = lead.scheduler
-                trees = [sched.tree(t, request.children_limit) for t in sched.pending()]
-                if request.include_finished:
-                    trees = sorted([*sched.finished, *trees], key=lambda tr: tr.trigger.task_id)
-            if not request.include_children:
-                # Copies: the scheduler keeps the finished trees for later calls.
-                trees = [qc.TaskTree(trigger=tr.trigger, child_counts=tr.child_counts) for tr in trees]
-            trees = [tr for tr in trees if tr.trigger.task_id > request.after_task_id
-                     and (not request.collection_id or tr.trigger.collection_id == request.collection_id)
-                     and (not request.states or tr.trigger.state in request.states)]
-            page = trees[:limit]
-            nxt = page[-1].trigger.task_id if len(trees) > limit else 0
-            return qc.ListTasksResponse(status=OK, trees=page, next_after_task_id=nxt)
+        lead = self.gate.leadership()
+        limit = min(request.limit or 100, 1000)
+        if lead is None:
+            assert self.coord.kv is not None
+            trees = trees_from_records(await TaskStore(self.coord.kv).load_all(), request.children_limit)
+        else:
+            sched = lead.scheduler
+            trees = [sched.tree(t, request.children_limit) for t in sched.pending()]
+            if request.include_finished:
+                trees = sorted([*sched.finished, *trees], key=lambda tr: tr.trigger.task_id)
+        if not request.include_children:
+            # Copies: the scheduler keeps the finished trees for later calls.
+            trees = [qc.TaskTree(trigger=tr.trigger, child_counts=tr.child_counts) for tr in trees]
+        trees = [tr for tr in trees if tr.trigger.task_id > request.after_task_id
+                 and (not request.collection_id or tr.trigger.collection_id == request.collection_id)
+                 and (not request.states or tr.trigger.state in request.states)]
+        page = trees[:limit]
+        nxt = page[-1].trigger.task_id if len(trees) > limit else 0
+        return qc.ListTasksResponse(status=OK, trees=page, next_after_task_id=nxt)
 
-        return await self.gate.answer(qc.ListTasksResponse, run)
-
+    @answered(qc.GetTaskResponse)
     async def GetTask(self, request, context):
-        async def run():
-            lead = await self.gate.lead(context)
-            t = lead.scheduler.find(request.task_id)
-            if t is not None:
-                return qc.GetTaskResponse(status=OK, tree=lead.scheduler.tree(t, request.children_limit))
-            for tree in lead.scheduler.finished:
-                if tree.trigger.task_id == request.task_id or any(c.task_id == request.task_id
-                                                                    for c in tree.children):
-                    return qc.GetTaskResponse(status=OK, tree=tree)
-            raise NotFound(f"task {request.task_id} is unknown (finished long ago?)")
+        lead = await self.gate.lead(context)
+        t = lead.scheduler.find(request.task_id)
+        if t is not None:
+            return qc.GetTaskResponse(status=OK, tree=lead.scheduler.tree(t, request.children_limit))
+        for tree in lead.scheduler.finished:
+            if tree.trigger.task_id == request.task_id or any(c.task_id == request.task_id
+                                                                for c in tree.children):
+                return qc.GetTaskResponse(status=OK, tree=tree)
+        raise NotFound(f"task {request.task_id} is unknown (finished long ago?)")
 
-        return await self.gate.answer(qc.GetTaskResponse, run)
-
+    @answered(qc.ShowNodesResponse)
     async def ShowNodes(self, request, context):
-        async def run():
-            lead = await self.gate.lead(context)
-            meta = lead.meta
-            out = [
-                qc.NodeInfo(
-                    node_id=n.node_id, address=n.address, state=n.state.value, memory_capacity=n.capacity,
-                    memory_used=meta.node_memory_usage(n.node_id), segment_count=len(meta.segments_on_node(n.node_id)),
-                    dm_channel_count=len(meta.channels_on_node(n.node_id)),
-                )
-                for n in sorted(lead.nodes.nodes.values(), key=lambda n: n.node_id)
-            ]
-            return qc.ShowNodesResponse(status=OK, nodes=out)
-
-        return await self.gate.answer(qc.ShowNodesResponse, run)
+        lead = await self.gate.lead(context)
+        meta = lead.meta
+        out = [
+            qc.NodeInfo(
+                node_id=n.node_id, address=n.address, state=n.state.value, memory_capacity=n.capacity,
+                memory_used=meta.node_memory_usage(n.node_id), segment_count=len(meta.segments_on_node(n.node_id)),
+                dm_channel_count=len(meta.channels_on_node(n.node_id)),
+            )
+            for n in sorted(lead.nodes.nodes.values(), key=lambda n: n.node_id)
+        ]
+        return qc.ShowNodesResponse(status=OK, nodes=out)
 
 
 def trees_from_records(records: list, children_limit: int = 0) -> list[qc.TaskTree]:

@@ -1,5 +1,7 @@
 """The leader's observers: catalog handoff and node changes, feeding the scheduler and the checker.
 
+``balance_away`` is what a node going down queues.
+
 Both run for the whole leadership and must never die on one error (a dead
 handoff loop silently stops loading new segments): a failure is logged,
 counted, and the loop starts again.
@@ -21,7 +23,7 @@ from querycoord.checker import Checker
 from querycoord.cluster.nodes import NodeManager
 from querycoord.querymeta import QueryMeta
 from querycoord.task.scheduler import Scheduler
-from querycoord.task.triggers import HandoffTask
+from querycoord.task.triggers import HandoffTask, LoadBalanceTask
 
 # The catalog revision up to which every sealed segment has been handed off (a leader gap resumes there).
 HANDOFF_REVISION_KEY = "queryCoord-handoffRevision"
@@ -100,3 +102,15 @@ async def kick_on_node_changes(nodes: NodeManager, checker: Checker) -> None:
         await nodes.changed.wait()
         nodes.changed.clear()
         checker.kick()
+
+
+async def balance_away(scheduler: Scheduler, meta: QueryMeta, node_id: int) -> None:
+    """A node is down: queue a NodeDown balance of what meta places on it, or forget it if meta places nothing
+    there."""
+    if not meta.segments_on_node(node_id) and not meta.channels_on_node(node_id):
+        await scheduler.env.nodes.remove(node_id)
+        return
+    req = qc.LoadBalanceRequest(source_node_ids=[node_id], reason=qc.BALANCE_REASON_NODE_DOWN)
+    task = LoadBalanceTask.new(scheduler.env, req, trigger_condition=qc.TRIGGER_CONDITION_NODE_DOWN)
+    await scheduler.enqueue(task)
+    logger.info("node {} down: queued balance task {}", node_id, task.id)

@@ -50,20 +50,18 @@ import pstats
 import random
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Iterable
-from pathlib import Path
 
-from loguru import logger
+from benchlib import arg_parser, log_to_stderr, require_positive, run_on_etcd
 
 from meta.client import connect
 from meta.config import EtcdConfig
-from meta.etcd_server import EtcdCluster
 from meta.kv import MetaKV
 from proto import stream_pb2
 from querycoord.config import StreamConfig
+from querycoord.messages import copy_fields
 from querycoord.stream.manager import ManagerState, StreamManager
 from querycoord.stream.plan import expected_counts
 from querycoord.stream.store import StreamStore
@@ -145,18 +143,8 @@ class SimNode:
             for t in msgs:
                 self.deploys += 1
                 tasks, key = self._task(t.stream_id, t.task_id)
-                tasks[key] = stream_pb2.TaskStatusReport(
-                    stream_id=t.stream_id,
-                    task_id=t.task_id,
-                    sid=t.sid,
-                    kind=t.kind,
-                    node_id=self.node_id,
-                    status=INIT,
-                    deploy_id=t.deploy_id,
-                    task_idx=t.task_idx,
-                    vgroup_id=t.vgroup_id,
-                    snode_id=t.snode_id,
-                )
+                # Its reports repeat the task's identity as deployed, as a stream node's do.
+                tasks[key] = copy_fields(t, stream_pb2.TaskStatusReport, node_id=self.node_id, status=INIT)
         for s in reply.starts:
             self.starts += 1
             tasks, key = self._task(s.stream_id, s.trigger.task_id)
@@ -381,8 +369,7 @@ def print_table(rows: list[tuple]) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--etcd-endpoints", help="external etcd (host:port,...); default: start an embedded member")
+    p = arg_parser(__doc__, verbose_help="log to stderr")
     p.add_argument("--nodes", type=int, default=200, help="simulated stream nodes (default 200)")
     p.add_argument("--streams", type=int, default=5000, help="streams of 4 tasks (default 5000)")
     p.add_argument("--snodes", type=int, default=0, help="snodes (default: one per 10 nodes, at least 1)")
@@ -391,12 +378,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--watch-timeout", type=float, default=10.0, help="WATCH timeout in s (default 10)")
     p.add_argument("--max-rounds", type=int, default=50, help="give up a phase after this many rounds")
     p.add_argument("--profile", action="store_true", help="cProfile phase 2, top functions to stderr")
-    p.add_argument("-v", "--verbose", action="store_true", help="log to stderr")
     args = p.parse_args(argv)
     args.snodes = args.snodes or max(1, args.nodes // 10)
-    for name in ("nodes", "streams", "snodes", "vgroups_per_node", "rounds", "max_rounds"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    require_positive(p, args, ("nodes", "streams", "snodes", "vgroups_per_node", "rounds", "max_rounds"))
     if args.snodes > args.nodes:
         p.error("--snodes must be <= --nodes (one snode per node)")
     if args.watch_timeout <= 0:
@@ -406,19 +390,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logger.remove()
-    logger.add(sys.stderr, level="INFO" if args.verbose else "WARNING")
-    if args.etcd_endpoints:
-        result, rows = asyncio.run(bench_main(EtcdConfig.from_endpoints(args.etcd_endpoints), args))
-    else:
-        with tempfile.TemporaryDirectory(prefix="bench-hb-") as tmp, EtcdCluster(Path(tmp), size=1) as cluster:
-            member = cluster.members[0]
-            print(
-                f"embedded etcd pid {member.pid} on {member.endpoint}, data dir {member.data_dir}",
-                file=sys.stderr,
-                flush=True,
-            )
-            result, rows = asyncio.run(bench_main(cluster.config(), args))
+    log_to_stderr(args.verbose)
+    result, rows = run_on_etcd(bench_main, args, "bench-hb-")
     print_table(rows)
     print(json.dumps(result), flush=True)
     return 0

@@ -61,20 +61,18 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from benchlib import arg_parser, log_to_stderr, require_positive, run_on_etcd
 from etcd3aio._protobuf import WatchCreateRequest, WatchRequest
 from etcd3aio.kv import KVService
 from loguru import logger
 
 from meta.client import EtcdClient, connect
 from meta.config import EtcdConfig
-from meta.etcd_server import EtcdCluster
 from meta.kv import MAX_TXN_BYTES, MAX_TXN_OPS, MetaKV
 from proto import querycoord_pb2 as qc
 from querycoord.client import QueryCoordClient
@@ -488,7 +486,7 @@ async def bench_main(config: EtcdConfig, args: argparse.Namespace) -> dict[str, 
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p = arg_parser(__doc__, verbose_help="log progress to stderr")
     p.add_argument("--segments", type=int, default=10_000, help="segments in the catalog (default 10000)")
     p.add_argument("--partitions", type=int, default=16, help="partitions (default 16)")
     p.add_argument("--channels", type=int, default=2, help="DM channels of the collection (default 2)")
@@ -499,13 +497,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--raw-rounds", type=int, default=5, help="runs of the raw write; median kept (default 5)")
     p.add_argument("--poll", type=float, default=0.01, help="GetTask poll interval in seconds (default 0.01)")
     p.add_argument("--timeout", type=float, default=1800.0, help="give up on the load after this many seconds")
-    p.add_argument("--etcd-endpoints", help="external etcd (host:port,...); default: start an embedded member")
     p.add_argument("--profile", metavar="FILE", help="cProfile the load into FILE; top functions to stderr")
-    p.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
     args = p.parse_args(argv)
-    for name in ("segments", "partitions", "channels", "nodes", "raw_rounds"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    require_positive(p, args, ("segments", "partitions", "channels", "nodes", "raw_rounds"))
     if args.ttl < 2:
         p.error("--ttl must be >= 2")
     if args.poll <= 0 or args.timeout <= 0:
@@ -515,29 +509,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logger.remove()
-    logger.add(sys.stderr, level="INFO" if args.verbose else "WARNING")
+    log_to_stderr(args.verbose)
     # The coordinator prints its leadership events on stdout: they go to stderr here, so that stdout holds
     # only the table and, last, the JSON line.
     args.out = sys.stdout
     try:
         with contextlib.redirect_stdout(sys.stderr):
-            result = run(args)
+            result = run_on_etcd(bench_main, args, "bench-load-")
     except BenchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(json.dumps(result), flush=True)
     return 0
-
-
-def run(args: argparse.Namespace) -> dict[str, object]:
-    if args.etcd_endpoints:
-        return asyncio.run(bench_main(EtcdConfig.from_endpoints(args.etcd_endpoints), args))
-    with tempfile.TemporaryDirectory(prefix="bench-load-") as tmp, EtcdCluster(Path(tmp), size=1) as cluster:
-        member = cluster.members[0]
-        print(f"embedded etcd pid {member.pid} on {member.endpoint}, data dir {member.data_dir}",
-              file=sys.stderr, flush=True)
-        return asyncio.run(bench_main(cluster.config(), args))
 
 
 if __name__ == "__main__":

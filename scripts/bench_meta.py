@@ -36,20 +36,18 @@ import gc
 import json
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from benchlib import arg_parser, log_to_stderr, require_positive, run_on_etcd
 from etcd3aio import Etcd3Client
 from etcd3aio.kv import KVService, prefix_range_end
 from loguru import logger
 
 from meta.client import EtcdClient, connect
 from meta.config import EtcdConfig
-from meta.etcd_server import EtcdCluster
 from meta.kv import DEFAULT_PAGE_SIZE, MAX_TXN_OPS, MetaKV
 
 RateFn = Callable[[float], Awaitable[float]]
@@ -324,8 +322,7 @@ async def bench_main(config: EtcdConfig, args: argparse.Namespace) -> dict[str, 
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--etcd-endpoints", help="external etcd (host:port,...); default: start an embedded member")
+    p = arg_parser(__doc__, verbose_help="log every round to stderr")
     p.add_argument("--keys", type=int, default=100_000, help="keys for the paged load (default 100000)")
     p.add_argument("--seconds", type=float, default=1.5, help="duration of each timed put run (default 1.5)")
     p.add_argument("--rounds", type=int, default=7, help="timed runs per path and measure; median kept (default 7)")
@@ -334,11 +331,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--value-size", type=int, default=200, help="bytes per put value (default 200)")
     p.add_argument("--load-value-size", type=int, default=1024, help="bytes per loaded value (default 1024)")
     p.add_argument("--page-size", type=int, default=DEFAULT_PAGE_SIZE, help="keys per load page (both paths)")
-    p.add_argument("-v", "--verbose", action="store_true", help="log every round to stderr")
     args = p.parse_args(argv)
-    for name in ("keys", "rounds", "concurrency", "value_size", "load_value_size", "page_size"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    require_positive(p, args, ("keys", "rounds", "concurrency", "value_size", "load_value_size", "page_size"))
     if args.seconds <= 0:
         p.error("--seconds must be > 0")
     if not 1 <= args.txn_ops <= MAX_TXN_OPS:
@@ -348,20 +342,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logger.remove()
-    logger.add(sys.stderr, level="INFO" if args.verbose else "WARNING")
-    if args.etcd_endpoints:
-        result = asyncio.run(bench_main(EtcdConfig.from_endpoints(args.etcd_endpoints), args))
-    else:
-        with tempfile.TemporaryDirectory(prefix="bench-meta-") as tmp, EtcdCluster(Path(tmp), size=1) as cluster:
-            member = cluster.members[0]
-            print(
-                f"embedded etcd pid {member.pid} on {member.endpoint}, data dir {member.data_dir}",
-                file=sys.stderr,
-                flush=True,
-            )
-            result = asyncio.run(bench_main(cluster.config(), args))
-    print(json.dumps(result), flush=True)
+    log_to_stderr(args.verbose)
+    print(json.dumps(run_on_etcd(bench_main, args, "bench-meta-")), flush=True)
     return 0
 
 

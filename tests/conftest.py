@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from loguru import logger
 
 from meta.client import EtcdClient, connect
 from meta.etcd_server import EtcdCluster
@@ -67,3 +68,13 @@ def subprocess_env(project_root: Path) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONPATH"] = str(project_root) + os.pathsep + env.get("PYTHONPATH", "")
     return env
+
+
+@pytest.fixture
+def caplog(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
+    """pytest's ``caplog`` that also holds what loguru logs (the project logs through loguru), at or above the
+    level ``caplog.set_level`` gave its handler."""
+    sink = logger.add(caplog.handler, format="{message}", level=0,
+                      filter=lambda record: record["level"].no >= caplog.handler.level)
+    yield caplog
+    logger.remove(sink)

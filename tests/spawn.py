@@ -1,9 +1,10 @@
 """One way for the tests to start each kind of process: a ``meta.child.ChildProcess`` whose ready event has arrived.
 
-Coordinators run as ``querycoord coord`` with its flags (``coord_argv``), nodes as ``python -m
-querycoord.nodes.querynode`` / ``streamnode``. Everything is awaited on the test's event loop (never a blocking
-read: the in-process coordinators and nodes of a test would stop sending keepalives while a child imports, and
-their 2 s sessions lapse on a loaded machine), and each child dies with the test (``pdeathsig``).
+Processes start as the cluster harness starts them (``querycoord.tooling.harness``): coordinators as ``querycoord
+coord`` with its flags (``coord_argv``), nodes as ``querycoord querynode`` / ``streamnode`` (``node_argv``).
+Everything is awaited on the test's event loop (never a blocking read: the in-process coordinators and nodes of a
+test would stop sending keepalives while a child imports, and their 2 s sessions lapse on a loaded machine), and
+each child dies with the test (``pdeathsig``).
 
 Each child writes its stderr to ``<log_dir>/<name>.log``, whose tail a failed start quotes; with no ``log_dir``
 its stderr is ours (pytest captures it).
@@ -17,7 +18,7 @@ from typing import Any
 
 from meta.child import ChildProcess, child_env
 from meta.etcd_server import EtcdCluster
-from querycoord.tooling.coordinators import coord_argv
+from querycoord.tooling.harness import QUERY_NODE, STREAM_NODE, coord_argv, node_argv
 
 # Small merged requests, two children at a time and short back-offs: a load of a few hundred segments is still
 # running when a test kills or pauses its coordinator; no auto balance moves anything behind the test's back.
@@ -66,16 +67,16 @@ async def spawn_coordinator(etcd: EtcdCluster, root: str, log_dir: Path | None, 
 
 async def spawn_query_node(etcd: EtcdCluster, root: str, log_dir: Path | None, *flags: str, name: str = "querynode",
                            env: Mapping[str, str] | None = None, timeout: float = 60.0) -> Spawned:
-    """``python -m querycoord.nodes.querynode`` with ``flags``."""
-    argv = ["-m", "querycoord.nodes.querynode", "--etcd-endpoints", ",".join(etcd.endpoints), "--root", root, *flags]
+    """``querycoord querynode`` with ``flags``."""
+    argv = node_argv(QUERY_NODE, etcd.endpoints, root, *flags)
     return await spawn_ready(name, argv, log_dir, env=env, timeout=timeout)
 
 
 async def spawn_stream_node(etcd: EtcdCluster, root: str, log_dir: Path | None, *flags: str,
                             name: str = "streamnode", env: Mapping[str, str] | None = None,
                             timeout: float = 60.0) -> Spawned:
-    """``python -m querycoord.nodes.streamnode`` with ``flags`` and its stdin control channel (``command``)."""
-    argv = ["-m", "querycoord.nodes.streamnode", "--etcd-endpoints", ",".join(etcd.endpoints), "--root", root, *flags]
+    """``querycoord streamnode`` with ``flags`` and its stdin control channel (``command``)."""
+    argv = node_argv(STREAM_NODE, etcd.endpoints, root, *flags)
     return await spawn_ready(name, argv, log_dir, env=env, stdin=True, timeout=timeout)
 
 

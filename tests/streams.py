@@ -15,6 +15,7 @@ from typing import Any
 from meta.kv import MetaKV
 from proto import stream_pb2
 from querycoord.config import StreamConfig
+from querycoord.messages import copy_fields
 from querycoord.stream.manager import ManagerState, StreamManager
 from querycoord.stream.store import StreamStore
 from tests.leader import leader_fence
@@ -131,8 +132,7 @@ class Node:
                 assert t.node_id == self.node_id
                 self.deploys.append(t)
                 # Its reports repeat the task's whole identity as deployed: every field of its TaskId.
-                identity = {f.name: getattr(t, f.name) for f in t.DESCRIPTOR.fields}
-                self.tasks[(t.stream_id, t.task_id)] = stream_pb2.TaskStatusReport(**identity, status=INIT)
+                self.tasks[(t.stream_id, t.task_id)] = copy_fields(t, stream_pb2.TaskStatusReport, status=INIT)
             if d.HasField("trigger"):
                 self._set_tops(d.stream_id, d.trigger.task, d.trigger.top_runners)
         for s in reply.starts:

@@ -99,6 +99,12 @@ class Up:
             self.proc.kill()
         self.proc.wait()
 
+    def __enter__(self) -> Up:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()  # whatever the test did, no `up` outlives it
+
 
 def cli(env: dict[str, str], address: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "querycoord.cli", "--address", address, "--timeout", "10", *args],
@@ -134,8 +140,7 @@ def node_rows(out: str) -> dict[int, list[str]]:
 
 
 def test_up_serves_every_client_command_and_sigint_stops_everything(subprocess_env, tmp_path) -> None:
-    up = Up(subprocess_env, tmp_path / "up", "--nodes", "2")
-    try:
+    with Up(subprocess_env, tmp_path / "up", "--nodes", "2") as up:
         addr = up.wait_ready()
         head = "".join(up.out)
         assert re.search(r"etcd endpoints\s+127\.0\.0\.1:\d+", head), head
@@ -197,33 +202,25 @@ def test_up_serves_every_client_command_and_sigint_stops_everything(subprocess_e
         assert "stopped: every process of the cluster is gone" in up.rest()
         assert not up.children(), "a coordinator or query node outlived `up`"
         assert not up.etcd(), "etcd outlived `up`"
-    finally:
-        up.kill()
 
 
 def test_up_sigkilled_takes_its_children_along(subprocess_env, tmp_path) -> None:
     """The children die with `up` even when it gets no chance to stop them (parent-death signal)."""
-    up = Up(subprocess_env, tmp_path / "up", "--nodes", "1")
-    try:
+    with Up(subprocess_env, tmp_path / "up", "--nodes", "1") as up:
         up.wait_ready()
         assert len(up.children()) == 2 and up.etcd()
         up.proc.send_signal(signal.SIGKILL)
         up.proc.wait()
         assert not wait_gone(up.children), "a child outlived a SIGKILLed `up`"
         assert not wait_gone(up.etcd), "etcd outlived a SIGKILLed `up`"
-    finally:
-        up.kill()
 
 
 def test_sigterm_stops_up_too(subprocess_env, tmp_path) -> None:
-    up = Up(subprocess_env, tmp_path / "up", "--nodes", "1")
-    try:
+    with Up(subprocess_env, tmp_path / "up", "--nodes", "1") as up:
         up.wait_ready()
         up.proc.send_signal(signal.SIGTERM)
         assert up.proc.wait(timeout=40) == 0
         assert not up.children() and not up.etcd()
-    finally:
-        up.kill()
 
 
 def test_up_refuses_a_busy_coordinator_port_and_starts_nothing(subprocess_env, tmp_path) -> None:
@@ -243,17 +240,13 @@ def test_up_refuses_a_busy_coordinator_port_and_starts_nothing(subprocess_env, t
 def test_up_with_a_data_dir_keeps_the_cluster_across_restarts(subprocess_env, tmp_path) -> None:
     """Stopped and started again on the same data dir: the load is still there, moved to the new nodes."""
     data = tmp_path / "kept"
-    up = Up(subprocess_env, data, "--nodes", "1")
-    try:
+    with Up(subprocess_env, data, "--nodes", "1") as up:
         addr = up.wait_ready()
         ok(cli(subprocess_env, addr, "collection", "create", "kept", "--partitions", "2", "--segments", "50"))
         ok(cli(subprocess_env, addr, "collection", "load", "kept"))
         up.proc.send_signal(signal.SIGINT)
         assert up.proc.wait(timeout=40) == 0
-    finally:
-        up.kill()
-    again = Up(subprocess_env, data, "--nodes", "1", root=up.root)
-    try:
+    with Up(subprocess_env, data, "--nodes", "1", root=up.root) as again:
         addr = again.wait_ready()
         out = ok(cli(subprocess_env, addr, "collection", "show", "kept"))
         assert re.search(r"kept\s+2\s+50\s+collection\s+100%", out), out
@@ -268,8 +261,6 @@ def test_up_with_a_data_dir_keeps_the_cluster_across_restarts(subprocess_env, tm
         assert re.search(r"LoadBalance\s+EXPIRED .*balance \(node_down\)", out), out
         again.proc.send_signal(signal.SIGINT)
         assert again.proc.wait(timeout=40) == 0
-    finally:
-        again.kill()
 
 
 def test_unreachable_coordinator_is_a_clear_error(subprocess_env) -> None:

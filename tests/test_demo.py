@@ -1,4 +1,4 @@
-"""``make demo`` (``python -m querycoord.demo``) end to end, at a smaller size, as a real process."""
+"""``make demo`` (``querycoord demo``) end to end, at a smaller size, as a real process."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def test_cluster_demo_survives_a_node_and_a_leader_kill_and_leaves_no_process(su
     # Small collections, small requests and one child at a time per load: the load still takes a couple of
     # seconds, so there is a "mid-load" to kill a node in (demo_a) and the leading coordinator in (demo_b).
     proc = subprocess.Popen(
-        [sys.executable, "-m", "querycoord.demo", "--partitions", "4", "--segments", "240",
+        [sys.executable, "-m", "querycoord.cli", "demo", "--partitions", "4", "--segments", "240",
          "--request-bytes", "1500", "--concurrency", "2", "--latency-ms", "200", "--kill-leader-at", "25",
          "--streams", "6"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=subprocess_env,
@@ -145,9 +145,9 @@ def _check_streams(part: str) -> None:
 
 
 def test_election_demo_still_runs(subprocess_env) -> None:
-    out = subprocess.run([sys.executable, "-m", "querycoord.demo", "--election"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "querycoord.cli", "demo", "--election"], capture_output=True, text=True,
                          env=subprocess_env, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "refused by etcd" in out.stdout
     assert re.search(r"takeover after SIGKILL: \d+\.\d+s", out.stdout)
-    assert not procs.pids_matching("meta.campaign"), "a candidate process outlived the demo"
+    assert not procs.pids_matching("querycoord.tooling.campaign"), "a candidate process outlived the demo"

@@ -16,10 +16,10 @@ import pytest
 from meta.etcd_server import EtcdCluster
 from proto import common_pb2
 from proto import querycoord_pb2 as qc
-from querycoord.drill.invariants import CatalogColl, Expected, MetaColl, MetaView, NodeView, check
-from querycoord.drill.schedule import KillLeader, Op, Pause, ScheduleOptions, make_schedule
-from querycoord.drill.stale import Change, Window, count_refusals, is_coordination_key
-from tests.cluster import QueryCluster
+from querycoord.tooling.drill.invariants import CatalogColl, Expected, MetaColl, MetaView, NodeView, check
+from querycoord.tooling.drill.schedule import KillLeader, Op, Pause, ScheduleOptions, make_schedule
+from querycoord.tooling.drill.stale import Change, Window, count_refusals, is_coordination_key
+from tests.cluster import QueryCluster, running_cluster
 
 OPTS = ScheduleOptions(collections=20, partitions=2, nodes=4, kills=10, node_kills=2, etcd_kills=3, etcd_members=3)
 
@@ -121,7 +121,7 @@ def test_failover_drill_small(project_root: Path, subprocess_env: dict[str, str]
     """2 leader kills and a SIGSTOP round against real processes: every count 0, exit 0."""
     started = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "querycoord.drill", "failover", "--coordinators", "2", "--nodes", "3",
+        [sys.executable, "-m", "querycoord.cli", "drill", "failover", "--coordinators", "2", "--nodes", "3",
          "--collections", "4", "--kills", "2", "--seed", "1", "-v"],
         cwd=project_root, env=subprocess_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -190,10 +190,8 @@ async def test_a_fence_lost_during_a_request_is_answered_not_leader_and_ends_lea
     from meta.election import current_leader, election_prefix
     from proto import querycoord_pb2_grpc
 
-    async with QueryCluster(etcd, root_path) as c:
-        coord = await c.start_coordinator()
-        await c.wait_leader()
-        await c.add_node()
+    async with running_cluster(etcd, root_path, [None]) as c:
+        coord = await c.wait_leader()
         cid = await c.create_collection("x", partitions=1, segments=4)
         assert c.kv is not None
         leader = await current_leader(c.kv, election_prefix("querycoord"))

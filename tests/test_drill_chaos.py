@@ -15,10 +15,18 @@ from pathlib import Path
 
 import pytest
 
-from querycoord.drill.chaos import ChaosCall, idempotence_violations
-from querycoord.drill.chaos_ops import INF, RELEASED, Attempt, PlanOptions, admissible_states, effect_of, make_plan
-from querycoord.drill.invariants import CatalogColl, Expected, MetaColl, MetaView, NodeView, check
-from querycoord.drill.proxy import TcpProxy
+from querycoord.tooling.drill.chaos import ChaosCall, idempotence_violations
+from querycoord.tooling.drill.chaos_ops import (
+    INF,
+    RELEASED,
+    Attempt,
+    PlanOptions,
+    admissible_states,
+    effect_of,
+    make_plan,
+)
+from querycoord.tooling.drill.invariants import CatalogColl, Expected, MetaColl, MetaView, NodeView, check
+from querycoord.tooling.drill.proxy import TcpProxy
 
 
 async def _echo_server() -> tuple[asyncio.Server, str]:
@@ -45,6 +53,14 @@ async def _roundtrip(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
     return await asyncio.wait_for(reader.readexactly(len(data)), timeout)
 
 
+async def _send_held(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, data: bytes) -> None:
+    """Send ``data`` through a proxy that holds it (a stall, a blackhole): no echo comes back meanwhile."""
+    writer.write(data)
+    await writer.drain()
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(reader.readexactly(len(data)), 0.3)
+
+
 async def test_proxy_forwards_cuts_stalls_and_heals() -> None:
     server, target = await _echo_server()
     async with server, TcpProxy(target, name="echo") as proxy:
@@ -53,15 +69,9 @@ async def test_proxy_forwards_cuts_stalls_and_heals() -> None:
 
         # stall: nothing moves, nothing closes; heal delivers what was held, in order.
         proxy.stall()
-        w.write(b"held")
-        await w.drain()
-        with pytest.raises(TimeoutError):
-            await asyncio.wait_for(r.readexactly(4), 0.3)
+        await _send_held(r, w, b"held")
         r2, w2 = await _connect(proxy)  # a new connection during a stall is accepted and held
-        w2.write(b"new")
-        await w2.drain()
-        with pytest.raises(TimeoutError):
-            await asyncio.wait_for(r2.readexactly(3), 0.3)
+        await _send_held(r2, w2, b"new")
         proxy.heal()
         assert await asyncio.wait_for(r.readexactly(4), 2) == b"held"
         assert await asyncio.wait_for(r2.readexactly(3), 2) == b"new"
@@ -79,10 +89,7 @@ async def test_proxy_forwards_cuts_stalls_and_heals() -> None:
         # cut with blackhole: new connections are accepted and held silently, forwarded once healed.
         proxy.cut(blackhole=True)
         r4, w4 = await _connect(proxy)
-        w4.write(b"quiet")
-        await w4.drain()
-        with pytest.raises(TimeoutError):
-            await asyncio.wait_for(r4.readexactly(5), 0.3)
+        await _send_held(r4, w4, b"quiet")
         proxy.heal()
         assert await asyncio.wait_for(r4.readexactly(5), 2) == b"quiet"
 
@@ -203,7 +210,7 @@ def test_short_chaos_run_answers_everything_and_keeps_every_invariant(subprocess
     the leader SIGSTOPped past its TTL; every count 0."""
     started = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "querycoord.drill", "chaos", "--ops", "40", "--seed", "1", "-v",
+        [sys.executable, "-m", "querycoord.cli", "drill", "chaos", "--ops", "40", "--seed", "1", "-v",
          "--time-budget", str(CHAOS_BUDGET_S - 60), "--work-dir", str(tmp_path / "chaos")],
         env=subprocess_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -9,11 +9,12 @@ import sys
 import time
 from pathlib import Path
 
-from querycoord.drill.streams import Fault, Observation, StreamDrillOptions, StreamDrillResult
+from querycoord.tooling.drill.streams import Fault, Observation, StreamDrillOptions, StreamDrillResult
 
 
 def test_small_stream_drill_passes(subprocess_env: dict[str, str], tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "querycoord.drill", "streams", "--nodes", "3", "--snodes", "2", "--streams", "8",
+    cmd = [sys.executable, "-m", "querycoord.cli", "drill", "streams", "--nodes", "3",
+           "--snodes", "2", "--streams", "8",
            "--leader-kills", "2", "--task-fails", "2", "--user-stops", "1", "--seed", "3", "--quiesce-timeout", "30",
            "--work-dir", str(tmp_path / "drill")]
     started = time.monotonic()

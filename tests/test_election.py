@@ -9,7 +9,6 @@ import uuid
 
 import pytest
 
-from meta.campaign import EXIT_NOT_LEADER, spawn_candidate
 from meta.child import ChildProcess
 from meta.election import Election, current_leader, election_prefix
 from meta.errors import NotLeader
@@ -17,6 +16,7 @@ from meta.etcd_server import EtcdCluster
 from meta.kv import MetaKV
 from meta.session import Session
 from meta.watch import EventType, WatchBatch, watch_prefix
+from querycoord.tooling.campaign import EXIT_NOT_LEADER, spawn_candidate
 
 
 async def start_candidates(kv: MetaKV, n: int, ttl: float = 2) -> list[tuple[Session, Election]]:

@@ -19,7 +19,7 @@ catalog in the same etcd. Its rules interleave, at random:
 
 After every step, once the leader is quiescent (no trigger queued or running;
 a bounded wait, so a stuck engine fails the test instead of hanging it), the
-invariants hold (``querycoord.drill.invariants.check`` plus the checks below):
+invariants hold (``querycoord.tooling.drill.invariants.check`` plus the checks below):
 every call got, within its deadline, an answer the model explains (success
 or a clear error code: never UNEXPECTED_ERROR, never NOT_LEADER, which the
 client helper follows); query meta reloaded from etcd equals the leader's
@@ -77,7 +77,10 @@ from proto import common_pb2, data_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.catalog.store import CatalogError, CatalogStore
 from querycoord.client import CoordinatorUnavailable
-from querycoord.drill.invariants import (
+from querycoord.nodes.querynode import FaultConfig, QueryNode
+from querycoord.process import CoordinatorProcess
+from querycoord.querymeta import QueryMeta
+from querycoord.tooling.drill.invariants import (
     UNCLEAR_CODES,
     CatalogColl,
     Expected,
@@ -86,9 +89,6 @@ from querycoord.drill.invariants import (
     NodeView,
     check,
 )
-from querycoord.nodes.querynode import FaultConfig, QueryNode
-from querycoord.process import CoordinatorProcess
-from querycoord.querymeta import QueryMeta
 from tests.cluster import QueryCluster, fast_scheduler
 
 T = TypeVar("T")

@@ -31,6 +31,7 @@ from proto import (
     stream_pb2,  # noqa: F401  (registers proto/stream.proto, whatever else this run imported)
     task_pb2,
 )
+from querycoord.protocol import MUTATING_METHODS
 
 PROTO_FILES = ["common", "data", "querycoord", "querynode", "catalog", "task", "stream"]
 
@@ -58,18 +59,8 @@ SERVICES = {
     "QueryNode": (
         querynode_pb2,
         querynode_pb2_grpc,
-        {
-            "LoadSegments",
-            "ReleaseSegments",
-            "WatchDmChannels",
-            "WatchDeltaChannels",
-            "AddQueryChannel",
-            "ReleaseCollection",
-            "ReleasePartitions",
-            "GetSegmentInfo",
-            "GetDataDistribution",
-            "GetComponentStates",
-        },
+        # The calls that change what a node holds (stated once, in querycoord.protocol), and three reads.
+        MUTATING_METHODS | {"GetSegmentInfo", "GetDataDistribution", "GetComponentStates"},
     ),
     "Catalog": (
         catalog_pb2,

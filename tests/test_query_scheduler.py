@@ -14,7 +14,7 @@ from proto import querycoord_pb2 as qc
 from querycoord.task.assign import merge_by_size
 from querycoord.task.model import DONE, UNDO
 from querycoord.task.store import TaskStore, save_unit
-from tests.cluster import MiB, QueryCluster
+from tests.cluster import MiB, QueryCluster, running_cluster
 
 
 def test_requests_are_split_at_200kb_on_the_wire() -> None:
@@ -85,10 +85,8 @@ async def test_node_down_waits_for_capacity_until_a_new_node_appears(
 async def test_a_standby_answers_reads_from_etcd_and_sends_the_rest_to_the_leader(
     etcd: EtcdCluster, root_path: str
 ) -> None:
-    async with QueryCluster(etcd, root_path) as c:
-        leader = await c.start_coordinator()
-        await c.wait_leader()
-        await c.add_node()
+    async with running_cluster(etcd, root_path, [None]) as c:
+        leader = await c.wait_leader()
         cid = await c.create_collection("seen", partitions=1, segments=4)
         await c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid))
         await c.wait_loaded(cid)

@@ -21,10 +21,10 @@ from etcd3aio._protobuf import RangeRequest
 from meta.client import EtcdClient, connect
 from meta.config import EtcdConfig
 from meta.errors import MetaAuthError, MetaUnavailable
-from meta.etcd_auth import enable_auth
 from meta.etcd_server import EtcdCluster, TlsFiles
 from meta.kv import MetaKV
 from tests.certs import CertFiles, make_certs
+from tests.etcd_auth import enable_auth
 
 USER = "root"
 PASSWORD = "s3cret-for-tests"

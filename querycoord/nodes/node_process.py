@@ -28,6 +28,7 @@ from meta.config import EtcdConfig
 from meta.errors import MetaError
 from meta.kv import MetaKV
 from meta.session import Session
+from querycoord.etcd_options import add_etcd_options, etcd_config_from_args
 
 # The exit status of a SIGKILL-ed process: a crashed node must look like a killed one.
 CRASH_EXIT_CODE = 137
@@ -133,10 +134,11 @@ async def run_node(
 
 
 def meta_of(args: argparse.Namespace) -> EtcdConfig:
-    """The etcd of ``--etcd-endpoints``; a ``ValueError`` names a bad option (``--ttl`` below 2 s too)."""
+    """The etcd the options name (endpoints, TLS, user); a ``ValueError`` names a bad option (``--ttl`` below 2 s
+    too)."""
     if args.ttl < 2:
         raise ValueError(f"--ttl must be at least 2 seconds, got {args.ttl}")
-    return EtcdConfig.from_endpoints(args.etcd_endpoints)
+    return etcd_config_from_args(args)
 
 
 @dataclass(frozen=True)
@@ -154,8 +156,11 @@ class NodeCommand:
     handler: Callable[[argparse.Namespace], int]
 
     def _options(self, p: argparse.ArgumentParser) -> None:
-        p.add_argument("--etcd-endpoints", required=True, help="comma-separated host:port list of etcd members")
+        add_etcd_options(p)
         p.add_argument("--root", required=True, help="meta root path in etcd shared with the coordinator")
+        p.add_argument("--http-listen", default="", metavar="HOST:PORT",
+                       help="serve /metrics (Prometheus), /healthz and /readyz over HTTP here (port 0: any free "
+                            "port; default: none)")
         self.add_options(p)
 
     def add_parser(self, subparsers: Any) -> argparse.ArgumentParser:

@@ -370,7 +370,7 @@ def cmd_querynode(args: argparse.Namespace) -> int:
     )
 
 
-# ``querycoord querynode`` (cli.py adds the parser) and ``python -m querycoord.nodes.querynode``.
+# ``querycoord querynode`` (cli/servers.py adds the parser) and ``python -m querycoord.nodes.querynode``.
 COMMAND = NodeCommand("querynode", "run a reference query node (with optional fault injection)",
                       _add_options, cmd_querynode)
 add_querynode_parser = COMMAND.add_parser

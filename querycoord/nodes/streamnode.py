@@ -314,7 +314,7 @@ def cmd_streamnode(args: argparse.Namespace) -> int:
     return asyncio.run(run_forever(etcd, args.root, **options))
 
 
-# ``querycoord streamnode`` (cli.py adds the parser) and ``python -m querycoord.nodes.streamnode``.
+# ``querycoord streamnode`` (cli/servers.py adds the parser) and ``python -m querycoord.nodes.streamnode``.
 COMMAND = NodeCommand("streamnode", "run a reference stream node (heartbeats to StreamMgmt)",
                       _add_options, cmd_streamnode)
 add_streamnode_parser = COMMAND.add_parser

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proto import common_pb2, stream_pb2
+from querycoord.messages import copy_fields
 
 TaskKey = tuple[int, int]  # (stream_id, task_id)
 
@@ -176,13 +177,8 @@ class StreamNodeState:
     def _report(self, task: Task) -> stream_pb2.TaskStatusReport:
         """One task's report: its whole identity as deployed (so a new leader adopts it unchanged) and, for a
         trigger, the top runners it feeds (so the leader sees whether its RunnerUpdate took effect)."""
-        i = task.info
-        rep = stream_pb2.TaskStatusReport(
-            stream_id=i.stream_id, task_id=i.task_id, sid=i.sid, kind=i.kind, node_id=self.node_id,
-            status=task.status, error_code=task.error_code, error_message=task.error_message,
-            deploy_id=i.deploy_id, task_idx=i.task_idx, vgroup_id=i.vgroup_id, snode_id=i.snode_id,
-            scan_plan_idx=i.scan_plan_idx, top=i.top,
-        )
+        rep = copy_fields(task.info, stream_pb2.TaskStatusReport, node_id=self.node_id, status=task.status,
+                          error_code=task.error_code, error_message=task.error_message)
         if task.is_trigger:
             rep.top_runners.extend(stream_pb2.TaskId(stream_id=t.stream_id, task_id=t.task_id, sid=t.sid)
                                    for t in task.top_runners)

@@ -63,6 +63,10 @@ from .batch import Mutation, TxnWriter
 from .errors import CollectionNotLoaded, CorruptRecord, LoadTypeConflict, PartitionNotLoaded
 from .index import MetaIndex
 from .records import (
+    CollectionLoadInfo,
+    DmChannelWatchInfo,
+    SegmentInfo,
+    VChannelInfo,
     add_partitions,
     collection_percentage,
     copy_message,
@@ -72,12 +76,7 @@ from .records import (
     warn_orphans,
 )
 
-CollectionLoadInfo = data_pb2.CollectionLoadInfo
 PartitionLoadInfo = data_pb2.PartitionLoadInfo
-SegmentInfo = data_pb2.SegmentInfo
-DmChannelWatchInfo = data_pb2.DmChannelWatchInfo
-VChannelInfo = data_pb2.VChannelInfo
-LoadType = data_pb2.LoadType
 PartitionState = data_pb2.PartitionState
 IN_MEMORY = data_pb2.PARTITION_STATE_IN_MEMORY
 
@@ -256,37 +255,46 @@ class QueryMeta:
         _check_id("collection", collection_id)
         if load_type not in _LOAD_TYPES:
             raise ValueError(f"load type must be LOAD_TYPE_PARTITION or LOAD_TYPE_COLLECTION, got {load_type!r}")
-        pids = _unique_ids("partition", partition_ids)
 
-        async def body() -> CollectionLoadInfo:
-            current = self._index.collections.get(collection_id)
+        def start(current: CollectionLoadInfo | None) -> CollectionLoadInfo:
             if current is None:
-                info = CollectionLoadInfo(
-                    collection_id=collection_id, load_type=load_type, replica_number=replica_number
-                )
-            elif current.load_type != load_type:
+                return CollectionLoadInfo(collection_id=collection_id, load_type=load_type,
+                                          replica_number=replica_number)
+            if current.load_type != load_type:
                 raise LoadTypeConflict(collection_id, current.load_type, load_type)
-            else:
-                info = copy_message(current)
-            add_partitions(info, pids)
-            if info != current:
-                await self._commit("add_collection", [self._put_collection(info)], atomic=True)
-            return copy_message(info)
+            return copy_message(current)
 
-        return await self._exclusive(lambda: [collection_id], body)
+        return await self._add_partitions("add_collection", collection_id, partition_ids, start)
 
     async def add_partitions(self, collection_id: int, partition_ids: Iterable[int]) -> CollectionLoadInfo:
         """Load more partitions of a loaded collection (any load type); ``CollectionNotLoaded`` otherwise."""
+
+        def start(current: CollectionLoadInfo | None) -> CollectionLoadInfo:
+            if current is None:
+                raise CollectionNotLoaded(collection_id)
+            return copy_message(current)
+
+        return await self._add_partitions("add_partitions", collection_id, partition_ids, start)
+
+    async def _add_partitions(
+        self,
+        operation: str,
+        collection_id: int,
+        partition_ids: Iterable[int],
+        start: Callable[[CollectionLoadInfo | None], CollectionLoadInfo],
+    ) -> CollectionLoadInfo:
+        """Add partitions to the record ``start`` makes of the current one (under the collection's lock).
+
+        Written only when that changes the current record; returns a copy of the result.
+        """
         pids = _unique_ids("partition", partition_ids)
 
         async def body() -> CollectionLoadInfo:
             current = self._index.collections.get(collection_id)
-            if current is None:
-                raise CollectionNotLoaded(collection_id)
-            info = copy_message(current)
+            info = start(current)
             add_partitions(info, pids)
             if info != current:
-                await self._commit("add_partitions", [self._put_collection(info)], atomic=True)
+                await self._commit(operation, [self._put_collection(info)], atomic=True)
             return copy_message(info)
 
         return await self._exclusive(lambda: [collection_id], body)

@@ -101,16 +101,18 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import logging
 import random
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 
+from loguru import logger
+
 from meta.errors import NotLeader
 from proto import common_pb2, stream_pb2
 from querycoord.config import StreamConfig
+from querycoord.messages import copy_fields
 from querycoord.stream.plan import (
     CALC_READER,
     RUNNER,
@@ -124,8 +126,6 @@ from querycoord.stream.plan import (
     task_layout,
 )
 from querycoord.stream.store import NoSnodeAvailable, StreamError, StreamStore
-
-log = logging.getLogger(__name__)
 
 READER_KINDS = frozenset({TRIGGER_READER, CALC_READER})
 ALIVE_STATUSES = frozenset({stream_pb2.TASK_INIT, stream_pb2.TASK_RUNNING})
@@ -298,7 +298,7 @@ class StreamManager:
         self.state_since = self.clock()
         if self.state is ManagerState.NORMAL:
             self._to_plan.update(self.streams)
-        log.info("stream manager starts in %s with %d streams", self.state.value, len(self.streams))
+        logger.info("stream manager starts in {} with {} streams", self.state.value, len(self.streams))
 
     async def _load_snodes(self) -> None:
         snodes = await self.store.list_snodes()
@@ -444,7 +444,7 @@ class StreamManager:
                     # failure, and the new deploy's fresh task ids make any leftover instance stale.
                     rt.next_retry = now
         except Exception:
-            log.exception("ending WATCH failed: every stream is redeployed")
+            logger.exception("ending WATCH failed: every stream is redeployed")
             for rt in self.streams.values():
                 self._clear_tasks(rt)
                 rt.stop_code, rt.stop_reason, rt.next_retry = 0, "", None
@@ -453,7 +453,7 @@ class StreamManager:
         self._watch_groups.clear()
         self.state = ManagerState.NORMAL
         self.state_since = now
-        log.info("WATCH ended: %d streams adopted", self.adopted)
+        logger.info("WATCH ended: {} streams adopted", self.adopted)
 
     @staticmethod
     def _complete(sdef: stream_pb2.StreamDef, reports: dict[int, WatchReport]) -> bool:
@@ -487,17 +487,7 @@ class StreamManager:
         for node, r in reports.values():
             slot = layout[(r.kind, r.deploy_id, r.task_idx)]
             rt.tasks[r.task_id] = TaskRuntime(
-                task=PlannedTask(
-                    kind=r.kind,
-                    task_id=r.task_id,
-                    sid=r.sid,
-                    deploy_id=r.deploy_id,
-                    task_idx=r.task_idx,
-                    vgroup_id=r.vgroup_id,
-                    snode_id=r.snode_id,
-                    scan_plan_idx=slot.scan_plan_idx,
-                    top=slot.top,
-                ),
+                task=PlannedTask.of(r, scan_plan_idx=slot.scan_plan_idx, top=slot.top),
                 node_id=node,
                 status=r.status,
                 last_heard=now,
@@ -641,12 +631,12 @@ class StreamManager:
         if len(self._rejections) >= MAX_REJECTIONS:
             self._rejections.clear()
         self._rejections[key] = message
-        log.warning("%s", message)
+        logger.warning("{}", message)
 
     def _accepted(self, key: tuple[str, int, int]) -> None:
         message = self._rejections.pop(key, None)
         if message is not None:
-            log.info("accepted again after: %s", message)
+            logger.info("accepted again after: {}", message)
 
     # ----- reports -----------------------------------------------------------------------------------------------
     def _record_reports(self, req: stream_pb2.HeartbeatRequest, now: float) -> None:
@@ -679,21 +669,7 @@ class StreamManager:
         u = undeploys.setdefault(rep.stream_id, stream_pb2.StreamUndeploy(stream_id=rep.stream_id))
         u.checkpoint = u.checkpoint or checkpoint
         u.cleanup = u.cleanup or cleanup
-        u.tasks.append(
-            stream_pb2.TaskId(
-                stream_id=rep.stream_id,
-                task_id=rep.task_id,
-                sid=rep.sid,
-                kind=rep.kind,
-                node_id=node_id,
-                vgroup_id=rep.vgroup_id,
-                snode_id=rep.snode_id,
-                deploy_id=rep.deploy_id,
-                task_idx=rep.task_idx,
-                scan_plan_idx=rep.scan_plan_idx,
-                top=rep.top,
-            )
-        )
+        u.tasks.append(copy_fields(rep, stream_pb2.TaskId, node_id=node_id))
         sent = self._undeploy_sent.setdefault(node_id, {})
         key = (rep.stream_id, rep.task_id, rep.sid)
         first, counted = sent.setdefault(key, (now, False))
@@ -702,7 +678,7 @@ class StreamManager:
             if not counted:  # one repair per instance, however often it is sent again
                 self.checker_repairs += 1
                 sent[key] = (first, True)
-                log.warning("stream checker: node %d still runs task %d (SID %d) of stream %d %.1fs after its "
+                logger.warning("stream checker: node {} still runs task {} (SID {}) of stream {} {:.1f}s after its "
                             "undeploy was sent: sent again with every report of it", node_id, rep.task_id, rep.sid,
                             rep.stream_id, now - first)
 
@@ -769,7 +745,7 @@ class StreamManager:
             return
         if trig.started_sid == trig.task.sid:
             self.resent_actions += 1
-            log.info("stream %s: trigger %d (SID %d) still INIT: start sent again", rt.sdef.name, trig.task.task_id,
+            logger.info("stream {}: trigger {} (SID {}) still INIT: start sent again", rt.sdef.name, trig.task.task_id,
                      trig.task.sid)
         trig.started_sid = trig.task.sid
         reply.starts.append(
@@ -808,7 +784,7 @@ class StreamManager:
             return
         if _reported_tops(rep) == self._top_keys(rt):
             rt.runner_update, rt.runner_update_sends = False, 0
-            log.info("stream %s: trigger %d feeds the new top runners", rt.sdef.name, trig.task.task_id)
+            logger.info("stream {}: trigger {} feeds the new top runners", rt.sdef.name, trig.task.task_id)
             return
         if trig.status not in ALIVE_STATUSES:
             return
@@ -816,7 +792,7 @@ class StreamManager:
             return  # not all handed out yet: the update would name runners nobody runs
         if rt.runner_update_sends:
             self.resent_actions += 1
-            log.info("stream %s: trigger %d still reports old top runners: runner update sent again",
+            logger.info("stream {}: trigger {} still reports old top runners: runner update sent again",
                      rt.sdef.name, trig.task.task_id)
         tops = [r.task.to_proto(rt.sdef.id, r.node_id) for r in self._top_runners(rt)]
         reply.runner_updates.append(
@@ -844,7 +820,7 @@ class StreamManager:
         rt.stop_code, rt.stop_reason, rt.next_retry = code, reason, now + delay
         self._clear_tasks(rt)
         self._to_plan.discard(rt.sdef.id)
-        log.info("stream %s stopped by error %d (%s); retry in %.1fs", rt.sdef.name, code, reason, delay)
+        logger.info("stream {} stopped by error {} ({}); retry in {:.1f}s", rt.sdef.name, code, reason, delay)
 
     def _clear_tasks(self, rt: StreamRuntime) -> None:
         rt.tasks.clear()
@@ -893,7 +869,7 @@ class StreamManager:
                     or rt.sdef.user_stopped or rt.error_stopped):
                 continue  # stopped, dropped or replaced while the ids were being reserved
             if self._plan_error:
-                log.info("stream planning works again (after: %s)", self._plan_error)
+                logger.info("stream planning works again (after: {})", self._plan_error)
                 self._plan_error = ""
             rt.tasks = {p.task_id: TaskRuntime(task=p) for p in plan.tasks()}
             rt.pending = set(rt.tasks)
@@ -911,7 +887,7 @@ class StreamManager:
         message = f"{type(exc).__name__}: {exc}"
         if message != self._plan_error:
             self._plan_error = message
-            log.warning("planning stream %s failed (%s); retried on the next heartbeat", rt.sdef.name, message)
+            logger.warning("planning stream {} failed ({}); retried on the next heartbeat", rt.sdef.name, message)
 
     def _hand_out(
         self,
@@ -977,7 +953,7 @@ class StreamManager:
                 part(now)
             except Exception:
                 self.errors += 1
-                log.exception("stream manager: %s failed (%d errors so far); going on", what, self.errors)
+                logger.exception("stream manager: {} failed ({} errors so far); going on", what, self.errors)
 
     def _due(self, last: float | None, interval: float, now: float) -> bool:
         # Up to 10% early still counts: with tick() called every interval, loop jitter must not make a periodic
@@ -1072,7 +1048,7 @@ class StreamManager:
 
     def _repaired_def(self, sdef: stream_pb2.StreamDef, what: str) -> None:
         self.checker_repairs += 1
-        log.warning("stream checker: stream %s (id %d): %s", sdef.name, sdef.id, what)
+        logger.warning("stream checker: stream {} (id {}): {}", sdef.name, sdef.id, what)
 
     # ----- health check ----------------------------------------------------------------------------------------------
     def live_snode_ids(self) -> set[int]:
@@ -1117,14 +1093,14 @@ class StreamManager:
             if now - h.last_heard < self.config.isolation:
                 return
             since = self.lost_vgroups[vg] = now
-            log.info("vgroup %d lost (silent for %.1fs)", vg, now - h.last_heard)
+            logger.info("vgroup {} lost (silent for {:.1f}s)", vg, now - h.last_heard)
         if now - since >= self.config.vgroup_lost_stop:
             self._vgroup_lost_stop(vg, now)
 
     def _snode_lost(self, snode_id: int, now: float, why: str) -> None:
         """An snode is lost: stop streams whose trigger is there, move the runners of the others elsewhere."""
         self.lost_snodes[snode_id] = now
-        log.info("%s: lost", why)
+        logger.info("{}: lost", why)
         for rt in self.streams.values():
             if rt.sdef.user_stopped or rt.error_stopped or not rt.tasks:
                 continue
@@ -1158,7 +1134,7 @@ class StreamManager:
             t.task = dataclasses.replace(t.task, snode_id=placement[t.task.deploy_id])
             self._redeploy_task(rt, t, now)
         rt.runner_update, rt.runner_update_sends = True, 0
-        log.info("stream %s: runner deploys %s moved (%s)", rt.sdef.name, deploys, why)
+        logger.info("stream {}: runner deploys {} moved ({})", rt.sdef.name, deploys, why)
 
     def _vgroup_lost_stop(self, vg: int, now: float) -> None:
         for rt in self.streams.values():
@@ -1179,7 +1155,7 @@ class StreamManager:
                 if p.kind in READER_KINDS and p.vgroup_id == vg and t.node_id not in (0, new_node):
                     if p.task_id not in rt.pending:
                         self._redeploy_task(rt, t, now)
-        log.info("vgroup %d now led by node %d: its readers are redeployed there", vg, new_node)
+        logger.info("vgroup {} now led by node {}: its readers are redeployed there", vg, new_node)
 
     def node_lost(self, node_id: int) -> bool:
         """A node's meta session was deleted: handle its snode and vgroups as lost now (damped by isolation).
@@ -1203,7 +1179,7 @@ class StreamManager:
             self.snodes[s].last_heard = min(self.snodes[s].last_heard, silent)
         for v in vgroups:
             self.vgroups[v].last_heard = min(self.vgroups[v].last_heard, silent)
-        log.info("node %d lost (session deleted): snodes %s, vgroups %s", node_id, snodes, vgroups)
+        logger.info("node {} lost (session deleted): snodes {}, vgroups {}", node_id, snodes, vgroups)
         if self.state is ManagerState.WATCH:
             return True
         for s in snodes:

@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from proto import stream_pb2
 from querycoord.stream.store import InvalidStream, NoSnodeAvailable
@@ -61,21 +62,19 @@ class PlannedTask:
     scan_plan_idx: int = 0
     top: bool = False
 
+    @classmethod
+    def of(cls, msg: stream_pb2.TaskId | stream_pb2.TaskStatusReport, **fixed: Any) -> PlannedTask:
+        """The task ``msg`` names (its fields of the same names), with ``fixed`` over them."""
+        return cls(**{name: fixed[name] if name in fixed else getattr(msg, name) for name in _PLANNED_FIELDS})
+
     def to_proto(self, stream_id: int, node_id: int = 0) -> stream_pb2.TaskId:
         """The ``TaskId`` of this task for a deploy message (``node_id``: where it is being sent)."""
-        return stream_pb2.TaskId(
-            stream_id=stream_id,
-            task_id=self.task_id,
-            sid=self.sid,
-            kind=self.kind,  # type: ignore[arg-type]
-            node_id=node_id,
-            vgroup_id=self.vgroup_id,
-            snode_id=self.snode_id,
-            deploy_id=self.deploy_id,
-            task_idx=self.task_idx,
-            scan_plan_idx=self.scan_plan_idx,
-            top=self.top,
-        )
+        own = {name: getattr(self, name) for name in _PLANNED_FIELDS}
+        return stream_pb2.TaskId(stream_id=stream_id, node_id=node_id, **own)
+
+
+# A planned task's fields, all of them also fields of ``TaskId`` and of ``TaskStatusReport``.
+_PLANNED_FIELDS = tuple(f.name for f in fields(PlannedTask))
 
 
 @dataclass(frozen=True, slots=True)

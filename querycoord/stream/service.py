@@ -20,17 +20,20 @@ deliberate UNAVAILABLE abort.
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import grpc
 from loguru import logger
 
 from proto import common_pb2, stream_pb2, stream_pb2_grpc
 from querycoord.coordinator import Coordinator, Leadership
-from querycoord.gate import LeaderGate
+from querycoord.gate import LeaderGate, answered
 from querycoord.stream.manager import StreamManager
 from querycoord.stream.store import STATUS_SOURCE, StreamNotFound, StreamStore
 
 OK = common_pb2.Status(error_code=common_pb2.SUCCESS)
+T = TypeVar("T")
 
 
 def live_snode_ids(manager: StreamManager) -> set[int]:
@@ -48,6 +51,12 @@ class StreamMgmtServicer(stream_pb2_grpc.StreamMgmtServicer):
         self.gate = LeaderGate(coord, serves=_serves_streams, source=STATUS_SOURCE)
 
     # ----- plumbing ---------------------------------------------------------------------------------------------------
+    async def _lead(self, context) -> tuple[StreamManager, StreamStore]:
+        """The leader's stream manager and fenced store, or (on a standby) UNAVAILABLE naming the leader."""
+        lead = await self.gate.lead(context)
+        assert lead.streams is not None and lead.stream_store is not None
+        return lead.streams, lead.stream_store
+
     async def _resolve(self, store: StreamStore, ref: stream_pb2.StreamRef) -> int:
         if ref.stream_id:
             return ref.stream_id
@@ -56,64 +65,53 @@ class StreamMgmtServicer(stream_pb2_grpc.StreamMgmtServicer):
         return await store.stream_id_of(ref.name)
 
     # ----- streams ----------------------------------------------------------------------------------------------------
+    @answered(stream_pb2.CreateStreamResponse)
     async def CreateStream(self, request, context):
-        async def run():
-            lead = await self.gate.lead(context)
-            assert lead.streams is not None and lead.stream_store is not None
-            sdef = await lead.stream_store.create_stream(request, live_snode_ids(lead.streams))
-            # Committed: only now may the manager plan and hand out its deploy (seed bug 6).
-            lead.streams.put_stream(sdef)
-            return stream_pb2.CreateStreamResponse(status=OK, stream=sdef)
+        streams, store = await self._lead(context)
+        sdef = await store.create_stream(request, live_snode_ids(streams))
+        # Committed: only now may the manager plan and hand out its deploy (seed bug 6).
+        streams.put_stream(sdef)
+        return stream_pb2.CreateStreamResponse(status=OK, stream=sdef)
 
-        return await self.gate.answer(stream_pb2.CreateStreamResponse, run)
-
+    @answered(stream_pb2.StreamResponse)
     async def DropStream(self, request, context):
-        async def run():
-            lead = await self.gate.lead(context)
-            assert lead.streams is not None and lead.stream_store is not None
-            try:
-                stream_id = await self._resolve(lead.stream_store, request.stream)
-                sdef = await lead.stream_store.drop_stream(stream_id)
-            except StreamNotFound:
-                if request.if_exists:
-                    return stream_pb2.StreamResponse(status=OK)
-                raise
-            lead.streams.remove_stream(sdef.id)
-            return stream_pb2.StreamResponse(status=OK, stream=sdef)
+        streams, store = await self._lead(context)
+        try:
+            stream_id = await self._resolve(store, request.stream)
+            sdef = await store.drop_stream(stream_id)
+        except StreamNotFound:
+            if request.if_exists:
+                return stream_pb2.StreamResponse(status=OK)
+            raise
+        streams.remove_stream(sdef.id)
+        return stream_pb2.StreamResponse(status=OK, stream=sdef)
 
-        return await self.gate.answer(stream_pb2.StreamResponse, run)
+    async def _update(
+        self, request, context, change: Callable[[StreamStore, int], Awaitable[stream_pb2.StreamDef]]
+    ) -> stream_pb2.StreamResponse:
+        """Stop or start a stream in the store (``change``), then tell the manager (after the commit)."""
+        streams, store = await self._lead(context)
+        sdef = await change(store, await self._resolve(store, request.stream))
+        streams.put_stream(sdef)
+        return stream_pb2.StreamResponse(status=OK, stream=sdef)
 
-    async def _update(self, request, context, op: str):
-        async def run():
-            lead = await self.gate.lead(context)
-            assert lead.streams is not None and lead.stream_store is not None
-            stream_id = await self._resolve(lead.stream_store, request.stream)
-            if op == "stop":
-                sdef = await lead.stream_store.stop_stream(stream_id)
-            else:
-                sdef = await lead.stream_store.start_stream(stream_id)
-            lead.streams.put_stream(sdef)
-            return stream_pb2.StreamResponse(status=OK, stream=sdef)
-
-        return await self.gate.answer(stream_pb2.StreamResponse, run)
-
+    @answered(stream_pb2.StreamResponse)
     async def StopStream(self, request, context):
-        return await self._update(request, context, "stop")
+        return await self._update(request, context, StreamStore.stop_stream)
 
+    @answered(stream_pb2.StreamResponse)
     async def StartStream(self, request, context):
-        return await self._update(request, context, "start")
+        return await self._update(request, context, StreamStore.start_stream)
 
+    @answered(stream_pb2.ShowStreamsResponse)
     async def ShowStreams(self, request, context):
-        async def run():
-            lead = self.gate.leadership()
-            if lead is not None:
-                assert lead.streams is not None and lead.stream_store is not None
-                resp = lead.streams.show_streams(request)
-                resp.snodes.extend(await lead.stream_store.list_snodes())
-                return resp
+        lead = self.gate.leadership()
+        if lead is None:
             return await self._standby_show(request)
-
-        return await self.gate.answer(stream_pb2.ShowStreamsResponse, run)
+        assert lead.streams is not None and lead.stream_store is not None
+        resp = lead.streams.show_streams(request)
+        resp.snodes.extend(await lead.stream_store.list_snodes())
+        return resp
 
     async def _standby_show(self, request: stream_pb2.ShowStreamsRequest) -> stream_pb2.ShowStreamsResponse:
         """Persisted definitions and snodes from etcd; no task table (only the leader has one)."""
@@ -134,42 +132,36 @@ class StreamMgmtServicer(stream_pb2_grpc.StreamMgmtServicer):
         return resp
 
     # ----- snodes -----------------------------------------------------------------------------------------------------
+    async def _change_snodes(self, context, change: Callable[[StreamStore], Awaitable[T]]) -> T:
+        """An snode write, then the manager's refresh: the new replica ring and any streams moved (committed)."""
+        streams, store = await self._lead(context)
+        result = await change(store)
+        await streams.refresh()
+        return result
+
+    @answered(stream_pb2.CreateSnodeResponse)
     async def CreateSnode(self, request, context):
-        async def run():
-            lead = await self.gate.lead(context)
-            assert lead.streams is not None and lead.stream_store is not None
-            info = await lead.stream_store.create_snode(request.node_id)
-            await lead.streams.refresh()  # the new replica ring (committed)
-            return stream_pb2.CreateSnodeResponse(status=OK, snode=info)
+        info = await self._change_snodes(context, lambda store: store.create_snode(request.node_id))
+        return stream_pb2.CreateSnodeResponse(status=OK, snode=info)
 
-        return await self.gate.answer(stream_pb2.CreateSnodeResponse, run)
-
+    @answered(stream_pb2.DropSnodeResponse)
     async def DropSnode(self, request, context):
-        async def run():
-            lead = await self.gate.lead(context)
-            assert lead.streams is not None and lead.stream_store is not None
-            drop = await lead.stream_store.drop_snode(request.snode_id)
-            await lead.streams.refresh()  # moved streams and the new ring (committed)
-            return stream_pb2.DropSnodeResponse(status=OK, moved_streams=drop.moved_streams,
-                                                moved_to_snode_id=drop.moved_to)
-
-        return await self.gate.answer(stream_pb2.DropSnodeResponse, run)
+        drop = await self._change_snodes(context, lambda store: store.drop_snode(request.snode_id))
+        return stream_pb2.DropSnodeResponse(status=OK, moved_streams=drop.moved_streams,
+                                            moved_to_snode_id=drop.moved_to)
 
     # ----- heartbeat --------------------------------------------------------------------------------------------------
+    @answered(stream_pb2.HeartbeatReply)
     async def StreamHeartbeat(self, request, context):
-        async def run():
-            lead = await self.gate.lead(context)
-            assert lead.streams is not None
-            began = time.monotonic()
-            reply = await lead.streams.handle_heartbeat(request)
-            if not reply.HasField("status"):  # a refused heartbeat (no live session) keeps its NOT_FOUND
-                reply.status.CopyFrom(OK)
-            if time.monotonic() - began > 1.0:
-                logger.warning("stream heartbeat of node {} took {:.1f}s", request.node_id,
-                               time.monotonic() - began)
-            return reply
-
-        return await self.gate.answer(stream_pb2.HeartbeatReply, run)
+        lead = await self.gate.lead(context)
+        assert lead.streams is not None
+        began = time.monotonic()
+        reply = await lead.streams.handle_heartbeat(request)
+        if not reply.HasField("status"):  # a refused heartbeat (no live session) keeps its NOT_FOUND
+            reply.status.CopyFrom(OK)
+        if time.monotonic() - began > 1.0:
+            logger.warning("stream heartbeat of node {} took {:.1f}s", request.node_id, time.monotonic() - began)
+        return reply
 
 
 def add_stream_service(server: grpc.aio.Server, coord: Coordinator) -> StreamMgmtServicer:

@@ -57,6 +57,7 @@ from meta.kv import MAX_TXN_OPS, KeyValue, MetaKV
 from meta.txn import Compare, Op, created_at, delete, modified_at, put, value_is
 from proto import common_pb2, stream_pb2
 from querycoord.errors import Conflict, CoordError, IllegalArgument, NotFound, status_for
+from querycoord.messages import copy_fields
 
 STREAM_PREFIX = "stream/"
 STREAMS_PREFIX = "stream/streams/"
@@ -328,19 +329,9 @@ class StreamStore:
             if not stream_id:
                 stream_id = (await self.stream_ids.allocate(1))[0]
             now = _now_ms()
-            sdef = stream_pb2.StreamDef(
-                id=stream_id,
-                name=req.name,
-                source_db=req.source_db,
-                source_vgroup_ids=req.source_vgroup_ids,
-                trigger_vgroup_id=req.trigger_vgroup_id,
-                num_calc_scan_plans=req.num_calc_scan_plans,
-                num_calc_subplans=req.num_calc_subplans,
-                runner_deploys=deploys,
-                main_snode_id=main,
-                create_ms=now,
-                update_ms=now,
-            )
+            # The definition is the request's fields (its name, source and plan sizes) with what was decided here.
+            sdef = copy_fields(req, stream_pb2.StreamDef, id=stream_id, runner_deploys=deploys, main_snode_id=main,
+                               create_ms=now, update_ms=now)
             compares = [created_at(name_key(req.name), 0), value_is(snode_key(main), main_item.value)]
             ops = [
                 put(stream_key(stream_id), sdef.SerializeToString()),

@@ -16,16 +16,16 @@ from proto import data_pb2, querynode_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.cluster.allocator import allocate_channels, allocate_segments, allocate_waiting
 from querycoord.cluster.client import NodeError
+from querycoord.messages import rpc_method
 from querycoord.task.assign import merge_by_size, query_channels, strip_channel, strip_segment, usage_of
 from querycoord.task.model import Task, TaskEnv, TaskError
 
 SEALED = data_pb2.SEGMENT_STATE_SEALED
+QUERYNODE = querynode_pb2.DESCRIPTOR.services_by_name["QueryNode"]
 
 
 class ChildTask(Task):
-    """A call to ``node_id``; valid while that node is online."""
-
-    METHOD: str
+    """A call to ``node_id`` (the QueryNode method that takes its request); valid while that node is online."""
 
     def is_valid(self) -> bool:
         return self.env.nodes.is_online(self.node_id)
@@ -33,7 +33,7 @@ class ChildTask(Task):
     async def call(self, request: Any) -> Any:
         client = self.env.nodes.client(self.node_id)
         request.task_id = self.id
-        return await client.call(self.METHOD, request)
+        return await client.call(rpc_method(QUERYNODE, request), request)
 
     async def execute(self) -> None:
         await self.call(self._copy())
@@ -44,11 +44,7 @@ class ChildTask(Task):
         return req
 
 
-class LoadSegmentsTask(ChildTask):
-    KIND = qc.TASK_KIND_LOAD_SEGMENT
-    REQUEST_FIELD = "load_segments"
-    METHOD = "LoadSegments"
-
+class LoadSegmentsTask(ChildTask, kind=qc.TASK_KIND_LOAD_SEGMENT, request="load_segments"):
     def summary(self) -> str:
         return f"load {len(self.request.infos)} segments of collection {self.collection_id}"
 
@@ -165,7 +161,7 @@ class LoadSegmentsTask(ChildTask):
         )
 
 
-class WatchDmChannelsTask(ChildTask):
+class WatchDmChannelsTask(ChildTask, kind=qc.TASK_KIND_WATCH_DM_CHANNEL, request="watch_dm_channels"):
     """Watch DM channels on a node; retried there while the node is online, moved only when it is gone.
 
     A watch that failed may still be in place on the node (a reply lost on a cut link, or the node
@@ -173,9 +169,6 @@ class WatchDmChannelsTask(ChildTask):
     another node while this one lives would leave the channel watched twice.
     """
 
-    KIND = qc.TASK_KIND_WATCH_DM_CHANNEL
-    REQUEST_FIELD = "watch_dm_channels"
-    METHOD = "WatchDmChannels"
     RETRY_WHILE_NODE_ONLINE = True
 
     def summary(self) -> str:
@@ -211,30 +204,25 @@ class WatchDmChannelsTask(ChildTask):
         )
 
 
-class WatchDeltaChannelsTask(ChildTask):
-    KIND = qc.TASK_KIND_WATCH_DELTA_CHANNEL
-    REQUEST_FIELD = "watch_delta_channels"
-    METHOD = "WatchDeltaChannels"
+class _SegmentServingWatch(ChildTask):
+    """A delta or query channel watch: it only serves the segments loaded on its node.
 
+    Never rescheduled: when the node is gone, the segments' rescheduled loads bring their own watches.
+    """
+
+    async def reschedule(self) -> list[Task]:
+        return []
+
+
+class WatchDeltaChannelsTask(_SegmentServingWatch, kind=qc.TASK_KIND_WATCH_DELTA_CHANNEL,
+                             request="watch_delta_channels"):
     def summary(self) -> str:
         return "watch delta " + ", ".join(i.channel_name for i in self.request.infos)
 
-    async def reschedule(self) -> list[Task]:
-        # Delta and query channels only serve the segments loaded on that node: when the
-        # node is gone, the segments' rescheduled loads bring their own watches.
-        return []
 
-
-class WatchQueryChannelTask(ChildTask):
-    KIND = qc.TASK_KIND_WATCH_QUERY_CHANNEL
-    REQUEST_FIELD = "add_query_channel"
-    METHOD = "AddQueryChannel"
-
+class WatchQueryChannelTask(_SegmentServingWatch, kind=qc.TASK_KIND_WATCH_QUERY_CHANNEL, request="add_query_channel"):
     def summary(self) -> str:
         return f"watch query channel {self.request.query_channel}"
-
-    async def reschedule(self) -> list[Task]:
-        return []
 
 
 class _ReleaseChild(ChildTask):
@@ -264,11 +252,7 @@ class _ReleaseChild(ChildTask):
         return []
 
 
-class ReleaseSegmentsTask(_ReleaseChild):
-    KIND = qc.TASK_KIND_RELEASE_SEGMENT
-    REQUEST_FIELD = "release_segments"
-    METHOD = "ReleaseSegments"
-
+class ReleaseSegmentsTask(_ReleaseChild, kind=qc.TASK_KIND_RELEASE_SEGMENT, request="release_segments"):
     def summary(self) -> str:
         return f"release {len(self.request.segment_ids)} segments"
 
@@ -281,20 +265,14 @@ class ReleaseSegmentsTask(_ReleaseChild):
             await self.env.meta.remove_segments(here)
 
 
-class ReleaseCollectionOnNodeTask(_ReleaseChild):
-    KIND = qc.TASK_KIND_RELEASE_COLLECTION
-    REQUEST_FIELD = "release_collection_on_node"
-    METHOD = "ReleaseCollection"
-
+class ReleaseCollectionOnNodeTask(_ReleaseChild, kind=qc.TASK_KIND_RELEASE_COLLECTION,
+                                  request="release_collection_on_node"):
     def summary(self) -> str:
         return f"release collection {self.request.collection_id}"
 
 
-class ReleasePartitionsOnNodeTask(_ReleaseChild):
-    KIND = qc.TASK_KIND_RELEASE_PARTITION
-    REQUEST_FIELD = "release_partitions_on_node"
-    METHOD = "ReleasePartitions"
-
+class ReleasePartitionsOnNodeTask(_ReleaseChild, kind=qc.TASK_KIND_RELEASE_PARTITION,
+                                  request="release_partitions_on_node"):
     def summary(self) -> str:
         return f"release partitions {list(self.request.partition_ids)}"
 

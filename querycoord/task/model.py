@@ -17,6 +17,7 @@ from proto import common_pb2, task_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.config import SchedulerConfig
 from querycoord.errors import CoordError
+from querycoord.messages import copy_fields
 
 if TYPE_CHECKING:
     from querycoord.catalog.broker import Broker
@@ -55,14 +56,29 @@ class TaskEnv:
 
 
 class Task:
-    """Base of every task kind (see module docstring)."""
+    """Base of every task kind (see module docstring).
+
+    A concrete kind names its ``TaskKind`` and its field of ``TaskRecord.request`` in its class line
+    (``class LoadSegmentsTask(ChildTask, kind=..., request="load_segments")``); that registers it in
+    ``KINDS``, which is how a new leader rebuilds the tasks it reloads. No list of kinds to keep in step.
+    """
 
     KIND: ClassVar[qc.TaskKind]
     REQUEST_FIELD: ClassVar[str]
+    # Every concrete kind by its request field.
+    KINDS: ClassVar[dict[str, type[Task]]] = {}
     IS_TRIGGER: ClassVar[bool] = False
     # Keep retrying while the node is online, past the retry budget (bounded by the
     # trigger's deadline): a release is done once the node holds nothing or is gone.
     RETRY_WHILE_NODE_ONLINE: ClassVar[bool] = False
+
+    def __init_subclass__(cls, kind: qc.TaskKind | None = None, request: str | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if (kind is None) != (request is None):
+            raise TypeError(f"{cls.__name__}: a task kind names both its kind and its request field")
+        if kind is not None and request is not None:
+            cls.KIND, cls.REQUEST_FIELD = kind, request
+            Task.KINDS[request] = cls
 
     def __init__(self, env: TaskEnv, rec: task_pb2.TaskRecord):
         self.env = env
@@ -166,7 +182,7 @@ class Task:
         """Progress hook (Milvus updateTaskProcess)."""
 
     def summary(self) -> str:
-        return qc.TaskKind.Name(self.KIND).removeprefix("TASK_KIND_").lower().replace("_", " ")
+        return kind_summary(self.KIND)
 
     def describe(self) -> str:
         node = f" on node {self.node_id}" if self.node_id else ""
@@ -180,20 +196,9 @@ class Task:
 
 def record_info(r: task_pb2.TaskRecord) -> qc.TaskInfo:
     """A task as clients see it, from its record alone (a standby has no live task objects)."""
-    return qc.TaskInfo(
-        task_id=r.id,
-        kind=r.kind,
-        state=r.state,
-        trigger_condition=r.trigger_condition,
-        node_id=r.node_id,
-        retry_count=r.retry_count,
-        error=r.error,
-        error_code=r.error_code,
-        collection_id=r.collection_id,
-        parent_id=r.parent_id,
-        created_ms=r.created_ms,
-        updated_ms=r.updated_ms,
-        excluded_node_ids=list(r.excluded_node_ids),
-        summary=qc.TaskKind.Name(r.kind).removeprefix("TASK_KIND_").lower().replace("_", " "),
-        replaces_task_id=r.replaces_task_id,
-    )
+    return copy_fields(r, qc.TaskInfo, task_id=r.id, summary=kind_summary(r.kind))
+
+
+def kind_summary(kind: qc.TaskKind) -> str:
+    """What a task of ``kind`` does when nothing more is known: TASK_KIND_LOAD_SEGMENT is "load segment"."""
+    return qc.TaskKind.Name(kind).removeprefix("TASK_KIND_").lower().replace("_", " ")

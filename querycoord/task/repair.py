@@ -21,10 +21,7 @@ from querycoord.task.model import Task
 from querycoord.task.triggers import TriggerTask, segment_load_info
 
 
-class RepairTask(TriggerTask):
-    KIND = qc.TASK_KIND_REPAIR
-    REQUEST_FIELD = "repair"
-
+class RepairTask(TriggerTask, kind=qc.TASK_KIND_REPAIR, request="repair"):
     def summary(self) -> str:
         return f"repair collection {self.collection_id}: {self.request.reason}"
 

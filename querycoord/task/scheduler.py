@@ -35,24 +35,10 @@ from querycoord.catalog.broker import BrokerError
 from querycoord.cluster.allocator import NoAvailableNode
 from querycoord.cluster.client import NodeError
 from querycoord.errors import CoordError
-from querycoord.task.children import (
-    LoadSegmentsTask,
-    ReleaseCollectionOnNodeTask,
-    ReleasePartitionsOnNodeTask,
-    ReleaseSegmentsTask,
-    WatchDeltaChannelsTask,
-    WatchDmChannelsTask,
-    WatchQueryChannelTask,
-)
+from querycoord.task import repair  # noqa: F401  (its kind registers in Task.KINDS, which reload reads)
 from querycoord.task.model import DOING, DONE, EXPIRED, FAILED, UNDO, Task, TaskCancelled, TaskEnv, TaskError
-from querycoord.task.repair import RepairTask
-from querycoord.task.triggers import TRIGGER_KINDS, ReleaseCollectionTask, ReleasePartitionsTask, TriggerTask
+from querycoord.task.triggers import ReleaseCollectionTask, ReleasePartitionsTask, TriggerTask
 
-CHILD_KINDS: dict[str, type[Task]] = {
-    cls.REQUEST_FIELD: cls
-    for cls in (LoadSegmentsTask, WatchDmChannelsTask, WatchDeltaChannelsTask, WatchQueryChannelTask,
-                ReleaseSegmentsTask, ReleaseCollectionOnNodeTask, ReleasePartitionsOnNodeTask)
-}
 LOAD_KINDS = (qc.TASK_KIND_LOAD_COLLECTION, qc.TASK_KIND_LOAD_PARTITION)
 # Queue priority by trigger condition (higher first): Milvus's order, the checker's repairs with handoffs.
 PRIORITY = {
@@ -62,8 +48,6 @@ PRIORITY = {
     qc.TRIGGER_CONDITION_HANDOFF: 1,
     qc.TRIGGER_CONDITION_CHECKER: 1,
 }
-
-ALL_TRIGGER_KINDS: dict[str, type[TriggerTask]] = {**TRIGGER_KINDS, RepairTask.REQUEST_FIELD: RepairTask}
 
 # Failures a child survives by retrying or rescheduling.
 _CHILD_FAILURES = (NodeError, TaskError, NoAvailableNode, MetaError, BrokerError)
@@ -502,17 +486,16 @@ class Scheduler:
                 children.setdefault(r.parent_id, []).append(r)
         queued = 0
         for r in sorted((r for r in records if r.parent_id == 0), key=lambda r: r.id):
-            case = r.WhichOneof("request")
-            cls = ALL_TRIGGER_KINDS.get(case or "")
-            if cls is None or r.state in (EXPIRED, FAILED):
+            cls = Task.KINDS.get(r.WhichOneof("request") or "")
+            if cls is None or not issubclass(cls, TriggerTask) or r.state in (EXPIRED, FAILED):
                 garbage.append(r)
                 garbage.extend(children.pop(r.id, []))
                 continue
             t = cls(self.env, r)
             if r.state == DONE:
                 for cr in sorted(children.pop(r.id, []), key=lambda c: c.id):
-                    ccls = CHILD_KINDS.get(cr.WhichOneof("request") or "")
-                    if ccls is None:
+                    ccls = Task.KINDS.get(cr.WhichOneof("request") or "")
+                    if ccls is None or ccls.IS_TRIGGER:
                         garbage.append(cr)
                         continue
                     child = ccls(self.env, cr)

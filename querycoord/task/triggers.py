@@ -16,6 +16,7 @@ from loguru import logger
 
 from proto import common_pb2, data_pb2, querynode_pb2, task_pb2
 from proto import querycoord_pb2 as qc
+from querycoord.messages import copy_fields
 from querycoord.task.children import (
     LoadSegmentsTask,
     ReleaseCollectionOnNodeTask,
@@ -27,6 +28,11 @@ from querycoord.task.model import Task, TaskEnv, TaskError
 IN_MEMORY = data_pb2.PARTITION_STATE_IN_MEMORY
 NOT_PRESENT = data_pb2.PARTITION_STATE_NOT_PRESENT
 PARTIAL = data_pb2.PARTITION_STATE_PARTIAL_IN_MEMORY
+# How a load of the other load type is refused, by how the collection is loaded.
+_LOADED_AS = {
+    data_pb2.LOAD_TYPE_PARTITION: "as partitions: release partitions first",
+    data_pb2.LOAD_TYPE_COLLECTION: "as a whole: release it first",
+}
 
 
 def delta_channel(dm: data_pb2.VChannelInfo) -> data_pb2.VChannelInfo:
@@ -36,17 +42,8 @@ def delta_channel(dm: data_pb2.VChannelInfo) -> data_pb2.VChannelInfo:
 
 
 def segment_load_info(b: data_pb2.SegmentBinlogs) -> data_pb2.SegmentLoadInfo:
-    return data_pb2.SegmentLoadInfo(
-        segment_id=b.segment_id,
-        partition_id=b.partition_id,
-        collection_id=b.collection_id,
-        num_rows=b.num_rows,
-        mem_size=b.mem_size,
-        binlog_paths=list(b.binlog_paths),
-        compaction_from=list(b.compaction_from),
-        insert_channel=b.insert_channel,
-        index_infos=list(b.index_infos),
-    )
+    """What a node needs to load a catalog segment: every field of its binlogs."""
+    return copy_fields(b, data_pb2.SegmentLoadInfo)
 
 
 def merge_channel(into: data_pb2.VChannelInfo, other: data_pb2.VChannelInfo) -> None:
@@ -150,6 +147,12 @@ class _LoadTrigger(TriggerTask):
         self.new_partitions = pending
         self.had_partitions = info is not None and any(p.partition_id not in pending for p in info.partitions)
 
+    async def pre_execute(self) -> None:
+        """A collection is loaded as a whole or as partitions, never both: the other load type is refused."""
+        loaded_as = self.env.meta.get_load_type(self.collection_id)
+        if loaded_as and loaded_as != self.LOAD_TYPE:
+            raise TaskError(f"collection {self.collection_id} is loaded {_LOADED_AS[loaded_as]}", common_pb2.CONFLICT)
+
     def _held(self, segment_id: int) -> bool:
         seg = self.env.meta.get_segment(segment_id)
         return seg is not None and self.env.nodes.is_online(seg.node_id)
@@ -198,36 +201,25 @@ class _LoadTrigger(TriggerTask):
             )
 
 
-class LoadCollectionTask(_LoadTrigger):
-    KIND = qc.TASK_KIND_LOAD_COLLECTION
-    REQUEST_FIELD = "load_collection"
+class LoadCollectionTask(_LoadTrigger, kind=qc.TASK_KIND_LOAD_COLLECTION, request="load_collection"):
     LOAD_TYPE = data_pb2.LOAD_TYPE_COLLECTION
 
     def summary(self) -> str:
         return f"load collection {self.collection_id}"
-
-    async def pre_execute(self) -> None:
-        if self.env.meta.get_load_type(self.collection_id) == data_pb2.LOAD_TYPE_PARTITION:
-            raise TaskError(f"collection {self.collection_id} is loaded as partitions: release partitions first",
-                            common_pb2.CONFLICT)
 
     async def execute(self) -> None:
         pids = await self.env.broker.show_partitions(self.collection_id)
         await self._plan(list(pids))
 
 
-class LoadPartitionsTask(_LoadTrigger):
-    KIND = qc.TASK_KIND_LOAD_PARTITION
-    REQUEST_FIELD = "load_partitions"
+class LoadPartitionsTask(_LoadTrigger, kind=qc.TASK_KIND_LOAD_PARTITION, request="load_partitions"):
     LOAD_TYPE = data_pb2.LOAD_TYPE_PARTITION
 
     def summary(self) -> str:
         return f"load partitions {list(self.request.partition_ids)} of collection {self.collection_id}"
 
     async def pre_execute(self) -> None:
-        if self.env.meta.get_load_type(self.collection_id) == data_pb2.LOAD_TYPE_COLLECTION:
-            raise TaskError(f"collection {self.collection_id} is loaded as a whole: release it first",
-                            common_pb2.CONFLICT)
+        await super().pre_execute()
         known = set(await self.env.broker.show_partitions(self.collection_id))
         unknown = sorted(set(self.request.partition_ids) - known)
         if unknown:
@@ -238,10 +230,7 @@ class LoadPartitionsTask(_LoadTrigger):
         await self._plan(list(self.request.partition_ids))
 
 
-class ReleaseCollectionTask(TriggerTask):
-    KIND = qc.TASK_KIND_RELEASE_COLLECTION
-    REQUEST_FIELD = "release_collection"
-
+class ReleaseCollectionTask(TriggerTask, kind=qc.TASK_KIND_RELEASE_COLLECTION, request="release_collection"):
     def summary(self) -> str:
         return f"release collection {self.collection_id}"
 
@@ -257,10 +246,7 @@ class ReleaseCollectionTask(TriggerTask):
         await self.env.meta.release_collection(self.collection_id)
 
 
-class ReleasePartitionsTask(TriggerTask):
-    KIND = qc.TASK_KIND_RELEASE_PARTITION
-    REQUEST_FIELD = "release_partitions"
-
+class ReleasePartitionsTask(TriggerTask, kind=qc.TASK_KIND_RELEASE_PARTITION, request="release_partitions"):
     def summary(self) -> str:
         return f"release partitions {list(self.request.partition_ids)} of collection {self.collection_id}"
 
@@ -281,11 +267,8 @@ class ReleasePartitionsTask(TriggerTask):
         await self.post_execute()
 
 
-class LoadBalanceTask(TriggerTask):
+class LoadBalanceTask(TriggerTask, kind=qc.TASK_KIND_LOAD_BALANCE, request="load_balance"):
     """Move segments (and, for a dead node, channels) off the source nodes."""
-
-    KIND = qc.TASK_KIND_LOAD_BALANCE
-    REQUEST_FIELD = "load_balance"
 
     @property
     def node_down(self) -> bool:
@@ -388,11 +371,8 @@ class LoadBalanceTask(TriggerTask):
             await self.env.nodes.remove(src)
 
 
-class HandoffTask(TriggerTask):
+class HandoffTask(TriggerTask, kind=qc.TASK_KIND_HANDOFF, request="handoff"):
     """Load newly sealed segments of a loaded collection; their compaction sources are released after."""
-
-    KIND = qc.TASK_KIND_HANDOFF
-    REQUEST_FIELD = "handoff"
 
     def summary(self) -> str:
         return f"handoff {len(self.request.segment_infos)} segments of collection {self.collection_id}"
@@ -417,10 +397,3 @@ class HandoffTask(TriggerTask):
         if infos:
             self.children = await plan_children(env, self, cid, infos, [], wait=True,
                                                 load_type=env.meta.get_load_type(cid) or data_pb2.LOAD_TYPE_COLLECTION)
-
-
-TRIGGER_KINDS: dict[str, type[TriggerTask]] = {
-    cls.REQUEST_FIELD: cls
-    for cls in (LoadCollectionTask, LoadPartitionsTask, ReleaseCollectionTask, ReleasePartitionsTask,
-                LoadBalanceTask, HandoffTask)
-}

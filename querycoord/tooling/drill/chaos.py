@@ -21,9 +21,9 @@ distribution, each segment held once, nothing of released collections held, no t
 still queued or running on the leader when quiescence times out are *stuck*. The run ends with one JSON line;
 its exit status is 1 when a call went unanswered, an invariant failed or a trigger stuck.
 
-The harness is the failover drill's (``FailoverDrill``: child processes with pdeathsig, leader tracking and
-kills with restart, the supervisor that replaces nodes exiting on their own, the views the checker reads);
-this module adds the proxies, the concurrent clients, the faults and the oracle.
+The processes are the cluster harness's (``querycoord.tooling.harness``), driven as in the failover drill
+(``FailoverDrill``: leader kills with restart, the supervisor that replaces nodes exiting on their own, the
+views the checker reads); this module adds the proxies, the concurrent clients, the faults and the oracle.
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ from typing import Any
 
 import grpc
 
-from meta.child import ChildProcess, log_tail
 from meta.client import connect
 from meta.errors import MetaError
 from meta.etcd_server import EtcdCluster
@@ -50,7 +49,9 @@ from proto import common_pb2, data_pb2, querycoord_pb2_grpc
 from proto import querycoord_pb2 as qc
 from querycoord.catalog.store import CatalogError, CatalogStore, status_of
 from querycoord.client import CoordinatorUnavailable, QueryCoordClient
-from querycoord.drill.chaos_ops import (
+from querycoord.config import SchedulerConfig
+from querycoord.task.store import TASK_PREFIXES, TaskStore
+from querycoord.tooling.drill.chaos_ops import (
     INF,
     LOAD_STATE_KINDS,
     RELEASED,
@@ -69,20 +70,18 @@ from querycoord.drill.chaos_ops import (
     make_plan,
     state_name,
 )
-from querycoord.drill.failover import (
-    CoordSlot,
+from querycoord.tooling.drill.failover import (
     DrillOptions,
     DrillSetupError,
     FailoverDrill,
     FaultRecord,
-    NodeSlot,
+    direct_address,
     run_and_report,
 )
-from querycoord.drill.invariants import UNCLEAR_CODES, Expected, MetaView, check
-from querycoord.drill.proxy import TcpProxy
-from querycoord.drill.stale import count_refusals
-from querycoord.task.store import TASK_PREFIXES, TaskStore
-from querycoord.tooling.coordinators import drill_coordinator_argv
+from querycoord.tooling.drill.invariants import UNCLEAR_CODES, Expected, MetaView, check
+from querycoord.tooling.drill.proxy import TcpProxy
+from querycoord.tooling.drill.stale import count_refusals
+from querycoord.tooling.harness import QUERY_NODE, Harness, Member, StartError
 
 EC = common_pb2
 
@@ -127,15 +126,12 @@ class ChaosOptions:
 
     @property
     def settle_s(self) -> float:
-        """How long the leader must stay idle to be quiescent. With a checker (``TRIGGER_CONDITION_CHECKER`` in
-        the proto) it must outlast one checker pass: a difference the checker repairs is a repair, not a
-        violation; what is still wrong after a pass is. The pass comes every ``--checker-interval`` seconds
-        when ``querycoord coord`` has that option, else every 5 s (its default)."""
+        """How long the leader must stay idle to be quiescent: it must outlast one checker pass (every
+        ``--checker-interval`` seconds), since a difference the checker repairs is a repair, not a violation;
+        what is still wrong after a pass is."""
         if self.settle is not None:
             return self.settle
-        if getattr(qc, "TRIGGER_CONDITION_CHECKER", None) is None:
-            return 1.5
-        return (self.checker_interval if coord_has_option("--checker-interval") else 5.0) + 1.0
+        return self.checker_interval + 1.0
 
     @property
     def client_deadline(self) -> float:
@@ -159,18 +155,6 @@ class ChaosOptions:
         flags = [f"--{n.replace('_', '-')} {getattr(self, n):g}" for n in names
                  if n in ("ops", "seed") or getattr(self, n) != getattr(d, n)]
         return "querycoord drill chaos " + " ".join(flags)
-
-
-def coord_has_option(flag: str, value: str = "1") -> bool:
-    """Whether ``querycoord coord`` accepts ``flag`` (the engine grows options while the drill must run on
-    every version of it)."""
-    from querycoord.cli import build_parser
-
-    try:
-        _, unknown = build_parser().parse_known_args(["coord", "--etcd-endpoints", "127.0.0.1:1", flag, value])
-    except SystemExit:
-        return False
-    return not unknown
 
 
 def _one_line(text: str, limit: int = 300) -> str:
@@ -331,7 +315,6 @@ class ChaosDrill(FailoverDrill):
         self.coord_proxies: dict[int, TcpProxy] = {}
         self.node_proxies: dict[int, tuple[TcpProxy, TcpProxy]] = {}  # node id -> (to etcd, from coordinators)
         self._next_node_index = opts.nodes
-        self._checker_flag = coord_has_option("--checker-interval")
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._poller: asyncio.Task[None] | None = None
         self._group = 0
@@ -359,9 +342,9 @@ class ChaosDrill(FailoverDrill):
         self.etcd = etcd
         await asyncio.to_thread(etcd.start)
         self.kv = MetaKV(await connect(etcd.config()), self.root)
-        self.coords = list(await asyncio.gather(*(self._spawn_coordinator(i, "127.0.0.1:0")
-                                                  for i in range(o.coordinators))))
-        addresses = [c.address for c in self.coords]
+        self.harness = Harness(etcd.endpoints, self.root, self.work, ttl=o.ttl, on_event=self._on_event)
+        coords = await asyncio.gather(*(self._start_coordinator(i) for i in range(o.coordinators)))
+        addresses = [c.address for c in coords]
         self.client = QueryCoordClient(addresses, deadline=o.client_deadline, call_timeout=o.call_timeout)
         self.clients = [QueryCoordClient(addresses, deadline=o.client_deadline, call_timeout=o.call_timeout)
                         for _ in range(o.clients)]
@@ -373,52 +356,51 @@ class ChaosDrill(FailoverDrill):
         for cid in self.coll_ids:
             self._states[cid] = {RELEASED}
             self._attempts[cid] = []
-        self.nodes = list(await asyncio.gather(*(self._spawn_node(i) for i in range(o.nodes))))
+        self.nodes = list(await asyncio.gather(*(self._start_node(i) for i in range(o.nodes))))
         await self._wait_nodes_online(timeout=60)
-        leader = self._leader()
+        leader = self.cluster.leader
         self.say(f"cluster up: leader {leader.label if leader else '?'}, nodes {[n.node_id for n in self.nodes]}, "
                  f"collections {self.coll_ids[0]}..{self.coll_ids[-1]}; every etcd and node link through a proxy")
 
-    async def _coordinator_argv(self, index: int, listen: str) -> list[str]:
-        """``querycoord coord`` with its etcd endpoint on the coordinator's own proxy (kept across restarts)."""
+    def _coordinator_flags(self) -> list[str]:
+        # The scheduler's own wait interval (not the preset's): the chaos drill was tuned with it.
+        return [*super()._coordinator_flags(), "--rpc-timeout", f"{self.copts.rpc_timeout:g}",
+                "--wait-interval", f"{SchedulerConfig.wait_interval:g}",
+                "--checker-interval", f"{self.copts.checker_interval:g}"]
+
+    async def _coordinator_etcd(self, index: int) -> str:
+        """The coordinator's own proxy to etcd, kept across its restarts."""
         assert self.etcd is not None
         proxy = self.coord_proxies.get(index)
         if proxy is None:
             proxy = self.coord_proxies[index] = await TcpProxy(self.etcd.endpoints[0], name=f"c{index}-etcd").start()
-        return drill_coordinator_argv(
-            proxy.address, self.root, listen, self.opts.ttl, max_request_bytes=self.opts.max_request_bytes,
-            rpc_timeout=self.copts.rpc_timeout, wait_interval=None,
-            extra=["--checker-interval", f"{self.copts.checker_interval:g}"] if self._checker_flag else [])
+        return proxy.address
 
-    async def _spawn_node(self, index: int, generation: int = 0) -> NodeSlot:
+    async def _start_node(self, index: int, member: Member | None = None) -> Member:
         """``querycoord querynode`` behind two proxies: its etcd endpoint, and the address it advertises."""
         assert self.etcd is not None
+        generation = 0 if member is None else member.generation + 1
         to_etcd = await TcpProxy(self.etcd.endpoints[0], name=f"n{index}.{generation}-etcd").start()
         link = await TcpProxy(name=f"n{index}.{generation}-link").start()  # target known once the node listens
-        argv = ["-m", "querycoord.cli", "--log-level", "INFO", "querynode", "--etcd-endpoints", to_etcd.address,
-                "--root", self.root, "--ttl", f"{self.opts.ttl:g}", "--capacity-mb", "4096",
-                "--latency-ms", f"{self.opts.node_latency_ms:g}", "--advertise", link.address]
-        log = self.work / f"node-{index}.{generation}.log"
-        child = await ChildProcess.spawn(f"query node n{index}.{generation}", argv, log_path=log, env=self.env)
         try:
-            ready = await child.wait_event("ready", timeout=60)
-        except (EOFError, TimeoutError) as exc:
-            await child.stop()
+            node = await self.cluster.start_node(
+                QUERY_NODE, index, "--capacity-mb", "4096", "--latency-ms", f"{self.opts.node_latency_ms:g}",
+                "--advertise", link.address, member=member, etcd=to_etcd.address)
+        except StartError:
             await to_etcd.close()
             await link.close()
-            raise DrillSetupError(f"query node n{index} did not start: {exc}\n{log_tail(log)}") from exc
-        listen = str(ready.get("listen_address") or ready["address"])
-        link.set_target(listen)
-        node_id = int(ready["node_id"])
-        self.node_proxies[node_id] = (to_etcd, link)
-        # The drill itself reads the node's distribution directly, never through the proxy it may cut.
-        return NodeSlot(index, child, node_id, listen, generation)
+            raise
+        # The drill itself reads the node's distribution directly (``direct_address``), never through the proxy
+        # it may cut.
+        link.set_target(direct_address(node))
+        self.node_proxies[node.node_id] = (to_etcd, link)
+        return node
 
-    async def _restart_coordinator(self, slot: CoordSlot) -> None:
-        await super()._restart_coordinator(slot)
+    async def _restart_coordinator(self, member: Member) -> None:
+        await super()._restart_coordinator(member)
         for c in self.clients:
-            if slot.address not in c.addresses:
-                c.addresses.append(slot.address)
+            if member.address not in c.addresses:
+                c.addresses.append(member.address)
 
     async def _stop_cluster(self) -> None:
         if self._poller is not None:
@@ -608,7 +590,7 @@ class ChaosDrill(FailoverDrill):
             await self._fault(f)
         except TimeoutError:
             self.say(f"fault {f.kind}: no leader to hit within 30s; skipped")
-        except DrillSetupError as exc:  # a node to add did not start: the drill's trouble, not the cluster's
+        except StartError as exc:  # a node to add did not start: the drill's trouble, not the cluster's
             self.say(f"fault {f.kind}: could not be injected: {str(exc).splitlines()[0]}")
 
     def _record_fault(self, what: str) -> FaultRecord:
@@ -649,13 +631,13 @@ class ChaosDrill(FailoverDrill):
             self._partition(proxy, f, f"leader {leader.label} cut off from etcd, still reaching the nodes")
             await self._hold(proxy, f.hold_s)
         elif kind == "standby_etcd_cut":
-            leader = self._leader()
-            standbys = [c for c in self.coords if c is not leader and c.child.running]
+            current = self.cluster.leader
+            standbys = [c for c in self.coords if c is not current and c.running]
             if not standbys:
                 return
-            slot = standbys[f.slot % len(standbys)]
-            proxy = self.coord_proxies[slot.index]
-            self._partition(proxy, f, f"standby {slot.label} cut off from etcd")
+            standby = standbys[f.slot % len(standbys)]
+            proxy = self.coord_proxies[standby.index]
+            self._partition(proxy, f, f"standby {standby.label} cut off from etcd")
             await self._hold(proxy, f.hold_s)
         elif kind == "node_kill" and len(self.nodes) > self.copts.min_nodes:
             await self._kill_node_for_good(f.slot)
@@ -682,23 +664,21 @@ class ChaosDrill(FailoverDrill):
 
     async def _kill_node_for_good(self, slot_index: int) -> None:
         """SIGKILL a query node without replacing it: the leader must move its work (NodeDown balance)."""
-        slot = self.nodes[slot_index % len(self.nodes)]
-        while slot.index in self._replacing:  # the supervisor is replacing it: kill the replacement
+        node = self.nodes[slot_index % len(self.nodes)]
+        while node.index in self._replacing:  # the supervisor is replacing it: kill the replacement
             await asyncio.sleep(0.1)
-            slot = self.nodes[slot_index % len(self.nodes)]
-        slot.child.kill_now()
-        self.nodes.remove(slot)
+            node = self.nodes[slot_index % len(self.nodes)]
+        self.nodes.remove(node)
+        await self.cluster.kill(node)
         self.cres.node_kills += 1
-        self._record_fault(f"node_kill: SIGKILL node {slot.node_id} (n{slot.index}.{slot.generation}); "
-                           f"{len(self.nodes)} nodes left")
-        await slot.child.stop(1)
+        self._record_fault(f"node_kill: SIGKILL node {node.node_id} ({node.label}); {len(self.nodes)} nodes left")
 
     async def _add_node(self) -> None:
         index = self._next_node_index
         self._next_node_index += 1
-        slot = await self._spawn_node(index)
-        self.nodes.append(slot)
-        self._record_fault(f"node_add: node {slot.node_id} (n{index}) started; {len(self.nodes)} nodes")
+        node = await self._start_node(index)
+        self.nodes.append(node)
+        self._record_fault(f"node_add: node {node.node_id} (n{index}) started; {len(self.nodes)} nodes")
 
     # ----- the leader's view --------------------------------------------------------------------------------------
     def _stub(self, address: str) -> querycoord_pb2_grpc.QueryCoordStub:
@@ -710,7 +690,7 @@ class ChaosDrill(FailoverDrill):
     async def _leader_call(self, method: str, request: Any, timeout: float = 5.0) -> Any:
         """``method`` on the coordinator that leads now, asked directly (a standby would answer ListTasks from
         etcd, not from the scheduler); None when no coordinator answers as the leader."""
-        leader = self._leader()
+        leader = self.cluster.leader
         if leader is None:
             return None
         stub = self._stub(leader.address)

@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import socket
 import struct
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -208,9 +209,9 @@ class TcpProxy:
                         w.close()
 
     @staticmethod
-    async def _wait_or_drop(conn: _Conn, waiting: object) -> bool:
+    async def _wait_or_drop(conn: _Conn, waiting: Awaitable[object]) -> bool:
         """Await ``waiting`` unless the connection is dropped first; True if it may go on."""
-        wait = asyncio.ensure_future(waiting)  # type: ignore[arg-type]
+        wait = asyncio.ensure_future(waiting)
         drop = asyncio.ensure_future(conn.dropped.wait())
         try:
             await asyncio.wait({wait, drop}, return_when=asyncio.FIRST_COMPLETED)

@@ -2,7 +2,7 @@
 
 ``add_drill_parser(subparsers)`` registers ``drill`` (with its ``failover``,
 ``streams`` and ``chaos`` sub-commands) on the ``querycoord`` CLI; ``main(argv)`` is the same command
-line without the CLI: ``python -m querycoord.drill failover ...``. The drill
+line without the CLI: ``python -m querycoord.tooling.drill failover ...``. The drill
 modules are imported lazily so that ``querycoord --help`` stays fast.
 """
 
@@ -12,7 +12,7 @@ import argparse
 import asyncio
 import os
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 
@@ -72,8 +72,8 @@ def _add_streams(sub: Any) -> argparse.ArgumentParser:
 
 def cmd_streams(args: argparse.Namespace) -> int:
     """Handler of ``drill streams`` (``args.func``)."""
-    from querycoord.drill.streams import StreamDrillOptions, run_streams
     from querycoord.logs import setup_logging
+    from querycoord.tooling.drill.streams import StreamDrillOptions, run_streams
 
     setup_logging(getattr(args, "log_level", None) or os.environ.get("QUERYCOORD_DRILL_LOG_LEVEL") or "WARNING")
     try:
@@ -132,8 +132,8 @@ def _add_chaos(sub: Any) -> argparse.ArgumentParser:
 
 def cmd_chaos(args: argparse.Namespace) -> int:
     """Handler of ``drill chaos`` (``args.func``)."""
-    from querycoord.drill.chaos import ChaosOptions, run_chaos
     from querycoord.logs import setup_logging
+    from querycoord.tooling.drill.chaos import ChaosOptions, run_chaos
 
     setup_logging(getattr(args, "log_level", None) or os.environ.get("QUERYCOORD_DRILL_LOG_LEVEL") or "WARNING")
     try:
@@ -160,7 +160,7 @@ def _add_run_options(p: argparse.ArgumentParser, verbose_help: str) -> None:
     p.add_argument("-v", "--verbose", action="store_true", help=verbose_help)
 
 
-def _run(opts: Any, runner: Callable[[Any], Awaitable[int]]) -> int:
+def _run(opts: Any, runner: Callable[[Any], Coroutine[Any, Any, int]]) -> int:
     """Validate the options (a bad one is one error line, exit 2) and run the drill to its exit code."""
     try:
         opts.validate()
@@ -186,8 +186,8 @@ def add_drill_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def cmd_failover(args: argparse.Namespace) -> int:
     """Handler of ``drill failover`` (``args.func``)."""
-    from querycoord.drill.failover import DrillOptions, run_failover
     from querycoord.logs import setup_logging
+    from querycoord.tooling.drill.failover import DrillOptions, run_failover
 
     # The drill's own process logs little: its output is the table; children log to files.
     setup_logging(getattr(args, "log_level", None) or os.environ.get("QUERYCOORD_DRILL_LOG_LEVEL") or "WARNING")
@@ -205,8 +205,8 @@ def cmd_failover(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m querycoord.drill failover|streams|chaos ...``."""
-    parser = argparse.ArgumentParser(prog="python -m querycoord.drill", description="failure drills")
+    """``python -m querycoord.tooling.drill failover|streams|chaos ...``."""
+    parser = argparse.ArgumentParser(prog="python -m querycoord.tooling.drill", description="failure drills")
     parser.add_argument("--log-level", default=None, help="log level of the drill process (default WARNING)")
     sub = parser.add_subparsers(dest="drill", required=True, metavar="DRILL")
     _add_failover(sub)

@@ -33,7 +33,7 @@ from typing import Any
 
 import grpc
 
-from meta.child import ChildProcess, child_env, log_tail
+from meta.child import ChildProcess, log_tail
 from meta.client import connect
 from meta.election import current_leader, election_prefix
 from meta.etcd_server import EtcdCluster
@@ -42,7 +42,10 @@ from proto import common_pb2, data_pb2, querynode_pb2, querynode_pb2_grpc
 from proto import querycoord_pb2 as qc
 from querycoord.catalog.store import CatalogStore
 from querycoord.client import CoordinatorUnavailable, QueryCoordClient
-from querycoord.drill.invariants import (
+from querycoord.protocol import QUERYCOORD_ELECTION
+from querycoord.querymeta import QueryMeta
+from querycoord.task.store import TASK_PREFIXES
+from querycoord.tooling.drill.invariants import (
     UNCLEAR_CODES,
     CatalogColl,
     CheckResult,
@@ -52,8 +55,8 @@ from querycoord.drill.invariants import (
     NodeView,
     check,
 )
-from querycoord.drill.leaders import LeaderTracking
-from querycoord.drill.schedule import (
+from querycoord.tooling.drill.leaders import wait_until
+from querycoord.tooling.drill.schedule import (
     EtcdKill,
     KillLeader,
     KillNode,
@@ -64,18 +67,29 @@ from querycoord.drill.schedule import (
     describe,
     make_schedule,
 )
-from querycoord.drill.stale import PauseReport, Window, changes_between, count_refusals, stable_revision
-from querycoord.protocol import QUERYCOORD_ELECTION
-from querycoord.querymeta import QueryMeta
-from querycoord.task.store import TASK_PREFIXES
-from querycoord.tooling.coordinators import drill_coordinator_argv
+from querycoord.tooling.drill.stale import PauseReport, Window, changes_between, count_refusals, stable_revision
+from querycoord.tooling.harness import QUERY_NODE, Harness, Member, StartError
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
 EC = common_pb2
 
 
-class DrillSetupError(Exception):
-    """The cluster could not be started; the message names the part and quotes its log."""
+class DrillSetupError(StartError):
+    """The cluster could not be set up beyond starting its processes (no leader, nodes never online...).
+
+    A ``StartError`` too, so one ``except StartError`` covers every way a drill cannot get going.
+    """
+
+
+# Beyond the scaled preset (``coord --scaled``): a bounded trigger deadline, a few children at a time and (with
+# ``--max-request-bytes``) small merged requests, so a load has many children to be killed in the middle of; the
+# back-off cap the drills were tuned with.
+DRILL_COORD_FLAGS = ("--scaled", "--max-concurrent-children", "4", "--trigger-timeout", "120",
+                     "--retry-backoff-max", "0.5")
+
+
+def direct_address(node: Member) -> str:
+    """Where the drill itself reaches a query node: its bound address, never a proxy it advertises instead."""
+    return str(node.ready.get("listen_address") or node.address)
 
 
 @dataclass
@@ -129,7 +143,7 @@ class DrillOptions:
                     "node_kills", "ops", "node_latency_ms")
         flags = [f"--{name.replace('_', '-')} {getattr(self, name):g}" for name in (*always, *optional)
                  if name in always or getattr(self, name) != getattr(d, name)]
-        return "python -m querycoord.drill failover " + " ".join(flags)
+        return "python -m querycoord.tooling.drill failover " + " ".join(flags)
 
     def schedule_options(self) -> ScheduleOptions:
         return ScheduleOptions(collections=self.collections, partitions=self.partitions, nodes=self.nodes,
@@ -167,29 +181,6 @@ class FaultRecord:
     t: float
     what: str
     note: str = ""
-
-
-@dataclass
-class CoordSlot:
-    index: int
-    child: ChildProcess
-    address: str
-    generation: int = 0
-    role: str = "standby"  # leader / standby / dead
-    role_t: float = 0.0
-
-    @property
-    def label(self) -> str:
-        return f"c{self.index}.{self.generation} {self.address}"
-
-
-@dataclass
-class NodeSlot:
-    index: int
-    child: ChildProcess
-    node_id: int
-    address: str
-    generation: int = 0
 
 
 @dataclass
@@ -244,7 +235,7 @@ class DrillResult:
 
 
 # ----- the drill ------------------------------------------------------------------------------------------------
-class FailoverDrill(LeaderTracking):
+class FailoverDrill:
     """One run (see module docstring). ``run`` returns the result; every process is stopped before it returns."""
 
     def __init__(self, opts: DrillOptions, out: Any = None):
@@ -254,16 +245,14 @@ class FailoverDrill(LeaderTracking):
         self.schedule = make_schedule(opts.seed, opts.schedule_options())
         self.result = DrillResult(opts, self.schedule)
         self.root = f"drill-{opts.seed}"
-        self.env = child_env(project_root=PROJECT_ROOT)
         self.work = Path(opts.work_dir) if opts.work_dir else Path(tempfile.mkdtemp(prefix="querycoord-drill-"))
         self.result.work_dir = self.work
         self.etcd: EtcdCluster | None = None
         self.kv: MetaKV | None = None
         self.client: QueryCoordClient | None = None
-        self.coords: list[CoordSlot] = []
-        self.nodes: list[NodeSlot] = []
-        self.leader_log: list[tuple[CoordSlot, ChildProcess, dict[str, Any]]] = []
-        self._changed = asyncio.Event()
+        self.harness: Harness | None = None  # once etcd is up
+        self.nodes: list[Member] = []  # the query nodes the drill keeps running, by slot
+        self.leader_log: list[tuple[Member, ChildProcess, dict[str, Any]]] = []
         self.coll_ids: list[int] = []
         self.part_ids: dict[int, list[int]] = {}
         self.expected: dict[int, Expected] = {}
@@ -275,6 +264,16 @@ class FailoverDrill(LeaderTracking):
         self._supervisor: asyncio.Task[None] | None = None
         self._replacing: set[int] = set()
         self._etcd_down: set[int] = set()  # members the drill killed (or is restarting) on purpose
+
+    @property
+    def cluster(self) -> Harness:
+        assert self.harness is not None, "the harness exists once etcd is up"
+        return self.harness
+
+    @property
+    def coords(self) -> list[Member]:
+        """By index, not by start order: seeded faults pick a coordinator by its position."""
+        return sorted(self.cluster.coordinators, key=lambda m: m.index)
 
     # ----- output -----------------------------------------------------------------------------------------------
     def now(self) -> float:
@@ -315,94 +314,52 @@ class FailoverDrill(LeaderTracking):
         self.etcd = etcd
         await asyncio.to_thread(etcd.start)
         self.kv = MetaKV(await connect(etcd.config()), self.root)
-        self.coords = list(await asyncio.gather(*(self._spawn_coordinator(i, "127.0.0.1:0")
-                                                  for i in range(o.coordinators))))
-        self.client = QueryCoordClient([c.address for c in self.coords], deadline=o.client_deadline)
+        self.harness = Harness(etcd.endpoints, self.root, self.work, ttl=o.ttl, on_event=self._on_event)
+        coords = await asyncio.gather(*(self._start_coordinator(i) for i in range(o.coordinators)))
+        self.client = QueryCoordClient([c.address for c in coords], deadline=o.client_deadline)
         try:
             await self._wait_leader(timeout=60)
         except TimeoutError:
             raise DrillSetupError(f"no coordinator became leader within 60s; logs in {self.work}") from None
         await self._create_collections()
-        self.nodes = list(await asyncio.gather(*(self._spawn_node(i) for i in range(o.nodes))))
+        self.nodes = list(await asyncio.gather(*(self._start_node(i) for i in range(o.nodes))))
         await self._wait_nodes_online(timeout=60)
-        self.say(f"cluster up: leader {self._leader().label if self._leader() else '?'}, nodes "
+        leader = self.cluster.leader
+        self.say(f"cluster up: leader {leader.label if leader else '?'}, nodes "
                  f"{[n.node_id for n in self.nodes]}, collections {self.coll_ids[0]}..{self.coll_ids[-1]}")
 
-    def _on_event(self, slot: CoordSlot, child: ChildProcess, event: dict[str, Any]) -> None:
+    def _on_event(self, member: Member, event: dict[str, Any]) -> None:
+        """The harness's hook: it has set ``member.state`` already; takeovers are found in ``leader_log``."""
         kind = event.get("event")
-        if kind in ("leader", "standby") and slot.child is child:
-            slot.role = str(kind)
-            slot.role_t = float(event.get("t", time.time()))
-            self.leader_log.append((slot, child, event))
-            self.note(f"{slot.label} is now {kind}")
-        self._changed.set()
+        if kind in ("leader", "standby"):
+            self.leader_log.append((member, member.child, event))
+            self.note(f"{member.label} is now {kind}")
 
-    async def _coordinator_argv(self, index: int, listen: str) -> list[str]:
-        """The command line of coordinator ``index`` (a hook: the chaos drill routes it through a proxy)."""
-        assert self.etcd is not None
-        return drill_coordinator_argv(self.etcd.endpoints, self.root, listen, self.opts.ttl,
-                                      max_request_bytes=self.opts.max_request_bytes)
+    def _coordinator_flags(self) -> list[str]:
+        """``querycoord coord``'s options beyond the connection (a hook: the chaos drill adds its own)."""
+        return [*DRILL_COORD_FLAGS, "--max-request-bytes", str(self.opts.max_request_bytes)]
 
-    async def _spawn_coordinator(self, index: int, listen: str, slot: CoordSlot | None = None) -> CoordSlot:
-        """Start coordinator ``index`` on ``listen``; with ``slot`` it replaces that slot's (dead) process."""
-        assert self.etcd is not None
-        generation = 0 if slot is None else slot.generation + 1
-        holder: dict[str, CoordSlot] = {}
-        argv = await self._coordinator_argv(index, listen)
-        log = self.work / f"coord-{index}.{generation}.log"
-        child = await ChildProcess.spawn(f"coordinator c{index}.{generation}", argv, log_path=log, env=self.env,
-                                         sink=lambda ch, ev: self._on_event(holder["slot"], ch, ev)
-                                         if "slot" in holder else None)
-        try:
-            ready = await child.wait_event("ready", timeout=60)
-        except (EOFError, TimeoutError) as exc:
-            await child.stop()
-            raise DrillSetupError(f"coordinator c{index} did not start: {exc}\n{log_tail(log)}") from exc
-        if slot is None:
-            slot = CoordSlot(index, child, ready["address"])
-        else:
-            slot.child, slot.address, slot.generation, slot.role = child, ready["address"], generation, "standby"
-        holder["slot"] = slot
-        # Events that arrived before the slot existed (a fast first leader).
-        for ev in list(child.events):
-            self._on_event(slot, child, ev)
-        return slot
+    async def _coordinator_etcd(self, index: int) -> str | None:
+        """The etcd endpoint coordinator ``index`` is given; None: etcd's own (the chaos drill gives a proxy)."""
+        return None
 
-    async def _restart_coordinator(self, slot: CoordSlot) -> None:
-        """Start the killed coordinator again as a standby, on its old address if it is still free.
+    async def _start_coordinator(self, index: int) -> Member:
+        return await self.cluster.start_coordinator(index, "127.0.0.1:0", *self._coordinator_flags(),
+                                                    etcd=await self._coordinator_etcd(index))
 
-        A coordinator cannot start while etcd is unreachable (it exits): retry
-        for about a minute, the last attempts on a fresh port in case the old
-        one was taken.
-        """
-        old_address = slot.address
-        for attempt in range(1, 7):
-            listen = old_address if attempt <= 3 else "127.0.0.1:0"
-            try:
-                await self._spawn_coordinator(slot.index, listen, slot)
-                break
-            except DrillSetupError as exc:
-                if attempt == 6:
-                    raise
-                self.say(f"c{slot.index} did not restart on {listen} ({str(exc).splitlines()[0]}); retrying")
-                await asyncio.sleep(2.0 * attempt)
+    async def _restart_coordinator(self, member: Member) -> None:
+        """Start the killed coordinator again as a standby (the harness retries while etcd is unreachable), and
+        make sure the client knows its address, which is new when the old port was taken."""
+        await self.cluster.restart_coordinator(member, *self._coordinator_flags(),
+                                               etcd=await self._coordinator_etcd(member.index), say=self.say)
         assert self.client is not None
-        if slot.address not in self.client.addresses:
-            self.client.addresses.append(slot.address)
+        if member.address not in self.client.addresses:
+            self.client.addresses.append(member.address)
 
-    async def _spawn_node(self, index: int, generation: int = 0) -> NodeSlot:
-        assert self.etcd is not None
-        argv = ["-m", "querycoord.nodes.querynode", "--log-level", "INFO",
-                "--etcd-endpoints", ",".join(self.etcd.endpoints), "--root", self.root, "--ttl", f"{self.opts.ttl:g}",
-                "--capacity-mb", "4096", "--latency-ms", f"{self.opts.node_latency_ms:g}"]
-        log = self.work / f"node-{index}.{generation}.log"
-        child = await ChildProcess.spawn(f"query node n{index}.{generation}", argv, log_path=log, env=self.env)
-        try:
-            ready = await child.wait_event("ready", timeout=60)
-        except (EOFError, TimeoutError) as exc:
-            await child.stop()
-            raise DrillSetupError(f"query node n{index} did not start: {exc}\n{log_tail(log)}") from exc
-        return NodeSlot(index, child, int(ready["node_id"]), str(ready["address"]), generation)
+    async def _start_node(self, index: int, member: Member | None = None) -> Member:
+        """Query node ``index``; with ``member`` its replacement (a new process under a new node id)."""
+        return await self.cluster.start_node(QUERY_NODE, index, "--capacity-mb", "4096",
+                                             "--latency-ms", f"{self.opts.node_latency_ms:g}", member=member)
 
     async def _create_collections(self) -> None:
         assert self.kv is not None
@@ -443,9 +400,8 @@ class FailoverDrill(LeaderTracking):
                 t.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await t
-        # Coordinators first (they resign instead of balancing the nodes' segments as they leave).
-        await asyncio.gather(*(c.child.stop(5) for c in self.coords), return_exceptions=True)
-        await asyncio.gather(*(n.child.stop(5) for n in self.nodes), return_exceptions=True)
+        if self.harness is not None:
+            await self.harness.stop(5)
         if self.kv is not None:
             with contextlib.suppress(Exception):
                 await self.kv.client.close()
@@ -453,20 +409,20 @@ class FailoverDrill(LeaderTracking):
             await asyncio.to_thread(self.etcd.stop)
 
     # ----- leadership -----------------------------------------------------------------------------------------------
-    async def _wait_leader(self, timeout: float) -> CoordSlot:
+    async def _wait_leader(self, timeout: float) -> Member:
         """The current leader; TimeoutError if none appears within ``timeout``."""
-        return await self._wait_until(self._leader, timeout)  # type: ignore[no-any-return]
+        return await wait_until(lambda: self.cluster.leader, self.cluster.changed, timeout)
 
-    async def _wait_takeover(self, old: ChildProcess, since: float, timeout: float) -> tuple[CoordSlot, dict[str, Any]]:
-        """The first ``leader`` event of a coordinator other than ``old`` stamped at or after ``since``."""
+    async def _wait_takeover(self, old: ChildProcess, since: float, timeout: float) -> tuple[Member, dict[str, Any]]:
+        """The first ``leader`` event of a coordinator process other than ``old`` stamped at or after ``since``."""
 
-        def found() -> tuple[CoordSlot, dict[str, Any]] | None:
-            for slot, child, ev in self.leader_log:
+        def found() -> tuple[Member, dict[str, Any]] | None:
+            for member, child, ev in self.leader_log:
                 if child is not old and ev.get("event") == "leader" and float(ev.get("t", 0)) >= since:
-                    return slot, ev
+                    return member, ev
             return None
 
-        return await self._wait_until(found, timeout)  # type: ignore[no-any-return]
+        return await wait_until(found, self.cluster.changed, timeout)
 
     async def _settle_kill(self) -> None:
         """Wait for the previous leader kill (takeover and restart) to complete: one kill at a time."""
@@ -484,12 +440,12 @@ class FailoverDrill(LeaderTracking):
         rec = KillRecord(len(self.result.kills) + 1, self.now(), mode, leader.label)
         self.result.kills.append(rec)
         old = leader.child
-        t_kill = old.kill_now()
-        leader.role = "dead"
+        await self.cluster.kill(leader)
+        t_kill = old.killed_at or time.time()
         self.say(f"kill #{rec.n} ({mode}): SIGKILL leader {leader.label}")
         self._kill_task = asyncio.create_task(self._after_kill(leader, old, t_kill, rec), name=f"kill-{rec.n}")
 
-    async def _after_kill(self, slot: CoordSlot, old: ChildProcess, t_kill: float, rec: KillRecord) -> None:
+    async def _after_kill(self, member: Member, old: ChildProcess, t_kill: float, rec: KillRecord) -> None:
         try:
             new, ev = await self._wait_takeover(old, t_kill, timeout=max(60.0, 10 * self.opts.ttl))
             rec.new, rec.takeover_s = new.label, float(ev["t"]) - t_kill
@@ -498,9 +454,8 @@ class FailoverDrill(LeaderTracking):
             rec.note = "no takeover within the timeout"
             self._extra_violations.append(f"kill #{rec.n}: no coordinator took over within 60s")
             self.say(f"kill #{rec.n}: NO TAKEOVER")
-        await old.stop(1)
-        await self._restart_coordinator(slot)
-        self.note(f"kill #{rec.n}: {slot.label} restarted as a standby")
+        await self._restart_coordinator(member)
+        self.note(f"kill #{rec.n}: {member.label} restarted as a standby")
 
     # ----- schedule ----------------------------------------------------------------------------------------------
     async def _run_schedule(self) -> None:
@@ -620,23 +575,22 @@ class FailoverDrill(LeaderTracking):
         """
         while True:
             await asyncio.sleep(0.3)
-            for slot in list(self.nodes):
-                child = slot.child
-                if child.running or child.killed_at is not None or slot.index in self._replacing:
+            for node in list(self.nodes):
+                if node.running or node.state == "dead" or node.index in self._replacing:
                     continue
-                last = log_tail(child.log_path, 1).strip()
-                rec = FaultRecord(self.now(), f"node n{slot.index}: node {slot.node_id} exited on its own "
-                                              f"(code {child.proc.returncode}: {last[:110]})")
+                last = log_tail(node.log_path, 1).strip()
+                rec = FaultRecord(self.now(), f"node n{node.index}: node {node.node_id} exited on its own "
+                                              f"(code {node.child.proc.returncode}: {last[:110]})")
                 self.result.faults.append(rec)
                 self.say(rec.what)
-                await self._replace_node(slot, rec)
+                await self._replace_node(node, rec)
             await self._supervise_etcd()
             for c in self.coords:
-                if c.child.running or c.child.killed_at is not None or c.role == "dead":
+                if c.running or c.state == "dead":
                     continue
-                c.role = "dead"
+                c.state = "dead"
                 what = (f"coordinator {c.label} exited on its own (code {c.child.proc.returncode}); "
-                        f"see {c.child.log_path}")
+                        f"see {c.log_path}")
                 self._extra_violations.append(what)
                 self.say(what)
                 await self._restart_coordinator(c)
@@ -662,32 +616,31 @@ class FailoverDrill(LeaderTracking):
             finally:
                 self._etcd_down.discard(i)
 
-    async def _replace_node(self, slot: NodeSlot, rec: FaultRecord) -> None:
-        self._replacing.add(slot.index)
+    async def _replace_node(self, node: Member, rec: FaultRecord) -> None:
+        """A new process in the dead node's slot (the same ``Member``, a new node id)."""
+        self._replacing.add(node.index)
         try:
             for attempt in range(1, 4):  # etcd may be losing a member right now
                 try:
-                    new = await self._spawn_node(slot.index, slot.generation + attempt)
+                    await self._start_node(node.index, member=node)
                     break
-                except DrillSetupError:
+                except StartError:
                     if attempt == 3:
                         raise
                     await asyncio.sleep(1.0)
-            self.nodes[self.nodes.index(slot)] = new
-            rec.note = f"replaced by node {new.node_id}"
+            rec.note = f"replaced by node {node.node_id}"
         finally:
-            self._replacing.discard(slot.index)
+            self._replacing.discard(node.index)
 
     async def _kill_node(self, slot_index: int) -> None:
-        slot = self.nodes[slot_index % len(self.nodes)]
-        while slot.index in self._replacing:  # the supervisor is replacing it already
+        node = self.nodes[slot_index % len(self.nodes)]
+        while node.index in self._replacing:  # the supervisor is replacing it already
             await asyncio.sleep(0.1)
-            slot = self.nodes[slot_index % len(self.nodes)]
-        slot.child.kill_now()
-        await slot.child.stop(1)
-        rec = FaultRecord(self.now(), f"node n{slot.index}: SIGKILL node {slot.node_id}")
+            node = self.nodes[slot_index % len(self.nodes)]
+        await self.cluster.kill(node)
+        rec = FaultRecord(self.now(), f"node n{node.index}: SIGKILL node {node.node_id}")
         self.result.faults.append(rec)
-        await self._replace_node(slot, rec)
+        await self._replace_node(node, rec)
         self.say(f"{rec.what}, {rec.note}")
 
     async def _etcd_fault(self, action: EtcdKill) -> None:
@@ -786,15 +739,16 @@ class FailoverDrill(LeaderTracking):
         for w in report.windows:
             w.changes = await changes_between(self.kv, w.start, w.end)
         await asyncio.sleep(1.0)
-        with contextlib.suppress(OSError):
-            report.refused_in_log = count_refusals(old.log_path.read_text(errors="replace"))
-        stale = [c for w in report.windows for c in w.stale]
+        if old.log_path is not None:
+            with contextlib.suppress(OSError):
+                report.refused_in_log = count_refusals(old.log_path.read_text(errors="replace"))
+        stale = [change for w in report.windows for change in w.stale]
         doubt = "" if report.conclusive else f" (INCONCLUSIVE: {'; '.join(report.notes)})"
         self.say(f"pause: {len(report.windows)} windows with only the old leader running: "
                  f"{report.window_changes} changes in etcd, {len(stale)} stale writes, {report.refused_in_log} "
                  f"refusals in its log{doubt}")
-        for c in stale[:10]:
-            self.say(f"pause: STALE WRITE at revision {c.revision}: {c.kind} {c.key}")
+        for change in stale[:10]:
+            self.say(f"pause: STALE WRITE at revision {change.revision}: {change.kind} {change.key}")
 
     # ----- invariants -----------------------------------------------------------------------------------------
     async def _quiesce(self) -> list[str]:
@@ -877,7 +831,7 @@ class FailoverDrill(LeaderTracking):
     async def _node_views(self) -> dict[int, NodeView]:
         out: dict[int, NodeView] = {}
         for n in self.nodes:
-            async with grpc.aio.insecure_channel(n.address) as ch:
+            async with grpc.aio.insecure_channel(direct_address(n)) as ch:
                 try:
                     d = await querynode_pb2_grpc.QueryNodeStub(ch).GetDataDistribution(
                         querynode_pb2.GetDataDistributionRequest(), timeout=10)
@@ -955,8 +909,8 @@ def render(result: DrillResult) -> str:
     for r in result.calls:
         if r.outcome != "success":
             reasons.setdefault(f"{r.method} {r.code or 'UNANSWERED'}", f"#{r.seq} {r.target}: {r.reason[:150]}")
-    for k, v in sorted(reasons.items()):
-        lines.append(f"    e.g. {k}: {v}")
+    for what, example in sorted(reasons.items()):
+        lines.append(f"    e.g. {what}: {example}")
     slow = sorted(result.calls, key=lambda r: -r.elapsed)[:3]
     if slow:
         lines.append("  slowest: " + "; ".join(f"#{r.seq} {r.method} {r.elapsed:.1f}s" for r in slow))
@@ -984,7 +938,7 @@ async def run_and_report(drill: Any, opts: Any, render_result: Callable[[Any], s
     logs are (kept on failure, with --keep or --work-dir), and the JSON line last. 0 passed, 1 failed, 2 setup."""
     try:
         result = await drill.run()
-    except DrillSetupError as exc:
+    except StartError as exc:
         print(f"error: the drill could not start or keep its processes running: {exc}\n(work dir kept: "
               f"{drill.work})", file=sys.stderr)
         return 2

@@ -3,7 +3,7 @@
 What it shows, each part a real process on the embedded etcd:
 
 1. etcd, two coordinators (one leads, one stands by) and three query nodes
-   start (``cluster_runner``, as ``querycoord up`` does), with 2 s session
+   start (``allinone``, as ``querycoord up`` does), with 2 s session
    TTLs so a crash is noticed quickly;
 2. two collections with tens of partitions and thousands of sealed segments
    are created through the Catalog service (as ``querycoord collection
@@ -57,7 +57,6 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from meta.campaign import spawn_candidate
 from meta.child import ChildProcess
 from meta.client import connect
 from meta.errors import NotLeader
@@ -66,10 +65,12 @@ from meta.fence import Fence
 from meta.kv import MetaKV
 from proto import common_pb2, stream_pb2
 from proto import querycoord_pb2 as qc
-from querycoord import cli, draw
+from querycoord import actions, draw
 from querycoord.client import CoordinatorUnavailable, QueryCoordClient
-from querycoord.cluster_runner import AllInOne, ClusterStartError, CoordinatorProcess, NodeProcess
 from querycoord.logs import setup_logging
+from querycoord.tooling.allinone import AllInOne, ClusterStartError
+from querycoord.tooling.campaign import spawn_candidate
+from querycoord.tooling.harness import Member
 
 TTL = 2.0
 
@@ -87,7 +88,7 @@ class Timeline:
 
 # ===== the cluster demo ===============================================================================================
 def add_demo_arguments(p: argparse.ArgumentParser) -> None:
-    """Options of ``querycoord demo`` / ``python -m querycoord.demo``; the sizes are hidden knobs for tests."""
+    """Options of ``querycoord demo`` / ``python -m querycoord.tooling.demo``; the sizes are hidden knobs for tests."""
     p.add_argument("--election", action="store_true",
                    help="run the stage-one demo instead: leader election and fencing with candidate processes")
     hidden = argparse.SUPPRESS
@@ -106,11 +107,11 @@ def _count(n: int, one: str, many: str = "") -> str:
     return f"{n:,} {one}" if n == 1 else f"{n:,} {many or one + 's'}"
 
 
-def _id(node: NodeProcess) -> int:
+def _id(node: Member) -> int:
     return node.node_id
 
 
-async def pick_victim(c: QueryCoordClient, task_id: int, nodes: list[NodeProcess]) -> NodeProcess:
+async def pick_victim(c: QueryCoordClient, task_id: int, nodes: list[Member]) -> Member:
     """The node to kill: one with loads both done and not yet sent, so the demo shows both recoveries.
 
     Its loads not yet sent are rescheduled within the load; what it already
@@ -219,7 +220,7 @@ async def run_cluster(opts: argparse.Namespace, data_dir: str) -> int:
             descs = []
             for name, (parts, segs) in zip(names, sizes, strict=True):
                 t = time.monotonic()
-                desc, n = await cli.create_collection(c, name, partitions=parts, segments=segs, channels=4)
+                desc, n = await actions.create_collection(c, name, partitions=parts, segments=segs, channels=4)
                 descs.append(desc)
                 tl.say(f"created {name} (id {desc.collection_id}): {parts} partitions, {n:,} segments of 1 MiB "
                        f"in {time.monotonic() - t:.1f}s")
@@ -227,9 +228,9 @@ async def run_cluster(opts: argparse.Namespace, data_dir: str) -> int:
 
             # ---- load A, kill a node in the middle ----
             t = time.monotonic()
-            task_a = await cli.load(c, a)
+            task_a = await actions.load(c, a)
             tl.say(f"LoadCollection {a.name} -> task #{task_a}")
-            killed: list[NodeProcess] = []
+            killed: list[Member] = []
             bar = draw.ProgressBar(f"loading {a.name}", indent=" " * 10)
 
             async def kill_mid_load(pct: int) -> None:
@@ -240,7 +241,7 @@ async def run_cluster(opts: argparse.Namespace, data_dir: str) -> int:
                     bar.message(f"{tl.stamp()}SIGKILL query node {victim.node_id} (pid {victim.pid}) at {pct}%; "
                                 f"its session lapses within {TTL:g}s")
 
-            await cli.follow_load(c, a.collection_id, task_a, bar, on_progress=kill_mid_load)
+            await actions.follow_load(c, a.collection_id, task_a, bar, on_progress=kill_mid_load)
             bar.finish()
             tl.say(f"{a.name} loaded: 100% in {time.monotonic() - t:.1f}s")
             tree = (await c.query("GetTask", qc.GetTaskRequest(task_id=task_a))).tree
@@ -258,10 +259,10 @@ async def run_cluster(opts: argparse.Namespace, data_dir: str) -> int:
                 # before the SIGKILL): wait for the node to be declared gone and emptied, not only for idle.
                 await wait_node_gone(c, killed[0].node_id)
                 await wait_idle(c)
-                trees = await cli.list_trees(c, include_finished=True, include_children=True)
+                trees = await actions.list_trees(c, include_finished=True, include_children=True)
                 for tr in trees:
                     if tr.trigger.trigger_condition == qc.TRIGGER_CONDITION_NODE_DOWN:
-                        segs = sum(cli.segments_in(ch.summary) for ch in tr.children
+                        segs = sum(actions.segments_in(ch.summary) for ch in tr.children
                                    if ch.kind == qc.TASK_KIND_LOAD_SEGMENT)
                         dests = sorted({ch.node_id for ch in tr.children if ch.kind == qc.TASK_KIND_LOAD_SEGMENT})
                         tl.say(f"NodeDown balance #{tr.trigger.task_id} ({draw.state_name(tr.trigger.state)}) moved "
@@ -272,11 +273,11 @@ async def run_cluster(opts: argparse.Namespace, data_dir: str) -> int:
 
             # ---- load B, kill the leading coordinator in the middle ----
             t = time.monotonic()
-            task_b = await cli.load(c, b)
+            task_b = await actions.load(c, b)
             tl.say(f"LoadCollection {b.name} -> task #{task_b}")
             bar = draw.ProgressBar(f"loading {b.name}", indent=" " * 10)
             takeover: list[tuple[str, str, float]] = []  # (dead leader, new leader, seconds)
-            standby: list[asyncio.Task[list[CoordinatorProcess]]] = []
+            standby: list[asyncio.Task[list[Member]]] = []
 
             async def kill_leader_mid_load(pct: int) -> None:
                 if takeover or not opts.kill_leader_at <= pct < 100:
@@ -293,7 +294,7 @@ async def run_cluster(opts: argparse.Namespace, data_dir: str) -> int:
                             f"(resumed the load)")
                 standby.append(asyncio.create_task(cluster.add_coordinators(1)))  # a fresh standby
 
-            await cli.follow_load(c, b.collection_id, task_b, bar, on_progress=kill_leader_mid_load)
+            await actions.follow_load(c, b.collection_id, task_b, bar, on_progress=kill_leader_mid_load)
             bar.finish()
             tl.say(f"{b.name} loaded: 100% in {time.monotonic() - t:.1f}s")
             if not takeover:
@@ -305,22 +306,22 @@ async def run_cluster(opts: argparse.Namespace, data_dir: str) -> int:
 
             # ---- release A ----
             t = time.monotonic()
-            task_r = await cli.release(c, a)
+            task_r = await actions.release(c, a)
             tl.say(f"ReleaseCollection {a.name} (task #{task_r}) done in {time.monotonic() - t:.1f}s")
             await wait_idle(c)
 
             # ---- summary ----
             print("\nsummary")
             print("  collections")
-            for line in draw.table(cli.COLLECTION_HEADERS, await cli.collection_rows(c), right=(0, 2, 3, 5, 6)):
+            for line in draw.table(actions.COLLECTION_HEADERS, await actions.collection_rows(c), right=(0, 2, 3, 5, 6)):
                 print("    " + line)
             nodes = (await c.query("ShowNodes", qc.ShowNodesRequest())).nodes
             print("  query nodes (segments per node)")
-            for line in draw.table(cli.NODE_HEADERS, cli.node_rows(nodes), right=(0, 3, 4, 6)):
+            for line in draw.table(actions.NODE_HEADERS, actions.node_rows(nodes), right=(0, 3, 4, 6)):
                 print("    " + line)
             if killed and all(n.node_id != killed[0].node_id for n in nodes):
                 print(f"    (node {killed[0].node_id} was SIGKILLed: once its segments moved, it left the list)")
-            trees = await cli.list_trees(c, include_finished=True, include_children=True)
+            trees = await actions.list_trees(c, include_finished=True, include_children=True)
             kinds = Counter(draw.kind_name(tr.trigger.kind) for tr in trees)
             children = sum(len(tr.children) for tr in trees)
             resched = sum(1 for tr in trees for ch in tr.children if ch.replaces_task_id)
@@ -346,17 +347,18 @@ STREAM_HEADERS = ("STREAM", "ID", "STATE", "SNODE", "TASK IDS", "TRIGGER snode/S
 
 
 class StreamMgmt:
-    """StreamMgmt calls on the leader (the shared leader-following client); a refusal raises ``cli.Refusal``."""
+    """StreamMgmt calls on the leader (the shared leader-following client); a refusal raises ``actions.Refusal``."""
 
     def __init__(self, cluster: AllInOne):
         self.cluster = cluster
         self.client = QueryCoordClient(cluster.coordinator_addresses, deadline=20.0, call_timeout=5.0)
 
     async def call(self, method: str, request: Any) -> Any:
-        """The leader's SUCCESS response; ``cli.Refusal`` otherwise, ``CoordinatorUnavailable`` if no leader answers."""
+        """The leader's SUCCESS response; ``actions.Refusal`` otherwise, ``CoordinatorUnavailable`` if no leader
+        answers."""
         resp = await self.client.stream(method, request)
         if resp.status.error_code != common_pb2.SUCCESS:
-            raise cli.Refusal(f"{method}: {resp.status.reason}")
+            raise actions.Refusal(f"{method}: {resp.status.reason}")
         return resp
 
     async def show(self) -> stream_pb2.ShowStreamsResponse:
@@ -431,8 +433,9 @@ async def run_streams(cluster: AllInOne, tl: Timeline, opts: argparse.Namespace)
     """Snodes and streams on the stream nodes; an snode's node is SIGKILLed, then the leading coordinator."""
     print("\nstreams")
     readers, *hosts = cluster.stream_nodes
+    source_vgroups = [int(v) for v in readers.ready.get("vgroups", [])]
     tl.say(f"stream nodes {', '.join(f'{n.node_id} (pid {n.pid})' for n in cluster.stream_nodes)} heartbeat; "
-           f"node {readers.node_id} leads vgroups {', '.join(map(str, readers.vgroups))}")
+           f"node {readers.node_id} leads vgroups {', '.join(map(str, source_vgroups))}")
     sm = StreamMgmt(cluster)
     try:
         snode_of: dict[int, int] = {}  # snode id -> node id
@@ -446,7 +449,7 @@ async def run_streams(cluster: AllInOne, tl: Timeline, opts: argparse.Namespace)
         await asyncio.sleep(1.5)
         names = [f"s{i:02d}" for i in range(1, opts.streams + 1)]
         for name in names:
-            req = stream_pb2.CreateStreamRequest(name=name, source_db="demo_db", source_vgroup_ids=readers.vgroups,
+            req = stream_pb2.CreateStreamRequest(name=name, source_db="demo_db", source_vgroup_ids=source_vgroups,
                                                  num_calc_scan_plans=1, num_calc_subplans=2, runner_deploys=3)
             await sm.call("CreateStream", req)
         show = await wait_streams(sm, lambda s: len(s.streams) == len(names) and all(map(_running, s.streams)),
@@ -522,7 +525,7 @@ async def wait_idle(c: QueryCoordClient, timeout: float = 60.0) -> None:
     """Until no trigger is queued or running (a NodeDown balance may follow a load)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not await cli.list_trees(c, include_finished=False, include_children=False):
+        if not await actions.list_trees(c, include_finished=False, include_children=False):
             return
         await asyncio.sleep(0.2)
     raise TimeoutError(f"tasks still running after {timeout:.0f}s")
@@ -535,7 +538,7 @@ def cluster_main(opts: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="querycoord-demo-") as tmp:
         try:
             code = asyncio.run(run_cluster(opts, tmp))
-        except (cli.Refusal, CoordinatorUnavailable, ClusterStartError, TimeoutError) as exc:
+        except (actions.Refusal, CoordinatorUnavailable, ClusterStartError, TimeoutError) as exc:
             print(f"error: {getattr(exc, 'reason', None) or exc}", file=sys.stderr)
             return 1
     print("done: every process stopped")
@@ -616,7 +619,7 @@ def election_main() -> int:
 
 # ===== entry points ===============================================================================================
 def run_from_args(opts: argparse.Namespace) -> int:
-    """Run the demo chosen by parsed options (shared by ``querycoord demo`` and ``python -m querycoord.demo``)."""
+    """Run the demo chosen by parsed options (``querycoord demo``, ``python -m querycoord.tooling.demo``)."""
     if opts.election:
         return election_main()
     for name in ("nodes", "partitions", "segments"):
@@ -633,7 +636,8 @@ def run_from_args(opts: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m querycoord.demo", description="the demo that `make demo` runs")
+    parser = argparse.ArgumentParser(prog="python -m querycoord.tooling.demo",
+                                     description="the demo that `make demo` runs")
     add_demo_arguments(parser)
     return run_from_args(parser.parse_args(argv))
 

@@ -90,8 +90,8 @@ class CheckResult:
         self.details.append(f"violation: {what}")
 
 
-def _short(items: list[int] | list[str] | set[int], n: int = 6) -> str:
-    s = sorted(items)  # type: ignore[type-var]
+def _short(items: list[int] | set[int], n: int = 6) -> str:
+    s = sorted(items)
     return f"{s[:n]}{' ...' if len(s) > n else ''} ({len(s)})"
 
 
@@ -110,8 +110,8 @@ def check(expected: dict[int, Expected], catalog: dict[int, CatalogColl], meta: 
             holders.setdefault(sid, set()).add(nid)
     watchers: dict[tuple[int, str], set[int]] = {}
     for nid, nv in nodes.items():
-        for ch in nv.dm_channels:
-            watchers.setdefault(ch, set()).add(nid)
+        for watched in nv.dm_channels:
+            watchers.setdefault(watched, set()).add(nid)
 
     # --- duplicates -------------------------------------------------------------------------------------------
     dups = {sid: ns for sid, ns in holders.items() if len(ns) > 1}

@@ -1,8 +1,8 @@
 """The stream drill: coordinators and stream nodes as processes, stream faults, stream invariants.
 
 ``querycoord drill streams --nodes 4 --snodes 2 --streams 50 --seed S`` starts an embedded etcd, two
-coordinators (``querycoord coord --stream-fast``: scaled-down stream timings) and ``--nodes`` reference
-stream nodes (``querycoord.nodes.streamnode``; each leads two vgroups, the first ``--snodes`` host an
+coordinators (``querycoord coord --scaled``: scaled-down stream timings) and ``--nodes`` reference
+stream nodes (``querycoord streamnode``; each leads two vgroups, the first ``--snodes`` host an
 snode), creates the snodes and the streams (seeded shapes; a few are then stopped by the user), waits until
 quiescent, then runs its faults one at a time, each followed by a wait until quiescent:
 
@@ -39,23 +39,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from meta.child import ChildProcess, child_env, log_tail
 from meta.etcd_server import EtcdCluster
 from proto import common_pb2, stream_pb2
 from querycoord.client import CoordinatorUnavailable, QueryCoordClient
-from querycoord.drill.leaders import LeaderTracking
 from querycoord.stream.plan import expected_counts
-from querycoord.tooling.coordinators import drill_coordinator_argv
+from querycoord.tooling.drill.leaders import wait_until
+from querycoord.tooling.harness import STREAM_NODE, Harness, Member, StartError
 
 sp = stream_pb2
-PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
 ALIVE = ("INIT", "RUNNING")
 VGROUPS_PER_NODE = 2
 _WATCH_ENDED = re.compile(r"WATCH ended: (\d+) streams adopted")
 
 
-class DrillSetupError(Exception):
-    """A process of the drill could not be started; the message names it and quotes its log."""
+class DrillSetupError(StartError):
+    """The drill could not set up its streams (no leader, an snode or a stream refused)."""
 
 
 @dataclass
@@ -99,34 +97,6 @@ class StreamDrillOptions:
         return (f"querycoord drill streams --nodes {self.nodes} --snodes {self.snodes} --streams {self.streams} "
                 f"--seed {self.seed} --leader-kills {self.leader_kills} --node-kills {self.node_kills} "
                 f"--vgroup-moves {self.vgroup_moves} --task-fails {self.task_fails}")
-
-
-@dataclass
-class Coord:
-    index: int
-    child: ChildProcess
-    address: str
-    generation: int = 0
-    role: str = "starting"
-    role_t: float = 0.0
-
-    @property
-    def label(self) -> str:
-        return f"c{self.index}.{self.generation}"
-
-
-@dataclass
-class Node:
-    index: int
-    child: ChildProcess
-    node_id: int
-    vgroups: list[int]
-    generation: int = 0
-    snode: bool = False
-
-    @property
-    def label(self) -> str:
-        return f"n{self.index}.{self.generation}"
 
 
 @dataclass
@@ -204,22 +174,28 @@ class StreamDrillResult:
                     or self.final is None or self.final.error)
 
 
-class StreamDrill(LeaderTracking):
+class StreamDrill:
     def __init__(self, opts: StreamDrillOptions, out: Any = None):
         self.opts = opts
         self.out = out or sys.stdout
         self.rng = random.Random(opts.seed)
         self.root = f"drill-streams-{opts.seed}"
-        self.env = child_env(project_root=PROJECT_ROOT)
         self.work = Path(opts.work_dir) if opts.work_dir else Path(tempfile.mkdtemp(prefix="querycoord-sdrill-"))
         self.etcd: EtcdCluster | None = None
-        self.coords: list[Coord] = []
-        self.nodes: list[Node] = []
+        self.harness: Harness | None = None  # once etcd is up
+        self.nodes: list[Member] = []
+        # What the drill asked of each node: the vgroups it leads (moves change them), whether it hosts an snode.
+        self.vgroups: dict[Member, list[int]] = {}
+        self.snodes: set[Member] = set()
         self.result = StreamDrillResult(opts)
         self.stopped_ids: set[int] = set()
-        self._changed = asyncio.Event()
         self.client: QueryCoordClient | None = None
         self._t0 = time.monotonic()
+
+    @property
+    def cluster(self) -> Harness:
+        assert self.harness is not None, "the harness exists once etcd is up"
+        return self.harness
 
     # ----- output ---------------------------------------------------------------------------------------------------
     def say(self, text: str) -> None:
@@ -253,91 +229,62 @@ class StreamDrill(LeaderTracking):
         self.work.mkdir(parents=True, exist_ok=True)
         self.etcd = EtcdCluster(self.work / "etcd", size=1)
         await asyncio.to_thread(self.etcd.start)
-        self.coords = list(await asyncio.gather(*(self._spawn_coordinator(i, "127.0.0.1:0") for i in range(2))))
-        self.client = QueryCoordClient([c.address for c in self.coords], deadline=30.0, call_timeout=5.0)
+        self.harness = Harness(self.etcd.endpoints, self.root, self.work, ttl=o.ttl, on_event=self._on_event)
+        coords = await asyncio.gather(*(self._start_coordinator(i) for i in range(2)))
+        self.client = QueryCoordClient([c.address for c in coords], deadline=30.0, call_timeout=5.0)
         try:
-            await self._wait_until(self._leader, 60)
+            await self._wait_leader(60)
         except TimeoutError:
             raise DrillSetupError(f"no coordinator became leader within 60s; logs in {self.work}") from None
         vgs = [[i * VGROUPS_PER_NODE + k + 1 for k in range(VGROUPS_PER_NODE)] for i in range(o.nodes)]
-        self.nodes = list(await asyncio.gather(*(self._spawn_node(i, vgs[i], i < o.snodes) for i in range(o.nodes))))
+        self.nodes = list(await asyncio.gather(*(self._start_node(i, vgs[i], i < o.snodes) for i in range(o.nodes))))
         for n in self.nodes:
-            if n.snode:
+            if n in self.snodes:
                 await self._create_snode(n)
-        self.say(f"cluster up: leader {self._leader().label if self._leader() else '?'}; nodes "
-                 + ", ".join(f"{n.label}=id {n.node_id} vgroups {n.vgroups}{' +snode' if n.snode else ''}"
-                             for n in self.nodes))
+        leader = self.cluster.leader
+        self.say(f"cluster up: leader {leader.label if leader else '?'}; nodes "
+                 + ", ".join(f"{n.label}=id {n.node_id} vgroups {self.vgroups[n]}"
+                             f"{' +snode' if n in self.snodes else ''}" for n in self.nodes))
 
     async def _stop_cluster(self) -> None:
         if self.client is not None:
             with contextlib.suppress(Exception):
                 await self.client.close()
-        await asyncio.gather(*(c.child.stop(5) for c in self.coords), return_exceptions=True)
-        await asyncio.gather(*(n.child.stop(5) for n in self.nodes), return_exceptions=True)
+        if self.harness is not None:
+            await self.harness.stop(5)
         if self.etcd is not None:
             await asyncio.to_thread(self.etcd.stop)
 
-    def _on_event(self, holder: dict[str, Coord], child: ChildProcess, event: dict[str, Any]) -> None:
-        slot = holder.get("slot")
+    def _on_event(self, member: Member, event: dict[str, Any]) -> None:
+        """The harness's hook (it has set ``member.state`` already)."""
         kind = event.get("event")
-        if slot is not None and slot.child is child and kind in ("leader", "standby"):
-            slot.role, slot.role_t = str(kind), float(event.get("t", time.time()))
-            self.note(f"{slot.label} is now {kind}")
-        self._changed.set()
+        if kind in ("leader", "standby"):
+            self.note(f"{member.label} is now {kind}")
 
-    async def _spawn_coordinator(self, index: int, listen: str, slot: Coord | None = None) -> Coord:
-        assert self.etcd is not None
-        generation = 0 if slot is None else slot.generation + 1
-        holder: dict[str, Coord] = {}
-        argv = drill_coordinator_argv(self.etcd.endpoints, self.root, listen, self.opts.ttl, stream_fast=True,
-                                      stream_watch_timeout=self.opts.watch_timeout)
-        log = self.work / f"coord-{index}.{generation}.log"
-        child = await ChildProcess.spawn(f"coordinator c{index}.{generation}", argv, log_path=log, env=self.env,
-                                         sink=lambda ch, ev: self._on_event(holder, ch, ev))
-        try:
-            ready = await child.wait_event("ready", timeout=60)
-        except (EOFError, TimeoutError) as exc:
-            await child.stop()
-            raise DrillSetupError(f"coordinator c{index} did not start: {exc}\n{log_tail(log)}") from exc
-        if slot is None:
-            slot = Coord(index, child, str(ready["address"]))
-        else:
-            slot.child, slot.address, slot.generation, slot.role = child, str(ready["address"]), generation, "standby"
-        holder["slot"] = slot
-        if self.client is not None and slot.address not in self.client.addresses:
-            self.client.addresses.append(slot.address)  # respawned at a new address
-        for ev in list(child.events):
-            self._on_event(holder, child, ev)
-        return slot
+    def _coordinator_flags(self) -> list[str]:
+        # The scaled preset has the scaled-down stream timings; the WATCH bound is the drill's option.
+        return ["--scaled", "--stream-watch-timeout", f"{self.opts.watch_timeout:g}"]
 
-    async def _restart_coordinator(self, slot: Coord) -> None:
-        old = slot.address
-        for attempt in range(1, 5):
-            try:
-                await self._spawn_coordinator(slot.index, old if attempt <= 2 else "127.0.0.1:0", slot)
-                return
-            except DrillSetupError:
-                if attempt == 4:
-                    raise
-                await asyncio.sleep(attempt)
+    async def _start_coordinator(self, index: int) -> Member:
+        return await self.cluster.start_coordinator(index, "127.0.0.1:0", *self._coordinator_flags())
 
-    async def _spawn_node(self, index: int, vgroups: list[int], snode: bool, generation: int = 0) -> Node:
-        assert self.etcd is not None
-        argv = ["-m", "querycoord.nodes.streamnode", "--log-level", "INFO",
-                "--etcd-endpoints", ",".join(self.etcd.endpoints), "--root", self.root,
-                "--vgroups", ",".join(map(str, vgroups)), "--heartbeat-ms", f"{self.opts.heartbeat_ms:g}",
-                "--groups", "2", "--init-delay-ms", "100", "--ttl", f"{self.opts.ttl:g}"]
+    async def _restart_coordinator(self, member: Member) -> None:
+        await self.cluster.restart_coordinator(member, *self._coordinator_flags(), attempts=4)
+        if self.client is not None and member.address not in self.client.addresses:
+            self.client.addresses.append(member.address)  # restarted at a new address
+
+    async def _start_node(self, index: int, vgroups: list[int], snode: bool, member: Member | None = None) -> Member:
+        """Stream node ``index`` leading ``vgroups``; with ``member`` its replacement (a new process, new id)."""
+        flags = ["--vgroups", ",".join(map(str, vgroups)), "--heartbeat-ms", f"{self.opts.heartbeat_ms:g}",
+                 "--groups", "2", "--init-delay-ms", "100", *(["--snode"] if snode else [])]
+        node = await self.cluster.start_node(STREAM_NODE, index, *flags, member=member)
+        self.vgroups[node] = list(vgroups)
         if snode:
-            argv.append("--snode")
-        log = self.work / f"node-{index}.{generation}.log"
-        child = await ChildProcess.spawn(f"stream node n{index}.{generation}", argv, log_path=log, env=self.env,
-                                         stdin=True)
-        try:
-            ready = await child.wait_event("ready", timeout=60)
-        except (EOFError, TimeoutError) as exc:
-            await child.stop()
-            raise DrillSetupError(f"stream node n{index} did not start: {exc}\n{log_tail(log)}") from exc
-        return Node(index, child, int(ready["node_id"]), list(vgroups), generation, snode)
+            self.snodes.add(node)
+        return node
+
+    async def _wait_leader(self, timeout: float) -> Member:
+        return await wait_until(lambda: self.cluster.leader, self.cluster.changed, timeout)
 
     # ----- leader and calls -----------------------------------------------------------------------------------------
     async def _call(self, method: str, request: Any, timeout: float = 30.0) -> Any:
@@ -350,7 +297,7 @@ class StreamDrill(LeaderTracking):
         """
         assert self.client is not None
         deadline = time.monotonic() + timeout
-        while (leader := self._leader()) is None:
+        while (leader := self.cluster.leader) is None:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{method}: no coordinator leads after {timeout:g}s")
             await asyncio.sleep(0.05)
@@ -358,16 +305,16 @@ class StreamDrill(LeaderTracking):
             self.client.prefer(leader.address)  # the redirect a standby would give
         return await asyncio.wait_for(self.client.stream(method, request), max(0.1, deadline - time.monotonic()))
 
-    async def _create_snode(self, node: Node) -> None:
+    async def _create_snode(self, node: Member) -> None:
         resp = await self._call("CreateSnode", sp.CreateSnodeRequest(node_id=node.node_id))
         if resp.status.error_code != common_pb2.SUCCESS:
             raise DrillSetupError(f"CreateSnode on node {node.node_id}: {resp.status.reason}")
-        node.snode = True
+        self.snodes.add(node)
         self.note(f"snode {resp.snode.id} on {node.label} (node {node.node_id})")
 
     async def _create_streams(self) -> None:
         o = self.opts
-        all_vgs = sorted(v for n in self.nodes for v in n.vgroups)
+        all_vgs = sorted(v for n in self.nodes for v in self.vgroups[n])
         # Streams need a live snode: the first CreateStream waits until an snode heartbeats.
         deadline = time.monotonic() + 30
         for i in range(o.streams):
@@ -396,8 +343,8 @@ class StreamDrill(LeaderTracking):
     # ----- observation ----------------------------------------------------------------------------------------------
     async def _node_tasks(self) -> dict[int, dict[str, Any]]:
         """node id -> the ``tasks`` ack of every live node."""
-        live = [n for n in self.nodes if n.child.running]
-        acks = await asyncio.gather(*(n.child.command("tasks") for n in live), return_exceptions=True)
+        live = [n for n in self.nodes if n.running]
+        acks = await asyncio.gather(*(n.command("tasks") for n in live), return_exceptions=True)
         return {n.node_id: a for n, a in zip(live, acks, strict=True) if isinstance(a, dict) and a.get("ok")}
 
     async def observe(self) -> Observation:
@@ -407,7 +354,7 @@ class StreamDrill(LeaderTracking):
         except (TimeoutError, CoordinatorUnavailable) as exc:
             ob.error = str(exc) or "ShowStreams: no answer from a leader within 10s"
             return ob
-        leader = self._leader()
+        leader = self.cluster.leader
         ob.leader = leader.label if leader else "?"
         ob.watching = show.watching
         nodes = await self._node_tasks()
@@ -521,66 +468,64 @@ class StreamDrill(LeaderTracking):
 
     async def _leader_kill(self, n: int) -> None:
         before = await self.observe()
-        leader = await self._wait_until(self._leader, 60)
-        old = leader.child
+        leader = await self._wait_leader(60)
         fault = Fault(n, "leader-kill", f"SIGKILL leader {leader.label}", time.monotonic())
         self.result.faults.append(fault)
-        t_kill = old.kill_now()
-        leader.role = "dead"
+        old = leader.child
+        await self.cluster.kill(leader)
+        t_kill = old.killed_at or time.time()
         self.say(f"fault #{n}: SIGKILL coordinator leader {leader.label}")
+        new: Member | None
         try:
-            new = await self._wait_until(
-                lambda: next((c for c in self.coords if c is not leader and c.role == "leader"
-                              and c.role_t >= t_kill and c.child.running), None), 60)
-            fault.note = f"{new.label} leads after {new.role_t - t_kill:.2f}s"
+            new = await wait_until(
+                lambda: next((c for c in self.cluster.coordinators if c is not leader and c.state == "leader"
+                              and c.state_t >= t_kill and c.running), None), self.cluster.changed, 60)
+            fault.note = f"{new.label} leads after {new.state_t - t_kill:.2f}s"
         except TimeoutError:
             self.result.violations.append(f"fault #{n}: no coordinator took over within 60s")
             fault.note = "NO TAKEOVER"
             new = None
-        await old.stop(1)
         await self._restart_coordinator(leader)
         await self._after_fault(fault, before)
-        if new is not None:
+        if new is not None and new.log_path is not None:
             with contextlib.suppress(OSError):
-                found = _WATCH_ENDED.findall(new.child.log_path.read_text(errors="replace"))
+                found = _WATCH_ENDED.findall(new.log_path.read_text(errors="replace"))
                 if found:
                     fault.leader_says_adopted = int(found[-1])
 
     async def _node_kill(self, n: int) -> None:
-        victims = [x for x in self.nodes if x.snode and x.child.running]
+        victims = [x for x in self.nodes if x in self.snodes and x.running]
         victim = self.rng.choice(victims)
         fault = Fault(n, "node-kill", f"SIGKILL {victim.label} (node {victim.node_id}, snode, vgroups "
-                                      f"{victim.vgroups}); replacement with a new snode", time.monotonic())
+                                      f"{self.vgroups[victim]}); replacement with a new snode", time.monotonic())
         self.result.faults.append(fault)
-        victim.child.kill_now()
+        await self.cluster.kill(victim)
         self.say(f"fault #{n}: SIGKILL stream node {victim.label} (node {victim.node_id}, hosts an snode)")
-        await victim.child.stop(1)
-        repl = await self._spawn_node(victim.index, victim.vgroups, True, victim.generation + 1)
-        self.nodes[self.nodes.index(victim)] = repl
+        repl = await self._start_node(victim.index, self.vgroups[victim], True, member=victim)
         await self._create_snode(repl)
         fault.note = f"replacement {repl.label} is node {repl.node_id}"
         await self._after_fault(fault)
 
     async def _vgroup_move(self, n: int) -> None:
-        live = [x for x in self.nodes if x.child.running and x.vgroups]
+        live = [x for x in self.nodes if x.running and self.vgroups[x]]
         src = self.rng.choice(live)
-        dst = self.rng.choice([x for x in self.nodes if x.child.running and x is not src])
-        vg = self.rng.choice(src.vgroups)
+        dst = self.rng.choice([x for x in self.nodes if x.running and x is not src])
+        vg = self.rng.choice(self.vgroups[src])
         fault = Fault(n, "vgroup-move", f"vgroup {vg}: {src.label} -> {dst.label}", time.monotonic())
         self.result.faults.append(fault)
         self.say(f"fault #{n}: move vgroup {vg} from {src.label} to {dst.label}")
-        a = await src.child.command(f"unlead {vg}")
-        b = await dst.child.command(f"lead {vg}")
+        a = await src.command(f"unlead {vg}")
+        b = await dst.command(f"lead {vg}")
         if not (a.get("ok") and b.get("ok")):
             self.result.violations.append(f"fault #{n}: vgroup move refused: {a} / {b}")
-        src.vgroups.remove(vg)
-        dst.vgroups.append(vg)
+        self.vgroups[src].remove(vg)
+        self.vgroups[dst].append(vg)
         fault.note = f"{len(a.get('readers_left', []))} readers left behind on {src.label}"
         await self._after_fault(fault)
 
     async def _task_fail(self, n: int) -> None:
         nodes = await self._node_tasks()
-        by_node = {x.node_id: x for x in self.nodes if x.child.running}
+        by_node = {x.node_id: x for x in self.nodes if x.running}
         alive = sorted((int(t["task_id"]), nid, str(t["kind"])) for nid, a in nodes.items()
                        for t in a.get("tasks", []) if t.get("status") == "RUNNING" and nid in by_node)
         # Different kinds first (a failed reader is redeployed alone, a failed trigger or runner stops the stream).
@@ -594,7 +539,7 @@ class StreamDrill(LeaderTracking):
                       time.monotonic())
         self.result.faults.append(fault)
         self.say(f"fault #{n}: fail tasks {fault.what}")
-        acks = await asyncio.gather(*(by_node[nid].child.command(f"fail {tid} drill") for tid, nid, _ in picks))
+        acks = await asyncio.gather(*(by_node[nid].command(f"fail {tid} drill") for tid, nid, _ in picks))
         refused = [a for a in acks if not a.get("ok")]
         if refused:
             fault.note = f"{len(refused)} refused: {refused[0].get('error')}"
@@ -640,7 +585,7 @@ async def run_streams(opts: StreamDrillOptions, out: Any = None) -> int:
     drill = StreamDrill(opts, out)
     try:
         result = await drill.run()
-    except DrillSetupError as exc:
+    except StartError as exc:
         print(f"error: the stream drill could not start its processes: {exc}\n(work dir kept: {drill.work})",
               file=sys.stderr)
         return 2

@@ -1,6 +1,6 @@
 """A candidate process for drills, tests and the demo: campaign, then write through the fence.
 
-``python -m meta.campaign --endpoints 127.0.0.1:2379 --root demo --name c1``
+``python -m querycoord.tooling.campaign --endpoints 127.0.0.1:2379 --root demo --name c1``
 prints one JSON object per line (event, wall time ``t``, details):
 ``session``, ``leader`` (won, with its fence), ``write`` (a fenced write
 landed), ``not_leader`` (etcd refused a fenced write: exit 3),
@@ -48,7 +48,7 @@ async def spawn_candidate(
 ) -> ChildProcess:
     """Parent side: start a candidate process; its JSON events come as ``ChildProcess`` events."""
     return await ChildProcess.spawn(
-        name, ["-m", "meta.campaign", "--endpoints", ",".join(endpoints), "--root", root, "--name", name,
+        name, ["-m", "querycoord.tooling.campaign", "--endpoints", ",".join(endpoints), "--root", root, "--name", name,
                "--ttl", str(ttl), "--election", election, "--write-interval", str(write_interval)],
         env=env, new_session=False,
     )
@@ -115,7 +115,7 @@ async def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     logger.remove()
     logger.add(sys.stderr, level=os.environ.get("QUERYCOORD_LOG_LEVEL", "INFO").upper())
-    p = argparse.ArgumentParser(prog="python -m meta.campaign", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m querycoord.tooling.campaign", description=__doc__.splitlines()[0])
     p.add_argument("--endpoints", required=True, help="etcd endpoints, comma separated")
     p.add_argument("--root", required=True, help="root path in etcd")
     p.add_argument("--name", required=True, help="this candidate's name (its election value)")

@@ -1,0 +1,213 @@
+"""etcd's health and space, as an operator needs them: member status, alarms, compaction, defragmentation.
+
+etcd keeps every revision until it is compacted, and keeps the freed pages
+in its file until it is defragmented; once the file reaches the backend
+quota etcd raises the NOSPACE alarm and refuses every write until an
+operator compacts, defragments and disarms the alarm. That is the most
+common way an etcd-backed coordinator goes down, so the steps are here, in
+the safe order, rather than in a runbook:
+
+1. compact to ``revision - keep`` (never past what a watcher may still need:
+   ``keep`` revisions stay resumable; a watcher further behind re-lists);
+2. defragment the members one at a time (a member is unavailable while it
+   defragments, so never all at once);
+3. disarm NOSPACE, but only once defragmentation left room under the quota.
+
+Each member is asked through a connection of its own: a status or a
+defragmentation is per member, and one member down must not hide the others.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import grpc
+from etcd3aio._protobuf import CompactionRequest, RangeRequest
+from etcd3aio.maintenance import AlarmType
+
+from meta.client import EtcdClient, connect
+from meta.config import EtcdConfig
+from meta.errors import MetaError
+
+MIB = 1 << 20
+# Revisions kept by `maintain` and by the embedded etcd's auto compaction: watchers up to this far behind resume
+# exactly; one further behind re-lists its prefix (meta.watch.Resync), which is correct, only slower.
+DEFAULT_KEEP_REVISIONS = 10_000
+
+
+@dataclass
+class MemberStatus:
+    """One member as it answers ``Maintenance.Status``; ``error`` set (and the rest zero) when it did not."""
+
+    endpoint: str
+    member_id: int = 0
+    version: str = ""
+    db_size: int = 0
+    db_size_in_use: int = 0
+    revision: int = 0
+    raft_term: int = 0
+    is_leader: bool = False
+    errors: list[str] = field(default_factory=list)
+    error: str = ""
+
+    def as_dict(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class ClusterStatus:
+    """Every member, the cluster's alarms and its compacted revision (0 when unknown)."""
+
+    members: list[MemberStatus]
+    alarms: list[tuple[int, str]]
+    revision: int
+    compacted_revision: int
+
+    @property
+    def nospace(self) -> bool:
+        return any(name == "NOSPACE" for _, name in self.alarms)
+
+    def as_dict(self) -> dict[str, object]:
+        return {"members": [m.as_dict() for m in self.members],
+                "alarms": [{"member_id": m, "alarm": a} for m, a in self.alarms],
+                "revision": self.revision, "compacted_revision": self.compacted_revision}
+
+
+def _member_config(config: EtcdConfig, endpoint: str) -> EtcdConfig:
+    return dataclasses.replace(config, endpoints=(endpoint,), deadline=config.call_timeout)
+
+
+async def member_status(config: EtcdConfig, endpoint: str) -> MemberStatus:
+    """The status of the member at ``endpoint``; a member that does not answer is reported, not raised."""
+    try:
+        client = await connect(_member_config(config, endpoint))
+    except MetaError as exc:
+        return MemberStatus(endpoint, error=str(exc).splitlines()[0])
+    try:
+        maintenance = client.raw.maintenance
+        assert maintenance is not None
+        resp = await client.call("Maintenance.Status", lambda t: maintenance.status(timeout=t))
+        return MemberStatus(endpoint, member_id=resp.header.member_id, version=resp.version, db_size=resp.dbSize,
+                            db_size_in_use=resp.dbSizeInUse, revision=resp.header.revision,
+                            raft_term=resp.raftTerm, is_leader=resp.leader == resp.header.member_id,
+                            errors=list(resp.errors))
+    except MetaError as exc:
+        return MemberStatus(endpoint, error=str(exc).splitlines()[0])
+    finally:
+        await client.close()
+
+
+async def alarms(client: EtcdClient) -> list[tuple[int, str]]:
+    """Active alarms as (member id, name)."""
+    maintenance = client.raw.maintenance
+    assert maintenance is not None
+    resp = await client.call("Maintenance.Alarm", lambda t: maintenance.alarms(timeout=t))
+    names = {t.value: t.name for t in AlarmType}
+    return [(a.memberID, names.get(a.alarm, str(a.alarm))) for a in resp.alarms]
+
+
+async def _range_at(client: EtcdClient, revision: int) -> bool:
+    """Whether a read at ``revision`` is still possible (False: compacted away)."""
+    req = RangeRequest(key=b"\0", limit=1, revision=revision, keys_only=True)
+    try:
+        await client.call("Range at revision", lambda t: client.kv.Range(req, metadata=client.metadata, timeout=t))
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() == grpc.StatusCode.OUT_OF_RANGE and "compacted" in (exc.details() or ""):
+            return False
+        raise
+    return True
+
+
+async def compacted_revision(client: EtcdClient, revision: int) -> int:
+    """The oldest revision still readable (etcd reports it nowhere else): a binary search over reads at revisions.
+
+    About log2(revision) small reads; 1 when nothing was ever compacted.
+    """
+    lo, hi = 1, max(1, revision)
+    if await _range_at(client, lo):
+        return 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if await _range_at(client, mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+async def cluster_status(config: EtcdConfig) -> ClusterStatus:
+    """Every member's status, the alarms and the compacted revision; members that are down are listed with why."""
+    members = [await member_status(config, ep) for ep in config.endpoints]
+    revision = max((m.revision for m in members), default=0)
+    found: list[tuple[int, str]] = []
+    compacted = 0
+    if any(not m.error for m in members):
+        async with await connect(config) as client:
+            found = await alarms(client)
+            compacted = await compacted_revision(client, revision) if revision else 0
+    return ClusterStatus(members, found, revision, compacted)
+
+
+async def maintain(config: EtcdConfig, *, keep: int = DEFAULT_KEEP_REVISIONS, dry_run: bool = False,
+                   say: Callable[[str], None] = print) -> ClusterStatus:
+    """Compact, defragment member by member, disarm NOSPACE (see module docstring); returns the status after.
+
+    With ``dry_run`` only says what it would do. Raises ``MetaError`` when a
+    member is down: defragmenting the others while one is missing would leave
+    the cluster without a quorum member to spare.
+    """
+    if keep < 0:
+        raise ValueError(f"keep must be >= 0, got {keep}")
+    before = await cluster_status(config)
+    down = [m for m in before.members if m.error]
+    if down:
+        raise MetaError("; ".join(f"member {m.endpoint} is not answering: {m.error}" for m in down)
+                        + ": maintenance needs every member up")
+    target = before.revision - keep
+    act = "would" if dry_run else "will"
+    if target > before.compacted_revision:
+        say(f"compact: {act} compact to revision {target} (current {before.revision}, keeping {keep} revisions)")
+    else:
+        say(f"compact: nothing to do (compacted at {before.compacted_revision}, current {before.revision}, "
+            f"keeping {keep} revisions)")
+    for m in before.members:
+        say(f"defragment: {act} defragment {m.endpoint} (db {m.db_size / MIB:.1f} MiB, in use "
+            f"{m.db_size_in_use / MIB:.1f} MiB)")
+    if before.nospace:
+        say(f"alarm: {act} disarm NOSPACE once the members have room")
+    if dry_run:
+        return before
+    async with await connect(config) as client:
+        if target > before.compacted_revision:
+            req = CompactionRequest(revision=target, physical=True)
+            await client.call("Compact", lambda t: client.kv.Compact(req, metadata=client.metadata, timeout=t))
+    for m in before.members:
+        await _defragment(config, m.endpoint)
+        say(f"defragment: {m.endpoint} done")
+    if before.nospace:
+        async with await connect(config) as client:
+            maintenance = client.raw.maintenance
+            assert maintenance is not None
+            await client.call("Maintenance.Alarm",
+                              lambda t: maintenance.alarm_deactivate(AlarmType.NOSPACE, timeout=t))
+        say("alarm: NOSPACE disarmed")
+    after = await cluster_status(config)
+    for m in after.members:
+        say(f"now: {m.endpoint} db {m.db_size / MIB:.1f} MiB, in use {m.db_size_in_use / MIB:.1f} MiB")
+    return after
+
+
+async def _defragment(config: EtcdConfig, endpoint: str) -> None:
+    # A defragmentation of a large db takes seconds: give it a deadline of its own.
+    member = dataclasses.replace(_member_config(config, endpoint), call_timeout=max(config.call_timeout, 60.0),
+                                 deadline=max(config.deadline, 60.0))
+    async with await connect(member) as client:
+        maintenance = client.raw.maintenance
+        assert maintenance is not None
+        await client.call("Maintenance.Defragment", lambda t: maintenance.defragment(timeout=t))
+
+
+__all__ = ["DEFAULT_KEEP_REVISIONS", "ClusterStatus", "MemberStatus", "alarms", "cluster_status",
+           "compacted_revision", "maintain", "member_status"]

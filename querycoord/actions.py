@@ -1,0 +1,318 @@
+"""What a client does with a cluster: create, load, release and follow collections, list tasks and nodes.
+
+The ``querycoord`` command line and the demo both drive a cluster this way,
+so both live on top of this module (and neither imports the other). A
+request the cluster refuses becomes a ``Refusal`` whose ``reason`` is the
+server's, which is what the user reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from google.protobuf.message import Message
+
+from proto import catalog_pb2, common_pb2, data_pb2
+from proto import querycoord_pb2 as qc
+from querycoord import draw
+from querycoord.client import QueryCoordClient
+from querycoord.messages import rpc_method
+
+MIB = 1 << 20
+
+
+# Vector dimension of the collections `collection create` makes: it only sizes the rows of a segment.
+DIM = 128
+
+
+# AddSegments batches: far below gRPC's 4 MiB message cap and a size the catalog writes in a handful of txns.
+ADD_BATCH_SEGMENTS = 2000
+
+
+ADD_BATCH_BYTES = 512 * 1024
+
+
+ADD_CONCURRENCY = 4
+
+
+POLL_INTERVAL = 0.2
+
+
+QUERYCOORD = qc.DESCRIPTOR.services_by_name["QueryCoord"]
+
+
+class Refusal(Exception):
+    """A request answered with a non-SUCCESS Status; ``reason`` is what the user reads."""
+
+    def __init__(self, reason: str, code: int = common_pb2.UNEXPECTED_ERROR):
+        super().__init__(reason)
+        self.reason = reason
+        self.code = code
+
+
+def check(resp: Any, what: str = "") -> Any:
+    """``resp`` if its Status is SUCCESS, else ``Refusal`` with the server's reason."""
+    st = resp.status
+    if st.error_code != common_pb2.SUCCESS:
+        name = common_pb2.ErrorCode.Name(st.error_code) if st.error_code in common_pb2.ErrorCode.values() else "?"
+        raise Refusal(st.reason or f"{what} failed ({name})", st.error_code)
+    return resp
+
+
+async def describe(c: QueryCoordClient, ref: str) -> catalog_pb2.CollectionDescription:
+    """A collection named by id (digits) or by name, from the catalog: NOT_FOUND becomes a Refusal."""
+    req = catalog_pb2.DescribeCollectionRequest()
+    if ref.isdigit():
+        req.collection_id = int(ref)
+    else:
+        req.collection_name = ref
+    return check(await c.catalog("DescribeCollection", req), f"describe {ref}").collection
+
+
+def partition_ids(desc: catalog_pb2.CollectionDescription, values: Sequence[str] | None) -> list[int]:
+    """Partition ids from ``--partitions`` values (ids or names, comma- or space-separated)."""
+    if not values:
+        return []
+    by_name = {p.name: p.partition_id for p in desc.partitions}
+    known = set(by_name.values())
+    out: list[int] = []
+    for item in (x.strip() for v in values for x in v.split(",")):
+        if not item:
+            continue
+        pid = int(item) if item.isdigit() else by_name.get(item)
+        if pid is None or pid not in known:
+            raise Refusal(f"collection {desc.name} (id {desc.collection_id}) has no partition {item!r}; it has "
+                          f"{len(desc.partitions)}: {', '.join(p.name for p in desc.partitions[:8])}"
+                          f"{' ...' if len(desc.partitions) > 8 else ''}", common_pb2.NOT_FOUND)
+        if pid not in out:
+            out.append(pid)
+    return out
+
+
+async def create_collection(
+    c: QueryCoordClient,
+    name: str,
+    *,
+    partitions: int,
+    segments: int,
+    channels: int = 2,
+    segment_mb: float = 1.0,
+    rows: int = 0,
+) -> tuple[catalog_pb2.CollectionDescription, int]:
+    """CreateCollection, then AddSegments in batches (several in flight); returns the description and the count.
+
+    Batches stay far below gRPC's 4 MiB message cap; the catalog splits each
+    into etcd txns itself. A failure after some batches leaves those segments
+    in the catalog (the error says how many), as the Catalog API documents.
+    """
+    from querycoord.task.assign import merge_by_size
+
+    if segments < 0:
+        raise ValueError(f"--segments must be >= 0, got {segments}")
+    if segment_mb <= 0:
+        raise ValueError(f"--segment-mb must be positive, got {segment_mb}")
+    schema = catalog_pb2.CollectionSchema(name=name, fields=[
+        catalog_pb2.FieldSchema(name="id", data_type=catalog_pb2.DATA_TYPE_INT64, is_primary_key=True),
+        catalog_pb2.FieldSchema(name="vec", data_type=catalog_pb2.DATA_TYPE_FLOAT_VECTOR, dim=DIM),
+    ])
+    resp = await c.catalog("CreateCollection", catalog_pb2.CreateCollectionRequest(
+        collection_name=name, schema=schema, num_partitions=partitions, num_dm_channels=channels))
+    desc = check(resp, f"create collection {name}").collection
+    if not segments:
+        return desc, 0
+    cid = desc.collection_id
+    pids = [p.partition_id for p in desc.partitions]
+    mem = int(segment_mb * MIB)
+    nrows = rows or max(1, mem // (DIM * 4 + 8))
+
+    def batches() -> list[list[data_pb2.SegmentBinlogs]]:
+        segs = [
+            data_pb2.SegmentBinlogs(collection_id=cid, partition_id=pid, num_rows=nrows, mem_size=mem,
+                                    binlog_paths=[f"insert_log/{cid}/{pid}/{i}/{k}" for k in range(2)])
+            for i, pid in ((i, pids[i % len(pids)]) for i in range(segments))
+        ]
+        return merge_by_size(segs, ADD_BATCH_BYTES, max_items=ADD_BATCH_SEGMENTS)
+
+    sem = asyncio.Semaphore(ADD_CONCURRENCY)
+    added = 0
+
+    async def send(batch: list[data_pb2.SegmentBinlogs]) -> None:
+        nonlocal added
+        async with sem:
+            r = await c.catalog("AddSegments", catalog_pb2.AddSegmentsRequest(collection_id=cid, segments=batch))
+        check(r, "add segments")
+        added += len(r.segment_ids)
+
+    results = await asyncio.gather(*(send(b) for b in batches()), return_exceptions=True)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        first = errors[0]
+        reason = first.reason if isinstance(first, Refusal) else str(first)
+        raise Refusal(f"collection {name} (id {cid}) was created but only {added} of {segments} segments were "
+                      f"added: {reason}")
+    return desc, added
+
+
+ProgressHook = Callable[[int], Awaitable[None]]
+
+
+async def follow_load(
+    c: QueryCoordClient,
+    collection_id: int,
+    task_id: int,
+    bar: draw.ProgressBar | None = None,
+    *,
+    on_progress: ProgressHook | None = None,
+    interval: float = POLL_INTERVAL,
+) -> int:
+    """Poll the in-memory percentage (ShowCollections) until 100 % or the load task ends; returns the percentage.
+
+    The task is watched as well as the percentage: a failed load is rolled
+    back, so the collection simply disappears from ShowCollections and only
+    the task says why (``Refusal``); and a load that ended while the
+    collection was released meanwhile would otherwise be waited for forever.
+    """
+
+    async def percentage() -> int:
+        show = await c.query("ShowCollections", qc.ShowCollectionsRequest(collection_ids=[collection_id]))
+        if show.status.error_code == common_pb2.NOT_FOUND:
+            return -1  # not loaded (yet: the plan is not persisted; or any more: rolled back or released)
+        check(show, "show collections")
+        pct = int(show.collections[0].in_memory_percentage) if show.collections else -1
+        if pct >= 0:
+            if bar is not None:
+                bar.update(pct, f"task #{task_id}")
+            if on_progress is not None:
+                await on_progress(pct)
+        return pct
+
+    while True:
+        pct = await percentage()
+        if pct >= 100 or not task_id:
+            return pct
+        got = await c.query("GetTask", qc.GetTaskRequest(task_id=task_id, children_limit=1))
+        ended = got.status.error_code == common_pb2.NOT_FOUND
+        if got.status.error_code == common_pb2.SUCCESS:
+            trig = got.tree.trigger
+            if trig.state == qc.TASK_STATE_FAILED:
+                raise Refusal(f"load task #{task_id} failed: {trig.error}", trig.error_code)
+            ended = trig.state == qc.TASK_STATE_EXPIRED
+        if ended:
+            pct = await percentage()
+            if pct < 0:
+                raise Refusal(f"load task #{task_id} ended but collection {collection_id} is not loaded "
+                              f"(released meanwhile?)", common_pb2.NOT_FOUND)
+            return pct
+        await asyncio.sleep(interval)
+
+
+async def _start_task(c: QueryCoordClient, request: Message, what: str) -> int:
+    """Send a mutating QueryCoord request; the id of the task it started."""
+    resp = await c.query(rpc_method(QUERYCOORD, request), request)
+    return int(check(resp, what).task_id)
+
+
+async def load(c: QueryCoordClient, desc: catalog_pb2.CollectionDescription, pids: Sequence[int] = ()) -> int:
+    """LoadCollection (or LoadPartitions); returns the task id (0: already loaded)."""
+    cid = desc.collection_id
+    req = (qc.LoadPartitionsRequest(collection_id=cid, partition_ids=pids) if pids
+           else qc.LoadCollectionRequest(collection_id=cid))
+    return await _start_task(c, req, f"load {desc.name}")
+
+
+async def release(c: QueryCoordClient, desc: catalog_pb2.CollectionDescription, pids: Sequence[int] = ()) -> int:
+    """ReleaseCollection (or ReleasePartitions), answered once released everywhere; returns the task id."""
+    cid = desc.collection_id
+    req = (qc.ReleasePartitionsRequest(collection_id=cid, partition_ids=pids) if pids
+           else qc.ReleaseCollectionRequest(collection_id=cid))
+    return await _start_task(c, req, f"release {desc.name}")
+
+
+LOAD_TYPES = {data_pb2.LOAD_TYPE_COLLECTION: "collection", data_pb2.LOAD_TYPE_PARTITION: "partitions"}
+
+
+async def collection_rows(c: QueryCoordClient, refs: Sequence[str] = ()) -> list[list[object]]:
+    """Rows of ``collection show``: every catalog collection (or those named) with its load state."""
+    cat = check(await c.catalog("ShowCollections", catalog_pb2.ShowCollectionsRequest()), "catalog show")
+    summaries = {s.collection_id: s for s in cat.collections}
+    if refs:
+        ids = [(await describe(c, r)).collection_id for r in refs]
+    else:
+        ids = sorted(summaries)
+    loaded = check(await c.query("ShowCollections", qc.ShowCollectionsRequest()), "show collections")
+    infos = {i.collection_id: i for i in loaded.collections}
+    rows: list[list[object]] = []
+    for cid in ids:
+        s = summaries.get(cid)
+        info = infos.get(cid)
+        name = s.name if s else "?"
+        parts = s.num_partitions if s else 0
+        segs = s.num_segments if s else 0
+        if info is None:
+            rows.append([cid, name, parts, f"{segs:,}", "-", "not loaded", "-"])
+        else:
+            rows.append([cid, name, parts, f"{segs:,}", LOAD_TYPES.get(info.load_type, "?"),
+                         f"{info.in_memory_percentage}%", len(info.partitions)])
+    return rows
+
+
+COLLECTION_HEADERS = ("ID", "NAME", "PARTITIONS", "SEGMENTS", "LOAD TYPE", "LOADED", "LOADED PARTITIONS")
+
+
+async def wait_task(c: QueryCoordClient, task_id: int, children_limit: int = 0) -> qc.TaskTree:
+    """Poll GetTask until the trigger is finished (EXPIRED or FAILED); returns its tree."""
+    while True:
+        got = check(await c.query("GetTask", qc.GetTaskRequest(task_id=task_id, children_limit=children_limit)),
+                    f"task {task_id}")
+        if got.tree.trigger.state in (qc.TASK_STATE_EXPIRED, qc.TASK_STATE_FAILED):
+            return got.tree
+        await asyncio.sleep(POLL_INTERVAL)
+
+
+def segments_in(summary: str) -> int:
+    """The count in a child summary like ``load 40 segments of collection 7`` (0 if absent)."""
+    words = summary.split()
+    return int(words[1]) if len(words) > 2 and words[0] == "load" and words[1].isdigit() else 0
+
+
+async def list_trees(c: QueryCoordClient, *, include_finished: bool, include_children: bool,
+                     collection_id: int = 0, children_limit: int = 0) -> list[qc.TaskTree]:
+    """Every page of ListTasks.
+
+    Finished trees are always asked for with their children, which are then
+    dropped here if not wanted: the server, asked for finished trees without
+    children, clears the children of the history it keeps (so a later
+    ``tasks --all --children`` would show none). Pages are small then:
+    ``children_limit`` only applies to running trees, finished ones come
+    whole, and a client accepts at most 4 MiB per answer.
+    """
+    ask_children = include_children or include_finished
+    trees: list[qc.TaskTree] = []
+    after = 0
+    while True:
+        resp = check(await c.query("ListTasks", qc.ListTasksRequest(
+            include_finished=include_finished, include_children=ask_children, collection_id=collection_id,
+            after_task_id=after, children_limit=children_limit or (0 if include_children else 1),
+            limit=5 if ask_children else 0)), "list tasks")
+        trees.extend(resp.trees)
+        if not resp.next_after_task_id:
+            break
+        after = resp.next_after_task_id
+    if not include_children:
+        for tr in trees:
+            del tr.children[:]
+    return trees
+
+
+def node_rows(nodes: Sequence[qc.NodeInfo]) -> list[list[object]]:
+    rows: list[list[object]] = []
+    for n in nodes:
+        pct = f"{100 * n.memory_used / n.memory_capacity:.0f}%" if n.memory_capacity else "-"
+        rows.append([n.node_id, n.address, n.state, f"{n.segment_count:,}", n.dm_channel_count,
+                     f"{draw.mib(n.memory_used)} / {draw.mib(n.memory_capacity)}", pct])
+    return rows
+
+
+NODE_HEADERS = ("ID", "ADDRESS", "STATE", "SEGMENTS", "DM CHANNELS", "MEMORY", "USED")

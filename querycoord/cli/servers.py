@@ -1,0 +1,192 @@
+"""The server commands: ``etcd`` (embedded etcd), ``coord`` (one coordinator), ``up`` (the all-in-one cluster),
+``demo``. The reference nodes add their own (``querynode``, ``streamnode``)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from querycoord.cli.common import DEFAULT_ADDRESS
+
+if TYPE_CHECKING:
+    from querycoord.tooling.allinone import AllInOne
+
+def cmd_etcd(args: argparse.Namespace) -> int:
+    """Run the embedded etcd in the foreground until Ctrl-C or SIGTERM."""
+    from meta.etcd_server import EtcdCluster, EtcdNotFound, EtcdStartError
+
+    data_dir = Path(args.data_dir) if args.data_dir else Path(tempfile.mkdtemp(prefix="querycoord-etcd-"))
+    try:
+        cluster = EtcdCluster(data_dir, size=args.members).start()
+    except (EtcdNotFound, EtcdStartError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    print(f"etcd running: --etcd-endpoints {','.join(cluster.endpoints)}  (data in {data_dir}; Ctrl-C stops)")
+    sys.stdout.flush()
+    try:
+        while not stop.wait(0.5):
+            dead = [m.name for m in cluster.members if not m.running]
+            if dead:
+                print(f"error: etcd member(s) {dead} exited; see logs in {data_dir}", file=sys.stderr)
+                return 1
+    except KeyboardInterrupt:
+        pass
+    finally:
+        cluster.stop()
+    return 0
+
+
+def cmd_coord(args: argparse.Namespace) -> int:
+    """Run one coordinator until SIGTERM/SIGINT (it campaigns; with others running it may stand by)."""
+    from meta.errors import MetaError
+    from querycoord.coord_options import config_from_args
+    from querycoord.process import run_coordinator
+    from querycoord.tooling.allinone import listen_problem
+
+    try:
+        config = config_from_args(args)
+        problem = listen_problem(config.listen)
+        if problem:
+            raise ValueError(problem)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return asyncio.run(run_coordinator(config))
+    except (MetaError, OSError, RuntimeError) as exc:  # grpc raises RuntimeError when it cannot bind
+        print(f"error: the coordinator could not start: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    """The all-in-one cluster in the foreground: Ctrl-C or SIGTERM stops every process it started."""
+    try:
+        return asyncio.run(_run_up(args))
+    except KeyboardInterrupt:  # a Ctrl-C before the signal handlers were installed: nothing was started yet
+        return 130
+
+
+async def _run_up(args: argparse.Namespace) -> int:
+    from querycoord.tooling.allinone import AllInOne, ClusterStartError
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        cluster = AllInOne(nodes=args.nodes, listen=args.listen, data_dir=args.data_dir, ttl=args.ttl,
+                           root=args.root, node_capacity_mb=args.node_capacity_mb, log_level=args.log_level)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    starting = asyncio.create_task(cluster.start())
+    stopping = asyncio.create_task(stop.wait())
+    await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    if not starting.done():
+        starting.cancel()
+        await asyncio.gather(starting, return_exceptions=True)
+        await cluster.stop()
+        print("stopped before the cluster was ready; every process it started is gone", flush=True)
+        return 0
+    stopping.cancel()
+    try:
+        starting.result()
+    except ClusterStartError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    code = 0
+    try:
+        _print_endpoints(cluster)
+        reported: set[int] = set()
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), 0.5)
+            except TimeoutError:
+                pass
+            for member in cluster.exited():
+                if member.pid in reported:
+                    continue
+                reported.add(member.pid)
+                print(f"warning: {member.name} (pid {member.pid}) exited with code {member.child.proc.returncode}; "
+                      f"see {member.log_path}", file=sys.stderr, flush=True)
+                if member is cluster.coordinator:
+                    print("error: the coordinator is gone; stopping the cluster", file=sys.stderr, flush=True)
+                    code = 1
+                    stop.set()
+            if not cluster.etcd_running():
+                print(f"error: etcd exited; see {cluster.data_dir}/etcd; stopping the cluster", file=sys.stderr,
+                      flush=True)
+                code = 1
+                stop.set()
+    finally:
+        print("stopping: coordinator, query nodes, etcd ...", flush=True)
+        await cluster.stop()
+    print("stopped: every process of the cluster is gone", flush=True)
+    return code
+
+
+def _print_endpoints(cluster: AllInOne) -> None:
+    kept = "kept" if cluster.keeps_data else "removed on exit"
+    coord = cluster.coordinator
+    assert coord is not None
+    lines = [
+        f"querycoord all-in-one cluster is up (data in {cluster.data_dir}, {kept})",
+        f"  etcd endpoints  {','.join(cluster.etcd_endpoints)}",
+        f"  coordinator     {cluster.coordinator_address}  (leader, pid {coord.pid}, log {coord.log_path})",
+    ]
+    for n in cluster.nodes:
+        lines.append(f"  query node {n.node_id:<4} {n.address}  (pid {n.pid}, log {n.log_path})")
+    addr = "" if cluster.coordinator_address == DEFAULT_ADDRESS else f" --address {cluster.coordinator_address}"
+    lines.append(f"ready: try `querycoord nodes{addr}`; Ctrl-C stops everything")
+    print("\n".join(lines), flush=True)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from querycoord.tooling import demo
+
+    return demo.run_from_args(args)
+
+
+def add_parsers(sub: Any) -> None:
+    from querycoord.coord_options import add_coord_options
+    from querycoord.nodes.querynode import add_querynode_parser
+    from querycoord.nodes.streamnode import add_streamnode_parser
+    from querycoord.tooling.demo import add_demo_arguments
+    from querycoord.tooling.drill import add_drill_parser
+
+    p = sub.add_parser("etcd", help="run the embedded etcd in the foreground")
+    p.add_argument("--data-dir", help="data directory (kept across runs; default: a new temp dir)")
+    p.add_argument("--members", type=int, default=1, choices=(1, 3), help="1 member, or a 3-member cluster")
+    p.set_defaults(func=cmd_etcd)
+
+    p = sub.add_parser("coord", help="run one coordinator (campaigns; leads or stands by)")
+    add_coord_options(p)
+    p.set_defaults(func=cmd_coord)
+
+    add_querynode_parser(sub)
+    add_streamnode_parser(sub)
+    add_drill_parser(sub)
+
+    p = sub.add_parser("up", help="run the all-in-one cluster (embedded etcd, a coordinator, query nodes)")
+    p.add_argument("--nodes", type=int, default=3, help="query nodes to start (default 3)")
+    p.add_argument("--listen", default=DEFAULT_ADDRESS, help=f"coordinator address (default {DEFAULT_ADDRESS})")
+    p.add_argument("--data-dir", default=None, help="keep etcd data and logs here (default: a temp dir removed "
+                                                    "on exit)")
+    p.add_argument("--ttl", type=float, default=10.0, help="session TTL of the coordinator and nodes (default 10)")
+    p.add_argument("--root", default="querycoord", help="meta root path in etcd (default querycoord)")
+    p.add_argument("--node-capacity-mb", type=float, default=1024, help="memory of each query node (default 1024)")
+    p.set_defaults(func=cmd_up)
+
+    p = sub.add_parser("demo", help="the demo that `make demo` runs")
+    add_demo_arguments(p)
+    p.set_defaults(func=cmd_demo)
