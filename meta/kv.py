@@ -23,6 +23,7 @@ from etcd3aio._protobuf import Compare as PbCompare
 from etcd3aio._protobuf import RangeRequest, RequestOp, TxnRequest
 from etcd3aio.kv import prefix_range_end
 
+from meta import observe
 from meta.client import EtcdClient
 from meta.errors import InvalidKey, NotLeader, RequestTooLarge
 from meta.fence import Fence
@@ -481,6 +482,7 @@ class FencedKV(MetaKV):
         resp = await self._send(operation, request)
         if not resp.succeeded:  # type: ignore[attr-defined]
             self.refused += 1
+            observe.fenced_write_refused()
             raise self._not_leader(resp)
         self._count(resp.header.revision)  # type: ignore[attr-defined]
         return resp.header.revision  # type: ignore[attr-defined]
@@ -493,6 +495,7 @@ class FencedKV(MetaKV):
         err = self._not_leader(resp)
         if err.current_revision != self.fence.revision:
             self.refused += 1
+            observe.fenced_write_refused()
             raise err
         return False
 

@@ -11,21 +11,29 @@ the safe order, rather than in a runbook:
    ``keep`` revisions stay resumable; a watcher further behind re-lists);
 2. defragment the members one at a time (a member is unavailable while it
    defragments, so never all at once);
-3. disarm NOSPACE, but only once defragmentation left room under the quota.
+3. disarm NOSPACE, but only once defragmentation left room under the quota
+   (disarming a member still at its quota only raises the alarm again at the
+   next write).
 
 Each member is asked through a connection of its own: a status or a
 defragmentation is per member, and one member down must not hide the others.
+etcd before 3.6 reports its quota only on its metrics endpoint (the client
+URL's ``/metrics``), so that is where ``backend_quota`` reads it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import functools
+import ssl
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
-from etcd3aio._protobuf import CompactionRequest, RangeRequest
-from etcd3aio.maintenance import AlarmType
+from etcd3aio._protobuf import AlarmResponse, CompactionRequest, RangeRequest
+from etcd3aio.maintenance import AlarmType, MaintenanceService
 
 from meta.client import EtcdClient, connect
 from meta.config import EtcdConfig
@@ -39,15 +47,23 @@ DEFAULT_KEEP_REVISIONS = 10_000
 
 @dataclass
 class MemberStatus:
-    """One member as it answers ``Maintenance.Status``; ``error`` set (and the rest zero) when it did not."""
+    """One member as it answers ``Maintenance.Status``; ``error`` set (and the rest zero) when it did not.
+
+    ``leader`` is the raft leader's member id as this member sees it (0: none);
+    ``db_size_quota`` 0 when unknown; ``compacted_revision`` is the oldest
+    revision this member can still read.
+    """
 
     endpoint: str
     member_id: int = 0
     version: str = ""
     db_size: int = 0
     db_size_in_use: int = 0
+    db_size_quota: int = 0
     revision: int = 0
+    compacted_revision: int = 0
     raft_term: int = 0
+    leader: int = 0
     is_leader: bool = False
     errors: list[str] = field(default_factory=list)
     error: str = ""
@@ -58,7 +74,7 @@ class MemberStatus:
 
 @dataclass
 class ClusterStatus:
-    """Every member, the cluster's alarms and its compacted revision (0 when unknown)."""
+    """Every member, the cluster's alarms, its revision and compacted revision (the members' highest; 0 unknown)."""
 
     members: list[MemberStatus]
     alarms: list[tuple[int, str]]
@@ -89,12 +105,20 @@ async def member_status(config: EtcdConfig, endpoint: str) -> MemberStatus:
         maintenance = client.raw.maintenance
         assert maintenance is not None
         resp = await client.call("Maintenance.Status", lambda t: maintenance.status(timeout=t))
-        return MemberStatus(endpoint, member_id=resp.header.member_id, version=resp.version, db_size=resp.dbSize,
-                            db_size_in_use=resp.dbSizeInUse, revision=resp.header.revision,
-                            raft_term=resp.raftTerm, is_leader=resp.leader == resp.header.member_id,
-                            errors=list(resp.errors))
+        status = MemberStatus(endpoint, member_id=resp.header.member_id, version=resp.version, db_size=resp.dbSize,
+                              db_size_in_use=resp.dbSizeInUse, revision=resp.header.revision,
+                              raft_term=resp.raftTerm, leader=resp.leader,
+                              is_leader=resp.leader == resp.header.member_id, errors=list(resp.errors))
     except MetaError as exc:
+        await client.close()
         return MemberStatus(endpoint, error=str(exc).splitlines()[0])
+    try:
+        status.db_size_quota = resp.dbSizeQuota or await backend_quota(config, endpoint)
+        status.compacted_revision = await compacted_revision(client, status.revision)
+        return status
+    except MetaError as exc:  # a member without a quorum answers its status but no reads
+        status.error = f"answers its status but no reads: {str(exc).splitlines()[0]}"
+        return status
     finally:
         await client.close()
 
@@ -139,15 +163,41 @@ async def compacted_revision(client: EtcdClient, revision: int) -> int:
 
 async def cluster_status(config: EtcdConfig) -> ClusterStatus:
     """Every member's status, the alarms and the compacted revision; members that are down are listed with why."""
-    members = [await member_status(config, ep) for ep in config.endpoints]
+    members = list(await asyncio.gather(*(member_status(config, ep) for ep in config.endpoints)))
     revision = max((m.revision for m in members), default=0)
     found: list[tuple[int, str]] = []
-    compacted = 0
     if any(not m.error for m in members):
         async with await connect(config) as client:
             found = await alarms(client)
-            compacted = await compacted_revision(client, revision) if revision else 0
-    return ClusterStatus(members, found, revision, compacted)
+    return ClusterStatus(members, found, revision, max((m.compacted_revision for m in members), default=0))
+
+
+async def backend_quota(config: EtcdConfig, endpoint: str) -> int:
+    """The member's backend quota in bytes, read from its metrics (etcd_server_quota_backend_bytes); 0 when it
+    cannot be read."""
+    return await asyncio.to_thread(_scrape_quota, config, endpoint)
+
+
+def _scrape_quota(config: EtcdConfig, endpoint: str) -> int:
+    handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]  # never via an HTTP proxy
+    scheme = "http"
+    if config.ca_file is not None:
+        scheme = "https"
+        context = ssl.create_default_context(cafile=str(config.ca_file))
+        if config.cert_file is not None and config.key_file is not None:
+            context.load_cert_chain(str(config.cert_file), str(config.key_file))
+        if config.tls_server_name:  # the certificate names another host than the endpoint's; the CA still checks it
+            context.check_hostname = False
+        handlers.append(urllib.request.HTTPSHandler(context=context))
+    try:
+        with urllib.request.build_opener(*handlers).open(f"{scheme}://{endpoint}/metrics",
+                                                          timeout=min(config.call_timeout, 5.0)) as resp:
+            for line in resp:
+                if line.startswith(b"etcd_server_quota_backend_bytes "):
+                    return int(float(line.split()[1]))
+    except (OSError, ValueError):  # ssl.SSLError and urllib's errors are OSErrors
+        pass
+    return 0
 
 
 async def maintain(config: EtcdConfig, *, keep: int = DEFAULT_KEEP_REVISIONS, dry_run: bool = False,
@@ -187,16 +237,33 @@ async def maintain(config: EtcdConfig, *, keep: int = DEFAULT_KEEP_REVISIONS, dr
         await _defragment(config, m.endpoint)
         say(f"defragment: {m.endpoint} done")
     if before.nospace:
-        async with await connect(config) as client:
-            maintenance = client.raw.maintenance
-            assert maintenance is not None
-            await client.call("Maintenance.Alarm",
-                              lambda t: maintenance.alarm_deactivate(AlarmType.NOSPACE, timeout=t))
-        say("alarm: NOSPACE disarmed")
+        await _disarm_nospace(config, say)
     after = await cluster_status(config)
     for m in after.members:
         say(f"now: {m.endpoint} db {m.db_size / MIB:.1f} MiB, in use {m.db_size_in_use / MIB:.1f} MiB")
     return after
+
+
+async def _disarm_nospace(config: EtcdConfig, say: Callable[[str], None]) -> None:
+    """Disarm each member's NOSPACE alarm (an alarm belongs to the member that raised it), unless a member is still
+    at its quota after defragmentation."""
+    now = await cluster_status(config)
+    full = [m for m in now.members if m.db_size_quota and m.db_size >= m.db_size_quota]
+    if full:
+        say("alarm: NOSPACE left raised: " + ", ".join(
+            f"{m.endpoint} holds {m.db_size / MIB:.1f} MiB of live data, its quota is {m.db_size_quota / MIB:.0f} MiB"
+            for m in full) + "; delete data or raise etcd's --quota-backend-bytes, then run maintain again")
+        return
+    async with await connect(config) as client:
+        maintenance = client.raw.maintenance
+        assert maintenance is not None
+        for member_id in [m for m, name in now.alarms if name == "NOSPACE"]:
+            await client.call("Maintenance.Alarm", functools.partial(_deactivate_nospace, maintenance, member_id))
+    say("alarm: NOSPACE disarmed")
+
+
+async def _deactivate_nospace(maintenance: MaintenanceService, member_id: int, timeout: float) -> AlarmResponse:
+    return await maintenance.alarm_deactivate(AlarmType.NOSPACE, member_id=member_id, timeout=timeout)
 
 
 async def _defragment(config: EtcdConfig, endpoint: str) -> None:
@@ -209,5 +276,5 @@ async def _defragment(config: EtcdConfig, endpoint: str) -> None:
         await client.call("Maintenance.Defragment", lambda t: maintenance.defragment(timeout=t))
 
 
-__all__ = ["DEFAULT_KEEP_REVISIONS", "ClusterStatus", "MemberStatus", "alarms", "cluster_status",
-           "compacted_revision", "maintain", "member_status"]
+__all__ = ["DEFAULT_KEEP_REVISIONS", "MIB", "ClusterStatus", "MemberStatus", "alarms", "backend_quota",
+           "cluster_status", "compacted_revision", "maintain", "member_status"]

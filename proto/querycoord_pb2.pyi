@@ -362,3 +362,57 @@ class ShowNodesResponse(_message.Message):
     status: _common_pb2.Status
     nodes: _containers.RepeatedCompositeFieldContainer[NodeInfo]
     def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ...) -> None: ...
+
+class SwitchoverRequest(_message.Message):
+    __slots__ = ("target",)
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    target: str
+    def __init__(self, target: _Optional[str] = ...) -> None: ...
+
+class SwitchoverResponse(_message.Message):
+    __slots__ = ("status", "previous_leader", "leader", "stepped_back", "handover_seconds")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_LEADER_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    STEPPED_BACK_FIELD_NUMBER: _ClassVar[int]
+    HANDOVER_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    status: _common_pb2.Status
+    previous_leader: str
+    leader: str
+    stepped_back: _containers.RepeatedScalarFieldContainer[str]
+    handover_seconds: float
+    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., previous_leader: _Optional[str] = ..., leader: _Optional[str] = ..., stepped_back: _Optional[_Iterable[str]] = ..., handover_seconds: _Optional[float] = ...) -> None: ...
+
+class StepBackRequest(_message.Message):
+    __slots__ = ("requested_by",)
+    REQUESTED_BY_FIELD_NUMBER: _ClassVar[int]
+    requested_by: str
+    def __init__(self, requested_by: _Optional[str] = ...) -> None: ...
+
+class StepBackResponse(_message.Message):
+    __slots__ = ("status", "election_revision")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    ELECTION_REVISION_FIELD_NUMBER: _ClassVar[int]
+    status: _common_pb2.Status
+    election_revision: int
+    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., election_revision: _Optional[int] = ...) -> None: ...
+
+class GetCoordinatorStateRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetCoordinatorStateResponse(_message.Message):
+    __slots__ = ("status", "address", "server_id", "leader", "since_ms", "election_revision")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    SERVER_ID_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    SINCE_MS_FIELD_NUMBER: _ClassVar[int]
+    ELECTION_REVISION_FIELD_NUMBER: _ClassVar[int]
+    status: _common_pb2.Status
+    address: str
+    server_id: int
+    leader: bool
+    since_ms: int
+    election_revision: int
+    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., address: _Optional[str] = ..., server_id: _Optional[int] = ..., leader: _Optional[bool] = ..., since_ms: _Optional[int] = ..., election_revision: _Optional[int] = ...) -> None: ...

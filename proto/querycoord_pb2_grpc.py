@@ -100,6 +100,21 @@ class QueryCoordStub:
                 request_serializer=proto_dot_querycoord__pb2.ShowNodesRequest.SerializeToString,
                 response_deserializer=proto_dot_querycoord__pb2.ShowNodesResponse.FromString,
                 _registered_method=True)
+        self.Switchover = channel.unary_unary(
+                '/querycoord.query.QueryCoord/Switchover',
+                request_serializer=proto_dot_querycoord__pb2.SwitchoverRequest.SerializeToString,
+                response_deserializer=proto_dot_querycoord__pb2.SwitchoverResponse.FromString,
+                _registered_method=True)
+        self.StepBack = channel.unary_unary(
+                '/querycoord.query.QueryCoord/StepBack',
+                request_serializer=proto_dot_querycoord__pb2.StepBackRequest.SerializeToString,
+                response_deserializer=proto_dot_querycoord__pb2.StepBackResponse.FromString,
+                _registered_method=True)
+        self.GetCoordinatorState = channel.unary_unary(
+                '/querycoord.query.QueryCoord/GetCoordinatorState',
+                request_serializer=proto_dot_querycoord__pb2.GetCoordinatorStateRequest.SerializeToString,
+                response_deserializer=proto_dot_querycoord__pb2.GetCoordinatorStateResponse.FromString,
+                _registered_method=True)
 
 
 class QueryCoordServicer:
@@ -184,6 +199,32 @@ class QueryCoordServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Switchover(self, request, context):
+        """A planned leader change (`querycoord switchover`), answered by the leader
+        once another coordinator holds the election: the target standby is made
+        next in line (standbys ahead of it step back), then the leader stops its
+        scheduler and resigns. Refused while another switchover runs.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StepBack(self, request, context):
+        """Asked of a standby by a leader running a switchover: withdraw from the
+        election and campaign again, from the back of the queue.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetCoordinatorState(self, request, context):
+        """What a coordinator says of itself (`querycoord status`); every
+        coordinator answers, leader or standby.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_QueryCoordServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -251,6 +292,21 @@ def add_QueryCoordServicer_to_server(servicer, server):
                     servicer.ShowNodes,
                     request_deserializer=proto_dot_querycoord__pb2.ShowNodesRequest.FromString,
                     response_serializer=proto_dot_querycoord__pb2.ShowNodesResponse.SerializeToString,
+            ),
+            'Switchover': grpc.unary_unary_rpc_method_handler(
+                    servicer.Switchover,
+                    request_deserializer=proto_dot_querycoord__pb2.SwitchoverRequest.FromString,
+                    response_serializer=proto_dot_querycoord__pb2.SwitchoverResponse.SerializeToString,
+            ),
+            'StepBack': grpc.unary_unary_rpc_method_handler(
+                    servicer.StepBack,
+                    request_deserializer=proto_dot_querycoord__pb2.StepBackRequest.FromString,
+                    response_serializer=proto_dot_querycoord__pb2.StepBackResponse.SerializeToString,
+            ),
+            'GetCoordinatorState': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCoordinatorState,
+                    request_deserializer=proto_dot_querycoord__pb2.GetCoordinatorStateRequest.FromString,
+                    response_serializer=proto_dot_querycoord__pb2.GetCoordinatorStateResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -604,6 +660,87 @@ class QueryCoord:
             '/querycoord.query.QueryCoord/ShowNodes',
             proto_dot_querycoord__pb2.ShowNodesRequest.SerializeToString,
             proto_dot_querycoord__pb2.ShowNodesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Switchover(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/querycoord.query.QueryCoord/Switchover',
+            proto_dot_querycoord__pb2.SwitchoverRequest.SerializeToString,
+            proto_dot_querycoord__pb2.SwitchoverResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StepBack(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/querycoord.query.QueryCoord/StepBack',
+            proto_dot_querycoord__pb2.StepBackRequest.SerializeToString,
+            proto_dot_querycoord__pb2.StepBackResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCoordinatorState(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/querycoord.query.QueryCoord/GetCoordinatorState',
+            proto_dot_querycoord__pb2.GetCoordinatorStateRequest.SerializeToString,
+            proto_dot_querycoord__pb2.GetCoordinatorStateResponse.FromString,
             options,
             channel_credentials,
             insecure,

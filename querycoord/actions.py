@@ -113,6 +113,8 @@ async def create_collection(
         raise ValueError(f"--segments must be >= 0, got {segments}")
     if segment_mb <= 0:
         raise ValueError(f"--segment-mb must be positive, got {segment_mb}")
+    if rows < 0:
+        raise ValueError(f"--rows must be >= 0, got {rows}")
     schema = catalog_pb2.CollectionSchema(name=name, fields=[
         catalog_pb2.FieldSchema(name="id", data_type=catalog_pb2.DATA_TYPE_INT64, is_primary_key=True),
         catalog_pb2.FieldSchema(name="vec", data_type=catalog_pb2.DATA_TYPE_FLOAT_VECTOR, dim=DIM),
@@ -233,8 +235,11 @@ async def release(c: QueryCoordClient, desc: catalog_pb2.CollectionDescription, 
 LOAD_TYPES = {data_pb2.LOAD_TYPE_COLLECTION: "collection", data_pb2.LOAD_TYPE_PARTITION: "partitions"}
 
 
-async def collection_rows(c: QueryCoordClient, refs: Sequence[str] = ()) -> list[list[object]]:
-    """Rows of ``collection show``: every catalog collection (or those named) with its load state."""
+async def collection_records(c: QueryCoordClient, refs: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """Every catalog collection (or those named) with its load state, as ``collection show -o json`` prints it.
+
+    ``load_type``, ``loaded_percentage`` and ``loaded_partitions`` are None for a collection that is not loaded.
+    """
     cat = check(await c.catalog("ShowCollections", catalog_pb2.ShowCollectionsRequest()), "catalog show")
     summaries = {s.collection_id: s for s in cat.collections}
     if refs:
@@ -243,19 +248,35 @@ async def collection_rows(c: QueryCoordClient, refs: Sequence[str] = ()) -> list
         ids = sorted(summaries)
     loaded = check(await c.query("ShowCollections", qc.ShowCollectionsRequest()), "show collections")
     infos = {i.collection_id: i for i in loaded.collections}
-    rows: list[list[object]] = []
+    records: list[dict[str, Any]] = []
     for cid in ids:
         s = summaries.get(cid)
         info = infos.get(cid)
-        name = s.name if s else "?"
-        parts = s.num_partitions if s else 0
-        segs = s.num_segments if s else 0
-        if info is None:
-            rows.append([cid, name, parts, f"{segs:,}", "-", "not loaded", "-"])
+        records.append({
+            "id": cid, "name": s.name if s else None, "partitions": s.num_partitions if s else 0,
+            "segments": s.num_segments if s else 0,
+            "load_type": LOAD_TYPES.get(info.load_type, "?") if info is not None else None,
+            "loaded_percentage": int(info.in_memory_percentage) if info is not None else None,
+            "loaded_partitions": len(info.partitions) if info is not None else None,
+        })
+    return records
+
+
+def collection_table_rows(records: Sequence[dict[str, Any]]) -> list[list[object]]:
+    """``collection_records`` as rows under ``COLLECTION_HEADERS``."""
+    rows: list[list[object]] = []
+    for r in records:
+        base = [r["id"], r["name"] or "?", r["partitions"], f"{r['segments']:,}"]
+        if r["load_type"] is None:
+            rows.append([*base, "-", "not loaded", "-"])
         else:
-            rows.append([cid, name, parts, f"{segs:,}", LOAD_TYPES.get(info.load_type, "?"),
-                         f"{info.in_memory_percentage}%", len(info.partitions)])
+            rows.append([*base, r["load_type"], f"{r['loaded_percentage']}%", r["loaded_partitions"]])
     return rows
+
+
+async def collection_rows(c: QueryCoordClient, refs: Sequence[str] = ()) -> list[list[object]]:
+    """Rows of ``collection show``: every catalog collection (or those named) with its load state."""
+    return collection_table_rows(await collection_records(c, refs))
 
 
 COLLECTION_HEADERS = ("ID", "NAME", "PARTITIONS", "SEGMENTS", "LOAD TYPE", "LOADED", "LOADED PARTITIONS")
@@ -304,6 +325,13 @@ async def list_trees(c: QueryCoordClient, *, include_finished: bool, include_chi
         for tr in trees:
             del tr.children[:]
     return trees
+
+
+def node_records(nodes: Sequence[qc.NodeInfo]) -> list[dict[str, Any]]:
+    """Query nodes as ``nodes -o json`` prints them (memory in bytes)."""
+    return [{"id": n.node_id, "address": n.address, "state": n.state, "segments": n.segment_count,
+             "dm_channels": n.dm_channel_count, "memory_used_bytes": n.memory_used,
+             "memory_capacity_bytes": n.memory_capacity} for n in nodes]
 
 
 def node_rows(nodes: Sequence[qc.NodeInfo]) -> list[list[object]]:

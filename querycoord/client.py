@@ -12,7 +12,16 @@ How long it keeps trying is the caller's choice: a user-facing call retries
 until its ``deadline`` (retrying is safe: every QueryCoord mutation is
 idempotent, a repeated load or release is success), while a stream node's
 heartbeat gives up after one round over the known addresses, since its next
-tick reports again anyway.
+tick reports again anyway. No single attempt outlives the deadline: a
+coordinator that cannot reach etcd may take long to answer, and the caller
+asked for an answer within it.
+
+When no leader answers, ``CoordinatorUnavailable`` says what each address
+did (``problems``): nothing listens there, it stands by and no leader is
+elected yet, it cannot reach etcd, it did not answer in time, or it is not a
+querycoord coordinator at all (UNIMPLEMENTED: some other gRPC server, such
+as a query node). An address of the last kind is skipped, and the call
+gives up at once when every address is of that kind.
 """
 
 from __future__ import annotations
@@ -28,14 +37,60 @@ import grpc
 from proto import catalog_pb2_grpc, common_pb2, querycoord_pb2_grpc, stream_pb2_grpc
 from querycoord.protocol import parse_leader
 
-# gRPC codes after which another coordinator may answer: a standby's redirect, a dead or unreachable one.
-FOLLOWED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+# gRPC codes after which another coordinator may answer: a standby's redirect, a dead or unreachable one, and a
+# server that is no coordinator (UNIMPLEMENTED).
+FOLLOWED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNIMPLEMENTED)
+
+# What an address did, as ``CoordinatorUnavailable.problems`` says it.
+NOTHING_LISTENS = "nothing listens there"
+NO_LEADER = "it stands by and no leader is elected yet"
+NO_ETCD = "it cannot reach etcd, so it cannot lead or name the leader"
+NOT_A_COORDINATOR = "that address is not a querycoord coordinator"
+# Phrases of gRPC's connection failures and of a standby's answer (coordinator.not_leader_message).
+_REFUSED = ("connection refused", "failed to connect", "connections to all backends failing", "name resolution",
+            "dns resolution failed")
+_NO_LEADER = ("no leader is elected yet", "is taking over leadership")
+_NO_ETCD = "cannot reach etcd"
 
 Discover = Callable[[], Awaitable[Sequence[str]]]
 
 
 class CoordinatorUnavailable(Exception):
-    """No coordinator answered as leader before the deadline (or within one round)."""
+    """No coordinator answered as leader before the deadline (or within one round).
+
+    ``problems``: address -> what it did, in the words the user reads (``describe``).
+    """
+
+    def __init__(self, message: str, problems: dict[str, str] | None = None):
+        super().__init__(message)
+        self.problems = dict(problems or {})
+
+    @property
+    def nothing_listens(self) -> bool:
+        return any(p.startswith(NOTHING_LISTENS) for p in self.problems.values())
+
+    def summary(self) -> str:
+        """``ADDR: problem; ADDR: problem`` (or the message when nothing was tried)."""
+        return "; ".join(f"{a}: {p}" for a, p in self.problems.items()) or str(self)
+
+
+def describe(code: grpc.StatusCode | None, details: str, method: str = "") -> str:
+    """What an address's answer means to a user (the ``problems`` of ``CoordinatorUnavailable``)."""
+    low = details.lower()
+    leader = parse_leader(details)
+    if code == grpc.StatusCode.UNIMPLEMENTED:
+        return f"{NOT_A_COORDINATOR} (it does not serve {method or 'the QueryCoord service'})"
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return "it did not answer in time (a coordinator that cannot reach etcd answers late)"
+    if _NO_ETCD in low:
+        return NO_ETCD
+    if any(p in low for p in _NO_LEADER):
+        return NO_LEADER
+    if leader:
+        return f"it stands by; the leader is at {leader}"
+    if any(p in low for p in _REFUSED):
+        return NOTHING_LISTENS
+    return f"{code.name if code is not None else 'NOT_LEADER'}: {' '.join(details.split())}"
 
 
 def split_addresses(addresses: Sequence[str] | str) -> list[str]:
@@ -95,30 +150,44 @@ class LeaderFollowingClient:
         started = time.monotonic()
         attempts = 0
         tried: list[str] = []
+        problems: dict[str, str] = {}  # address -> what it did (``describe``); per call: calls may overlap
+        full_name = f"{getattr(stub_cls, '__name__', '').removesuffix('Stub')}/{method}"
         while self._may_try(started, attempts) and self._current:
             attempts += 1
             address = self._current
             try:
-                resp = await getattr(stub_cls(self._channel(address)), method)(request, timeout=self.call_timeout)
+                resp = await getattr(stub_cls(self._channel(address)), method)(
+                    request, timeout=self._attempt_timeout(started))
             except grpc.aio.AioRpcError as exc:
                 if exc.code() not in FOLLOWED:
                     raise
-                self.last_error = f"{address}: {exc.code().name} {exc.details()}"
-                self._follow(address, parse_leader(exc.details()))
+                details = exc.details() or ""
+                self.last_error = f"{address}: {exc.code().name} {details}"
+                problems[address] = describe(exc.code(), details, full_name)
+                self._follow(address, parse_leader(details), problems)
             else:
                 status = getattr(resp, "status", None)
                 if status is None or status.error_code != common_pb2.NOT_LEADER:
                     return resp
                 self.last_error = f"{address}: {status.reason}"
-                self._follow(address, parse_leader(status.reason))
+                problems[address] = describe(None, status.reason, full_name)
+                self._follow(address, parse_leader(status.reason), problems)
             tried.append(address)
+            if self.addresses and all(problems.get(a, "").startswith(NOT_A_COORDINATOR) for a in self.addresses):
+                break  # none of them will ever answer
             if self.pause > 0:
                 await asyncio.sleep(self.pause)
         if self.discover is not None:
             await self._rediscover()
-        within = f"within {self.deadline:.0f}s" if self.deadline is not None else "in one round"
+        within = f"within {self.deadline:g}s" if self.deadline is not None else "in one round"
         raise CoordinatorUnavailable(f"no leader answered {method} {within} "
-                                     f"(tried {sorted(set(tried))}; last: {self.last_error})")
+                                     f"(tried {sorted(set(tried))}; last: {self.last_error})", problems)
+
+    def _attempt_timeout(self, started: float) -> float:
+        """``call_timeout``, cut to what is left of the deadline."""
+        if self.deadline is None:
+            return self.call_timeout
+        return max(0.05, min(self.call_timeout, self.deadline - (time.monotonic() - started)))
 
     def _may_try(self, started: float, attempts: int) -> bool:
         if self.deadline is not None:
@@ -130,15 +199,20 @@ class LeaderFollowingClient:
         standby answers some reads itself, so a client left on one would not notice a new leader."""
         self._follow(self._current, leader)
 
-    def _follow(self, address: str, leader: str | None) -> None:
-        """Move to the named leader (remembering its address), else to the address after ``address``."""
+    def _follow(self, address: str, leader: str | None, problems: dict[str, str] | None = None) -> None:
+        """Move to the named leader (remembering its address), else to the address after ``address`` (skipping
+        those ``problems`` call no coordinator)."""
         if leader and leader != address:
             nxt = leader
             if nxt not in self.addresses:
                 self.addresses.append(nxt)
         elif self.addresses:
             i = self.addresses.index(address) if address in self.addresses else -1
-            nxt = self.addresses[(i + 1) % len(self.addresses)]
+            # Skip addresses known not to be coordinators (the loop in ``call`` ends when all are).
+            for step in range(1, len(self.addresses) + 1):
+                nxt = self.addresses[(i + step) % len(self.addresses)]
+                if not (problems or {}).get(nxt, "").startswith(NOT_A_COORDINATOR):
+                    break
         else:
             return
         if nxt != self._current:
@@ -176,4 +250,5 @@ class QueryCoordClient(LeaderFollowingClient):
         return await self.call(stream_pb2_grpc.StreamMgmtStub, method, request)
 
 
-__all__ = ["FOLLOWED", "CoordinatorUnavailable", "LeaderFollowingClient", "QueryCoordClient", "split_addresses"]
+__all__ = ["FOLLOWED", "CoordinatorUnavailable", "LeaderFollowingClient", "QueryCoordClient", "describe",
+           "split_addresses"]

@@ -4,7 +4,9 @@ The defaults a user sees in ``--help`` are read from the dataclasses, so the
 command line cannot drift from the configuration it builds. An option not
 given keeps the value of the base configuration: production values, or the
 scaled preset with ``--scaled`` (tests, drills and the demo), so a drill can
-start from the preset and still change one knob.
+start from the preset and still change one knob. The same tables give the
+keys of the configuration file and the ``QUERYCOORD_COORD_*`` variables
+(``querycoord.config_file``), so an option is declared once.
 """
 
 from __future__ import annotations
@@ -49,9 +51,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("--trigger-timeout", "scheduler.trigger_timeout", float),
     Option("--stream-watch-timeout", "stream.watch_timeout", float),
 )
+# The options that choose the base configuration rather than a field of it (flag, type); configurable like the rest.
+PRESET_OPTIONS: tuple[tuple[str, type], ...] = (("--scaled", bool), ("--stream-scale", float))
 
 
-def _get(config: Any, path: str) -> Any:
+def option_value(config: Any, path: str) -> Any:
     for name in path.split("."):
         config = getattr(config, name)
     return config
@@ -68,7 +72,7 @@ def add_coord_options(p: argparse.ArgumentParser) -> None:
     defaults = CoordConfig()
     add_etcd_options(p)
     for opt in OPTIONS:
-        shown = argparse.SUPPRESS if opt.help is None else f"{opt.help} (default {_get(defaults, opt.path)})"
+        shown = argparse.SUPPRESS if opt.help is None else f"{opt.help} (default {option_value(defaults, opt.path)})"
         p.add_argument(opt.flag, type=opt.kind, default=None, help=shown)
     p.add_argument("--scaled", action="store_true",
                    help="start from the scaled preset (tests, drills, demos): TTL 2 s, short back-offs, no auto "
@@ -78,6 +82,12 @@ def add_coord_options(p: argparse.ArgumentParser) -> None:
                         "(default 1: TDengine's timings)")
     # Before --scaled existed: the scaled stream timings alone. Kept so older scripts keep working.
     p.add_argument("--stream-fast", action="store_true", help=argparse.SUPPRESS)
+    # Read by config_file: these options take [coord] keys and QUERYCOORD_COORD_* variables.
+    p.set_defaults(config_section="coord")
+    p.epilog = p.epilog or ("Each option can also be set in the --config file ([coord] ttl, [etcd] endpoints, "
+                            "[log] format...) or by a variable (QUERYCOORD_COORD_TTL, QUERYCOORD_ETCD_ENDPOINTS...); "
+                            "a flag beats the variable, which beats the file. `querycoord config show` prints the "
+                            "result.")
 
 
 def config_from_args(args: argparse.Namespace) -> CoordConfig:
@@ -103,4 +113,4 @@ def config_from_args(args: argparse.Namespace) -> CoordConfig:
     return config
 
 
-__all__ = ["OPTIONS", "Option", "add_coord_options", "config_from_args"]
+__all__ = ["OPTIONS", "PRESET_OPTIONS", "Option", "add_coord_options", "config_from_args", "option_value"]

@@ -11,25 +11,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from loguru import logger
 
 from meta.client import EtcdClient, connect
-from meta.election import Election, current_leader, election_prefix
-from meta.errors import MetaError
+from meta.election import Election, current_leader, election_prefix, observe_leader
+from meta.errors import MetaError, MetaNoSpace
 from meta.fence import Fence
 from meta.idalloc import IdAllocator
 from meta.kv import MetaKV
 from meta.session import Session
 from proto import querynode_pb2
+from querycoord import metrics
 from querycoord.balance import auto_balance_loop
 from querycoord.catalog.broker import Broker, GrpcBroker, LocalBroker
 from querycoord.catalog.store import CatalogStore
 from querycoord.checker import Checker
 from querycoord.cluster.nodes import NodeManager
 from querycoord.config import CoordConfig
+from querycoord.etcd_space import SpaceMonitor
 from querycoord.protocol import QUERYCOORD_ELECTION, QUERYCOORD_ROLE, leader_is_at
 from querycoord.querymeta import QueryMeta
 from querycoord.stream.loops import follow_stream_nodes, tick_streams
@@ -39,6 +42,11 @@ from querycoord.task.model import TaskEnv
 from querycoord.task.scheduler import Scheduler
 from querycoord.task.store import TaskStore
 from querycoord.watchers import balance_away, kick_on_node_changes, run_handoff
+
+# How long a standby waits for etcd to name the leader before telling a caller it cannot reach etcd.
+LEADER_LOOKUP_TIMEOUT = 1.0
+# A campaign still waiting after this long stands by (one that wins at once never says so).
+STANDBY_LINE_DELAY = 0.5
 
 
 @dataclass
@@ -68,6 +76,7 @@ class Coordinator:
         self.broker: Broker | None = None
         self.session: Session | None = None
         self.leadership: Leadership | None = None
+        self.space: SpaceMonitor | None = None  # etcd's NOSPACE alarm and db size (health, status, metrics)
         self.became_leader = asyncio.Event()
         self._main: asyncio.Task[None] | None = None
         self._lost = asyncio.Event()
@@ -75,10 +84,17 @@ class Coordinator:
         self._stopping = False
         # What etcd accepted through the last fence held (reported when leadership is lost).
         self.last_leadership: dict[str, object] = {}
+        self.role_since = time.time()  # when it took its current role, leader or standby (``querycoord status``)
+        self._step_back = asyncio.Event()  # a switchover asks this standby to queue again (``request_step_back``)
 
     @property
     def is_leader(self) -> bool:
         return self.leadership is not None and not self.leadership.scheduler.stopped
+
+    @property
+    def loop_ended(self) -> bool:
+        """The campaign-and-lead loop has ended before ``stop`` (it never should: liveness fails then)."""
+        return self._main is not None and self._main.done() and not self._stopping
 
     @property
     def server_id(self) -> int:
@@ -92,18 +108,24 @@ class Coordinator:
     async def not_leader_message(self) -> str:
         """What a standby tells callers: who leads now (clients follow it: ``protocol.parse_leader``)."""
         leader = None
-        try:
-            leader = await self.leader_address()
-        except MetaError:
-            pass
+        unreachable = self.client is not None and self.client.unreachable_since is not None
+        if not unreachable:
+            try:
+                leader = await asyncio.wait_for(self.leader_address(), LEADER_LOOKUP_TIMEOUT)
+            except (MetaError, TimeoutError):
+                unreachable = True
+        if unreachable:
+            return f"this coordinator ({self.address}) is not the leader and cannot reach etcd to learn who is"
         if leader == self.address:
             return f"this coordinator ({self.address}) is taking over leadership; retry shortly"
         return f"this coordinator ({self.address}) is not the leader; " + (
             leader_is_at(leader) if leader else "no leader is elected yet")
 
     async def start(self) -> None:
-        self.client = await connect(self.config.etcd)
+        self.client = await connect(self.config.etcd, wait=True)  # the client logs at once that etcd is unreachable
         self.kv = MetaKV(self.client, self.config.root)
+        self.space = SpaceMonitor(self.client)
+        self.space.start()
         self.catalog = CatalogStore(self.kv)
         self.broker = GrpcBroker(self.config.catalog_address) if self.config.catalog_address else LocalBroker(
             self.catalog)
@@ -121,6 +143,8 @@ class Coordinator:
             await self.session.close()
         if self.broker:
             await self.broker.close()
+        if self.space:
+            await self.space.stop()
         if self.client:
             await self.client.close()
 
@@ -132,15 +156,22 @@ class Coordinator:
                 await self.session.start()
                 election = Election(self.kv, self.session, QUERYCOORD_ELECTION)
                 self.election = election
-                fence = await election.campaign(self.address)
+                standby = asyncio.create_task(self._say_standby(), name="standby-line")
+                try:
+                    fence = await self._campaign(election)
+                finally:
+                    standby.cancel()
                 await self._become_leader(fence)
                 lost = asyncio.create_task(self.session.lost.wait())
                 deposed = asyncio.create_task(self._lost.wait())
                 await asyncio.wait({lost, deposed}, return_when=asyncio.FIRST_COMPLETED)
                 for t in (lost, deposed):
                     t.cancel()
-                logger.warning("coordinator {}: leadership lost ({})", self.server_id,
-                               self.session.lost_reason or "a fenced write was refused")
+                # A session closed by this process: a switchover handed the leadership over (``hand_over``).
+                logger.bind(fence_revision=fence.revision).log(
+                    "INFO" if self.session.lost_reason == "closed" else "WARNING",
+                    "coordinator {}: leadership lost ({})", self.server_id,
+                    self.session.lost_reason or "a fenced write was refused")
             except asyncio.CancelledError:
                 task = asyncio.current_task()
                 if not self._stopping and task is not None and not task.cancelling():
@@ -154,8 +185,18 @@ class Coordinator:
                     if self.leadership is not None:
                         await asyncio.wait_for(self.election.resign(), 2)
                 raise
+            except MetaNoSpace as exc:
+                # A session and a campaign need writes: wait for space once, rather than fail every second.
+                logger.error("coordinator: cannot register or campaign: {}; waiting for etcd to have space again", exc)
+                if self.space is not None:
+                    self.space.noted(exc)
+                    await self.space.wait_writable()
+                await asyncio.sleep(1)
             except MetaError as exc:
-                logger.error("coordinator: etcd trouble while campaigning or leading: {}", exc)
+                # An unreachable etcd was logged once by the etcd client (and will be once it is back).
+                unreachable = self.client is not None and self.client.unreachable_since is not None
+                logger.log("DEBUG" if unreachable else "ERROR", "coordinator: etcd trouble while campaigning or "
+                           "leading: {}", exc)
                 await asyncio.sleep(1)
             except Exception:
                 # Never let this loop die: a coordinator whose session lives on while it
@@ -166,6 +207,58 @@ class Coordinator:
                 await self._drop_leadership()
             if self.session is not None:
                 await self.session.close(revoke=False)
+
+    async def _say_standby(self) -> None:
+        """While the campaign waits: one line saying this coordinator stands by and who leads (again only when
+        another coordinator takes over)."""
+        assert self.kv is not None
+        await asyncio.sleep(STANDBY_LINE_DELAY)
+        said: str | None = None
+        with contextlib.suppress(MetaError):
+            async for leader in observe_leader(self.kv, election_prefix(QUERYCOORD_ELECTION)):
+                address = leader.value.decode() if leader is not None else ""
+                if address == self.address or address == said:
+                    continue
+                said = address
+                logger.info("coordinator {} ({}) stands by; {}", self.server_id, self.address,
+                            leader_is_at(address) if address else "no leader is elected yet")
+
+    async def _campaign(self, election: Election) -> Fence:
+        """``election.campaign``, withdrawn and started again (from the back of the queue) whenever a switchover
+        asks this standby to step back (``request_step_back``)."""
+        while True:
+            self._step_back.clear()
+            campaign = asyncio.create_task(election.campaign(self.address), name="campaign")
+            back = asyncio.create_task(self._step_back.wait(), name="step-back")
+            try:
+                await asyncio.wait({campaign, back}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                back.cancel()
+                if not campaign.done():
+                    campaign.cancel()  # a cancelled campaign removes its key
+                    await asyncio.wait({campaign})
+            if not campaign.cancelled():
+                return campaign.result()
+            logger.info("coordinator {}: stepped back to the end of the election queue for a switchover",
+                        self.server_id)
+
+    def request_step_back(self) -> None:
+        """Withdraw from the election and campaign again, behind every candidate queued now (a switchover to a
+        standby queued behind this one); a leader ignores it."""
+        self._step_back.set()
+
+    async def hand_over(self) -> None:
+        """Stop leading, for a switchover whose target is next in line: first the leader's work (the scheduler
+        stops without another write; the persisted trees stay for the next leader, as on failover), then the
+        election key and the session at once, so the next in line leads now rather than after a TTL. The loop
+        then campaigns again with a new session, from the back of the queue."""
+        session, election = self.session, getattr(self, "election", None)
+        await self._drop_leadership()
+        if election is not None:
+            with contextlib.suppress(MetaError):
+                await election.resign()
+        if session is not None:
+            await session.close(revoke=True)
 
     async def _restart_after_error(self) -> None:
         await self._drop_leadership()
@@ -191,13 +284,18 @@ class Coordinator:
         self._term += 1
         self._lost.clear()
         started: list[Callable[[], Awaitable[None]]] = []
+        began = time.monotonic()
         try:
-            await self._take_over(fence, self._term, started)
+            # Every line the leader's loops log (scheduler, checker, streams: their tasks start in here and
+            # inherit the context) carries the fence it writes with.
+            with logger.contextualize(fence_revision=fence.revision):
+                await self._take_over(fence, self._term, started)
         except BaseException:
             for stop in reversed(started):
                 with contextlib.suppress(Exception):
                     await stop()
             raise
+        metrics.leader_acquired(time.monotonic() - began)
 
     async def _take_over(self, fence: Fence, term: int, started: list[Callable[[], Awaitable[None]]]) -> None:
         assert self.kv is not None and self.broker is not None
@@ -216,7 +314,7 @@ class Coordinator:
         ids = IdAllocator(fenced, "idalloc/task")
         env = TaskEnv(meta=meta, nodes=nodes, broker=self.broker, store=store, ids=ids,
                       config=self.config.scheduler)
-        scheduler = Scheduler(env, on_leadership_lost=self._loss_callback(term))
+        scheduler = Scheduler(env, on_leadership_lost=self._loss_callback(term), space=self.space)
         holder["scheduler"] = scheduler
         started.append(nodes.stop)
         await nodes.start()
@@ -255,6 +353,7 @@ class Coordinator:
                                      checker)
         logger.info("coordinator {} leads with fence {} ({} persisted triggers resumed)", self.server_id, fence,
                     queued)
+        self.role_since = time.time()
         self.became_leader.set()
 
     async def _drop_leadership(self) -> None:
@@ -262,6 +361,8 @@ class Coordinator:
         self.became_leader.clear()
         if lead is None:
             return
+        metrics.leader_lost()
+        self.role_since = time.time()
         fenced = lead.kv
         self.last_leadership = {
             "fence_key": lead.fence.leader_key, "fence_revision": lead.fence.revision,

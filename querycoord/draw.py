@@ -33,14 +33,17 @@ KIND_NAMES: dict[int, str] = {
     qc.TASK_KIND_REPAIR: "Repair",
 }
 
-# The API's state names (UNDO, DOING, DONE, EXPIRED, FAILED), so what the CLI shows matches the proto and the docs.
+# What users read for each state. The proto keeps Milvus's names, in which EXPIRED is a task that finished
+# successfully: users read DONE. A trigger's own DONE is the commit point of its plan while its children still
+# run: users read DOING (a child's DONE is its success).
 STATE_NAMES: dict[int, str] = {
     qc.TASK_STATE_UNDO: "UNDO",
     qc.TASK_STATE_DOING: "DOING",
     qc.TASK_STATE_DONE: "DONE",
-    qc.TASK_STATE_EXPIRED: "EXPIRED",
+    qc.TASK_STATE_EXPIRED: "DONE",
     qc.TASK_STATE_FAILED: "FAILED",
 }
+
 
 CONDITION_NAMES: dict[int, str] = {
     qc.TRIGGER_CONDITION_UNSPECIFIED: "",
@@ -56,7 +59,10 @@ def kind_name(kind: int) -> str:
     return KIND_NAMES.get(kind, f"Kind{kind}")
 
 
-def state_name(state: int) -> str:
+def state_name(state: int, *, trigger: bool = False) -> str:
+    """The state as users read it (see ``STATE_NAMES``); ``trigger``: the state of a trigger, not a child."""
+    if trigger and state == qc.TASK_STATE_DONE:
+        return "DOING"
     return STATE_NAMES.get(state, f"STATE{state}")
 
 
@@ -69,15 +75,15 @@ def _shorten(text: str, width: int) -> str:
 # ----- task trees -----------------------------------------------------------------------------------------------
 def trigger_line(t: qc.TaskInfo, counts: qc.ChildStateCounts | None = None, *, error_width: int = 160) -> str:
     """``#id Kind STATE collection C (why) children N (d done, ...) error: ...`` for one trigger."""
-    parts = [f"#{t.task_id}", kind_name(t.kind), state_name(t.state)]
+    parts = [f"#{t.task_id}", kind_name(t.kind), state_name(t.state, trigger=True)]
     if t.collection_id:
         parts.append(f"collection {t.collection_id}")
     why = CONDITION_NAMES.get(t.trigger_condition, "")
     if why and t.trigger_condition != qc.TRIGGER_CONDITION_GRPC_REQUEST and t.kind != qc.TASK_KIND_LOAD_BALANCE:
         parts.append(f"({why})")
     if counts is not None and counts.total:
-        by_state = [(counts.undo, "undo"), (counts.doing, "doing"), (counts.done, "done"),
-                    (counts.expired, "expired"), (counts.failed, "failed")]
+        by_state = [(counts.undo, "undo"), (counts.doing, "doing"), (counts.done + counts.expired, "done"),
+                    (counts.failed, "failed")]
         detail = ", ".join(f"{n} {name}" for n, name in by_state if n)
         parts.append(f"children {counts.total}" + (f" ({detail})" if detail else ""))
     if t.summary and t.kind not in (qc.TASK_KIND_LOAD_COLLECTION, qc.TASK_KIND_RELEASE_COLLECTION):
@@ -128,6 +134,31 @@ def draw_tree(
         last = i == len(items) - 1
         lines.append(("└── " if last else "├── ") + text)
     return lines
+
+
+def task_record(t: qc.TaskInfo, *, trigger: bool = False) -> dict[str, object]:
+    """One task as ``tasks -o json`` prints it: the names the drawing uses, ids and numbers as they are."""
+    record: dict[str, object] = {
+        "task_id": t.task_id, "kind": kind_name(t.kind), "state": state_name(t.state, trigger=trigger),
+        "collection_id": t.collection_id, "node_id": t.node_id, "summary": t.summary, "error": t.error,
+    }
+    if trigger:
+        record["trigger_condition"] = CONDITION_NAMES.get(t.trigger_condition, "")
+    else:
+        record.update(retries=max(0, t.retry_count - 1), replaces_task_id=t.replaces_task_id,
+                      excluded_node_ids=list(t.excluded_node_ids))
+    return record
+
+
+def tree_record(tree: qc.TaskTree) -> dict[str, object]:
+    """A trigger with its children (those the answer carried) and the count of its children by state."""
+    counts = tree.child_counts
+    return {
+        **task_record(tree.trigger, trigger=True),
+        "child_counts": {"total": counts.total, "undo": counts.undo, "doing": counts.doing,
+                         "done": counts.done + counts.expired, "failed": counts.failed},
+        "children": [task_record(c) for c in tree.children],
+    }
 
 
 def is_rescheduled(c: qc.TaskInfo) -> bool:

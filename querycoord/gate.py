@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import grpc
 from loguru import logger
 
-from meta.errors import MetaError, NotLeader
+from meta.errors import MetaError, MetaNoSpace, NotLeader
 from proto import common_pb2
 from querycoord.errors import CoordError, NotLeading, status_of
 
@@ -76,6 +76,9 @@ class LeaderGate:
             self._deposed(exc)
             reason = await self.coord.not_leader_message()
             return response_cls(status=common_pb2.Status(error_code=common_pb2.NOT_LEADER, reason=reason))
+        except MetaNoSpace as exc:  # RESOURCE_EXHAUSTED, with the db size and quota and what to run
+            space = getattr(self.coord, "space", None)
+            return response_cls(status=status_of(await space.refusal(exc) if space is not None else exc))
         except Exception as exc:  # a bug must not crash the server or leave the caller hanging
             if not isinstance(exc, CoordError | MetaError | TimeoutError):
                 logger.exception("unexpected error in {}", response_cls.__name__)

@@ -3,15 +3,39 @@
 Everything goes to loguru on stderr; records of the standard ``logging``
 module (the etcd client library behind ``meta``, grpc, and any module that
 uses it) are forwarded to loguru so that nothing is silently dropped.
+
+Two formats: ``text`` (the default: for a person at a terminal) and ``json``
+(one object per line, for a log pipeline): time, level, component (the
+module that logged), message, and the ids the code bound where it logged
+(``node``, ``task``, ``collection``, ``fence_revision``...), so lines can be
+filtered by id without parsing messages. ``meta`` is a library and is
+silent until an application turns its logs on; ``setup_logging`` does.
 """
 
 from __future__ import annotations
 
+import argparse
+import datetime as dt
+import json
 import logging
 import os
 import sys
+import traceback
+from collections.abc import Container
+from typing import TYPE_CHECKING, Any, TextIO
 
 from loguru import logger
+
+if TYPE_CHECKING:
+    from loguru import Message, Record
+
+FORMATS = ("text", "json")
+DEFAULT_FORMAT = "text"
+DEFAULT_LEVEL = "INFO"
+LEVELS = ("TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL")
+TEXT_FORMAT = "<green>{time:HH:mm:ss.SSS}</green> <level>{level: <7}</level> <cyan>{name}</cyan> {message}"
+# The format of the last setup_logging call: a later call that only changes the level (a drill) keeps it.
+_current_format = DEFAULT_FORMAT
 
 
 class _ToLoguru(logging.Handler):
@@ -22,16 +46,65 @@ class _ToLoguru(logging.Handler):
             level: str | int = logger.level(record.levelname).name
         except ValueError:
             level = record.levelno
-        logger.opt(depth=6, exception=record.exc_info).bind(name=record.name).log(level, record.getMessage())
+        logger.opt(depth=6, exception=record.exc_info).bind(component=record.name).log(level, record.getMessage())
 
 
-def setup_logging(level: str | None = None) -> None:
-    """Log to stderr at ``level`` (default ``$QUERYCOORD_LOG_LEVEL`` or INFO)."""
-    chosen = (level or os.environ.get("QUERYCOORD_LOG_LEVEL", "INFO")).upper()
+def json_line(record: Record) -> str:
+    """One log record as one JSON object (no newline); bound ids follow the fixed fields and never replace them."""
+    extra = dict(record["extra"])
+    entry: dict[str, Any] = {
+        "time": record["time"].astimezone(dt.UTC).isoformat(timespec="milliseconds"),
+        "level": record["level"].name,
+        "component": extra.pop("component", None) or record["name"],
+        "message": record["message"],
+    }
+    for key, value in extra.items():
+        entry.setdefault(key, value)
+    exc = record["exception"]
+    if exc is not None and exc.type is not None:
+        entry.setdefault("exception", "".join(traceback.format_exception(exc.type, exc.value, exc.traceback)))
+    return json.dumps(entry, default=str)
+
+
+def _json_sink(stream: TextIO) -> Any:
+    def write(message: Message) -> None:
+        stream.write(json_line(message.record) + "\n")
+        stream.flush()
+
+    return write
+
+
+def add_log_options(p: argparse.ArgumentParser, *, suppress: bool = False, skip: Container[str] = ()) -> None:
+    """``--log-level`` and ``--log-format`` (but those in ``skip``); ``suppress`` on a sub-command, so a value given
+    before it is kept."""
+    default = argparse.SUPPRESS if suppress else None
+    if "--log-level" not in skip:
+        p.add_argument("--log-level", default=default, type=str.upper, metavar="LEVEL",
+                       help=f"DEBUG, INFO, WARNING... ($QUERYCOORD_LOG_LEVEL, [log] level; default {DEFAULT_LEVEL})")
+    if "--log-format" not in skip:
+        p.add_argument("--log-format", default=default, choices=FORMATS,
+                       help="text (for a terminal) or json (one object per line) ($QUERYCOORD_LOG_FORMAT, "
+                            f"[log] format; default {DEFAULT_FORMAT})")
+
+
+def setup_logging(level: str | None = None, fmt: str | None = None) -> None:
+    """Log to stderr at ``level`` (default ``$QUERYCOORD_LOG_LEVEL`` or INFO) in ``fmt`` (default
+    ``$QUERYCOORD_LOG_FORMAT``, else the format set last, else text); ``ValueError`` names a bad value."""
+    global _current_format
+    chosen = (level or os.environ.get("QUERYCOORD_LOG_LEVEL") or DEFAULT_LEVEL).upper()
+    form = (fmt or os.environ.get("QUERYCOORD_LOG_FORMAT") or _current_format).lower()
+    if chosen not in LEVELS:
+        raise ValueError(f"unknown log level {chosen!r} (one of {', '.join(LEVELS)})")
+    if form not in FORMATS:
+        raise ValueError(f"unknown log format {form!r} (text or json)")
     logger.remove()
-    logger.add(
-        sys.stderr,
-        level=chosen,
-        format="<green>{time:HH:mm:ss.SSS}</green> <level>{level: <7}</level> <cyan>{name}</cyan> {message}",
-    )
+    if form == "json":
+        logger.add(_json_sink(sys.stderr), level=chosen, format="{message}")
+    else:
+        logger.add(sys.stderr, level=chosen, format=TEXT_FORMAT)
+    _current_format = form
+    logger.enable("meta")
     logging.basicConfig(handlers=[_ToLoguru()], level=chosen, force=True)
+
+
+__all__ = ["DEFAULT_FORMAT", "DEFAULT_LEVEL", "FORMATS", "LEVELS", "add_log_options", "json_line", "setup_logging"]

@@ -23,6 +23,7 @@ from proto import catalog_pb2, catalog_pb2_grpc, querycoord_pb2, stream_pb2
 from querycoord.catalog.service import CatalogServicer
 from querycoord.config import CoordConfig
 from querycoord.coordinator import Coordinator
+from querycoord.health import CoordinatorEndpoints, bind_http
 from querycoord.protocol import QUERYCOORD_SERVICE
 from querycoord.server import add_to_server
 from querycoord.stream.service import add_stream_service
@@ -44,8 +45,12 @@ class CoordinatorProcess:
         self.coord = Coordinator(config, self.address)
         self.health = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
         self._health_task: asyncio.Task[None] | None = None
+        # /metrics, /healthz and /readyz (--http-listen): bound now, as the gRPC port is; served from start() on.
+        self.http = bind_http(config.http_listen, CoordinatorEndpoints(self.coord))
 
     async def start(self) -> None:
+        if self.http is not None:
+            self.http.start()  # before etcd is reached: the process is live (not ready) while it waits
         # A leader holds a protobuf per segment (100,000s): with the default thresholds the
         # cyclic GC rescans them all over and over (7 % of a large load); they are not cyclic.
         gc.set_threshold(100_000, 50, 1000)
@@ -99,13 +104,18 @@ class CoordinatorProcess:
             self._health_task.cancel()
         await self.coord.stop()
         await self.server.stop(grace=1.0)
+        if self.http is not None:
+            await self.http.stop()
 
 
 async def run_coordinator(config: CoordConfig) -> int:
     """The process body of ``querycoord coord``: run until SIGTERM / SIGINT."""
     proc = CoordinatorProcess(config)
     await proc.start()
-    print(json.dumps({"event": "ready", "address": proc.address, "t": time.time()}), flush=True)
+    ready: dict[str, Any] = {"event": "ready", "address": proc.address, "t": time.time()}
+    if proc.http is not None:
+        ready["http_address"] = proc.http.address
+    print(json.dumps(ready), flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

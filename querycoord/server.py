@@ -31,6 +31,7 @@ from querycoord.jobs import (
 )
 from querycoord.protocol import QUERYCOORD_ROLE
 from querycoord.querymeta import QueryMeta
+from querycoord.switchover import coordinator_state, step_back, switch_over
 from querycoord.task.model import record_info
 from querycoord.task.store import TaskStore
 
@@ -178,6 +179,18 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
             for n in sorted(lead.nodes.nodes.values(), key=lambda n: n.node_id)
         ]
         return qc.ShowNodesResponse(status=OK, nodes=out)
+
+    # ----- coordinators: status and switchover (querycoord/switchover.py) ---------------------------------------
+    @answered(qc.SwitchoverResponse)
+    async def Switchover(self, request, context):
+        return await switch_over(self.coord, await self.gate.lead(context), request.target)
+
+    @answered(qc.StepBackResponse)
+    async def StepBack(self, request, context):
+        return qc.StepBackResponse(status=OK, election_revision=await step_back(self.coord, request.requested_by))
+
+    async def GetCoordinatorState(self, request, context):
+        return coordinator_state(self.coord)
 
 
 def trees_from_records(records: list, children_limit: int = 0) -> list[qc.TaskTree]:

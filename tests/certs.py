@@ -20,6 +20,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from meta.etcd_server import TlsFiles
+
 
 @dataclass(frozen=True)
 class CertFiles:
@@ -154,3 +156,9 @@ def make_certs(directory: Path) -> CertFiles:
     _write_key(files.rogue_key, rogue_key)
     _write_cert(files.other_ca_file, other_ca)
     return files
+
+
+def server_tls(certs: CertFiles) -> TlsFiles:
+    """What an embedded etcd member needs to serve TLS with ``certs``' server pair and require client certificates
+    signed by their CA."""
+    return TlsFiles(ca_file=certs.ca_file, cert_file=certs.server_cert, key_file=certs.server_key)

@@ -35,6 +35,18 @@ def fast_scheduler(**kw: Any) -> SchedulerConfig:
     return dataclasses.replace(SCALED_SCHEDULER, **kw)
 
 
+async def wait_in_memory(client: QueryCoordClient, cid: int, timeout: float = 60.0) -> qc.ShowCollectionsResponse:
+    """Until the leader reports collection ``cid`` 100 % in memory; TimeoutError with its last answer."""
+    deadline = time.monotonic() + timeout
+    while True:
+        resp = await client.query("ShowCollections", qc.ShowCollectionsRequest(collection_ids=[cid]))
+        if resp.status.error_code == 0 and resp.collections[0].in_memory_percentage == 100:
+            return resp
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"collection {cid} not loaded: {resp}")
+        await asyncio.sleep(0.1)
+
+
 class QueryCluster:
     def __init__(self, etcd: EtcdCluster, root: str, *, scheduler: SchedulerConfig | None = None,
                  session_ttl: float = 2.0):
@@ -122,14 +134,7 @@ class QueryCluster:
 
     async def wait_loaded(self, cid: int, timeout: float = 60.0) -> qc.ShowCollectionsResponse:
         assert self.client is not None
-        deadline = time.monotonic() + timeout
-        while True:
-            resp = await self.client.query("ShowCollections", qc.ShowCollectionsRequest(collection_ids=[cid]))
-            if resp.status.error_code == 0 and resp.collections[0].in_memory_percentage == 100:
-                return resp
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"collection {cid} not loaded: {resp}")
-            await asyncio.sleep(0.1)
+        return await wait_in_memory(self.client, cid, timeout)
 
     async def load_collection(self, cid: int, timeout: float = 60.0) -> Any:
         """LoadCollection accepted and then 100 % in memory; returns the answer (its ``task_id``)."""
@@ -157,6 +162,14 @@ class QueryCluster:
     async def task_keys(self) -> dict[str, int]:
         assert self.kv is not None
         return {p: await self.kv.count_prefix(p) for p in TASK_PREFIXES}
+
+    async def wait_no_task_keys(self, timeout: float = 60.0) -> None:
+        """Until no task key is left in etcd (every tree finished and removed); TimeoutError with what is left."""
+        deadline = time.monotonic() + timeout
+        while any((left := await self.task_keys()).values()):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"task keys left after {timeout:g}s: {left}")
+            await asyncio.sleep(0.1)
 
 
 def held_segments(node: QueryNode) -> set[int]:

@@ -20,6 +20,10 @@ from loguru import logger
 from meta.client import EtcdClient, connect
 from meta.etcd_server import EtcdCluster
 from meta.kv import MetaKV
+from tests.certs import CertFiles, make_certs
+
+# The tests are meta's application: they read its logs (as a library it is silent until enabled).
+logger.enable("meta")
 
 
 @pytest.fixture(scope="session")
@@ -78,3 +82,9 @@ def caplog(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixtur
                       filter=lambda record: record["level"].no >= caplog.handler.level)
     yield caplog
     logger.remove(sink)
+
+
+@pytest.fixture(scope="session")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> CertFiles:
+    """A CA, an etcd server pair (SAN localhost and 127.0.0.1) and a client pair, made once per run."""
+    return make_certs(tmp_path_factory.mktemp("certs"))

@@ -88,5 +88,34 @@ async def spawn_snode_host(etcd: EtcdCluster, root: str, log_dir: Path | None, v
                                    "--groups", "2", "--init-delay-ms", "100", "--ttl", "10", name=name)
 
 
-__all__ = ["MID_LOAD_FLAGS", "Spawned", "spawn_coordinator", "spawn_query_node", "spawn_ready", "spawn_snode_host",
-           "spawn_stream_node"]
+class Processes:
+    """The processes one test starts, all killed when it ends: ``async with Processes(etcd, root, log_dir) as p``,
+    then ``await p.coordinator(name="a")``, ``p.query_node(...)``, ``p.stream_node(...)`` (same flags as above)."""
+
+    def __init__(self, etcd: EtcdCluster, root: str, log_dir: Path | None):
+        self.etcd, self.root, self.log_dir = etcd, root, log_dir
+        self.started: list[Spawned] = []
+
+    def _keep(self, child: Spawned) -> Spawned:
+        self.started.append(child)
+        return child
+
+    async def coordinator(self, *flags: str, name: str = "coord") -> Spawned:
+        return self._keep(await spawn_coordinator(self.etcd, self.root, self.log_dir, *flags, name=name))
+
+    async def query_node(self, *flags: str, name: str = "querynode") -> Spawned:
+        return self._keep(await spawn_query_node(self.etcd, self.root, self.log_dir, *flags, name=name))
+
+    async def stream_node(self, *flags: str, name: str = "streamnode") -> Spawned:
+        return self._keep(await spawn_stream_node(self.etcd, self.root, self.log_dir, *flags, name=name))
+
+    async def __aenter__(self) -> Processes:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for child in self.started:
+            await child.kill()
+
+
+__all__ = ["MID_LOAD_FLAGS", "Processes", "Spawned", "spawn_coordinator", "spawn_query_node", "spawn_ready",
+           "spawn_snode_host", "spawn_stream_node"]

@@ -171,7 +171,7 @@ def test_up_serves_every_client_command_and_sigint_stops_everything(subprocess_e
         out = ok(cli(subprocess_env, addr, "tasks"))
         assert "no task is queued or running" in out
         out = ok(cli(subprocess_env, addr, "tasks", "--all", "--children"))
-        assert re.search(rf"^#{load_task}\s+LoadCollection\s+EXPIRED\s+collection {cid}", out, re.M), out
+        assert re.search(rf"^#{load_task}\s+LoadCollection\s+DONE\s+collection {cid}", out, re.M), out
         assert re.search(r"^├── #\d+\s+LoadSegment\s+load \d+ segments .*node \d+\s+DONE", out, re.M), out
         assert re.search(r"^└── ", out, re.M), out
         out = ok(cli(subprocess_env, addr, "tasks", "--task", load_task, "--max-children", "1"))
@@ -179,7 +179,7 @@ def test_up_serves_every_client_command_and_sigint_stops_everything(subprocess_e
 
         source, dst = sorted(nodes)
         out = ok(cli(subprocess_env, addr, "balance", "--source", str(source), "--dst", str(dst)))
-        assert re.search(r"#\d+\s+LoadBalance\s+EXPIRED", out) and "segments moved" in out, out
+        assert re.search(r"#\d+\s+LoadBalance\s+DONE", out) and "segments moved" in out, out
         after = node_rows(ok(cli(subprocess_env, addr, "nodes")))
         assert after[source][3] == "0" and after[dst][3] == "400", after
 
@@ -258,7 +258,7 @@ def test_up_with_a_data_dir_keeps_the_cluster_across_restarts(subprocess_env, tm
             assert time.monotonic() < deadline, f"the old node's segments never reached the new one: {rows}"
             time.sleep(0.3)
         out = ok(cli(subprocess_env, addr, "tasks", "--all"))
-        assert re.search(r"LoadBalance\s+EXPIRED .*balance \(node_down\)", out), out
+        assert re.search(r"LoadBalance\s+DONE .*balance \(node_down\)", out), out
         again.proc.send_signal(signal.SIGINT)
         assert again.proc.wait(timeout=40) == 0
 
@@ -294,7 +294,8 @@ def _tree() -> qc.TaskTree:
 
 def test_draw_tree_uses_box_drawing_and_shows_reschedules() -> None:
     lines = draw.draw_tree(_tree())
-    assert lines[0] == "#1  LoadCollection  DONE  collection 7  children 3 (1 undo, 1 doing, 1 done)"
+    # The trigger's DONE is its commit point while children run: users read DOING.
+    assert lines[0] == "#1  LoadCollection  DOING  collection 7  children 3 (1 undo, 1 doing, 1 done)"
     assert lines[1].startswith("├── #2  LoadSegment  load 40 segments of collection 7  node 3  DONE  retries 0")
     assert lines[2].startswith("├── #9  LoadSegment") and "retries 2  replaces #5  excluded [5]" in lines[2]
     assert "last error: query node 4 LoadSegments: injected failure" in lines[2]

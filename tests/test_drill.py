@@ -17,11 +17,12 @@ from meta.etcd_server import EtcdCluster
 from proto import common_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.tooling.drill.invariants import CatalogColl, Expected, MetaColl, MetaView, NodeView, check
-from querycoord.tooling.drill.schedule import KillLeader, Op, Pause, ScheduleOptions, make_schedule
+from querycoord.tooling.drill.options import DrillOptions
+from querycoord.tooling.drill.schedule import KillLeader, Op, Pause, make_schedule
 from querycoord.tooling.drill.stale import Change, Window, count_refusals, is_coordination_key
 from tests.cluster import QueryCluster, running_cluster
 
-OPTS = ScheduleOptions(collections=20, partitions=2, nodes=4, kills=10, node_kills=2, etcd_kills=3, etcd_members=3)
+OPTS = DrillOptions(collections=20, partitions=2, nodes=4, kills=10, node_kills=2, etcd_kills=3, etcd_members=3)
 
 
 def test_same_seed_same_schedule_other_seed_other_schedule() -> None:

@@ -20,12 +20,12 @@ from querycoord.tooling.drill.chaos_ops import (
     INF,
     RELEASED,
     Attempt,
-    PlanOptions,
     admissible_states,
     effect_of,
     make_plan,
 )
 from querycoord.tooling.drill.invariants import CatalogColl, Expected, MetaColl, MetaView, NodeView, check
+from querycoord.tooling.drill.options import ChaosOptions
 from querycoord.tooling.drill.proxy import TcpProxy
 
 
@@ -119,13 +119,13 @@ async def test_proxy_waits_for_a_late_target_and_resets_on_close() -> None:
 
 # ----- the plan and the oracle (pure) ------------------------------------------------------------------------------
 def test_same_seed_same_plan_and_the_first_phases_cover_the_key_faults() -> None:
-    opts = PlanOptions(ops=40, collections=12, partitions=3, clients=3)
+    opts = ChaosOptions(ops=40, collections=12, partitions=3, clients=3)
     a, b, c = make_plan(5, opts), make_plan(5, opts), make_plan(6, opts)
     assert a.phases == b.phases and a.digest() == b.digest() and a.digest() != c.digest()
-    assert a.ops == 40 and make_plan(5, PlanOptions(ops=300, collections=12, partitions=3)).ops == 300
+    assert a.ops == 40 and make_plan(5, ChaosOptions(ops=300, collections=12, partitions=3)).ops == 300
     kinds = [f.kind for p in a.phases for f in p.faults]
     assert kinds[:2] == ["leader_etcd_cut", "leader_kill"], kinds
-    patterns = {item.pattern for p in make_plan(5, PlanOptions(ops=300, collections=12, partitions=3)).phases
+    patterns = {item.pattern for p in make_plan(5, ChaosOptions(ops=300, collections=12, partitions=3)).phases
                 for w in p.workers for item in w}
     assert patterns == {"plain", "duplicate", "retry", "conflict"}
 

@@ -15,7 +15,7 @@ from proto import querycoord_pb2 as qc
 from querycoord.catalog.store import CatalogStore
 from querycoord.client import QueryCoordClient
 from querycoord.nodes.querynode import FaultConfig
-from tests.cluster import QueryCluster
+from tests.cluster import QueryCluster, wait_in_memory
 from tests.spawn import MID_LOAD_FLAGS, Spawned, spawn_coordinator
 
 
@@ -71,12 +71,7 @@ async def test_paused_leader_cannot_write_after_takeover_and_nodes_refuse_it(
             assert all(n.state.fence.leader_revision > old_fence_seen for n in c.nodes)
             # Both loads complete under the new leader.
             for cid in (first.collection_id, second.collection_id):
-                for _ in range(600):
-                    show = await client.query("ShowCollections", qc.ShowCollectionsRequest(collection_ids=[cid]))
-                    if show.status.error_code == 0 and show.collections[0].in_memory_percentage == 100:
-                        break
-                    await asyncio.sleep(0.1)
-                assert show.collections[0].in_memory_percentage == 100
+                await wait_in_memory(client, cid, timeout=60)
             held = [set(n.state.segments) for n in c.nodes]
             assert sum(len(h) for h in held) == 220 == len(set().union(*held)), "no segment lost or doubled"
             await client.close()

@@ -86,8 +86,8 @@ from querycoord.tooling.drill.invariants import (
     Expected,
     MetaColl,
     MetaView,
-    NodeView,
     check,
+    node_view,
 )
 from tests.cluster import QueryCluster, fast_scheduler
 
@@ -655,7 +655,7 @@ class ChaosMachine(RuleBasedStateMachine):
             problems.append(f"the leader's query meta differs from etcd at {diff[:8]}")
         catalog = await self._catalog_view()
         meta = _meta_view(fresh, self.cids)
-        nodes = {n.node_id: _node_view(n) for n in c.nodes}
+        nodes = {n.node_id: node_view(n.state.distribution()) for n in c.nodes}
         expected, unexplained = self._expected(meta)
         res = check(expected, catalog, meta, nodes, task_keys=keys, unanswered=[])
         problems += unexplained + res.details
@@ -731,19 +731,6 @@ def _meta_state(meta: MetaView, cid: int, pids: list[int]) -> State:
     if m.load_type == "collection":
         return COLLECTION
     return "partitions", frozenset(pids.index(p) for p in m.partitions if p in pids)
-
-
-def _node_view(n: QueryNode) -> NodeView:
-    from proto import querynode_pb2
-
-    d = n.state.distribution()
-    view = NodeView()
-    for s in d.segments:
-        view.segments[s.segment_id] = (s.collection_id, s.partition_id)
-    for ch in d.channels:
-        (view.dm_channels if ch.kind == querynode_pb2.CHANNEL_KIND_DM else view.other_channels).add(
-            (ch.collection_id, ch.channel_name))
-    return view
 
 
 # ----- the test -------------------------------------------------------------------------------------------------------

@@ -54,6 +54,9 @@ SERVICES = {
             "ListTasks",
             "GetTask",
             "ShowNodes",
+            "Switchover",
+            "StepBack",
+            "GetCoordinatorState",
         },
     ),
     "QueryNode": (

@@ -12,7 +12,7 @@ from proto import common_pb2, task_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.balance import plan_move
 from querycoord.nodes.querynode import FaultConfig
-from tests.cluster import MiB, QueryCluster, fast_scheduler
+from tests.cluster import MiB, QueryCluster, fast_scheduler, wait_in_memory
 from tests.spawn import MID_LOAD_FLAGS, spawn_coordinator
 
 
@@ -47,18 +47,10 @@ async def test_coordinator_killed_mid_load_then_restarted_finishes_the_load(
             try:
                 await second.next_event("leader", timeout=60)
                 client2 = QueryCoordClient([second.address], deadline=60)
-                deadline = time.monotonic() + 90
-                while True:
-                    show = await client2.query("ShowCollections", qc.ShowCollectionsRequest(collection_ids=[cid]))
-                    if show.status.error_code == 0 and show.collections[0].in_memory_percentage == 100:
-                        break
-                    assert time.monotonic() < deadline, show
-                    await asyncio.sleep(0.2)
+                await wait_in_memory(client2, cid, timeout=90)
                 held = [set(n.state.segments) for n in c.nodes]
                 assert sum(len(h) for h in held) == 300 == len(set().union(*held)), "each segment exactly once"
-                while any((await c.task_keys()).values()):
-                    assert time.monotonic() < deadline
-                    await asyncio.sleep(0.1)
+                await c.wait_no_task_keys(timeout=60)
                 await client.close()
                 await client2.close()
             finally:

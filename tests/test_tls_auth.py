@@ -21,9 +21,9 @@ from etcd3aio._protobuf import RangeRequest
 from meta.client import EtcdClient, connect
 from meta.config import EtcdConfig
 from meta.errors import MetaAuthError, MetaUnavailable
-from meta.etcd_server import EtcdCluster, TlsFiles
+from meta.etcd_server import EtcdCluster
 from meta.kv import MetaKV
-from tests.certs import CertFiles, make_certs
+from tests.certs import CertFiles, server_tls
 from tests.etcd_auth import enable_auth
 
 USER = "root"
@@ -35,14 +35,9 @@ GENEROUS = 30.0
 
 # ----- fixtures -------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> CertFiles:
-    return make_certs(tmp_path_factory.mktemp("certs"))
-
-
-@pytest.fixture(scope="module")
 def tls_etcd(tmp_path_factory: pytest.TempPathFactory, certs: CertFiles) -> Iterator[EtcdCluster]:
     """One member serving TLS and requiring client certificates signed by our CA."""
-    tls = TlsFiles(ca_file=certs.ca_file, cert_file=certs.server_cert, key_file=certs.server_key)
+    tls = server_tls(certs)
     with EtcdCluster(tmp_path_factory.mktemp("etcd-tls"), tls=tls) as cluster:
         yield cluster
 
@@ -125,7 +120,7 @@ async def test_tls_misconfigured_client_fails_clearly_within_deadline(
 
 async def test_tls_three_member_cluster(tmp_path: Path, certs: CertFiles) -> None:
     """Several TLS endpoints are verified against one name (``localhost`` in the server SAN)."""
-    tls = TlsFiles(ca_file=certs.ca_file, cert_file=certs.server_cert, key_file=certs.server_key)
+    tls = server_tls(certs)
     with EtcdCluster(tmp_path / "etcd", size=3, tls=tls) as cluster:
         config = cluster.config(cert_file=certs.client_cert, key_file=certs.client_key)
         assert len(config.endpoints) == 3

@@ -24,7 +24,11 @@ Consistency rules, each enforced by etcd compares in the same txn as the write
   sources are deleted in the txn that adds it, guarded by compares that they
   still exist, so two compactions cannot consume the same source.
 * Dropping a collection removes its record, its name and all its segments in
-  one txn (two key deletes and one range delete).
+  one txn (two key deletes and one range delete), guarded by the absence of
+  the query coordinator's load record of it under the same root: a loaded
+  collection is released first (Milvus's RootCoord asks QueryCoord to
+  release before it drops), and a load committing at the same moment either
+  wins (the drop is refused) or finds the collection gone.
 
 The catalog is not leader state: like RootCoord's clients, any process may
 write it, and every write is guarded by its own compares. ``CatalogStore``
@@ -50,6 +54,7 @@ from meta.watch import EventType, Resync, watch_prefix
 from proto import catalog_pb2, data_pb2
 from querycoord import errors
 from querycoord.errors import CoordError, status_for
+from querycoord.querymeta.keys import collection_key as load_record_key
 
 CATALOG_PREFIX = "catalog/"
 COLLECTIONS_PREFIX = "catalog/collections/"
@@ -495,8 +500,10 @@ class CatalogStore:
         desc, create_rev = await self._load_collection(ref)
         cid = desc.collection_id
         ops: list[Op] = [delete(collection_key(cid)), delete(name_key(desc.name)), delete_prefix(segment_prefix(cid))]
-        guard = created_at(collection_key(cid), create_rev)
-        if not await self._txn(f"drop collection {cid}", [guard], ops):
+        guards = [created_at(collection_key(cid), create_rev), absent(load_record_key(cid))]
+        if not await self._txn(f"drop collection {cid}", guards, ops):
+            if await self.kv.get_kv(load_record_key(cid)) is not None:
+                raise Conflict(f"collection {desc.name} (id {cid}) is loaded: release it before dropping it")
             if await self.kv.get_kv(collection_key(cid)) is not None:  # pragma: no cover - ids are never reused
                 raise Conflict(f"collection {cid} changed while it was being dropped; retry")
             # Gone either way: dropped by a concurrent call or by our own retried txn.

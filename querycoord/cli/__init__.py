@@ -4,36 +4,59 @@ Server commands (``cli/servers.py``): ``etcd`` (embedded etcd), ``coord``
 (one coordinator), ``querynode`` / ``streamnode`` (reference nodes), ``up``
 (the all-in-one cluster), ``demo``, ``drill``. Client commands talk to the
 coordinators named by ``--address`` (any of them: the client follows the
-leader): ``collection create|load|release|show`` (``cli/collection.py``),
-``balance``, ``tasks``, ``nodes`` (``cli/tasks.py``). Each module adds its
-own sub-commands; ``cli/common.py`` holds what the client commands share.
+leader): ``collection create|load|release|drop|show`` (``cli/collection.py``),
+``balance``, ``tasks``, ``nodes`` (``cli/tasks.py``), ``status`` (from etcd)
+and ``switchover`` (``cli/status.py``); ``completion`` prints a shell
+completion script (``cli/completion.py``). Each module adds its own
+sub-commands; ``cli/common.py`` holds what the commands share: the global
+options (taken before or after the sub-command), the client options,
+``-o json``, argument checks and one-line errors.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 
-from querycoord.cli import collection, servers, tasks
-from querycoord.cli.common import client_options
+from querycoord.cli import collection, completion, config_cmd, servers, status, tasks
+from querycoord.cli.common import Parser, client_options, global_options, spread_global_options
+from querycoord.config_file import apply_layers
 from querycoord.logs import setup_logging
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="querycoord", description="etcd-backed query coordinator",
-                                     parents=[client_options(False)])
-    parser.add_argument("--log-level", default=None,
-                        help="DEBUG, INFO, WARNING (default $QUERYCOORD_LOG_LEVEL or INFO)")
+    parser = Parser(prog="querycoord", description="etcd-backed query coordinator",
+                    parents=[client_options(False), global_options(False)])
+    parser.add_argument("--version", action="version", version=f"querycoord {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     client = [client_options(True)]
     servers.add_parsers(sub)
     collection.add_parsers(sub, client)
     tasks.add_parsers(sub, client)
+    status.add_parsers(sub, client)
+    config_cmd.add_parsers(sub, client)
+    completion.add_parsers(sub, parser)
+    spread_global_options(parser)  # last: every sub-command, whoever added it, takes --log-level after its name
     return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("querycoord")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    setup_logging(args.log_level)
+    try:
+        apply_layers(args)  # options not given as flags: from QUERYCOORD_* variables, then the --config file
+        setup_logging(args.log_level, args.log_format)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     return int(args.func(args))
 
 

@@ -1,17 +1,21 @@
-"""``querycoord collection create|load|release|show``."""
+"""``querycoord collection create|load|release|drop|show``."""
 
 from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from proto import catalog_pb2
 from querycoord import draw
 from querycoord.actions import (
     COLLECTION_HEADERS,
     MIB,
     Refusal,
-    collection_rows,
+    check,
+    collection_records,
+    collection_table_rows,
     create_collection,
     describe,
     follow_load,
@@ -19,8 +23,18 @@ from querycoord.actions import (
     partition_ids,
     release,
 )
-from querycoord.cli.common import client_command
+from querycoord.cli.common import (
+    add_output_option,
+    client_command,
+    emit,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 from querycoord.client import QueryCoordClient
+
+# ``actions.load`` / ``actions.release``: one request for a collection or some of its partitions; the task id.
+Send = Callable[[QueryCoordClient, catalog_pb2.CollectionDescription, Sequence[int]], Awaitable[int]]
 
 
 async def _collection_create(c: QueryCoordClient, args: argparse.Namespace) -> int:
@@ -33,12 +47,19 @@ async def _collection_create(c: QueryCoordClient, args: argparse.Namespace) -> i
     return 0
 
 
-async def _collection_load(c: QueryCoordClient, args: argparse.Namespace) -> int:
+async def _send(c: QueryCoordClient, args: argparse.Namespace, send: Send) -> tuple[
+        catalog_pb2.CollectionDescription, str, int, float]:
+    """Send ``load`` or ``release`` for the collection (or partitions) ``args`` name: the collection, how messages
+    name what was asked, the task id (0: nothing to do) and when it was sent."""
     desc = await describe(c, args.collection)
     pids = partition_ids(desc, args.partitions)
     what = f"{desc.name} (id {desc.collection_id})" + (f" partitions {pids}" if pids else "")
     t0 = time.monotonic()
-    task_id = await load(c, desc, pids)
+    return desc, what, await send(c, desc, pids), t0
+
+
+async def _collection_load(c: QueryCoordClient, args: argparse.Namespace) -> int:
+    desc, what, task_id, t0 = await _send(c, args, load)
     if task_id == 0:
         print(f"{what} is already loaded")
         return 0
@@ -61,11 +82,7 @@ async def _collection_load(c: QueryCoordClient, args: argparse.Namespace) -> int
 
 
 async def _collection_release(c: QueryCoordClient, args: argparse.Namespace) -> int:
-    desc = await describe(c, args.collection)
-    pids = partition_ids(desc, args.partitions)
-    what = f"{desc.name} (id {desc.collection_id})" + (f" partitions {pids}" if pids else "")
-    t0 = time.monotonic()
-    task_id = await release(c, desc, pids)
+    _, what, task_id, t0 = await _send(c, args, release)
     if task_id == 0:
         print(f"{what} was not loaded: nothing to release")
     else:
@@ -73,38 +90,62 @@ async def _collection_release(c: QueryCoordClient, args: argparse.Namespace) -> 
     return 0
 
 
-async def _collection_show(c: QueryCoordClient, args: argparse.Namespace) -> int:
-    rows = await collection_rows(c, args.collections)
-    if not rows:
-        print("no collections; create one with `querycoord collection create NAME`")
-        return 0
-    print("\n".join(draw.table(COLLECTION_HEADERS, rows, right=(0, 2, 3, 5, 6))))
+async def _collection_drop(c: QueryCoordClient, args: argparse.Namespace) -> int:
+    desc = await describe(c, args.collection)
+    resp = await c.catalog("DropCollection", catalog_pb2.DropCollectionRequest(collection_id=desc.collection_id))
+    check(resp, f"drop collection {desc.name}")
+    print(f"dropped collection {desc.name} (id {desc.collection_id}) with its partitions and segments")
     return 0
 
 
+async def _collection_show(c: QueryCoordClient, args: argparse.Namespace) -> int:
+    records = await collection_records(c, args.collections)
+
+    def render() -> list[str]:
+        if not records:
+            return ["no collections; create one with `querycoord collection create NAME`"]
+        return draw.table(COLLECTION_HEADERS, collection_table_rows(records), right=(0, 2, 3, 5, 6))
+
+    emit(args, records, render)
+    return 0
+
+
+def _targeted(csub: Any, name: str, help_: str, client: list[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    """A sub-command acting on one collection (``load``, ``release``), optionally on some of its partitions."""
+    q = csub.add_parser(name, parents=client, help=help_)
+    q.add_argument("collection", help="collection id or name")
+    q.add_argument("--partitions", nargs="+", help="partition ids or names (default: the whole collection)")
+    return q
+
+
 def add_parsers(sub: Any, client: list[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("collection", help="create, load, release and show collections")
+    p = sub.add_parser("collection", help="create, load, release, drop and show collections")
     csub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     q = csub.add_parser("create", parents=client, help="create a collection with synthetic sealed segments")
     q.add_argument("name")
-    q.add_argument("--partitions", type=int, default=1, help="number of partitions (default 1)")
-    q.add_argument("--segments", type=int, default=0, help="sealed segments spread over the partitions (default 0)")
-    q.add_argument("--channels", type=int, default=2, help="DM channels (default 2)")
-    q.add_argument("--segment-mb", type=float, default=1.0, help="memory size of each segment in MiB (default 1)")
-    q.add_argument("--rows", type=int, default=0, help="rows per segment (default: derived from the size)")
+    q.add_argument("--partitions", type=positive_int, default=1, help="number of partitions (default 1)")
+    q.add_argument("--segments", type=non_negative_int, default=0,
+                   help="sealed segments spread over the partitions (default 0)")
+    q.add_argument("--channels", type=positive_int, default=2, help="DM channels (default 2)")
+    q.add_argument("--segment-mb", type=positive_float, default=1.0,
+                   help="memory size of each segment in MiB (default 1)")
+    q.add_argument("--rows", type=non_negative_int, default=0,
+                   help="rows per segment (default 0: derived from the size)")
     q.set_defaults(func=client_command(_collection_create))
 
-    q = csub.add_parser("load", parents=client, help="load a collection (or partitions), with a progress bar")
-    q.add_argument("collection", help="collection id or name")
-    q.add_argument("--partitions", nargs="+", help="partition ids or names (default: the whole collection)")
+    q = _targeted(csub, "load", "load a collection (or partitions), with a progress bar", client)
     q.add_argument("--no-wait", action="store_true", help="return once the load is queued")
     q.set_defaults(func=client_command(_collection_load))
 
-    q = csub.add_parser("release", parents=client, help="release a collection (or partitions)")
-    q.add_argument("collection", help="collection id or name")
-    q.add_argument("--partitions", nargs="+", help="partition ids or names (default: the whole collection)")
+    q = _targeted(csub, "release", "release a collection (or partitions)", client)
     q.set_defaults(func=client_command(_collection_release))
+
+    q = csub.add_parser("drop", parents=client,
+                        help="drop a collection from the catalog with its partitions and segments (release it first)")
+    q.add_argument("collection", help="collection id or name")
+    q.set_defaults(func=client_command(_collection_drop))
 
     q = csub.add_parser("show", parents=client, help="collections and their load state")
     q.add_argument("collections", nargs="*", help="collection ids or names (default: all)")
+    add_output_option(q)
     q.set_defaults(func=client_command(_collection_show))

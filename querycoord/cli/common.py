@@ -1,36 +1,161 @@
-"""What every client command shares: ``--address``/``--timeout``, and one way to turn failures into messages.
+"""What the commands share: the global options, the client options, ``-o json``, argument checks, error messages.
 
 A client command that is refused prints ``error: <reason>`` (the Status
 reason, which says what was wrong) and exits 1; an unreachable coordinator
-is reported with the addresses tried. Never a traceback: a refused request
-is an answer, not a crash.
+is reported with what each address answered (nothing listens, no leader yet,
+not a coordinator...). Bad arguments are one ``error: ...`` line naming the
+option and exit 2. Never a traceback: a refused request is an answer, not a
+crash.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, NoReturn
 
 import grpc
 
 from querycoord.actions import Refusal
 from querycoord.client import CoordinatorUnavailable, QueryCoordClient
+from querycoord.config_file import add_config_option
+from querycoord.logs import add_log_options
 
 DEFAULT_ADDRESS = "127.0.0.1:19531"
+OUTPUTS = ("table", "json")
 
 ClientFn = Callable[[QueryCoordClient, argparse.Namespace], Awaitable[int]]
 
 
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose usage errors are one ``error: ...`` line (and exit 2), as every other error.
+
+    Sub-command parsers are of the same class (argparse makes them so), so
+    every command of ``querycoord`` answers a bad option alike.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {self.prog}: {message} (see `{self.prog} --help`)\n")
+
+
+# ----- global options: accepted before and after the sub-command ------------------------------------------------------
+def global_options(suppress: bool) -> argparse.ArgumentParser:
+    """Options of every command (``--log-level``; add new ones here), declared on the root parser with their
+    defaults and on every sub-command with SUPPRESS defaults (``spread_global_options``), so a value given
+    before the sub-command is not overwritten by the sub-command's default."""
+    p = argparse.ArgumentParser(add_help=False)
+    d = argparse.SUPPRESS
+    p.add_argument("--log-level", default=d if suppress else None, type=str.upper,
+                   choices=("TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL"),
+                   metavar="LEVEL", help="DEBUG, INFO, WARNING, ERROR (default $QUERYCOORD_LOG_LEVEL or INFO)")
+    add_log_options(p, suppress=suppress, skip=("--log-level",))  # --log-format
+    add_config_option(p, suppress=suppress)
+    return p
+
+
+def spread_global_options(parser: argparse.ArgumentParser) -> None:
+    """Give every sub-command of ``parser``, at any depth, the global options (those it does not declare itself)."""
+    for action in parser._actions:
+        if not isinstance(action, argparse._SubParsersAction):
+            continue
+        for sub in set(action.choices.values()):
+            template = global_options(True)
+            for opt in template._actions:
+                if not any(s in sub._option_string_actions for s in opt.option_strings):
+                    sub._add_action(opt)
+            spread_global_options(sub)
+
+
+# ----- argument checks (argparse ``type=``): a bad value is a usage error naming the option -------------------------
+def _number(kind: Callable[[str], Any], text: str) -> Any:
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
+def positive_float(text: str) -> float:
+    value = _number(float, text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return float(value)
+
+
+def non_negative_float(text: str) -> float:
+    value = _number(float, text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return float(value)
+
+
+def positive_int(text: str) -> int:
+    value = _number(int, text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return int(value)
+
+
+def non_negative_int(text: str) -> int:
+    value = _number(int, text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return int(value)
+
+
+def at_least(minimum: float) -> Callable[[str], float]:
+    """A ``type=`` for a float of at least ``minimum`` (e.g. a session TTL)."""
+
+    def check(text: str) -> float:
+        value = _number(float, text)
+        if not value >= minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum:g}, got {text}")
+        return float(value)
+
+    return check
+
+
+def host_port(text: str) -> str:
+    """A ``type=`` for HOST:PORT with a port from 0 to 65535 (0: any free port)."""
+    from querycoord.tooling.allinone import address_problem
+
+    problem = address_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
+# ----- output: -o table|json ------------------------------------------------------------------------------------------
+def add_output_option(p: argparse.ArgumentParser) -> None:
+    """``-o/--output table|json`` on a show or list command; print through ``emit``."""
+    p.add_argument("-o", "--output", choices=OUTPUTS, default="table",
+                   help="table (default), or json: one JSON document on stdout, for scripts")
+
+
+def emit(args: argparse.Namespace, data: Any, render: Callable[[], Iterable[str]]) -> None:
+    """``data`` as JSON with ``-o json``, else the lines ``render`` draws (tables, trees, "nothing there")."""
+    if getattr(args, "output", "table") == "json":
+        print(json.dumps(data, indent=2, sort_keys=False))
+    else:
+        for line in render():
+            print(line)
+
+
+# ----- client commands ------------------------------------------------------------------------------------------------
 def client_command(fn: ClientFn) -> Callable[[argparse.Namespace], int]:
-    """Run ``fn`` with a client; turn refusals, an unreachable coordinator and Ctrl-C into messages and codes."""
+    """Run ``fn`` with a client; turn refusals, an unreachable coordinator and Ctrl-C into messages and codes.
+
+    ``--timeout`` bounds every wait, a single call as well as the search for
+    the leader: each call gets what is left of it (a coordinator that cannot
+    reach etcd answers late, and a user asked for an answer within it).
+    """
 
     def handler(args: argparse.Namespace) -> int:
         async def main() -> int:
-            async with QueryCoordClient(args.address, deadline=args.timeout,
-                                        call_timeout=max(args.timeout, 60.0)) as c:
+            async with QueryCoordClient(args.address, deadline=args.timeout, call_timeout=args.timeout) as c:
                 return await fn(c, args)
 
         try:
@@ -39,8 +164,9 @@ def client_command(fn: ClientFn) -> Callable[[argparse.Namespace], int]:
             print(f"error: {exc.reason}", file=sys.stderr)
             return 1
         except CoordinatorUnavailable as exc:
-            print(f"error: no leading coordinator answered at {args.address} within {args.timeout:g}s; is "
-                  f"`querycoord up` or `querycoord coord` running there? ({exc})", file=sys.stderr)
+            hint = ("; is `querycoord up` or `querycoord coord` running there?" if exc.nothing_listens else "")
+            print(f"error: no leading coordinator answered at {args.address} within {args.timeout:g}s: "
+                  f"{exc.summary()}{hint}", file=sys.stderr)
             return 1
         except grpc.aio.AioRpcError as exc:
             print(f"error: {exc.code().name} from the coordinator at {args.address}: {exc.details()}",
@@ -68,6 +194,6 @@ def client_options(suppress: bool) -> argparse.ArgumentParser:
     p.add_argument("--address", default=d if suppress else os.environ.get("QUERYCOORD_ADDRESS", DEFAULT_ADDRESS),
                    help="comma-separated coordinator addresses (any of them; the leader is followed) "
                         f"(default $QUERYCOORD_ADDRESS or {DEFAULT_ADDRESS})")
-    p.add_argument("--timeout", type=float, default=d if suppress else 15.0,
-                   help="seconds to find a leading coordinator before giving up (default 15)")
+    p.add_argument("--timeout", type=positive_float, default=d if suppress else 15.0,
+                   help="seconds to wait for the leading coordinator's answer, finding it included (default 15)")
     return p

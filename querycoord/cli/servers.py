@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from querycoord.cli.common import DEFAULT_ADDRESS
+from querycoord.cli.common import DEFAULT_ADDRESS, at_least, host_port, non_negative_int, positive_float
 
 if TYPE_CHECKING:
     from querycoord.tooling.allinone import AllInOne
@@ -20,10 +20,18 @@ if TYPE_CHECKING:
 def cmd_etcd(args: argparse.Namespace) -> int:
     """Run the embedded etcd in the foreground until Ctrl-C or SIGTERM."""
     from meta.etcd_server import EtcdCluster, EtcdNotFound, EtcdStartError
+    from querycoord.cli.etcd_admin import cluster_options
 
+    if args.data_dir and _data_dir_problem(args.data_dir):
+        return 2
+    try:
+        options = cluster_options(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     data_dir = Path(args.data_dir) if args.data_dir else Path(tempfile.mkdtemp(prefix="querycoord-etcd-"))
     try:
-        cluster = EtcdCluster(data_dir, size=args.members).start()
+        cluster = EtcdCluster(data_dir, size=args.members, **options).start()
     except (EtcdNotFound, EtcdStartError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -68,8 +76,20 @@ def cmd_coord(args: argparse.Namespace) -> int:
         return 130
 
 
+def _data_dir_problem(data_dir: str) -> bool:
+    """Whether ``--data-dir`` is unusable (a file, not writable); if so the user has been told."""
+    from querycoord.tooling.allinone import data_dir_problem
+
+    problem = data_dir_problem(data_dir)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+    return problem is not None
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     """The all-in-one cluster in the foreground: Ctrl-C or SIGTERM stops every process it started."""
+    if args.data_dir and _data_dir_problem(args.data_dir):
+        return 2
     try:
         return asyncio.run(_run_up(args))
     except KeyboardInterrupt:  # a Ctrl-C before the signal handlers were installed: nothing was started yet
@@ -77,7 +97,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 async def _run_up(args: argparse.Namespace) -> int:
-    from querycoord.tooling.allinone import AllInOne, ClusterStartError
+    from querycoord.tooling.allinone import AllInOne, ClusterStartError, member_label
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -85,7 +105,8 @@ async def _run_up(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, stop.set)
     try:
         cluster = AllInOne(nodes=args.nodes, listen=args.listen, data_dir=args.data_dir, ttl=args.ttl,
-                           root=args.root, node_capacity_mb=args.node_capacity_mb, log_level=args.log_level)
+                           root=args.root, node_capacity_mb=args.node_capacity_mb, log_level=args.log_level,
+                           keep_logs=True)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -114,11 +135,12 @@ async def _run_up(args: argparse.Namespace) -> int:
             except TimeoutError:
                 pass
             for member in cluster.exited():
-                if member.pid in reported:
+                if member.child.pid in reported:
                     continue
-                reported.add(member.pid)
-                print(f"warning: {member.name} (pid {member.pid}) exited with code {member.child.proc.returncode}; "
-                      f"see {member.log_path}", file=sys.stderr, flush=True)
+                reported.add(member.child.pid)
+                where = f"{member.address}, " if member.address and member is not cluster.coordinator else ""
+                print(f"warning: {member_label(member)} ({where}pid {member.child.pid}) exited with code "
+                      f"{member.child.proc.returncode}; see {member.child.log_path}", file=sys.stderr, flush=True)
                 if member is cluster.coordinator:
                     print("error: the coordinator is gone; stopping the cluster", file=sys.stderr, flush=True)
                     code = 1
@@ -131,21 +153,21 @@ async def _run_up(args: argparse.Namespace) -> int:
     finally:
         print("stopping: coordinator, query nodes, etcd ...", flush=True)
         await cluster.stop()
-    print("stopped: every process of the cluster is gone", flush=True)
+    print(f"stopped: every process of the cluster is gone (logs in {cluster.data_dir})", flush=True)
     return code
 
 
 def _print_endpoints(cluster: AllInOne) -> None:
-    kept = "kept" if cluster.keeps_data else "removed on exit"
+    kept = "kept" if cluster.keeps_data else "etcd data removed on exit, logs kept"
     coord = cluster.coordinator
     assert coord is not None
     lines = [
-        f"querycoord all-in-one cluster is up (data in {cluster.data_dir}, {kept})",
+        f"querycoord all-in-one cluster is up (data and logs in {cluster.data_dir}; {kept})",
         f"  etcd endpoints  {','.join(cluster.etcd_endpoints)}",
-        f"  coordinator     {cluster.coordinator_address}  (leader, pid {coord.pid}, log {coord.log_path})",
+        f"  coordinator     {cluster.coordinator_address}  (leader, pid {coord.child.pid}, log {coord.child.log_path})",
     ]
     for n in cluster.nodes:
-        lines.append(f"  query node {n.node_id:<4} {n.address}  (pid {n.pid}, log {n.log_path})")
+        lines.append(f"  query node {n.node_id:<4} {n.address}  (pid {n.child.pid}, log {n.child.log_path})")
     addr = "" if cluster.coordinator_address == DEFAULT_ADDRESS else f" --address {cluster.coordinator_address}"
     lines.append(f"ready: try `querycoord nodes{addr}`; Ctrl-C stops everything")
     print("\n".join(lines), flush=True)
@@ -158,6 +180,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def add_parsers(sub: Any) -> None:
+    from querycoord.cli import etcd_admin
     from querycoord.coord_options import add_coord_options
     from querycoord.nodes.querynode import add_querynode_parser
     from querycoord.nodes.streamnode import add_streamnode_parser
@@ -168,6 +191,8 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--data-dir", help="data directory (kept across runs; default: a new temp dir)")
     p.add_argument("--members", type=int, default=1, choices=(1, 3), help="1 member, or a 3-member cluster")
     p.set_defaults(func=cmd_etcd)
+    etcd_admin.add_run_options(p)
+    etcd_admin.add_subcommands(p)  # `etcd status`, `etcd maintain`
 
     p = sub.add_parser("coord", help="run one coordinator (campaigns; leads or stands by)")
     add_coord_options(p)
@@ -178,13 +203,16 @@ def add_parsers(sub: Any) -> None:
     add_drill_parser(sub)
 
     p = sub.add_parser("up", help="run the all-in-one cluster (embedded etcd, a coordinator, query nodes)")
-    p.add_argument("--nodes", type=int, default=3, help="query nodes to start (default 3)")
-    p.add_argument("--listen", default=DEFAULT_ADDRESS, help=f"coordinator address (default {DEFAULT_ADDRESS})")
-    p.add_argument("--data-dir", default=None, help="keep etcd data and logs here (default: a temp dir removed "
-                                                    "on exit)")
-    p.add_argument("--ttl", type=float, default=10.0, help="session TTL of the coordinator and nodes (default 10)")
+    p.add_argument("--nodes", type=non_negative_int, default=3, help="query nodes to start (default 3)")
+    p.add_argument("--listen", type=host_port, default=DEFAULT_ADDRESS,
+                   help=f"coordinator address (default {DEFAULT_ADDRESS}; port 0: any free port)")
+    p.add_argument("--data-dir", default=None, help="keep etcd data and logs here (default: a temp dir whose etcd "
+                                                    "data is removed on exit and whose logs are kept)")
+    p.add_argument("--ttl", type=at_least(2), default=10.0,
+                   help="session TTL of the coordinator and nodes, at least 2 (default 10)")
     p.add_argument("--root", default="querycoord", help="meta root path in etcd (default querycoord)")
-    p.add_argument("--node-capacity-mb", type=float, default=1024, help="memory of each query node (default 1024)")
+    p.add_argument("--node-capacity-mb", type=positive_float, default=1024,
+                   help="memory of each query node (default 1024)")
     p.set_defaults(func=cmd_up)
 
     p = sub.add_parser("demo", help="the demo that `make demo` runs")

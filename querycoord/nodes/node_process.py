@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from loguru import logger
+from prometheus_client.metrics_core import Metric
 
 from meta.client import connect
 from meta.config import EtcdConfig
@@ -29,6 +30,8 @@ from meta.errors import MetaError
 from meta.kv import MetaKV
 from meta.session import Session
 from querycoord.etcd_options import add_etcd_options, etcd_config_from_args
+from querycoord.health import NodeEndpoints, bind_http
+from querycoord.http_server import HttpServer, split_listen
 
 # The exit status of a SIGKILL-ed process: a crashed node must look like a killed one.
 CRASH_EXIT_CODE = 137
@@ -85,8 +88,13 @@ async def run_node(
     ready: Callable[[N], dict[str, Any]],
     start_errors: tuple[type[BaseException], ...] = (MetaError,),
     alongside: Callable[[N], Coroutine[Any, Any, None]] | None = None,
+    http_listen: str = "",
+    families: Callable[[N], list[Metric]] = lambda _node: [],
 ) -> int:
     """Run the node ``build`` makes until SIGTERM/SIGINT (exit 0) or until its session is lost (exit 1).
+
+    With ``http_listen``, serves /metrics (``families(node)`` and the registry), /healthz and /readyz there from
+    before the node starts; the ready event then has its ``http_address``.
 
     Prints ``{"event": "ready", "node_id", "pid", **ready(node)}`` on stdout once
     the node has started. ``alongside`` (e.g. a control reader) runs as long as
@@ -102,8 +110,16 @@ async def run_node(
     except MetaError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    http: HttpServer | None = None
     try:
         node = build(MetaKV(client, root))
+        try:
+            http = bind_http(http_listen, NodeEndpoints(node, lambda: families(node)))
+        except OSError as exc:
+            print(f"error: {node.kind} could not start: {exc}", file=sys.stderr)
+            return 1
+        if http is not None:
+            http.start()
         try:
             await node.start()
         except start_errors as exc:
@@ -112,7 +128,11 @@ async def run_node(
         if stop.is_set():
             await node.stop()
             return 0
-        print(json.dumps({"event": "ready", "node_id": node.node_id, "pid": os.getpid(), **ready(node)}), flush=True)
+        logger.configure(extra={"node": node.node_id})  # this process is this node: every later line says which
+        logger.info("{} {} started", node.kind, node.node_id)
+        served = {"http_address": http.address} if http is not None else {}
+        print(json.dumps({"event": "ready", "node_id": node.node_id, "pid": os.getpid(), **ready(node), **served}),
+              flush=True)
         waiters: list[asyncio.Task[Any]] = [asyncio.create_task(stop.wait()),
                                             asyncio.create_task(node.session.lost.wait())]
         if alongside is not None:
@@ -130,14 +150,18 @@ async def run_node(
         await node.stop()
         return code
     finally:
+        if http is not None:
+            await http.stop()
         await client.close()
 
 
 def meta_of(args: argparse.Namespace) -> EtcdConfig:
     """The etcd the options name (endpoints, TLS, user); a ``ValueError`` names a bad option (``--ttl`` below 2 s
-    too)."""
+    and a malformed ``--http-listen`` too)."""
     if args.ttl < 2:
         raise ValueError(f"--ttl must be at least 2 seconds, got {args.ttl}")
+    if args.http_listen:
+        split_listen(args.http_listen)
     return etcd_config_from_args(args)
 
 
@@ -171,12 +195,20 @@ class NodeCommand:
         return p
 
     def main(self, argv: list[str] | None = None) -> int:
-        """``python -m querycoord.nodes.<role>``: the options of ``querycoord <role>`` and ``--log-level``."""
-        from querycoord.logs import setup_logging
+        """``python -m querycoord.nodes.<role>``: the options of ``querycoord <role>``, the log options and
+        ``--config``, layered as ``querycoord`` layers them."""
+        from querycoord.config_file import add_config_option, apply_layers
+        from querycoord.logs import add_log_options, setup_logging
 
         parser = argparse.ArgumentParser(prog=f"querycoord {self.role}", description=self.summary)
-        parser.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING (default INFO)")
+        add_log_options(parser)
+        add_config_option(parser)
         self._options(parser)
         args = parser.parse_args(argv)
-        setup_logging(args.log_level)
+        try:
+            apply_layers(args)
+            setup_logging(args.log_level, args.log_format)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         return self.handler(args)

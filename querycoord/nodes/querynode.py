@@ -34,6 +34,7 @@ from meta.kv import MetaKV
 from meta.session import DEFAULT_TTL, Session
 from proto import common_pb2, querynode_pb2, querynode_pb2_grpc
 from querycoord.errors import status_of
+from querycoord.metrics import querynode_families
 from querycoord.nodes.node_process import NodeCommand, SessionNode, crash_process, meta_of, run_node
 from querycoord.nodes.querynode_faults import INJECTED_FAILURE, CrashAction, CrashMode, FaultConfig, FaultInjector
 from querycoord.nodes.querynode_state import EC, NodeRefusal, QueryNodeState, ok_status
@@ -306,11 +307,13 @@ async def run_forever(
     ttl: float = DEFAULT_TTL,
     faults: FaultConfig | None = None,
     advertise: str | None = None,
+    http_listen: str = "",
 ) -> int:
     """Run one node until SIGTERM/SIGINT (exit 0) or until its session is lost (exit 1).
 
     Prints one JSON line ``{"event": "ready", "node_id", "address", "listen_address", "pid"}``
-    on stdout once the node serves (``address`` is the advertised one); drills and tests parse it.
+    on stdout once the node serves (``address`` is the advertised one; ``http_address`` too with
+    ``http_listen``); drills and tests parse it.
     """
 
     def build(kv: MetaKV) -> QueryNode:
@@ -319,7 +322,8 @@ async def run_forever(
     def ready(node: QueryNode) -> dict[str, Any]:
         return {"address": node.address, "listen_address": node.bound_address, "capacity_bytes": node.capacity_bytes}
 
-    return await run_node(etcd, root, build, ready=ready, start_errors=(MetaError, OSError))
+    return await run_node(etcd, root, build, ready=ready, start_errors=(MetaError, OSError), http_listen=http_listen,
+                          families=querynode_families)
 
 
 def _add_options(p: argparse.ArgumentParser) -> None:
@@ -366,7 +370,7 @@ def cmd_querynode(args: argparse.Namespace) -> int:
         return 2
     return asyncio.run(
         run_forever(etcd, args.root, listen=args.listen, capacity_bytes=capacity, ttl=args.ttl, faults=faults,
-                    advertise=args.advertise)
+                    advertise=args.advertise, http_listen=args.http_listen)
     )
 
 

@@ -50,6 +50,7 @@ from meta.kv import MetaKV
 from meta.session import DEFAULT_TTL, Session, list_sessions
 from proto import stream_pb2, stream_pb2_grpc
 from querycoord.client import CoordinatorUnavailable, Discover, LeaderFollowingClient
+from querycoord.metrics import streamnode_families
 from querycoord.nodes.node_process import NodeCommand, SessionNode, crash_process, meta_of, run_node
 from querycoord.nodes.streamnode_state import (
     DEFAULT_GROUPS,
@@ -258,18 +259,20 @@ async def _read_control(node: StreamNode) -> None:
         print(json.dumps(node.control(line.decode(errors="replace"))), flush=True)
 
 
-async def run_forever(etcd: EtcdConfig, root: str, **node_options: Any) -> int:
+async def run_forever(etcd: EtcdConfig, root: str, *, http_listen: str = "", **node_options: Any) -> int:
     """Run one node until SIGTERM/SIGINT (exit 0) or until its session is lost (exit 1).
 
     Prints one JSON line ``{"event": "ready", "node_id", "pid", "vgroups",
-    "snode_id"}`` on stdout once the session is registered; drills and tests parse it.
+    "snode_id"}`` (and ``http_address`` with ``http_listen``) on stdout once the session is registered; drills
+    and tests parse it.
     Control commands are read from stdin meanwhile (its EOF ends only the control reader).
     """
 
     def ready(node: StreamNode) -> dict[str, Any]:
         return {"vgroups": sorted(node.state.vgroups), "snode_id": node.state.snode_id}
 
-    return await run_node(etcd, root, lambda kv: StreamNode(kv, **node_options), ready=ready, alongside=_read_control)
+    return await run_node(etcd, root, lambda kv: StreamNode(kv, **node_options), ready=ready, alongside=_read_control,
+                          http_listen=http_listen, families=streamnode_families)
 
 
 def _int_list(text: str) -> list[int]:
@@ -311,7 +314,7 @@ def cmd_streamnode(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    return asyncio.run(run_forever(etcd, args.root, **options))
+    return asyncio.run(run_forever(etcd, args.root, http_listen=args.http_listen, **options))
 
 
 # ``querycoord streamnode`` (cli/servers.py adds the parser) and ``python -m querycoord.nodes.streamnode``.

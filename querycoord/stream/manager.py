@@ -111,6 +111,7 @@ from loguru import logger
 
 from meta.errors import NotLeader
 from proto import common_pb2, stream_pb2
+from querycoord import metrics
 from querycoord.config import StreamConfig
 from querycoord.messages import copy_fields
 from querycoord.stream.plan import (
@@ -513,8 +514,16 @@ class StreamManager:
 
         Refused (NOT_FOUND status, no action) unless the node has a live
         session; of an accepted one, only the verified snode and vgroup claims
-        count (module docstring).
+        count (module docstring). Its handling time is measured
+        (``querycoord_stream_heartbeat_duration_seconds``).
         """
+        began = time.perf_counter()
+        try:
+            return await self._handle_heartbeat(req)
+        finally:
+            metrics.heartbeat_handled(time.perf_counter() - began)
+
+    async def _handle_heartbeat(self, req: stream_pb2.HeartbeatRequest) -> stream_pb2.HeartbeatReply:
         now = self.clock()
         refused = self._sender_refused(req)
         if refused:

@@ -20,17 +20,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import heapq
 import itertools
 import time
 from collections import deque
 from collections.abc import Callable, Collection
+from typing import TYPE_CHECKING
 
 from loguru import logger
 
-from meta.errors import MetaError, NotLeader
+from meta.client import NOSPACE_WAIT
+from meta.errors import MetaError, MetaNoSpace, NotLeader
 from proto import common_pb2, task_pb2
 from proto import querycoord_pb2 as qc
+from querycoord import metrics
 from querycoord.catalog.broker import BrokerError
 from querycoord.cluster.allocator import NoAvailableNode
 from querycoord.cluster.client import NodeError
@@ -38,6 +42,9 @@ from querycoord.errors import CoordError
 from querycoord.task import repair  # noqa: F401  (its kind registers in Task.KINDS, which reload reads)
 from querycoord.task.model import DOING, DONE, EXPIRED, FAILED, UNDO, Task, TaskCancelled, TaskEnv, TaskError
 from querycoord.task.triggers import ReleaseCollectionTask, ReleasePartitionsTask, TriggerTask
+
+if TYPE_CHECKING:
+    from querycoord.etcd_space import SpaceMonitor
 
 LOAD_KINDS = (qc.TASK_KIND_LOAD_COLLECTION, qc.TASK_KIND_LOAD_PARTITION)
 # Queue priority by trigger condition (higher first): Milvus's order, the checker's repairs with handoffs.
@@ -61,6 +68,15 @@ class _Abandon(Exception):
     """Leadership is gone: drop the trigger without another write (its keys stay for the next leader)."""
 
 
+class _Pause:
+    """A trigger whose writes wait for etcd to have space: how many, since when, the deadline time it had left."""
+
+    def __init__(self, left: float | None):
+        self.waiting = 0
+        self.since = time.monotonic()
+        self.left = left
+
+
 def _internal(exc: BaseException) -> TaskError:
     err = TaskError(f"internal error: {exc!r}", common_pb2.UNEXPECTED_ERROR)
     err.__cause__ = exc
@@ -74,10 +90,15 @@ def _is_stale_leader(exc: BaseException) -> bool:
 class Scheduler:
     """Runs trigger trees (see module docstring)."""
 
-    def __init__(self, env: TaskEnv, *, on_leadership_lost: Callable[[BaseException], None] | None = None):
+    def __init__(self, env: TaskEnv, *, on_leadership_lost: Callable[[BaseException], None] | None = None,
+                 space: SpaceMonitor | None = None):
+        """``space``: etcd's NOSPACE alarm; with it, triggers pause while etcd is out of space instead of failing."""
         self.env = env
         self.cfg = env.config
         self.on_leadership_lost = on_leadership_lost
+        self.space = space
+        self._timeouts: dict[int, asyncio.Timeout] = {}  # running trigger id -> its deadline
+        self._pauses: dict[int, _Pause] = {}  # trigger id -> its writes waiting for etcd to have space
         self._heap: list[tuple[int, int, int]] = []  # (-priority, id, tiebreak)
         self.triggers: dict[int, TriggerTask] = {}  # queued or running
         self._running: dict[int, asyncio.Task[None]] = {}
@@ -132,10 +153,24 @@ class Scheduler:
         Persisting and queueing run to the end even if the caller is cancelled (a client that gave up):
         a trigger persisted but never queued would sit in etcd unseen, and the next leader would run it
         long after its caller and every later request had moved on.
+
+        While etcd is out of space a request is refused (RESOURCE_EXHAUSTED, saying what to run) and the
+        leader's own triggers (node down, checker, handoff, balance) wait for space: they are not lost.
         """
-        if self.stopped:
-            raise TaskError("the scheduler is stopped (not leader)", common_pb2.NOT_LEADER)
-        return await asyncio.shield(self._enqueue(trigger))
+        while True:
+            if self.stopped:
+                raise TaskError("the scheduler is stopped (not leader)", common_pb2.NOT_LEADER)
+            if self.space is not None and self.space.nospace:
+                if trigger.rec.trigger_condition == qc.TRIGGER_CONDITION_GRPC_REQUEST:
+                    raise await self.space.refusal()
+                await self.space.wait_writable()
+                continue
+            try:
+                return await asyncio.shield(self._enqueue(trigger))
+            except MetaNoSpace as exc:
+                if self.space is None:
+                    raise
+                self.space.noted(exc)  # then refused or waited for, above
 
     async def _enqueue(self, trigger: TriggerTask) -> TriggerTask:
         try:
@@ -181,6 +216,10 @@ class Scheduler:
                 # Still queued: it never started, so it has nothing to roll back.
                 self._running[t.id] = asyncio.create_task(self._finish_cancelled(t))
 
+    def is_running(self, trigger_id: int) -> bool:
+        """Whether the trigger has been dispatched (else it is queued)."""
+        return trigger_id in self._running
+
     def pending(self, collection_id: int | None = None, kinds: Collection[int] = (), *,
                 cancelled: bool = True) -> list[TriggerTask]:
         """Queued or running triggers, oldest first, for callers that must not start a duplicate (the jobs):
@@ -218,15 +257,23 @@ class Scheduler:
                 for c in colls:
                     self._busy[c] = t.id
                 t.locked = colls  # type: ignore[attr-defined]
-                self._running[t.id] = asyncio.create_task(self._run_trigger(t), name=f"trigger-{t.id}")
+                self._running[t.id] = asyncio.create_task(self._run_with_ids(t), name=f"trigger-{t.id}")
             for item in blocked:
                 heapq.heappush(self._heap, item)
 
     # ----- running a tree ---------------------------------------------------------------------------------------
+    async def _run_with_ids(self, t: TriggerTask) -> None:
+        """``_run_trigger`` with the trigger's id and collection on every line logged while it runs (its children's
+        lines too: their tasks inherit the context), so a json log can be filtered by task."""
+        with logger.contextualize(task=t.id, **({"collection": t.collection_id} if t.collection_id else {})):
+            await self._run_trigger(t)
+
     async def _run_trigger(self, t: TriggerTask) -> None:
         """Run one tree to one of its exits. Whatever happens, the trigger either finishes (callers
         answered, keys removed, lock and slot released) or, when leadership is gone, is dropped
         with its keys left for the next leader (``stop`` answers the callers)."""
+        if self.space is not None:  # the writes of this task and of its children wait out NOSPACE
+            NOSPACE_WAIT.set(functools.partial(self._wait_for_space, t.id))  # the id: tasks copy this context
         try:
             error = await self._run_tree(t)
             await self._remove_tree(t)
@@ -249,7 +296,8 @@ class Scheduler:
         loop = asyncio.get_running_loop()
         error: BaseException
         try:
-            async with asyncio.timeout_at(loop.time() + max(0.0, t.deadline - time.monotonic())):
+            async with asyncio.timeout_at(loop.time() + max(0.0, t.deadline - time.monotonic())) as timeout:
+                self._timeouts[t.id] = timeout
                 try:
                     await self._execute_tree(t)
                     return None
@@ -261,6 +309,8 @@ class Scheduler:
                     if current is not None:
                         current.uncancel()  # the cancellation was ours and is handled here
                     error = TaskCancelled(reason)
+                finally:
+                    self._timeouts.pop(t.id, None)
         except TimeoutError as exc:
             error = TaskError(f"{t.describe()} passed its deadline of {self.cfg.trigger_timeout:.0f}s",
                               common_pb2.TIMEOUT)
@@ -319,6 +369,41 @@ class Scheduler:
             t.set_error(error)
             t.set_state(FAILED)
 
+    async def _wait_for_space(self, trigger_id: int, exc: MetaNoSpace) -> None:
+        """A write of trigger ``trigger_id`` was refused for NOSPACE: wait until etcd has space again (then the
+        write is retried).
+
+        The trigger pauses rather than fails, whatever the maintenance takes: while any of its writes waits its
+        deadline is stopped, and it resumes with the time it had left.
+        """
+        assert self.space is not None
+        self.space.noted(exc)
+        loop = asyncio.get_running_loop()
+        t = self.triggers.get(trigger_id)
+        what = t.describe() if t is not None else f"task {trigger_id}"
+        pause = self._pauses.get(trigger_id)
+        if pause is None:
+            timeout = self._timeouts.get(trigger_id)
+            when = timeout.when() if timeout is not None else None
+            if timeout is not None and when is not None:
+                timeout.reschedule(None)
+            pause = self._pauses[trigger_id] = _Pause(None if when is None else when - loop.time())
+            logger.warning("{}: paused: etcd is out of space; it resumes once `querycoord etcd maintain` made room",
+                           what)
+        pause.waiting += 1
+        try:
+            await self.space.wait_writable()
+        finally:
+            pause.waiting -= 1
+            if pause.waiting == 0 and self._pauses.get(trigger_id) is pause:
+                del self._pauses[trigger_id]
+                if t is not None:
+                    t.deadline += time.monotonic() - pause.since
+                timeout = self._timeouts.get(trigger_id)
+                if timeout is not None and pause.left is not None:
+                    timeout.reschedule(loop.time() + pause.left)
+                logger.warning("{}: resumed after {:.1f}s", what, time.monotonic() - pause.since)
+
     async def _remove_tree(self, t: TriggerTask) -> None:
         """Remove the finished tree's keys; retried, since keys left behind would be resumed by a new leader."""
         recs = [c.rec for c in t.children if c.id]
@@ -360,7 +445,8 @@ class Scheduler:
 
         async def run(c: Task) -> None:
             async with sem:
-                await self._run_child(t, c)
+                with logger.contextualize(child=c.id, node=c.node_id):
+                    await self._run_child(t, c)
 
         results = await asyncio.gather(*(run(c) for c in children), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
@@ -387,12 +473,14 @@ class Scheduler:
                 exhausted = child.rec.retry_count >= budget and not child.RETRY_WHILE_NODE_ONLINE
                 if exhausted or not child.retryable_on_node():
                     break
+                metrics.child_retried(child)
                 await asyncio.sleep(min(self.cfg.retry_backoff * 2 ** (child.rec.retry_count - 1),
                                         self.cfg.retry_backoff_max))
                 continue
             child.set_state(DONE)
             await self.env.store.save(child.rec)
             t.on_child_done(child)
+            metrics.child_done(child)
             return
         await self._reschedule(t, child)
 
@@ -412,6 +500,7 @@ class Scheduler:
                 c.rec.replaces_task_id = child.id
                 c.parent = t
         logger.info("{} rescheduled as {}", child.describe(), [c.describe() for c in new])
+        metrics.child_rescheduled(child)
         await self.env.store.replace_child(child.rec, [c.rec for c in new])
         t.children = [c for c in t.children if c is not child] + new
         await self._run_children(t, new)
@@ -458,6 +547,9 @@ class Scheduler:
         self._cancel_reason.pop(t.id, None)
         self._release_locks(t)
         self.finished.append(self.tree(t))
+        metrics.trigger_finished(t, error)
+        for c in t.children:  # a finished tree must not be a reference cycle: the full GC rarely runs (process.py)
+            c.parent = None
         for fut in (t.planned, t.finished):
             if fut.done():
                 continue

@@ -64,6 +64,17 @@ DEFAULT_LISTEN = "127.0.0.1:19531"
 DEFAULT_ROOT = "querycoord"
 
 
+def address_problem(address: str) -> str | None:
+    """Why ``address`` is not HOST:PORT with a port from 0 to 65535 (0: any free port), or None."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    if not port.isdigit() or not host:
+        return f"{address!r} is not host:port (e.g. 127.0.0.1:19531, or port 0 for any free port)"
+    if int(port) > 65535:
+        return f"{address!r}: port {port} is out of range (0 to 65535; 0: any free port)"
+    return None
+
+
 def listen_problem(listen: str) -> str | None:
     """Why a coordinator cannot take ``listen`` (malformed, or someone listens there now), or None.
 
@@ -72,10 +83,11 @@ def listen_problem(listen: str) -> str | None:
     clients would be spread over two unrelated clusters. A plain bind
     (SO_REUSEADDR, not SO_REUSEPORT) fails only if someone listens there now.
     """
+    problem = address_problem(listen)
+    if problem:
+        return f"listen address {problem}"
     host, _, port = listen.rpartition(":")
     host = host.strip("[]")
-    if not port.isdigit() or not host:
-        return f"listen address {listen!r} is not host:port (e.g. 127.0.0.1:19531, or port 0 for any free port)"
     if int(port) == 0:
         return None
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -89,6 +101,31 @@ def listen_problem(listen: str) -> str | None:
                 why += " (another `querycoord up` or coordinator?); stop it or choose another --listen"
             return f"cannot listen on {listen}: {why}"
     return None
+
+
+def data_dir_problem(path: str | Path, flag: str = "--data-dir") -> str | None:
+    """Why ``path`` cannot hold etcd's data and the logs (a file, or not a writable directory), or None.
+
+    Creates the directory: the question is whether this process can, and
+    asked this way root's answers are right too (``os.access`` would say yes).
+    """
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        return f"{flag} {p} is a file, not a directory"
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=p):
+            pass
+    except OSError as exc:
+        return f"{flag} {p} is not a writable directory: {exc.strerror or exc}"
+    return None
+
+
+def member_label(member: Member) -> str:
+    """How ``up`` names a process: ``query node 3`` (by the id it printed), ``coordinator 127.0.0.1:19531``."""
+    if member.role == COORDINATOR:
+        return f"coordinator {member.address}".rstrip()
+    return f"{member.role} {member.node_id}" if member.node_id else member.child.name
 
 
 async def _all_started(starts: Sequence[Awaitable[Member]]) -> list[Member]:
@@ -111,8 +148,10 @@ class AllInOne:
     The first coordinator listens on ``listen``; the others on any free port
     of the same host.
 
-    ``data_dir`` None: a temporary directory, removed by ``stop``; a given
-    directory is kept (etcd data survives restarts). ``ttl`` is the session
+    ``data_dir`` None: a temporary directory, removed by ``stop`` (with
+    ``keep_logs``, all but the logs: a user who was shown where a process
+    logs finds the log there once the cluster is stopped); a given directory
+    is kept (etcd data survives restarts). ``ttl`` is the session
     TTL of the coordinator and the nodes: how fast a crash is noticed.
     ``coord_args`` / ``node_args`` are extra command-line options (scheduler
     knobs, fault injection).
@@ -142,6 +181,7 @@ class AllInOne:
         stop_timeout: float = 10.0,
         start_timeout: float = 60.0,
         temp_prefix: str = "querycoord-up-",
+        keep_logs: bool = False,
         stream_nodes: int = 0,
         stream_vgroups: Sequence[Sequence[int]] | None = None,
         stream_node_args: Sequence[str] = (),
@@ -160,6 +200,7 @@ class AllInOne:
         self.num_coordinators = coordinators
         self.listen = listen
         self._temp = data_dir is None
+        self.keep_logs = keep_logs
         self.data_dir = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix=temp_prefix))
         self.ttl = ttl
         self.root = root
@@ -259,7 +300,9 @@ class AllInOne:
 
     async def _start(self) -> None:
         self._check_listen()
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        problem = data_dir_problem(self.data_dir)
+        if problem:
+            raise StartError(problem)
         etcd = EtcdCluster(self.data_dir / "etcd", size=1)
         self.etcd = etcd
         try:
@@ -275,7 +318,7 @@ class AllInOne:
             what = str(exc) or f"no leader within {self.start_timeout:.0f}s"
             coord = self.coordinators[0]
             raise StartError(f"no coordinator became leader: {what}; the log of the first one "
-                             f"{coord.log_path}:\n{log_tail(coord.log_path)}") from exc
+                             f"{coord.child.log_path}:\n{log_tail(coord.child.log_path)}") from exc
         await self.add_nodes(self.num_nodes)
         if self.num_stream_nodes:
             vgroups = self.stream_vgroups or [[i + 1] for i in range(self.num_stream_nodes)]
@@ -327,7 +370,7 @@ class AllInOne:
                 if time.monotonic() > deadline:
                     coord = self.coordinator
                     raise StartError(f"query nodes {sorted(want)} registered but the coordinator does not "
-                                     f"list them online; see {coord.log_path if coord else self.data_dir}")
+                                     f"list them online; see {coord.child.log_path if coord else self.data_dir}")
                 await asyncio.sleep(0.1)
 
     # ----- while running ----------------------------------------------------------------------------------------
@@ -358,7 +401,7 @@ class AllInOne:
         coordinator is gone.
         """
         leader = await self._harness().wait_leader(timeout, self.killed_at if after is None else after)
-        return next(ev for ev in reversed(leader.events) if ev.get("event") == "leader")
+        return next(ev for ev in reversed(leader.child.events) if ev.get("event") == "leader")
 
     def etcd_running(self) -> bool:
         return self.etcd is not None and all(m.running for m in self.etcd.members)
@@ -387,7 +430,7 @@ class AllInOne:
         if self.etcd is not None:
             await asyncio.to_thread(self.etcd.stop)
         if self._temp:
-            shutil.rmtree(self.data_dir, ignore_errors=True)
+            shutil.rmtree(self.data_dir / "etcd" if self.keep_logs else self.data_dir, ignore_errors=True)
 
     async def __aenter__(self) -> AllInOne:
         return await self.start()
@@ -399,4 +442,5 @@ class AllInOne:
 # The name ``querycoord up`` and the demo knew; a failed start is the harness's error.
 ClusterStartError = StartError
 
-__all__ = ["DEFAULT_LISTEN", "DEFAULT_ROOT", "AllInOne", "ClusterStartError", "listen_problem"]
+__all__ = ["DEFAULT_LISTEN", "DEFAULT_ROOT", "AllInOne", "ClusterStartError", "address_problem", "data_dir_problem",
+           "listen_problem", "member_label"]

@@ -210,10 +210,10 @@ async def run_cluster(opts: argparse.Namespace, data_dir: str) -> int:
         coord = cluster.coordinator
         assert coord is not None
         tl.say(f"embedded etcd at {', '.join(cluster.etcd_endpoints)}")
-        tl.say(f"coordinator {coord.address} (pid {coord.pid}) leads; "
-               + ", ".join(f"{x.address} (pid {x.pid})" for x in cluster.coordinators if x is not coord)
+        tl.say(f"coordinator {coord.address} (pid {coord.child.pid}) leads; "
+               + ", ".join(f"{x.address} (pid {x.child.pid})" for x in cluster.coordinators if x is not coord)
                + " stands by")
-        tl.say("query nodes " + ", ".join(f"{n.node_id} (pid {n.pid})" for n in sorted(cluster.nodes, key=_id))
+        tl.say("query nodes " + ", ".join(f"{n.node_id} (pid {n.child.pid})" for n in sorted(cluster.nodes, key=_id))
                + f" online; each answers after {opts.latency_ms:g} ms")
         async with cluster.client(deadline=30.0, call_timeout=60.0) as c:
             # ---- create ----
@@ -238,7 +238,7 @@ async def run_cluster(opts: argparse.Namespace, data_dir: str) -> int:
                     victim = await pick_victim(c, task_a, cluster.nodes)
                     killed.append(victim)
                     await cluster.kill_node(victim)
-                    bar.message(f"{tl.stamp()}SIGKILL query node {victim.node_id} (pid {victim.pid}) at {pct}%; "
+                    bar.message(f"{tl.stamp()}SIGKILL query node {victim.node_id} (pid {victim.child.pid}) at {pct}%; "
                                 f"its session lapses within {TTL:g}s")
 
             await actions.follow_load(c, a.collection_id, task_a, bar, on_progress=kill_mid_load)
@@ -285,7 +285,7 @@ async def run_cluster(opts: argparse.Namespace, data_dir: str) -> int:
                 old = cluster.coordinator
                 assert old is not None
                 killed_at = await cluster.kill_leader()
-                bar.message(f"{tl.stamp(killed_at)}SIGKILL coordinator {old.address} (pid {old.pid}) at {pct}%; "
+                bar.message(f"{tl.stamp(killed_at)}SIGKILL coordinator {old.address} (pid {old.child.pid}) at {pct}%; "
                             f"its lease lapses within {TTL:g}s")
                 ev = await cluster.wait_new_leader(timeout=30.0)
                 secs = ev["t"] - killed_at
@@ -301,7 +301,7 @@ async def run_cluster(opts: argparse.Namespace, data_dir: str) -> int:
                 tl.say("(the load finished before the leader could be killed: no takeover)")
             for new in standby:
                 fresh = (await new)[0]
-                tl.say(f"replaced the killed coordinator with a standby at {fresh.address} (pid {fresh.pid})")
+                tl.say(f"replaced the killed coordinator with a standby at {fresh.address} (pid {fresh.child.pid})")
             await wait_idle(c)
 
             # ---- release A ----
@@ -434,7 +434,7 @@ async def run_streams(cluster: AllInOne, tl: Timeline, opts: argparse.Namespace)
     print("\nstreams")
     readers, *hosts = cluster.stream_nodes
     source_vgroups = [int(v) for v in readers.ready.get("vgroups", [])]
-    tl.say(f"stream nodes {', '.join(f'{n.node_id} (pid {n.pid})' for n in cluster.stream_nodes)} heartbeat; "
+    tl.say(f"stream nodes {', '.join(f'{n.node_id} (pid {n.child.pid})' for n in cluster.stream_nodes)} heartbeat; "
            f"node {readers.node_id} leads vgroups {', '.join(map(str, source_vgroups))}")
     sm = StreamMgmt(cluster)
     try:
@@ -473,7 +473,7 @@ async def run_streams(cluster: AllInOne, tl: Timeline, opts: argparse.Namespace)
         stoppers = {s.stream.id for s in show.streams if s.stream.main_snode_id == lost}
         killed_at = time.time()
         await cluster.kill_stream_node(victim)
-        tl.say(f"SIGKILL stream node {victim.node_id} (pid {victim.pid}) hosting snode {lost}: "
+        tl.say(f"SIGKILL stream node {victim.node_id} (pid {victim.child.pid}) hosting snode {lost}: "
                f"{len(stoppers)} triggers and runners of {len(movers)} other streams were there", killed_at)
 
         def handled(s: stream_pb2.ShowStreamsResponse) -> bool:
@@ -502,7 +502,7 @@ async def run_streams(cluster: AllInOne, tl: Timeline, opts: argparse.Namespace)
         old = cluster.coordinator
         assert old is not None
         killed_at = await cluster.kill_leader()
-        tl.say(f"SIGKILL coordinator {old.address} (pid {old.pid}), the leader", killed_at)
+        tl.say(f"SIGKILL coordinator {old.address} (pid {old.child.pid}), the leader", killed_at)
         ev = await cluster.wait_new_leader(timeout=30.0)
         tl.say(f"coordinator {ev['address']} took over after {ev['t'] - killed_at:.2f}s; it watches the stream "
                f"nodes' reports before acting", ev["t"])

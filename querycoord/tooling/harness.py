@@ -71,33 +71,8 @@ class Member:
         return f"{tag} {self.address}" if self.role == COORDINATOR and self.address else tag
 
     @property
-    def name(self) -> str:
-        return self.child.name
-
-    @property
-    def pid(self) -> int:
-        return self.child.pid
-
-    @property
     def running(self) -> bool:
         return self.child.running
-
-    @property
-    def log_path(self) -> Path | None:
-        return self.child.log_path
-
-    @property
-    def events(self) -> list[dict[str, Any]]:
-        return self.child.events
-
-    async def kill(self) -> int:
-        return await self.child.kill()
-
-    async def stop(self, timeout: float = 5.0) -> int:
-        return await self.child.stop(timeout)
-
-    async def command(self, line: str, timeout: float = 10.0) -> dict[str, Any]:
-        return await self.child.command(line, timeout)
 
 
 EventHook = Callable[[Member, dict[str, Any]], None]
@@ -257,7 +232,7 @@ class Harness:
             coords = self.coordinators
             if coords and not any(m.running for m in coords):
                 raise EOFError("every coordinator exited: " + ", ".join(
-                    f"{m.name} with code {m.child.proc.returncode}" for m in coords))
+                    f"{m.child.name} with code {m.child.proc.returncode}" for m in coords))
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"no coordinator became leader within {timeout:.0f}s")
@@ -283,10 +258,10 @@ class Harness:
         for m in self.members:
             m.state = "dead"
         coords = self.coordinators
-        await asyncio.gather(*(m.stop(timeout) for m in coords if m is not leader), return_exceptions=True)
+        await asyncio.gather(*(m.child.stop(timeout) for m in coords if m is not leader), return_exceptions=True)
         if leader is not None:
-            await asyncio.gather(leader.stop(timeout), return_exceptions=True)
-        await asyncio.gather(*(m.stop(timeout) for m in self.members if m.role != COORDINATOR),
+            await asyncio.gather(leader.child.stop(timeout), return_exceptions=True)
+        await asyncio.gather(*(m.child.stop(timeout) for m in self.members if m.role != COORDINATOR),
                              return_exceptions=True)
 
 

@@ -51,6 +51,7 @@ from querycoord.catalog.store import CatalogError, CatalogStore, status_of
 from querycoord.client import CoordinatorUnavailable, QueryCoordClient
 from querycoord.config import SchedulerConfig
 from querycoord.task.store import TASK_PREFIXES, TaskStore
+from querycoord.tooling.drill.base import DrillSetupError, run_and_report
 from querycoord.tooling.drill.chaos_ops import (
     INF,
     LOAD_STATE_KINDS,
@@ -61,7 +62,6 @@ from querycoord.tooling.drill.chaos_ops import (
     Fault,
     Item,
     Phase,
-    PlanOptions,
     State,
     admissible_states,
     describe_fault,
@@ -70,91 +70,14 @@ from querycoord.tooling.drill.chaos_ops import (
     make_plan,
     state_name,
 )
-from querycoord.tooling.drill.failover import (
-    DrillOptions,
-    DrillSetupError,
-    FailoverDrill,
-    FaultRecord,
-    direct_address,
-    run_and_report,
-)
+from querycoord.tooling.drill.failover import FailoverDrill, FaultRecord, direct_address, render_activity
 from querycoord.tooling.drill.invariants import UNCLEAR_CODES, Expected, MetaView, check
+from querycoord.tooling.drill.options import ChaosOptions, DrillOptions
 from querycoord.tooling.drill.proxy import TcpProxy
 from querycoord.tooling.drill.stale import count_refusals
 from querycoord.tooling.harness import QUERY_NODE, Harness, Member, StartError
 
 EC = common_pb2
-
-
-@dataclass
-class ChaosOptions:
-    ops: int = 300
-    seed: int = 0
-    coordinators: int = 3
-    nodes: int = 4
-    min_nodes: int = 3
-    max_nodes: int = 6
-    clients: int = 3
-    collections: int = 12
-    partitions: int = 3
-    segments_per_collection: int = 30
-    ttl: float = 2.0
-    node_latency_ms: float = 10.0
-    rpc_timeout: float = 3.0
-    call_deadline: float = 60.0
-    quiesce_timeout: float = 60.0
-    checker_interval: float = 1.0  # passed to ``querycoord coord`` when it has the option
-    settle: float | None = None  # None: see ``settle_s``
-    time_budget: float = 900.0
-    work_dir: str | None = None
-    keep: bool = False
-    verbose: bool = False
-
-    def validate(self) -> None:
-        if self.ops < 1:
-            raise ValueError("--ops must be >= 1")
-        if self.coordinators < 2:
-            raise ValueError("--coordinators must be >= 2 (someone has to take over)")
-        if self.nodes < 2 or not self.min_nodes <= self.nodes <= self.max_nodes:
-            raise ValueError(f"--nodes must be >= 2 and within [{self.min_nodes}, {self.max_nodes}]")
-        if self.clients < 1 or self.collections < 1 or self.partitions < 1 or self.segments_per_collection < 0:
-            raise ValueError("--clients, --collections and --partitions must be >= 1")
-        if self.ttl < 2:
-            raise ValueError("--ttl must be >= 2 (the session minimum)")
-        if self.call_deadline < 10 or self.time_budget <= 0 or self.quiesce_timeout <= 0:
-            raise ValueError("--call-deadline must be >= 10, --time-budget and --quiesce-timeout > 0")
-
-    @property
-    def settle_s(self) -> float:
-        """How long the leader must stay idle to be quiescent: it must outlast one checker pass (every
-        ``--checker-interval`` seconds), since a difference the checker repairs is a repair, not a violation;
-        what is still wrong after a pass is."""
-        if self.settle is not None:
-            return self.settle
-        return self.checker_interval + 1.0
-
-    @property
-    def client_deadline(self) -> float:
-        """The leader-following client's own deadline: its last attempt still ends within the call deadline."""
-        return max(5.0, self.call_deadline - self.call_timeout - 3.0)
-
-    @property
-    def call_timeout(self) -> float:
-        """One attempt on one coordinator: long enough for a release that waits for its nodes."""
-        return max(5.0, min(15.0, self.call_deadline / 4))
-
-    def plan_options(self) -> PlanOptions:
-        return PlanOptions(ops=self.ops, collections=self.collections, partitions=self.partitions,
-                           clients=self.clients, ttl=self.ttl)
-
-    def command(self) -> str:
-        """The command line that replays this run's plan."""
-        d = ChaosOptions()
-        names = ("ops", "seed", "coordinators", "nodes", "clients", "collections", "partitions",
-                 "segments_per_collection", "ttl", "node_latency_ms", "call_deadline", "quiesce_timeout")
-        flags = [f"--{n.replace('_', '-')} {getattr(self, n):g}" for n in names
-                 if n in ("ops", "seed") or getattr(self, n) != getattr(d, n)]
-        return "querycoord drill chaos " + " ".join(flags)
 
 
 def _one_line(text: str, limit: int = 300) -> str:
@@ -309,7 +232,7 @@ class ChaosDrill(FailoverDrill):
             client_deadline=opts.client_deadline, quiesce_timeout=opts.quiesce_timeout, work_dir=work,
             keep=opts.keep, verbose=opts.verbose), out)
         self.root = f"chaos-{opts.seed}"
-        self.plan = make_plan(opts.seed, opts.plan_options())
+        self.plan = make_plan(opts.seed, opts)
         self.cres = ChaosResult(opts, self.plan, faults=self.result.faults)
         self.clients: list[QueryCoordClient] = []
         self.coord_proxies: dict[int, TcpProxy] = {}
@@ -512,7 +435,7 @@ class ChaosDrill(FailoverDrill):
     async def _send(self, op: ChaosOp, w: int, group: int, pattern: str, abandon_s: float = 0.0) -> ChaosCall:
         if op.kind in ("add_segments", "compact"):
             return await self._catalog_change(op, w, group, pattern)
-        method, req, target = self._request(op)  # type: ignore[arg-type]  # ChaosOp has Op's fields
+        method, req, target = self._request(op)
         cid = getattr(req, "collection_id", 0) if op.kind != "balance" else 0
         pids = tuple(getattr(req, "partition_ids", ()))
         call = self._new_call(op, w, group, pattern, method, target, cid, pids)
@@ -892,25 +815,8 @@ def render(result: ChaosResult) -> str:
     for p in result.phases:
         lines.append(f"  {p.index:>3}  {p.calls:>3} calls  quiescent {p.quiesce_s:5.1f}s  problems "
                      f"{len(p.problems):>2}  stuck {len(p.stuck)}  faults: {', '.join(p.faults) or 'none'}")
-    if result.faults:
-        lines += ["", "faults"]
-        lines += [f"  {f.t:>7.1f}  {f.what}{'; ' + f.note if f.note else ''}" for f in result.faults]
-    by: dict[str, Counter[str]] = {}
-    for c in result.calls:
-        key = c.code if c.outcome in ("success", "error") else c.outcome.upper()
-        by.setdefault(f"{c.method} [{c.pattern}]", Counter())[key] += 1
-    lines += ["", f"client calls: {len(result.calls)}"]
-    for method, counts in sorted(by.items()):
-        lines.append(f"  {method:<34} " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
-    reasons: dict[str, str] = {}
-    for c in result.calls:
-        if c.outcome != "success":
-            reasons.setdefault(f"{c.method} {c.code or c.outcome.upper()}", f"{c.label()}: {c.reason[:150]}")
-    for k, v in sorted(reasons.items()):
-        lines.append(f"    e.g. {k}: {v}")
-    slow = sorted(result.calls, key=lambda c: -c.elapsed)[:3]
-    if slow:
-        lines.append("  slowest: " + "; ".join(f"{c.label()} {c.elapsed:.1f}s" for c in slow))
+    lines += render_activity(result.faults, result.calls, row=lambda c: f"{c.method} [{c.pattern}]", width=34,
+                             example=ChaosCall.label, slow=ChaosCall.label)
     if result.failed_triggers:
         lines += ["", f"failed triggers (not violations by themselves; {result.triggers_seen} triggers seen)"]
         for t in list(result.failed_triggers.values())[:15]:

@@ -33,6 +33,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from querycoord.tooling.drill.options import ChaosOptions
+from querycoord.tooling.drill.schedule import Request
+
 # ----- the plan ---------------------------------------------------------------------------------------------------
 OpKind = Literal["load", "release", "load_partitions", "release_partitions", "balance", "add_segments", "compact"]
 Pattern = Literal["plain", "duplicate", "retry", "conflict"]
@@ -48,13 +51,9 @@ LOAD_STATE_KINDS: frozenset[str] = frozenset({"load", "release", "load_partition
 
 
 @dataclass(frozen=True)
-class ChaosOp:
-    """One request; ``coll`` and ``parts`` are indices (ids exist only at run time)."""
+class ChaosOp(Request[OpKind]):
+    """One request of the plan."""
 
-    kind: OpKind
-    coll: int = 0
-    parts: tuple[int, ...] = ()
-    node_slot: int = 0
     count: int = 1  # segments added by add_segments
 
 
@@ -90,18 +89,6 @@ class Phase:
         return sum(len(item.ops) for items in self.workers for item in items)
 
 
-@dataclass(frozen=True)
-class PlanOptions:
-    ops: int
-    collections: int
-    partitions: int
-    clients: int = 3
-    ttl: float = 2.0
-    min_phase_ops: int = 8
-    max_phase_ops: int = 14
-    max_wait_s: float = 0.3
-
-
 @dataclass
 class ChaosPlan:
     seed: int
@@ -130,7 +117,7 @@ _FAULT_WEIGHTS = (12, 8, 14, 8, 4, 8, 8, 8, 10, 6, 4)
 _SECOND_FAULTS: tuple[FaultKind, ...] = ("node_kill", "node_add", "node_link_cut", "node_etcd_cut", "leader_kill")
 
 
-def make_plan(seed: int, opts: PlanOptions) -> ChaosPlan:
+def make_plan(seed: int, opts: ChaosOptions) -> ChaosPlan:
     """The plan of ``seed`` (see module docstring); a pure function of its arguments."""
     if opts.collections < 1 or opts.partitions < 1 or opts.clients < 1 or opts.ops < 1:
         raise ValueError("need at least one op, collection, partition and client")
@@ -177,7 +164,7 @@ class _OpGen:
     """Requests that make sense for a *predicted* load state (as if every request succeeded), so that most
     are not CONFLICTs; the real state comes from the answers."""
 
-    def __init__(self, rng: random.Random, opts: PlanOptions):
+    def __init__(self, rng: random.Random, opts: ChaosOptions):
         self.rng = rng
         self.opts = opts
         self.every = frozenset(range(opts.partitions))
@@ -394,7 +381,6 @@ __all__ = [
     "FaultKind",
     "Item",
     "Phase",
-    "PlanOptions",
     "State",
     "admissible_states",
     "apply",

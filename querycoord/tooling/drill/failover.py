@@ -20,16 +20,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import shutil
 import signal
 import statistics
 import sys
-import tempfile
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import grpc
 
@@ -45,6 +44,7 @@ from querycoord.client import CoordinatorUnavailable, QueryCoordClient
 from querycoord.protocol import QUERYCOORD_ELECTION
 from querycoord.querymeta import QueryMeta
 from querycoord.task.store import TASK_PREFIXES
+from querycoord.tooling.drill.base import DrillSetupError, ProcessDrill, run_and_report
 from querycoord.tooling.drill.invariants import (
     UNCLEAR_CODES,
     CatalogColl,
@@ -54,16 +54,18 @@ from querycoord.tooling.drill.invariants import (
     MetaView,
     NodeView,
     check,
+    node_view,
 )
 from querycoord.tooling.drill.leaders import wait_until
+from querycoord.tooling.drill.options import DrillOptions
 from querycoord.tooling.drill.schedule import (
     EtcdKill,
     KillLeader,
     KillNode,
     Op,
     Pause,
+    Request,
     Schedule,
-    ScheduleOptions,
     describe,
     make_schedule,
 )
@@ -71,13 +73,6 @@ from querycoord.tooling.drill.stale import PauseReport, Window, changes_between,
 from querycoord.tooling.harness import QUERY_NODE, Harness, Member, StartError
 
 EC = common_pb2
-
-
-class DrillSetupError(StartError):
-    """The cluster could not be set up beyond starting its processes (no leader, nodes never online...).
-
-    A ``StartError`` too, so one ``except StartError`` covers every way a drill cannot get going.
-    """
 
 
 # Beyond the scaled preset (``coord --scaled``): a bounded trigger deadline, a few children at a time and (with
@@ -90,65 +85,6 @@ DRILL_COORD_FLAGS = ("--scaled", "--max-concurrent-children", "4", "--trigger-ti
 def direct_address(node: Member) -> str:
     """Where the drill itself reaches a query node: its bound address, never a proxy it advertises instead."""
     return str(node.ready.get("listen_address") or node.address)
-
-
-@dataclass
-class DrillOptions:
-    coordinators: int = 3
-    nodes: int = 4
-    collections: int = 20
-    kills: int = 10
-    seed: int = 0
-    etcd_members: int = 1
-    etcd_kills: int = 0
-    ttl: float = 2.0
-    segments_per_collection: int = 80
-    partitions: int = 2
-    channels: int = 2
-    pauses: int = 1
-    node_kills: int = 2
-    ops: int = 0
-    node_latency_ms: float = 10.0
-    max_request_bytes: int = 3000
-    client_deadline: float = 60.0
-    quiesce_timeout: float = 120.0
-    pause_windows: int = 3
-    pause_window_s: float = 0.35
-    work_dir: str | None = None
-    keep: bool = False
-    verbose: bool = False
-
-    def validate(self) -> None:
-        if self.coordinators < 2:
-            raise ValueError("--coordinators must be >= 2 (someone has to take over)")
-        if self.nodes < 2:
-            raise ValueError("--nodes must be >= 2 (a killed node's segments need somewhere to go)")
-        if self.collections < 1 or self.partitions < 1 or self.segments_per_collection < 0:
-            raise ValueError("--collections and --partitions must be >= 1, --segments-per-collection >= 0")
-        if self.kills < 0 or self.pauses < 0 or self.node_kills < 0 or self.etcd_kills < 0:
-            raise ValueError("kill and pause counts must be >= 0")
-        if self.etcd_members not in (1, 3):
-            raise ValueError("--etcd-members must be 1 or 3")
-        if self.etcd_kills and self.etcd_members < 3:
-            raise ValueError("--etcd-kills needs --etcd-members 3 (killing the only member is an outage, "
-                             "not a fault the cluster can ride out)")
-        if self.ttl < 2:
-            raise ValueError("--ttl must be >= 2 (the session minimum)")
-
-    def command(self) -> str:
-        """The command line that replays this run's schedule."""
-        d = DrillOptions()
-        always = ("coordinators", "nodes", "collections", "kills", "seed")
-        optional = ("etcd_members", "etcd_kills", "ttl", "segments_per_collection", "partitions", "pauses",
-                    "node_kills", "ops", "node_latency_ms")
-        flags = [f"--{name.replace('_', '-')} {getattr(self, name):g}" for name in (*always, *optional)
-                 if name in always or getattr(self, name) != getattr(d, name)]
-        return "python -m querycoord.tooling.drill failover " + " ".join(flags)
-
-    def schedule_options(self) -> ScheduleOptions:
-        return ScheduleOptions(collections=self.collections, partitions=self.partitions, nodes=self.nodes,
-                               kills=self.kills, pauses=self.pauses, node_kills=self.node_kills,
-                               etcd_kills=self.etcd_kills, etcd_members=self.etcd_members, ops=self.ops)
 
 
 # ----- records --------------------------------------------------------------------------------------------------
@@ -235,29 +171,24 @@ class DrillResult:
 
 
 # ----- the drill ------------------------------------------------------------------------------------------------
-class FailoverDrill:
+class FailoverDrill(ProcessDrill[DrillOptions, DrillResult]):
     """One run (see module docstring). ``run`` returns the result; every process is stopped before it returns."""
 
     def __init__(self, opts: DrillOptions, out: Any = None):
         opts.validate()
-        self.opts = opts
-        self.out = out or sys.stdout
-        self.schedule = make_schedule(opts.seed, opts.schedule_options())
+        super().__init__(opts, out, "querycoord-drill-")
+        self.schedule = make_schedule(opts.seed, opts)
         self.result = DrillResult(opts, self.schedule)
         self.root = f"drill-{opts.seed}"
-        self.work = Path(opts.work_dir) if opts.work_dir else Path(tempfile.mkdtemp(prefix="querycoord-drill-"))
         self.result.work_dir = self.work
-        self.etcd: EtcdCluster | None = None
         self.kv: MetaKV | None = None
         self.client: QueryCoordClient | None = None
-        self.harness: Harness | None = None  # once etcd is up
         self.nodes: list[Member] = []  # the query nodes the drill keeps running, by slot
         self.leader_log: list[tuple[Member, ChildProcess, dict[str, Any]]] = []
         self.coll_ids: list[int] = []
         self.part_ids: dict[int, list[int]] = {}
         self.expected: dict[int, Expected] = {}
         self._seq = 0
-        self._t0 = time.monotonic()
         self._kill_task: asyncio.Task[None] | None = None
         self._etcd_task: asyncio.Task[None] | None = None
         self._extra_violations: list[str] = []
@@ -266,39 +197,16 @@ class FailoverDrill:
         self._etcd_down: set[int] = set()  # members the drill killed (or is restarting) on purpose
 
     @property
-    def cluster(self) -> Harness:
-        assert self.harness is not None, "the harness exists once etcd is up"
-        return self.harness
-
-    @property
     def coords(self) -> list[Member]:
         """By index, not by start order: seeded faults pick a coordinator by its position."""
         return sorted(self.cluster.coordinators, key=lambda m: m.index)
 
-    # ----- output -----------------------------------------------------------------------------------------------
-    def now(self) -> float:
-        return time.monotonic() - self._t0
-
-    def say(self, text: str) -> None:
-        print(f"[{self.now():7.2f}s] {text}", file=self.out, flush=True)
-
-    def note(self, text: str) -> None:
-        if self.opts.verbose:
-            self.say(text)
-
     # ----- run --------------------------------------------------------------------------------------------------
-    async def run(self) -> DrillResult:
-        started = time.monotonic()
-        try:
-            await self._start_cluster()
-            self._supervisor = asyncio.create_task(self._supervise(), name="supervisor")
-            await self._run_schedule()
-            await self._settle_background()
-            await self._check()
-        finally:
-            self.result.duration_s = time.monotonic() - started
-            await self._stop_cluster()
-        return self.result
+    async def _drive(self) -> None:
+        self._supervisor = asyncio.create_task(self._supervise(), name="supervisor")
+        await self._run_schedule()
+        await self._settle_background()
+        await self._check()
 
     # ----- cluster ----------------------------------------------------------------------------------------------
     async def _start_cluster(self) -> None:
@@ -409,10 +317,6 @@ class FailoverDrill:
             await asyncio.to_thread(self.etcd.stop)
 
     # ----- leadership -----------------------------------------------------------------------------------------------
-    async def _wait_leader(self, timeout: float) -> Member:
-        """The current leader; TimeoutError if none appears within ``timeout``."""
-        return await wait_until(lambda: self.cluster.leader, self.cluster.changed, timeout)
-
     async def _wait_takeover(self, old: ChildProcess, since: float, timeout: float) -> tuple[Member, dict[str, Any]]:
         """The first ``leader`` event of a coordinator process other than ``old`` stamped at or after ``since``."""
 
@@ -499,7 +403,7 @@ class FailoverDrill:
             await self._kill_leader(f"LoadCollection in flight +{op.kill_delay * 1000:.0f}ms")
             await call
 
-    def _request(self, op: Op) -> tuple[str, Any, str]:
+    def _request(self, op: Request[Any]) -> tuple[str, Any, str]:
         if op.kind == "balance":
             node = self.nodes[op.node_slot % len(self.nodes)]
             return ("LoadBalance", qc.LoadBalanceRequest(source_node_ids=[node.node_id]),
@@ -578,7 +482,7 @@ class FailoverDrill:
             for node in list(self.nodes):
                 if node.running or node.state == "dead" or node.index in self._replacing:
                     continue
-                last = log_tail(node.log_path, 1).strip()
+                last = log_tail(node.child.log_path, 1).strip()
                 rec = FaultRecord(self.now(), f"node n{node.index}: node {node.node_id} exited on its own "
                                               f"(code {node.child.proc.returncode}: {last[:110]})")
                 self.result.faults.append(rec)
@@ -590,7 +494,7 @@ class FailoverDrill:
                     continue
                 c.state = "dead"
                 what = (f"coordinator {c.label} exited on its own (code {c.child.proc.returncode}); "
-                        f"see {c.log_path}")
+                        f"see {c.child.log_path}")
                 self._extra_violations.append(what)
                 self.say(what)
                 await self._restart_coordinator(c)
@@ -838,13 +742,7 @@ class FailoverDrill:
                 except grpc.aio.AioRpcError as exc:
                     self._extra_violations.append(f"node {n.node_id} did not report its distribution: {exc.code()}")
                     continue
-            view = NodeView()
-            for s in d.segments:
-                view.segments[s.segment_id] = (s.collection_id, s.partition_id)
-            for c in d.channels:
-                (view.dm_channels if c.kind == querynode_pb2.CHANNEL_KIND_DM else view.other_channels).add(
-                    (c.collection_id, c.channel_name))
-            out[n.node_id] = view
+            out[n.node_id] = node_view(d)
         return out
 
 
@@ -894,26 +792,8 @@ def render(result: DrillResult) -> str:
                   f"{p.window_changes - p.stale_writes}), stale writes: {p.stale_writes} -> "
                   f"{'PASS' if not p.stale_writes else 'FAIL'}{'' if p.conclusive else ' (INCONCLUSIVE)'}",
                   f"  old leader's log: {p.refused_in_log} lines of refused writes / lost leadership"]
-    if result.faults:
-        lines += ["", "faults"]
-        lines += [f"  {f.t:>7.1f}  {f.what}{'; ' + f.note if f.note else ''}" for f in result.faults]
-    by: dict[str, dict[str, int]] = {}
-    for r in result.calls:
-        key = "SUCCESS" if r.outcome == "success" else ("UNANSWERED" if r.outcome == "unanswered" else r.code)
-        by.setdefault(r.method, {}).setdefault(key, 0)
-        by[r.method][key] += 1
-    lines += ["", f"client calls: {len(result.calls)}"]
-    for method, counts in sorted(by.items()):
-        lines.append(f"  {method:<18} " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
-    reasons: dict[str, str] = {}
-    for r in result.calls:
-        if r.outcome != "success":
-            reasons.setdefault(f"{r.method} {r.code or 'UNANSWERED'}", f"#{r.seq} {r.target}: {r.reason[:150]}")
-    for what, example in sorted(reasons.items()):
-        lines.append(f"    e.g. {what}: {example}")
-    slow = sorted(result.calls, key=lambda r: -r.elapsed)[:3]
-    if slow:
-        lines.append("  slowest: " + "; ".join(f"#{r.seq} {r.method} {r.elapsed:.1f}s" for r in slow))
+    lines += render_activity(result.faults, result.calls, row=lambda r: r.method, width=18,
+                             example=lambda r: f"#{r.seq} {r.target}", slow=lambda r: f"#{r.seq} {r.method}")
     c = result.check
     if c is not None:
         lines += ["", "invariants"]
@@ -926,29 +806,48 @@ def render(result: DrillResult) -> str:
     return "\n".join(lines)
 
 
+class Call(Protocol):
+    """What the table reads of a client call (``CallRecord``, the chaos drill's ``ChaosCall``)."""
+
+    method: str
+    outcome: str
+    code: str
+    reason: str
+
+    @property
+    def elapsed(self) -> float: ...
+
+
+C = TypeVar("C", bound=Call)
+
+
+def render_activity(faults: list[FaultRecord], calls: Sequence[C], *, row: Callable[[C], str], width: int,
+                    example: Callable[[C], str], slow: Callable[[C], str]) -> list[str]:
+    """The faults and the client calls of a drill's table: the answers per ``row`` (``width`` wide), one
+    ``example`` of each failure, the three slowest calls."""
+    lines: list[str] = []
+    if faults:
+        lines += ["", "faults"]
+        lines += [f"  {f.t:>7.1f}  {f.what}{'; ' + f.note if f.note else ''}" for f in faults]
+    by: dict[str, Counter[str]] = {}
+    for c in calls:
+        by.setdefault(row(c), Counter())[c.code if c.outcome in ("success", "error") else c.outcome.upper()] += 1
+    lines += ["", f"client calls: {len(calls)}"]
+    for name, counts in sorted(by.items()):
+        lines.append(f"  {name:<{width}} " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    reasons: dict[str, str] = {}
+    for c in calls:
+        if c.outcome != "success":
+            reasons.setdefault(f"{c.method} {c.code or c.outcome.upper()}", f"{example(c)}: {c.reason[:150]}")
+    for what, text in sorted(reasons.items()):
+        lines.append(f"    e.g. {what}: {text}")
+    slowest = sorted(calls, key=lambda c: -c.elapsed)[:3]
+    if slowest:
+        lines.append("  slowest: " + "; ".join(f"{slow(c)} {c.elapsed:.1f}s" for c in slowest))
+    return lines
+
+
 async def run_failover(opts: DrillOptions, out: Any = None) -> int:
     """Run the drill, print the table and the JSON line; 0 when every invariant held, 1 otherwise, 2 on setup."""
     out = out or sys.stdout
     return await run_and_report(FailoverDrill(opts, out), opts, render, out, plan="schedule")
-
-
-async def run_and_report(drill: Any, opts: Any, render_result: Callable[[Any], str], out: Any, *,
-                         plan: str) -> int:
-    """What every process drill does around ``drill.run()``: the table, how to rerun a failure, where the
-    logs are (kept on failure, with --keep or --work-dir), and the JSON line last. 0 passed, 1 failed, 2 setup."""
-    try:
-        result = await drill.run()
-    except StartError as exc:
-        print(f"error: the drill could not start or keep its processes running: {exc}\n(work dir kept: "
-              f"{drill.work})", file=sys.stderr)
-        return 2
-    print(render_result(result), file=out)
-    failed = result.failed
-    if failed:
-        print(f"\nFAILED; the same {plan}: {opts.command()}", file=out)
-    if failed or opts.keep or opts.work_dir:
-        print(f"\nlogs and etcd data kept in {drill.work}", file=out)
-    else:
-        shutil.rmtree(drill.work, ignore_errors=True)
-    print(json.dumps(result.summary()), file=out, flush=True)
-    return 1 if failed else 0

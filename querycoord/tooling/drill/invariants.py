@@ -30,6 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from proto import querynode_pb2
+
 LoadState = Literal["released", "collection", "partitions"]
 
 
@@ -74,6 +76,17 @@ class NodeView:
     segments: dict[int, tuple[int, int]] = field(default_factory=dict)  # sid -> (cid, pid)
     dm_channels: set[tuple[int, str]] = field(default_factory=set)
     other_channels: set[tuple[int, str]] = field(default_factory=set)  # delta / query channels
+
+
+def node_view(d: querynode_pb2.GetDataDistributionResponse) -> NodeView:
+    """What a node reports holding, as the check reads it (the drills ask over gRPC, tests ask the node)."""
+    view = NodeView()
+    for s in d.segments:
+        view.segments[s.segment_id] = (s.collection_id, s.partition_id)
+    for c in d.channels:
+        (view.dm_channels if c.kind == querynode_pb2.CHANNEL_KIND_DM else view.other_channels).add(
+            (c.collection_id, c.channel_name))
+    return view
 
 
 @dataclass

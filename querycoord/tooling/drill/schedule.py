@@ -23,21 +23,31 @@ from __future__ import annotations
 import hashlib
 import random
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Generic, Literal, TypeVar
+
+from querycoord.tooling.drill.options import DrillOptions
 
 OpKind = Literal["load", "release", "load_partitions", "release_partitions", "balance"]
 KillMode = Literal["idle", "after_answer", "in_flight"]
+K = TypeVar("K", bound=str)
 
 
 @dataclass(frozen=True)
-class Op:
-    """One client request. ``coll`` and ``parts`` are indices (ids exist only at run time)."""
+class Request(Generic[K]):
+    """One client request of a seeded plan (this schedule, the chaos drill's plan). ``coll`` and ``parts`` are
+    indices (ids exist only at run time)."""
 
-    kind: OpKind
+    kind: K
     coll: int = 0
     parts: tuple[int, ...] = ()
     node_slot: int = 0
-    # A leader kill attached to this request: right after its answer, or ``kill_delay`` s after sending it.
+
+
+@dataclass(frozen=True)
+class Op(Request[OpKind]):
+    """A request of the schedule, with the leader kill attached to it if any: right after its answer, or
+    ``kill_delay`` s after sending it."""
+
     kill: KillMode | None = None
     kill_delay: float = 0.0
 
@@ -100,28 +110,11 @@ class Schedule:
         return hashlib.sha256(repr(self.steps).encode()).hexdigest()[:12]
 
 
-@dataclass(frozen=True)
-class ScheduleOptions:
-    collections: int
-    partitions: int
-    nodes: int
-    kills: int
-    pauses: int = 1
-    node_kills: int = 2
-    etcd_kills: int = 0
-    etcd_members: int = 1
-    ops: int = 0  # 0: derived from the other counts
-    max_wait_s: float = 0.25
-
-    def op_count(self) -> int:
-        return self.ops or max(30, 5 * self.kills + self.collections + 3 * (self.node_kills + self.etcd_kills))
-
-
 _KILL_MODES: tuple[KillMode, ...] = ("after_answer", "in_flight", "idle")
 _KILL_WEIGHTS = (0.4, 0.3, 0.3)
 
 
-def make_schedule(seed: int, opts: ScheduleOptions) -> Schedule:
+def make_schedule(seed: int, opts: DrillOptions) -> Schedule:
     """The schedule of ``seed`` (see module docstring); a pure function of its arguments."""
     if opts.collections < 1 or opts.partitions < 1 or opts.nodes < 1:
         raise ValueError("need at least one collection, one partition and one node")
@@ -175,7 +168,7 @@ def make_schedule(seed: int, opts: ScheduleOptions) -> Schedule:
     return Schedule(seed, steps)
 
 
-def _next_op(rng: random.Random, opts: ScheduleOptions, predicted: dict[int, frozenset[int] | None],
+def _next_op(rng: random.Random, opts: DrillOptions, predicted: dict[int, frozenset[int] | None],
              every: frozenset[int]) -> Op:
     """A request that makes sense for the predicted state, and the predicted state after it."""
     if rng.random() < 0.1:

@@ -27,76 +27,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import random
 import re
-import shutil
 import sys
-import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from meta.etcd_server import EtcdCluster
 from proto import common_pb2, stream_pb2
 from querycoord.client import CoordinatorUnavailable, QueryCoordClient
 from querycoord.stream.plan import expected_counts
+from querycoord.tooling.drill.base import DrillSetupError, ProcessDrill, run_and_report
 from querycoord.tooling.drill.leaders import wait_until
-from querycoord.tooling.harness import STREAM_NODE, Harness, Member, StartError
+from querycoord.tooling.drill.options import StreamDrillOptions
+from querycoord.tooling.harness import STREAM_NODE, Harness, Member
 
 sp = stream_pb2
 ALIVE = ("INIT", "RUNNING")
 VGROUPS_PER_NODE = 2
 _WATCH_ENDED = re.compile(r"WATCH ended: (\d+) streams adopted")
-
-
-class DrillSetupError(StartError):
-    """The drill could not set up its streams (no leader, an snode or a stream refused)."""
-
-
-@dataclass
-class StreamDrillOptions:
-    nodes: int = 4
-    snodes: int = 2
-    streams: int = 50
-    seed: int = 0
-    leader_kills: int = 2
-    node_kills: int = 1
-    vgroup_moves: int = 1
-    task_fails: int = 3
-    user_stops: int = -1  # -1: streams // 10
-    ttl: float = 2.0
-    heartbeat_ms: float = 100.0
-    watch_timeout: float = 2.0
-    quiesce_timeout: float = 60.0
-    work_dir: str | None = None
-    keep: bool = False
-    verbose: bool = False
-
-    def validate(self) -> None:
-        if self.nodes < 2:
-            raise ValueError("--nodes must be at least 2 (a vgroup moves between two nodes)")
-        if not 1 <= self.snodes <= self.nodes:
-            raise ValueError("--snodes must be between 1 and --nodes")
-        if self.node_kills and self.snodes < 2:
-            raise ValueError("killing an snode's node needs --snodes >= 2 (streams need a live snode)")
-        if self.streams < 1:
-            raise ValueError("--streams must be at least 1")
-        if min(self.leader_kills, self.node_kills, self.vgroup_moves, self.task_fails) < 0:
-            raise ValueError("fault counts must not be negative")
-        if self.ttl < 2:
-            raise ValueError("--ttl must be at least 2")
-
-    @property
-    def stops(self) -> int:
-        return self.streams // 10 if self.user_stops < 0 else min(self.user_stops, self.streams)
-
-    def command(self) -> str:
-        return (f"querycoord drill streams --nodes {self.nodes} --snodes {self.snodes} --streams {self.streams} "
-                f"--seed {self.seed} --leader-kills {self.leader_kills} --node-kills {self.node_kills} "
-                f"--vgroup-moves {self.vgroup_moves} --task-fails {self.task_fails}")
 
 
 @dataclass
@@ -174,15 +125,11 @@ class StreamDrillResult:
                     or self.final is None or self.final.error)
 
 
-class StreamDrill:
+class StreamDrill(ProcessDrill[StreamDrillOptions, StreamDrillResult]):
     def __init__(self, opts: StreamDrillOptions, out: Any = None):
-        self.opts = opts
-        self.out = out or sys.stdout
+        super().__init__(opts, out, "querycoord-sdrill-")
         self.rng = random.Random(opts.seed)
         self.root = f"drill-streams-{opts.seed}"
-        self.work = Path(opts.work_dir) if opts.work_dir else Path(tempfile.mkdtemp(prefix="querycoord-sdrill-"))
-        self.etcd: EtcdCluster | None = None
-        self.harness: Harness | None = None  # once etcd is up
         self.nodes: list[Member] = []
         # What the drill asked of each node: the vgroups it leads (moves change them), whether it hosts an snode.
         self.vgroups: dict[Member, list[int]] = {}
@@ -190,37 +137,16 @@ class StreamDrill:
         self.result = StreamDrillResult(opts)
         self.stopped_ids: set[int] = set()
         self.client: QueryCoordClient | None = None
-        self._t0 = time.monotonic()
-
-    @property
-    def cluster(self) -> Harness:
-        assert self.harness is not None, "the harness exists once etcd is up"
-        return self.harness
-
-    # ----- output ---------------------------------------------------------------------------------------------------
-    def say(self, text: str) -> None:
-        print(f"[{time.monotonic() - self._t0:7.2f}s] {text}", file=self.out, flush=True)
-
-    def note(self, text: str) -> None:
-        if self.opts.verbose:
-            self.say(text)
 
     # ----- life cycle -----------------------------------------------------------------------------------------------
-    async def run(self) -> StreamDrillResult:
-        started = time.monotonic()
-        try:
-            await self._start_cluster()
-            await self._create_streams()
-            first = await self._quiesce("initial deploy")
-            if not first.quiescent:
-                self.result.violations.append(f"initial deploy not quiescent: {first.brief()}")
-            await self._run_faults()
-            self.result.final = await self._quiesce("final")
-            self.say(f"final: {self.result.final.brief()}")
-        finally:
-            self.result.duration_s = time.monotonic() - started
-            await self._stop_cluster()
-        return self.result
+    async def _drive(self) -> None:
+        await self._create_streams()
+        first = await self._quiesce("initial deploy")
+        if not first.quiescent:
+            self.result.violations.append(f"initial deploy not quiescent: {first.brief()}")
+        await self._run_faults()
+        self.result.final = await self._quiesce("final")
+        self.say(f"final: {self.result.final.brief()}")
 
     async def _start_cluster(self) -> None:
         o = self.opts
@@ -283,9 +209,6 @@ class StreamDrill:
             self.snodes.add(node)
         return node
 
-    async def _wait_leader(self, timeout: float) -> Member:
-        return await wait_until(lambda: self.cluster.leader, self.cluster.changed, timeout)
-
     # ----- leader and calls -----------------------------------------------------------------------------------------
     async def _call(self, method: str, request: Any, timeout: float = 30.0) -> Any:
         """Call the leader through the shared leader-following client, starting at the one our events name.
@@ -344,7 +267,7 @@ class StreamDrill:
     async def _node_tasks(self) -> dict[int, dict[str, Any]]:
         """node id -> the ``tasks`` ack of every live node."""
         live = [n for n in self.nodes if n.running]
-        acks = await asyncio.gather(*(n.command("tasks") for n in live), return_exceptions=True)
+        acks = await asyncio.gather(*(n.child.command("tasks") for n in live), return_exceptions=True)
         return {n.node_id: a for n, a in zip(live, acks, strict=True) if isinstance(a, dict) and a.get("ok")}
 
     async def observe(self) -> Observation:
@@ -487,9 +410,9 @@ class StreamDrill:
             new = None
         await self._restart_coordinator(leader)
         await self._after_fault(fault, before)
-        if new is not None and new.log_path is not None:
+        if new is not None and new.child.log_path is not None:
             with contextlib.suppress(OSError):
-                found = _WATCH_ENDED.findall(new.log_path.read_text(errors="replace"))
+                found = _WATCH_ENDED.findall(new.child.log_path.read_text(errors="replace"))
                 if found:
                     fault.leader_says_adopted = int(found[-1])
 
@@ -514,8 +437,8 @@ class StreamDrill:
         fault = Fault(n, "vgroup-move", f"vgroup {vg}: {src.label} -> {dst.label}", time.monotonic())
         self.result.faults.append(fault)
         self.say(f"fault #{n}: move vgroup {vg} from {src.label} to {dst.label}")
-        a = await src.command(f"unlead {vg}")
-        b = await dst.command(f"lead {vg}")
+        a = await src.child.command(f"unlead {vg}")
+        b = await dst.child.command(f"lead {vg}")
         if not (a.get("ok") and b.get("ok")):
             self.result.violations.append(f"fault #{n}: vgroup move refused: {a} / {b}")
         self.vgroups[src].remove(vg)
@@ -539,7 +462,7 @@ class StreamDrill:
                       time.monotonic())
         self.result.faults.append(fault)
         self.say(f"fault #{n}: fail tasks {fault.what}")
-        acks = await asyncio.gather(*(by_node[nid].command(f"fail {tid} drill") for tid, nid, _ in picks))
+        acks = await asyncio.gather(*(by_node[nid].child.command(f"fail {tid} drill") for tid, nid, _ in picks))
         refused = [a for a in acks if not a.get("ok")]
         if refused:
             fault.note = f"{len(refused)} refused: {refused[0].get('error')}"
@@ -582,19 +505,4 @@ def render(result: StreamDrillResult) -> str:
 async def run_streams(opts: StreamDrillOptions, out: Any = None) -> int:
     """Run the drill, print the table and the JSON line; 0 when every invariant held, 1 otherwise, 2 on setup."""
     out = out or sys.stdout
-    drill = StreamDrill(opts, out)
-    try:
-        result = await drill.run()
-    except StartError as exc:
-        print(f"error: the stream drill could not start its processes: {exc}\n(work dir kept: {drill.work})",
-              file=sys.stderr)
-        return 2
-    print(render(result), file=out)
-    if result.failed:
-        print(f"\nFAILED; the same drill: {opts.command()}", file=out)
-    if result.failed or opts.keep or opts.work_dir:
-        print(f"\nlogs and etcd data kept in {drill.work}", file=out)
-    else:
-        shutil.rmtree(drill.work, ignore_errors=True)
-    print(json.dumps(result.summary()), file=out, flush=True)
-    return 1 if result.failed else 0
+    return await run_and_report(StreamDrill(opts, out), opts, render, out, plan="drill")

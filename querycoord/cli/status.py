@@ -1,0 +1,240 @@
+"""``querycoord status`` and ``querycoord switchover``: who leads, who stands by, the nodes and etcd; a planned
+leader change.
+
+``status`` reads etcd, not a coordinator, so it works with no leader at all:
+the coordinators are the live coordinator sessions joined (by lease) with
+their election keys, whose order says who leads and who is next; each is then
+asked for its gRPC health and its own view (``GetCoordinatorState``), and one
+that does not answer is shown as such, not as an error. The nodes are the live
+node sessions; the etcd members come from ``meta.maintenance.cluster_status``.
+Only etcd itself being unreachable is an error.
+
+``switchover`` asks the leader (``querycoord.switchover``) and then waits for
+the new leader's gRPC health to say SERVING, timing both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from loguru import logger
+
+from meta.client import connect
+from meta.config import EtcdConfig
+from meta.errors import MetaError
+from meta.kv import MetaKV
+from meta.maintenance import MIB, cluster_status
+from meta.session import SessionInfo, list_sessions, role_prefix
+from proto import querycoord_pb2 as qc
+from querycoord import draw
+from querycoord.actions import check
+from querycoord.cli.common import add_output_option, client_command, emit, positive_float
+from querycoord.client import QueryCoordClient
+from querycoord.config import CoordConfig
+from querycoord.etcd_options import add_etcd_options, etcd_config_from_args
+from querycoord.protocol import QUERYCOORD_ROLE, QUERYNODE_ROLE, STREAMNODE_ROLE
+from querycoord.switchover import call_coordinator, candidates, switchover_holder
+
+# A coordinator that has not answered its health check by then is shown as not answering.
+PROBE_TIMEOUT = 1.0
+
+
+async def _health(address: str, timeout: float) -> str:
+    """The gRPC health of the coordinator at ``address`` (SERVING on the leader), or why it did not answer."""
+    try:
+        async with grpc.aio.insecure_channel(address) as channel:
+            resp = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""),
+                                                                  timeout=timeout)
+    except grpc.aio.AioRpcError as exc:
+        return f"no answer ({exc.code().name})"
+    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status))
+
+
+async def _self_view(address: str, timeout: float) -> qc.GetCoordinatorStateResponse | None:
+    try:
+        return await call_coordinator(address, "GetCoordinatorState", qc.GetCoordinatorStateRequest(), timeout)
+    except grpc.aio.AioRpcError:
+        return None
+
+
+async def _coordinators(kv: MetaKV, probe_timeout: float) -> list[dict[str, Any]]:
+    """One row per coordinator address: the session that is queued in the election wins over a stale one (a
+    coordinator that lost its leadership starts a new session; the old one lives until its lease expires)."""
+    sessions = (await kv.load_prefix(role_prefix(QUERYCOORD_ROLE))).kvs
+    queue = await candidates(kv)
+    place = {c.lease: (i, c) for i, c in enumerate(queue)}
+    rows: dict[str, dict[str, Any]] = {}
+    for item in sorted(sessions, key=lambda s: s.create_revision):
+        info = SessionInfo.parse(item.key, item.value)
+        if info is None:
+            continue
+        queued = place.get(item.lease)
+        row = {"address": info.address, "server_id": info.server_id,
+               "role": "starting" if queued is None else "leader" if queued[0] == 0 else "standby",
+               "queue_position": None if queued is None else queued[0],
+               "election_revision": None if queued is None else queued[1].create_revision}
+        if queued is not None or info.address not in rows or rows[info.address]["queue_position"] is None:
+            rows[info.address] = row
+    for i, c in enumerate(queue):  # a candidate without a session: only while its lease expires
+        rows.setdefault(c.address, {"address": c.address, "server_id": 0, "role": "leader" if i == 0 else "standby",
+                                    "queue_position": i, "election_revision": c.create_revision})
+    out = sorted(rows.values(), key=lambda r: (r["queue_position"] is None, r["queue_position"] or 0, r["address"]))
+
+    async def probe(row: dict[str, Any]) -> None:
+        row["health"], own = await asyncio.gather(_health(row["address"], probe_timeout),
+                                                  _self_view(row["address"], probe_timeout))
+        row["fence_revision"] = row["election_revision"] if row["role"] == "leader" else None
+        row["since"] = own.since_ms / 1000 if own is not None and own.since_ms else None
+
+    await asyncio.gather(*(probe(r) for r in out))
+    return out
+
+
+def _node_rows(sessions: dict[int, SessionInfo], role: str) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for sid, info in sorted(sessions.items()):
+        row: dict[str, Any] = {"id": sid, "address": info.address, "state": "online"}
+        if role == QUERYNODE_ROLE:
+            row["capacity_bytes"] = info.extra.get("capacity_bytes")
+        else:
+            row["vgroups"] = info.extra.get("vgroups", [])
+        rows.append(row)
+    return rows
+
+
+async def gather_status(config: EtcdConfig, root: str, *, probe_timeout: float = PROBE_TIMEOUT) -> dict[str, Any]:
+    """Everything ``querycoord status`` shows, as one JSON-ready dict; ``MetaError`` when etcd does not answer."""
+    async with await connect(config) as client:
+        kv = MetaKV(client, root)
+        coordinators = await _coordinators(kv, probe_timeout)
+        query_nodes = (await list_sessions(kv, QUERYNODE_ROLE)).sessions
+        stream_nodes = (await list_sessions(kv, STREAMNODE_ROLE)).sessions
+        switchover = await switchover_holder(kv)
+    etcd = await cluster_status(config)
+    leader = next((c["address"] for c in coordinators if c["role"] == "leader"), None)
+    return {"root": root, "leader": leader, "switchover": switchover, "coordinators": coordinators,
+            "query_nodes": _node_rows(query_nodes, QUERYNODE_ROLE),
+            "stream_nodes": _node_rows(stream_nodes, STREAMNODE_ROLE), "etcd": etcd.as_dict()}
+
+
+def _since(t: float | None, now: float) -> str:
+    if not t:
+        return "-"
+    ago = max(0, int(now - t))
+    span = f"{ago}s" if ago < 120 else f"{ago // 60}m" if ago < 7200 else f"{ago // 3600}h"
+    return f"{time.strftime('%H:%M:%S', time.localtime(t))} ({span} ago)"
+
+
+def render(status: dict[str, Any], now: float | None = None) -> list[str]:
+    """The one screen of ``querycoord status``."""
+    now = time.time() if now is None else now
+    lines = [f"root {status['root']}: " + (f"{status['leader']} leads" if status["leader"] else "no leader elected")]
+    if status["switchover"]:
+        s = status["switchover"]
+        lines.append(f"switchover in progress: {s.get('from')} -> {s.get('to')}")
+    coords = status["coordinators"]
+    lines += ["", f"coordinators ({len(coords)})"]
+    if coords:
+        lines += draw.table(("ADDRESS", "ID", "ROLE", "SINCE", "FENCE", "HEALTH"), (
+            (c["address"], c["server_id"], c["role"] + (f" #{c['queue_position']}" if c["role"] == "standby" else ""),
+             _since(c["since"], now), c["fence_revision"] or "-", c["health"]) for c in coords), right=(1, 4))
+    else:
+        lines.append("  none: start one with `querycoord coord` (or `querycoord up`)")
+    qn, sn = status["query_nodes"], status["stream_nodes"]
+    lines += ["", f"query nodes ({len(qn)})"]
+    if qn:
+        lines += draw.table(("ID", "ADDRESS", "STATE", "CAPACITY"), (
+            (n["id"], n["address"], n["state"], draw.mib(n["capacity_bytes"]) if n["capacity_bytes"] else "-")
+            for n in qn), right=(0, 3))
+    lines += ["", f"stream nodes ({len(sn)})"]
+    if sn:
+        lines += draw.table(("ID", "STATE", "VGROUPS"), (
+            (n["id"], n["state"], ",".join(str(v) for v in n["vgroups"]) or "-") for n in sn), right=(0,))
+    etcd = status["etcd"]
+    lines += ["", f"etcd members ({len(etcd['members'])}; revision {etcd['revision']}, "
+                  f"compacted at {etcd['compacted_revision']})"]
+    lines += draw.table(("ENDPOINT", "ID", "VERSION", "DB MiB", "IN USE MiB", "REVISION", "LEADER", "STATE"), (
+        (m["endpoint"], f"{m['member_id']:x}" if m["member_id"] else "-", m["version"] or "-",
+         f"{m['db_size'] / MIB:.1f}", f"{m['db_size_in_use'] / MIB:.1f}", m["revision"] or "-",
+         "yes" if m["is_leader"] else "", m["error"] or "; ".join(m["errors"]) or "ok")
+        for m in etcd["members"]), right=(3, 4, 5))
+    alarms = etcd["alarms"]
+    lines.append("alarms: " + (", ".join(f"{a['alarm']} on member {a['member_id']:x}" for a in alarms)
+                               if alarms else "none"))
+    return lines
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    if (getattr(args, "log_level", None) or "") not in ("TRACE", "DEBUG"):
+        logger.disable("meta")  # a one-shot read: etcd not answering is the one error line, not retry chatter
+    try:
+        timeout = float(args.timeout)
+        config = etcd_config_from_args(args, call_timeout=min(2.0, timeout), deadline=timeout)
+        status = asyncio.run(gather_status(config, args.root))
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except MetaError as exc:
+        print(f"error: etcd did not answer: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 1
+    emit(args, status, lambda: render(status))
+    return 0
+
+
+async def _wait_serving(address: str, timeout: float) -> float | None:
+    """Seconds until the coordinator at ``address`` reports SERVING (None: not within ``timeout``)."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if await _health(address, PROBE_TIMEOUT) == "SERVING":
+            return time.monotonic() - started
+        await asyncio.sleep(0.01)
+    return None
+
+
+async def _switchover(c: QueryCoordClient, args: argparse.Namespace) -> int:
+    # Find the leader with a call only it answers, then ask it once: a switchover retried elsewhere after a
+    # timeout would be a second switchover.
+    check(await c.query("ShowNodes", qc.ShowNodesRequest()), "find the leader")
+    started = time.monotonic()
+    resp = check(await call_coordinator(c.current, "Switchover", qc.SwitchoverRequest(target=args.to),
+                                        args.timeout), "switchover")
+    serving = await _wait_serving(resp.leader, args.timeout)
+    serving_s = None if serving is None else time.monotonic() - started
+    result = {"previous_leader": resp.previous_leader, "leader": resp.leader, "stepped_back": list(resp.stepped_back),
+              "handover_s": round(resp.handover_seconds, 4),
+              "serving_s": None if serving_s is None else round(serving_s, 4)}
+
+    def render_switchover() -> list[str]:
+        lines = [f"stepped back behind {resp.leader}: {', '.join(resp.stepped_back)}"] if resp.stepped_back else []
+        when = (f"serving {serving_s:.3f}s after the request" if serving_s is not None else
+                f"not serving yet after {args.timeout:g}s (see `querycoord status`)")
+        return [*lines, f"switchover: {resp.previous_leader} led, {resp.leader} leads now; elected "
+                        f"{resp.handover_seconds:.3f}s after {resp.previous_leader} resigned, {when}"]
+
+    emit(args, result, render_switchover)
+    return 0 if serving_s is not None else 1
+
+
+def add_parsers(sub: Any, client: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("status", help="coordinators (role, since, fence, health), nodes and etcd members, from etcd")
+    add_etcd_options(p)
+    p.add_argument("--root", default=os.environ.get("QUERYCOORD_ROOT", CoordConfig.root),
+                   help=f"meta root path in etcd (default $QUERYCOORD_ROOT or {CoordConfig.root})")
+    add_output_option(p)
+    p.add_argument("--timeout", type=positive_float, default=argparse.SUPPRESS,
+                   help="seconds to wait for etcd before giving up (default 15)")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("switchover", parents=client,
+                       help="planned leader change: a standby leads, the leader stands by; no task lost")
+    p.add_argument("--to", default="", metavar="ADDR",
+                   help="the standby coordinator to lead (default: the next in line)")
+    add_output_option(p)
+    p.set_defaults(func=client_command(_switchover))

@@ -1,0 +1,215 @@
+"""The drills' options: one dataclass per drill, each command-line option declared once, on its field.
+
+``querycoord drill ...`` is built from these fields (``cli_options``): the flag is the field's name, its default the
+field's default and its help the field's metadata, so the command line cannot drift from what a drill runs
+with. The seeded plans are drawn from the same objects (``schedule.make_schedule``, ``chaos_ops.make_plan``).
+This module imports nothing of the runtime, so that ``querycoord --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def option(default: T, text: str, *, shown: str | None = None, kind: type | None = None,
+           choices: tuple[Any, ...] | None = None) -> T:
+    """A field that is also ``--name`` on the command line; ``shown`` stands for a default that needs words."""
+    return field(default=default, metadata={"help": text, "shown": shown, "kind": kind or type(default),
+                                            "choices": choices})
+
+
+def cli_options(options: type) -> list[dataclasses.Field[Any]]:
+    """The fields of ``options`` that are command-line options, in the order they are declared."""
+    return [f for f in dataclasses.fields(options) if "help" in f.metadata]
+
+
+def cli_help(f: dataclasses.Field[Any]) -> str:
+    """The field's help with its default, as ``--help`` shows it."""
+    shown = f.metadata["shown"]
+    return f"{f.metadata['help']} (default: {shown})" if shown else f"{f.metadata['help']} (default {f.default:g})"
+
+
+@dataclass(kw_only=True)
+class RunOptions:
+    """What every drill takes. Keyword-only, so that each drill's own fields keep their positions."""
+
+    seed: int = option(0, "seed of the drill's plan: its requests and faults")
+    ttl: float = option(2.0, "session TTL of coordinators and nodes")
+    work_dir: str | None = None
+    keep: bool = False
+    verbose: bool = False
+
+    def validate(self) -> None:
+        """ValueError naming the first option out of range (each drill checks its own options first)."""
+        if self.ttl < 2:
+            raise ValueError("--ttl must be >= 2 (the session minimum)")
+
+
+@dataclass
+class DrillOptions(RunOptions):
+    """``drill failover``; ``make_schedule`` draws its schedule from them."""
+
+    coordinators: int = option(3, "coordinator processes, at least 2")
+    nodes: int = option(4, "query node processes")
+    collections: int = option(20, "collections created in the catalog")
+    kills: int = option(10, "leader SIGKILLs")
+    etcd_members: int = option(1, "embedded etcd members", choices=(1, 3))
+    etcd_kills: int = option(0, "etcd member SIGKILLs, one down at a time; needs 3 members")
+    segments_per_collection: int = option(80, "sealed segments per collection")
+    partitions: int = option(2, "partitions per collection")
+    channels: int = 2
+    pauses: int = option(1, "SIGSTOP rounds proving fencing")
+    node_kills: int = option(2, "query node SIGKILLs with replacement")
+    ops: int = option(0, "client requests in the schedule", shown="derived")
+    node_latency_ms: float = option(10.0, "latency of every node call")
+    max_request_bytes: int = 3000
+    client_deadline: float = 60.0
+    quiesce_timeout: float = option(120.0, "bound of the final wait")
+    pause_windows: int = 3
+    pause_window_s: float = 0.35
+    max_wait_s: float = 0.25  # the longest wait before a step of the schedule
+
+    def validate(self) -> None:
+        if self.coordinators < 2:
+            raise ValueError("--coordinators must be >= 2 (someone has to take over)")
+        if self.nodes < 2:
+            raise ValueError("--nodes must be >= 2 (a killed node's segments need somewhere to go)")
+        if self.collections < 1 or self.partitions < 1 or self.segments_per_collection < 0:
+            raise ValueError("--collections and --partitions must be >= 1, --segments-per-collection >= 0")
+        if self.kills < 0 or self.pauses < 0 or self.node_kills < 0 or self.etcd_kills < 0:
+            raise ValueError("kill and pause counts must be >= 0")
+        if self.etcd_members not in (1, 3):
+            raise ValueError("--etcd-members must be 1 or 3")
+        if self.etcd_kills and self.etcd_members < 3:
+            raise ValueError("--etcd-kills needs --etcd-members 3 (killing the only member is an outage, "
+                             "not a fault the cluster can ride out)")
+        super().validate()
+
+    def op_count(self) -> int:
+        """The schedule's requests: ``ops``, or enough for every kill to meet some work."""
+        return self.ops or max(30, 5 * self.kills + self.collections + 3 * (self.node_kills + self.etcd_kills))
+
+    def command(self) -> str:
+        """The command line that replays this run's schedule."""
+        d = DrillOptions()
+        always = ("coordinators", "nodes", "collections", "kills", "seed")
+        optional = ("etcd_members", "etcd_kills", "ttl", "segments_per_collection", "partitions", "pauses",
+                    "node_kills", "ops", "node_latency_ms")
+        flags = [f"--{name.replace('_', '-')} {getattr(self, name):g}" for name in (*always, *optional)
+                 if name in always or getattr(self, name) != getattr(d, name)]
+        return "python -m querycoord.tooling.drill failover " + " ".join(flags)
+
+
+@dataclass
+class StreamDrillOptions(RunOptions):
+    """``drill streams``."""
+
+    nodes: int = option(4, "stream node processes, 2 vgroups each")
+    snodes: int = option(2, "nodes hosting an snode")
+    streams: int = option(50, "streams created")
+    leader_kills: int = option(2, "coordinator leader SIGKILLs")
+    node_kills: int = option(1, "SIGKILLs of an snode's node")
+    vgroup_moves: int = option(1, "vgroup leadership moves")
+    task_fails: int = option(3, "tasks failed through stdin")
+    user_stops: int = option(-1, "streams stopped by the user", shown="streams/10")
+    heartbeat_ms: float = option(100.0, "stream node heartbeat tick")
+    watch_timeout: float = option(2.0, "the leader's WATCH bound")
+    quiesce_timeout: float = option(60.0, "bound of each wait")
+
+    def validate(self) -> None:
+        if self.nodes < 2:
+            raise ValueError("--nodes must be at least 2 (a vgroup moves between two nodes)")
+        if not 1 <= self.snodes <= self.nodes:
+            raise ValueError("--snodes must be between 1 and --nodes")
+        if self.node_kills and self.snodes < 2:
+            raise ValueError("killing an snode's node needs --snodes >= 2 (streams need a live snode)")
+        if self.streams < 1:
+            raise ValueError("--streams must be at least 1")
+        if min(self.leader_kills, self.node_kills, self.vgroup_moves, self.task_fails) < 0:
+            raise ValueError("fault counts must not be negative")
+        super().validate()
+
+    @property
+    def stops(self) -> int:
+        return self.streams // 10 if self.user_stops < 0 else min(self.user_stops, self.streams)
+
+    def command(self) -> str:
+        return (f"querycoord drill streams --nodes {self.nodes} --snodes {self.snodes} --streams {self.streams} "
+                f"--seed {self.seed} --leader-kills {self.leader_kills} --node-kills {self.node_kills} "
+                f"--vgroup-moves {self.vgroup_moves} --task-fails {self.task_fails}")
+
+
+@dataclass
+class ChaosOptions(RunOptions):
+    """``drill chaos``; ``make_plan`` draws its plan from them."""
+
+    ops: int = option(300, "client requests in the plan")
+    coordinators: int = option(3, "coordinator processes")
+    nodes: int = option(4, "query node processes at the start; kills and adds keep 3 to 6")
+    min_nodes: int = 3
+    max_nodes: int = 6
+    clients: int = option(3, "concurrent clients")
+    collections: int = option(12, "collections in the catalog")
+    partitions: int = option(3, "partitions per collection")
+    segments_per_collection: int = option(30, "sealed segments per collection at the start")
+    node_latency_ms: float = option(10.0, "latency of every node call")
+    rpc_timeout: float = 3.0
+    call_deadline: float = option(60.0, "every call must be answered within this")
+    quiesce_timeout: float = option(60.0, "bound of each wait for quiescence; triggers still running then are stuck")
+    checker_interval: float = option(1.0, "the coordinators' checker interval, when `querycoord coord` has that "
+                                          "option")
+    settle: float | None = option(None, "seconds the leader must stay idle to be quiescent", kind=float,
+                                  shown="one checker interval + 1 s; 1.5 without a checker")  # see ``settle_s``
+    time_budget: float = option(900.0, "bound of the whole run in seconds; phases left are skipped")
+    # The plan's phases: requests per phase, and the longest wait before one.
+    min_phase_ops: int = 8
+    max_phase_ops: int = 14
+    max_wait_s: float = 0.3
+
+    def validate(self) -> None:
+        if self.ops < 1:
+            raise ValueError("--ops must be >= 1")
+        if self.coordinators < 2:
+            raise ValueError("--coordinators must be >= 2 (someone has to take over)")
+        if self.nodes < 2 or not self.min_nodes <= self.nodes <= self.max_nodes:
+            raise ValueError(f"--nodes must be >= 2 and within [{self.min_nodes}, {self.max_nodes}]")
+        if self.clients < 1 or self.collections < 1 or self.partitions < 1 or self.segments_per_collection < 0:
+            raise ValueError("--clients, --collections and --partitions must be >= 1")
+        super().validate()
+        if self.call_deadline < 10 or self.time_budget <= 0 or self.quiesce_timeout <= 0:
+            raise ValueError("--call-deadline must be >= 10, --time-budget and --quiesce-timeout > 0")
+
+    @property
+    def settle_s(self) -> float:
+        """How long the leader must stay idle to be quiescent: it must outlast one checker pass (every
+        ``--checker-interval`` seconds), since a difference the checker repairs is a repair, not a violation;
+        what is still wrong after a pass is."""
+        if self.settle is not None:
+            return self.settle
+        return self.checker_interval + 1.0
+
+    @property
+    def client_deadline(self) -> float:
+        """The leader-following client's own deadline: its last attempt still ends within the call deadline."""
+        return max(5.0, self.call_deadline - self.call_timeout - 3.0)
+
+    @property
+    def call_timeout(self) -> float:
+        """One attempt on one coordinator: long enough for a release that waits for its nodes."""
+        return max(5.0, min(15.0, self.call_deadline / 4))
+
+    def command(self) -> str:
+        """The command line that replays this run's plan."""
+        d = ChaosOptions()
+        names = ("ops", "seed", "coordinators", "nodes", "clients", "collections", "partitions",
+                 "segments_per_collection", "ttl", "node_latency_ms", "call_deadline", "quiesce_timeout")
+        flags = [f"--{n.replace('_', '-')} {getattr(self, n):g}" for n in names
+                 if n in ("ops", "seed") or getattr(self, n) != getattr(d, n)]
+        return "querycoord drill chaos " + " ".join(flags)
+
+
+__all__ = ["ChaosOptions", "DrillOptions", "RunOptions", "StreamDrillOptions", "cli_help", "cli_options", "option"]

@@ -1,0 +1,237 @@
+"""etcd out of space (NOSPACE) under a coordinator: nothing crashes, reads go on, mutations are refused with the
+reason, running work pauses, and after `querycoord etcd maintain` it resumes without losing a persisted task.
+
+A separate etcd member with a 16 MiB quota is driven into NOSPACE by overwriting one key with 100 KB values
+(history, as a coordinator's task keys make it: what compaction frees). Real etcd, real processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from meta.client import NOSPACE_WAIT, connect
+from meta.errors import MetaNoSpace
+from meta.etcd_server import EtcdCluster
+from meta.kv import MetaKV
+from meta.maintenance import MIB, maintain
+from meta.session import list_sessions
+from proto import common_pb2
+from proto import querycoord_pb2 as qc
+from querycoord.catalog.store import CatalogStore
+from querycoord.client import QueryCoordClient
+from querycoord.etcd_space import SpaceMonitor
+from querycoord.gate import LeaderGate
+from querycoord.nodes.querynode import FaultConfig
+from querycoord.protocol import QUERYCOORD_ROLE
+from tests.cluster import QueryCluster
+from tests.spawn import MID_LOAD_FLAGS, spawn_coordinator
+
+QUOTA = 16 * MIB
+VALUE = b"x" * 100_000
+REASON = re.compile(r"^etcd is out of space \(db \d+ MiB of quota 16 MiB\): run `querycoord etcd maintain`$")
+
+
+async def fill_history(kv: MetaKV) -> int:
+    """Overwrite one key with 100 KB values until etcd refuses for NOSPACE; how many puts it took."""
+    for i in range(1, 1000):
+        try:
+            await kv.save("junk", VALUE)
+        except MetaNoSpace:
+            return i
+    raise AssertionError("etcd never ran out of space")
+
+
+async def until(what: str, predicate: Callable[[], bool | Awaitable[bool]], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        ok = predicate()
+        if not isinstance(ok, bool):
+            ok = await ok
+        if ok:
+            return
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.1)
+
+
+@pytest.fixture
+def tiny(tmp_path: Path):
+    with EtcdCluster(tmp_path / "tiny", quota_backend_bytes=QUOTA) as cluster:
+        yield cluster
+
+
+async def test_space_monitor_follows_the_alarm(tiny: EtcdCluster) -> None:
+    async with await connect(tiny.config()) as client:
+        monitor = SpaceMonitor(client, interval=0.2, nospace_interval=0.2, min_interval=0.1)
+        monitor.start()
+        try:
+            await until("a first poll", lambda: monitor.checked_at > 0)
+            assert not monitor.nospace and monitor.quota == QUOTA and monitor.db_size > 0
+            puts = await fill_history(MetaKV(client, "junk"))
+            assert 100 < puts < 250
+            await until("the alarm seen", lambda: monitor.nospace)
+            assert REASON.match(monitor.reason()), monitor.reason()
+            assert monitor.as_dict()["nospace"] is True and monitor.raised == 1
+            assert [a["alarm"] for a in monitor.as_dict()["alarms"]] == ["NOSPACE"]  # type: ignore[union-attr]
+            waiter = asyncio.create_task(monitor.wait_writable())
+            await asyncio.sleep(0.5)
+            assert not waiter.done(), "nothing may resume while the alarm is raised"
+            await maintain(tiny.config(), keep=10, say=lambda _: None)
+            await asyncio.wait_for(waiter, 30)
+            assert not monitor.nospace and monitor.raised == 1
+        finally:
+            await monitor.stop()
+
+
+async def test_a_service_answers_a_refused_write_with_resource_exhausted(tiny: EtcdCluster) -> None:
+    """Any gated service (streams, queries): a write etcd refuses for NOSPACE is answered with the sizes and what
+    to run, not as an etcd outage."""
+    async with await connect(tiny.config()) as client:
+        kv = MetaKV(client, "g")
+        await fill_history(kv)
+        monitor = SpaceMonitor(client)
+        gate = LeaderGate(SimpleNamespace(space=monitor))  # type: ignore[arg-type]
+
+        async def create() -> qc.GetTaskResponse:
+            await kv.save("stream/1", "definition")
+            raise AssertionError("unreachable")
+
+        resp = await gate.answer(qc.GetTaskResponse, create)
+        assert resp.status.error_code == common_pb2.RESOURCE_EXHAUSTED
+        assert REASON.match(resp.status.reason), resp.status.reason
+        assert monitor.nospace
+
+
+async def test_a_write_waits_out_nospace_only_where_asked(tiny: EtcdCluster) -> None:
+    """Without a waiter NOSPACE is raised at once; with one (the scheduler's triggers) the write waits and is
+    applied once maintenance made room."""
+    async with await connect(tiny.config()) as client:
+        kv = MetaKV(client, "w")
+        await fill_history(kv)
+        with pytest.raises(MetaNoSpace, match="run `querycoord etcd maintain`"):
+            await kv.save("k", "v")
+        waits: list[MetaNoSpace] = []
+        monitor = SpaceMonitor(client, interval=0.2, nospace_interval=0.2, min_interval=0.1)
+        monitor.start()
+
+        async def wait(exc: MetaNoSpace) -> None:
+            waits.append(exc)
+            await monitor.wait_writable()
+
+        async def paused_write() -> int:
+            NOSPACE_WAIT.set(wait)
+            return await kv.save("k", "v")
+
+        try:
+            write = asyncio.create_task(paused_write())
+            await until("the write to wait", lambda: bool(waits))
+            assert not write.done()
+            await maintain(tiny.config(), keep=10, say=lambda _: None)
+            assert await asyncio.wait_for(write, 30) > 0
+            assert await kv.get("k") == b"v"
+            assert NOSPACE_WAIT.get() is None  # set in the writer's task only, never in its caller's context
+        finally:
+            await monitor.stop()
+
+
+async def test_nospace_mid_load_pauses_refuses_and_resumes_after_maintain(
+        tiny: EtcdCluster, tmp_path: Path, subprocess_env: dict[str, str]) -> None:
+    root = "nospace"
+    async with QueryCluster(tiny, root) as c:
+        assert c.kv is not None
+        slow = FaultConfig(latency_ms=100)
+        for _ in range(2):
+            await c.add_node(faults=slow)
+        leader = await spawn_coordinator(tiny, root, tmp_path, *MID_LOAD_FLAGS, name="coord-a")
+        standby = await spawn_coordinator(tiny, root, tmp_path, *MID_LOAD_FLAGS, name="coord-b")
+        late = None
+        client = QueryCoordClient([leader.address, standby.address], deadline=60)
+        try:
+            await leader.wait_event("leader", timeout=60)
+            await until("both coordinators registered", lambda: _coordinators(c, 2))
+            catalog = CatalogStore(c.kv)
+            big, _ = await catalog.create_bulk_collection("big", num_partitions=2, num_segments=300)
+            other, _ = await catalog.create_bulk_collection("other", num_partitions=1, num_segments=4)
+            r = await client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=big.collection_id))
+            assert r.status.error_code == common_pb2.SUCCESS, r
+            task_id = r.task_id
+
+            def held() -> int:
+                return sum(len(n.state.segments) for n in c.nodes)
+
+            await until("the load to be under way", lambda: held() >= 20)
+            await fill_history(MetaKV(c.kv.client, "junk"))
+
+            # A mutation is refused with the reason; a read is answered.
+            other_load = await client.query("LoadCollection",
+                                            qc.LoadCollectionRequest(collection_id=other.collection_id))
+            assert other_load.status.error_code == common_pb2.RESOURCE_EXHAUSTED, other_load
+            assert REASON.match(other_load.status.reason), other_load.status.reason
+            # The running load pauses (its coordinator says so) instead of failing.
+            log = tmp_path / "coord-a.log"
+            await until("the load to pause", lambda: "paused: etcd is out of space" in log.read_text())
+            show = await client.query("ShowCollections", qc.ShowCollectionsRequest(collection_ids=[big.collection_id]))
+            assert show.status.error_code == common_pb2.SUCCESS and show.collections[0].in_memory_percentage < 100
+            tasks = await client.query("ListTasks", qc.ListTasksRequest())
+            assert tasks.status.error_code == common_pb2.SUCCESS
+            [tree] = [t for t in tasks.trees if t.trigger.task_id == task_id]
+            assert tree.trigger.state != qc.TASK_STATE_FAILED
+            # A coordinator started now neither crashes nor leads: it cannot even register; it waits.
+            late = await spawn_coordinator(tiny, root, tmp_path, *MID_LOAD_FLAGS, name="coord-c")
+            late_log = tmp_path / "coord-c.log"
+            await until("the late coordinator to notice",
+                        lambda: "waiting for etcd to have space again" in late_log.read_text())
+            assert leader.running and standby.running and late.running
+            assert [e["event"] for e in leader.events if e.get("event") in ("leader", "standby")] == ["leader"]
+            states = await client.query("GetComponentStates", qc.GetComponentStatesRequest())
+            assert states.state.state_code == common_pb2.HEALTHY
+
+            out = await asyncio.to_thread(subprocess.run, [
+                sys.executable, "-m", "querycoord.cli", "etcd", "maintain", "--keep", "20",
+                "--etcd-endpoints", tiny.endpoints[0]], capture_output=True, text=True, env=subprocess_env,
+                timeout=120)
+            assert out.returncode == 0, out
+            assert "alarm: NOSPACE disarmed" in out.stdout
+
+            # The same trigger finishes: nothing was lost, failed or run twice.
+            async def finished() -> bool:
+                got = await client.query("GetTask", qc.GetTaskRequest(task_id=task_id))
+                return got.status.error_code == common_pb2.SUCCESS and got.tree.trigger.state in (
+                    qc.TASK_STATE_EXPIRED, qc.TASK_STATE_FAILED)
+            await until("the load to finish", finished, timeout=120)
+            got = await client.query("GetTask", qc.GetTaskRequest(task_id=task_id))
+            assert got.tree.trigger.state == qc.TASK_STATE_EXPIRED, got.tree.trigger
+            show = await client.query("ShowCollections", qc.ShowCollectionsRequest(collection_ids=[big.collection_id]))
+            assert show.collections[0].in_memory_percentage == 100
+            segments = [s for n in c.nodes for s in n.state.segments]
+            assert len(segments) == len(set(segments)) == 300, "each segment loaded exactly once"
+            everything = await client.query("ListTasks", qc.ListTasksRequest(include_finished=True))
+            assert not [t.trigger.task_id for t in everything.trees if t.trigger.state == qc.TASK_STATE_FAILED]
+            # Mutations are accepted again; the late coordinator registered and stands by.
+            again = await client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=other.collection_id))
+            assert again.status.error_code == common_pb2.SUCCESS, again
+            await until("the late coordinator to register", lambda: _coordinators(c, 3))
+            assert [e["event"] for e in leader.events if e.get("event") in ("leader", "standby")] == ["leader"]
+            await until("no task key left", lambda: _no_task_keys(c), timeout=120)
+        finally:
+            await client.close()
+            for p in (late, standby, leader):
+                if p is not None:
+                    await p.kill()
+
+
+async def _coordinators(c: QueryCluster, n: int) -> bool:
+    assert c.kv is not None
+    return len((await list_sessions(c.kv, QUERYCOORD_ROLE)).sessions) == n
+
+
+async def _no_task_keys(c: QueryCluster) -> bool:
+    return not any((await c.task_keys()).values())
