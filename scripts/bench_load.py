@@ -66,7 +66,15 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 
-from benchlib import arg_parser, log_to_stderr, require_positive, run_on_etcd
+from benchlib import (
+    BenchError,
+    add_cluster_options,
+    arg_parser,
+    check_cluster_options,
+    report,
+    require_positive,
+    run_on_etcd,
+)
 from etcd3aio._protobuf import WatchCreateRequest, WatchRequest
 from etcd3aio.kv import KVService
 from loguru import logger
@@ -99,10 +107,6 @@ CATEGORIES = (
     ("queryCoord-deltaChannel/", "channel meta"),
     ("idalloc/", "id allocator"),
 )
-
-
-class BenchError(Exception):
-    """The benchmark could not run as planned (the message says why)."""
 
 
 def category(rel_key: str) -> str:
@@ -487,40 +491,26 @@ async def bench_main(config: EtcdConfig, args: argparse.Namespace) -> dict[str, 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = arg_parser(__doc__, verbose_help="log progress to stderr")
-    p.add_argument("--segments", type=int, default=10_000, help="segments in the catalog (default 10000)")
-    p.add_argument("--partitions", type=int, default=16, help="partitions (default 16)")
-    p.add_argument("--channels", type=int, default=2, help="DM channels of the collection (default 2)")
-    p.add_argument("--nodes", type=int, default=8, help="reference query nodes (default 8)")
-    p.add_argument("--node-processes", action="store_true",
+    g = add_cluster_options(p, segments=10_000, partitions=16, nodes=8, poll=0.01, node_help="reference query nodes")
+    g.add_argument("--channels", type=int, default=2, help="DM channels of the collection (default 2)")
+    g.add_argument("--node-processes", action="store_true",
                    help="run the nodes as `querycoord querynode` processes (default: in-process objects)")
-    p.add_argument("--ttl", type=float, default=10.0, help="session TTL of coordinator and nodes (default 10)")
-    p.add_argument("--raw-rounds", type=int, default=5, help="runs of the raw write; median kept (default 5)")
-    p.add_argument("--poll", type=float, default=0.01, help="GetTask poll interval in seconds (default 0.01)")
-    p.add_argument("--timeout", type=float, default=1800.0, help="give up on the load after this many seconds")
-    p.add_argument("--profile", metavar="FILE", help="cProfile the load into FILE; top functions to stderr")
+    m = p.add_argument_group("measurement")
+    m.add_argument("--raw-rounds", type=int, default=5, help="runs of the raw write; median kept (default 5)")
+    m.add_argument("--timeout", type=float, default=1800.0, help="give up on the load after this many seconds")
+    m.add_argument("--profile", metavar="FILE", help="cProfile the load into FILE; top functions to stderr")
     args = p.parse_args(argv)
-    require_positive(p, args, ("segments", "partitions", "channels", "nodes", "raw_rounds"))
-    if args.ttl < 2:
-        p.error("--ttl must be >= 2")
-    if args.poll <= 0 or args.timeout <= 0:
-        p.error("--poll and --timeout must be > 0")
+    check_cluster_options(p, args)
+    require_positive(p, args, ("channels", "raw_rounds"))
+    if args.timeout <= 0:
+        p.error("--timeout must be > 0")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    log_to_stderr(args.verbose)
-    # The coordinator prints its leadership events on stdout: they go to stderr here, so that stdout holds
-    # only the table and, last, the JSON line.
-    args.out = sys.stdout
-    try:
-        with contextlib.redirect_stdout(sys.stderr):
-            result = run_on_etcd(bench_main, args, "bench-load-")
-    except BenchError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    print(json.dumps(result), flush=True)
-    return 0
+    args.out = sys.stdout  # the table; the coordinator's leadership events go to stderr
+    return report(lambda: run_on_etcd(bench_main, args, "bench-load-"), verbose=args.verbose)
 
 
 if __name__ == "__main__":

@@ -34,14 +34,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
-from benchlib import arg_parser, log_to_stderr, require_positive
+from benchlib import BenchError, add_cluster_options, arg_parser, check_cluster_options, report, require_positive
 from loguru import logger
 
 from meta.client import EtcdClient, connect
@@ -56,10 +55,6 @@ from querycoord.client import QueryCoordClient
 from querycoord.tooling.harness import QUERY_NODE, Harness
 
 DONE_STATES = (qc.TASK_STATE_EXPIRED, qc.TASK_STATE_FAILED)
-
-
-class BenchError(Exception):
-    """The soak could not go on (the message says why)."""
 
 
 def rss_mb(pid: int) -> float:
@@ -190,26 +185,22 @@ def run(args: argparse.Namespace) -> dict[str, object]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = arg_parser(__doc__, verbose_help="log progress to stderr")
-    p.add_argument("--cycles", type=int, default=1000, help="load/balance/release cycles (default 1000)")
-    p.add_argument("--sample-every", type=int, default=50, help="a table row every N cycles (default 50)")
-    p.add_argument("--segments", type=int, default=100, help="segments of the collection (default 100)")
-    p.add_argument("--partitions", type=int, default=2, help="partitions (default 2)")
-    p.add_argument("--segment-mb", type=float, default=1.0, help="memory size of a segment (default 1)")
-    p.add_argument("--nodes", type=int, default=2, help="query node processes (default 2)")
-    p.add_argument("--node-capacity-mb", type=int, default=1024, help="memory of each node (default 1024)")
-    p.add_argument("--ttl", type=float, default=10.0, help="session TTL of coordinator and nodes (default 10)")
-    p.add_argument("--poll", type=float, default=0.02, help="task poll interval in seconds (default 0.02)")
-    p.add_argument("--keep-revisions", type=int, default=DEFAULT_KEEP_REVISIONS,
-                   help=f"embedded etcd: auto compaction retention (default {DEFAULT_KEEP_REVISIONS})")
-    p.add_argument("--quota-mb", type=int, default=DEFAULT_QUOTA_BYTES // MIB,
-                   help=f"embedded etcd: backend quota (default {DEFAULT_QUOTA_BYTES // MIB})")
+    m = p.add_argument_group("soak")
+    m.add_argument("--cycles", type=int, default=1000, help="load/balance/release cycles (default 1000)")
+    m.add_argument("--sample-every", type=int, default=50, help="a table row every N cycles (default 50)")
+    g = add_cluster_options(p, segments=100, partitions=2, nodes=2, poll=0.02, node_help="query node processes")
+    g.add_argument("--segment-mb", type=float, default=1.0, help="memory size of a segment (default 1)")
+    g.add_argument("--node-capacity-mb", type=int, default=1024, help="memory of each node (default 1024)")
+    e = p.add_argument_group("embedded etcd")
+    e.add_argument("--keep-revisions", type=int, default=DEFAULT_KEEP_REVISIONS,
+                   help=f"auto compaction retention (default {DEFAULT_KEEP_REVISIONS})")
+    e.add_argument("--quota-mb", type=int, default=DEFAULT_QUOTA_BYTES // MIB,
+                   help=f"backend quota (default {DEFAULT_QUOTA_BYTES // MIB})")
     args = p.parse_args(argv)
-    require_positive(p, args, ("cycles", "sample_every", "segments", "partitions", "nodes", "node_capacity_mb",
-                               "quota_mb"))
-    if args.ttl < 2:
-        p.error("--ttl must be >= 2")
-    if args.poll <= 0 or args.segment_mb <= 0:
-        p.error("--poll and --segment-mb must be > 0")
+    check_cluster_options(p, args)
+    require_positive(p, args, ("cycles", "sample_every", "node_capacity_mb", "quota_mb"))
+    if args.segment_mb <= 0:
+        p.error("--segment-mb must be > 0")
     if args.keep_revisions < 0:
         p.error("--keep-revisions must be >= 0")
     return args
@@ -217,16 +208,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    log_to_stderr(args.verbose)
-    args.out = sys.stdout
-    try:
-        with contextlib.redirect_stdout(sys.stderr):
-            result = run(args)
-    except BenchError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    print(json.dumps(result), flush=True)
-    return 0
+    args.out = sys.stdout  # the table; the processes' output goes to stderr
+    return report(lambda: run(args), verbose=args.verbose)
 
 
 if __name__ == "__main__":
