@@ -147,6 +147,10 @@ def is_transient(exc: BaseException) -> bool:
         # deadline exceeded" is our own deadline expiring on the server first (seen
         # on writes to a 3-member cluster with 2 members down).
         details = exc.details() or ""
+        if exc.code() == grpc.StatusCode.INTERNAL and "Internal error from Core" in details:
+            # Our own gRPC core failed to send or receive on a connection that broke under the call (etcd
+            # killed mid-stream): the request never got an answer from etcd, so it is a transport failure.
+            return True
         return exc.code() == grpc.StatusCode.UNKNOWN and (
             "leader changed" in details
             or "no leader" in details

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import grpc
 
+from meta.client import is_transient
 from meta.etcd_server import EtcdCluster
 from proto import common_pb2, querycoord_pb2_grpc
 from proto import querycoord_pb2 as qc
@@ -57,3 +58,17 @@ async def test_majority_down_means_not_serving_then_leadership_returns_with_quor
             print(f"leading again {time.monotonic() - back:.1f}s after quorum returned")
         finally:
             await proc.stop()
+
+
+def test_a_send_failing_in_our_grpc_core_is_transient_and_etcd_refusals_are_not() -> None:
+    """etcd killed under a lease keepalive stream: our gRPC core fails the send with INTERNAL "Internal error from
+    Core". That is a broken connection, not etcd's answer, so a session retries it (until its TTL) instead of
+    calling itself lost at once (seen as a flake of test_session's unreachable-etcd test)."""
+
+    def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
+        return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details)
+
+    assert is_transient(rpc_error(grpc.StatusCode.INTERNAL, "Internal error from Core"))
+    assert is_transient(rpc_error(grpc.StatusCode.UNAVAILABLE, "Stream removed (sendmsg: Broken pipe (32))"))
+    assert not is_transient(rpc_error(grpc.StatusCode.INTERNAL, "etcdserver: corrupt cluster"))
+    assert not is_transient(rpc_error(grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: key is not provided"))
