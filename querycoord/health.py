@@ -19,6 +19,11 @@ Readiness (``/readyz``) asks "can it serve its role now":
   that must reach the leader alone;
 * a node is ready once its session is registered (the coordinator can see
   it), until it loses that session or stops.
+
+While etcd's NOSPACE alarm is raised a coordinator's answers carry
+``"etcd": "etcd is out of space (...)"``, but its probes do not fail: it
+still serves reads and answers writes with RESOURCE_EXHAUSTED, and
+restarting it would not give etcd any room.
 """
 
 from __future__ import annotations
@@ -54,8 +59,15 @@ class CoordinatorEndpoints:
     def _role(self) -> str:
         return LEADER if self.coord.is_leader else "standby"
 
+    def _detail(self) -> dict[str, object]:
+        detail: dict[str, object] = {"role": self._role(), "address": self.coord.address}
+        space = self.coord.space
+        if space is not None and space.nospace:
+            detail["etcd"] = space.reason()
+        return detail
+
     async def live(self) -> Probe:
-        detail = {"role": self._role(), "address": self.coord.address}
+        detail = self._detail()
         if self.coord.loop_ended:
             return Probe(False, {**detail, "reason": "the coordinator's campaign-and-lead loop has ended"})
         return Probe(True, detail)
@@ -64,7 +76,7 @@ class CoordinatorEndpoints:
         coord = self.coord
         if role not in (None, LEADER):
             return Probe(False, {"reason": f"unknown role {role!r}: /readyz or /readyz?role=leader"})
-        detail: dict[str, object] = {"role": self._role(), "address": coord.address}
+        detail = self._detail()
         if coord.is_leader:
             leadership = coord.leadership
             if leadership is not None:

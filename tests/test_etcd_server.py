@@ -173,7 +173,8 @@ def test_start_moves_to_new_ports_when_one_is_taken(tmp_path: Path, log_lines: l
 
 # ----- data kept across restarts ------------------------------------------------------------
 async def test_data_dir_survives_stop_and_start(tmp_path: Path) -> None:
-    """A new launcher on the same data dir (new ports) and a restarted member (same ports) keep the data."""
+    """A new launcher on the same data dir (the ports it saved there, when free) and a restarted member (same ports)
+    keep the data."""
     data_dir = tmp_path / "etcd"
     first = EtcdCluster(data_dir).start()
     try:

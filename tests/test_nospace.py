@@ -33,7 +33,8 @@ from querycoord.gate import LeaderGate
 from querycoord.nodes.querynode import FaultConfig
 from querycoord.protocol import QUERYCOORD_ROLE
 from tests.cluster import QueryCluster
-from tests.spawn import MID_LOAD_FLAGS, spawn_coordinator
+from tests.spawn import MID_LOAD_FLAGS, Spawned, spawn_coordinator
+from tests.test_metrics import probe, scrape, value
 
 QUOTA = 16 * MIB
 VALUE = b"x" * 100_000
@@ -150,7 +151,8 @@ async def test_nospace_mid_load_pauses_refuses_and_resumes_after_maintain(
         slow = FaultConfig(latency_ms=100)
         for _ in range(2):
             await c.add_node(faults=slow)
-        leader = await spawn_coordinator(tiny, root, tmp_path, *MID_LOAD_FLAGS, name="coord-a")
+        leader = await spawn_coordinator(tiny, root, tmp_path, *MID_LOAD_FLAGS, "--http-listen", "127.0.0.1:0",
+                                         name="coord-a")
         standby = await spawn_coordinator(tiny, root, tmp_path, *MID_LOAD_FLAGS, name="coord-b")
         late = None
         client = QueryCoordClient([leader.address, standby.address], deadline=60)
@@ -193,6 +195,10 @@ async def test_nospace_mid_load_pauses_refuses_and_resumes_after_maintain(
             assert [e["event"] for e in leader.events if e.get("event") in ("leader", "standby")] == ["leader"]
             states = await client.query("GetComponentStates", qc.GetComponentStatesRequest())
             assert states.state.state_code == common_pb2.HEALTHY
+            # The alarm shows in health (the probes still pass: reads are served) and in metrics.
+            code, ready = await probe(leader, "/readyz")
+            assert code == 200 and REASON.match(str(ready.get("etcd"))), ready
+            await until("the NOSPACE gauge", lambda: _scraped(leader, "querycoord_etcd_nospace", 1))
 
             out = await asyncio.to_thread(subprocess.run, [
                 sys.executable, "-m", "querycoord.cli", "etcd", "maintain", "--keep", "20",
@@ -235,3 +241,7 @@ async def _coordinators(c: QueryCluster, n: int) -> bool:
 
 async def _no_task_keys(c: QueryCluster) -> bool:
     return not any((await c.task_keys()).values())
+
+
+async def _scraped(proc: Spawned, name: str, expected: float) -> bool:
+    return value(await scrape(proc), name) == expected
