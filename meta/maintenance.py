@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import re
 import ssl
 import urllib.request
 from collections.abc import Callable
@@ -172,6 +173,31 @@ async def cluster_status(config: EtcdConfig) -> ClusterStatus:
     return ClusterStatus(members, found, revision, max((m.compacted_revision for m in members), default=0))
 
 
+@dataclass
+class SpaceStatus:
+    """What the member a client is connected to says of space: db file size, the part in use, the quota (0 when
+    this etcd does not report it) and the cluster's alarms as (member id, name)."""
+
+    db_size: int
+    db_size_in_use: int
+    quota: int
+    alarms: list[tuple[int, str]]
+
+
+_ALARM_IN_ERRORS = re.compile(r"memberID:(\d+) alarm:(\w+)")
+
+
+async def space_status(client: EtcdClient) -> SpaceStatus:
+    """One ``Maintenance.Status`` call: sizes, quota and alarms. A member's status lists the cluster's alarms
+    (replicated to every member) among its errors, so this is one cheap local read where ``Maintenance.Alarm``
+    would be a raft round (and a WAL write) each time; for a poll every few seconds."""
+    maintenance = client.raw.maintenance
+    assert maintenance is not None
+    status = await client.call("Maintenance.Status", lambda t: maintenance.status(timeout=t))
+    found = [(int(m[1]), m[2]) for e in status.errors if (m := _ALARM_IN_ERRORS.search(e))]
+    return SpaceStatus(status.dbSize, status.dbSizeInUse, status.dbSizeQuota, found)
+
+
 async def backend_quota(config: EtcdConfig, endpoint: str) -> int:
     """The member's backend quota in bytes, read from its metrics (etcd_server_quota_backend_bytes); 0 when it
     cannot be read."""
@@ -276,5 +302,5 @@ async def _defragment(config: EtcdConfig, endpoint: str) -> None:
         await client.call("Maintenance.Defragment", lambda t: maintenance.defragment(timeout=t))
 
 
-__all__ = ["DEFAULT_KEEP_REVISIONS", "MIB", "ClusterStatus", "MemberStatus", "alarms", "backend_quota",
-           "cluster_status", "compacted_revision", "maintain", "member_status"]
+__all__ = ["DEFAULT_KEEP_REVISIONS", "MIB", "ClusterStatus", "MemberStatus", "SpaceStatus", "alarms", "backend_quota",
+           "cluster_status", "compacted_revision", "maintain", "member_status", "space_status"]

@@ -16,18 +16,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import time
 
 from loguru import logger
 
 from meta.client import EtcdClient
 from meta.errors import MetaError, MetaNoSpace
-from meta.maintenance import MIB, backend_quota
+from meta.maintenance import MIB, backend_quota, space_status
 from proto import common_pb2
 from querycoord.errors import CoordError
 
-_ALARM = re.compile(r"memberID:(\d+) alarm:(\w+)")
 # A quota nobody could read (TLS-only metrics, an old etcd) is looked for again this often.
 _QUOTA_RETRY_S = 60.0
 
@@ -102,24 +100,20 @@ class SpaceMonitor:
             self._refreshed = time.monotonic()
             client = self.client
             try:
-                maintenance = client.raw.maintenance
-                assert maintenance is not None
-                status = await client.call("Maintenance.Status", lambda t: maintenance.status(timeout=t))
+                status = await space_status(client)
             except MetaError as exc:
                 self.poll_error = str(exc).splitlines()[0]
                 return
-            self.db_size, self.db_size_in_use = status.dbSize, status.dbSizeInUse
-            if status.dbSizeQuota:
-                self.quota = status.dbSizeQuota
+            self.db_size, self.db_size_in_use = status.db_size, status.db_size_in_use
+            if status.quota:
+                self.quota = status.quota
             elif not self.quota and time.monotonic() - self._quota_tried >= _QUOTA_RETRY_S:
                 self._quota_tried = time.monotonic()
                 for endpoint in client.endpoints:
                     self.quota = await backend_quota(client.config, endpoint)
                     if self.quota:
                         break
-            # A member's status lists the cluster's alarms (replicated to every member) among its errors: one cheap
-            # local read, where Maintenance.Alarm would be a raft round (and a WAL write) every poll.
-            found = [(int(m[1]), m[2]) for e in status.errors if (m := _ALARM.search(e))]
+            found = status.alarms
             self.alarms = found
             self.checked_at = time.time()
             self.poll_error = ""
