@@ -270,11 +270,16 @@ async def maintain(config: EtcdConfig, *, keep: int = DEFAULT_KEEP_REVISIONS, dr
     return after
 
 
+# A member whose defragmented db still fills this much of its quota is full: a handful of writes would raise the
+# alarm again, so disarming it only hides the problem for a moment.
+FULL_RATIO = 0.95
+
+
 async def _disarm_nospace(config: EtcdConfig, say: Callable[[str], None]) -> None:
     """Disarm each member's NOSPACE alarm (an alarm belongs to the member that raised it), unless a member is still
-    at its quota after defragmentation."""
+    full (``FULL_RATIO`` of its quota) after defragmentation."""
     now = await cluster_status(config)
-    full = [m for m in now.members if m.db_size_quota and m.db_size >= m.db_size_quota]
+    full = [m for m in now.members if m.db_size_quota and m.db_size >= FULL_RATIO * m.db_size_quota]
     if full:
         say("alarm: NOSPACE left raised: " + ", ".join(
             f"{m.endpoint} holds {m.db_size / MIB:.1f} MiB of live data, its quota is {m.db_size_quota / MIB:.0f} MiB"
