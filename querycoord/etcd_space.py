@@ -113,11 +113,10 @@ class SpaceMonitor:
                     self.quota = await backend_quota(client.config, endpoint)
                     if self.quota:
                         break
-            found = status.alarms
-            self.alarms = found
+            self.alarms = status.alarms
             self.checked_at = time.time()
             self.poll_error = ""
-            self._set_nospace(any(name == "NOSPACE" for _, name in found))
+            self._set_nospace(any(name == "NOSPACE" for _, name in self.alarms))
             if self.nospace != self._logged:  # logged here, where the sizes are fresh
                 self._logged = self.nospace
                 if self.nospace:
