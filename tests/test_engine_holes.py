@@ -464,3 +464,36 @@ async def test_a_resumed_balance_does_not_load_a_collection_released_meanwhile(
         await c.wait_leader()
         await settled(c)
         assert not node.state.segments, "segments of a collection that is not loaded were loaded"
+
+
+async def test_a_load_cancelled_after_dispatch_but_before_it_ran_is_finished(
+        etcd: EtcdCluster, root_path: str) -> None:
+    """Full-suite hang, issue 10: the dispatcher had created the load's asyncio task, and a release cancelled it
+    before its first step. A task cancelled before it starts never runs its body, so nothing finished the load:
+    it kept the collection's lock and every later trigger of the collection waited behind it forever."""
+    from querycoord.task.triggers import LoadCollectionTask, ReleaseCollectionTask
+
+    async with started(etcd, root_path, [None]) as c:
+        cid = await c.create_collection("unstarted", partitions=1, segments=4)
+        sched = (await c.wait_leader()).coord.leadership.scheduler
+        env = sched.env
+        load = LoadCollectionTask.new(env, qc.LoadCollectionRequest(collection_id=cid),
+                                      trigger_condition=qc.TRIGGER_CONDITION_GRPC_REQUEST, collection_id=cid)
+        enqueued = asyncio.create_task(sched.enqueue(load))
+        # Looking every loop iteration, this sees the dispatcher's new task before that task takes its first step
+        # (it is scheduled behind this one): the window a release's enqueue hit in the full suite.
+        while not (load.id and sched.is_running(load.id)):
+            await asyncio.sleep(0)
+        sched._cancel_loads(cid, "cancelled by release (test)")  # what the release's enqueue does at that moment
+        await enqueued
+        release = await sched.enqueue(ReleaseCollectionTask.new(
+            env, qc.ReleaseCollectionRequest(collection_id=cid), trigger_condition=qc.TRIGGER_CONDITION_GRPC_REQUEST,
+            collection_id=cid))
+        await asyncio.wait_for(asyncio.shield(release.finished), 20)
+        try:
+            await asyncio.wait_for(asyncio.shield(load.finished), 5)
+            raise AssertionError("the load finished as if not cancelled")
+        except Exception as exc:
+            assert "cancelled by release" in str(exc), exc
+        await settled(c)
+        assert not held_once(c)

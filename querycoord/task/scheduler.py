@@ -102,6 +102,7 @@ class Scheduler:
         self._heap: list[tuple[int, int, int]] = []  # (-priority, id, tiebreak)
         self.triggers: dict[int, TriggerTask] = {}  # queued or running
         self._running: dict[int, asyncio.Task[None]] = {}
+        self._started: set[int] = set()  # dispatched triggers whose task has begun running (cancel only those)
         self._busy: dict[int, int] = {}  # collection -> trigger id
         self._cancel_reason: dict[int, str] = {}
         self.finished: deque[qc.TaskTree] = deque(maxlen=self.cfg.finished_history)
@@ -211,7 +212,10 @@ class Scheduler:
             self._cancel_reason[t.id] = reason
             running = self._running.get(t.id)
             if running is not None:
-                running.cancel()
+                if t.id in self._started:
+                    running.cancel()
+                # else: dispatched but its task has not taken a step. Cancelled now, its body would never run and
+                # nothing would finish it (it would hold the collection's lock forever); it sees the reason first.
             else:
                 # Still queued: it never started, so it has nothing to roll back.
                 self._running[t.id] = asyncio.create_task(self._finish_cancelled(t))
@@ -265,8 +269,15 @@ class Scheduler:
     async def _run_with_ids(self, t: TriggerTask) -> None:
         """``_run_trigger`` with the trigger's id and collection on every line logged while it runs (its children's
         lines too: their tasks inherit the context), so a json log can be filtered by task."""
-        with logger.contextualize(task=t.id, **({"collection": t.collection_id} if t.collection_id else {})):
-            await self._run_trigger(t)
+        self._started.add(t.id)
+        try:
+            with logger.contextualize(task=t.id, **({"collection": t.collection_id} if t.collection_id else {})):
+                if t.id in self._cancel_reason:  # a release cancelled it between dispatch and this first step
+                    await self._finish_cancelled(t)
+                else:
+                    await self._run_trigger(t)
+        finally:
+            self._started.discard(t.id)
 
     async def _run_trigger(self, t: TriggerTask) -> None:
         """Run one tree to one of its exits. Whatever happens, the trigger either finishes (callers
