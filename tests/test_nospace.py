@@ -31,6 +31,7 @@ from querycoord.client import QueryCoordClient
 from querycoord.etcd_space import SpaceMonitor
 from querycoord.gate import LeaderGate
 from querycoord.nodes.querynode import FaultConfig
+from querycoord.nodes.querynode_faults import FaultInjector
 from querycoord.protocol import QUERYCOORD_ROLE
 from tests.cluster import QueryCluster
 from tests.spawn import MID_LOAD_FLAGS, Spawned, spawn_coordinator
@@ -169,7 +170,15 @@ async def test_nospace_mid_load_pauses_refuses_and_resumes_after_maintain(
             def held() -> int:
                 return sum(len(n.state.segments) for n in c.nodes)
 
+            def node_latency(ms: float) -> None:
+                for n in c.nodes:
+                    n.faults = FaultConfig(latency_ms=ms)
+                    n.injector = FaultInjector(n.faults)
+
             await until("the load to be under way", lambda: held() >= 20)
+            # Slow the nodes right down while etcd fills, so the load is certainly still running when its writes
+            # meet NOSPACE (on a loaded machine the fill took longer than the whole load at 100 ms a call).
+            node_latency(2000)
             await fill_history(MetaKV(c.kv.client, "junk"))
 
             # A mutation is refused with the reason; a read is answered.
@@ -200,6 +209,7 @@ async def test_nospace_mid_load_pauses_refuses_and_resumes_after_maintain(
             assert code == 200 and REASON.match(str(ready.get("etcd"))), ready
             await until("the NOSPACE gauge", lambda: _scraped(leader, "querycoord_etcd_nospace", 1))
 
+            node_latency(100)
             out = await asyncio.to_thread(subprocess.run, [
                 sys.executable, "-m", "querycoord.cli", "etcd", "maintain", "--keep", "20",
                 "--etcd-endpoints", tiny.endpoints[0]], capture_output=True, text=True, env=subprocess_env,
