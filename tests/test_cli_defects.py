@@ -146,8 +146,9 @@ async def test_timeout_is_honoured_when_etcd_is_down_and_the_message_says_so(sub
         # Another 15 s (the etcd deadline) would time this out: the subprocess limit catches a call that waits.
         r = await arun(subprocess_env, "nodes", "--address", coord.address, "--timeout", "2", timeout=12)
         one_error_line(r, coord.address, "cannot reach etcd")
+        seen = len(coord.events)
         etcd.restart_member(0)
-        await coord.wait_event("leader", timeout=60)
+        await coord.wait_event("leader", timeout=60, since=seen)  # leads again (not the first leader event)
     finally:
         if coord is not None:
             await coord.stop()
