@@ -46,5 +46,11 @@ drill: $(STAMP)
 chaos: $(STAMP)
 	QUERYCOORD_CHAOS_EXAMPLES=50 QUERYCOORD_CHAOS_STEPS=40 $(PY) -m pytest tests/test_model_chaos.py -p no:cacheprovider
 
+# Hostile input to every RPC of a running cluster (scripts/fuzz.py): 10,000 requests with a fresh seed (SEED=n
+# replays one), then the after-run checks; ends with one JSON line of counts. CI runs 1,000 (tests/test_fuzz.py).
+.PHONY: fuzz
+fuzz: $(STAMP)
+	$(PY) scripts/fuzz.py --requests 10000 $(if $(SEED),--seed $(SEED))
+
 clean:
 	rm -rf $(VENV) build *.egg-info

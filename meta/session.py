@@ -27,7 +27,9 @@ from etcd3aio._protobuf import (
     LeaseGrantRequest,
     LeaseKeepAliveRequest,
     LeaseRevokeRequest,
+    LeaseTimeToLiveRequest,
     PutRequest,
+    RangeRequest,
     RequestOp,
     TxnRequest,
 )
@@ -65,19 +67,72 @@ class SessionInfo:
 
     @classmethod
     def from_json(cls, raw: bytes) -> SessionInfo:
+        """The session a value holds; ``ValueError`` saying what is wrong with anything else.
+
+        Strict, because the value is input: whoever can write under the prefix can put anything there. The
+        id must be a positive int64 (not a string, float or bool), the role a plain word, the address a short
+        printable token, the extra an object.
+        """
         d = json.loads(raw)
-        return cls(int(d["ServerID"]), str(d["ServerName"]), str(d["Address"]), dict(d.get("Extra") or {}))
+        if not isinstance(d, dict):
+            raise ValueError(f"not a JSON object but {type(d).__name__}")
+        sid = d.get("ServerID")
+        if isinstance(sid, bool) or not isinstance(sid, int) or not 0 < sid <= _INT64_MAX:
+            raise ValueError(f"ServerID {_short(sid)} is not a positive 64-bit integer")
+        role = d.get("ServerName")
+        if not isinstance(role, str) or not _ROLE.match(role):
+            raise ValueError(f"ServerName {_short(role)} is not a role ([a-z0-9_]+)")
+        address = d.get("Address")
+        if not isinstance(address, str) or len(address) > MAX_ADDRESS_LENGTH or not (
+                address.isprintable() and not any(c.isspace() for c in address)):
+            raise ValueError(f"Address {_short(address)} is not an address (printable, at most "
+                             f"{MAX_ADDRESS_LENGTH} characters, no spaces)")
+        extra = d.get("Extra") or {}
+        if not isinstance(extra, dict):
+            raise ValueError(f"Extra {_short(extra)} is not a JSON object")
+        return cls(sid, role, address, extra)
 
     @classmethod
     def parse(cls, key: str, raw: bytes) -> SessionInfo | None:
-        """``from_json``, or None (logged) for a value that is not a session: anyone who can write under
-        the prefix can put anything there, and one bad value must not stop a watcher."""
+        """``from_json`` of the value at ``key``, or None for a value that is not the session its key names:
+        one bad value must never stop a watcher. Logged in one short line, once per key and value."""
         try:
-            return cls.from_json(raw)
-        except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as exc:
-            logger.warning("session key {} ignored: not a valid session value ({}: {})", key,
-                           type(exc).__name__, exc)
+            info = cls.from_json(raw)
+            if not key.endswith(info.key):  # session/<role>-<id>: a value claiming another key's identity
+                raise ValueError(f"it claims to be {info.key}")
+            return info
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError, RecursionError) as exc:
+            _report_invalid(key, raw, exc)
             return None
+
+
+# How long past its TTL a lease that nobody renews may take to expire before a fixed id counts as taken.
+_HOLDER_EXPIRY_SLACK = 30.0
+# A session value is input: these bound what is accepted (see ``SessionInfo.from_json``).
+MAX_ADDRESS_LENGTH = 1024
+_INT64_MAX = (1 << 63) - 1
+# Keys whose bad value was already logged (key -> hash of the value), so a watcher that re-reads a snapshot does
+# not log the same garbage again; bounded, cleared when full.
+_reported: dict[str, int] = {}
+_MAX_REPORTED = 1024
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:40] + "..."
+
+
+def _report_invalid(key: str, raw: bytes, exc: BaseException) -> None:
+    digest = hash(raw)
+    if _reported.get(key) == digest:
+        return
+    if len(_reported) >= _MAX_REPORTED:
+        _reported.clear()
+    _reported[key] = digest
+    reason = str(exc) if not isinstance(exc, RecursionError) else "nested too deeply"
+    shown_key = key if len(key) <= 100 else key[:100] + "..."
+    logger.warning("session key {} ignored: not a valid session value ({}: {})", shown_key, type(exc).__name__,
+                   reason[:120])
 
 
 def check_role(role: str) -> str:
@@ -99,6 +154,17 @@ class SessionError(MetaError):
     """A session could not be registered (e.g. its key exists already)."""
 
 
+class SessionIdTaken(SessionError):
+    """A fixed server id is held by a live session: another process runs with the same id."""
+
+
+def check_server_id(server_id: int) -> int:
+    """A fixed server id is a positive int64 (ids end up in protobuf int64 fields)."""
+    if isinstance(server_id, bool) or not isinstance(server_id, int) or not 1 <= server_id <= 2**63 - 1:
+        raise ValueError(f"server id must be a positive 64-bit integer, got {server_id!r}")
+    return server_id
+
+
 class Session:
     """A registered role and address under a lease (see module docstring)."""
 
@@ -110,7 +176,10 @@ class Session:
         *,
         ttl: float = DEFAULT_TTL,
         extra: dict[str, Any] | None = None,
+        server_id: int | None = None,
     ):
+        """``server_id``: register under this fixed id instead of allocating one from ``SERVER_ID_KEY`` (a node
+        whose etcd role may write only its own session key cannot write the shared counter)."""
         if ttl < MIN_TTL:
             raise ValueError(f"session TTL must be at least {MIN_TTL:g}s, got {ttl:g}s")
         self.kv = kv
@@ -119,6 +188,7 @@ class Session:
         # etcd leases are whole seconds.
         self.ttl = math.ceil(ttl)
         self.extra = dict(extra or {})
+        self.fixed_id = None if server_id is None else check_server_id(server_id)
         self.lost = asyncio.Event()
         self.lost_reason: str | None = None
         self.lease_id = 0
@@ -134,27 +204,46 @@ class Session:
         return self.info.server_id
 
     async def start(self) -> SessionInfo:
-        """Take a ServerID, grant the lease, write the key, and start keepalive and the key watch."""
-        client = self.kv.client
-        server_id = (await IdAllocator(self.kv, SERVER_ID_KEY, block_size=1).allocate(1))[0]
-        lease = await client.call(
-            "Lease.Grant",
-            lambda t: client.lease.LeaseGrant(LeaseGrantRequest(TTL=self.ttl), metadata=client.metadata, timeout=t),
-        )
-        self.lease_id = lease.ID
-        self._last_keepalive = time.monotonic()
+        """Take a ServerID (or the fixed one), grant the lease, write the key if absent, and start keepalive and
+        the key watch.
+
+        A fixed id whose key another session holds is waited for while that session's lease runs down: a node
+        restarted under its id finds its dead predecessor's session there until etcd expires it (late, on a
+        loaded machine). A live holder renews its lease, which shows as its TTL going back up:
+        ``SessionIdTaken`` then, within a third of the holder's TTL.
+        """
+        if self.fixed_id is not None:
+            server_id = self.fixed_id
+        else:
+            server_id = (await IdAllocator(self.kv, SERVER_ID_KEY, block_size=1).allocate(1))[0]
         info = SessionInfo(server_id, self.role, self.address, self.extra)
-        key = self.kv.abs_key(info.key)
-        txn = TxnRequest(
-            compare=[Compare(result=Compare.EQUAL, target=Compare.CREATE, key=key, create_revision=0)],
-            success=[RequestOp(request_put=PutRequest(key=key, value=info.to_json(), lease=self.lease_id))],
-        )
-        resp = await client.call(
-            f"register session {info.key}", lambda t: client.kv.Txn(txn, metadata=client.metadata, timeout=t)
-        )
-        if not resp.succeeded:
-            await self._revoke()
-            raise SessionError(f"session key {info.key} already exists; ServerID counter {SERVER_ID_KEY} was reset?")
+        held: tuple[int, float, float] | None = None  # the holder's lease, its TTL when first seen, and when
+        while True:
+            resp = await self._register_once(info)
+            if resp.succeeded:
+                break
+            if self.fixed_id is None:
+                raise SessionError(
+                    f"session key {info.key} already exists; ServerID counter {SERVER_ID_KEY} was reset?")
+            kvs = resp.responses[0].response_range.kvs if resp.responses else []
+            lease = kvs[0].lease if kvs else 0
+            if kvs and not lease:
+                raise SessionIdTaken(self._taken_message(info, kvs))
+            if lease:
+                ttl = await self._holder_ttl(lease)
+                now = time.monotonic()
+                if held is None or held[0] != lease:
+                    held = (lease, ttl, now)
+                    logger.info("session {} is held by another lease ({:.0f}s left); waiting for it to expire "
+                                "(the session of a node restarted under this id) unless its holder renews it",
+                                info.key, ttl)
+                else:
+                    expected = held[1] - (now - held[2])
+                    # Renewed (its TTL went back up): a live process holds this id. Not renewed, the lease expires,
+                    # however late etcd gets to it on a loaded machine; a bound keeps a stuck etcd from hanging us.
+                    if ttl > expected + 1.5 or now - held[2] > held[1] + _HOLDER_EXPIRY_SLACK:
+                        raise SessionIdTaken(self._taken_message(info, kvs))
+            await asyncio.sleep(0.5)
         self.create_revision = resp.header.revision
         self.info = info
         self._tasks = [
@@ -164,6 +253,56 @@ class Session:
         logger.info("session {} registered (lease {:x}, ttl {}s, address {})", info.key, self.lease_id, self.ttl,
                     self.address)
         return info
+
+    async def _register_once(self, info: SessionInfo) -> Any:
+        """Grant a lease and create the key under it if absent; a failed attempt revokes its lease."""
+        client = self.kv.client
+        lease = await client.call(
+            "Lease.Grant",
+            lambda t: client.lease.LeaseGrant(LeaseGrantRequest(TTL=self.ttl), metadata=client.metadata, timeout=t),
+        )
+        self.lease_id = lease.ID
+        self._last_keepalive = time.monotonic()
+        key = self.kv.abs_key(info.key)
+        txn = TxnRequest(
+            compare=[Compare(result=Compare.EQUAL, target=Compare.CREATE, key=key, create_revision=0)],
+            success=[RequestOp(request_put=PutRequest(key=key, value=info.to_json(), lease=self.lease_id))],
+            failure=[RequestOp(request_range=RangeRequest(key=key))],
+        )
+        try:
+            resp = await client.call(
+                f"register session {info.key}", lambda t: client.kv.Txn(txn, metadata=client.metadata, timeout=t)
+            )
+        except BaseException:
+            await self._revoke()  # e.g. a user without permission on the key: leave no lease behind
+            raise
+        if not resp.succeeded:
+            await self._revoke()
+        return resp
+
+    async def _holder_ttl(self, lease_id: int) -> float:
+        """Seconds the lease holding our key has left (our own TTL if etcd does not say)."""
+        client = self.kv.client
+        try:
+            resp = await client.call(
+                "Lease.TimeToLive",
+                lambda t: client.lease.LeaseTimeToLive(LeaseTimeToLiveRequest(ID=lease_id), metadata=client.metadata,
+                                                       timeout=t),
+            )
+        except MetaError:
+            return float(self.ttl)
+        return float(max(resp.TTL, 0))
+
+    def _taken_message(self, info: SessionInfo, kvs: Any) -> str:
+        """Who holds the fixed id (its address, from the failed txn's read), and what to do."""
+        holder = ""
+        if kvs:
+            other = SessionInfo.parse(info.key, kvs[0].value)
+            holder = f" (at {other.address})" if other is not None else ""
+            if kvs[0].lease == 0:
+                holder += ", a key without a lease: delete it by hand"
+        return (f"server id {info.server_id} is taken: a live {self.role} session {info.key} exists{holder}; "
+                f"another {self.role} runs with this id: give each one its own id")
 
     def _mark_lost(self, reason: str) -> None:
         if not self.lost.is_set():

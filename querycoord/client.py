@@ -35,6 +35,7 @@ from typing import Any
 import grpc
 
 from proto import catalog_pb2_grpc, common_pb2, querycoord_pb2_grpc, stream_pb2_grpc
+from querycoord.grpc_channels import GrpcSecurity, make_channel
 from querycoord.protocol import parse_leader
 
 # gRPC codes after which another coordinator may answer: a standby's redirect, a dead or unreachable one, and a
@@ -88,9 +89,21 @@ def describe(code: grpc.StatusCode | None, details: str, method: str = "") -> st
         return NO_LEADER
     if leader:
         return f"it stands by; the leader is at {leader}"
+    if "handshake failed" in low or "certificate_verify_failed" in low:
+        return ("the TLS handshake failed: its certificate is not signed by --tls-ca, or it does not serve TLS "
+                f"({_tls_reason(details)})")
+    if "socket closed" in low:
+        return ("it closed the connection at once: it may require TLS (--tls-ca) or a client certificate "
+                "(--tls-cert, --tls-key)")
     if any(p in low for p in _REFUSED):
         return NOTHING_LISTENS
     return f"{code.name if code is not None else 'NOT_LEADER'}: {' '.join(details.split())}"
+
+
+def _tls_reason(details: str) -> str:
+    """The OpenSSL reason of a failed handshake (``CERTIFICATE_VERIFY_FAILED: unable to get local issuer ...``)."""
+    tail = details.rsplit("OPENSSL_internal:", 1)[-1] if "OPENSSL_internal:" in details else details
+    return " ".join(tail.removesuffix(": OK").split())[:160]
 
 
 def split_addresses(addresses: Sequence[str] | str) -> list[str]:
@@ -106,11 +119,14 @@ class LeaderFollowingClient:
     ``deadline``: seconds to keep trying; None: one round (each known address
     once, plus a leader named on the way). ``pause``: seconds between tries.
     ``discover``: where to find coordinator addresses when none is known or
-    none answered (e.g. the live coordinator sessions).
+    none answered (e.g. the live coordinator sessions). ``security``: TLS and
+    the token presented (default: this process's, ``grpc_channels.current``).
     """
 
     def __init__(self, addresses: Sequence[str] | str = (), *, call_timeout: float = 30.0,
-                 deadline: float | None = 60.0, pause: float = 0.1, discover: Discover | None = None):
+                 deadline: float | None = 60.0, pause: float = 0.1, discover: Discover | None = None,
+                 security: GrpcSecurity | None = None):
+        self.security = security
         self.addresses = split_addresses(addresses)
         self.call_timeout = call_timeout
         self.deadline = deadline
@@ -129,7 +145,7 @@ class LeaderFollowingClient:
     def _channel(self, address: str) -> grpc.aio.Channel:
         ch = self._channels.get(address)
         if ch is None:
-            ch = self._channels[address] = grpc.aio.insecure_channel(address)
+            ch = self._channels[address] = make_channel(address, self.security)
         return ch
 
     async def close(self) -> None:
@@ -232,8 +248,9 @@ class LeaderFollowingClient:
 class QueryCoordClient(LeaderFollowingClient):
     """The client of users and tools: QueryCoord, Catalog and StreamMgmt calls, retried until ``deadline``."""
 
-    def __init__(self, addresses: Sequence[str] | str, *, deadline: float = 60.0, call_timeout: float = 30.0):
-        super().__init__(addresses, call_timeout=call_timeout, deadline=deadline)
+    def __init__(self, addresses: Sequence[str] | str, *, deadline: float = 60.0, call_timeout: float = 30.0,
+                 security: GrpcSecurity | None = None):
+        super().__init__(addresses, call_timeout=call_timeout, deadline=deadline, security=security)
         if not self.addresses:
             raise ValueError("at least one coordinator address is required")
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from meta.config import EtcdConfig
+from querycoord.limits import Limits
 
 
 @dataclass
@@ -92,6 +93,8 @@ class CoordConfig:
     stream_refresh: float = 30.0
     # Where /metrics, /healthz and /readyz are served over HTTP (host:port, port 0: any free port); "" serves none.
     http_listen: str = ""
+    # Bounds on what one request may ask for (querycoord/limits.py): checked before anything is queued or written.
+    limits: Limits = field(default_factory=Limits)
 
 
 # The scaled preset: the same behaviour as production with short durations. A session TTL of 2 s notices a crash
@@ -112,5 +115,5 @@ def scaled_config(**changes: Any) -> CoordConfig:
     return dataclasses.replace(base, **changes)
 
 
-__all__ = ["SCALED_SCHEDULER", "SCALED_STREAM", "CoordConfig", "EtcdConfig", "SchedulerConfig", "StreamConfig",
-           "scaled_config"]
+__all__ = ["SCALED_SCHEDULER", "SCALED_STREAM", "CoordConfig", "EtcdConfig", "Limits", "SchedulerConfig",
+           "StreamConfig", "scaled_config"]

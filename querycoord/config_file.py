@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from querycoord import coord_options, etcd_options
+from querycoord import coord_options, etcd_options, security_options
 from querycoord.logs import FORMATS, LEVELS
 
 CONFIG_ENV = "QUERYCOORD_CONFIG"
@@ -81,11 +81,12 @@ SETTINGS: tuple[Setting, ...] = (
     *(_from_flag("etcd", flag, str, dest) for flag, dest, _help in etcd_options.OPTIONS),
     _from_flag("log", "--log-level", str, choices=LEVELS),
     _from_flag("log", "--log-format", str, choices=FORMATS),
+    *(_from_flag(o.section, o.flag, o.kind, o.dest) for o in security_options.OPTIONS),
 )
 _BY_KEY = {(s.section, s.key): s for s in SETTINGS}
 # Sections every command that has the options reads; ``[coord]`` only the commands that declare it (their
 # ``--listen`` or ``--ttl`` is a coordinator's, unlike the query node's options of the same names).
-_SHARED_SECTIONS = ("etcd", "log")
+_SHARED_SECTIONS = ("etcd", "log", "tls", "auth", "grpc")
 
 
 def add_config_option(p: argparse.ArgumentParser, *, suppress: bool = False) -> None:
@@ -115,6 +116,8 @@ def load_file(path: str | Path) -> dict[str, dict[str, Any]]:
             if setting is None:
                 if (section, key) == ("etcd", "password"):
                     hint = f": set password_file, or ${PASSWORD_ENV}, instead of the password itself"
+                elif (section, key) == ("auth", "token"):
+                    hint = f": set token_file, or ${security_options.TOKEN_ENV}, instead of the token itself"
                 else:
                     known = ", ".join(s.key for s in SETTINGS if s.section == section)
                     hint = f" (known: {known})"

@@ -50,6 +50,29 @@ OPTIONS: tuple[Option, ...] = (
     Option("--wait-interval", "scheduler.wait_interval", float),
     Option("--trigger-timeout", "scheduler.trigger_timeout", float),
     Option("--stream-watch-timeout", "stream.watch_timeout", float),
+    # Request limits (querycoord/limits.py): what one request may ask for; bigger asks get ILLEGAL_ARGUMENT.
+    Option("--max-partitions", "limits.max_partitions", int, "partitions per collection"),
+    Option("--max-dm-channels", "limits.max_dm_channels", int, "DM channels (shards) per collection"),
+    Option("--max-fields", "limits.max_fields", int, "fields per collection schema"),
+    Option("--max-name-length", "limits.max_name_length", int,
+           "characters of a name (collection, partition, field, channel, stream, database)"),
+    Option("--max-text-length", "limits.max_text_length", int,
+           "characters of free text (descriptions, addresses, file paths, error messages)"),
+    Option("--max-segments-per-request", "limits.max_segments_per_request", int,
+           "segments in one AddSegments or LoadSegments request"),
+    Option("--max-files-per-segment", "limits.max_files_per_segment", int, "binlog or index files of one segment"),
+    Option("--max-ids-per-request", "limits.max_ids_per_request", int,
+           "ids in one list field (collection, partition, segment ids...)"),
+    Option("--max-nodes-per-request", "limits.max_nodes_per_request", int, "node ids in one LoadBalance"),
+    Option("--max-replicas", "limits.max_replicas", int, "replica_number of a load"),
+    Option("--max-list-tasks", "limits.max_list_tasks", int, "task trees per ListTasks page (larger asks are capped)"),
+    Option("--max-vgroups-per-stream", "limits.max_vgroups_per_stream", int, "source vgroups of one stream"),
+    Option("--max-tasks-per-stream", "limits.max_tasks_per_stream", int,
+           "tasks of one stream (readers, trigger and runners)"),
+    Option("--max-snodes", "limits.max_snodes", int, "snodes in all"),
+    Option("--max-tasks-per-heartbeat", "limits.max_tasks_per_heartbeat", int, "task reports in one stream heartbeat"),
+    Option("--max-stream-groups", "limits.max_stream_groups", int, "stream groups a stream node reports in"),
+    Option("--max-streams-per-request", "limits.max_streams_per_request", int, "stream refs in one ShowStreams"),
 )
 # The options that choose the base configuration rather than a field of it (flag, type); configurable like the rest.
 PRESET_OPTIONS: tuple[tuple[str, type], ...] = (("--scaled", bool), ("--stream-scale", float))
@@ -104,7 +127,10 @@ def config_from_args(args: argparse.Namespace) -> CoordConfig:
     for opt in OPTIONS:
         value = getattr(args, opt.flag.lstrip("-").replace("-", "_"))
         if value is not None:
-            config = _replaced(config, opt.path, value)
+            try:
+                config = _replaced(config, opt.path, value)
+            except ValueError as exc:  # e.g. a limit below 1 (Limits checks its fields)
+                raise ValueError(f"{opt.flag}: {exc}") from None
     config.etcd = etcd_config_from_args(args)
     if config.session_ttl < 2:
         raise ValueError(f"--ttl must be at least 2 seconds, got {config.session_ttl:g}")

@@ -126,7 +126,7 @@ class Coordinator:
         self.kv = MetaKV(self.client, self.config.root)
         self.space = SpaceMonitor(self.client)
         self.space.start()
-        self.catalog = CatalogStore(self.kv)
+        self.catalog = CatalogStore(self.kv, limits=self.config.limits)
         self.broker = GrpcBroker(self.config.catalog_address) if self.config.catalog_address else LocalBroker(
             self.catalog)
         self._main = asyncio.create_task(self._lead_forever(), name="leadership")

@@ -8,6 +8,12 @@ persisted (the client follows progress with ShowCollections or GetTask), a
 release once it is done, a balance once it is queued. The gRPC service only
 decodes, runs a job and encodes; the scheduler only runs triggers. Refusals
 are ``CoordError``s carrying the code the caller sees.
+
+Each job's ``check`` runs first, before the leadership is even asked: the
+request's fields against ``Limits`` (ids positive, lists bounded, enums known,
+see ``querycoord.validate``), so a malformed request is refused with
+ILLEGAL_ARGUMENT naming the field and nothing is queued or written. Lists a
+mutation acts on refuse duplicate ids.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from typing import Generic, TypeVar
 from proto import data_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.errors import TIMEOUT_REASON, Conflict, DeadlinePassed, IllegalArgument, NotFound
+from querycoord.limits import Limits
 from querycoord.task.model import TaskEnv
 from querycoord.task.scheduler import Scheduler
 from querycoord.task.triggers import (
@@ -29,6 +36,7 @@ from querycoord.task.triggers import (
     ReleasePartitionsTask,
     TriggerTask,
 )
+from querycoord.validate import InvalidField, check_enum, check_id, check_ids, check_range
 
 COLLECTION, PARTITION = data_pb2.LOAD_TYPE_COLLECTION, data_pb2.LOAD_TYPE_PARTITION
 RELEASE_KINDS = (qc.TASK_KIND_RELEASE_COLLECTION, qc.TASK_KIND_RELEASE_PARTITION)
@@ -45,6 +53,19 @@ def partition_ids(call: str, request: qc.LoadPartitionsRequest | qc.ReleaseParti
     if not pids:
         raise IllegalArgument(f"{call} needs at least one partition id")
     return pids
+
+
+def check_replicas(request: qc.LoadCollectionRequest | qc.LoadPartitionsRequest, limits: Limits) -> None:
+    """``replica_number``: omitted, 0 or 1 mean one copy (issue 13 adds replicas); negative or above the limit
+    is refused."""
+    if request.HasField("replica_number"):
+        check_range("replica_number", request.replica_number, 0, limits.max_replicas)
+
+
+def check_partitions_request(request: qc.LoadPartitionsRequest | qc.ReleasePartitionsRequest, limits: Limits) -> None:
+    """A partitions mutation: a positive collection id, 1..max_partitions distinct positive partition ids."""
+    check_id("collection_id", request.collection_id)
+    check_ids("partition_ids", request.partition_ids, limits.max_partitions, required=True)
 
 
 class Until(Enum):
@@ -64,6 +85,11 @@ class Job(Generic[R]):
         self.env: TaskEnv = scheduler.env
         self.meta = scheduler.env.meta
         self.budget = budget  # seconds the caller still waits (None: no deadline)
+
+    @staticmethod
+    def check(request: R, limits: Limits) -> None:
+        """Refuse a malformed request (``InvalidField``) before anything runs; see the module docstring."""
+        raise NotImplementedError
 
     async def run(self) -> int:
         raise NotImplementedError
@@ -100,6 +126,11 @@ class Job(Generic[R]):
 
 
 class LoadCollectionJob(Job[qc.LoadCollectionRequest]):
+    @staticmethod
+    def check(request: qc.LoadCollectionRequest, limits: Limits) -> None:
+        check_id("collection_id", request.collection_id)
+        check_replicas(request, limits)
+
     async def run(self) -> int:
         cid = self.request.collection_id
         await self.env.broker.describe_collection(cid)  # NOT_FOUND if unknown
@@ -115,6 +146,10 @@ class LoadCollectionJob(Job[qc.LoadCollectionRequest]):
 
 
 class ReleaseCollectionJob(Job[qc.ReleaseCollectionRequest]):
+    @staticmethod
+    def check(request: qc.ReleaseCollectionRequest, limits: Limits) -> None:
+        check_id("collection_id", request.collection_id)
+
     async def run(self) -> int:
         cid = self.request.collection_id
         if not self.meta.has_collection(cid) and not self.scheduler.pending(cid):
@@ -124,9 +159,19 @@ class ReleaseCollectionJob(Job[qc.ReleaseCollectionRequest]):
 
 
 class LoadPartitionsJob(Job[qc.LoadPartitionsRequest]):
+    @staticmethod
+    def check(request: qc.LoadPartitionsRequest, limits: Limits) -> None:
+        check_partitions_request(request, limits)
+        check_replicas(request, limits)
+
     async def run(self) -> int:
         cid, pids = self.request.collection_id, partition_ids("LoadPartitions", self.request)
-        await self.env.broker.describe_collection(cid)
+        desc = await self.env.broker.describe_collection(cid)
+        # Refused here, not by the trigger: an unknown partition must leave no task record behind.
+        known = {p.partition_id for p in desc.partitions}
+        unknown = [p for p in pids if p not in known]
+        if unknown:
+            raise NotFound(f"partitions {unknown[:20]} do not exist in collection {cid}")
         if self.meta.get_load_type(cid) == COLLECTION:
             raise Conflict(f"collection {cid} is loaded as a whole; release it before loading partitions")
         if self._pending_load(cid, qc.TASK_KIND_LOAD_COLLECTION):
@@ -147,6 +192,10 @@ class LoadPartitionsJob(Job[qc.LoadPartitionsRequest]):
 
 
 class ReleasePartitionsJob(Job[qc.ReleasePartitionsRequest]):
+    @staticmethod
+    def check(request: qc.ReleasePartitionsRequest, limits: Limits) -> None:
+        check_partitions_request(request, limits)
+
     async def run(self) -> int:
         cid, pids = self.request.collection_id, partition_ids("ReleasePartitions", self.request)
         if self.meta.get_load_type(cid) == COLLECTION:
@@ -169,6 +218,19 @@ class ReleasePartitionsJob(Job[qc.ReleasePartitionsRequest]):
 
 
 class LoadBalanceJob(Job[qc.LoadBalanceRequest]):
+    @staticmethod
+    def check(request: qc.LoadBalanceRequest, limits: Limits) -> None:
+        """Nodes: 1..max sources, 0..max destinations, distinct, none both; segments distinct; a known reason.
+        Whether the nodes are online is checked by ``run`` (NOT_FOUND at once, never retried)."""
+        sources = check_ids("source_node_ids", request.source_node_ids, limits.max_nodes_per_request, required=True)
+        dsts = check_ids("dst_node_ids", request.dst_node_ids, limits.max_nodes_per_request)
+        both = set(sources).intersection(dsts)
+        if both:
+            raise InvalidField("dst_node_ids", min(both), "is also a source node", "sources and destinations differ")
+        check_ids("sealed_segment_ids", request.sealed_segment_ids, limits.max_ids_per_request)
+        check_enum("reason", request.reason, qc.BalanceReason)
+        check_id("collection_id", request.collection_id, optional=True)
+
     async def run(self) -> int:
         request = self.request
         if not request.source_node_ids:
@@ -205,5 +267,7 @@ __all__ = [
     "ReleaseCollectionJob",
     "ReleasePartitionsJob",
     "Until",
+    "check_partitions_request",
+    "check_replicas",
     "same_balance",
 ]

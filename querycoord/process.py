@@ -1,5 +1,8 @@
 """Run one coordinator process: the gRPC server (QueryCoord, Catalog, StreamMgmt, health, reflection), the Coordinator.
 
+Every server of the process is built by ``grpc_channels`` (TLS, message size limits, authentication and roles
+from ``querycoord.auth``; development mode without settings).
+
 Health follows leadership through the standard gRPC health service: SERVING
 on the leader, NOT_SERVING on a standby, so probes and load balancers can
 route. SIGTERM resigns first, so a standby takes over at once.
@@ -14,7 +17,6 @@ import signal
 import time
 from typing import Any
 
-import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from loguru import logger
@@ -23,10 +25,20 @@ from proto import catalog_pb2, catalog_pb2_grpc, querycoord_pb2, stream_pb2
 from querycoord.catalog.service import CatalogServicer
 from querycoord.config import CoordConfig
 from querycoord.coordinator import Coordinator
+from querycoord.grpc_channels import add_port, make_server
 from querycoord.health import CoordinatorEndpoints, bind_http
 from querycoord.protocol import QUERYCOORD_SERVICE
 from querycoord.server import add_to_server
 from querycoord.stream.service import add_stream_service
+
+
+class GrpcHealth(health.aio.HealthServicer):
+    """grpcio-health-checking's servicer with ``List``, which its asyncio class lacks: the generated base then
+    raised NotImplementedError and every ``Health/List`` call logged a traceback (found by the fuzzer)."""
+
+    async def List(self, request: health_pb2.HealthListRequest, context: Any) -> health_pb2.HealthListResponse:
+        return health_pb2.HealthListResponse(statuses={
+            name: health_pb2.HealthCheckResponse(status=status) for name, status in self._server_status.items()})
 
 
 class CoordinatorProcess:
@@ -34,16 +46,17 @@ class CoordinatorProcess:
 
     def __init__(self, config: CoordConfig):
         self.config = config
-        # No SO_REUSEPORT: a second coordinator on a busy port must fail, not share it silently.
-        self.server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-        self.port = self.server.add_insecure_port(config.listen)
+        # No SO_REUSEPORT: a second coordinator on a busy port must fail, not share it silently. TLS, message size
+        # limits, authentication and roles: this process's gRPC security (grpc_channels.configure, from the options).
+        self.server = make_server(options=[("grpc.so_reuseport", 0)])
+        self.port = add_port(self.server, config.listen)
         if self.port == 0:
             raise OSError(f"cannot listen on {config.listen}")
         host = config.listen.rsplit(":", 1)[0]
         host = "127.0.0.1" if host in ("", "0.0.0.0", "[::]") else host
         self.address = f"{host}:{self.port}"
         self.coord = Coordinator(config, self.address)
-        self.health = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
+        self.health = GrpcHealth()
         self._health_task: asyncio.Task[None] | None = None
         # /metrics, /healthz and /readyz (--http-listen): bound now, as the gRPC port is; served from start() on.
         self.http = bind_http(config.http_listen, CoordinatorEndpoints(self.coord))

@@ -6,6 +6,12 @@ answered here from the leader's meta, nodes and scheduler. Every answer
 carries a Status (``querycoord.gate``). While this coordinator is not the
 leader, every call but GetComponentStates, ShowCollections and ListTasks
 (answered from etcd) aborts UNAVAILABLE naming the leader.
+
+Every request is checked against the configured ``Limits`` first
+(``querycoord.validate``; mutations by their job's ``check``): a malformed
+one is answered ILLEGAL_ARGUMENT naming the field, its value and the limit,
+before anything is queued or written. Id lists that only filter a read drop
+repeated ids.
 """
 
 from __future__ import annotations
@@ -29,11 +35,13 @@ from querycoord.jobs import (
     ReleaseCollectionJob,
     ReleasePartitionsJob,
 )
+from querycoord.limits import Limits
 from querycoord.protocol import QUERYCOORD_ROLE
 from querycoord.querymeta import QueryMeta
 from querycoord.switchover import coordinator_state, step_back, switch_over
 from querycoord.task.model import record_info
 from querycoord.task.store import TaskStore
+from querycoord.validate import check_enums, check_id, check_ids, check_name, check_range
 
 OK = common_pb2.Status(error_code=common_pb2.SUCCESS)
 
@@ -43,6 +51,7 @@ def _job_call(job: type[Job[Any]], response_cls: type) -> Rpc:
 
     @answered(response_cls)
     async def call(servicer: QueryCoordServicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        job.check(request, servicer.limits)  # before anything is queued or written
         lead = await servicer.gate.lead(context)
         return response_cls(status=OK, task_id=await job(lead.scheduler, request, budget(context)).run())
 
@@ -53,6 +62,7 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
     def __init__(self, coord: Coordinator):
         self.coord = coord
         self.gate = LeaderGate(coord)
+        self.limits: Limits = coord.config.limits
 
     async def _standby_meta(self) -> QueryMeta:
         """A standby answers reads from etcd: a fresh, read-only query meta."""
@@ -71,9 +81,11 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
     # ----- collections and partitions -------------------------------------------------------------------------
     @answered(qc.ShowCollectionsResponse)
     async def ShowCollections(self, request, context):
+        wanted = check_ids("collection_ids", request.collection_ids, self.limits.max_ids_per_request,
+                           duplicates="drop")
         lead = self.gate.leadership()
         meta = lead.meta if lead is not None else await self._standby_meta()
-        ids = list(request.collection_ids) or sorted(c.collection_id for c in meta.collections())
+        ids = wanted or sorted(c.collection_id for c in meta.collections())
         out = []
         for cid in ids:
             info = meta.get_collection(cid)
@@ -84,16 +96,17 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
 
     async def _partition_states(self, request, context) -> list[data_pb2.PartitionLoadInfo]:
         """The asked (or all) loaded partitions; NOT_FOUND naming those that are not loaded."""
+        cid = check_id("collection_id", request.collection_id)
+        wanted = check_ids("partition_ids", request.partition_ids, self.limits.max_partitions, duplicates="drop")
         lead = await self.gate.lead(context)
-        cid = request.collection_id
         info = lead.meta.get_collection(cid)
         if info is None:
             raise NotFound(f"collection {cid} has not been loaded")
         loaded = {p.partition_id: p for p in info.partitions}
-        ids = list(request.partition_ids) or sorted(loaded)
+        ids = wanted or sorted(loaded)
         missing = [p for p in ids if p not in loaded]
         if missing:
-            raise NotFound(f"partitions {missing} of collection {cid} have not been loaded")
+            raise NotFound(f"partitions {missing[:20]} of collection {cid} have not been loaded")
         return [loaded[p] for p in ids]
 
     @answered(qc.ShowPartitionsResponse)
@@ -108,8 +121,10 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
     # ----- segments -------------------------------------------------------------------------------------------
     @answered(qc.GetSegmentInfoResponse)
     async def GetSegmentInfo(self, request, context):
+        check_id("collection_id", request.collection_id, optional=True)
+        wanted = set(check_ids("segment_ids", request.segment_ids, self.limits.max_ids_per_request,
+                               duplicates="drop"))
         lead = await self.gate.lead(context)
-        wanted = set(request.segment_ids)
         out: list[data_pb2.SegmentInfo] = []
         for node in lead.nodes.online():
             try:
@@ -121,7 +136,7 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
             out += [s for s in resp.infos if not wanted or s.segment_id in wanted]
         missing = wanted - {s.segment_id for s in out}
         if missing:
-            raise NotFound(f"segments {sorted(missing)} are not loaded on any online node")
+            raise NotFound(f"segments {sorted(missing)[:20]} are not loaded on any online node")
         return qc.GetSegmentInfoResponse(status=OK, infos=out)
 
     # ----- health and tasks -----------------------------------------------------------------------------------
@@ -134,8 +149,13 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
 
     @answered(qc.ListTasksResponse)
     async def ListTasks(self, request, context):
+        check_id("collection_id", request.collection_id, optional=True)
+        states = set(check_enums("states", request.states, qc.TaskState, self.limits.max_ids_per_request))
+        # A larger page than the limit is capped (as the proto says); a negative one is refused.
+        limit = min(check_range("limit", request.limit, 0, 2**31 - 1) or 100, self.limits.max_list_tasks)
+        check_range("after_task_id", request.after_task_id, 0, 2**63 - 1)
+        check_range("children_limit", request.children_limit, 0, 2**31 - 1)
         lead = self.gate.leadership()
-        limit = min(request.limit or 100, 1000)
         if lead is None:
             assert self.coord.kv is not None
             trees = trees_from_records(await TaskStore(self.coord.kv).load_all(), request.children_limit)
@@ -149,13 +169,15 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
             trees = [qc.TaskTree(trigger=tr.trigger, child_counts=tr.child_counts) for tr in trees]
         trees = [tr for tr in trees if tr.trigger.task_id > request.after_task_id
                  and (not request.collection_id or tr.trigger.collection_id == request.collection_id)
-                 and (not request.states or tr.trigger.state in request.states)]
+                 and (not states or tr.trigger.state in states)]
         page = trees[:limit]
         nxt = page[-1].trigger.task_id if len(trees) > limit else 0
         return qc.ListTasksResponse(status=OK, trees=page, next_after_task_id=nxt)
 
     @answered(qc.GetTaskResponse)
     async def GetTask(self, request, context):
+        check_id("task_id", request.task_id)
+        check_range("children_limit", request.children_limit, 0, 2**31 - 1)
         lead = await self.gate.lead(context)
         t = lead.scheduler.find(request.task_id)
         if t is not None:
@@ -183,10 +205,12 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
     # ----- coordinators: status and switchover (querycoord/switchover.py) ---------------------------------------
     @answered(qc.SwitchoverResponse)
     async def Switchover(self, request, context):
+        check_name("target", request.target, self.limits.max_name_length, required=False)
         return await switch_over(self.coord, await self.gate.lead(context), request.target)
 
     @answered(qc.StepBackResponse)
     async def StepBack(self, request, context):
+        check_name("requested_by", request.requested_by, self.limits.max_name_length, required=False)
         return qc.StepBackResponse(status=OK, election_revision=await step_back(self.coord, request.requested_by))
 
     async def GetCoordinatorState(self, request, context):

@@ -39,6 +39,7 @@ from meta.txn import absent, created_at, delete, get, put
 from proto import common_pb2, querycoord_pb2_grpc
 from proto import querycoord_pb2 as qc
 from querycoord.errors import Conflict, CoordError, NotFound
+from querycoord.grpc_channels import make_channel
 from querycoord.protocol import QUERYCOORD_ELECTION
 
 if TYPE_CHECKING:
@@ -82,8 +83,9 @@ async def switchover_holder(kv: MetaKV) -> dict[str, Any] | None:
 
 
 async def call_coordinator(address: str, method: str, request: Any, timeout: float) -> Any:
-    """One QueryCoord call to the coordinator at ``address`` itself (no leader following)."""
-    async with grpc.aio.insecure_channel(address) as channel:
+    """One QueryCoord call to the coordinator at ``address`` itself (no leader following), as this process (a
+    leader asking a standby to step back presents the coordinator's credential)."""
+    async with make_channel(address) as channel:
         return await getattr(querycoord_pb2_grpc.QueryCoordStub(channel), method)(request, timeout=timeout)
 
 

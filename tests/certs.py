@@ -1,11 +1,14 @@
-"""Test-time certificates: a CA, an etcd server certificate and a client certificate.
+"""Test-time certificates: a CA, an etcd server certificate and a client certificate; and a CA that issues one
+certificate per gRPC principal (``Authority``: the coordinator, query and stream nodes, users).
 
 Made fresh for each test run with ``cryptography`` so that no key material is
 checked in and nothing expires in the repository. The server certificate
 carries SAN IP 127.0.0.1 (a single endpoint is dialled by address) and DNS
 localhost (several endpoints need one name to verify, see ``EtcdClient``).
 A second, unrelated CA (``other_ca``) lets tests present a certificate that
-the server must refuse.
+the server must refuse. ``make_authority`` writes a CA whose ``issue(name)``
+writes a certificate with common name ``name`` (the principal it names, e.g.
+``streamnode-7``), usable as server and client certificate.
 """
 
 from __future__ import annotations
@@ -156,6 +159,41 @@ def make_certs(directory: Path) -> CertFiles:
     _write_key(files.rogue_key, rogue_key)
     _write_cert(files.other_ca_file, other_ca)
     return files
+
+
+@dataclass(frozen=True)
+class Issued:
+    """A certificate and its key, as PEM files."""
+
+    cert: Path
+    key: Path
+
+
+@dataclass(frozen=True)
+class Authority:
+    """A throwaway CA in ``directory`` that issues one certificate per principal (``issue``)."""
+
+    directory: Path
+    ca_file: Path
+    cert: x509.Certificate
+    key: ec.EllipticCurvePrivateKey
+
+    def issue(self, common_name: str) -> Issued:
+        """A certificate for ``common_name`` (server and client usage; SAN localhost and 127.0.0.1)."""
+        cert, key = _leaf(common_name, self.cert, self.key, server=True)
+        files = Issued(self.directory / f"{common_name}.pem", self.directory / f"{common_name}-key.pem")
+        _write_cert(files.cert, cert)
+        _write_key(files.key, key)
+        return files
+
+
+def make_authority(directory: Path, name: str = "querycoord test gRPC CA") -> Authority:
+    """A new CA written to ``directory/ca.pem``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    cert, key = _ca(name)
+    ca_file = directory / "ca.pem"
+    _write_cert(ca_file, cert)
+    return Authority(directory, ca_file, cert, key)
 
 
 def server_tls(certs: CertFiles) -> TlsFiles:

@@ -12,6 +12,7 @@ import contextlib
 import time
 from contextlib import AbstractAsyncContextManager
 
+from meta.election import Election
 from meta.errors import MetaUnavailable
 from meta.etcd_server import EtcdCluster
 from meta.idalloc import IdAllocator
@@ -22,6 +23,7 @@ from querycoord.catalog.store import CatalogStore
 from querycoord.cluster.client import NodeError, QueryNodeClient
 from querycoord.cluster.nodes import NodeManager
 from querycoord.nodes.querynode import FaultConfig
+from querycoord.protocol import QUERYCOORD_ELECTION, QUERYCOORD_ROLE
 from querycoord.querymeta import QueryMeta
 from querycoord.task.store import TaskStore
 from querycoord.task.triggers import LoadPartitionsTask
@@ -250,17 +252,32 @@ async def test_a_retried_load_partitions_joins_the_one_in_progress(etcd: EtcdClu
         assert set(held_once(c)) == await catalog_segments(c, cid, p1)
 
 
+async def _candidate(c: QueryCluster, name: str) -> tuple[Session, Election]:
+    """A coordinator's session and election entry, without the coordinator: its fences are real."""
+    assert c.kv is not None
+    session = Session(c.kv, QUERYCOORD_ROLE, f"127.0.0.1:{name}", ttl=2.0)
+    await session.start()
+    return session, Election(c.kv, session, QUERYCOORD_ELECTION)
+
+
 async def test_a_read_by_the_new_leader_fences_off_the_old_one(etcd: EtcdCluster, root_path: str) -> None:
     """Hole 10: GetDataDistribution carried no fence, so a node the new leader had only read from still
     accepted a late mutation from the deposed leader."""
     async with QueryCluster(etcd, root_path) as c:
         node = await c.add_node()
+        (old_s, old_e), (new_s, new_e) = await _candidate(c, "1"), await _candidate(c, "2")
+        old_fence = await old_e.campaign("old")
+        campaign = asyncio.create_task(new_e.campaign("new"))
+        await asyncio.sleep(0.2)  # the new candidate's key is queued behind the old leader's
+        await old_e.resign()
+        new_fence = await asyncio.wait_for(campaign, 10)
         new = QueryNodeClient(node.node_id, node.address)
-        new.fence = querynode_pb2.CoordFence(leader_revision=1000, coordinator_id=2)
+        new.fence = querynode_pb2.CoordFence(leader_revision=new_fence.revision, coordinator_id=2)
         old = QueryNodeClient(node.node_id, node.address)
-        old.fence = querynode_pb2.CoordFence(leader_revision=500, coordinator_id=1)
+        old.fence = querynode_pb2.CoordFence(leader_revision=old_fence.revision, coordinator_id=1)
         try:
             await new.call("GetDataDistribution", querynode_pb2.GetDataDistributionRequest())
+            assert node.state.fence.leader_revision == new_fence.revision, "the leader's read raised the mark"
             try:
                 await old.call("ReleaseCollection", querynode_pb2.ReleaseCollectionRequest(collection_id=1))
             except NodeError as exc:
@@ -270,6 +287,57 @@ async def test_a_read_by_the_new_leader_fences_off_the_old_one(etcd: EtcdCluster
         finally:
             await new.close()
             await old.close()
+            for s in (old_s, new_s):
+                await s.close()
+
+
+async def test_a_made_up_fence_cannot_turn_a_node_against_the_real_leader(
+        etcd: EtcdCluster, root_path: str) -> None:
+    """Fuzzer, issue 11: one ReleaseCollection sent to a node's port with fence revision 2**63-1 raised its mark
+    for ever; it then refused every real leader with STALE_LEADER, each leader took that for lost leadership and
+    resigned, and leadership changed hands every few seconds. A standby's revision (higher than the leader's)
+    did the same. Now a higher fence is adopted only if it is the leading coordinator's election revision."""
+    async with started(etcd, root_path, [None]) as c:
+        cid = await c.create_collection("forged", partitions=1, segments=6)
+        leader = await c.wait_leader()
+        r = await c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid))
+        assert r.status.error_code == common_pb2.SUCCESS, r
+        await c.wait_loaded(cid)
+        node = c.nodes[0]
+        mark = node.state.fence.leader_revision
+        standby_s, standby_e = await _candidate(c, "9")
+        queued = asyncio.create_task(standby_e.campaign("standby"))
+        try:
+            for _ in range(100):  # its key exists (queued behind the leader's)
+                if standby_e.fence is not None:
+                    break
+                await asyncio.sleep(0.05)
+            assert standby_e.fence is not None and standby_e.fence.revision > mark
+            for revision in (2**63 - 1, standby_e.fence.revision, mark + 1):
+                forger = QueryNodeClient(node.node_id, node.address)
+                forger.fence = querynode_pb2.CoordFence(leader_revision=revision, coordinator_id=77)
+                try:
+                    await forger.call("ReleaseCollection", querynode_pb2.ReleaseCollectionRequest(collection_id=cid))
+                except NodeError as exc:
+                    assert exc.code == common_pb2.ILLEGAL_ARGUMENT and "not held by the leading" in str(exc), exc
+                else:
+                    raise AssertionError(f"a release with made-up fence revision {revision} was applied")
+                # A read with it is answered, but does not raise the mark either.
+                await forger.call("GetDataDistribution", querynode_pb2.GetDataDistributionRequest())
+                await forger.close()
+                assert node.state.fence.leader_revision == mark
+            assert len(held_once(c)) == 6, "the forged release released nothing"
+            # The real leader still leads and its mutations are accepted.
+            r = await c.client.query("ReleaseCollection", qc.ReleaseCollectionRequest(collection_id=cid))
+            assert r.status.error_code == common_pb2.SUCCESS, r
+            assert (await c.wait_leader()).address == leader.address
+            await settled(c)
+            assert not held_once(c)
+        finally:
+            queued.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await queued
+            await standby_s.close()
 
 
 async def test_a_failed_load_partitions_rolls_back_only_its_own_partitions(

@@ -33,6 +33,9 @@ async def make_node(kv: MetaKV) -> AsyncIterator[NodeFactory]:
     channels: list[grpc.aio.Channel] = []
 
     async def factory(**kwargs: Any) -> tuple[QueryNode, querynode_pb2_grpc.QueryNodeStub]:
+        # These tests drive the fence ordering rules with made-up revisions (no election runs): fences are not
+        # checked against etcd here; test_engine_holes checks that with real elections.
+        kwargs.setdefault("verify_fences", False)
         node = QueryNode(kv, **kwargs)
         await node.start()
         nodes.append(node)
@@ -383,6 +386,8 @@ def test_cli_parser_and_bad_options() -> None:
 
 
 # ----- the node as a process --------------------------------------------------
+# No election runs here, so these calls carry no fence (accepted while the node has seen none); a process
+# checks a fence against the election (test_engine_holes, test_fuzz).
 async def wait_gone(kv: MetaKV, key: str, timeout: float) -> bool:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -405,7 +410,7 @@ async def test_process_prints_ready_line_and_sigterm_revokes_session(
         assert info.extra == {"capacity_bytes": 2 * 1024 * 1024}
         async with grpc.aio.insecure_channel(ready["address"]) as ch:
             stub = querynode_pb2_grpc.QueryNodeStub(ch)
-            r = await stub.LoadSegments(qn.LoadSegmentsRequest(fence=fence(1), node_id=ready["node_id"],
+            r = await stub.LoadSegments(qn.LoadSegmentsRequest(node_id=ready["node_id"],
                                                                collection_id=1, infos=[seg(1, 10, 1024)]))
             assert r.status.error_code == EC.SUCCESS
         node.signal(signal.SIGTERM)
@@ -425,7 +430,7 @@ async def test_process_crashes_after_n_calls_and_its_session_expires(
         async with grpc.aio.insecure_channel(node.ready["address"]) as ch:
             stub = querynode_pb2_grpc.QueryNodeStub(ch)
             for i in range(3):
-                r = await stub.LoadSegments(qn.LoadSegmentsRequest(fence=fence(1), node_id=nid, collection_id=1,
+                r = await stub.LoadSegments(qn.LoadSegmentsRequest(node_id=nid, collection_id=1,
                                                                    infos=[seg(i + 1, 10, 1)]))
                 assert r.status.error_code == EC.SUCCESS, f"call {i + 1} of 3 is answered"
             assert await node.wait(20) == CRASH_EXIT_CODE, node.tail()
@@ -444,7 +449,7 @@ async def test_process_crash_mid_call_gives_a_transport_error(
     try:
         async with grpc.aio.insecure_channel(node.ready["address"]) as ch:
             stub = querynode_pb2_grpc.QueryNodeStub(ch)
-            req = qn.WatchDmChannelsRequest(fence=fence(1), node_id=node.ready["node_id"], collection_id=1,
+            req = qn.WatchDmChannelsRequest(node_id=node.ready["node_id"], collection_id=1,
                                             infos=chans(1, "dml"))
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await stub.WatchDmChannels(req, timeout=10)

@@ -26,6 +26,7 @@ import grpc
 from proto import catalog_pb2, catalog_pb2_grpc, common_pb2, data_pb2
 from querycoord.catalog.store import STATUS_SOURCE, CatalogStore, SegmentWatchItem
 from querycoord.errors import CoordError, status_of
+from querycoord.grpc_channels import GrpcSecurity, make_channel
 
 Channels = list[data_pb2.VChannelInfo]
 Binlogs = list[data_pb2.SegmentBinlogs]
@@ -143,6 +144,7 @@ class GrpcBroker:
         timeout: float = DEFAULT_TIMEOUT,
         page_size: int = DEFAULT_PAGE_SIZE,
         options: Iterable[tuple[str, object]] = (),
+        security: GrpcSecurity | None = None,
     ):
         if timeout <= 0 or page_size <= 0:
             raise ValueError(f"timeout and page_size must be positive, got {timeout} and {page_size}")
@@ -150,13 +152,14 @@ class GrpcBroker:
         self.timeout = timeout
         self.page_size = page_size
         self._options = list(options)
+        self._security = security  # None: this process's (grpc_channels.current)
         self._channel: grpc.aio.Channel | None = None
         self._stub: catalog_pb2_grpc.CatalogStub | None = None
 
     def _get_stub(self) -> catalog_pb2_grpc.CatalogStub:
         """Channel and stub are made on first use, inside the running event loop that grpc.aio binds them to."""
         if self._stub is None:
-            self._channel = grpc.aio.insecure_channel(self.address, options=self._options)
+            self._channel = make_channel(self.address, self._security, options=self._options)
             self._stub = catalog_pb2_grpc.CatalogStub(self._channel)
         return self._stub
 

@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -54,6 +55,7 @@ from meta.watch import EventType, Resync, watch_prefix
 from proto import catalog_pb2, data_pb2
 from querycoord import errors
 from querycoord.errors import CoordError, status_for
+from querycoord.limits import DEFAULT_LIMITS, Limits
 from querycoord.querymeta.keys import collection_key as load_record_key
 
 CATALOG_PREFIX = "catalog/"
@@ -62,13 +64,14 @@ NAMES_PREFIX = "catalog/collection-names/"
 SEGMENTS_PREFIX = "catalog/segments/"
 ID_KEY = "catalog/idalloc/id"
 
-# Limits as in Milvus (proxy.maxPartitionNum, maxShardNum, maxFieldNum, maxDimension, maxNameLength).
-MAX_PARTITIONS = 4096
-MAX_DM_CHANNELS = 64
+# Limits as in Milvus (proxy.maxPartitionNum, maxShardNum, maxFieldNum, maxDimension, maxNameLength): the
+# defaults of ``querycoord.limits.Limits``, which a store is given (the coordinator's configuration).
+MAX_PARTITIONS = DEFAULT_LIMITS.max_partitions
+MAX_DM_CHANNELS = DEFAULT_LIMITS.max_dm_channels
 DEFAULT_DM_CHANNELS = 2
-MAX_FIELDS = 64
+MAX_FIELDS = DEFAULT_LIMITS.max_fields
 MAX_DIM = 32768
-MAX_NAME_LENGTH = 255
+MAX_NAME_LENGTH = DEFAULT_LIMITS.max_name_length
 DEFAULT_PARTITION_NAME = "_default"
 # Milvus gives user fields ids from 100 on (0 and 1 are the row id and timestamp system fields).
 FIRST_FIELD_ID = 100
@@ -218,12 +221,12 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _check_name(kind: str, name: str) -> None:
+def _check_name(kind: str, name: str, limit: int = MAX_NAME_LENGTH) -> None:
     """Milvus's naming rule; it also keeps names usable as etcd key segments."""
     if not name:
         raise InvalidArgument(f"{kind} name is empty")
-    if len(name) > MAX_NAME_LENGTH:
-        raise InvalidArgument(f"{kind} name {name[:40]!r}... is {len(name)} characters long (limit {MAX_NAME_LENGTH})")
+    if len(name) > limit:
+        raise InvalidArgument(f"{kind} name {name[:40]!r}... is {len(name)} characters long (limit {limit})")
     if not _NAME_RE.match(name):
         raise InvalidArgument(
             f"{kind} name {name!r} is invalid: it must start with a letter or '_' and contain only letters, "
@@ -270,6 +273,7 @@ class CatalogStore:
         *,
         channel_prefix: str = "by-dev-rootcoord",
         write_concurrency: int = DEFAULT_WRITE_CONCURRENCY,
+        limits: Limits = DEFAULT_LIMITS,
     ):
         if isinstance(kv, FencedKV):
             raise TypeError(
@@ -281,6 +285,9 @@ class CatalogStore:
         self.kv = kv
         self.channel_prefix = channel_prefix
         self.write_concurrency = write_concurrency
+        # Partitions, channels, fields and name lengths a collection may have; the gRPC service checks requests
+        # against the same limits before they get here.
+        self.limits = limits
         self._ids = IdAllocator(kv, ID_KEY)
 
     # ----- low-level etcd access ------------------------------------------------------------------------------------
@@ -339,12 +346,14 @@ class CatalogStore:
         ``partition_<i>``, else one named ``_default``. Channels: ``num_channels``
         (0 means 2, as in Milvus) named ``<prefix>-dml_<i>_<cid>v0``.
         """
-        _check_name("collection", name)
-        names = self._partition_names(partition_names, num_partitions)
-        if num_channels < 0 or num_channels > MAX_DM_CHANNELS:
-            raise InvalidArgument(f"num_dm_channels must be in 0..{MAX_DM_CHANNELS} (0 means 2), got {num_channels}")
+        limits = self.limits
+        _check_name("collection", name, limits.max_name_length)
+        names = self._partition_names(partition_names, num_partitions, limits)
+        if num_channels < 0 or num_channels > limits.max_dm_channels:
+            raise InvalidArgument(
+                f"num_dm_channels must be in 0..{limits.max_dm_channels} (0 means 2), got {num_channels}")
         num_channels = num_channels or DEFAULT_DM_CHANNELS
-        schema = self._checked_schema(name, schema)
+        schema = self._checked_schema(name, schema, limits)
 
         ids = await self._ids.allocate(1 + len(names))
         cid = ids[0]
@@ -373,7 +382,9 @@ class CatalogStore:
         )
 
     @staticmethod
-    def _partition_names(partition_names: Sequence[str], num_partitions: int) -> list[str]:
+    def _partition_names(partition_names: Sequence[str], num_partitions: int, limits: Limits) -> list[str]:
+        """The partition names to create, checked. The counts are checked BEFORE any name is built: a request
+        for 2**31 - 1 partitions once built that many names and took the coordinator down at 23 GB."""
         if partition_names and num_partitions and num_partitions != len(partition_names):
             raise InvalidArgument(
                 f"num_partitions is {num_partitions} but {len(partition_names)} partition names were given; "
@@ -381,23 +392,27 @@ class CatalogStore:
             )
         if num_partitions < 0:
             raise InvalidArgument(f"num_partitions must be >= 0, got {num_partitions}")
+        requested = max(num_partitions, len(partition_names))
+        if requested > limits.max_partitions:
+            raise InvalidArgument(f"{requested} partitions requested (num_partitions / partition_names); a "
+                                  f"collection has at most {limits.max_partitions} (limit max_partitions)")
         if partition_names:
             names = list(partition_names)
         elif num_partitions:
             names = [f"partition_{i}" for i in range(num_partitions)]
         else:
             names = [DEFAULT_PARTITION_NAME]
-        if len(names) > MAX_PARTITIONS:
-            raise InvalidArgument(f"{len(names)} partitions requested; a collection has at most {MAX_PARTITIONS}")
         for pname in names:
-            _check_name("partition", pname)
-        dup = sorted({n for n in names if names.count(n) > 1}) if len(set(names)) != len(names) else []
+            _check_name("partition", pname, limits.max_name_length)
+        dup = sorted(n for n, count in Counter(names).items() if count > 1)
         if dup:
             raise InvalidArgument(f"partition names must be unique; repeated: {_short_list(dup)}")
         return names
 
     @staticmethod
-    def _checked_schema(name: str, schema: catalog_pb2.CollectionSchema | None) -> catalog_pb2.CollectionSchema:
+    def _checked_schema(
+        name: str, schema: catalog_pb2.CollectionSchema | None, limits: Limits = DEFAULT_LIMITS
+    ) -> catalog_pb2.CollectionSchema:
         """A copy of ``schema`` with its name set and field ids assigned, after Milvus's checks."""
         out = catalog_pb2.CollectionSchema()
         if schema is not None:
@@ -405,8 +420,8 @@ class CatalogStore:
         if out.name and out.name != name:
             raise InvalidArgument(f"schema name {out.name!r} differs from the collection name {name!r}")
         out.name = name
-        if len(out.fields) > MAX_FIELDS:
-            raise InvalidArgument(f"schema has {len(out.fields)} fields; at most {MAX_FIELDS} are allowed")
+        if len(out.fields) > limits.max_fields:
+            raise InvalidArgument(f"schema has {len(out.fields)} fields; at most {limits.max_fields} are allowed")
         seen_names: set[str] = set()
         used_ids = {f.field_id for f in out.fields if f.field_id}
         if len(used_ids) != len([f for f in out.fields if f.field_id]):
@@ -415,7 +430,7 @@ class CatalogStore:
             raise InvalidArgument("schema field ids must be >= 0 (0 = assign)")
         next_id = FIRST_FIELD_ID
         for f in out.fields:
-            _check_name("field", f.name)
+            _check_name("field", f.name, limits.max_name_length)
             if f.name in seen_names:
                 raise InvalidArgument(f"schema field name {f.name!r} is repeated")
             seen_names.add(f.name)
@@ -568,6 +583,9 @@ class CatalogStore:
         colls: dict[int, tuple[catalog_pb2.CollectionDescription, int]] = {}
         for cid in sorted({s.collection_id for s in segs}):
             colls[cid] = await self._load_collection(cid)
+        # Once per collection, not per segment: segments x partitions was quadratic in the request.
+        partitions = {cid: {p.partition_id for p in desc.partitions} for cid, (desc, _) in colls.items()}
+        channels = {cid: set(desc.dm_channels) for cid, (desc, _) in colls.items()}
 
         seen: set[int] = set()
         for i, seg in enumerate(segs):
@@ -579,7 +597,7 @@ class CatalogStore:
                 if seg.segment_id in seen:
                     raise InvalidArgument(f"{what}: segment id {seg.segment_id} appears twice in the request")
                 seen.add(seg.segment_id)
-            if seg.partition_id not in {p.partition_id for p in desc.partitions}:
+            if seg.partition_id not in partitions[seg.collection_id]:
                 raise PartitionNotFound(
                     f"{what}: partition {seg.partition_id} does not exist in collection {desc.collection_id} "
                     f"(its partitions: {_short_list(p.partition_id for p in desc.partitions)})"
@@ -588,7 +606,7 @@ class CatalogStore:
                 raise InvalidArgument(
                     f"{what}: num_rows and mem_size must be >= 0, got {seg.num_rows} and {seg.mem_size}"
                 )
-            if seg.insert_channel and seg.insert_channel not in desc.dm_channels:
+            if seg.insert_channel and seg.insert_channel not in channels[seg.collection_id]:
                 raise InvalidArgument(
                     f"{what}: insert channel {seg.insert_channel!r} is not a DM channel of collection "
                     f"{desc.collection_id} ({', '.join(desc.dm_channels)}); leave it empty to have one assigned"

@@ -24,6 +24,7 @@ from querycoord.actions import Refusal
 from querycoord.client import CoordinatorUnavailable, QueryCoordClient
 from querycoord.config_file import add_config_option
 from querycoord.logs import add_log_options
+from querycoord.security_options import add_security_options, configure_from_args
 
 DEFAULT_ADDRESS = "127.0.0.1:19531"
 OUTPUTS = ("table", "json")
@@ -54,6 +55,7 @@ def global_options(suppress: bool) -> argparse.ArgumentParser:
                    metavar="LEVEL", help="DEBUG, INFO, WARNING, ERROR (default $QUERYCOORD_LOG_LEVEL or INFO)")
     add_log_options(p, suppress=suppress, skip=("--log-level",))  # --log-format
     add_config_option(p, suppress=suppress)
+    add_security_options(p, suppress=suppress)  # gRPC TLS and authentication: every server and client alike
     return p
 
 
@@ -159,6 +161,7 @@ def client_command(fn: ClientFn) -> Callable[[argparse.Namespace], int]:
                 return await fn(c, args)
 
         try:
+            configure_from_args(args)  # TLS and the token this command presents
             return asyncio.run(main())
         except Refusal as exc:
             print(f"error: {exc.reason}", file=sys.stderr)

@@ -1,11 +1,14 @@
-"""``querycoord etcd status`` and ``querycoord etcd maintain``, and the options of the bare ``querycoord etcd``.
+"""``querycoord etcd status|maintain|roles``, and the options of the bare ``querycoord etcd``.
 
 ``status`` shows each member (version, db size and in use, quota, revision,
 compacted revision, raft leader, alarms) as a table or ``-o json``; it exits
 1 when a member does not answer or an alarm is raised, so it can serve as a
 check. ``maintain`` compacts to a safe revision, defragments the members one
 at a time and disarms NOSPACE (``meta.maintenance.maintain``); ``--dry-run``
-says what it would do. Both reach etcd through the common etcd options
+says what it would do. ``roles`` creates the users and roles of least
+privilege (``meta.etcd_roles``: coordinator, reader, one per node id) and
+enables auth; ``--dry-run`` prints the plan without touching etcd. All reach
+etcd through the common etcd options
 (``querycoord.etcd_options``). The bare ``querycoord etcd`` still runs the
 embedded etcd (``cli/servers.py``); its space and port options are here.
 """
@@ -16,13 +19,20 @@ import argparse
 import asyncio
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
+from meta.client import connect
+from meta.config import EtcdConfig
+from meta.election import election_prefix
 from meta.errors import MetaError
+from meta.etcd_roles import RolePlan, apply_roles, auth_enabled, enable_auth, password_files, plan_roles
 from meta.etcd_server import DEFAULT_QUOTA_BYTES
 from meta.maintenance import DEFAULT_KEEP_REVISIONS, MIB, ClusterStatus, cluster_status, maintain
+from meta.session import role_prefix
 from querycoord import draw
-from querycoord.etcd_options import add_etcd_options, etcd_config_from_args
+from querycoord.etcd_options import ENV_PREFIX, add_etcd_options, etcd_config_from_args
+from querycoord.protocol import QUERYCOORD_ELECTION, QUERYCOORD_ROLE, QUERYNODE_ROLE, SNODES_PREFIX, STREAMNODE_ROLE
 
 STATUS_HEADERS = ["ENDPOINT", "MEMBER", "VERSION", "DB", "IN USE", "QUOTA", "REVISION", "COMPACTED", "LEADER",
                   "ALARMS"]
@@ -55,8 +65,8 @@ def cluster_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def add_subcommands(p: argparse.ArgumentParser) -> None:
-    """``status`` and ``maintain`` under ``querycoord etcd`` (whose bare form runs the embedded etcd)."""
-    sub = p.add_subparsers(dest="etcd_command", metavar="{status,maintain}",
+    """``status``, ``maintain`` and ``roles`` under ``querycoord etcd`` (whose bare form runs the embedded etcd)."""
+    sub = p.add_subparsers(dest="etcd_command", metavar="{status,maintain,roles}",
                            help="without one: run the embedded etcd in the foreground")
     s = sub.add_parser("status", help="each member: version, db size, quota, revisions, leader, alarms")
     add_etcd_options(s)
@@ -69,6 +79,26 @@ def add_subcommands(p: argparse.ArgumentParser) -> None:
                         f"{DEFAULT_KEEP_REVISIONS})")
     m.add_argument("--dry-run", action="store_true", help="only say what it would do")
     m.set_defaults(func=cmd_maintain)
+    add_roles_parser(sub)
+
+
+def add_roles_parser(sub: Any) -> None:
+    r = sub.add_parser("roles", help="create the etcd users and roles of least privilege (coordinator, reader, one "
+                                     "per node id) and enable auth; idempotent")
+    add_etcd_options(r)
+    r.add_argument("--root", required=True, help="meta root path the roles are confined to")
+    r.add_argument("--querynodes", default="", metavar="IDS",
+                   help="comma-separated fixed ids of the query nodes (role and user querynode-<id> each)")
+    r.add_argument("--streamnodes", default="", metavar="IDS",
+                   help="comma-separated fixed ids of the stream nodes (role and user streamnode-<id> each)")
+    r.add_argument("--password-dir", default=None, metavar="DIR",
+                   help="each user's password is the file DIR/<user>; missing ones are created (random, mode "
+                        "0600). Required unless --dry-run")
+    r.add_argument("--name-prefix", default="", help="put before every role and user name (several deployments "
+                                                      "sharing one etcd)")
+    r.add_argument("--no-enable-auth", action="store_true", help="create roles and users only; leave auth as it is")
+    r.add_argument("--dry-run", action="store_true", help="print the roles, grants and users it would create")
+    r.set_defaults(func=cmd_roles)
 
 
 def status_rows(st: ClusterStatus) -> list[list[object]]:
@@ -128,4 +158,82 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["add_run_options", "add_subcommands", "cluster_options", "cmd_maintain", "cmd_status"]
+# What a node reads besides its own session key: a query node reads the election, to check a new leader's fence
+# before adopting it; a stream node finds the coordinators by their sessions and its snode under stream/snodes/.
+NODE_READS = {QUERYNODE_ROLE: (election_prefix(QUERYCOORD_ELECTION),),
+              STREAMNODE_ROLE: (role_prefix(QUERYCOORD_ROLE), SNODES_PREFIX)}
+
+
+def _ids(text: str, option: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{option}: expected comma-separated integers, got {text!r}") from None
+
+
+def roles_plan(args: argparse.Namespace) -> RolePlan:
+    """The plan the options describe; ``ValueError`` names the option that is wrong."""
+    try:
+        return plan_roles(args.root, querynodes=_ids(args.querynodes, "--querynodes"),
+                          streamnodes=_ids(args.streamnodes, "--streamnodes"), node_reads=NODE_READS,
+                          name_prefix=args.name_prefix)
+    except ValueError as exc:
+        raise ValueError(f"etcd roles: {exc}") from None
+
+
+def _print_dry_run(plan: RolePlan, args: argparse.Namespace) -> None:
+    print(f"would make etcd hold these roles for root {plan.root} (one user of the same name each):")
+    for line in plan.describe():
+        print(f"  {line}")
+    if args.password_dir:
+        d = Path(args.password_dir)
+        for user in plan.users:
+            print(f"  password of {user}: {'read' if (d / user).exists() else 'create'} {d / user}")
+    print("then enable auth (unless already on)" if not args.no_enable_auth else "auth left as it is")
+
+
+async def _apply(config: EtcdConfig, plan: RolePlan, passwords: dict[str, str], enable: bool) -> None:
+    client = await connect(config)
+    try:
+        if enable and not await auth_enabled(client) and config.user is None:
+            raise ValueError(f"enabling auth needs an administrator: give --etcd-user (e.g. root) and its password "
+                             f"(--etcd-password-file or ${ENV_PREFIX}PASSWORD); it gets etcd's root role")
+        await apply_roles(client, plan, passwords, say=lambda line: print(line, flush=True))
+        if enable:
+            assert config.user is not None and config.password is not None
+            if await enable_auth(client, config.user, config.password):
+                print(f"auth enabled; administrator {config.user}", flush=True)
+    finally:
+        await client.close()
+
+
+def cmd_roles(args: argparse.Namespace) -> int:
+    """Handler of ``querycoord etcd roles`` (and of ``scripts/etcd_roles.py``)."""
+    try:
+        plan = roles_plan(args)
+        if args.dry_run:
+            _print_dry_run(plan, args)
+            return 0
+        if not args.password_dir:
+            raise ValueError("--password-dir is required: each user's password is read from (or created in) a file")
+        config = etcd_config_from_args(args)
+        if config.user in plan.users:
+            raise ValueError(f"the administrator --etcd-user {config.user} must not be one of the planned users")
+        passwords = password_files(Path(args.password_dir), plan.users, create=True)
+        asyncio.run(_apply(config, plan, passwords, enable=not args.no_enable_auth))
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except MetaError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"error: etcd roles: {exc}", file=sys.stderr)
+        return 1
+    print(f"etcd roles in place for root {plan.root}: {', '.join(plan.users)} (passwords in {args.password_dir}); "
+          "run each node with --node-id <id> --etcd-user <its user> --etcd-password-file <its file>", flush=True)
+    return 0
+
+
+__all__ = ["NODE_READS", "add_run_options", "add_subcommands", "cluster_options", "cmd_maintain", "cmd_roles",
+           "cmd_status", "roles_plan"]

@@ -57,10 +57,12 @@ def cmd_coord(args: argparse.Namespace) -> int:
     from meta.errors import MetaError
     from querycoord.coord_options import config_from_args
     from querycoord.process import run_coordinator
+    from querycoord.security_options import configure_from_args
     from querycoord.tooling.allinone import listen_problem
 
     try:
         config = config_from_args(args)
+        configure_from_args(args)  # this process's gRPC security: TLS, its token, the principals it accepts
         problem = listen_problem(config.listen)
         if problem:
             raise ValueError(problem)

@@ -39,7 +39,9 @@ from querycoord.cli.common import add_output_option, client_command, emit, posit
 from querycoord.client import QueryCoordClient
 from querycoord.config import CoordConfig
 from querycoord.etcd_options import add_etcd_options, etcd_config_from_args
+from querycoord.grpc_channels import make_channel
 from querycoord.protocol import QUERYCOORD_ROLE, QUERYNODE_ROLE, STREAMNODE_ROLE
+from querycoord.security_options import configure_from_args
 from querycoord.switchover import call_coordinator, candidates, switchover_holder
 
 # A coordinator that has not answered its health check by then is shown as not answering.
@@ -49,7 +51,7 @@ PROBE_TIMEOUT = 1.0
 async def _health(address: str, timeout: float) -> str:
     """The gRPC health of the coordinator at ``address`` (SERVING on the leader), or why it did not answer."""
     try:
-        async with grpc.aio.insecure_channel(address) as channel:
+        async with make_channel(address) as channel:
             resp = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""),
                                                                   timeout=timeout)
     except grpc.aio.AioRpcError as exc:
@@ -176,6 +178,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         logger.disable("meta")  # a one-shot read: etcd not answering is the one error line, not retry chatter
     try:
         timeout = float(args.timeout)
+        configure_from_args(args)  # the coordinators are asked for their health and state over gRPC
         config = etcd_config_from_args(args, call_timeout=min(2.0, timeout), deadline=timeout)
         status = asyncio.run(gather_status(config, args.root))
     except ValueError as exc:

@@ -14,6 +14,7 @@ import grpc
 
 from proto import common_pb2, querynode_pb2, querynode_pb2_grpc
 from querycoord.errors import CoordError
+from querycoord.grpc_channels import GrpcSecurity, make_channel
 
 
 class NodeError(CoordError):
@@ -34,14 +35,19 @@ class NodeError(CoordError):
 
 
 class QueryNodeClient:
-    """One channel per node; ``fence`` is stamped on mutating requests by ``call``."""
+    """One channel per node; ``fence`` is stamped on mutating requests by ``call``.
 
-    def __init__(self, node_id: int, address: str, *, timeout: float = 10.0):
+    The channel is this process's (``grpc_channels``): with TLS it presents the coordinator's certificate (mutual
+    TLS), and its token, so the node knows a coordinator calls.
+    """
+
+    def __init__(self, node_id: int, address: str, *, timeout: float = 10.0, security: GrpcSecurity | None = None):
         self.node_id = node_id
         self.address = address
         self.timeout = timeout
-        self._channel = grpc.aio.insecure_channel(
+        self._channel = make_channel(
             address,
+            security,
             options=[
                 ("grpc.initial_reconnect_backoff_ms", 100),
                 ("grpc.max_reconnect_backoff_ms", 1000),

@@ -4,7 +4,12 @@ A node is ONLINE while its session key exists. When the key is deleted
 (lease expired, node stopped) the node goes OFFLINE at once and the
 ``on_node_down`` callback queues a NodeDown balance; it is forgotten once
 that balance has moved everything off it (``remove``). A node that comes
-back registers a new session, hence a new ServerID: it is a new node.
+back registers a new session, hence a new ServerID: it is a new node (one with a fixed
+id, ``--node-id``, is taken as a new node once its old incarnation is forgotten).
+
+Session values are input: ``meta.session`` drops values that are not
+sessions, and a session whose capacity or address a query node cannot have
+is logged once and ignored here. Nothing a session says stops the watch.
 """
 
 from __future__ import annotations
@@ -25,6 +30,12 @@ from querycoord.cluster.client import NodeError, QueryNodeClient
 from querycoord.protocol import QUERYNODE_ROLE
 
 DEFAULT_CAPACITY = 1 << 30
+
+
+def valid_address(address: str) -> bool:
+    """``host:port`` with a port in 1..65535: what a query node's session must advertise to be called."""
+    host, sep, port = address.rpartition(":")
+    return bool(sep and host and port.isdigit() and len(port) <= 5 and 0 < int(port) < 65536)
 
 
 def session_capacity(info: SessionInfo) -> int | None:
@@ -81,6 +92,8 @@ class NodeManager:
         self._task: asyncio.Task[None] | None = None
         self.rejected = 0  # malformed sessions ignored
         self.watch_errors = 0
+        # Nodes with a fixed id (--node-id) back under it while their previous incarnation is still offline.
+        self._returning: dict[int, SessionInfo] = {}
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._watch(), name="querynode-sessions")
@@ -96,6 +109,10 @@ class NodeManager:
 
     def _add(self, info: SessionInfo) -> None:
         if info.server_id in self.nodes:
+            if not self.nodes[info.server_id].online:
+                # A fixed-id node restarted while its old incarnation is handled as down: it joins, as a new
+                # node, once ``remove`` has forgotten that one (its NodeDown balance is done).
+                self._returning[info.server_id] = info
             return
         cap = session_capacity(info)
         if cap is None:
@@ -103,10 +120,10 @@ class NodeManager:
             logger.warning("query node session {} ignored: capacity_bytes {!r} is not a positive integer",
                            info.server_id, info.extra.get("capacity_bytes"))
             return
-        if info.server_id <= 0 or not info.address:
+        if info.server_id <= 0 or not valid_address(info.address):
             self.rejected += 1
             logger.warning("query node session ignored: server id {} / address {!r} invalid", info.server_id,
-                           info.address)
+                           info.address[:100])
             return
         client = QueryNodeClient(info.server_id, info.address, timeout=self.rpc_timeout)
         client.fence = self.fence
@@ -137,18 +154,30 @@ class NodeManager:
                 logger.exception("query node session watch failed; restarting it")
             await asyncio.sleep(0.5)
 
+    def _try_add(self, info: SessionInfo) -> None:
+        """``_add``, and a session it cannot take (a bug or a value no check foresaw) logged in one line and
+        ignored: the watch goes on, so nodes added later are still seen."""
+        try:
+            self._add(info)
+        except Exception as exc:
+            self.rejected += 1
+            logger.warning("query node session {} ignored: {}: {}", info.server_id, type(exc).__name__,
+                           str(exc)[:120])
+
     async def _follow(self) -> None:
         async for item in watch_sessions(self.kv, QUERYNODE_ROLE, reconnect_deadline=None):
             if isinstance(item, SessionSnapshot):
                 for info in item.sessions.values():
-                    self._add(info)
+                    self._try_add(info)
+                self._returning = {n: i for n, i in self._returning.items() if n in item.sessions}
                 for nid in [n for n, node in self.nodes.items() if node.online and n not in item.sessions]:
                     await self._down(nid)
                 self.ready.set()
             elif isinstance(item, SessionEvent):
                 if item.type is EventType.PUT:
-                    self._add(item.info)
+                    self._try_add(item.info)
                 else:
+                    self._returning.pop(item.info.server_id, None)
                     await self._down(item.info.server_id)
 
     def online(self) -> list[Node]:
@@ -174,3 +203,7 @@ class NodeManager:
         node = self.nodes.pop(node_id, None)
         if node is not None:
             await node.client.close()
+        back = self._returning.pop(node_id, None)
+        if back is not None:
+            logger.info("query node {} is back under its id (a new session): taken as a new node", node_id)
+            self._try_add(back)

@@ -32,6 +32,7 @@ from meta.session import Session
 from querycoord.etcd_options import add_etcd_options, etcd_config_from_args
 from querycoord.health import NodeEndpoints, bind_http
 from querycoord.http_server import HttpServer, split_listen
+from querycoord.security_options import add_security_options, configure_from_args
 
 # The exit status of a SIGKILL-ed process: a crashed node must look like a killed one.
 CRASH_EXIT_CODE = 137
@@ -156,12 +157,15 @@ async def run_node(
 
 
 def meta_of(args: argparse.Namespace) -> EtcdConfig:
-    """The etcd the options name (endpoints, TLS, user); a ``ValueError`` names a bad option (``--ttl`` below 2 s
-    and a malformed ``--http-listen`` too)."""
+    """The etcd the options name (endpoints, TLS, user), with the process's gRPC security configured from its
+    options; a ``ValueError`` names a bad option (``--ttl`` below 2 s and a malformed ``--http-listen`` too)."""
     if args.ttl < 2:
         raise ValueError(f"--ttl must be at least 2 seconds, got {args.ttl}")
     if args.http_listen:
         split_listen(args.http_listen)
+    if args.node_id is not None and args.node_id < 1:
+        raise ValueError(f"--node-id must be a positive integer, got {args.node_id}")
+    configure_from_args(args)  # this process's gRPC security (TLS, its token, the principals it accepts)
     return etcd_config_from_args(args)
 
 
@@ -185,6 +189,9 @@ class NodeCommand:
         p.add_argument("--http-listen", default="", metavar="HOST:PORT",
                        help="serve /metrics (Prometheus), /healthz and /readyz over HTTP here (port 0: any free "
                             "port; default: none)")
+        p.add_argument("--node-id", type=int, default=None, metavar="N",
+                       help="register under this fixed id instead of taking one from etcd (needed when the node's "
+                            "etcd role may write only its own session key; `querycoord etcd roles`)")
         self.add_options(p)
 
     def add_parser(self, subparsers: Any) -> argparse.ArgumentParser:
@@ -203,6 +210,7 @@ class NodeCommand:
         parser = argparse.ArgumentParser(prog=f"querycoord {self.role}", description=self.summary)
         add_log_options(parser)
         add_config_option(parser)
+        add_security_options(parser)
         self._options(parser)
         args = parser.parse_args(argv)
         try:

@@ -29,16 +29,19 @@ import grpc
 from loguru import logger
 
 from meta.config import EtcdConfig
+from meta.election import current_leader, election_prefix
 from meta.errors import MetaError
 from meta.kv import MetaKV
 from meta.session import DEFAULT_TTL, Session
 from proto import common_pb2, querynode_pb2, querynode_pb2_grpc
 from querycoord.errors import status_of
+from querycoord.grpc_channels import add_port, make_server
 from querycoord.metrics import querynode_families
 from querycoord.nodes.node_process import NodeCommand, SessionNode, crash_process, meta_of, run_node
+from querycoord.nodes.querynode_checks import refused
 from querycoord.nodes.querynode_faults import INJECTED_FAILURE, CrashAction, CrashMode, FaultConfig, FaultInjector
 from querycoord.nodes.querynode_state import EC, NodeRefusal, QueryNodeState, ok_status
-from querycoord.protocol import MUTATING_METHODS, QUERYNODE_ROLE
+from querycoord.protocol import MUTATING_METHODS, QUERYCOORD_ELECTION, QUERYNODE_ROLE
 
 DEFAULT_LISTEN = "127.0.0.1:0"
 DEFAULT_CAPACITY_MB = 1024
@@ -78,8 +81,14 @@ class QueryNode(SessionNode):
         grace: float = 1.0,
         crash: Callable[[int, str, int], None] = _crash_process,
         advertise: str | None = None,
+        node_id: int | None = None,
+        verify_fences: bool = True,
     ):
+        """``verify_fences``: check a fence higher than any seen against the election in etcd before adopting it
+        (see ``_fence_refusal``); off only where a test drives the ordering rules with made-up revisions."""
         self.kv = kv
+        self.verify_fences = verify_fences
+        self.fixed_node_id = node_id  # None: the session allocates one
         self.listen = listen
         if advertise is not None:
             _split_listen(advertise)
@@ -120,15 +129,15 @@ class QueryNode(SessionNode):
     # ----- life cycle ------------------------------------------------------
     async def start(self) -> QueryNode:
         """Bind, register the session, then serve (see module docstring)."""
-        server = grpc.aio.server()
+        server = make_server()  # TLS, message size limits, roles: this process's (grpc_channels)
         querynode_pb2_grpc.add_QueryNodeServicer_to_server(QueryNodeServicer(self), server)
         try:
-            self.port = server.add_insecure_port(self.listen)
+            self.port = add_port(server, self.listen)
         except RuntimeError as exc:
             raise OSError(f"query node cannot listen on {self.listen}: {exc} (port in use?)") from exc
         self._server = server
         session = Session(self.kv, QUERYNODE_ROLE, self.address, ttl=self.ttl,
-                          extra={"capacity_bytes": self.capacity_bytes})
+                          extra={"capacity_bytes": self.capacity_bytes}, server_id=self.fixed_node_id)
         try:
             await session.start()
         except BaseException:
@@ -192,7 +201,10 @@ class QueryNode(SessionNode):
             self._crash(self.state.node_id, kind, calls)
         try:
             self._check_ready(kind)
-            self.state.admit(kind, request, mutating=True)
+            forged = await self._fence_refusal(kind, request)
+            if forged is not None:
+                raise forged
+            self.state.admit(kind, request, mutating=True)  # no await from here to apply: the mark holds
             if self.injector.should_fail(kind):
                 raise NodeRefusal(EC.UNEXPECTED_ERROR, INJECTED_FAILURE)
             apply(request)
@@ -229,11 +241,43 @@ class QueryNode(SessionNode):
         """Admission for a read: never refused for its fence (only for naming another node)."""
         if self.faults.latency_ms > 0:
             await asyncio.sleep(self.injector.latency_s)
+        if await self._fence_refusal(kind, request) is not None:  # answered, but its fence does not raise the mark
+            request = type(request).FromString(request.SerializeToString())
+            request.ClearField("fence")
         try:
             self.state.admit(kind, request, mutating=False)
         except NodeRefusal as refusal:
             return status_of(refusal)
         return ok_status()
+
+    async def _fence_refusal(self, kind: str, request: Any) -> NodeRefusal | None:
+        """Why a fence above the node's mark cannot be adopted, or None (it is the leading coordinator's).
+
+        The mark only rises, and every lower fence is refused from then on: one request with a made-up revision
+        (2**63-1, or a standby's election key) would make the node refuse every real leader, each of which would
+        take STALE_LEADER for lost leadership and resign, for ever. So before adopting a higher revision the node
+        reads the election: the revision must be the create revision of its lowest key, the leader's. One etcd
+        read per leader change; a deposed leader's older revision is refused as stale.
+        """
+        fence = request.fence if request.HasField("fence") else None
+        if not self.verify_fences or fence is None or fence.leader_revision <= self.state.fence.leader_revision:
+            return None
+        revision = fence.leader_revision
+        try:
+            leader = await current_leader(self.kv, election_prefix(QUERYCOORD_ELECTION))
+        except MetaError as exc:
+            return NodeRefusal(EC.NOT_READY, f"{kind}: cannot check fence revision {revision} against the election "
+                                             f"in etcd ({exc}); retry")
+        held = leader.create_revision if leader is not None else 0
+        if revision == held:
+            return None
+        if revision < held:
+            return NodeRefusal(EC.STALE_LEADER, f"stale coordinator: fence revision {revision} is not the leader's "
+                                                f"({held}); {kind} refused, a newer leader is in charge")
+        logger.warning("query node {}: {} refused: fence revision {} is held by no coordinator (the leader's is {})",
+                       self.state.node_id, kind, revision, held or "none")
+        return NodeRefusal(EC.ILLEGAL_ARGUMENT, f"{kind}: fence revision {revision} is not held by the leading "
+                                                f"coordinator (its revision is {held or 'none: no leader'})")
 
 
 def _mutation(state_method: str, response: type[Resp]) -> Callable[..., Awaitable[Resp]]:
@@ -243,6 +287,10 @@ def _mutation(state_method: str, response: type[Resp]) -> Callable[..., Awaitabl
 
     async def rpc(servicer: QueryNodeServicer, request: Any, context: grpc.aio.ServicerContext) -> Resp:
         node = servicer.node
+        bad = refused(kind, request, node.state.node_id)  # bounds first (querynode_checks): changes nothing
+        if bad is not None:
+            answer: Callable[..., Resp] = response
+            return answer(status=bad)
         return await node.mutate(kind, request, getattr(node.state, state_method), response, context)
 
     rpc.__name__ = rpc.__qualname__ = kind
@@ -267,7 +315,8 @@ class QueryNodeServicer(querynode_pb2_grpc.QueryNodeServicer):
     async def GetSegmentInfo(
         self, request: querynode_pb2.GetSegmentInfoRequest, context: grpc.aio.ServicerContext
     ) -> querynode_pb2.GetSegmentInfoResponse:
-        status = await self.node.read("GetSegmentInfo", request)
+        status = refused("GetSegmentInfo", request, self.node.state.node_id) or await self.node.read(
+            "GetSegmentInfo", request)
         if status.error_code != EC.SUCCESS:
             return querynode_pb2.GetSegmentInfoResponse(status=status)
         infos = self.node.state.segment_infos(request.segment_ids, request.collection_id)
@@ -276,7 +325,8 @@ class QueryNodeServicer(querynode_pb2_grpc.QueryNodeServicer):
     async def GetDataDistribution(
         self, request: querynode_pb2.GetDataDistributionRequest, context: grpc.aio.ServicerContext
     ) -> querynode_pb2.GetDataDistributionResponse:
-        status = await self.node.read("GetDataDistribution", request)
+        status = refused("GetDataDistribution", request, self.node.state.node_id) or await self.node.read(
+            "GetDataDistribution", request)
         if status.error_code != EC.SUCCESS:
             return querynode_pb2.GetDataDistributionResponse(status=status, node_id=self.node.state.node_id)
         return self.node.state.distribution()
@@ -308,6 +358,7 @@ async def run_forever(
     faults: FaultConfig | None = None,
     advertise: str | None = None,
     http_listen: str = "",
+    node_id: int | None = None,
 ) -> int:
     """Run one node until SIGTERM/SIGINT (exit 0) or until its session is lost (exit 1).
 
@@ -317,7 +368,8 @@ async def run_forever(
     """
 
     def build(kv: MetaKV) -> QueryNode:
-        return QueryNode(kv, listen=listen, capacity_bytes=capacity_bytes, ttl=ttl, faults=faults, advertise=advertise)
+        return QueryNode(kv, listen=listen, capacity_bytes=capacity_bytes, ttl=ttl, faults=faults, advertise=advertise,
+                         node_id=node_id)
 
     def ready(node: QueryNode) -> dict[str, Any]:
         return {"address": node.address, "listen_address": node.bound_address, "capacity_bytes": node.capacity_bytes}
@@ -370,7 +422,7 @@ def cmd_querynode(args: argparse.Namespace) -> int:
         return 2
     return asyncio.run(
         run_forever(etcd, args.root, listen=args.listen, capacity_bytes=capacity, ttl=args.ttl, faults=faults,
-                    advertise=args.advertise, http_listen=args.http_listen)
+                    advertise=args.advertise, http_listen=args.http_listen, node_id=args.node_id)
     )
 
 

@@ -115,10 +115,12 @@ class StreamNode(SessionNode):
         runner_threads: int = DEFAULT_RUNNER_THREADS,
         ttl: float = DEFAULT_TTL,
         crash: Callable[[int, str], None] = _crash_process,
+        node_id: int | None = None,
     ):
         if heartbeat_ms <= 0:
             raise ValueError(f"heartbeat interval must be positive, got {heartbeat_ms} ms")
         self.kv = kv
+        self.fixed_node_id = node_id  # None: the session allocates one
         self.state = StreamNodeState(vgroups=vgroups, snode_id=snode_id, groups=groups, init_delay_s=init_delay_s,
                                      runner_threads=runner_threads)
         self.discover_snode = discover_snode
@@ -142,7 +144,7 @@ class StreamNode(SessionNode):
     async def start(self) -> StreamNode:
         """Register the session, then start heartbeating."""
         session = Session(self.kv, STREAMNODE_ROLE, STREAMNODE_ADDRESS, ttl=self.ttl,
-                          extra={"vgroups": sorted(self.state.vgroups)})
+                          extra={"vgroups": sorted(self.state.vgroups)}, server_id=self.fixed_node_id)
         await session.start()
         self._session = session
         self.state.node_id = session.server_id
@@ -309,7 +311,7 @@ def cmd_streamnode(args: argparse.Namespace) -> int:
             coordinators=[a.strip() for a in args.coordinator.split(",") if a.strip()],
             vgroups=_int_list(args.vgroups), snode_id=args.snode_id, discover_snode=args.snode and not args.snode_id,
             heartbeat_ms=args.heartbeat_ms, groups=args.groups, init_delay_s=args.init_delay_ms / 1000,
-            runner_threads=args.runner_threads, ttl=args.ttl,
+            runner_threads=args.runner_threads, ttl=args.ttl, node_id=args.node_id,
         )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -3,6 +3,9 @@
 Both run for the whole leadership and never die on one error: a failed
 session watch is logged and restarted a second later (until then the manager
 keeps the live set it had), a failed tick is logged and the next one runs.
+Session values are input: ``meta.session`` drops (and logs once) values that
+are not sessions, so a garbage key under the stream node prefix is skipped
+and the nodes registered after it are still seen.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ async def follow_stream_nodes(kv: MetaKV, streams: StreamManager) -> None:
                     live = set(item.sessions)
                 elif isinstance(item, SessionEvent):
                     if item.type is EventType.PUT:
-                        live.add(item.info.server_id)
+                        live.add(item.info.server_id)  # a positive int64: meta.session refuses anything else
                     else:
                         live.discard(item.info.server_id)
                         streams.node_lost(item.info.server_id)

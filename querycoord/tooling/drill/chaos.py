@@ -50,6 +50,7 @@ from proto import querycoord_pb2 as qc
 from querycoord.catalog.store import CatalogError, CatalogStore, status_of
 from querycoord.client import CoordinatorUnavailable, QueryCoordClient
 from querycoord.config import SchedulerConfig
+from querycoord.grpc_channels import make_channel
 from querycoord.task.store import TASK_PREFIXES, TaskStore
 from querycoord.tooling.drill.base import DrillSetupError, run_and_report
 from querycoord.tooling.drill.chaos_ops import (
@@ -607,7 +608,7 @@ class ChaosDrill(FailoverDrill):
     def _stub(self, address: str) -> querycoord_pb2_grpc.QueryCoordStub:
         ch = self._channels.get(address)
         if ch is None:
-            ch = self._channels[address] = grpc.aio.insecure_channel(address)
+            ch = self._channels[address] = make_channel(address)
         return querycoord_pb2_grpc.QueryCoordStub(ch)
 
     async def _leader_call(self, method: str, request: Any, timeout: float = 5.0) -> Any:

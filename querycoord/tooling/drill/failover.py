@@ -41,6 +41,7 @@ from proto import common_pb2, data_pb2, querynode_pb2, querynode_pb2_grpc
 from proto import querycoord_pb2 as qc
 from querycoord.catalog.store import CatalogStore
 from querycoord.client import CoordinatorUnavailable, QueryCoordClient
+from querycoord.grpc_channels import make_channel
 from querycoord.protocol import QUERYCOORD_ELECTION
 from querycoord.querymeta import QueryMeta
 from querycoord.task.store import TASK_PREFIXES
@@ -735,7 +736,7 @@ class FailoverDrill(ProcessDrill[DrillOptions, DrillResult]):
     async def _node_views(self) -> dict[int, NodeView]:
         out: dict[int, NodeView] = {}
         for n in self.nodes:
-            async with grpc.aio.insecure_channel(direct_address(n)) as ch:
+            async with make_channel(direct_address(n)) as ch:
                 try:
                     d = await querynode_pb2_grpc.QueryNodeStub(ch).GetDataDistribution(
                         querynode_pb2.GetDataDistributionRequest(), timeout=10)

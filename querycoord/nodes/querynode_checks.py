@@ -1,0 +1,132 @@
+"""Bounds a reference query node checks on every request before its state sees it (``querycoord.validate``).
+
+The node's state already refuses what contradicts its rules (another node's
+id, a stale fence, a segment of another collection); these checks come first
+and refuse what no rule should have to look at: lists longer than the
+``Limits`` allow, names and paths too long or with control characters,
+unknown enum values, negative ids. A refusal is ILLEGAL_ARGUMENT naming the
+field, its value and the limit, and changes nothing.
+
+Lists the coordinator fills from what it holds (segment ids of a release,
+the flushed and dropped ids of a channel) are only checked value by value:
+their length is that of the collection, bounded by the message size, not by
+a request limit a large collection could exceed. Query nodes use the default
+limits (they have no coordinator configuration).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loguru import logger
+
+from proto import common_pb2, data_pb2, querynode_pb2
+from querycoord.errors import status_of
+from querycoord.limits import DEFAULT_LIMITS, INT64_MAX, Limits
+from querycoord.validate import (
+    InvalidField,
+    check_count,
+    check_enum,
+    check_id,
+    check_name,
+    check_range,
+    check_text,
+    check_texts,
+    name_ok,
+    text_ok,
+)
+
+
+def _nonnegative_ids(field: str, values: Any) -> None:
+    for value in values:
+        check_range(field, value, 0, INT64_MAX)
+
+
+def _check_common(request: Any) -> None:
+    """The fields every coordinator-to-node request carries (proto/querynode.proto conventions)."""
+    if request.HasField("fence"):
+        check_range("fence.leader_revision", request.fence.leader_revision, 0, INT64_MAX)
+        check_range("fence.coordinator_id", request.fence.coordinator_id, 0, INT64_MAX)
+    check_range("node_id", request.node_id, 0, INT64_MAX)
+    check_range("task_id", request.task_id, 0, INT64_MAX)
+
+
+def _check_channels(field: str, infos: Any, limits: Limits) -> None:
+    check_count(field, infos, limits.max_dm_channels)
+    for ch in infos:
+        check_id(f"{field}.collection_id", ch.collection_id, optional=True)
+        check_name(f"{field}.channel_name", ch.channel_name, limits.max_name_length, required=False)
+        for name in ("unflushed_segment_ids", "flushed_segment_ids", "dropped_segment_ids"):
+            _nonnegative_ids(f"{field}.{name}", getattr(ch, name))
+
+
+def _check_load_info(info: data_pb2.SegmentLoadInfo, limits: Limits) -> None:
+    text, name = limits.max_text_length, limits.max_name_length
+    # The usual segment in one expression; any doubt: the named checks below.
+    if (info.segment_id > 0 and info.partition_id >= 0 and info.collection_id >= 0 and info.num_rows >= 0
+            and info.mem_size >= 0 and len(info.binlog_paths) <= limits.max_files_per_segment
+            and not info.compaction_from and not info.index_infos and name_ok(info.insert_channel, name)
+            and all(p and text_ok(p, text) for p in info.binlog_paths)):
+        return
+    check_id("infos.segment_id", info.segment_id)
+    check_range("infos.partition_id", info.partition_id, 0, INT64_MAX)
+    check_range("infos.collection_id", info.collection_id, 0, INT64_MAX)
+    check_range("infos.num_rows", info.num_rows, 0, INT64_MAX)
+    check_range("infos.mem_size", info.mem_size, 0, INT64_MAX)
+    check_texts("infos.binlog_paths", info.binlog_paths, limits.max_files_per_segment, limits.max_text_length)
+    check_count("infos.compaction_from", info.compaction_from, limits.max_ids_per_request)
+    _nonnegative_ids("infos.compaction_from", info.compaction_from)
+    check_name("infos.insert_channel", info.insert_channel, limits.max_name_length, required=False)
+    check_count("infos.index_infos", info.index_infos, limits.max_fields)
+    for index in info.index_infos:
+        check_name("infos.index_infos.index_name", index.index_name, limits.max_name_length, required=False)
+        check_texts("infos.index_infos.index_file_paths", index.index_file_paths, limits.max_files_per_segment,
+                    limits.max_text_length)
+
+
+def check_node_request(kind: str, request: Any, limits: Limits = DEFAULT_LIMITS) -> None:
+    """Refuse (``InvalidField``) a request of RPC ``kind`` that is out of bounds; see the module docstring."""
+    if kind == "GetComponentStates":
+        return
+    _check_common(request)
+    if hasattr(request, "collection_id"):
+        check_range("collection_id", request.collection_id, 0, INT64_MAX)
+    if hasattr(request, "partition_ids"):
+        check_count("partition_ids", request.partition_ids, limits.max_partitions)
+        _nonnegative_ids("partition_ids", request.partition_ids)
+    if isinstance(request, querynode_pb2.LoadSegmentsRequest):
+        check_count("infos", request.infos, limits.max_segments_per_request)
+        for info in request.infos:
+            _check_load_info(info, limits)
+        check_range("source_node_id", request.source_node_id, 0, INT64_MAX)
+        check_enum("load_type", request.load_type, data_pb2.LoadType)
+    elif isinstance(request, querynode_pb2.ReleaseSegmentsRequest):
+        _nonnegative_ids("segment_ids", request.segment_ids)
+    elif isinstance(request, querynode_pb2.WatchDmChannelsRequest):
+        _check_channels("infos", request.infos, limits)
+        check_enum("load_type", request.load_type, data_pb2.LoadType)
+    elif isinstance(request, querynode_pb2.WatchDeltaChannelsRequest):
+        _check_channels("infos", request.infos, limits)
+    elif isinstance(request, querynode_pb2.AddQueryChannelRequest):
+        check_name("query_channel", request.query_channel, limits.max_name_length, required=False)
+        check_name("query_result_channel", request.query_result_channel, limits.max_name_length, required=False)
+        if request.HasField("seek_position"):
+            check_name("seek_position.channel_name", request.seek_position.channel_name, limits.max_name_length,
+                       required=False)
+            check_text("seek_position.msg_group", request.seek_position.msg_group, limits.max_name_length)
+    elif isinstance(request, querynode_pb2.GetSegmentInfoRequest):
+        check_count("segment_ids", request.segment_ids, limits.max_ids_per_request)
+        _nonnegative_ids("segment_ids", request.segment_ids)
+
+
+def refused(kind: str, request: Any, node_id: int, limits: Limits = DEFAULT_LIMITS) -> common_pb2.Status | None:
+    """The ILLEGAL_ARGUMENT status of an out-of-bounds request (logged in one line), or None when it is fine."""
+    try:
+        check_node_request(kind, request, limits)
+    except InvalidField as exc:
+        logger.info("query node {}: {} refused: {}", node_id, kind, exc)
+        return status_of(exc)
+    return None
+
+
+__all__ = ["check_node_request", "refused"]

@@ -1,0 +1,335 @@
+"""etcd least privilege against a real etcd with auth on: what each role may and may not write.
+
+The roles are created by the real command (``querycoord etcd roles``, run as
+a process) on an etcd of this module's own, which it leaves with auth on, so
+the session-wide ``etcd`` stays open. Then, with each user's own password
+file: a query node's user cannot write a task key (or another node's session,
+or anything outside the root) and can register its own session; a real query
+node process under that user registers with ``--node-id 7`` and a coordinator
+running as ``coordinator`` lists it and loads a collection onto it; a second
+node with the same id exits with one ``error:`` line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from meta.child import child_env
+from meta.client import EtcdClient, connect
+from meta.errors import MetaAuthError
+from meta.etcd_roles import enable_auth, plan_roles
+from meta.etcd_server import EtcdCluster
+from meta.kv import MetaKV
+from meta.session import Session, SessionIdTaken, list_sessions
+from querycoord.cli.etcd_admin import NODE_READS
+from tests.spawn import Spawned, spawn_coordinator, spawn_query_node, spawn_ready
+
+ROOT = "prod"
+ADMIN = "root"
+ADMIN_PASSWORD = "admin-pw-for-roles-test"
+QUERYNODES = (7, 8)
+STREAMNODES = (10,)
+
+
+@dataclass(frozen=True)
+class Secured:
+    cluster: EtcdCluster
+    passwords: Path  # one file per user, made by the command
+    admin_file: Path
+    first_run: str  # what the first `etcd roles` printed
+
+    def password(self, user: str) -> str:
+        return (self.passwords / user).read_text().rstrip("\n")
+
+    def env(self, user: str) -> dict[str, str]:
+        """A child's environment that reaches etcd as ``user`` (the password from its file, never argv)."""
+        env = child_env()
+        env.update({"QUERYCOORD_ETCD_USER": user, "QUERYCOORD_ETCD_PASSWORD_FILE": str(self.passwords / user)})
+        env.pop("QUERYCOORD_ETCD_PASSWORD", None)
+        return env
+
+
+def roles_command(cluster: EtcdCluster, admin_file: Path, passwords: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "querycoord.cli", "etcd", "roles", "--etcd-endpoints", ",".join(cluster.endpoints),
+            "--etcd-user", ADMIN, "--etcd-password-file", str(admin_file), "--root", ROOT,
+            "--querynodes", ",".join(map(str, QUERYNODES)), "--streamnodes", ",".join(map(str, STREAMNODES)),
+            "--password-dir", str(passwords), *extra]
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
+    base = tmp_path_factory.mktemp("etcd-roles")
+    admin_file = base / "admin-password"
+    admin_file.write_text(ADMIN_PASSWORD + "\n")
+    with EtcdCluster(base / "etcd") as cluster:
+        r = subprocess.run(roles_command(cluster, admin_file, base / "passwords"), capture_output=True, text=True,
+                           env=child_env(), timeout=120)
+        assert r.returncode == 0 and "Traceback" not in r.stderr, (r.stdout, r.stderr)
+        yield Secured(cluster, base / "passwords", admin_file, r.stdout)
+
+
+@pytest.fixture
+async def admin(secured: Secured) -> AsyncIterator[EtcdClient]:
+    client = await connect(secured.cluster.config(user=ADMIN, password=ADMIN_PASSWORD))
+    yield client
+    await client.close()
+
+
+async def as_user(secured: Secured, user: str) -> EtcdClient:
+    return await connect(secured.cluster.config(user=user, password=secured.password(user)))
+
+
+async def refused(coro: object, user: str) -> MetaAuthError:
+    with pytest.raises(MetaAuthError) as e:
+        await coro  # type: ignore[misc]
+    assert "permission denied" in str(e.value) and repr(user) in str(e.value), str(e.value)
+    return e.value
+
+
+# ----- the command ----------------------------------------------------------------------
+def test_the_command_created_every_role_user_and_password_file_and_enabled_auth(secured: Secured) -> None:
+    out = secured.first_run
+    for user in ("coordinator", "reader", "querynode-7", "querynode-8", "streamnode-10"):
+        assert f"role {user}: created" in out and f"user {user}: created" in out, out
+        f = secured.passwords / user
+        assert f.stat().st_mode & 0o777 == 0o600 and len(secured.password(user)) >= 20
+        assert secured.password(user) not in out
+    assert "auth enabled; administrator root" in out, out
+
+
+def test_a_rerun_changes_nothing(secured: Secured) -> None:
+    r = subprocess.run(roles_command(secured.cluster, secured.admin_file, secured.passwords), capture_output=True,
+                       text=True, env=child_env(), timeout=120)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert r.stdout.startswith("etcd roles in place for root prod"), r.stdout  # no created/granted/revoked line
+
+
+async def test_the_roles_hold_exactly_the_plan(secured: Secured, admin: EtcdClient) -> None:
+    """What etcd holds, read back: a node's only write permission is its own session key."""
+    auth = admin.raw.auth
+    assert auth is not None
+    plan = plan_roles(ROOT, querynodes=QUERYNODES, streamnodes=STREAMNODES, node_reads=NODE_READS)
+    for role in plan.roles:
+        resp = await auth.role_get(role.name)
+        held = {(p.key.decode(), p.range_end != b"", p.permType) for p in resp.perm}
+        assert held == {(g.key, g.prefix, int(g.perm_type)) for g in role.grants}, role.name
+    node = next(r for r in plan.roles if r.name == "querynode-7")
+    assert [g.key for g in node.grants if g.write] == ["prod/session/querynode-7"]
+    assert all(not g.prefix for g in node.grants if g.write)
+
+
+def test_dry_run_prints_the_plan_without_touching_etcd(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "querycoord.cli", "etcd", "roles", "--root", "x", "--querynodes", "3",
+                        "--password-dir", str(tmp_path / "pw"), "--dry-run"],
+                       capture_output=True, text=True, env=child_env(), timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "readwrite key x/session/querynode-3" in r.stdout and "readwrite prefix x/" in r.stdout, r.stdout
+    assert not (tmp_path / "pw").exists()
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (["--querynodes", "1,x"], "--querynodes"),
+    (["--querynodes", "0"], "positive"),
+    (["--name-prefix", "a b"], "name prefix"),
+    ([], "--password-dir is required"),
+])
+def test_bad_options_are_one_error_line(args: list[str], fragment: str) -> None:
+    r = subprocess.run([sys.executable, "-m", "querycoord.cli", "etcd", "roles", "--etcd-endpoints", "127.0.0.1:1",
+                        "--root", "x", *args], capture_output=True, text=True, env=child_env(), timeout=60)
+    assert r.returncode == 2 and r.stderr.startswith("error: ") and fragment in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+# ----- what each user may do ---------------------------------------------------------------
+async def test_a_node_credential_cannot_write_a_task_key(secured: Secured, admin: EtcdClient) -> None:
+    client = await as_user(secured, "querynode-7")
+    try:
+        kv = MetaKV(client, ROOT)
+        err = await refused(kv.save("task/1001", b"forged task"), "querynode-7")
+        assert "lacks permission" in str(err)
+        await refused(kv.save("session/querynode-8", b"{}"), "querynode-7")  # another node's session
+        await refused(kv.save("session/querynode-70", b"{}"), "querynode-7")  # inside its read prefix: still no
+        await refused(kv.multi_save({"session/querynode-7": b"x", "collection/1": b"x"}), "querynode-7")
+        await refused(MetaKV(client, "other-root").save("session/querynode-7", b"x"), "querynode-7")
+        await refused(kv.load_prefix("task/"), "querynode-7")  # nothing to read outside its session
+        # Its own session key it may write (and delete).
+        await kv.save("session/querynode-7", b"{}")
+        await kv.remove("session/querynode-7")
+    finally:
+        await client.close()
+    assert await MetaKV(admin, ROOT).get("task/1001") is None
+
+
+async def test_a_node_registers_its_session_under_its_fixed_id_only(secured: Secured) -> None:
+    client = await as_user(secured, "querynode-7")
+    try:
+        kv = MetaKV(client, ROOT)
+        async with Session(kv, "querynode", "127.0.0.1:1", ttl=2, server_id=7) as session:
+            assert session.server_id == 7
+            assert b'"ServerID": 7' in (await kv.get("session/querynode-7") or b"")
+            await asyncio.sleep(1.5)  # keepalives pass too
+            assert not session.lost.is_set(), session.lost_reason
+        with pytest.raises(MetaAuthError):  # an allocated id would need the shared counter
+            await Session(kv, "querynode", "127.0.0.1:1", ttl=2).start()
+        with pytest.raises(MetaAuthError):
+            await Session(kv, "querynode", "127.0.0.1:1", ttl=2, server_id=8).start()
+    finally:
+        await client.close()
+
+
+async def test_stream_node_reads_what_it_needs_and_writes_only_its_session(secured: Secured,
+                                                                           admin: EtcdClient) -> None:
+    await MetaKV(admin, ROOT).save("stream/snodes/1", b"")
+    client = await as_user(secured, "streamnode-10")
+    try:
+        kv = MetaKV(client, ROOT)
+        assert await list_sessions(kv, "querycoord") is not None
+        assert len(await kv.load_prefix("stream/snodes/")) == 1
+        await refused(kv.save("stream/snodes/2", b""), "streamnode-10")
+        await refused(kv.save("session/querycoord-1", b"{}"), "streamnode-10")
+        async with Session(kv, "streamnode", "-", ttl=2, server_id=10):
+            pass
+    finally:
+        await client.close()
+
+
+async def test_reader_reads_and_cannot_write_and_coordinator_stays_under_its_root(secured: Secured) -> None:
+    reader = await as_user(secured, "reader")
+    coord = await as_user(secured, "coordinator")
+    try:
+        await MetaKV(coord, ROOT).save("collection/5", b"c")
+        assert await MetaKV(reader, ROOT).get("collection/5") == b"c"
+        await refused(MetaKV(reader, ROOT).save("collection/5", b"x"), "reader")
+        await refused(MetaKV(coord, "other-root").save("collection/5", b"x"), "coordinator")
+    finally:
+        await reader.close()
+        await coord.close()
+
+
+async def test_enable_auth_twice_is_a_no_op(secured: Secured, admin: EtcdClient) -> None:
+    assert await enable_auth(admin, ADMIN, ADMIN_PASSWORD) is False
+
+
+def cmdline(pid: int) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+
+
+# ----- real processes -----------------------------------------------------------------------
+async def querycoord(address: str, *args: str, timeout: float = 90.0) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "querycoord.cli", "--address", address,
+                                                "--timeout", "20", *args, env=child_env(),
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    return proc.returncode or 0, out.decode(), err.decode()
+
+
+async def test_query_node_process_with_its_own_credential_is_listed_loaded_and_restarted(secured: Secured,
+                                                                                tmp_path: Path) -> None:
+    root = ROOT  # the roles are for this root
+    started: list[Spawned] = []
+    try:
+        coord = await spawn_coordinator(secured.cluster, root, tmp_path, env=secured.env("coordinator"))
+        started.append(coord)
+        await coord.wait_event("leader", 60)
+        node = await spawn_query_node(secured.cluster, root, tmp_path, "--node-id", "7", "--ttl", "2",
+                                      "--listen", "127.0.0.1:0", env=secured.env("querynode-7"))
+        started.append(node)
+        assert node.node_id == 7
+        started.append(await spawn_query_node(secured.cluster, root, tmp_path, "--node-id", "8", "--ttl", "2",
+                                              "--listen", "127.0.0.1:0", env=secured.env("querynode-8"),
+                                              name="querynode-8"))
+        deadline = time.monotonic() + 60
+        while True:
+            code, out, err = await querycoord(coord.address, "nodes")
+            if code == 0 and any(line.split()[:1] == ["7"] for line in out.splitlines()):
+                break
+            assert time.monotonic() < deadline, f"the leader never listed node 7: {out}{err}\n{coord.tail()}"
+            await asyncio.sleep(0.3)
+        code, out, err = await querycoord(coord.address, "collection", "create", "c1", "--partitions", "2",
+                                          "--segments", "20", "--segment-mb", "0.5")
+        assert code == 0, (out, err)
+        code, out, err = await querycoord(coord.address, "collection", "load", "c1")
+        assert code == 0 and "100%" in out, (out, err, coord.tail(), node.tail())
+
+        # A second node with the same id: one clear error line, exit 1, and node 7 keeps its session.
+        log = tmp_path / "querynode-dup.log"
+        argv = ["-m", "querycoord.cli", "querynode", "--etcd-endpoints", ",".join(secured.cluster.endpoints),
+                "--root", root, "--node-id", "7", "--listen", "127.0.0.1:0", "--log-level", "ERROR"]
+        proc = await asyncio.create_subprocess_exec(sys.executable, *argv, env=secured.env("querynode-7"),
+                                                    stdout=asyncio.subprocess.PIPE, stderr=log.open("w"))
+        out_b, _ = await asyncio.wait_for(proc.communicate(), 60)
+        err = log.read_text()
+        assert proc.returncode == 1, (out_b, err)
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: query node could not start: server id 7 is taken"), err
+        assert node.proc.returncode is None
+        for p in started:
+            assert secured.password("querynode-7") not in cmdline(p.pid)
+
+        # Node 7 dies and comes back under the same id (all a fixed-id node can do) while the leader still
+        # handles the old one as down: once that is done (its segments moved to node 8), node 7 is online again.
+        await node.kill()
+        node = await spawn_query_node(secured.cluster, root, tmp_path, "--node-id", "7", "--ttl", "2",
+                                      "--listen", "127.0.0.1:0", env=secured.env("querynode-7"), name="querynode-2")
+        started.append(node)
+        deadline = time.monotonic() + 90
+        while True:
+            code, out, err = await querycoord(coord.address, "collection", "show")
+            row = next((line.split() for line in out.splitlines() if " c1 " in line), [])
+            _, nodes, _ = await querycoord(coord.address, "nodes")
+            back = [line.split() for line in nodes.splitlines() if node.address in line]
+            if code == 0 and "100%" in row and back and back[0][:3] == ["7", node.address, "online"]:
+                break
+            assert time.monotonic() < deadline, f"node 7 never came back: {out}{err}{nodes}\n{coord.tail(80)}"
+            await asyncio.sleep(0.5)
+    finally:
+        for p in started:
+            await p.stop()
+    for name in ("coord", "querynode", "querynode-2", "querynode-8"):
+        text = (tmp_path / f"{name}.log").read_text()
+        assert "permission denied" not in text.lower(), f"{name} was refused something:\n{text[-3000:]}"
+        assert "Traceback" not in text, text[-3000:]
+
+
+async def test_two_stream_nodes_with_one_id_the_second_exits_clearly(secured: Secured, tmp_path: Path) -> None:
+    first = await spawn_ready("streamnode-a", ["-m", "querycoord.cli", "streamnode", "--etcd-endpoints",
+                                               ",".join(secured.cluster.endpoints), "--root", ROOT, "--node-id", "10",
+                                               "--ttl", "2"], tmp_path, env=secured.env("streamnode-10"), stdin=True)
+    try:
+        assert first.node_id == 10
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "querycoord.cli", "streamnode", "--etcd-endpoints",
+            ",".join(secured.cluster.endpoints), "--root", ROOT, "--node-id", "10", "--log-level", "ERROR",
+            env=secured.env("streamnode-10"), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE)
+        _, err_b = await asyncio.wait_for(proc.communicate(), 60)
+        err = err_b.decode()
+        assert proc.returncode == 1, err
+        assert err.strip().splitlines() == [err.strip()] and "server id 10 is taken" in err, err
+    finally:
+        await first.stop()
+
+
+# ----- fixed ids without auth -----------------------------------------------------------------
+async def test_a_fixed_id_held_by_a_live_session_is_refused_and_free_again_after_it_ends(kv: MetaKV) -> None:
+    async with Session(kv, "querynode", "127.0.0.1:5", ttl=2, server_id=42):
+        with pytest.raises(SessionIdTaken) as e:
+            await Session(kv, "querynode", "127.0.0.1:6", ttl=2, server_id=42).start()
+        assert "server id 42 is taken" in str(e.value) and "127.0.0.1:5" in str(e.value), str(e.value)
+        assert [i.address for i in (await list_sessions(kv, "querynode")).sessions.values()] == ["127.0.0.1:5"]
+    async with Session(kv, "querynode", "127.0.0.1:6", ttl=2, server_id=42) as again:
+        assert again.server_id == 42
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2**63, True])
+async def test_a_fixed_id_must_be_a_positive_int64(kv: MetaKV, bad: int) -> None:
+    with pytest.raises(ValueError, match="positive 64-bit"):
+        Session(kv, "querynode", "x", server_id=bad)
