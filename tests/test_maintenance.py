@@ -5,11 +5,13 @@ Real etcd members (the session one, or members of a test's own with a tiny quota
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import grpc
@@ -200,7 +202,12 @@ async def test_maintain_compacts_keeping_revisions_and_defragments(tiny: EtcdClu
         kv = MetaKV(client, "m")
         for _ in range(60):
             await kv.save("k", VALUE)
-        before = (await cluster_status(tiny.config())).members[0]
+        # etcd's backend commits its writes in batches (every 100 ms) and reports the file's size as of the last
+        # commit: read the size once the 6 MB written are in the file (once it read 20 KB, taken before a commit).
+        deadline = time.monotonic() + 30
+        while (before := (await cluster_status(tiny.config())).members[0]).db_size < 30 * len(VALUE):
+            assert time.monotonic() < deadline, before
+            await asyncio.sleep(0.1)
         lines: list[str] = []
         after = await maintain(tiny.config(), keep=10, say=lines.append)
         m = after.members[0]
