@@ -78,7 +78,7 @@ BALANCE_REASON_NODE_DOWN: BalanceReason
 BALANCE_REASON_AUTO: BalanceReason
 
 class TaskInfo(_message.Message):
-    __slots__ = ("task_id", "kind", "state", "trigger_condition", "node_id", "retry_count", "error", "error_code", "collection_id", "parent_id", "created_ms", "updated_ms", "excluded_node_ids", "summary", "replaces_task_id")
+    __slots__ = ("task_id", "kind", "state", "trigger_condition", "node_id", "retry_count", "error", "error_code", "collection_id", "parent_id", "created_ms", "updated_ms", "excluded_node_ids", "summary", "replaces_task_id", "started_ms", "finished_ms")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -94,6 +94,8 @@ class TaskInfo(_message.Message):
     EXCLUDED_NODE_IDS_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
     REPLACES_TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    STARTED_MS_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_MS_FIELD_NUMBER: _ClassVar[int]
     task_id: int
     kind: TaskKind
     state: TaskState
@@ -109,7 +111,9 @@ class TaskInfo(_message.Message):
     excluded_node_ids: _containers.RepeatedScalarFieldContainer[int]
     summary: str
     replaces_task_id: int
-    def __init__(self, task_id: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., state: _Optional[_Union[TaskState, str]] = ..., trigger_condition: _Optional[_Union[TriggerCondition, str]] = ..., node_id: _Optional[int] = ..., retry_count: _Optional[int] = ..., error: _Optional[str] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., collection_id: _Optional[int] = ..., parent_id: _Optional[int] = ..., created_ms: _Optional[int] = ..., updated_ms: _Optional[int] = ..., excluded_node_ids: _Optional[_Iterable[int]] = ..., summary: _Optional[str] = ..., replaces_task_id: _Optional[int] = ...) -> None: ...
+    started_ms: int
+    finished_ms: int
+    def __init__(self, task_id: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., state: _Optional[_Union[TaskState, str]] = ..., trigger_condition: _Optional[_Union[TriggerCondition, str]] = ..., node_id: _Optional[int] = ..., retry_count: _Optional[int] = ..., error: _Optional[str] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., collection_id: _Optional[int] = ..., parent_id: _Optional[int] = ..., created_ms: _Optional[int] = ..., updated_ms: _Optional[int] = ..., excluded_node_ids: _Optional[_Iterable[int]] = ..., summary: _Optional[str] = ..., replaces_task_id: _Optional[int] = ..., started_ms: _Optional[int] = ..., finished_ms: _Optional[int] = ...) -> None: ...
 
 class ChildStateCounts(_message.Message):
     __slots__ = ("total", "undo", "doing", "done", "expired", "failed")
@@ -138,7 +142,7 @@ class TaskTree(_message.Message):
     def __init__(self, trigger: _Optional[_Union[TaskInfo, _Mapping]] = ..., children: _Optional[_Iterable[_Union[TaskInfo, _Mapping]]] = ..., child_counts: _Optional[_Union[ChildStateCounts, _Mapping]] = ...) -> None: ...
 
 class ListTasksRequest(_message.Message):
-    __slots__ = ("collection_id", "states", "include_children", "include_finished", "limit", "after_task_id", "children_limit")
+    __slots__ = ("collection_id", "states", "include_children", "include_finished", "limit", "after_task_id", "children_limit", "newest_first")
     COLLECTION_ID_FIELD_NUMBER: _ClassVar[int]
     STATES_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_CHILDREN_FIELD_NUMBER: _ClassVar[int]
@@ -146,6 +150,7 @@ class ListTasksRequest(_message.Message):
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     AFTER_TASK_ID_FIELD_NUMBER: _ClassVar[int]
     CHILDREN_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    NEWEST_FIRST_FIELD_NUMBER: _ClassVar[int]
     collection_id: int
     states: _containers.RepeatedScalarFieldContainer[TaskState]
     include_children: bool
@@ -153,7 +158,8 @@ class ListTasksRequest(_message.Message):
     limit: int
     after_task_id: int
     children_limit: int
-    def __init__(self, collection_id: _Optional[int] = ..., states: _Optional[_Iterable[_Union[TaskState, str]]] = ..., include_children: _Optional[bool] = ..., include_finished: _Optional[bool] = ..., limit: _Optional[int] = ..., after_task_id: _Optional[int] = ..., children_limit: _Optional[int] = ...) -> None: ...
+    newest_first: bool
+    def __init__(self, collection_id: _Optional[int] = ..., states: _Optional[_Iterable[_Union[TaskState, str]]] = ..., include_children: _Optional[bool] = ..., include_finished: _Optional[bool] = ..., limit: _Optional[int] = ..., after_task_id: _Optional[int] = ..., children_limit: _Optional[int] = ..., newest_first: _Optional[bool] = ...) -> None: ...
 
 class ListTasksResponse(_message.Message):
     __slots__ = ("status", "trees", "next_after_task_id")

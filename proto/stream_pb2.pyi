@@ -334,21 +334,23 @@ class ShowStreamsRequest(_message.Message):
     def __init__(self, streams: _Optional[_Iterable[_Union[StreamRef, _Mapping]]] = ..., with_tasks: _Optional[bool] = ...) -> None: ...
 
 class TaskRow(_message.Message):
-    __slots__ = ("task", "status", "last_heard_ms", "error_code", "error_message")
+    __slots__ = ("task", "status", "last_heard_ms", "error_code", "error_message", "pending")
     TASK_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     LAST_HEARD_MS_FIELD_NUMBER: _ClassVar[int]
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
     task: TaskId
     status: TaskStatus
     last_heard_ms: int
     error_code: int
     error_message: str
-    def __init__(self, task: _Optional[_Union[TaskId, _Mapping]] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., last_heard_ms: _Optional[int] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ...) -> None: ...
+    pending: bool
+    def __init__(self, task: _Optional[_Union[TaskId, _Mapping]] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., last_heard_ms: _Optional[int] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., pending: _Optional[bool] = ...) -> None: ...
 
 class StreamStatusInfo(_message.Message):
-    __slots__ = ("stream", "state", "stop_error_code", "stop_reason", "next_retry_ms", "deploy_times", "tasks")
+    __slots__ = ("stream", "state", "stop_error_code", "stop_reason", "next_retry_ms", "deploy_times", "tasks", "retries", "plan_queued")
     STREAM_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     STOP_ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
@@ -356,6 +358,8 @@ class StreamStatusInfo(_message.Message):
     NEXT_RETRY_MS_FIELD_NUMBER: _ClassVar[int]
     DEPLOY_TIMES_FIELD_NUMBER: _ClassVar[int]
     TASKS_FIELD_NUMBER: _ClassVar[int]
+    RETRIES_FIELD_NUMBER: _ClassVar[int]
+    PLAN_QUEUED_FIELD_NUMBER: _ClassVar[int]
     stream: StreamDef
     state: StreamState
     stop_error_code: int
@@ -363,19 +367,25 @@ class StreamStatusInfo(_message.Message):
     next_retry_ms: int
     deploy_times: int
     tasks: _containers.RepeatedCompositeFieldContainer[TaskRow]
-    def __init__(self, stream: _Optional[_Union[StreamDef, _Mapping]] = ..., state: _Optional[_Union[StreamState, str]] = ..., stop_error_code: _Optional[int] = ..., stop_reason: _Optional[str] = ..., next_retry_ms: _Optional[int] = ..., deploy_times: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[TaskRow, _Mapping]]] = ...) -> None: ...
+    retries: int
+    plan_queued: bool
+    def __init__(self, stream: _Optional[_Union[StreamDef, _Mapping]] = ..., state: _Optional[_Union[StreamState, str]] = ..., stop_error_code: _Optional[int] = ..., stop_reason: _Optional[str] = ..., next_retry_ms: _Optional[int] = ..., deploy_times: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[TaskRow, _Mapping]]] = ..., retries: _Optional[int] = ..., plan_queued: _Optional[bool] = ...) -> None: ...
 
 class ShowStreamsResponse(_message.Message):
-    __slots__ = ("status", "streams", "snodes", "watching")
+    __slots__ = ("status", "streams", "snodes", "watching", "watch_until_ms", "live_snode_ids")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     STREAMS_FIELD_NUMBER: _ClassVar[int]
     SNODES_FIELD_NUMBER: _ClassVar[int]
     WATCHING_FIELD_NUMBER: _ClassVar[int]
+    WATCH_UNTIL_MS_FIELD_NUMBER: _ClassVar[int]
+    LIVE_SNODE_IDS_FIELD_NUMBER: _ClassVar[int]
     status: _common_pb2.Status
     streams: _containers.RepeatedCompositeFieldContainer[StreamStatusInfo]
     snodes: _containers.RepeatedCompositeFieldContainer[SnodeInfo]
     watching: bool
-    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., streams: _Optional[_Iterable[_Union[StreamStatusInfo, _Mapping]]] = ..., snodes: _Optional[_Iterable[_Union[SnodeInfo, _Mapping]]] = ..., watching: _Optional[bool] = ...) -> None: ...
+    watch_until_ms: int
+    live_snode_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., streams: _Optional[_Iterable[_Union[StreamStatusInfo, _Mapping]]] = ..., snodes: _Optional[_Iterable[_Union[SnodeInfo, _Mapping]]] = ..., watching: _Optional[bool] = ..., watch_until_ms: _Optional[int] = ..., live_snode_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CreateSnodeRequest(_message.Message):
     __slots__ = ("node_id",)

@@ -1,4 +1,5 @@
-"""What a client does with a cluster: create, load, release and follow collections, list tasks and nodes.
+"""What a client does with a cluster: create, load, release and follow collections, list tasks and nodes,
+create, stop, start, drop and show streams and snodes.
 
 The ``querycoord`` command line and the demo both drive a cluster this way,
 so both live on top of this module (and neither imports the other). A
@@ -14,11 +15,12 @@ from typing import Any
 
 from google.protobuf.message import Message
 
-from proto import catalog_pb2, common_pb2, data_pb2
+from proto import catalog_pb2, common_pb2, data_pb2, stream_pb2
 from proto import querycoord_pb2 as qc
 from querycoord import draw
 from querycoord.client import QueryCoordClient
 from querycoord.messages import rpc_method
+from querycoord.protocol import parse_leader
 
 MIB = 1 << 20
 
@@ -344,3 +346,115 @@ def node_rows(nodes: Sequence[qc.NodeInfo]) -> list[list[object]]:
 
 
 NODE_HEADERS = ("ID", "ADDRESS", "STATE", "SEGMENTS", "DM CHANNELS", "MEMORY", "USED")
+
+
+# ----- streams and snodes (StreamMgmt) -------------------------------------------------------------------------------
+def parse_vgroups(text: str) -> list[int]:
+    """``1,2,5-7`` -> [1, 2, 5, 6, 7]: positive vgroup ids, each once; ``ValueError`` naming the bad item."""
+    out: list[int] = []
+    for item in (x.strip() for x in text.split(",")):
+        lo, sep, hi = item.partition("-")
+        if not item or not lo.isdigit() or (sep and not hi.isdigit()):
+            raise ValueError(f"expected vgroup ids like 1,2 or 1-4, got {text!r}")
+        first, last = int(lo), int(hi) if sep else int(lo)
+        if first < 1 or last < first:
+            raise ValueError(f"vgroup ids are positive and ranges ascending, got {item!r}")
+        if last - first >= 4096:
+            raise ValueError(f"vgroup range {item!r} is too large")
+        for v in range(first, last + 1):
+            if v in out:
+                raise ValueError(f"vgroup {v} is listed twice in {text!r}")
+            out.append(v)
+    return out
+
+
+def stream_ref(ref: str) -> stream_pb2.StreamRef:
+    """A stream named by id (digits) or by name."""
+    return stream_pb2.StreamRef(stream_id=int(ref)) if ref.isdigit() else stream_pb2.StreamRef(name=ref)
+
+
+async def stream_call(c: QueryCoordClient, method: str, request: Message, what: str) -> Any:
+    """A StreamMgmt call on the leader; a refusal is a ``Refusal`` with the server's reason."""
+    return check(await c.stream(method, request), what)
+
+
+async def create_stream(
+    c: QueryCoordClient,
+    name: str,
+    *,
+    vgroups: Sequence[int],
+    source_db: str = "db",
+    trigger_vgroup: int = 0,
+    scan_plans: int = 1,
+    subplans: int = 2,
+    runner_deploys: int = 0,
+    if_not_exists: bool = False,
+) -> stream_pb2.StreamDef:
+    """CreateStream: readers on ``vgroups`` of ``source_db``, ``scan_plans`` calc scans, a runner DAG of
+    ``subplans`` tasks deployed ``runner_deploys`` times (0: the coordinator's default, 3)."""
+    req = stream_pb2.CreateStreamRequest(
+        name=name, source_db=source_db, source_vgroup_ids=list(vgroups), trigger_vgroup_id=trigger_vgroup,
+        num_calc_scan_plans=scan_plans, num_calc_subplans=subplans, runner_deploys=runner_deploys,
+        if_not_exists=if_not_exists)
+    return (await stream_call(c, "CreateStream", req, f"create stream {name}")).stream
+
+
+async def drop_stream(c: QueryCoordClient, ref: str, *, if_exists: bool = False) -> stream_pb2.StreamDef | None:
+    """DropStream; None when ``if_exists`` and there was no such stream."""
+    resp = await stream_call(c, "DropStream", stream_pb2.DropStreamRequest(stream=stream_ref(ref), if_exists=if_exists),
+                             f"drop stream {ref}")
+    return resp.stream if resp.HasField("stream") else None
+
+
+async def stop_stream(c: QueryCoordClient, ref: str) -> stream_pb2.StreamDef:
+    """StopStream: its tasks are undeployed with a checkpoint; the definition stays."""
+    return (await stream_call(c, "StopStream", stream_pb2.StopStreamRequest(stream=stream_ref(ref)),
+                              f"stop stream {ref}")).stream
+
+
+async def start_stream(c: QueryCoordClient, ref: str) -> stream_pb2.StreamDef:
+    """StartStream: a stopped stream is planned and deployed again."""
+    return (await stream_call(c, "StartStream", stream_pb2.StartStreamRequest(stream=stream_ref(ref)),
+                              f"start stream {ref}")).stream
+
+
+def answered_by_standby(show: stream_pb2.ShowStreamsResponse) -> bool:
+    """A standby answers ShowStreams from etcd (SUCCESS with a reason naming the leader); the leader says nothing."""
+    return bool(show.status.reason)
+
+
+async def show_streams(c: QueryCoordClient, refs: Sequence[str] = (), *,
+                       with_tasks: bool = True) -> stream_pb2.ShowStreamsResponse:
+    """ShowStreams from the leader, every stream or those ``refs`` name (an unknown one is a NOT_FOUND Refusal).
+
+    A standby answers it itself from etcd, without states or tasks, naming
+    the leader in the status reason: the client then moves to that leader
+    and asks again, so the answer is the leader's whenever one is named.
+    """
+    req = stream_pb2.ShowStreamsRequest(streams=[stream_ref(r) for r in refs], with_tasks=with_tasks)
+    show = await stream_call(c, "ShowStreams", req, "show streams")
+    for _ in range(3):
+        leader = parse_leader(show.status.reason) if answered_by_standby(show) else None
+        if not leader or leader == c.current:
+            break
+        c.prefer(leader)
+        show = await stream_call(c, "ShowStreams", req, "show streams")
+    found_ids = {i.stream.id for i in show.streams}
+    found_names = {i.stream.name for i in show.streams}
+    missing = [r for r in refs if (int(r) not in found_ids if r.isdigit() else r not in found_names)]
+    if missing:
+        raise Refusal(f"unknown stream{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}: "
+                      f"{len(show.streams)} of the {len(refs)} named exist (see `querycoord stream show`)",
+                      common_pb2.NOT_FOUND)
+    return show
+
+
+async def create_snode(c: QueryCoordClient, node_id: int) -> stream_pb2.SnodeInfo:
+    """CreateSnode on stream node ``node_id`` (the node learns it from etcd and heartbeats it)."""
+    return (await stream_call(c, "CreateSnode", stream_pb2.CreateSnodeRequest(node_id=node_id),
+                              f"create snode on node {node_id}")).snode
+
+
+async def drop_snode(c: QueryCoordClient, snode_id: int) -> stream_pb2.DropSnodeResponse:
+    """DropSnode: the streams whose main snode it was move to its replica (the answer says how many, where)."""
+    return await stream_call(c, "DropSnode", stream_pb2.DropSnodeRequest(snode_id=snode_id), f"drop snode {snode_id}")

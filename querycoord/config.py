@@ -32,6 +32,13 @@ class SchedulerConfig:
     wait_interval: float = 1.0  # allocation retry interval when waiting for capacity
     finished_history: int = 200  # finished trees kept in memory for ListTasks
     rollback_timeout: float = 120.0  # a failed trigger's rollback; past it the checker repairs the rest
+    # Task history in etcd (querycoord/task/history.py): a finished tree's summary, written in the txn that
+    # removes its keys. The leader prunes it to the newest ``history_keep`` records (0: no history is written)
+    # and drops records older than ``history_max_age`` seconds (0: no age limit), every ``history_sweep_interval``.
+    history_keep: int = 1000
+    history_max_age: float = 7 * 24 * 3600.0
+    history_sweep_interval: float = 60.0
+    history_children: int = 100  # children listed per history record at most (the counts cover them all)
 
 
 @dataclass(frozen=True, slots=True)

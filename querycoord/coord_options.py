@@ -50,6 +50,15 @@ OPTIONS: tuple[Option, ...] = (
     Option("--wait-interval", "scheduler.wait_interval", float),
     Option("--trigger-timeout", "scheduler.trigger_timeout", float),
     Option("--stream-watch-timeout", "stream.watch_timeout", float),
+    # Task history (querycoord/task/history.py): finished trees kept in etcd for `querycoord tasks --history`.
+    Option("--history-keep", "scheduler.history_keep", int,
+           "finished task trees kept in etcd's task history, newest first (0: keep no history)"),
+    Option("--history-max-age-s", "scheduler.history_max_age", float,
+           "seconds a finished task tree stays in the task history (0: no age limit)"),
+    Option("--history-sweep-interval", "scheduler.history_sweep_interval", float,
+           "seconds between the leader's prunings of the task history"),
+    Option("--history-children", "scheduler.history_children", int,
+           "children listed per task-history record at most (their counts by state cover them all)"),
     # Request limits (querycoord/limits.py): what one request may ask for; bigger asks get ILLEGAL_ARGUMENT.
     Option("--max-partitions", "limits.max_partitions", int, "partitions per collection"),
     Option("--max-dm-channels", "limits.max_dm_channels", int, "DM channels (shards) per collection"),
@@ -136,6 +145,13 @@ def config_from_args(args: argparse.Namespace) -> CoordConfig:
         raise ValueError(f"--ttl must be at least 2 seconds, got {config.session_ttl:g}")
     if config.checker_interval <= 0:
         raise ValueError(f"--checker-interval must be > 0, got {config.checker_interval:g}")
+    sched = config.scheduler
+    for flag, value in (("--history-keep", sched.history_keep), ("--history-max-age-s", sched.history_max_age),
+                        ("--history-children", sched.history_children)):
+        if value < 0:
+            raise ValueError(f"{flag} must be >= 0, got {value:g}")
+    if sched.history_sweep_interval <= 0:
+        raise ValueError(f"--history-sweep-interval must be > 0, got {sched.history_sweep_interval:g}")
     return config
 
 

@@ -1,4 +1,4 @@
-"""Text drawing for the CLI and the demo: task trees, tables and a load progress bar.
+"""Text drawing for the CLI and the demo: task trees, tables, a load progress bar and streams.
 
 Kept apart from the commands so the demo draws exactly what ``querycoord
 tasks`` and ``querycoord collection load`` draw, and so the drawing can be
@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TextIO
 
 from proto import querycoord_pb2 as qc
+from proto import stream_pb2 as sp
 
 MIB = 1 << 20
 
@@ -267,3 +268,235 @@ class ProgressBar:
             self._print_line()
         self.stream.flush()
         self._on_line = False
+
+
+# ----- streams --------------------------------------------------------------------------------------------------
+STREAM_STATE_NAMES: dict[int, str] = {
+    sp.STREAM_STATE_UNSPECIFIED: "unknown",  # a standby's answer: it has no task table
+    sp.STREAM_UNDEPLOYED: "undeployed",
+    sp.STREAM_DEPLOYING: "deploying",
+    sp.STREAM_RUNNING: "running",
+    sp.STREAM_STOPPED_BY_USER: "stopped",
+    sp.STREAM_STOPPED_BY_ERROR: "stopped by error",
+}
+
+
+STREAM_KIND_NAMES: dict[int, str] = {
+    sp.TASK_KIND_UNSPECIFIED: "?",
+    sp.TRIGGER_READER: "trigger reader",
+    sp.CALC_READER: "calc reader",
+    sp.TRIGGER: "trigger",
+    sp.RUNNER: "runner",
+}
+
+
+# A task the leader planned but has not heard of: PENDING while its deploy waits for a heartbeat of its host,
+# DEPLOYED once handed out (until the node reports it).
+TASK_STATUS_NAMES: dict[int, str] = {
+    sp.TASK_STATUS_UNSPECIFIED: "DEPLOYED",
+    sp.TASK_INIT: "INIT",
+    sp.TASK_RUNNING: "RUNNING",
+    sp.TASK_FAILED: "FAILED",
+    sp.TASK_STOPPED: "STOPPED",
+}
+
+
+# Readers first (their vgroups feed the rest), then the trigger, then the runners deploy by deploy.
+_KIND_ORDER = {sp.TRIGGER_READER: 0, sp.CALC_READER: 1, sp.TRIGGER: 2, sp.RUNNER: 3}
+
+
+def stream_state_name(state: int) -> str:
+    return STREAM_STATE_NAMES.get(state, f"state {state}")
+
+
+def stream_task_status(row: sp.TaskRow) -> str:
+    """The task's state as users read it (``TASK_STATUS_NAMES``; PENDING: not handed to a node yet)."""
+    if row.pending:
+        return "PENDING"
+    return TASK_STATUS_NAMES.get(row.status, f"STATUS{row.status}")
+
+
+def _in(ms: int, now: float) -> str:
+    """``in 12s`` / ``now`` for a unix-ms time relative to ``now`` (seconds)."""
+    left = ms / 1000 - now
+    return f"in {left:.0f}s" if left >= 0.5 else "now"
+
+
+def _ago(ms: int, now: float) -> str:
+    return f"{max(0.0, now - ms / 1000):.1f}s ago" if ms else "never"
+
+
+def stream_activity(info: sp.StreamStatusInfo, show: sp.ShowStreamsResponse, now: float) -> str:
+    """What the leader's stream manager is doing about this stream, in one line.
+
+    Why a sentence and not a state: the state says where the stream is, an
+    operator asks what happens next (a retry and when, a deploy waiting for
+    which hosts, a new leader still listening to the nodes before it acts).
+    """
+    n = len(info.tasks)
+    if show.watching:
+        until = f" (until {_in(show.watch_until_ms, now)} at the latest)" if show.watch_until_ms else ""
+        return (f"WATCH: a new leader listens to the stream nodes' reports{until}, then adopts the tasks as they "
+                "run or redeploys the stream")
+    if info.state == sp.STREAM_STATE_UNSPECIFIED:
+        return "unknown: answered from etcd by a standby, which has no task table"
+    if info.state == sp.STREAM_STOPPED_BY_USER:
+        return f"stopped by the user; `querycoord stream start {info.stream.name}` deploys it again"
+    if info.state == sp.STREAM_STOPPED_BY_ERROR:
+        retry = f"retry #{info.retries} {_in(info.next_retry_ms, now)}" if info.next_retry_ms else "no retry planned"
+        return f"stopped by error {info.stop_error_code}: {_shorten(info.stop_reason, 120)}; {retry}"
+    if info.state == sp.STREAM_UNDEPLOYED:
+        if info.plan_queued and not show.live_snode_ids:
+            return "waiting for a plan: no snode is live (start the stream node of an snode)"
+        return "waiting for a plan: the next stream heartbeat plans and deploys it"
+    if info.state == sp.STREAM_DEPLOYING:
+        pending = sum(1 for t in info.tasks if t.pending)
+        counts: dict[str, int] = {}
+        for t in info.tasks:
+            if not t.pending:
+                counts[stream_task_status(t)] = counts.get(stream_task_status(t), 0) + 1
+        detail = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+        waits = f"{pending} of {n} tasks wait for their host's heartbeat" if pending else f"{n} tasks handed out"
+        return f"deploying (deploy #{info.deploy_times}): {waits}" + (f"; {detail}" if detail else "")
+    if info.state == sp.STREAM_RUNNING:
+        return f"running: {n} tasks RUNNING, nothing to do"
+    return stream_state_name(info.state)
+
+
+def stream_header(info: sp.StreamStatusInfo) -> str:
+    """``stream s1 (id 3): running  source db vgroups 1,2  main snode 1  1 scan plan, 3 runner deploys of 2
+    deployed 1x``."""
+    d = info.stream
+    source = f"source {d.source_db or '-'} vgroups {','.join(map(str, d.source_vgroup_ids)) or '-'}"
+    if d.trigger_vgroup_id:
+        source += f" (trigger vgroup {d.trigger_vgroup_id})"
+    return (f"stream {d.name} (id {d.id}): {stream_state_name(info.state)}  {source}  main snode {d.main_snode_id}"
+            f"  {d.num_calc_scan_plans} scan plan{'s' if d.num_calc_scan_plans != 1 else ''}, {d.runner_deploys} "
+            f"runner deploys of {d.num_calc_subplans}  deployed {info.deploy_times}x")
+
+
+STREAM_TASK_HEADERS = ("TASK", "KIND", "NODE", "VGROUP", "SNODE", "DEPLOY", "SID", "STATE", "HEARD")
+
+
+def _task_order(row: sp.TaskRow) -> tuple[int, int, int, int]:
+    t = row.task
+    return (_KIND_ORDER.get(t.kind, 9), t.deploy_id, t.task_idx, t.task_id)
+
+
+def stream_task_rows(info: sp.StreamStatusInfo, now: float) -> list[list[object]]:
+    rows: list[list[object]] = []
+    for r in sorted(info.tasks, key=_task_order):
+        t = r.task
+        kind = STREAM_KIND_NAMES.get(t.kind, str(t.kind)) + (" (top)" if t.top else "")
+        if t.kind == sp.CALC_READER:
+            kind += f" plan {t.scan_plan_idx}"
+        state = stream_task_status(r)
+        if r.error_message:
+            state += f" ({r.error_code}: {_shorten(r.error_message, 60)})"
+        rows.append([f"#{t.task_id}", kind, t.node_id or "-", t.vgroup_id or "-", t.snode_id or "-",
+                     f"{t.deploy_id}/{t.task_idx}" if t.kind == sp.RUNNER else "-", t.sid, state,
+                     _ago(r.last_heard_ms, now)])
+    return rows
+
+
+def draw_stream(info: sp.StreamStatusInfo, show: sp.ShowStreamsResponse, now: float, *, indent: str = "  ") -> list[
+        str]:
+    """One stream as ``stream show`` draws it: a header, what the manager does, then its tasks (readers, trigger,
+    runners by deploy) with node, vgroup or snode, SID and state."""
+    lines = [stream_header(info), f"{indent}manager: {stream_activity(info, show, now)}"]
+    if info.tasks:
+        table_ = table(STREAM_TASK_HEADERS, stream_task_rows(info, now), right=(2, 3, 4, 6))
+        lines.extend(indent + line for line in table_)
+    return lines
+
+
+def task_row_record(r: sp.TaskRow) -> dict[str, object]:
+    t = r.task
+    return {"task_id": t.task_id, "kind": STREAM_KIND_NAMES.get(t.kind, str(t.kind)), "sid": t.sid,
+            "node_id": t.node_id, "vgroup_id": t.vgroup_id, "snode_id": t.snode_id, "deploy_id": t.deploy_id,
+            "task_idx": t.task_idx, "scan_plan_idx": t.scan_plan_idx, "top": t.top, "state": stream_task_status(r),
+            "pending": r.pending, "last_heard_ms": r.last_heard_ms, "error_code": r.error_code,
+            "error": r.error_message}
+
+
+def stream_record(info: sp.StreamStatusInfo, show: sp.ShowStreamsResponse, now: float) -> dict[str, object]:
+    """One stream as ``stream show -o json`` prints it: its definition, state, what the manager does, its tasks."""
+    d = info.stream
+    return {
+        "id": d.id, "name": d.name, "state": stream_state_name(info.state), "source_db": d.source_db,
+        "source_vgroup_ids": list(d.source_vgroup_ids), "trigger_vgroup_id": d.trigger_vgroup_id,
+        "num_calc_scan_plans": d.num_calc_scan_plans, "num_calc_subplans": d.num_calc_subplans,
+        "runner_deploys": d.runner_deploys, "main_snode_id": d.main_snode_id, "user_stopped": d.user_stopped,
+        "create_ms": d.create_ms, "update_ms": d.update_ms, "deploy_times": info.deploy_times,
+        "stop_error_code": info.stop_error_code, "stop_reason": info.stop_reason, "next_retry_ms": info.next_retry_ms,
+        "retries": info.retries, "plan_queued": info.plan_queued, "watching": show.watching,
+        "activity": stream_activity(info, show, now), "tasks": [task_row_record(r) for r in
+                                                                sorted(info.tasks, key=_task_order)],
+    }
+
+
+# The one-row-per-stream table (``stream show --summary``, ``make demo``): each column a fact the demo follows.
+STREAM_SUMMARY_HEADERS = ("STREAM", "ID", "STATE", "SNODE", "TASK IDS", "TRIGGER snode/SID",
+                          "RUNNER DEPLOYS snode/SID")
+
+
+def runner_deploys(info: sp.StreamStatusInfo) -> dict[int, list[sp.TaskId]]:
+    """The stream's runners by deploy, each deploy in DAG order."""
+    deploys: dict[int, list[sp.TaskId]] = {}
+    for t in sorted(info.tasks, key=lambda r: (r.task.deploy_id, r.task.task_idx)):
+        if t.task.kind == sp.RUNNER:
+            deploys.setdefault(t.task.deploy_id, []).append(t.task)
+    return deploys
+
+
+def id_span(ids: Iterable[int]) -> str:
+    """``#1-#11``, or ``#1-#5,#12`` when the ids are not one run."""
+    runs: list[list[int]] = []
+    for i in sorted(ids):
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return ",".join(f"#{r[0]}" if len(r) == 1 else f"#{r[0]}-#{r[-1]}" for r in runs)
+
+
+def stream_summary_rows(show: sp.ShowStreamsResponse) -> list[list[object]]:
+    rows: list[list[object]] = []
+    for info in sorted(show.streams, key=lambda s: s.stream.id):
+        trig = next((t.task for t in info.tasks if t.task.kind == sp.TRIGGER), None)
+        state = sp.StreamState.Name(info.state).removeprefix("STREAM_").lower()
+        deploys = runner_deploys(info)
+        rows.append([info.stream.name, info.stream.id, state, info.stream.main_snode_id,
+                     id_span(t.task.task_id for t in info.tasks) or "-",
+                     f"{trig.snode_id}/{trig.sid}" if trig else "-",
+                     " ".join(f"{ts[0].snode_id}/{max(t.sid for t in ts)}" for _, ts in sorted(deploys.items()))
+                     or "-"])
+    return rows
+
+
+def stream_summary(show: sp.ShowStreamsResponse) -> list[str]:
+    return table(STREAM_SUMMARY_HEADERS, stream_summary_rows(show), right=(1, 3, 4))
+
+
+# ----- snodes ---------------------------------------------------------------------------------------------------
+SNODE_HEADERS = ("SNODE", "NODE", "REPLICA", "LIVE", "MAIN OF", "STATE")
+
+
+def snode_records(show: sp.ShowStreamsResponse, *, liveness_known: bool = True) -> list[dict[str, object]]:
+    """Snodes as ``snode show -o json`` prints them: where each runs, its replica, whether the leader hears it
+    (None when a standby answered) and how many streams it is the main snode of."""
+    live = set(show.live_snode_ids)
+    mains: dict[int, int] = {}
+    for info in show.streams:
+        mains[info.stream.main_snode_id] = mains.get(info.stream.main_snode_id, 0) + 1
+    return [{"id": s.id, "node_id": s.node_id, "replica_id": s.replica_id,
+             "live": (s.id in live) if liveness_known else None, "main_streams": mains.get(s.id, 0),
+             "dropping": s.dropping, "create_ms": s.create_ms} for s in sorted(show.snodes, key=lambda s: s.id)]
+
+
+def snode_rows(records: Sequence[dict[str, object]]) -> list[list[object]]:
+    def live(v: object) -> str:
+        return "?" if v is None else ("yes" if v else "no")
+
+    return [[r["id"], r["node_id"], r["replica_id"] or "-", live(r["live"]), r["main_streams"],
+             "dropping" if r["dropping"] else "ok"] for r in records]

@@ -20,6 +20,9 @@ Readiness (``/readyz``) asks "can it serve its role now":
 * a node is ready once its session is registered (the coordinator can see
   it), until it loses that session or stops.
 
+A coordinator also serves its status page (``querycoord.status_page``: ``/``,
+``/status`` and ``/status.json``); a node serves nothing more.
+
 While etcd's NOSPACE alarm is raised a coordinator's answers carry
 ``"etcd": "etcd is out of space (...)"``, but its probes do not fail: it
 still serves reads and answers writes with RESOURCE_EXHAUSTED, and
@@ -36,8 +39,10 @@ from prometheus_client.metrics_core import Metric
 
 from meta.errors import MetaError
 from meta.session import Session
-from querycoord.http_server import Endpoints, HttpServer, Probe
+from querycoord.http_server import Endpoints, HttpServer, Page, Probe
 from querycoord.metrics import coordinator_families, install
+from querycoord.status_page import answer as status_page
+from querycoord.status_view import StatusSource
 
 if TYPE_CHECKING:
     from querycoord.coordinator import Coordinator
@@ -48,10 +53,14 @@ LEADER_LOOKUP_TIMEOUT = 2.0
 
 
 class CoordinatorEndpoints:
-    """``/metrics``, ``/healthz`` and ``/readyz`` of a coordinator (see module docstring)."""
+    """``/metrics``, ``/healthz``, ``/readyz`` and the status page of a coordinator (see module docstring)."""
 
     def __init__(self, coord: Coordinator):
         self.coord = coord
+        self.status = StatusSource(coord)
+
+    async def page(self, path: str, query: dict[str, list[str]]) -> Page | None:
+        return await status_page(self.status, path, query)
 
     async def metric_families(self) -> list[Metric]:
         return await coordinator_families(self.coord)
@@ -117,6 +126,9 @@ class NodeEndpoints:
 
     async def metric_families(self) -> list[Metric]:
         return self.families()
+
+    async def page(self, path: str, query: dict[str, list[str]]) -> Page | None:
+        return None
 
     def _session_state(self) -> tuple[bool, str, dict[str, object]]:
         """(registered and alive, why not, detail)."""

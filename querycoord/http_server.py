@@ -1,4 +1,5 @@
-"""The HTTP side of every process: ``/metrics`` (Prometheus), ``/healthz`` (liveness), ``/readyz`` (readiness).
+"""The HTTP side of every process: ``/metrics`` (Prometheus), ``/healthz`` (liveness), ``/readyz`` (readiness), and
+the pages a process adds (a coordinator's status page, ``querycoord.status_page``).
 
 The coordinator, the query node and the stream node all serve these on
 ``--http-listen HOST:PORT`` beside their gRPC port. The server is the
@@ -11,7 +12,8 @@ reported alive by a thread that still runs.
 
 What each process reports is an ``Endpoints``: the metric families read at
 scrape time (added to the process-wide ``prometheus_client.REGISTRY``, where
-the counters and histograms are), and its two probes.
+the counters and histograms are), its two probes, and its other read-only
+pages (``page``: None where it has none).
 """
 
 from __future__ import annotations
@@ -44,6 +46,16 @@ class Probe:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class Page:
+    """An answer of ``Endpoints.page``: its status, content type and body (never cached by the browser: it is
+    live state)."""
+
+    status: HTTPStatus
+    content_type: str
+    body: bytes
+
+
 class Endpoints(Protocol):
     """What one process serves; each coroutine runs on the process's event loop."""
 
@@ -55,6 +67,10 @@ class Endpoints(Protocol):
 
     async def ready(self, role: str | None) -> Probe:
         """Ready to serve its role; ``role`` (from ``?role=``) asks for one role only (a coordinator: leader)."""
+        ...
+
+    async def page(self, path: str, query: dict[str, list[str]]) -> Page | None:
+        """The answer at ``path`` (with its query parameters) beyond the three above; None: nothing there."""
         ...
 
 
@@ -102,7 +118,7 @@ class _Handler(BaseHTTPRequestHandler):
             roles = parse_qs(url.query).get("role", [])
             self._probe(owner, owner.endpoints.ready(roles[0] if roles else None), "readiness")
         else:
-            self._send(HTTPStatus.NOT_FOUND, b"not found: try /metrics, /healthz or /readyz\n", "text/plain")
+            self._page(owner, url.path, parse_qs(url.query))
 
     def _metrics(self, owner: HttpServer) -> None:
         try:
@@ -125,10 +141,27 @@ class _Handler(BaseHTTPRequestHandler):
         status = HTTPStatus.OK if probe.ok else HTTPStatus.SERVICE_UNAVAILABLE
         self._send(status, (json.dumps(body) + "\n").encode(), "application/json")
 
-    def _send(self, status: HTTPStatus, body: bytes, content_type: str) -> None:
+    def _page(self, owner: HttpServer, path: str, query: dict[str, list[str]]) -> None:
+        try:
+            page: Page | None = owner.on_loop(owner.endpoints.page(path, query))
+        except FutureTimeout:
+            page = Page(HTTPStatus.SERVICE_UNAVAILABLE, "text/plain; charset=utf-8",
+                        f"the event loop did not answer {path} within {owner.timeout:g}s\n".encode())
+        except Exception as exc:
+            page = Page(HTTPStatus.SERVICE_UNAVAILABLE, "text/plain; charset=utf-8",
+                        f"{path} unavailable: {exc}\n".encode())
+        if page is None:
+            page = Page(HTTPStatus.NOT_FOUND, "text/plain", b"not found: try /metrics, /healthz or /readyz\n")
+        self._send(page.status, page.body, page.content_type,
+                   {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"})
+
+    def _send(self, status: HTTPStatus, body: bytes, content_type: str,
+              headers: dict[str, str] | None = None) -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.end_headers()
         self.wfile.write(body)
 
@@ -189,4 +222,4 @@ class HttpServer:
         self._server.server_close()
 
 
-__all__ = ["Endpoints", "HttpServer", "Probe", "split_listen"]
+__all__ = ["Endpoints", "HttpServer", "Page", "Probe", "split_listen"]

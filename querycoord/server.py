@@ -4,8 +4,9 @@ The rules of each mutating call (Milvus's ``impl.go`` error cases, joining a
 retried request, what the caller waits for) live in the jobs; reads are
 answered here from the leader's meta, nodes and scheduler. Every answer
 carries a Status (``querycoord.gate``). While this coordinator is not the
-leader, every call but GetComponentStates, ShowCollections and ListTasks
-(answered from etcd) aborts UNAVAILABLE naming the leader.
+leader, every call but GetComponentStates, ShowCollections, ListTasks and
+GetTask (answered from etcd: task records and the task history) aborts
+UNAVAILABLE naming the leader.
 
 Every request is checked against the configured ``Limits`` first
 (``querycoord.validate``; mutations by their job's ``check``): a malformed
@@ -21,6 +22,7 @@ from typing import Any
 import grpc
 from loguru import logger
 
+from meta.kv import MetaKV
 from proto import common_pb2, data_pb2, querycoord_pb2, querycoord_pb2_grpc, querynode_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.cluster.client import NodeError
@@ -39,6 +41,7 @@ from querycoord.limits import Limits
 from querycoord.protocol import QUERYCOORD_ROLE
 from querycoord.querymeta import QueryMeta
 from querycoord.switchover import coordinator_state, step_back, switch_over
+from querycoord.task.history import TaskHistory
 from querycoord.task.model import record_info
 from querycoord.task.store import TaskStore
 from querycoord.validate import check_enums, check_id, check_ids, check_name, check_range
@@ -149,44 +152,80 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
 
     @answered(qc.ListTasksResponse)
     async def ListTasks(self, request, context):
+        """Running trees (the leader's memory, or a standby's read of etcd) and, with ``include_finished``, the
+        task history in etcd; ordered by trigger id (``newest_first``: descending), paged."""
         check_id("collection_id", request.collection_id, optional=True)
         states = set(check_enums("states", request.states, qc.TaskState, self.limits.max_ids_per_request))
         # A larger page than the limit is capped (as the proto says); a negative one is refused.
         limit = min(check_range("limit", request.limit, 0, 2**31 - 1) or 100, self.limits.max_list_tasks)
-        check_range("after_task_id", request.after_task_id, 0, 2**63 - 1)
+        after = check_range("after_task_id", request.after_task_id, 0, 2**63 - 1)
         check_range("children_limit", request.children_limit, 0, 2**31 - 1)
+        desc = request.newest_first
+
+        def wanted(tr: qc.TaskTree) -> bool:
+            i = tr.trigger.task_id
+            return ((i < after if after else True) if desc else i > after) \
+                and (not request.collection_id or tr.trigger.collection_id == request.collection_id) \
+                and (not states or tr.trigger.state in states)
+
         lead = self.gate.leadership()
+        finished = []
         if lead is None:
-            assert self.coord.kv is not None
-            trees = trees_from_records(await TaskStore(self.coord.kv).load_all(), request.children_limit)
+            trees = trees_from_records(await self._task_records(), request.children_limit)
         else:
             sched = lead.scheduler
             trees = [sched.tree(t, request.children_limit) for t in sched.pending()]
-            if request.include_finished:
-                trees = sorted([*sched.finished, *trees], key=lambda tr: tr.trigger.task_id)
-        if not request.include_children:
-            # Copies: the scheduler keeps the finished trees for later calls.
-            trees = [qc.TaskTree(trigger=tr.trigger, child_counts=tr.child_counts) for tr in trees]
-        trees = [tr for tr in trees if tr.trigger.task_id > request.after_task_id
-                 and (not request.collection_id or tr.trigger.collection_id == request.collection_id)
-                 and (not states or tr.trigger.state in states)]
-        page = trees[:limit]
-        nxt = page[-1].trigger.task_id if len(trees) > limit else 0
-        return qc.ListTasksResponse(status=OK, trees=page, next_after_task_id=nxt)
+            if request.include_finished and sched.cfg.history_keep <= 0:  # no durable history: the memory's
+                finished = list(sched.finished)
+        if request.include_finished:
+            finished += await TaskHistory(self._kv()).page(after=after, newest_first=desc, want=limit + 1,
+                                                           keep=wanted)
+        # The same id in several sources (a tree finishing while we read): its history record wins.
+        by_id = {tr.trigger.task_id: tr for tr in [*trees, *finished] if wanted(tr)}
+        ordered = [by_id[i] for i in sorted(by_id, reverse=desc)]
+        page = []
+        size = 0
+        for tr in ordered[:limit]:
+            tr = _shaped(tr, request.include_children, request.children_limit)
+            size += tr.ByteSize()
+            if page and size > _PAGE_BYTES:  # the next page carries it: an answer stays below 4 MiB
+                break
+            page.append(tr)
+        more = len(page) < len(ordered)
+        return qc.ListTasksResponse(status=OK, trees=page, next_after_task_id=page[-1].trigger.task_id if more else 0)
 
     @answered(qc.GetTaskResponse)
     async def GetTask(self, request, context):
+        """A running tree (by trigger or child id), else the task history's record; on any coordinator."""
         check_id("task_id", request.task_id)
         check_range("children_limit", request.children_limit, 0, 2**31 - 1)
-        lead = await self.gate.lead(context)
-        t = lead.scheduler.find(request.task_id)
-        if t is not None:
-            return qc.GetTaskResponse(status=OK, tree=lead.scheduler.tree(t, request.children_limit))
-        for tree in lead.scheduler.finished:
-            if tree.trigger.task_id == request.task_id or any(c.task_id == request.task_id
-                                                                for c in tree.children):
-                return qc.GetTaskResponse(status=OK, tree=tree)
-        raise NotFound(f"task {request.task_id} is unknown (finished long ago?)")
+        tid = request.task_id
+        lead = self.gate.leadership()
+        tree = None
+        if lead is not None:
+            t = lead.scheduler.find(tid)
+            if t is not None:
+                tree = lead.scheduler.tree(t, request.children_limit)
+            elif lead.scheduler.cfg.history_keep <= 0:  # no durable history: the memory's
+                tree = next((tr for tr in lead.scheduler.finished if tr.trigger.task_id == tid
+                             or any(c.task_id == tid for c in tr.children)), None)
+        else:
+            running = trees_from_records(await self._task_records())
+            tree = next((tr for tr in running if tr.trigger.task_id == tid
+                         or any(c.task_id == tid for c in tr.children)), None)
+        if tree is None:
+            tree = await TaskHistory(self._kv()).find(tid)
+        if tree is None:
+            raise NotFound(f"task {tid} is unknown (neither running nor in the task history)")
+        return qc.GetTaskResponse(status=OK, tree=_shaped(tree, True, request.children_limit))
+
+    def _kv(self) -> MetaKV:
+        assert self.coord.kv is not None
+        return self.coord.kv
+
+    async def _task_records(self) -> list:
+        """The persisted task records (what a standby knows of running trees)."""
+        return await TaskStore(self._kv()).load_all()
 
     @answered(qc.ShowNodesResponse)
     async def ShowNodes(self, request, context):
@@ -215,6 +254,19 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
 
     async def GetCoordinatorState(self, request, context):
         return coordinator_state(self.coord)
+
+
+# Bytes of trees in one ListTasks answer at most (clients accept 4 MiB); the rest goes to the next page.
+_PAGE_BYTES = 3 * 1024 * 1024
+
+
+def _shaped(tree: qc.TaskTree, include_children: bool, children_limit: int) -> qc.TaskTree:
+    """A copy of ``tree`` with the children asked for (none, the first ``children_limit``, or all): trees kept
+    by the scheduler or read from the history are never changed in place."""
+    kids = list(tree.children) if include_children else []
+    if children_limit:
+        kids = kids[:children_limit]
+    return qc.TaskTree(trigger=tree.trigger, children=kids, child_counts=tree.child_counts)
 
 
 def trees_from_records(records: list, children_limit: int = 0) -> list[qc.TaskTree]:

@@ -109,7 +109,6 @@ async def test_a_standby_answers_reads_from_etcd_and_sends_the_rest_to_the_leade
                 ("GetPartitionStates", qc.GetPartitionStatesRequest(collection_id=1)),
                 ("GetSegmentInfo", qc.GetSegmentInfoRequest()),
                 ("LoadBalance", qc.LoadBalanceRequest(source_node_ids=[1])),
-                ("GetTask", qc.GetTaskRequest(task_id=1)),
                 ("ShowNodes", qc.ShowNodesRequest()),
             ]:
                 with pytest.raises(grpc.aio.AioRpcError) as e:
@@ -122,6 +121,8 @@ async def test_a_standby_answers_reads_from_etcd_and_sends_the_rest_to_the_leade
             assert [(x.collection_id, x.in_memory_percentage) for x in show.collections] == [(cid, 100)]
             tasks = await stub.ListTasks(qc.ListTasksRequest(), timeout=5)
             assert tasks.status.error_code == common_pb2.SUCCESS
+            got = await stub.GetTask(qc.GetTaskRequest(task_id=10**15), timeout=5)  # running trees and history
+            assert got.status.error_code == common_pb2.NOT_FOUND, got.status
             health = await stub.GetComponentStates(qc.GetComponentStatesRequest(), timeout=5)
             assert health.state.state_code == common_pb2.STANDBY
         # The client helper, pointed at the standby first, follows to the leader.

@@ -5,7 +5,8 @@ Server commands (``cli/servers.py``): ``etcd`` (embedded etcd), ``coord``
 (the all-in-one cluster), ``demo``, ``drill``. Client commands talk to the
 coordinators named by ``--address`` (any of them: the client follows the
 leader): ``collection create|load|release|drop|show`` (``cli/collection.py``),
-``balance``, ``tasks``, ``nodes`` (``cli/tasks.py``), ``status`` (from etcd)
+``stream create|show|stop|start|drop`` and ``snode create|drop|show``
+(``cli/stream_cmd.py``), ``balance``, ``tasks``, ``nodes`` (``cli/tasks.py``), ``status`` (from etcd)
 and ``switchover`` (``cli/status.py``); ``completion`` prints a shell
 completion script (``cli/completion.py``). Each module adds its own
 sub-commands; ``cli/common.py`` holds what the commands share: the global
@@ -18,7 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from querycoord.cli import collection, completion, config_cmd, servers, status, tasks
+from querycoord.cli import collection, completion, config_cmd, meta_cmd, servers, status, stream_cmd, tasks
 from querycoord.cli.common import Parser, client_options, global_options, spread_global_options
 from querycoord.config_file import apply_layers
 from querycoord.logs import setup_logging
@@ -35,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     tasks.add_parsers(sub, client)
     status.add_parsers(sub, client)
     config_cmd.add_parsers(sub, client)
+    stream_cmd.add_parsers(sub, client)
+    meta_cmd.add_parsers(sub)
     completion.add_parsers(sub, parser)
     spread_global_options(parser)  # last: every sub-command, whoever added it, takes --log-level after its name
     return parser

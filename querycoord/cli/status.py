@@ -1,13 +1,9 @@
 """``querycoord status`` and ``querycoord switchover``: who leads, who stands by, the nodes and etcd; a planned
 leader change.
 
-``status`` reads etcd, not a coordinator, so it works with no leader at all:
-the coordinators are the live coordinator sessions joined (by lease) with
-their election keys, whose order says who leads and who is next; each is then
-asked for its gRPC health and its own view (``GetCoordinatorState``), and one
-that does not answer is shown as such, not as an error. The nodes are the live
-node sessions; the etcd members come from ``meta.maintenance.cluster_status``.
-Only etcd itself being unreachable is an error.
+``status`` reads etcd, not a coordinator, so it works with no leader at all;
+what it reads is gathered by ``querycoord.status_view.gather_status`` (which
+the coordinators' status page shares) and drawn here.
 
 ``switchover`` asks the leader (``querycoord.switchover``) and then waits for
 the new leader's gRPC health to say SERVING, timing both.
@@ -22,16 +18,10 @@ import sys
 import time
 from typing import Any
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from loguru import logger
 
-from meta.client import connect
-from meta.config import EtcdConfig
 from meta.errors import MetaError
-from meta.kv import MetaKV
-from meta.maintenance import MIB, cluster_status
-from meta.session import SessionInfo, list_sessions, role_prefix
+from meta.maintenance import MIB
 from proto import querycoord_pb2 as qc
 from querycoord import draw
 from querycoord.actions import check
@@ -39,91 +29,9 @@ from querycoord.cli.common import add_output_option, client_command, emit, posit
 from querycoord.client import QueryCoordClient
 from querycoord.config import CoordConfig
 from querycoord.etcd_options import add_etcd_options, etcd_config_from_args
-from querycoord.grpc_channels import make_channel
-from querycoord.protocol import QUERYCOORD_ROLE, QUERYNODE_ROLE, STREAMNODE_ROLE
 from querycoord.security_options import configure_from_args
-from querycoord.switchover import call_coordinator, candidates, switchover_holder
-
-# A coordinator that has not answered its health check by then is shown as not answering.
-PROBE_TIMEOUT = 1.0
-
-
-async def _health(address: str, timeout: float) -> str:
-    """The gRPC health of the coordinator at ``address`` (SERVING on the leader), or why it did not answer."""
-    try:
-        async with make_channel(address) as channel:
-            resp = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""),
-                                                                  timeout=timeout)
-    except grpc.aio.AioRpcError as exc:
-        return f"no answer ({exc.code().name})"
-    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status))
-
-
-async def _self_view(address: str, timeout: float) -> qc.GetCoordinatorStateResponse | None:
-    try:
-        return await call_coordinator(address, "GetCoordinatorState", qc.GetCoordinatorStateRequest(), timeout)
-    except grpc.aio.AioRpcError:
-        return None
-
-
-async def _coordinators(kv: MetaKV, probe_timeout: float) -> list[dict[str, Any]]:
-    """One row per coordinator address: the session that is queued in the election wins over a stale one (a
-    coordinator that lost its leadership starts a new session; the old one lives until its lease expires)."""
-    sessions = (await kv.load_prefix(role_prefix(QUERYCOORD_ROLE))).kvs
-    queue = await candidates(kv)
-    place = {c.lease: (i, c) for i, c in enumerate(queue)}
-    rows: dict[str, dict[str, Any]] = {}
-    for item in sorted(sessions, key=lambda s: s.create_revision):
-        info = SessionInfo.parse(item.key, item.value)
-        if info is None:
-            continue
-        queued = place.get(item.lease)
-        row = {"address": info.address, "server_id": info.server_id,
-               "role": "starting" if queued is None else "leader" if queued[0] == 0 else "standby",
-               "queue_position": None if queued is None else queued[0],
-               "election_revision": None if queued is None else queued[1].create_revision}
-        if queued is not None or info.address not in rows or rows[info.address]["queue_position"] is None:
-            rows[info.address] = row
-    for i, c in enumerate(queue):  # a candidate without a session: only while its lease expires
-        rows.setdefault(c.address, {"address": c.address, "server_id": 0, "role": "leader" if i == 0 else "standby",
-                                    "queue_position": i, "election_revision": c.create_revision})
-    out = sorted(rows.values(), key=lambda r: (r["queue_position"] is None, r["queue_position"] or 0, r["address"]))
-
-    async def probe(row: dict[str, Any]) -> None:
-        row["health"], own = await asyncio.gather(_health(row["address"], probe_timeout),
-                                                  _self_view(row["address"], probe_timeout))
-        row["fence_revision"] = row["election_revision"] if row["role"] == "leader" else None
-        row["since"] = own.since_ms / 1000 if own is not None and own.since_ms else None
-
-    await asyncio.gather(*(probe(r) for r in out))
-    return out
-
-
-def _node_rows(sessions: dict[int, SessionInfo], role: str) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
-    for sid, info in sorted(sessions.items()):
-        row: dict[str, Any] = {"id": sid, "address": info.address, "state": "online"}
-        if role == QUERYNODE_ROLE:
-            row["capacity_bytes"] = info.extra.get("capacity_bytes")
-        else:
-            row["vgroups"] = info.extra.get("vgroups", [])
-        rows.append(row)
-    return rows
-
-
-async def gather_status(config: EtcdConfig, root: str, *, probe_timeout: float = PROBE_TIMEOUT) -> dict[str, Any]:
-    """Everything ``querycoord status`` shows, as one JSON-ready dict; ``MetaError`` when etcd does not answer."""
-    async with await connect(config) as client:
-        kv = MetaKV(client, root)
-        coordinators = await _coordinators(kv, probe_timeout)
-        query_nodes = (await list_sessions(kv, QUERYNODE_ROLE)).sessions
-        stream_nodes = (await list_sessions(kv, STREAMNODE_ROLE)).sessions
-        switchover = await switchover_holder(kv)
-    etcd = await cluster_status(config)
-    leader = next((c["address"] for c in coordinators if c["role"] == "leader"), None)
-    return {"root": root, "leader": leader, "switchover": switchover, "coordinators": coordinators,
-            "query_nodes": _node_rows(query_nodes, QUERYNODE_ROLE),
-            "stream_nodes": _node_rows(stream_nodes, STREAMNODE_ROLE), "etcd": etcd.as_dict()}
+from querycoord.status_view import PROBE_TIMEOUT, coordinator_health, gather_status
+from querycoord.switchover import call_coordinator
 
 
 def _since(t: float | None, now: float) -> str:
@@ -195,7 +103,7 @@ async def _wait_serving(address: str, timeout: float) -> float | None:
     """Seconds until the coordinator at ``address`` reports SERVING (None: not within ``timeout``)."""
     started = time.monotonic()
     while time.monotonic() - started < timeout:
-        if await _health(address, PROBE_TIMEOUT) == "SERVING":
+        if await coordinator_health(address, PROBE_TIMEOUT) == "SERVING":
             return time.monotonic() - started
         await asyncio.sleep(0.01)
     return None

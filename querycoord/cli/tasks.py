@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import time
 from collections.abc import Sequence
 from typing import Any
 
+from proto import common_pb2
 from proto import querycoord_pb2 as qc
 from querycoord import draw
 from querycoord.actions import (
@@ -18,7 +20,7 @@ from querycoord.actions import (
     segments_in,
     wait_task,
 )
-from querycoord.cli.common import add_output_option, client_command, emit, non_negative_int
+from querycoord.cli.common import add_output_option, client_command, emit, non_negative_int, positive_int
 from querycoord.client import QueryCoordClient
 
 
@@ -50,12 +52,105 @@ async def _balance(c: QueryCoordClient, args: argparse.Namespace) -> int:
     return 0
 
 
+FINISHED = (qc.TASK_STATE_EXPIRED, qc.TASK_STATE_FAILED)
+
+
+def outcome(t: qc.TaskInfo) -> str:
+    """How a finished trigger ended, as users read it: DONE, FAILED or CANCELLED ("" while it runs)."""
+    if t.state == qc.TASK_STATE_EXPIRED:
+        return "DONE"
+    if t.state == qc.TASK_STATE_FAILED:
+        return "CANCELLED" if t.error_code == common_pb2.CANCELLED else "FAILED"
+    return ""
+
+
+def _clock(ms: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000)) if ms else "-"
+
+
+def timing_line(t: qc.TaskInfo) -> str:
+    """``created ..  started ..  finished ..  took 1.2s`` (what a finished tree's history record knows)."""
+    parts = [f"created {_clock(t.created_ms)}", f"started {_clock(t.started_ms)}"]
+    if t.finished_ms:
+        parts.append(f"finished {_clock(t.finished_ms)}")
+        if t.started_ms:
+            parts.append(f"took {(t.finished_ms - t.started_ms) / 1000:.1f}s")
+    return "  ".join(parts)
+
+
+def history_record(tree: qc.TaskTree) -> dict[str, object]:
+    """``draw.tree_record`` with the outcome, the error code and the timings (milliseconds since the epoch)."""
+    t = tree.trigger
+    return {**draw.tree_record(tree), "outcome": outcome(t),
+            "error_code": common_pb2.ErrorCode.Name(t.error_code) if t.error_code in common_pb2.ErrorCode.values()
+            else t.error_code,
+            "created_ms": t.created_ms, "started_ms": t.started_ms, "finished_ms": t.finished_ms}
+
+
+async def _show(c: QueryCoordClient, args: argparse.Namespace, task_id: int) -> int:
+    got = check(await c.query("GetTask", qc.GetTaskRequest(task_id=task_id, children_limit=args.max_children)),
+                f"task {task_id}")
+    tree = got.tree
+
+    def render() -> list[str]:
+        lines = draw.draw_tree(tree, max_children=args.max_children)
+        if tree.trigger.state in FINISHED:
+            lines.insert(1, f"  {outcome(tree.trigger)}  {timing_line(tree.trigger)}")
+            listed, total = len(tree.children), tree.child_counts.total
+            if listed < total and (not args.max_children or listed < args.max_children):
+                lines.append(f"  (the history record lists {listed} of its {total} children)")
+        return lines
+
+    emit(args, history_record(tree), render)
+    return 0
+
+
+async def _history(c: QueryCoordClient, args: argparse.Namespace) -> int:
+    """The task history, newest first: finished trees as etcd keeps them, whichever coordinator answers."""
+    trees: list[qc.TaskTree] = []
+    after = 0
+    while not args.limit or len(trees) < args.limit:
+        page = 5 if args.children else 100
+        if args.limit:
+            page = min(page, args.limit - len(trees))
+        resp = check(await c.query("ListTasks", qc.ListTasksRequest(
+            include_finished=True, states=FINISHED, newest_first=True, include_children=args.children,
+            collection_id=args.collection, after_task_id=after, limit=page,
+            children_limit=args.max_children)), "list task history")
+        trees.extend(resp.trees)
+        if not resp.next_after_task_id:
+            break
+        after = resp.next_after_task_id
+
+    def render() -> list[str]:
+        if not trees:
+            return ["the task history is empty (no finished task is kept)"]
+        lines: list[str] = []
+        for i, tree in enumerate(trees):
+            if args.children:
+                lines.extend([""] if i else [])
+                lines.extend(draw.draw_tree(tree, max_children=args.max_children))
+                lines.append(f"  {timing_line(tree.trigger)}")
+            else:
+                lines.append(f"{draw.trigger_line(tree.trigger, tree.child_counts)}  "
+                             f"finished {_clock(tree.trigger.finished_ms)}")
+        return lines
+
+    emit(args, [history_record(t) for t in trees], render)
+    return 0
+
+
 async def _tasks(c: QueryCoordClient, args: argparse.Namespace) -> int:
+    if args.action == "show":
+        if args.id is None:
+            raise ValueError("`querycoord tasks show` needs a task id: `querycoord tasks show ID`")
+        return await _show(c, args, args.id)
+    if args.id is not None:
+        raise ValueError(f"unexpected argument {args.id}: did you mean `querycoord tasks show {args.id}`?")
     if args.task:
-        got = check(await c.query("GetTask", qc.GetTaskRequest(task_id=args.task, children_limit=args.max_children)),
-                    f"task {args.task}")
-        emit(args, draw.tree_record(got.tree), lambda: draw.draw_tree(got.tree, max_children=args.max_children))
-        return 0
+        return await _show(c, args, args.task)
+    if args.history:
+        return await _history(c, args)
     trees = await list_trees(c, include_finished=args.all, include_children=args.children,
                              collection_id=args.collection, children_limit=args.max_children)
 
@@ -97,8 +192,16 @@ def add_parsers(sub: Any, client: list[argparse.ArgumentParser]) -> None:
                    help="children drawn at most (0: all; default 20)")
     p.set_defaults(func=client_command(_balance))
 
-    p = sub.add_parser("tasks", parents=client, help="task trees: queued and running (--all: recent ones too)")
-    p.add_argument("--all", action="store_true", help="include recently finished trees")
+    p = sub.add_parser("tasks", parents=client,
+                       help="task trees: queued and running (--all: finished ones too; --history: finished ones, "
+                            "newest first; `tasks show ID`: one tree)")
+    p.add_argument("action", nargs="?", choices=["show"], help="show: draw the tree of task ID (trigger or child)")
+    p.add_argument("id", nargs="?", type=positive_int, help="the task id of `show`")
+    p.add_argument("--all", action="store_true", help="include finished trees (the task history)")
+    p.add_argument("--history", action="store_true",
+                   help="finished trees from the task history, newest first (any coordinator answers)")
+    p.add_argument("--limit", type=non_negative_int, default=50,
+                   help="trees listed by --history at most (0: all; default 50)")
     p.add_argument("--children", action="store_true", help="draw the children of each trigger")
     p.add_argument("--task", type=non_negative_int, default=0, help="draw the tree of this task (trigger or child id)")
     p.add_argument("--collection", type=non_negative_int, default=0, help="only tasks of this collection id")

@@ -1220,7 +1220,12 @@ class StreamManager:
 
         wanted_ids = {r.stream_id for r in req.streams if r.stream_id}
         wanted_names = {r.name for r in req.streams if not r.stream_id}
-        resp = stream_pb2.ShowStreamsResponse(watching=self.state is ManagerState.WATCH)
+        watching = self.state is ManagerState.WATCH
+        resp = stream_pb2.ShowStreamsResponse(
+            watching=watching,
+            watch_until_ms=unix_ms(self.state_since + self.config.watch_timeout) if watching else 0,
+            live_snode_ids=sorted(self._live_snodes(now)),
+        )
         for stream_id in sorted(self.streams):
             rt = self.streams[stream_id]
             if req.streams and stream_id not in wanted_ids and rt.sdef.name not in wanted_names:
@@ -1232,6 +1237,8 @@ class StreamManager:
                 stop_reason=rt.stop_reason,
                 next_retry_ms=unix_ms(rt.next_retry),
                 deploy_times=rt.deploy_times,
+                retries=rt.retries,
+                plan_queued=stream_id in self._to_plan,
             )
             if req.with_tasks:
                 for t in sorted(rt.tasks.values(), key=lambda t: t.task.task_id):
@@ -1242,6 +1249,7 @@ class StreamManager:
                             last_heard_ms=unix_ms(t.last_heard),
                             error_code=t.error_code,
                             error_message=t.error_message,
+                            pending=t.task.task_id in rt.pending,
                         )
                     )
             resp.streams.append(info)

@@ -241,8 +241,9 @@ class StreamMgmtServicer(stream_pb2_grpc.StreamMgmtServicer):
             resp.streams.append(stream_pb2.StreamStatusInfo(stream=sdef, state=state))
         resp.snodes.extend(await store.list_snodes())
         note = await self.coord.not_leader_message()
+        # "; " after the note: ``protocol.parse_leader`` ends the leader's address at ";,)", so a client can follow.
         resp.status.CopyFrom(common_pb2.Status(
-            error_code=common_pb2.SUCCESS, reason=f"{note}: persisted streams only, without states or tasks"))
+            error_code=common_pb2.SUCCESS, reason=f"{note}; persisted streams only, without states or tasks"))
         return resp
 
     # ----- snodes -----------------------------------------------------------------------------------------------------

@@ -40,7 +40,19 @@ from querycoord.cluster.allocator import NoAvailableNode
 from querycoord.cluster.client import NodeError
 from querycoord.errors import CoordError
 from querycoord.task import repair  # noqa: F401  (its kind registers in Task.KINDS, which reload reads)
-from querycoord.task.model import DOING, DONE, EXPIRED, FAILED, UNDO, Task, TaskCancelled, TaskEnv, TaskError
+from querycoord.task.history import TaskHistory, summarize
+from querycoord.task.model import (
+    DOING,
+    DONE,
+    EXPIRED,
+    FAILED,
+    UNDO,
+    Task,
+    TaskCancelled,
+    TaskEnv,
+    TaskError,
+    now_ms,
+)
 from querycoord.task.triggers import ReleaseCollectionTask, ReleasePartitionsTask, TriggerTask
 
 if TYPE_CHECKING:
@@ -106,8 +118,13 @@ class Scheduler:
         self._busy: dict[int, int] = {}  # collection -> trigger id
         self._cancel_reason: dict[int, str] = {}
         self.finished: deque[qc.TaskTree] = deque(maxlen=self.cfg.finished_history)
-        # Finished trees whose keys etcd did not take away; retried by ``sweep_unremoved``.
-        self.unremoved: list[tuple[task_pb2.TaskRecord, list[task_pb2.TaskRecord]]] = []
+        # Finished trees whose keys etcd did not take away (with their history record); retried by
+        # ``sweep_unremoved``.
+        self.unremoved: list[tuple[task_pb2.TaskRecord, list[task_pb2.TaskRecord], qc.TaskTree | None]] = []
+        self._started_ms: dict[int, int] = {}  # running trigger id -> when this coordinator began running it
+        self._prune_kick = asyncio.Event()  # enough trees finished since the last pruning of the history
+        self._finished_since_prune = 0
+        self._pruner: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._loop: asyncio.Task[None] | None = None
         self._tiebreak = itertools.count()
@@ -118,12 +135,13 @@ class Scheduler:
         """Reload persisted trees (returns how many triggers were queued), then start dispatching."""
         n = await self.reload() if reload else 0
         self._loop = asyncio.create_task(self._dispatch_loop(), name="scheduler")
+        self._pruner = asyncio.create_task(self._prune_loop(), name="task-history-pruner")
         return n
 
     async def stop(self) -> None:
         """Stop dispatching and cancel running triggers without writing anything more."""
         self.stopped = True
-        tasks = [*self._running.values(), *([self._loop] if self._loop else [])]
+        tasks = [*self._running.values(), *(t for t in (self._loop, self._pruner) if t is not None)]
         for t in tasks:
             t.cancel()
         for t in tasks:
@@ -270,6 +288,7 @@ class Scheduler:
         """``_run_trigger`` with the trigger's id and collection on every line logged while it runs (its children's
         lines too: their tasks inherit the context), so a json log can be filtered by task."""
         self._started.add(t.id)
+        self._started_ms.setdefault(t.id, now_ms())
         try:
             with logger.contextualize(task=t.id, **({"collection": t.collection_id} if t.collection_id else {})):
                 if t.id in self._cancel_reason:  # a release cancelled it between dispatch and this first step
@@ -415,12 +434,28 @@ class Scheduler:
                     timeout.reschedule(loop.time() + pause.left)
                 logger.warning("{}: resumed after {:.1f}s", what, time.monotonic() - pause.since)
 
+    def history_record(self, t: TriggerTask) -> qc.TaskTree | None:
+        """The finished tree's task-history record (``task.history``); None when no history is kept.
+
+        Started: when this coordinator began running it, or (a tree resumed by a new leader) its plan's
+        time, the creation of its oldest child, if earlier.
+        """
+        if self.cfg.history_keep <= 0:
+            return None
+        children = [c.info() for c in t.children if c.id]
+        finished = now_ms()
+        started = min([self._started_ms.get(t.id, finished), *(c.created_ms for c in children if c.created_ms)])
+        return summarize(t.info(), children, started_ms=started, finished_ms=finished,
+                         max_children=self.cfg.history_children)
+
     async def _remove_tree(self, t: TriggerTask) -> None:
-        """Remove the finished tree's keys; retried, since keys left behind would be resumed by a new leader."""
+        """Remove the finished tree's keys, writing its history record in the txn that removes the trigger;
+        retried, since keys left behind would be resumed by a new leader."""
         recs = [c.rec for c in t.children if c.id]
+        history = self.history_record(t)
         for attempt in range(1, 4):
             try:
-                await self.env.store.remove_tree(t.rec, recs)
+                await self.env.store.remove_tree(t.rec, recs, history)
                 return
             except NotLeader as exc:
                 self._leadership_lost(exc)
@@ -428,14 +463,14 @@ class Scheduler:
             except MetaError as exc:
                 logger.error("{}: could not remove its keys (attempt {}): {}", t.describe(), attempt, exc)
                 await asyncio.sleep(self.cfg.retry_backoff * attempt)
-        self.unremoved.append((t.rec, recs))
+        self.unremoved.append((t.rec, recs, history))
 
     async def sweep_unremoved(self) -> int:
         """Retry removing the keys of finished trees whose removal failed (etcd trouble at the time)."""
         done = 0
         while self.unremoved and not self.stopped:
-            rec, recs = self.unremoved[0]
-            await self.env.store.remove_tree(rec, recs)
+            rec, recs, history = self.unremoved[0]
+            await self.env.store.remove_tree(rec, recs, history)
             self.unremoved.pop(0)
             done += 1
         return done
@@ -550,14 +585,19 @@ class Scheduler:
     def _drop(self, t: TriggerTask) -> None:
         """Forget a trigger without finishing it (shutdown / lost leadership): its keys stay for the next leader."""
         self._running.pop(t.id, None)
+        self._started_ms.pop(t.id, None)
         self._release_locks(t)
 
     def _finish(self, t: TriggerTask, error: BaseException | None) -> None:
         self._running.pop(t.id, None)
         self.triggers.pop(t.id, None)
         self._cancel_reason.pop(t.id, None)
+        self._started_ms.pop(t.id, None)
         self._release_locks(t)
         self.finished.append(self.tree(t))
+        self._finished_since_prune += 1
+        if self.cfg.history_keep > 0 and self._finished_since_prune >= max(1, self.cfg.history_keep // 10):
+            self._prune_kick.set()  # prune before the history grows past its bound by more than a tenth
         metrics.trigger_finished(t, error)
         for c in t.children:  # a finished tree must not be a reference cycle: the full GC rarely runs (process.py)
             c.parent = None
@@ -571,6 +611,29 @@ class Scheduler:
                                   else TaskError(str(error), getattr(error, "code", common_pb2.UNEXPECTED_ERROR)))
                 fut.exception()
         self._wake.set()
+
+    # ----- task history retention ----------------------------------------------------------------------------
+    async def prune_history(self) -> int:
+        """Prune the task history to its configured count and age (``TaskHistory.prune``); returns how many
+        records were deleted. With ``history_keep`` 0 no history is written, and whatever an earlier
+        configuration left is pruned away."""
+        self._finished_since_prune = 0
+        return await TaskHistory(self.env.store.kv).prune(
+            keep=self.cfg.history_keep, max_age_s=self.cfg.history_max_age, now_ms=now_ms())
+
+    async def _prune_loop(self) -> None:
+        """The leader's periodic sweep of the task history (also kicked when many trees finished)."""
+        while not self.stopped:
+            try:
+                await self.prune_history()
+            except NotLeader as exc:
+                self._leadership_lost(exc)
+                return
+            except Exception as exc:  # etcd trouble: never let the sweep die
+                logger.warning("task history: pruning failed ({}); the next sweep tries again", exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._prune_kick.wait(), self.cfg.history_sweep_interval)
+            self._prune_kick.clear()
 
     # ----- reload -------------------------------------------------------------------------------------------------
     async def reload(self) -> int:

@@ -15,7 +15,8 @@ Commit points (DESIGN.md rule 2), which reload relies on:
 * a rescheduled child's replacements are written first; the failed child's
   removal is in the last txn. A replacement whose predecessor still exists
   on reload is garbage.
-* a finished tree is removed children first, trigger last.
+* a finished tree is removed children first, trigger last; its history
+  record (``task.history``) is written in the txn that removes the trigger.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from dataclasses import dataclass, field
 
 from meta.kv import Batch, MetaKV, TxnResult
 from meta.txn import Delete, Op, Put, Unit
+from proto import querycoord_pb2 as qc
 from proto import task_pb2
+from querycoord.task.history import history_unit
 
 TRIGGER_PREFIX = "queryCoord-triggerTask/"
 ACTIVE_PREFIX = "queryCoord-activeTask/"
@@ -100,13 +103,17 @@ class TaskStore:
         self.txns = 0  # etcd write txns made, for benchmarks and tests
         self.orphan_request_keys: list[str] = []
 
-    async def _write(self, units: Sequence[TaskKeys], last: TaskKeys | None = None) -> None:
-        """``units`` then ``last`` (the commit point) in as few txns as etcd allows, the commit point's last."""
+    async def _write(self, units: Sequence[TaskKeys], last: TaskKeys | None = None, *,
+                     with_last: Sequence[Op] = ()) -> None:
+        """``units`` then ``last`` (the commit point) in as few txns as etcd allows, the commit point's last;
+        ``with_last``: ops that must share the commit point's txn."""
         if last is None:
             if not units:
                 return
             units, last = units[:-1], units[-1]
-        batches = self.kv.pack([u.unit() for u in units], last.unit())
+        commit = last.unit()
+        commit.ops = [*commit.ops, *with_last]
+        batches = self.kv.pack([u.unit() for u in units], commit)
         await self.kv.write_packed(batches, operation="task store", on_sent=self._sent)
 
     def _sent(self, _batch: Batch, _result: TxnResult) -> None:
@@ -128,9 +135,13 @@ class TaskStore:
         """Replacements first; the failed child's removal in the last txn."""
         await self._write([save_unit(c) for c in new], remove_unit(old))
 
-    async def remove_tree(self, trigger: task_pb2.TaskRecord, children: Sequence[task_pb2.TaskRecord]) -> None:
-        """Children first, trigger last: a crash in between leaves a smaller, still valid tree."""
-        await self._write([remove_unit(c) for c in children], remove_unit(trigger))
+    async def remove_tree(self, trigger: task_pb2.TaskRecord, children: Sequence[task_pb2.TaskRecord],
+                          history: qc.TaskTree | None = None) -> None:
+        """Children first, trigger last: a crash in between leaves a smaller, still valid tree. ``history``
+        (the tree's summary, ``task.history``) is written in the txn that removes the trigger, so it exists
+        exactly when the tree is gone. Writing it again (a retried removal) writes the same key and value."""
+        extra = history_unit(history).ops if history is not None else ()
+        await self._write([remove_unit(c) for c in children], remove_unit(trigger), with_last=extra)
 
     async def remove(self, recs: Sequence[task_pb2.TaskRecord]) -> None:
         await self._write([remove_unit(r) for r in recs])

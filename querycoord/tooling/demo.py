@@ -30,7 +30,9 @@ What it shows, each part a real process on the embedded etcd:
    redeploys the runners other streams had there on the surviving snode (same
    task ids, SID + 1) and stops the streams whose trigger was there (their
    retry is 30 s away: the coordinator's stream timings are TDengine's
-   defaults, with no flag to shorten them); then the leading coordinator is
+   defaults, with no flag to shorten them); one such stream is drawn as
+   ``querycoord stream show`` draws it (the calls are the ``stream`` and
+   ``snode`` commands' own, ``querycoord.actions``); then the leading coordinator is
    SIGKILLed: the new leader watches the nodes' reports, adopts every running
    stream as it runs (same task ids, SIDs and nodes) and redeploys the
    stopped ones. The elapsed time is printed. Exit 0, no process left behind.
@@ -55,7 +57,6 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
 
 from meta.child import ChildProcess
 from meta.client import connect
@@ -63,8 +64,8 @@ from meta.errors import NotLeader
 from meta.etcd_server import EtcdCluster
 from meta.fence import Fence
 from meta.kv import MetaKV
-from proto import common_pb2, stream_pb2
 from proto import querycoord_pb2 as qc
+from proto import stream_pb2
 from querycoord import actions, draw
 from querycoord.client import CoordinatorUnavailable, QueryCoordClient
 from querycoord.logs import setup_logging
@@ -343,29 +344,8 @@ async def run_cluster(opts: argparse.Namespace, data_dir: str) -> int:
 
 
 # ===== the stream part ================================================================================================
-STREAM_HEADERS = ("STREAM", "ID", "STATE", "SNODE", "TASK IDS", "TRIGGER snode/SID", "RUNNER DEPLOYS snode/SID")
-
-
-class StreamMgmt:
-    """StreamMgmt calls on the leader (the shared leader-following client); a refusal raises ``actions.Refusal``."""
-
-    def __init__(self, cluster: AllInOne):
-        self.cluster = cluster
-        self.client = QueryCoordClient(cluster.coordinator_addresses, deadline=20.0, call_timeout=5.0)
-
-    async def call(self, method: str, request: Any) -> Any:
-        """The leader's SUCCESS response; ``actions.Refusal`` otherwise, ``CoordinatorUnavailable`` if no leader
-        answers."""
-        resp = await self.client.stream(method, request)
-        if resp.status.error_code != common_pb2.SUCCESS:
-            raise actions.Refusal(f"{method}: {resp.status.reason}")
-        return resp
-
-    async def show(self) -> stream_pb2.ShowStreamsResponse:
-        return await self.call("ShowStreams", stream_pb2.ShowStreamsRequest(with_tasks=True))
-
-    async def close(self) -> None:
-        await self.client.close()
+# The stream part drives the cluster with the client-side actions of ``querycoord stream`` / ``snode``
+# (``querycoord.actions``) and draws with ``stream show``'s drawing (``querycoord.draw``).
 
 
 def _running(info: stream_pb2.StreamStatusInfo) -> bool:
@@ -378,49 +358,24 @@ def _identity(info: stream_pb2.StreamStatusInfo) -> set[tuple[int, int, int]]:
     return {(t.task.task_id, t.task.sid, t.task.node_id) for t in info.tasks}
 
 
-def _runner_deploys(info: stream_pb2.StreamStatusInfo) -> dict[int, list[stream_pb2.TaskId]]:
-    deploys: dict[int, list[stream_pb2.TaskId]] = {}
-    for t in sorted(info.tasks, key=lambda r: (r.task.deploy_id, r.task.task_idx)):
-        if t.task.kind == stream_pb2.RUNNER:
-            deploys.setdefault(t.task.deploy_id, []).append(t.task)
-    return deploys
-
-
-def _span(ids: list[int]) -> str:
-    """``#1-#11``, or ``#1-#5,#12`` when the ids are not one run."""
-    runs: list[list[int]] = []
-    for i in sorted(ids):
-        if runs and i == runs[-1][-1] + 1:
-            runs[-1].append(i)
-        else:
-            runs.append([i])
-    return ",".join(f"#{r[0]}" if len(r) == 1 else f"#{r[0]}-#{r[-1]}" for r in runs)
-
-
-def stream_rows(show: stream_pb2.ShowStreamsResponse) -> list[list[object]]:
-    rows: list[list[object]] = []
-    for info in sorted(show.streams, key=lambda s: s.stream.id):
-        trig = next((t.task for t in info.tasks if t.task.kind == stream_pb2.TRIGGER), None)
-        state = stream_pb2.StreamState.Name(info.state).removeprefix("STREAM_").lower()
-        deploys = _runner_deploys(info)
-        rows.append([info.stream.name, info.stream.id, state, info.stream.main_snode_id,
-                     _span([t.task.task_id for t in info.tasks]) or "-",
-                     f"{trig.snode_id}/{trig.sid}" if trig else "-",
-                     " ".join(f"{ts[0].snode_id}/{max(t.sid for t in ts)}" for _, ts in sorted(deploys.items()))
-                     or "-"])
-    return rows
-
-
 def print_streams(show: stream_pb2.ShowStreamsResponse) -> None:
-    for line in draw.table(STREAM_HEADERS, stream_rows(show), right=(1, 3, 4)):
+    """``querycoord stream show --summary``: one row per stream."""
+    for line in draw.stream_summary(show):
         print("    " + line)
 
 
-async def wait_streams(sm: StreamMgmt, ok: Callable[[stream_pb2.ShowStreamsResponse], bool], what: str,
+def print_stream(show: stream_pb2.ShowStreamsResponse, stream_id: int) -> None:
+    """``querycoord stream show NAME``: one stream's tasks and what the manager does about it."""
+    info = next(i for i in show.streams if i.stream.id == stream_id)
+    for line in draw.draw_stream(info, show, time.time()):
+        print("          " + line)
+
+
+async def wait_streams(c: QueryCoordClient, ok: Callable[[stream_pb2.ShowStreamsResponse], bool], what: str,
                        timeout: float = 30.0) -> stream_pb2.ShowStreamsResponse:
     deadline = time.monotonic() + timeout
     while True:
-        show = await sm.show()
+        show = await actions.show_streams(c)
         if not show.watching and ok(show):
             return show
         if time.monotonic() > deadline:
@@ -436,12 +391,11 @@ async def run_streams(cluster: AllInOne, tl: Timeline, opts: argparse.Namespace)
     source_vgroups = [int(v) for v in readers.ready.get("vgroups", [])]
     tl.say(f"stream nodes {', '.join(f'{n.node_id} (pid {n.child.pid})' for n in cluster.stream_nodes)} heartbeat; "
            f"node {readers.node_id} leads vgroups {', '.join(map(str, source_vgroups))}")
-    sm = StreamMgmt(cluster)
-    try:
+    async with QueryCoordClient(cluster.coordinator_addresses, deadline=20.0, call_timeout=5.0) as sm:
         snode_of: dict[int, int] = {}  # snode id -> node id
         for node in hosts:
-            resp = await sm.call("CreateSnode", stream_pb2.CreateSnodeRequest(node_id=node.node_id))
-            snode_of[resp.snode.id] = node.node_id
+            snode = await actions.create_snode(sm, node.node_id)
+            snode_of[snode.id] = node.node_id
         tl.say("CreateSnode: " + ", ".join(f"snode {s} on node {n}" for s, n in sorted(snode_of.items()))
                + " (each the other's replica)")
         # The nodes read their snode from etcd every second, then heartbeat it: wait until both are live.
@@ -449,9 +403,8 @@ async def run_streams(cluster: AllInOne, tl: Timeline, opts: argparse.Namespace)
         await asyncio.sleep(1.5)
         names = [f"s{i:02d}" for i in range(1, opts.streams + 1)]
         for name in names:
-            req = stream_pb2.CreateStreamRequest(name=name, source_db="demo_db", source_vgroup_ids=source_vgroups,
-                                                 num_calc_scan_plans=1, num_calc_subplans=2, runner_deploys=3)
-            await sm.call("CreateStream", req)
+            await actions.create_stream(sm, name, vgroups=source_vgroups, source_db="demo_db", scan_plans=1,
+                                        subplans=2, runner_deploys=3)
         show = await wait_streams(sm, lambda s: len(s.streams) == len(names) and all(map(_running, s.streams)),
                                   "RUNNING")
         tasks = sum(len(s.tasks) for s in show.streams)
@@ -462,7 +415,7 @@ async def run_streams(cluster: AllInOne, tl: Timeline, opts: argparse.Namespace)
         # ---- SIGKILL the node of the snode with the most streams whose runners (only) are there ----
         def moved_runner_streams(snode: int) -> list[stream_pb2.StreamStatusInfo]:
             return [s for s in show.streams if s.stream.main_snode_id != snode
-                    and any(d[0].snode_id == snode for d in _runner_deploys(s).values())]
+                    and any(d[0].snode_id == snode for d in draw.runner_deploys(s).values())]
 
         def main_streams(snode: int) -> int:
             return sum(1 for s in show.streams if s.stream.main_snode_id == snode)
@@ -486,16 +439,22 @@ async def run_streams(cluster: AllInOne, tl: Timeline, opts: argparse.Namespace)
         by_id = {i.stream.id: i for i in show.streams}
         tl.say(f"snode {lost} lost once node {victim.node_id}'s session lapsed; after {time.time() - killed_at:.1f}s:")
         for sid, before in sorted(movers.items()):
-            after = _runner_deploys(by_id[sid])
+            after = draw.runner_deploys(by_id[sid])
             moved = [f"deploy {d} ({','.join(f'#{t.task_id}' for t in ts)}) snode {lost} -> {after[d][0].snode_id}, "
                      f"SID {ts[0].sid} -> {after[d][0].sid}"
-                     for d, ts in sorted(_runner_deploys(before).items()) if ts[0].snode_id == lost]
+                     for d, ts in sorted(draw.runner_deploys(before).items()) if ts[0].snode_id == lost]
             print(f"          {before.stream.name}: runners redeployed: {'; '.join(moved)}")
         if stoppers:
             first = by_id[min(stoppers)]
             retry = max(0.0, first.next_retry_ms / 1000 - time.time())
             print(f"          {', '.join(by_id[i].stream.name for i in sorted(stoppers))}: stopped by error "
                   f"({first.stop_reason}), retry in {retry:.0f}s")
+        # One of them as `querycoord stream show NAME` draws it (what the manager does about it, then its tasks): a
+        # stopped one when there is one, as its drawing is short (no tasks) and the output stays under 100 lines.
+        drawn = min(stoppers) if stoppers else min(movers) if movers else 0
+        if drawn:
+            print(f"          $ querycoord stream show {by_id[drawn].stream.name}")
+            print_stream(show, drawn)
 
         # ---- SIGKILL the leading coordinator: the new leader adopts the running streams ----
         before_ids = {s.stream.id: _identity(s) for s in show.streams if _running(s)}
@@ -517,8 +476,6 @@ async def run_streams(cluster: AllInOne, tl: Timeline, opts: argparse.Namespace)
             tl.say(f"the {len(stoppers)} streams stopped by the snode loss were redeployed by the new leader on "
                    f"snode {', '.join(map(str, sorted(set(snode_of) - {lost})))} (new task ids), all RUNNING")
         print_streams(show)
-    finally:
-        await sm.close()
 
 
 async def wait_idle(c: QueryCoordClient, timeout: float = 60.0) -> None:

@@ -1,0 +1,186 @@
+"""Query meta against the catalog and the live query nodes.
+
+Query meta says what is loaded where; it may only name collections and
+partitions the catalog has (the catalog refuses to drop a loaded collection,
+so only an outside hand breaks this), segments and channels of what is
+loaded, and nodes that are alive: records on a node without a session are
+facts about a process that is gone, which the checker re-derives from the
+nodes that remain (it loads what no node holds).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from google.protobuf.message import DecodeError
+
+from meta.kv import KeyValue
+from meta.session import SessionInfo, role_prefix, session_key
+from meta.txn import Compare, Op, absent, delete, delete_prefix, modified_at, put
+from proto import catalog_pb2
+from querycoord.catalog.store import COLLECTIONS_PREFIX
+from querycoord.catalog.store import collection_key as catalog_key
+from querycoord.protocol import QUERYNODE_ROLE
+from querycoord.querymeta import keys
+from querycoord.querymeta.errors import CorruptRecord
+from querycoord.querymeta.index import MetaIndex
+from querycoord.querymeta.records import collection_percentage, copy_message, decode_into
+
+from .problems import Fix, Found, Problem, delete_fix
+from .snapshot import Snapshot
+
+
+def decode_query_meta(snap: Snapshot, found: Found | None = None) -> MetaIndex:
+    """Query meta as a leader's reload builds it; corrupt records are reported (with ``found``) and skipped."""
+    index = MetaIndex()
+    for prefix in keys.ALL_PREFIXES:
+        for item in snap.under(prefix):
+            try:
+                decode_into(index, prefix, item.key, item.value)
+            except CorruptRecord as exc:
+                if found is not None:
+                    found.add(Problem("corrupt-query-meta", (item.key,), exc.reason,
+                                      delete_fix("delete the record", [item])))
+    return index
+
+
+def decode_catalog(snap: Snapshot, found: Found | None = None) -> dict[int, catalog_pb2.CollectionDescription | None]:
+    """Catalog collections by id (None: the key exists but does not decode)."""
+    out: dict[int, catalog_pb2.CollectionDescription | None] = {}
+    for item in snap.under(COLLECTIONS_PREFIX):
+        tail = item.key[len(COLLECTIONS_PREFIX):]
+        try:
+            desc: catalog_pb2.CollectionDescription | None = catalog_pb2.CollectionDescription.FromString(item.value)
+        except DecodeError:
+            desc = None
+        if desc is None or str(desc.collection_id) != tail:
+            if found is not None:
+                found.add(Problem("corrupt-catalog-record", (item.key,), "not a CollectionDescription for its key"))
+            if tail.isdigit():
+                out[int(tail)] = None
+            continue
+        out[desc.collection_id] = desc
+    return out
+
+
+def live_nodes(snap: Snapshot, role: str = QUERYNODE_ROLE) -> set[int]:
+    return {info.server_id for kv in snap.under(role_prefix(role))
+            if (info := SessionInfo.parse(kv.key, kv.value)) is not None}
+
+
+def _collection_keys(snap: Snapshot, cid: int) -> list[KeyValue]:
+    kvs = [kv for kv in [snap.get(keys.collection_key(cid))] if kv is not None]
+    for prefix in (keys.segment_collection_prefix(cid), keys.dm_channel_prefix(cid), keys.delta_channel_prefix(cid)):
+        kvs += snap.under(prefix)
+    return kvs
+
+
+def _guard_load_record(snap: Snapshot, cid: int) -> Compare:
+    """The load record as the check saw it: unchanged, or still absent."""
+    kv = snap.get(keys.collection_key(cid))
+    return absent(keys.collection_key(cid)) if kv is None else modified_at(kv.key, kv.mod_revision)
+
+
+def _drop_collection_ops(cid: int) -> list[Op]:
+    """``QueryMeta.release_collection``'s txn: the record and one range delete per record kind."""
+    return [delete(keys.collection_key(cid)), delete_prefix(keys.segment_collection_prefix(cid)),
+            delete_prefix(keys.dm_channel_prefix(cid)), delete_prefix(keys.delta_channel_prefix(cid))]
+
+
+def _dropped_collections(snap: Snapshot, index: MetaIndex, catalog: Mapping[int, object], found: Found) -> set[int]:
+    cids = set(index.collections) | set(index.segments_by_partition) | set(index.dm_channels)
+    cids |= set(index.delta_channels)
+    gone = {cid for cid in cids if cid not in catalog}
+    for cid in sorted(gone):
+        kvs = [kv for kv in _collection_keys(snap, cid) if kv.key not in found.claimed]
+        fix = Fix(f"release collection {cid} from query meta (record and range deletes)",
+                  tuple(_drop_collection_ops(cid)), (absent(catalog_key(cid)), _guard_load_record(snap, cid)))
+        found.add(Problem("query-meta-of-dropped-collection", tuple(kv.key for kv in kvs),
+                          f"collection {cid} is not in the catalog ({catalog_key(cid)} is missing)", fix))
+    return gone
+
+
+def _dropped_partitions(snap: Snapshot, index: MetaIndex, cid: int, desc: catalog_pb2.CollectionDescription,
+                        found: Found) -> None:
+    have = {p.partition_id for p in desc.partitions}
+    info = index.collections.get(cid)
+    listed = {p.partition_id for p in info.partitions} | set(info.released_partition_ids) if info else set()
+    gone = sorted((listed | set(index.segments_by_partition.get(cid, {}))) - have)
+    if not gone:
+        return
+    record = snap.get(keys.collection_key(cid))
+    rewrite = info is not None and record is not None and bool(set(gone) & listed)
+    kvs = [record] if rewrite and record is not None else []
+    for pid in gone:
+        kvs += snap.under(keys.segment_partition_prefix(cid, pid))
+    ops: list[Op] = [delete_prefix(keys.segment_partition_prefix(cid, pid)) for pid in gone]
+    if rewrite and info is not None:
+        kept = [p for p in info.partitions if p.partition_id in have]
+        if not kept:
+            ops = _drop_collection_ops(cid)
+        else:
+            changed = copy_message(info)
+            del changed.partitions[:]
+            changed.partitions.extend(kept)
+            del changed.released_partition_ids[:]
+            changed.released_partition_ids.extend(p for p in info.released_partition_ids if p in have)
+            changed.in_memory_percentage = collection_percentage(changed)
+            ops.append(put(keys.collection_key(cid), changed.SerializeToString()))
+    cat = snap.get(catalog_key(cid))
+    assert cat is not None
+    fix = Fix(f"forget partitions {gone} of collection {cid} (segment range deletes, load record rewritten)",
+              tuple(ops), (modified_at(cat.key, cat.mod_revision), _guard_load_record(snap, cid)))
+    found.add(Problem("query-meta-of-dropped-partition", tuple(kv.key for kv in kvs if kv.key not in found.claimed),
+                      f"collection {cid} has no partition {', '.join(map(str, gone))} in the catalog", fix))
+
+
+def _unloaded(snap: Snapshot, index: MetaIndex, cid: int, found: Found) -> None:
+    """Range deletes (as a release makes them), so a fix stays one small txn however many records there are."""
+    info = index.collections.get(cid)
+    loaded = {p.partition_id for p in info.partitions} if info is not None else set()
+    prefixes = [keys.segment_partition_prefix(cid, pid) for pid in sorted(index.segments_by_partition.get(cid, {}))
+                if pid not in loaded]
+    if info is None:
+        prefixes += [keys.dm_channel_prefix(cid), keys.delta_channel_prefix(cid)]
+    kvs = [kv for prefix in prefixes for kv in snap.under(prefix) if kv.key not in found.claimed]
+    if kvs:
+        what = "collection is not loaded" if info is None else "partitions are not loaded"
+        fix = Fix("delete the records (range deletes, as a release)", tuple(delete_prefix(p) for p in prefixes),
+                  (_guard_load_record(snap, cid),))
+        found.add(Problem("query-meta-of-unloaded", tuple(kv.key for kv in kvs),
+                          f"collection {cid}: {len(kvs)} segment or channel records, but the {what}", fix))
+
+
+def _dead_nodes(snap: Snapshot, index: MetaIndex, found: Found) -> None:
+    live = live_nodes(snap)
+    for seg in sorted(index.segments.values(), key=lambda s: s.segment_id):
+        kv = snap.get(keys.segment_key(seg.collection_id, seg.partition_id, seg.segment_id))
+        if seg.node_id and seg.node_id not in live and kv is not None and kv.key not in found.claimed:
+            found.add(Problem("segment-on-dead-node", (kv.key,),
+                              f"segment {seg.segment_id} is recorded on node {seg.node_id}, which has no session",
+                              delete_fix("delete the record (the checker loads it again on a live node)", [kv],
+                                         (absent(session_key(QUERYNODE_ROLE, seg.node_id)),))))
+    for cid, channels in sorted(index.dm_channels.items()):
+        for name, watch in sorted(channels.items()):
+            kv = snap.get(keys.dm_channel_key(cid, name))
+            if watch.node_id and watch.node_id not in live and kv is not None and kv.key not in found.claimed:
+                found.add(Problem("channel-on-dead-node", (kv.key,),
+                                  f"DM channel {name} is recorded on node {watch.node_id}, which has no session",
+                                  delete_fix("delete the record (the checker watches it again)", [kv],
+                                             (absent(session_key(QUERYNODE_ROLE, watch.node_id)),))))
+
+
+def check_query(snap: Snapshot, found: Found) -> None:
+    index = decode_query_meta(snap, found)
+    catalog = decode_catalog(snap, found)
+    gone = _dropped_collections(snap, index, catalog, found)
+    for cid, desc in sorted(catalog.items()):
+        if desc is not None and cid not in gone:
+            _dropped_partitions(snap, index, cid, desc, found)
+    cids = (set(index.segments_by_partition) | set(index.dm_channels) | set(index.delta_channels)) - gone
+    for cid in sorted(cids):
+        _unloaded(snap, index, cid, found)
+    _dead_nodes(snap, index, found)
+
+
+__all__ = ["check_query", "decode_catalog", "decode_query_meta", "live_nodes"]

@@ -1,0 +1,38 @@
+"""One read of everything under a root, at one etcd revision.
+
+``MetaKV.load_prefix`` pages at the revision of its first page, so the keys
+of every store are seen as they were at one moment: a check never mistakes a
+tree written between two reads for a broken one. Fixes compare against the
+mod revisions read here, so a key that changed since is left alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meta.kv import KeyValue, MetaKV
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Every key under the root (relative keys) and the revision they were read at."""
+
+    root: str
+    revision: int
+    items: dict[str, KeyValue]
+
+    def under(self, prefix: str) -> list[KeyValue]:
+        """The keys under ``prefix``, in key order."""
+        return [kv for key, kv in sorted(self.items.items()) if key.startswith(prefix)]
+
+    def get(self, key: str) -> KeyValue | None:
+        return self.items.get(key)
+
+
+async def take(kv: MetaKV) -> Snapshot:
+    """Read every key under ``kv``'s root, paged, at one revision."""
+    snap = await kv.load_prefix("")
+    return Snapshot(kv.root, snap.revision, {item.key: item for item in snap.kvs})
+
+
+__all__ = ["Snapshot", "take"]
