@@ -27,8 +27,9 @@ Measured, in one run:
   the key prefixes it touched.
 - **raw_s**: every distinct key the coordinator put during the load (segment
   meta ``queryCoord-segmentMeta/<coll>/<part>/<seg>``, task records
-  ``queryCoord-{trigger,active}Task/<id>`` and ``queryCoord-taskInfo/<id>``,
-  and the few collection / channel / id-allocator records), each with the
+  ``queryCoord-{trigger,active}Task/<id>`` and ``queryCoord-taskInfo/<id>``, the
+  finished tree's ``queryCoord-taskHistory/<id>`` record, and the few
+  collection / channel / id-allocator records), each with the
   last value it held, taken from the replayed events, written once with the
   raw ``etcd3aio`` client in sequential 128-op txns under a root path of the
   same length: the floor of what persisting this load costs. Median of
@@ -102,6 +103,7 @@ CATEGORIES = (
     ("queryCoord-triggerTask/", "task records"),
     ("queryCoord-activeTask/", "task records"),
     ("queryCoord-taskInfo/", "task records"),
+    ("queryCoord-taskHistory/", "task history"),  # the finished tree's record, in the txn that removes it
     ("queryCoord-collectionMeta/", "collection meta"),
     ("queryCoord-dmChannelWatchInfo/", "channel meta"),
     ("queryCoord-deltaChannel/", "channel meta"),
