@@ -39,6 +39,10 @@ from loguru import logger
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 C = TypeVar("C", bound="ChildProcess")
+
+# asyncio's default line limit is 64 KiB: one large answer (a stream node's ``tasks`` with a few hundred tasks) would
+# end the reader, and every waiter would then sleep until its timeout. Event lines are small but not bounded by us.
+EVENT_LINE_LIMIT = 64 * 1024 * 1024
 EventSink = Callable[["ChildProcess", dict[str, Any]], None]
 
 
@@ -89,7 +93,7 @@ class ChildProcess:
     @classmethod
     async def spawn(cls: type[C], name: str, argv: Sequence[str], *, log_path: Path | None = None,
                     env: Mapping[str, str] | None = None, sink: EventSink | None = None, stdin: bool = False,
-                    new_session: bool = True, pdeathsig: bool = True) -> C:
+                    new_session: bool = True, pdeathsig: bool = True, line_limit: int = EVENT_LINE_LIMIT) -> C:
         """Start ``python <argv>`` (e.g. ``["-m", "querycoord.cli", "coord", ...]``); see the module docstring."""
         log = None
         if log_path is not None:
@@ -99,7 +103,7 @@ class ChildProcess:
             proc = await asyncio.create_subprocess_exec(
                 *(pdeathsig_prefix() if pdeathsig else []), sys.executable, *argv,
                 stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE, stderr=log,
+                stdout=asyncio.subprocess.PIPE, stderr=log, limit=line_limit,
                 env=dict(env) if env is not None else None, start_new_session=new_session,
             )
         finally:
@@ -125,22 +129,40 @@ class ChildProcess:
 
     # ----- events ---------------------------------------------------------------------------------------------------
     async def _read(self) -> None:
-        assert self.proc.stdout is not None
-        async for line in self.proc.stdout:
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            if not isinstance(event, dict):
-                continue
-            event["recv"] = time.time()
+        """Read event lines until EOF; a line over the spawn's ``line_limit`` is dropped with a warning, never fatal.
+
+        A reader that stopped early would leave the child blocked on a full pipe and every waiter asleep until its
+        timeout, with nothing saying why.
+        """
+        stdout = self.proc.stdout
+        assert stdout is not None
+        try:
+            while True:
+                try:
+                    line = await stdout.readline()
+                except ValueError as exc:  # over the limit: asyncio dropped the buffered part; resync on the next line
+                    logger.warning("{}: an output line was dropped: {}", self.name, exc)
+                    continue
+                if not line:
+                    return
+                await self._take(line)
+        finally:
             async with self._changed:
-                self.events.append(event)
                 self._changed.notify_all()
-            if self._sink is not None:
-                self._sink(self, event)
+
+    async def _take(self, line: bytes) -> None:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            return
+        if not isinstance(event, dict):
+            return
+        event["recv"] = time.time()
         async with self._changed:
+            self.events.append(event)
             self._changed.notify_all()
+        if self._sink is not None:
+            self._sink(self, event)
 
     async def next_event(self, *kinds: str, timeout: float = 30.0) -> dict[str, Any]:
         """The next event (after the last one returned) of one of ``kinds``; EOFError if the child exits first."""

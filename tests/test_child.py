@@ -75,3 +75,27 @@ def test_child_env_and_log_tail(tmp_path: Path) -> None:
     assert log_tail(tmp_path / "empty.log") == "    (log is empty)"
     (tmp_path / "a.log").write_text("".join(f"line {i}\n" for i in range(30)))
     assert log_tail(tmp_path / "a.log", 2) == "    line 28\n    line 29"
+
+
+BIG = r"""
+import json, sys
+size = int(sys.argv[1])
+print(json.dumps({"event": "big", "blob": "x" * size}), flush=True)
+print(json.dumps({"event": "after"}), flush=True)
+"""
+
+
+async def test_a_large_event_line_is_read(tmp_path: Path) -> None:
+    """asyncio's default 64 KiB line limit ended the reader on a stream node's large ``tasks`` answer: the waiter then
+    slept until its timeout (the CI failure of test_stream_failover's 50-stream takeover)."""
+    child = await ChildProcess.spawn("big", ["-c", BIG, str(200_000)], log_path=tmp_path / "big.log")
+    assert len((await child.next_event("big", timeout=30))["blob"]) == 200_000
+    assert (await child.next_event("after", timeout=10))["event"] == "after"
+    assert await child.wait(timeout=10) == 0
+
+
+async def test_a_line_over_the_limit_is_dropped_and_reading_goes_on(tmp_path: Path) -> None:
+    child = await ChildProcess.spawn("big", ["-c", BIG, str(4096)], log_path=tmp_path / "big.log", line_limit=1024)
+    assert (await child.next_event("big", "after", timeout=30))["event"] == "after"
+    assert [ev["event"] for ev in child.events] == ["after"]
+    assert await child.wait(timeout=10) == 0
