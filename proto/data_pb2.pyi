@@ -137,7 +137,7 @@ class SegmentLoadInfo(_message.Message):
     def __init__(self, segment_id: _Optional[int] = ..., partition_id: _Optional[int] = ..., collection_id: _Optional[int] = ..., num_rows: _Optional[int] = ..., mem_size: _Optional[int] = ..., binlog_paths: _Optional[_Iterable[str]] = ..., compaction_from: _Optional[_Iterable[int]] = ..., insert_channel: _Optional[str] = ..., index_infos: _Optional[_Iterable[_Union[IndexInfo, _Mapping]]] = ...) -> None: ...
 
 class SegmentInfo(_message.Message):
-    __slots__ = ("segment_id", "collection_id", "partition_id", "node_id", "mem_size", "num_rows", "index_infos", "state", "compaction_from", "dm_channel")
+    __slots__ = ("segment_id", "collection_id", "partition_id", "node_id", "mem_size", "num_rows", "index_infos", "state", "compaction_from", "dm_channel", "replica_id", "node_ids", "replica_ids")
     SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
     COLLECTION_ID_FIELD_NUMBER: _ClassVar[int]
     PARTITION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -148,6 +148,9 @@ class SegmentInfo(_message.Message):
     STATE_FIELD_NUMBER: _ClassVar[int]
     COMPACTION_FROM_FIELD_NUMBER: _ClassVar[int]
     DM_CHANNEL_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_IDS_FIELD_NUMBER: _ClassVar[int]
     segment_id: int
     collection_id: int
     partition_id: int
@@ -158,7 +161,10 @@ class SegmentInfo(_message.Message):
     state: SegmentState
     compaction_from: _containers.RepeatedScalarFieldContainer[int]
     dm_channel: str
-    def __init__(self, segment_id: _Optional[int] = ..., collection_id: _Optional[int] = ..., partition_id: _Optional[int] = ..., node_id: _Optional[int] = ..., mem_size: _Optional[int] = ..., num_rows: _Optional[int] = ..., index_infos: _Optional[_Iterable[_Union[IndexInfo, _Mapping]]] = ..., state: _Optional[_Union[SegmentState, str]] = ..., compaction_from: _Optional[_Iterable[int]] = ..., dm_channel: _Optional[str] = ...) -> None: ...
+    replica_id: int
+    node_ids: _containers.RepeatedScalarFieldContainer[int]
+    replica_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, segment_id: _Optional[int] = ..., collection_id: _Optional[int] = ..., partition_id: _Optional[int] = ..., node_id: _Optional[int] = ..., mem_size: _Optional[int] = ..., num_rows: _Optional[int] = ..., index_infos: _Optional[_Iterable[_Union[IndexInfo, _Mapping]]] = ..., state: _Optional[_Union[SegmentState, str]] = ..., compaction_from: _Optional[_Iterable[int]] = ..., dm_channel: _Optional[str] = ..., replica_id: _Optional[int] = ..., node_ids: _Optional[_Iterable[int]] = ..., replica_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PartitionLoadInfo(_message.Message):
     __slots__ = ("partition_id", "state", "in_memory_percentage")
@@ -171,29 +177,53 @@ class PartitionLoadInfo(_message.Message):
     def __init__(self, partition_id: _Optional[int] = ..., state: _Optional[_Union[PartitionState, str]] = ..., in_memory_percentage: _Optional[int] = ...) -> None: ...
 
 class CollectionLoadInfo(_message.Message):
-    __slots__ = ("collection_id", "load_type", "in_memory_percentage", "replica_number", "partitions", "released_partition_ids")
+    __slots__ = ("collection_id", "load_type", "in_memory_percentage", "replica_number", "partitions", "released_partition_ids", "replicas")
     COLLECTION_ID_FIELD_NUMBER: _ClassVar[int]
     LOAD_TYPE_FIELD_NUMBER: _ClassVar[int]
     IN_MEMORY_PERCENTAGE_FIELD_NUMBER: _ClassVar[int]
     REPLICA_NUMBER_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     RELEASED_PARTITION_IDS_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
     collection_id: int
     load_type: LoadType
     in_memory_percentage: int
     replica_number: int
     partitions: _containers.RepeatedCompositeFieldContainer[PartitionLoadInfo]
     released_partition_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, collection_id: _Optional[int] = ..., load_type: _Optional[_Union[LoadType, str]] = ..., in_memory_percentage: _Optional[int] = ..., replica_number: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[PartitionLoadInfo, _Mapping]]] = ..., released_partition_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaInfo]
+    def __init__(self, collection_id: _Optional[int] = ..., load_type: _Optional[_Union[LoadType, str]] = ..., in_memory_percentage: _Optional[int] = ..., replica_number: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[PartitionLoadInfo, _Mapping]]] = ..., released_partition_ids: _Optional[_Iterable[int]] = ..., replicas: _Optional[_Iterable[_Union[ReplicaInfo, _Mapping]]] = ...) -> None: ...
+
+class ReplicaInfo(_message.Message):
+    __slots__ = ("replica_id", "collection_id", "node_ids", "in_memory_percentage", "segment_count", "dm_channels")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    COLLECTION_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    IN_MEMORY_PERCENTAGE_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_COUNT_FIELD_NUMBER: _ClassVar[int]
+    DM_CHANNELS_FIELD_NUMBER: _ClassVar[int]
+    replica_id: int
+    collection_id: int
+    node_ids: _containers.RepeatedScalarFieldContainer[int]
+    in_memory_percentage: int
+    segment_count: int
+    dm_channels: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, replica_id: _Optional[int] = ..., collection_id: _Optional[int] = ..., node_ids: _Optional[_Iterable[int]] = ..., in_memory_percentage: _Optional[int] = ..., segment_count: _Optional[int] = ..., dm_channels: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DmChannelWatchInfo(_message.Message):
-    __slots__ = ("collection_id", "dm_channel", "node_id", "partition_ids")
+    __slots__ = ("collection_id", "dm_channel", "node_id", "partition_ids", "replica_id", "node_ids", "replica_ids")
     COLLECTION_ID_FIELD_NUMBER: _ClassVar[int]
     DM_CHANNEL_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     PARTITION_IDS_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_IDS_FIELD_NUMBER: _ClassVar[int]
     collection_id: int
     dm_channel: str
     node_id: int
     partition_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, collection_id: _Optional[int] = ..., dm_channel: _Optional[str] = ..., node_id: _Optional[int] = ..., partition_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    replica_id: int
+    node_ids: _containers.RepeatedScalarFieldContainer[int]
+    replica_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, collection_id: _Optional[int] = ..., dm_channel: _Optional[str] = ..., node_id: _Optional[int] = ..., partition_ids: _Optional[_Iterable[int]] = ..., replica_id: _Optional[int] = ..., node_ids: _Optional[_Iterable[int]] = ..., replica_ids: _Optional[_Iterable[int]] = ...) -> None: ...

@@ -313,6 +313,20 @@ class GetSegmentInfoResponse(_message.Message):
     infos: _containers.RepeatedCompositeFieldContainer[_data_pb2.SegmentInfo]
     def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., infos: _Optional[_Iterable[_Union[_data_pb2.SegmentInfo, _Mapping]]] = ...) -> None: ...
 
+class GetReplicasRequest(_message.Message):
+    __slots__ = ("collection_id",)
+    COLLECTION_ID_FIELD_NUMBER: _ClassVar[int]
+    collection_id: int
+    def __init__(self, collection_id: _Optional[int] = ...) -> None: ...
+
+class GetReplicasResponse(_message.Message):
+    __slots__ = ("status", "replicas")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    status: _common_pb2.Status
+    replicas: _containers.RepeatedCompositeFieldContainer[_data_pb2.ReplicaInfo]
+    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., replicas: _Optional[_Iterable[_Union[_data_pb2.ReplicaInfo, _Mapping]]] = ...) -> None: ...
+
 class LoadBalanceRequest(_message.Message):
     __slots__ = ("source_node_ids", "dst_node_ids", "sealed_segment_ids", "reason", "collection_id")
     SOURCE_NODE_IDS_FIELD_NUMBER: _ClassVar[int]

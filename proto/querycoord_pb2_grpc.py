@@ -75,6 +75,11 @@ class QueryCoordStub:
                 request_serializer=proto_dot_querycoord__pb2.GetSegmentInfoRequest.SerializeToString,
                 response_deserializer=proto_dot_querycoord__pb2.GetSegmentInfoResponse.FromString,
                 _registered_method=True)
+        self.GetReplicas = channel.unary_unary(
+                '/querycoord.query.QueryCoord/GetReplicas',
+                request_serializer=proto_dot_querycoord__pb2.GetReplicasRequest.SerializeToString,
+                response_deserializer=proto_dot_querycoord__pb2.GetReplicasResponse.FromString,
+                _registered_method=True)
         self.LoadBalance = channel.unary_unary(
                 '/querycoord.query.QueryCoord/LoadBalance',
                 request_serializer=proto_dot_querycoord__pb2.LoadBalanceRequest.SerializeToString,
@@ -164,6 +169,13 @@ class QueryCoordServicer:
 
     def GetSegmentInfo(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetReplicas(self, request, context):
+        """The replicas of a loaded collection with their nodes and progress (Milvus 2.1).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -267,6 +279,11 @@ def add_QueryCoordServicer_to_server(servicer, server):
                     servicer.GetSegmentInfo,
                     request_deserializer=proto_dot_querycoord__pb2.GetSegmentInfoRequest.FromString,
                     response_serializer=proto_dot_querycoord__pb2.GetSegmentInfoResponse.SerializeToString,
+            ),
+            'GetReplicas': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetReplicas,
+                    request_deserializer=proto_dot_querycoord__pb2.GetReplicasRequest.FromString,
+                    response_serializer=proto_dot_querycoord__pb2.GetReplicasResponse.SerializeToString,
             ),
             'LoadBalance': grpc.unary_unary_rpc_method_handler(
                     servicer.LoadBalance,
@@ -525,6 +542,33 @@ class QueryCoord:
             '/querycoord.query.QueryCoord/GetSegmentInfo',
             proto_dot_querycoord__pb2.GetSegmentInfoRequest.SerializeToString,
             proto_dot_querycoord__pb2.GetSegmentInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetReplicas(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/querycoord.query.QueryCoord/GetReplicas',
+            proto_dot_querycoord__pb2.GetReplicasRequest.SerializeToString,
+            proto_dot_querycoord__pb2.GetReplicasResponse.FromString,
             options,
             channel_credentials,
             insecure,
