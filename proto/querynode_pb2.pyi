@@ -29,7 +29,7 @@ class CoordFence(_message.Message):
     def __init__(self, leader_revision: _Optional[int] = ..., coordinator_id: _Optional[int] = ...) -> None: ...
 
 class LoadSegmentsRequest(_message.Message):
-    __slots__ = ("fence", "node_id", "task_id", "collection_id", "infos", "source_node_id", "load_type")
+    __slots__ = ("fence", "node_id", "task_id", "collection_id", "infos", "source_node_id", "load_type", "replica_id")
     FENCE_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
@@ -37,6 +37,7 @@ class LoadSegmentsRequest(_message.Message):
     INFOS_FIELD_NUMBER: _ClassVar[int]
     SOURCE_NODE_ID_FIELD_NUMBER: _ClassVar[int]
     LOAD_TYPE_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     fence: CoordFence
     node_id: int
     task_id: int
@@ -44,7 +45,8 @@ class LoadSegmentsRequest(_message.Message):
     infos: _containers.RepeatedCompositeFieldContainer[_data_pb2.SegmentLoadInfo]
     source_node_id: int
     load_type: _data_pb2.LoadType
-    def __init__(self, fence: _Optional[_Union[CoordFence, _Mapping]] = ..., node_id: _Optional[int] = ..., task_id: _Optional[int] = ..., collection_id: _Optional[int] = ..., infos: _Optional[_Iterable[_Union[_data_pb2.SegmentLoadInfo, _Mapping]]] = ..., source_node_id: _Optional[int] = ..., load_type: _Optional[_Union[_data_pb2.LoadType, str]] = ...) -> None: ...
+    replica_id: int
+    def __init__(self, fence: _Optional[_Union[CoordFence, _Mapping]] = ..., node_id: _Optional[int] = ..., task_id: _Optional[int] = ..., collection_id: _Optional[int] = ..., infos: _Optional[_Iterable[_Union[_data_pb2.SegmentLoadInfo, _Mapping]]] = ..., source_node_id: _Optional[int] = ..., load_type: _Optional[_Union[_data_pb2.LoadType, str]] = ..., replica_id: _Optional[int] = ...) -> None: ...
 
 class LoadSegmentsResponse(_message.Message):
     __slots__ = ("status",)
@@ -75,7 +77,7 @@ class ReleaseSegmentsResponse(_message.Message):
     def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ...) -> None: ...
 
 class WatchDmChannelsRequest(_message.Message):
-    __slots__ = ("fence", "node_id", "task_id", "collection_id", "partition_ids", "infos", "load_type")
+    __slots__ = ("fence", "node_id", "task_id", "collection_id", "partition_ids", "infos", "load_type", "replica_id")
     FENCE_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
@@ -83,6 +85,7 @@ class WatchDmChannelsRequest(_message.Message):
     PARTITION_IDS_FIELD_NUMBER: _ClassVar[int]
     INFOS_FIELD_NUMBER: _ClassVar[int]
     LOAD_TYPE_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     fence: CoordFence
     node_id: int
     task_id: int
@@ -90,7 +93,8 @@ class WatchDmChannelsRequest(_message.Message):
     partition_ids: _containers.RepeatedScalarFieldContainer[int]
     infos: _containers.RepeatedCompositeFieldContainer[_data_pb2.VChannelInfo]
     load_type: _data_pb2.LoadType
-    def __init__(self, fence: _Optional[_Union[CoordFence, _Mapping]] = ..., node_id: _Optional[int] = ..., task_id: _Optional[int] = ..., collection_id: _Optional[int] = ..., partition_ids: _Optional[_Iterable[int]] = ..., infos: _Optional[_Iterable[_Union[_data_pb2.VChannelInfo, _Mapping]]] = ..., load_type: _Optional[_Union[_data_pb2.LoadType, str]] = ...) -> None: ...
+    replica_id: int
+    def __init__(self, fence: _Optional[_Union[CoordFence, _Mapping]] = ..., node_id: _Optional[int] = ..., task_id: _Optional[int] = ..., collection_id: _Optional[int] = ..., partition_ids: _Optional[_Iterable[int]] = ..., infos: _Optional[_Iterable[_Union[_data_pb2.VChannelInfo, _Mapping]]] = ..., load_type: _Optional[_Union[_data_pb2.LoadType, str]] = ..., replica_id: _Optional[int] = ...) -> None: ...
 
 class WatchDmChannelsResponse(_message.Message):
     __slots__ = ("status",)

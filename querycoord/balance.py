@@ -11,19 +11,23 @@ Nothing is queued while another balance is pending, so balances never pile up.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from loguru import logger
 
 from proto import querycoord_pb2 as qc
+from querycoord.querymeta import QueryMeta
 from querycoord.task.scheduler import Scheduler
 from querycoord.task.triggers import LoadBalanceTask
 
 
 def plan_move(rates: dict[int, tuple[int, int]], sizes: dict[int, list[tuple[int, int]]], *,
-              spread: float, memory_limit: float) -> tuple[int, int, list[int]] | None:
+              spread: float, memory_limit: float,
+              movable: Callable[[int, int, int], bool] | None = None) -> tuple[int, int, list[int]] | None:
     """(source, destination, segment ids) that narrows the gap, or None when balanced.
 
-    ``rates``: node -> (used bytes, capacity); ``sizes``: node -> [(segment id, bytes)].
+    ``rates``: node -> (used bytes, capacity); ``sizes``: node -> [(segment id, bytes)]; ``movable(src, segment,
+    dst)``: whether that copy may go there (replicas: only within the copy's replica).
     """
     if len(rates) < 2:
         return None
@@ -36,6 +40,8 @@ def plan_move(rates: dict[int, tuple[int, int]], sizes: dict[int, list[tuple[int
     used_dst, cap_dst = rates[dst]
     moved: list[int] = []
     for seg, size in sorted(sizes.get(src, []), key=lambda x: -x[1]):
+        if movable is not None and not movable(src, seg, dst):
+            continue
         new_src, new_dst = (used_src - size) / cap_src, (used_dst + size) / cap_dst
         if new_dst >= memory_limit or new_dst > new_src:
             continue
@@ -44,6 +50,15 @@ def plan_move(rates: dict[int, tuple[int, int]], sizes: dict[int, list[tuple[int
         if (used_src / cap_src) - (used_dst / cap_dst) <= spread / 2:
             break
     return (src, dst, moved) if moved else None
+
+
+def may_serve(meta: QueryMeta, collection_id: int, replica_id: int, node_id: int) -> bool:
+    """Whether ``node_id`` may hold a copy of ``replica_id``: a node of that replica, or a spare (in no replica
+    of the collection, it joins); replica 0 (loaded before replicas) any node."""
+    if not replica_id:
+        return True
+    owner = meta.replica_of_node(collection_id, node_id)
+    return owner in (0, replica_id)
 
 
 async def auto_balance_loop(scheduler: Scheduler, interval: float, spread: float) -> None:
@@ -64,9 +79,18 @@ async def auto_balance_once(scheduler: Scheduler, spread: float) -> None:
         return
     online = env.nodes.online()
     rates = {n.node_id: (env.meta.node_memory_usage(n.node_id), n.capacity) for n in online}
-    sizes = {n.node_id: [(s.segment_id, s.mem_size) for s in env.meta.segments_on_node(n.node_id)]
-             for n in online}
-    move = plan_move(rates, sizes, spread=spread, memory_limit=env.config.memory_limit)
+    sizes: dict[int, list[tuple[int, int]]] = {}
+    replica_of_copy: dict[tuple[int, int], tuple[int, int]] = {}  # (node, segment) -> (collection, replica)
+    for n in online:
+        views = env.meta.segments_on_node(n.node_id)
+        sizes[n.node_id] = [(s.segment_id, s.mem_size) for s in views]
+        replica_of_copy.update({(n.node_id, s.segment_id): (s.collection_id, s.replica_id) for s in views})
+
+    def movable(src: int, seg: int, dst: int) -> bool:
+        cid, replica = replica_of_copy[(src, seg)]
+        return may_serve(env.meta, cid, replica, dst)
+
+    move = plan_move(rates, sizes, spread=spread, memory_limit=env.config.memory_limit, movable=movable)
     if move is None:
         return
     src, dst, segs = move

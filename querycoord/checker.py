@@ -36,6 +36,7 @@ from proto import data_pb2, querynode_pb2, task_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.cluster.client import NodeError
 from querycoord.querymeta import QueryMeta
+from querycoord.querymeta.copies import copies
 from querycoord.task.repair import RepairTask
 from querycoord.task.scheduler import Scheduler
 
@@ -73,6 +74,8 @@ class Diff:
     repairs: dict[int, task_pb2.RepairRequest] = field(default_factory=dict)
     # collection -> partition -> (held, total) for every checked loaded collection
     progress: dict[int, dict[int, tuple[int, int]]] = field(default_factory=dict)
+    # collection -> replica -> (held, total)
+    replica_progress: dict[int, dict[int, tuple[int, int]]] = field(default_factory=dict)
 
 
 def _repair(d: Diff, cid: int) -> task_pb2.RepairRequest:
@@ -101,28 +104,52 @@ def diff(
             continue
         loaded = set(meta.partition_ids(cid))
         progress: dict[int, tuple[int, int]] = {p: (0, 0) for p in loaded}
+        replicas = meta.replica_ids(cid)
+        members = {r: set(meta.replica_nodes(cid, r)) for r in replicas}
+        legacy = replicas == [0]  # loaded before replicas: any node serves its one copy
+
+        def split(nodes: set[int], members: dict[int, set[int]] = members, legacy: bool = legacy
+                  ) -> tuple[dict[int, set[int]], set[int]]:
+            """Holders by replica, and holders in no replica (strays)."""
+            if legacy:
+                return {0: set(nodes)}, set()
+            by: dict[int, set[int]] = {}
+            strays: set[int] = set()
+            for n in nodes:
+                r = next((r for r, m in members.items() if n in m), 0)
+                (by.setdefault(r, set()) if r else strays).add(n)
+            return by, strays
+
+        per_replica = {r: [0, 0] for r in replicas}
         keep_sources: set[int] = set()
         for seg in target.segments.values():
-            holders = held.segments.get(seg.segment_id, set())
-            recorded = meta.get_segment(seg.segment_id)
-            unknown = recorded is not None and recorded.node_id in silent
-            h, t = progress.get(seg.partition_id, (0, 0))
-            progress[seg.partition_id] = (h + (1 if holders or unknown else 0), t + 1)
-            if holders:
-                keep = recorded.node_id if recorded is not None and recorded.node_id in holders else min(holders)
-                if recorded is None or recorded.node_id != keep:
-                    info = data_pb2.SegmentInfo(segment_id=seg.segment_id, collection_id=cid,
-                                                partition_id=seg.partition_id, node_id=keep,
-                                                state=data_pb2.SEGMENT_STATE_SEALED,
-                                                compaction_from=list(seg.compaction_from))
-                    _repair(out, cid).adopt.append(info)
-                for extra in sorted(holders - {keep}):
-                    _release(out, cid, extra, seg.segment_id)
-            elif not unknown:
-                keep_sources.update(seg.compaction_from)  # serve the sources until the result is loaded
-                _repair(out, cid).missing_segments.append(data_pb2.SegmentInfo(
-                    segment_id=seg.segment_id, collection_id=cid, partition_id=seg.partition_id,
-                    node_id=recorded.node_id if recorded is not None else 0))
+            by_replica, strays = split(held.segments.get(seg.segment_id, set()))
+            recorded_copies = meta.segment_copies(seg.segment_id)
+            for extra in sorted(strays):
+                _release(out, cid, extra, seg.segment_id)
+            for replica in replicas:
+                holders = by_replica.get(replica, set())
+                recorded = recorded_copies.get(replica, 0)
+                unknown = recorded in silent
+                h, t = progress.get(seg.partition_id, (0, 0))
+                counted = 1 if holders or unknown else 0
+                progress[seg.partition_id] = (h + counted, t + 1)
+                per_replica[replica][0] += counted
+                per_replica[replica][1] += 1
+                if holders:
+                    keep = recorded if recorded in holders else min(holders)
+                    if recorded != keep:
+                        _repair(out, cid).adopt.append(data_pb2.SegmentInfo(
+                            segment_id=seg.segment_id, collection_id=cid, partition_id=seg.partition_id,
+                            node_id=keep, replica_id=replica, state=data_pb2.SEGMENT_STATE_SEALED,
+                            compaction_from=list(seg.compaction_from)))
+                    for extra in sorted(holders - {keep}):
+                        _release(out, cid, extra, seg.segment_id)
+                elif not unknown:
+                    keep_sources.update(seg.compaction_from)  # serve the sources until the result is loaded
+                    _repair(out, cid).missing_segments.append(data_pb2.SegmentInfo(
+                        segment_id=seg.segment_id, collection_id=cid, partition_id=seg.partition_id,
+                        node_id=recorded, replica_id=replica))
         # Copies of this collection that are not in the target: released partitions, compacted away.
         for sid, (scid, _pid) in held.segment_collection.items():
             if scid != cid or sid in target.segments or sid in keep_sources:
@@ -132,22 +159,26 @@ def diff(
         # Meta records of segments that are neither in the target nor held anywhere.
         for seg in meta.segments_of(cid):
             if seg.segment_id not in target.segments and seg.segment_id not in held.segments \
-                    and seg.node_id not in silent:
+                    and not silent.intersection(meta.segment_copies(seg.segment_id).values()):
                 _repair(out, cid).forget_segment_ids.append(seg.segment_id)
-        # DM channels: each target channel watched by some reachable node, or re-watched.
+        # DM channels: each target channel watched by a reachable node of every replica, or re-watched.
         pids = [] if meta.get_load_type(cid) == data_pb2.LOAD_TYPE_COLLECTION else sorted(loaded)
         for name in sorted(target.channels):
-            watchers = held.channels.get((cid, name), set())
+            by_replica, _strays = split(held.channels.get((cid, name), set()))
             recorded_w = meta.get_dm_channel(cid, name)
-            if watchers:
-                continue
-            if recorded_w is not None and recorded_w.node_id in silent:
-                continue  # its node did not report: unknown
-            node = recorded_w.node_id if recorded_w is not None and recorded_w.node_id in reachable else 0
-            _repair(out, cid).rewatch.append(data_pb2.DmChannelWatchInfo(
-                collection_id=cid, dm_channel=name, node_id=node,
-                partition_ids=list(recorded_w.partition_ids) if recorded_w is not None else pids))
+            watch_copies = copies(recorded_w) if recorded_w is not None else {}
+            for replica in replicas:
+                if by_replica.get(replica):
+                    continue
+                node = watch_copies.get(replica, 0)
+                if node in silent:
+                    continue  # its node did not report: unknown
+                _repair(out, cid).rewatch.append(data_pb2.DmChannelWatchInfo(
+                    collection_id=cid, dm_channel=name, node_id=node if node in reachable else 0,
+                    replica_id=replica,
+                    partition_ids=list(recorded_w.partition_ids) if recorded_w is not None else pids))
         out.progress[cid] = progress
+        out.replica_progress[cid] = {r: (h, t) for r, (h, t) in per_replica.items()}
     # Nodes holding anything of a collection that is not loaded at all.
     stray: dict[int, set[int]] = {}
     for sid, (scid, _pid) in held.segment_collection.items():
@@ -288,6 +319,8 @@ class Checker:
         for cid, parts in d.progress.items():
             if cid not in self._busy():
                 report.progress_updates += await self._set_progress(env.meta, cid, parts)
+                await env.meta.set_replica_percentages(cid, {
+                    r: 100 if t == 0 else h * 100 // t for r, (h, t) in d.replica_progress.get(cid, {}).items()})
         for cid, req in sorted(d.repairs.items()):
             if cid in self._busy() or sched.stopped:
                 continue

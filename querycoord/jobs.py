@@ -24,6 +24,7 @@ from typing import Generic, TypeVar
 
 from proto import data_pb2
 from proto import querycoord_pb2 as qc
+from querycoord.balance import may_serve
 from querycoord.errors import TIMEOUT_REASON, Conflict, DeadlinePassed, IllegalArgument, NotFound
 from querycoord.limits import Limits
 from querycoord.task.model import TaskEnv
@@ -56,10 +57,11 @@ def partition_ids(call: str, request: qc.LoadPartitionsRequest | qc.ReleaseParti
 
 
 def check_replicas(request: qc.LoadCollectionRequest | qc.LoadPartitionsRequest, limits: Limits) -> None:
-    """``replica_number``: omitted, 0 or 1 mean one copy (issue 13 adds replicas); negative or above the limit
-    is refused."""
+    """``replica_number``: omitted means 1 (or the loaded collection's number); below 1 or above the limit is
+    refused. Whether the online nodes can hold that many is ``Job._check_replica_number``'s (it needs the
+    cluster)."""
     if request.HasField("replica_number"):
-        check_range("replica_number", request.replica_number, 0, limits.max_replicas)
+        check_range("replica_number", request.replica_number, 1, limits.max_replicas)
 
 
 def check_partitions_request(request: qc.LoadPartitionsRequest | qc.ReleasePartitionsRequest, limits: Limits) -> None:
@@ -124,6 +126,32 @@ class Job(Generic[R]):
     def _releasing(self, cid: int) -> bool:
         return bool(self.scheduler.pending(cid, RELEASE_KINDS))
 
+    def _check_replica_number(self, request: qc.LoadCollectionRequest | qc.LoadPartitionsRequest) -> None:
+        """Milvus's refusals: another number than the collection is loaded (or being loaded) with, or more
+        replicas than there are online nodes to give each its own."""
+        cid = request.collection_id
+        asked = request.replica_number if request.HasField("replica_number") else 0
+        if self._releasing(cid):
+            current = 0  # a new load follows the release: it starts afresh
+        else:
+            info = self.meta.get_collection(cid)
+            current = max(1, info.replica_number) if info is not None else 0
+            for t in self.scheduler.pending(cid, (qc.TASK_KIND_LOAD_COLLECTION, qc.TASK_KIND_LOAD_PARTITION),
+                                            cancelled=False):
+                if not current:
+                    current = t.request.replica_number if t.request.HasField("replica_number") else 1
+        if current:
+            if asked and asked != current:
+                raise InvalidField("replica_number", asked,
+                                   f"differs from the {current} replicas collection {cid} is loaded with; "
+                                   "release it to load it with another number")
+            return
+        online = len(self.env.nodes.online())
+        if asked > 1 and asked > online:  # one replica on no node is NO_AVAILABLE_NODE, as before replicas
+            raise InvalidField("replica_number", asked,
+                               f"is more than the online query nodes: not enough nodes to create replicas "
+                               f"({online} online, each replica needs its own)", online)
+
 
 class LoadCollectionJob(Job[qc.LoadCollectionRequest]):
     @staticmethod
@@ -137,6 +165,7 @@ class LoadCollectionJob(Job[qc.LoadCollectionRequest]):
         load_type = self.meta.get_load_type(cid)
         if load_type == PARTITION or self._pending_load(cid, qc.TASK_KIND_LOAD_PARTITION):
             raise Conflict(f"collection {cid} is loaded as partitions: release partitions first")
+        self._check_replica_number(self.request)
         pending = self._pending_load(cid, qc.TASK_KIND_LOAD_COLLECTION)
         if pending is not None:  # a retry of a load in progress: answer as the first call is answered
             return await self._wait(pending, Until.PLANNED)
@@ -176,6 +205,7 @@ class LoadPartitionsJob(Job[qc.LoadPartitionsRequest]):
             raise Conflict(f"collection {cid} is loaded as a whole; release it before loading partitions")
         if self._pending_load(cid, qc.TASK_KIND_LOAD_COLLECTION):
             raise Conflict(f"collection {cid} is being loaded as a whole; release it before loading partitions")
+        self._check_replica_number(self.request)
         pending = self._pending_load(cid, qc.TASK_KIND_LOAD_PARTITION, set(pids))
         if pending is not None:  # a retry of a load in progress: answer as the first call is answered
             return await self._wait(pending, Until.PLANNED)
@@ -231,6 +261,19 @@ class LoadBalanceJob(Job[qc.LoadBalanceRequest]):
         check_enum("reason", request.reason, qc.BalanceReason)
         check_id("collection_id", request.collection_id, optional=True)
 
+    def _check_within_replicas(self, views: list[data_pb2.SegmentInfo]) -> None:
+        """A copy moves within its replica: destinations that all serve other replicas of its collection are
+        refused here (the balance could only fail)."""
+        dsts = list(self.request.dst_node_ids)
+        if not dsts:
+            return
+        for s in _moved(self.request, views):
+            if not any(may_serve(self.meta, s.collection_id, s.replica_id, d) for d in dsts):
+                raise InvalidField("dst_node_ids", dsts,
+                                   f"all serve other replicas of collection {s.collection_id} than replica "
+                                   f"{s.replica_id}, which holds segment {s.segment_id} on node {s.node_id}",
+                                   "a segment moves within its replica (or to a node in no replica)")
+
     async def run(self) -> int:
         request = self.request
         if not request.source_node_ids:
@@ -241,15 +284,23 @@ class LoadBalanceJob(Job[qc.LoadBalanceRequest]):
         for nid in [*request.source_node_ids, *request.dst_node_ids]:
             if not self.env.nodes.is_online(nid):
                 raise NotFound(f"query node {nid} is unknown or offline")
-        on_sources = {s.segment_id for n in request.source_node_ids for s in self.meta.segments_on_node(n)}
+        views = [s for n in request.source_node_ids for s in self.meta.segments_on_node(n)]
+        on_sources = {s.segment_id for s in views}
         missing = sorted(set(request.sealed_segment_ids) - on_sources)
         if missing:
             raise NotFound(f"segments {missing} are not loaded on source nodes {list(request.source_node_ids)}")
+        self._check_within_replicas(views)
         req = qc.LoadBalanceRequest()
         req.CopyFrom(request)
         req.reason = qc.BALANCE_REASON_USER
         task = LoadBalanceTask.new(self.env, req, trigger_condition=qc.TRIGGER_CONDITION_LOAD_BALANCE)
         return await self._submit(task, Until.QUEUED)
+
+
+def _moved(request: qc.LoadBalanceRequest, views: list[data_pb2.SegmentInfo]) -> list[data_pb2.SegmentInfo]:
+    wanted = set(request.sealed_segment_ids)
+    return [s for s in views if (not wanted or s.segment_id in wanted)
+            and (not request.collection_id or s.collection_id == request.collection_id)]
 
 
 def same_balance(a: qc.LoadBalanceRequest, b: qc.LoadBalanceRequest) -> bool:

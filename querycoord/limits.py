@@ -49,8 +49,8 @@ class Limits:
     max_ids_per_request: int = 65_536
     # Query nodes named by one LoadBalance.
     max_nodes_per_request: int = 1024
-    # Copies of a loaded collection (issue 13 adds replicas; until then one copy: 0 or 1).
-    max_replicas: int = 1
+    # In-memory replicas of a loaded collection (each also needs its own online query nodes).
+    max_replicas: int = 16
     # Task trees per ListTasks page (larger asks are capped, as the proto says).
     max_list_tasks: int = 1000
     # Streams: source vgroups of one stream, tasks of one stream (readers, trigger, runners), snodes in all,

@@ -188,9 +188,9 @@ async def test_querycoord_refuses_bad_requests_and_queues_nothing(
             (stub.LoadCollection, qc.LoadCollectionRequest(collection_id=0), "collection_id", None),
             (stub.LoadCollection, qc.LoadCollectionRequest(collection_id=-7), "collection_id", None),
             (stub.LoadCollection, qc.LoadCollectionRequest(collection_id=cid, replica_number=-1), "replica_number",
-             "0..1"),
+             "1..16"),
             (stub.LoadCollection, qc.LoadCollectionRequest(collection_id=cid, replica_number=2**31 - 1),
-             "replica_number", "0..1"),
+             "replica_number", "1..16"),
             (stub.ReleaseCollection, qc.ReleaseCollectionRequest(collection_id=-7), "collection_id", None),
             (stub.LoadPartitions, qc.LoadPartitionsRequest(collection_id=cid), "partition_ids", None),
             (stub.LoadPartitions, qc.LoadPartitionsRequest(collection_id=cid, partition_ids=[pids[0], pids[0]]),
@@ -200,7 +200,7 @@ async def test_querycoord_refuses_bad_requests_and_queues_nothing(
             (stub.LoadPartitions, qc.LoadPartitionsRequest(collection_id=cid, partition_ids=range(1, 5000)),
              "partition_ids", "4096"),
             (stub.LoadPartitions, qc.LoadPartitionsRequest(collection_id=cid, partition_ids=pids, replica_number=-3),
-             "replica_number", "0..1"),
+             "replica_number", "1..16"),
             (stub.ReleasePartitions, qc.ReleasePartitionsRequest(collection_id=cid, partition_ids=[pids[1]] * 2),
              "partition_ids", None),
             (stub.LoadBalance, qc.LoadBalanceRequest(), "source_node_ids", None),
@@ -247,14 +247,20 @@ async def test_querycoord_refuses_bad_requests_and_queues_nothing(
         await c.load_collection(cid)
 
 
-async def test_replica_number_zero_and_one_mean_one_copy(etcd: EtcdCluster, kv: MetaKV, root_path: str) -> None:
+async def test_replica_number_zero_is_refused_and_one_is_one_copy(etcd: EtcdCluster, kv: MetaKV,
+                                                                   root_path: str) -> None:
+    """Before replicas, 0 silently meant one copy; Milvus refuses it, and so do we now (omitted still means 1)."""
     async with cluster(etcd, root_path, nodes=1) as c:
         cid = await c.create_collection("r", partitions=1, segments=2)
         assert c.client is not None
+        before = await snapshot(kv)
         r = await c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid, replica_number=0))
+        assert r.status.error_code == common_pb2.ILLEGAL_ARGUMENT and "replica_number" in r.status.reason, r.status
+        assert await snapshot(kv) == before
+        r = await c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid, replica_number=1))
         assert r.status.error_code == common_pb2.SUCCESS, r.status
         await c.wait_loaded(cid)
-        r = await c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid, replica_number=1))
+        r = await c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid))
         assert r.status.error_code == common_pb2.SUCCESS and r.task_id == 0, r
 
 

@@ -22,6 +22,7 @@ from querycoord.catalog.store import COLLECTIONS_PREFIX
 from querycoord.catalog.store import collection_key as catalog_key
 from querycoord.protocol import QUERYNODE_ROLE
 from querycoord.querymeta import keys
+from querycoord.querymeta.copies import Copyable, copies, without_node
 from querycoord.querymeta.errors import CorruptRecord
 from querycoord.querymeta.index import MetaIndex
 from querycoord.querymeta.records import collection_percentage, copy_message, decode_into
@@ -151,23 +152,35 @@ def _unloaded(snap: Snapshot, index: MetaIndex, cid: int, found: Found) -> None:
                           f"collection {cid}: {len(kvs)} segment or channel records, but the {what}", fix))
 
 
+def _dead_copies_fix(kv: KeyValue, rec: Copyable, dead: list[int], what: str) -> Fix:
+    """Delete the record when every copy is on a dead node; else rewrite it without the dead copies."""
+    guards: tuple[Compare, ...] = tuple(absent(session_key(QUERYNODE_ROLE, n)) for n in dead)
+    rest: Copyable | None = rec
+    for node in dead:
+        rest = without_node(rest, node) if rest is not None else None
+    if rest is None:
+        return delete_fix(f"delete the record (the checker {what} again on a live node)", [kv], guards)
+    return Fix(f"drop the copies on nodes {dead} from the record (the checker {what} again in their replicas)",
+               (put(kv.key, rest.SerializeToString()),), (*guards, modified_at(kv.key, kv.mod_revision)))
+
+
 def _dead_nodes(snap: Snapshot, index: MetaIndex, found: Found) -> None:
     live = live_nodes(snap)
     for seg in sorted(index.segments.values(), key=lambda s: s.segment_id):
         kv = snap.get(keys.segment_key(seg.collection_id, seg.partition_id, seg.segment_id))
-        if seg.node_id and seg.node_id not in live and kv is not None and kv.key not in found.claimed:
+        dead = sorted(n for n in copies(seg).values() if n not in live)
+        if dead and kv is not None and kv.key not in found.claimed:
             found.add(Problem("segment-on-dead-node", (kv.key,),
-                              f"segment {seg.segment_id} is recorded on node {seg.node_id}, which has no session",
-                              delete_fix("delete the record (the checker loads it again on a live node)", [kv],
-                                         (absent(session_key(QUERYNODE_ROLE, seg.node_id)),))))
+                              f"segment {seg.segment_id} is recorded on nodes {dead}, which have no session",
+                              _dead_copies_fix(kv, seg, dead, "loads it")))
     for cid, channels in sorted(index.dm_channels.items()):
         for name, watch in sorted(channels.items()):
             kv = snap.get(keys.dm_channel_key(cid, name))
-            if watch.node_id and watch.node_id not in live and kv is not None and kv.key not in found.claimed:
+            dead = sorted(n for n in copies(watch).values() if n not in live)
+            if dead and kv is not None and kv.key not in found.claimed:
                 found.add(Problem("channel-on-dead-node", (kv.key,),
-                                  f"DM channel {name} is recorded on node {watch.node_id}, which has no session",
-                                  delete_fix("delete the record (the checker watches it again)", [kv],
-                                             (absent(session_key(QUERYNODE_ROLE, watch.node_id)),))))
+                                  f"DM channel {name} is recorded on nodes {dead}, which have no session",
+                                  _dead_copies_fix(kv, watch, dead, "watches it")))
 
 
 def check_query(snap: Snapshot, found: Found) -> None:

@@ -18,6 +18,7 @@ from proto import data_pb2, task_pb2
 from proto import querycoord_pb2 as qc
 from querycoord import draw
 from querycoord.protocol import STREAMNODE_ROLE
+from querycoord.querymeta.copies import copies
 from querycoord.querymeta.records import collection_percentage
 from querycoord.task.store import INFO_PREFIX, request_key
 
@@ -45,7 +46,10 @@ def collections(snap: Snapshot) -> list[Row]:
                      "load_type": _enum(data_pb2.LoadType, info.load_type, "LOAD_TYPE_") if info else None,
                      "in_memory_percentage": collection_percentage(info) if info else None,
                      "loaded_partitions": [p.partition_id for p in info.partitions] if info else [],
-                     "released_partitions": list(info.released_partition_ids) if info else []})
+                     "released_partitions": list(info.released_partition_ids) if info else [],
+                     "replicas": [{"replica_id": r.replica_id, "node_ids": sorted(r.node_ids),
+                                   "in_memory_percentage": r.in_memory_percentage}
+                                  for r in info.replicas] if info else []})
     return rows
 
 
@@ -68,7 +72,9 @@ def partitions(snap: Snapshot) -> list[Row]:
 def segments(snap: Snapshot) -> list[Row]:
     meta, live = decode_query_meta(snap), live_nodes(snap)
     return [{"segment_id": s.segment_id, "collection_id": s.collection_id, "partition_id": s.partition_id,
-             "node_id": s.node_id, "node_live": s.node_id in live, "num_rows": s.num_rows, "mem_size": s.mem_size,
+             "node_id": s.node_id, "node_live": s.node_id in live,
+             "copies": [{"replica_id": r, "node_id": n, "node_live": n in live} for r, n in sorted(copies(s).items())],
+             "num_rows": s.num_rows, "mem_size": s.mem_size,
              "state": _enum(data_pb2.SegmentState, s.state, "SEGMENT_STATE_"), "dm_channel": s.dm_channel}
             for s in sorted(meta.segments.values(), key=lambda s: s.segment_id)]
 
@@ -78,7 +84,9 @@ def channels(snap: Snapshot) -> list[Row]:
     rows: list[Row] = []
     for cid, watches in sorted(meta.dm_channels.items()):
         rows += [{"collection_id": cid, "channel": name, "kind": "dm", "node_id": w.node_id,
-                  "node_live": w.node_id in live, "partition_ids": list(w.partition_ids)}
+                  "node_live": w.node_id in live, "partition_ids": list(w.partition_ids),
+                  "copies": [{"replica_id": r, "node_id": n, "node_live": n in live}
+                             for r, n in sorted(copies(w).items())]}
                  for name, w in sorted(watches.items())]
     for cid, deltas in sorted(meta.delta_channels.items()):
         rows += [{"collection_id": cid, "channel": name, "kind": "delta", "node_id": None, "node_live": None,

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from proto import data_pb2
 
 from . import keys
+from .copies import copies
 
 CollectionLoadInfo = data_pb2.CollectionLoadInfo
 SegmentInfo = data_pb2.SegmentInfo
@@ -62,9 +63,9 @@ class MetaIndex:
         sid = seg.segment_id
         self.segments[sid] = seg
         self.segments_by_partition.setdefault(seg.collection_id, {}).setdefault(seg.partition_id, set()).add(sid)
-        if seg.node_id:
-            self.segments_by_node.setdefault(seg.node_id, set()).add(sid)
-            self.memory_by_node[seg.node_id] = self.memory_by_node.get(seg.node_id, 0) + seg.mem_size
+        for node in copies(seg).values():
+            self.segments_by_node.setdefault(node, set()).add(sid)
+            self.memory_by_node[node] = self.memory_by_node.get(node, 0) + seg.mem_size
 
     def drop_segment(self, segment_id: int) -> None:
         seg = self.segments.pop(segment_id, None)
@@ -79,15 +80,15 @@ class MetaIndex:
                     del parts[seg.partition_id]
             if not parts:
                 del self.segments_by_partition[seg.collection_id]
-        if seg.node_id:
-            on_node = self.segments_by_node.get(seg.node_id, set())
+        for node in copies(seg).values():
+            on_node = self.segments_by_node.get(node, set())
             on_node.discard(segment_id)
             if on_node:
-                self.memory_by_node[seg.node_id] -= seg.mem_size
+                self.memory_by_node[node] -= seg.mem_size
             else:
                 # Drop the entries rather than keep zeros: "nodes with segments" stays exact.
-                self.segments_by_node.pop(seg.node_id, None)
-                self.memory_by_node.pop(seg.node_id, None)
+                self.segments_by_node.pop(node, None)
+                self.memory_by_node.pop(node, None)
 
     def drop_partition_segments(self, collection_id: int, partition_id: int) -> None:
         for sid in list(self.segments_by_partition.get(collection_id, {}).get(partition_id, ())):
@@ -108,8 +109,8 @@ class MetaIndex:
     def put_dm_channel(self, watch: DmChannelWatchInfo) -> None:
         self.drop_dm_channel(watch.collection_id, watch.dm_channel)
         self.dm_channels.setdefault(watch.collection_id, {})[watch.dm_channel] = watch
-        if watch.node_id:
-            self.dm_channels_by_node.setdefault(watch.node_id, set()).add((watch.collection_id, watch.dm_channel))
+        for node in copies(watch).values():
+            self.dm_channels_by_node.setdefault(node, set()).add((watch.collection_id, watch.dm_channel))
 
     def drop_dm_channel(self, collection_id: int, channel: str) -> None:
         channels = self.dm_channels.get(collection_id)
@@ -118,12 +119,12 @@ class MetaIndex:
         watch = channels.pop(channel)
         if not channels:
             del self.dm_channels[collection_id]
-        if watch.node_id:
-            on_node = self.dm_channels_by_node.get(watch.node_id)
+        for node in copies(watch).values():
+            on_node = self.dm_channels_by_node.get(node)
             if on_node is not None:
                 on_node.discard((collection_id, channel))
                 if not on_node:
-                    del self.dm_channels_by_node[watch.node_id]
+                    del self.dm_channels_by_node[node]
 
     # ----- delta channels -----------------------------------------------------
     def put_delta_channel(self, info: VChannelInfo) -> None:

@@ -15,6 +15,7 @@ from loguru import logger
 from proto import data_pb2
 
 from . import keys
+from .copies import copy_message
 from .errors import CorruptRecord
 from .index import MetaIndex
 
@@ -24,12 +25,6 @@ DmChannelWatchInfo = data_pb2.DmChannelWatchInfo
 VChannelInfo = data_pb2.VChannelInfo
 
 M = TypeVar("M", bound=Message)
-
-
-def copy_message(message: M) -> M:
-    clone = type(message)()
-    clone.CopyFrom(message)
-    return clone
 
 
 def collection_percentage(info: CollectionLoadInfo) -> int:

@@ -60,6 +60,7 @@ from proto import data_pb2
 
 from . import keys
 from .batch import Mutation, TxnWriter
+from .copies import copies, view_of, with_copy, without_node
 from .errors import CollectionNotLoaded, CorruptRecord, LoadTypeConflict, PartitionNotLoaded
 from .index import MetaIndex
 from .records import (
@@ -100,6 +101,37 @@ def _unique_ids(what: str, ids: Iterable[int]) -> list[int]:
     return list(seen)
 
 
+def _check_percentage(percentage: int) -> None:
+    if isinstance(percentage, bool) or not isinstance(percentage, int) or not 0 <= percentage <= 100:
+        raise ValueError(f"percentage must be an integer in 0..100, got {percentage!r}")
+
+
+def _check_replicas(collection_id: int, replicas: list[data_pb2.ReplicaInfo]) -> None:
+    """Replicas of a new load: positive distinct ids, of this collection, with disjoint nodes."""
+    ids: set[int] = set()
+    nodes: set[int] = set()
+    for r in replicas:
+        _check_id("replica", r.replica_id)
+        if r.replica_id in ids:
+            raise ValueError(f"replica {r.replica_id} appears twice")
+        if r.collection_id != collection_id:
+            raise ValueError(f"replica {r.replica_id} belongs to collection {r.collection_id}, not {collection_id}")
+        shared = nodes.intersection(r.node_ids)
+        if shared:
+            raise ValueError(f"nodes {sorted(shared)} are in two replicas of collection {collection_id}")
+        ids.add(r.replica_id)
+        nodes.update(r.node_ids)
+
+
+def _leave_replicas(info: CollectionLoadInfo, node_id: int) -> CollectionLoadInfo:
+    """A copy of the record with ``node_id`` out of every replica (the node is gone)."""
+    out = copy_message(info)
+    for r in out.replicas:
+        if node_id in r.node_ids:
+            r.node_ids[:] = [n for n in r.node_ids if n != node_id]
+    return out
+
+
 def _log_abandoned_write(task: asyncio.Task[object]) -> None:
     """Outcome of a write whose caller was cancelled: nobody else will look at it."""
     if task.cancelled():
@@ -119,6 +151,7 @@ class QueryMeta:
         self._inflight: set[asyncio.Task[object]] = set()
         self._corrupt: dict[str, str] = {}
         self._progress: dict[int, dict[int, int]] = {}
+        self._replica_progress: dict[int, dict[int, int]] = {}
         self._flushing: set[int] = set()
 
     # ===== state of the store itself ===========================================
@@ -233,6 +266,108 @@ class QueryMeta:
         info = self._index.collections.get(collection_id)
         return info.load_type if info is not None else data_pb2.LOAD_TYPE_UNSPECIFIED
 
+    # ===== replicas ====================================================================
+    def replicas_of(self, collection_id: int) -> list[data_pb2.ReplicaInfo]:
+        """The collection's replicas by id, each with its nodes (sorted), progress, copies held and DM channels.
+
+        A collection loaded before replicas existed has none recorded: it shows one replica, id 0, on the nodes
+        that hold its copies. [] when the collection is not loaded.
+        """
+        info = self._index.collections.get(collection_id)
+        if info is None:
+            return []
+        replicas = [copy_message(r) for r in info.replicas] or [data_pb2.ReplicaInfo(
+            replica_id=0, collection_id=collection_id, in_memory_percentage=info.in_memory_percentage)]
+        held: dict[int, int] = {}
+        nodes: dict[int, set[int]] = {}
+        for sid in self._index.segment_ids_of(collection_id):
+            for r, n in copies(self._index.segments[sid]).items():
+                held[r] = held.get(r, 0) + 1
+                nodes.setdefault(r, set()).add(n)
+        channels: dict[int, list[str]] = {}
+        for name, watch in sorted(self._index.dm_channels.get(collection_id, {}).items()):
+            for r, n in copies(watch).items():
+                channels.setdefault(r, []).append(name)
+                nodes.setdefault(r, set()).add(n)
+        for r in replicas:
+            if not info.replicas:
+                r.node_ids.extend(sorted(nodes.get(0, ())))
+            r.node_ids[:] = sorted(r.node_ids)
+            r.segment_count = held.get(r.replica_id, 0)
+            r.dm_channels.extend(channels.get(r.replica_id, ()))
+        return replicas
+
+    def replica_ids(self, collection_id: int) -> list[int]:
+        """Ids of the collection's replicas; [0] for a collection loaded before replicas, [] when not loaded."""
+        info = self._index.collections.get(collection_id)
+        if info is None:
+            return []
+        return [r.replica_id for r in info.replicas] or [0]
+
+    def replica_nodes(self, collection_id: int, replica_id: int) -> list[int]:
+        """The nodes of one replica (sorted); [] for an unknown replica or the implicit replica 0."""
+        info = self._index.collections.get(collection_id)
+        for r in info.replicas if info is not None else ():
+            if r.replica_id == replica_id:
+                return sorted(r.node_ids)
+        return []
+
+    def replica_of_node(self, collection_id: int, node_id: int) -> int:
+        """The replica of the collection the node serves; 0 when it serves none (a spare)."""
+        info = self._index.collections.get(collection_id)
+        for r in info.replicas if info is not None else ():
+            if node_id in r.node_ids:
+                return r.replica_id
+        return 0
+
+    def replica_node_ids(self, collection_id: int) -> set[int]:
+        """Every node serving some replica of the collection."""
+        info = self._index.collections.get(collection_id)
+        return {n for r in info.replicas for n in r.node_ids} if info is not None else set()
+
+    async def add_replica_nodes(self, collection_id: int, replica_id: int, node_ids: Iterable[int]) -> None:
+        """Give nodes to a replica (spares that will hold its copies). A node already in another replica of the
+        collection is refused (``ValueError``): replicas never share a node."""
+        nodes = _unique_ids("node", node_ids)
+
+        async def body() -> None:
+            current = self._index.collections.get(collection_id)
+            if current is None:
+                raise CollectionNotLoaded(collection_id)
+            info = copy_message(current)
+            target = next((r for r in info.replicas if r.replica_id == replica_id), None)
+            if target is None:
+                raise ValueError(f"collection {collection_id} has no replica {replica_id}")
+            for n in nodes:
+                other = next((r.replica_id for r in info.replicas if n in r.node_ids), 0)
+                if other and other != replica_id:
+                    raise ValueError(f"node {n} already serves replica {other} of collection {collection_id}")
+                if n not in target.node_ids:
+                    target.node_ids.append(n)
+            if info != current:
+                await self._commit("add_replica_nodes", [self._put_collection(info)], atomic=True)
+
+        await self._exclusive(lambda: [collection_id], body)
+
+    async def set_replica_percentages(self, collection_id: int, percentages: Mapping[int, int]) -> None:
+        """Set replicas' load percentages exactly (the checker's count of what their nodes hold); unknown
+        replicas ignored; written only when something changes."""
+        for pct in percentages.values():
+            _check_percentage(pct)
+
+        async def body() -> None:
+            current = self._index.collections.get(collection_id)
+            if current is None:
+                return
+            info = copy_message(current)
+            for r in info.replicas:
+                if r.replica_id in percentages:
+                    r.in_memory_percentage = percentages[r.replica_id]
+            if info != current:
+                await self._commit("set_replica_percentages", [self._put_collection(info)], atomic=True)
+
+        await self._exclusive(lambda: [collection_id], body)
+
     # ===== collections and partitions: writes ========================================
     async def add_collection(
         self,
@@ -241,6 +376,7 @@ class QueryMeta:
         partition_ids: Iterable[int],
         *,
         replica_number: int = 1,
+        replicas: Iterable[data_pb2.ReplicaInfo] = (),
     ) -> CollectionLoadInfo:
         """Create the collection's load record, or extend it with more partitions.
 
@@ -256,10 +392,14 @@ class QueryMeta:
         if load_type not in _LOAD_TYPES:
             raise ValueError(f"load type must be LOAD_TYPE_PARTITION or LOAD_TYPE_COLLECTION, got {load_type!r}")
 
+        new_replicas = [copy_message(r) for r in replicas]
+        _check_replicas(collection_id, new_replicas)
+
         def start(current: CollectionLoadInfo | None) -> CollectionLoadInfo:
             if current is None:
                 return CollectionLoadInfo(collection_id=collection_id, load_type=load_type,
-                                          replica_number=replica_number)
+                                          replica_number=len(new_replicas) or replica_number,
+                                          replicas=new_replicas)
             if current.load_type != load_type:
                 raise LoadTypeConflict(collection_id, current.load_type, load_type)
             return copy_message(current)
@@ -414,6 +554,9 @@ class QueryMeta:
                 by_id[pid].state = state
                 by_id[pid].in_memory_percentage = percentage
             info.in_memory_percentage = collection_percentage(info)
+            if info.in_memory_percentage == 100:  # every partition loaded: so is every replica
+                for r in info.replicas:
+                    r.in_memory_percentage = 100
             if info != current:
                 await self._commit("set_partition_states", [self._put_collection(info)], atomic=True)
             return copy_message(info)
@@ -435,10 +578,19 @@ class QueryMeta:
         are not loaded (or get released meanwhile) are ignored.
         """
         _check_id("partition", partition_id)
-        if isinstance(percentage, bool) or not isinstance(percentage, int) or not 0 <= percentage <= 100:
-            raise ValueError(f"percentage must be an integer in 0..100, got {percentage!r}")
+        _check_percentage(percentage)
         pending = self._progress.setdefault(collection_id, {})
         pending[partition_id] = max(percentage, pending.get(partition_id, 0))
+        self._flush_soon(collection_id)
+
+    def set_replica_progress(self, collection_id: int, replica_id: int, percentage: int) -> None:
+        """Report one replica's load progress, as ``set_progress`` does for a partition (coalesced, raised only)."""
+        _check_percentage(percentage)
+        pending = self._replica_progress.setdefault(collection_id, {})
+        pending[replica_id] = max(percentage, pending.get(replica_id, 0))
+        self._flush_soon(collection_id)
+
+    def _flush_soon(self, collection_id: int) -> None:
         if collection_id not in self._flushing:
             self._flushing.add(collection_id)
             task = asyncio.get_running_loop().create_task(self._flush_progress(collection_id))
@@ -447,14 +599,17 @@ class QueryMeta:
 
     async def _flush_progress(self, collection_id: int) -> None:
         try:
-            while self._progress.get(collection_id):
-                pending = self._progress.pop(collection_id)
+            while self._progress.get(collection_id) or self._replica_progress.get(collection_id):
+                pending = self._progress.pop(collection_id, {})
+                replicas = self._replica_progress.pop(collection_id, {})
 
-                async def body(pending: dict[int, int] = pending) -> None:
+                async def body(pending: dict[int, int] = pending, replicas: dict[int, int] = replicas) -> None:
                     current = self._index.collections.get(collection_id)
                     if current is None:
                         return
                     info = copy_message(current)
+                    for r in info.replicas:
+                        r.in_memory_percentage = max(r.in_memory_percentage, replicas.get(r.replica_id, 0))
                     for p in info.partitions:
                         want = pending.get(p.partition_id)
                         if want is None or want <= p.in_memory_percentage or p.state == IN_MEMORY:
@@ -473,8 +628,14 @@ class QueryMeta:
 
     # ===== segments ================================================================
     def get_segment(self, segment_id: int) -> SegmentInfo | None:
+        """The segment's record: every copy in ``node_ids``/``replica_ids`` (``node_id``: the lowest replica's)."""
         seg = self._index.segments.get(segment_id)
         return copy_message(seg) if seg is not None else None
+
+    def segment_copies(self, segment_id: int) -> dict[int, int]:
+        """replica id -> node id of every recorded copy of the segment ({} when it has none)."""
+        seg = self._index.segments.get(segment_id)
+        return copies(seg) if seg is not None else {}
 
     def segments_of(self, collection_id: int, partition_id: int | None = None) -> list[SegmentInfo]:
         """Segments of a collection (or of one partition), by segment id."""
@@ -486,9 +647,16 @@ class QueryMeta:
         return self._index.segment_ids_of(collection_id, partition_id)
 
     def segments_on_node(self, node_id: int) -> list[SegmentInfo]:
-        """Segments recorded on the node, by segment id (node 0, "no node", has none)."""
-        ids = sorted(self._index.segments_by_node.get(node_id, ()))
-        return [copy_message(self._index.segments[s]) for s in ids]
+        """The copies recorded on the node, by segment id (node 0, "no node", has none).
+
+        Views of one copy each: ``node_id`` is this node, ``replica_id`` the copy's replica.
+        """
+        out = []
+        for sid in sorted(self._index.segments_by_node.get(node_id, ())):
+            seg = self._index.segments[sid]
+            replica = next((r for r, n in copies(seg).items() if n == node_id), 0)
+            out.append(view_of(seg, replica))
+        return out
 
     def node_memory_usage(self, node_id: int) -> int:
         """Sum of ``mem_size`` of the segments on the node (kept incrementally: O(1))."""
@@ -546,7 +714,7 @@ class QueryMeta:
         async def body() -> int:
             for cid, pid in {(seg.collection_id, seg.partition_id) for seg in to_save}:
                 self._require_partition(cid, pid)
-            mutations = [self._put_segment(seg) for seg in to_save]
+            mutations = [self._put_segment(self._merged_segment(seg)) for seg in to_save]
             for sid in remove_ids:
                 old = self._index.segments.get(sid)
                 if old is not None:
@@ -556,8 +724,49 @@ class QueryMeta:
         return await self._exclusive(cids, body)
 
     async def remove_segments(self, segment_ids: Iterable[int]) -> int:
-        """Remove segment records by id (unknown ids ignored), in as few txns as the limits allow."""
+        """Remove segment records by id, every copy (unknown ids ignored), in as few txns as the limits allow."""
         return await self.save_segments_and_remove((), segment_ids)
+
+    async def remove_segment_copies(self, node_id: int, segment_ids: Iterable[int]) -> int:
+        """Forget the copies of ``segment_ids`` on ``node_id`` (a release on that node); other replicas' copies
+        stay, and a record left with no copy is removed. Ids with no copy on the node are ignored."""
+        _check_id("node", node_id)
+        ids = _unique_ids("segment", segment_ids)
+
+        def cids() -> set[int]:
+            return {self._index.segments[s].collection_id for s in ids if s in self._index.segments}
+
+        async def body() -> int:
+            mutations = []
+            for sid in ids:
+                seg = self._index.segments.get(sid)
+                if seg is None or node_id not in copies(seg).values():
+                    continue
+                rest = without_node(seg, node_id)
+                mutations.append(self._put_segment(rest) if rest is not None else self._drop_segment(seg))
+            return await self._commit("remove_segment_copies", mutations, atomic=False)
+
+        return await self._exclusive(cids, body)
+
+    def _merged_segment(self, view: SegmentInfo) -> SegmentInfo:
+        """The stored record once the copy ``view`` describes is added (its replica resolved from its node)."""
+        current = self._index.segments.get(view.segment_id)
+        if current is not None and (current.collection_id, current.partition_id) != (view.collection_id,
+                                                                                       view.partition_id):
+            current = None  # moved to another partition (a catalog fix): the old copies went with the old key
+        return with_copy(current, self._with_replica(view))
+
+    def _with_replica(self, view: SegmentInfo | DmChannelWatchInfo) -> SegmentInfo | DmChannelWatchInfo:
+        if view.replica_id or not view.node_id:
+            return view
+        out = copy_message(view)
+        out.replica_id = self.replica_of_node(view.collection_id, view.node_id) or self._sole_replica(
+            view.collection_id)
+        return out
+
+    def _sole_replica(self, collection_id: int) -> int:
+        info = self._index.collections.get(collection_id)
+        return info.replicas[0].replica_id if info is not None and len(info.replicas) == 1 else 0
 
     # ===== DM channels ===============================================================
     def dm_channels_of(self, collection_id: int) -> list[DmChannelWatchInfo]:
@@ -570,9 +779,13 @@ class QueryMeta:
         return copy_message(watch) if watch is not None else None
 
     def channels_on_node(self, node_id: int) -> list[DmChannelWatchInfo]:
-        """DM channel watches recorded on the node, by (collection, channel)."""
-        pairs = sorted(self._index.dm_channels_by_node.get(node_id, ()))
-        return [copy_message(self._index.dm_channels[c][ch]) for c, ch in pairs]
+        """DM channel watches recorded on the node, by (collection, channel): views of one watch each."""
+        out = []
+        for c, ch in sorted(self._index.dm_channels_by_node.get(node_id, ())):
+            watch = self._index.dm_channels[c][ch]
+            replica = next((r for r, n in copies(watch).items() if n == node_id), 0)
+            out.append(view_of(watch, replica))
+        return out
 
     def channel_count_by_node(self) -> dict[int, int]:
         """Number of DM channel watches per node (the "fewest channels" allocation reads it)."""
@@ -604,7 +817,9 @@ class QueryMeta:
                     raise CollectionNotLoaded(w.collection_id)
                 for pid in w.partition_ids:
                     self._require_partition(w.collection_id, pid)
-            return await self._commit("save_dm_channel_watch", [self._put_dm_channel(w) for w in to_save], atomic=False)
+            merged = [with_copy(self._index.dm_channels.get(w.collection_id, {}).get(w.dm_channel),
+                                self._with_replica(w)) for w in to_save]
+            return await self._commit("save_dm_channel_watch", [self._put_dm_channel(w) for w in merged], atomic=False)
 
         return await self._exclusive(lambda: {w.collection_id for w in to_save}, body)
 
@@ -673,13 +888,23 @@ class QueryMeta:
         def cids() -> set[int]:
             out = {self._index.segments[s].collection_id for s in self._index.segments_by_node.get(node_id, ())}
             out.update(c for c, _ in self._index.dm_channels_by_node.get(node_id, ()))
+            out.update(i.collection_id for i in self._index.collections.values()
+                       if any(node_id in r.node_ids for r in i.replicas))
             return out
 
         async def body() -> int:
-            segs = sorted(self._index.segments_by_node.get(node_id, ()))
-            mutations = [self._drop_segment(self._index.segments[s]) for s in segs]
+            mutations = []
+            for sid in sorted(self._index.segments_by_node.get(node_id, ())):
+                seg = self._index.segments[sid]
+                rest = without_node(seg, node_id)
+                mutations.append(self._put_segment(rest) if rest is not None else self._drop_segment(seg))
             for cid, channel in sorted(self._index.dm_channels_by_node.get(node_id, ())):
-                mutations.append(self._drop_dm_channel(self._index.dm_channels[cid][channel]))
+                watch = self._index.dm_channels[cid][channel]
+                left = without_node(watch, node_id)
+                mutations.append(self._put_dm_channel(left) if left is not None else self._drop_dm_channel(watch))
+            for info in self._index.collections.values():
+                if any(node_id in r.node_ids for r in info.replicas):
+                    mutations.append(self._put_collection(_leave_replicas(info, node_id)))
             return await self._commit(f"remove_node {node_id}", mutations, atomic=False)
 
         return await self._exclusive(cids, body)

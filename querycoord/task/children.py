@@ -14,7 +14,7 @@ from loguru import logger
 
 from proto import data_pb2, querynode_pb2
 from proto import querycoord_pb2 as qc
-from querycoord.cluster.allocator import allocate_channels, allocate_segments, allocate_waiting
+from querycoord.cluster.allocator import NoAvailableNode, allocate_channels, allocate_segments, allocate_waiting
 from querycoord.cluster.client import NodeError
 from querycoord.messages import rpc_method
 from querycoord.task.assign import merge_by_size, query_channels, strip_channel, strip_segment, usage_of
@@ -103,6 +103,7 @@ class LoadSegmentsTask(ChildTask, kind=qc.TASK_KIND_LOAD_SEGMENT, request="load_
                     collection_id=i.collection_id,
                     partition_id=i.partition_id,
                     node_id=self.node_id,
+                    replica_id=req.replica_id,
                     mem_size=i.mem_size,
                     num_rows=i.num_rows,
                     state=SEALED,
@@ -124,10 +125,12 @@ class LoadSegmentsTask(ChildTask, kind=qc.TASK_KIND_LOAD_SEGMENT, request="load_
         if req.source_node_id and req.source_node_id != self.node_id:
             releases[req.source_node_id] = [i.segment_id for i in req.infos]
         replaced = [s for i in req.infos for s in i.compaction_from]
+        forget: dict[int, list[int]] = {}  # this replica's copies of the compaction sources, by node
         for seg_id in replaced:
-            old = self.env.meta.get_segment(seg_id)
-            if old is not None and old.node_id:
-                releases.setdefault(old.node_id, []).append(seg_id)
+            node = self.env.meta.segment_copies(seg_id).get(req.replica_id)
+            if node:
+                releases.setdefault(node, []).append(seg_id)
+                forget.setdefault(node, []).append(seg_id)
         for node_id, seg_ids in releases.items():
             if not self.env.nodes.is_online(node_id):
                 continue
@@ -140,8 +143,8 @@ class LoadSegmentsTask(ChildTask, kind=qc.TASK_KIND_LOAD_SEGMENT, request="load_
                 )
             except NodeError as exc:
                 logger.warning("{}: releasing {} on node {} failed: {}", self.describe(), seg_ids, node_id, exc)
-        if replaced:
-            await self.env.meta.remove_segments(replaced)
+        for node_id, seg_ids in forget.items():
+            await self.env.meta.remove_segment_copies(node_id, seg_ids)
 
     async def reschedule(self) -> list[Task]:
         excluded = [*self.rec.excluded_node_ids, self.node_id]
@@ -158,6 +161,7 @@ class LoadSegmentsTask(ChildTask, kind=qc.TASK_KIND_LOAD_SEGMENT, request="load_
             wait=parent.rec.trigger_condition == qc.TRIGGER_CONDITION_NODE_DOWN,
             source_node_id=req.source_node_id,
             load_type=req.load_type,
+            replica_id=req.replica_id,
         )
 
 
@@ -183,6 +187,7 @@ class WatchDmChannelsTask(ChildTask, kind=qc.TASK_KIND_WATCH_DM_CHANNEL, request
                     dm_channel=i.channel_name,
                     node_id=self.node_id,
                     partition_ids=list(self.request.partition_ids),
+                    replica_id=self.request.replica_id,
                 )
                 for i in self.request.infos
             ]
@@ -201,6 +206,7 @@ class WatchDmChannelsTask(ChildTask, kind=qc.TASK_KIND_WATCH_DM_CHANNEL, request
             wait=parent.rec.trigger_condition == qc.TRIGGER_CONDITION_NODE_DOWN,
             partition_ids=list(self.request.partition_ids),
             load_type=self.request.load_type,
+            replica_id=self.request.replica_id,
         )
 
 
@@ -258,11 +264,8 @@ class ReleaseSegmentsTask(_ReleaseChild, kind=qc.TASK_KIND_RELEASE_SEGMENT, requ
 
     async def execute(self) -> None:
         await super().execute()
-        # Only the records of copies on this node: releasing a duplicate must not forget the kept copy.
-        here = [s for s in self.request.segment_ids
-                if (seg := self.env.meta.get_segment(s)) is not None and seg.node_id == self.node_id]
-        if here:
-            await self.env.meta.remove_segments(here)
+        # Only the copies on this node: releasing a duplicate (or one replica's copy) must not forget the others.
+        await self.env.meta.remove_segment_copies(self.node_id, self.request.segment_ids)
 
 
 class ReleaseCollectionOnNodeTask(_ReleaseChild, kind=qc.TASK_KIND_RELEASE_COLLECTION,
@@ -290,27 +293,64 @@ async def plan_children(
     source_node_id: int = 0,
     load_type: data_pb2.LoadType = data_pb2.LOAD_TYPE_COLLECTION,
     partition_ids: Sequence[int] = (),
+    replica_id: int = 0,
 ) -> list[Task]:
-    """Children (without ids) that load ``segments`` and watch ``channels``; see module docstring."""
+    """Children (without ids) that load ``segments`` and watch ``channels``; see module docstring.
+
+    With a ``replica_id``, only that replica's nodes take the work; when they have no room, spare nodes (online,
+    in no replica of the collection) are offered too, and a spare that receives work joins the replica (persisted
+    before the children are: a replica's copies are always on its own nodes). Replica 0 (a collection loaded
+    before replicas) may use any node.
+    """
     cfg = env.config
     deadline = getattr(parent, "deadline", time.monotonic() + cfg.trigger_timeout)
     sizes = [(s.segment_id, s.mem_size) for s in segments]
 
-    def attempt() -> dict:
+    def candidates(with_spares: bool) -> list[int]:
+        members = set(env.meta.replica_nodes(collection_id, replica_id))
+        if with_spares:
+            taken = env.meta.replica_node_ids(collection_id)
+            members |= {n.node_id for n in env.nodes.online() if n.node_id not in taken}
+        allowed = [n for n in sorted(members) if env.nodes.is_online(n) and n not in exclude]
+        return [n for n in allowed if n in include] if include else allowed
+
+    def place(allowed: Sequence[int]) -> dict:
         usage = usage_of(env)
         placed_segments = (
-            allocate_segments(sizes, env.nodes.nodes.values(), usage, exclude=exclude, include=include,
+            allocate_segments(sizes, env.nodes.nodes.values(), usage, exclude=exclude, include=allowed,
                               memory_limit=cfg.memory_limit)
             if sizes else {}
         )
         placed_channels = (
             allocate_channels([c.channel_name for c in channels], env.nodes.nodes.values(), usage,
-                              exclude=exclude, include=include)
+                              exclude=exclude, include=allowed)
             if channels else {}
         )
         return {"segments": placed_segments, "channels": placed_channels}
 
+    def attempt() -> dict:
+        if not replica_id:
+            return place(include)
+        own = candidates(with_spares=False)
+        if own:
+            try:
+                return place(own)
+            except NoAvailableNode:
+                pass
+        wider = candidates(with_spares=True)
+        if not wider:
+            raise NoAvailableNode(f"replica {replica_id} of collection {collection_id} has no online node "
+                                  f"(excluded {sorted(exclude)}) and no spare node is online")
+        return place(wider)
+
     placed = await allocate_waiting(attempt, wait=wait, deadline=deadline, wait_interval=cfg.wait_interval)
+    if replica_id:
+        used = set(placed["segments"].values()) | set(placed["channels"].values())
+        joining = sorted(used - set(env.meta.replica_nodes(collection_id, replica_id)))
+        if joining:
+            logger.info("{}: spare nodes {} join replica {} of collection {}", parent.describe(), joining,
+                        replica_id, collection_id)
+            await env.meta.add_replica_nodes(collection_id, replica_id, joining)
     cond = parent.rec.trigger_condition
     excluded = list(exclude)
     children: list[Task] = []
@@ -325,6 +365,7 @@ async def plan_children(
                 infos=[strip_segment(i) for i in group],
                 source_node_id=source_node_id,
                 load_type=load_type,
+                replica_id=replica_id,
             )
             child = LoadSegmentsTask.new(env, req, trigger_condition=cond, collection_id=collection_id,
                                          node_id=node_id, parent=parent, excluded=excluded)
@@ -335,7 +376,7 @@ async def plan_children(
         node_id = placed["channels"][ch.channel_name]
         req = querynode_pb2.WatchDmChannelsRequest(
             collection_id=collection_id, partition_ids=list(partition_ids), infos=[strip_channel(ch)],
-            load_type=load_type,
+            load_type=load_type, replica_id=replica_id,
         )
         children.append(WatchDmChannelsTask.new(env, req, trigger_condition=cond, collection_id=collection_id,
                                                 node_id=node_id, parent=parent, excluded=excluded))

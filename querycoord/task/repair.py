@@ -53,37 +53,43 @@ class RepairTask(TriggerTask, kind=qc.TASK_KIND_REPAIR, request="repair"):
 
     async def _plan_missing(self) -> list[Task]:
         env, cid, meta = self.env, self.collection_id, self.env.meta
-        # A record still naming the node the checker saw without the segment (or an offline one) is stale;
-        # one naming another online node means somebody loaded it since: leave it.
-        stale = [s.segment_id for s in self.request.missing_segments
-                 if (m := meta.get_segment(s.segment_id)) is not None
-                 and (m.node_id == s.node_id or not env.nodes.is_online(m.node_id))]
-        if stale:
-            await meta.remove_segments(stale)
-        by_pid: dict[int, list[int]] = {}
+        # A copy still recorded on the node the checker saw without the segment (or on an offline one) is stale;
+        # one on another online node means somebody loaded it since: leave it.
         for s in self.request.missing_segments:
-            if meta.has_partition(cid, s.partition_id) and meta.get_segment(s.segment_id) is None:
-                by_pid.setdefault(s.partition_id, []).append(s.segment_id)
-        infos: list[data_pb2.SegmentLoadInfo] = []
-        for pid, ids in sorted(by_pid.items()):
-            _, binlogs = await env.broker.get_recovery_info(cid, pid, ids)
-            infos += [segment_load_info(b) for b in binlogs]
-        if not infos:
-            return []
-        return await plan_children(env, self, cid, infos, [],
-                                   load_type=meta.get_load_type(cid) or data_pb2.LOAD_TYPE_COLLECTION)
+            node = meta.segment_copies(s.segment_id).get(s.replica_id, 0)
+            if node and (node == s.node_id or not env.nodes.is_online(node)):
+                await meta.remove_segment_copies(node, [s.segment_id])
+        replicas = set(meta.replica_ids(cid))
+        by_replica: dict[int, dict[int, list[int]]] = {}
+        for s in self.request.missing_segments:
+            if (s.replica_id in replicas and meta.has_partition(cid, s.partition_id)
+                    and s.replica_id not in meta.segment_copies(s.segment_id)):
+                by_replica.setdefault(s.replica_id, {}).setdefault(s.partition_id, []).append(s.segment_id)
+        out: list[Task] = []
+        for replica, by_pid in sorted(by_replica.items()):
+            infos: list[data_pb2.SegmentLoadInfo] = []
+            for pid, ids in sorted(by_pid.items()):
+                _, binlogs = await env.broker.get_recovery_info(cid, pid, ids)
+                infos += [segment_load_info(b) for b in binlogs]
+            if infos:
+                out += await plan_children(env, self, cid, infos, [], replica_id=replica,
+                                           load_type=meta.get_load_type(cid) or data_pb2.LOAD_TYPE_COLLECTION)
+        return out
 
     async def _plan_rewatch(self) -> list[Task]:
         env, cid, meta = self.env, self.collection_id, self.env.meta
         out: list[Task] = []
         load_type = meta.get_load_type(cid) or data_pb2.LOAD_TYPE_COLLECTION
+        replicas = set(meta.replica_ids(cid))
         for w in self.request.rewatch:
+            if w.replica_id not in replicas:
+                continue  # the replica is gone (released and loaded again meanwhile)
             chan = data_pb2.VChannelInfo(collection_id=cid, channel_name=w.dm_channel)
             pids = list(w.partition_ids)
             include = [w.node_id] if w.node_id and env.nodes.is_online(w.node_id) else []
             try:
                 out += await plan_children(env, self, cid, [], [chan], include=include, load_type=load_type,
-                                           partition_ids=pids)
+                                           partition_ids=pids, replica_id=w.replica_id)
             except Exception as exc:  # placement failed: the next check tries again
                 logger.info("{}: cannot place DM channel {} now: {}", self.describe(), w.dm_channel, exc)
         return out

@@ -16,7 +16,9 @@ from loguru import logger
 
 from proto import common_pb2, data_pb2, querynode_pb2, task_pb2
 from proto import querycoord_pb2 as qc
+from querycoord.cluster.allocator import NoAvailableNode
 from querycoord.messages import copy_fields
+from querycoord.querymeta.copies import copies
 from querycoord.task.children import (
     LoadSegmentsTask,
     ReleaseCollectionOnNodeTask,
@@ -50,6 +52,21 @@ def merge_channel(into: data_pb2.VChannelInfo, other: data_pb2.VChannelInfo) -> 
     for field in ("unflushed_segment_ids", "flushed_segment_ids", "dropped_segment_ids"):
         have = set(getattr(into, field))
         getattr(into, field).extend(x for x in getattr(other, field) if x not in have)
+
+
+def split_nodes(nodes: list[int], number: int, *, memory: dict[int, int]) -> list[list[int]]:
+    """``number`` disjoint groups of ``nodes`` for a new load's replicas, as even in count and memory as dealing
+    allows: the emptiest nodes first, dealt round robin. Fewer nodes than replicas: ``NoAvailableNode``."""
+    if number < 1:
+        raise TaskError(f"replica_number must be at least 1, got {number}", common_pb2.ILLEGAL_ARGUMENT)
+    if not nodes:
+        raise NoAvailableNode("no online query node to load segments on")
+    if len(nodes) < number:
+        raise NoAvailableNode(f"not enough query nodes to create {number} replicas: {len(nodes)} online")
+    groups: list[list[int]] = [[] for _ in range(number)]
+    for i, node in enumerate(sorted(nodes, key=lambda n: (memory.get(n, 0), n))):
+        groups[i % number].append(node)
+    return [sorted(g) for g in groups]
 
 
 class TriggerTask(Task):
@@ -95,8 +112,31 @@ class _LoadTrigger(TriggerTask):
         super().__init__(env, rec)
         self.new_partitions: list[int] = []
         self.had_partitions = False  # the collection had loaded partitions before this trigger
-        self.planned_segments: dict[int, int] = {}  # partition -> segments planned
-        self.loaded_segments: dict[int, int] = {}  # partition -> segments loaded so far
+        self.planned_segments: dict[int, int] = {}  # partition -> copies planned (segments x replicas)
+        self.loaded_segments: dict[int, int] = {}  # partition -> copies loaded so far
+        self.replica_total = 0  # segments each replica must hold
+        self.replica_loaded: dict[int, int] = {}  # replica -> copies it holds so far
+        self.new_replicas: list[data_pb2.ReplicaInfo] = []  # created by this trigger's first load
+
+    def replica_number(self) -> int:
+        """How many replicas the request asks for: its number, else the loaded collection's, else 1."""
+        if self.request.HasField("replica_number"):
+            return self.request.replica_number
+        info = self.env.meta.get_collection(self.collection_id)
+        return max(1, info.replica_number) if info is not None else 1
+
+    async def _replicas(self) -> list[int]:
+        """The collection's replica ids; on its first load, creates them (see ``split_nodes``)."""
+        env, cid = self.env, self.collection_id
+        if env.meta.has_collection(cid):
+            return env.meta.replica_ids(cid)
+        number = self.replica_number()
+        groups = split_nodes([n.node_id for n in env.nodes.online()], number,
+                             memory={n.node_id: env.meta.node_memory_usage(n.node_id) for n in env.nodes.online()})
+        ids = await env.ids.allocate(number)
+        self.new_replicas = [data_pb2.ReplicaInfo(replica_id=rid, collection_id=cid, node_ids=group)
+                             for rid, group in zip(ids, groups, strict=True)]
+        return list(ids)
 
     async def _plan(self, partition_ids: list[int]) -> None:
         """Plan the partitions this trigger owns: those not yet in meta, or in meta but never loaded.
@@ -112,16 +152,18 @@ class _LoadTrigger(TriggerTask):
         self.new_partitions = [p for p in partition_ids if not env.meta.has_partition(cid, p) or p in unloaded]
         self.had_partitions = before is not None and any(p.partition_id not in self.new_partitions
                                                         for p in before.partitions)
-        await env.meta.add_collection(cid, self.LOAD_TYPE, self.new_partitions)
-        segments: list[data_pb2.SegmentLoadInfo] = []
+        self.new_replicas = []
+        replicas = await self._replicas()
+        await env.meta.add_collection(cid, self.LOAD_TYPE, self.new_partitions, replicas=self.new_replicas,
+                                      replica_number=len(replicas))
+        binlogs_by_partition: list[tuple[int, list[data_pb2.SegmentBinlogs]]] = []
         channels: dict[str, data_pb2.VChannelInfo] = {}
         # The partitions' recovery infos are independent reads: fetch them together.
         recovered = await asyncio.gather(*(env.broker.get_recovery_info(cid, pid) for pid in self.new_partitions))
         for pid, (chans, binlogs) in zip(self.new_partitions, recovered, strict=True):
-            held = [b for b in binlogs if self._held(b.segment_id)]
-            segments.extend(segment_load_info(b) for b in binlogs if not self._held(b.segment_id))
-            self.planned_segments[pid] = len(binlogs)
-            self.loaded_segments[pid] = len(held)
+            binlogs_by_partition.append((pid, list(binlogs)))
+            self.planned_segments[pid] = len(binlogs) * len(replicas)
+            self.replica_total += len(binlogs)
             for c in chans:
                 if c.channel_name in channels:
                     merge_channel(channels[c.channel_name], c)
@@ -129,15 +171,25 @@ class _LoadTrigger(TriggerTask):
                     channels[c.channel_name] = c
         if not env.meta.get_delta_channels(cid) and channels:
             await env.meta.set_delta_channels(cid, [delta_channel(c) for c in channels.values()])
-        watched = {w.dm_channel: w.node_id for w in env.meta.dm_channels_of(cid) if env.nodes.is_online(w.node_id)}
         all_pids = [] if self.LOAD_TYPE == data_pb2.LOAD_TYPE_COLLECTION else self._loaded_partitions()
-        fresh = [c for name, c in channels.items() if name not in watched]
-        self.children = await plan_children(env, self, cid, segments, fresh, load_type=self.LOAD_TYPE,
-                                            partition_ids=all_pids)
-        for name, c in channels.items():
-            if name in watched:  # keep the watcher; tell it about the new partitions
-                self.children += await plan_children(env, self, cid, [], [c], include=[watched[name]],
-                                                     load_type=self.LOAD_TYPE, partition_ids=all_pids)
+        self.children = []
+        for replica in replicas:  # one after another: a spare joining one replica is no longer offered to the next
+            segments: list[data_pb2.SegmentLoadInfo] = []
+            for pid, binlogs in binlogs_by_partition:
+                held = sum(1 for b in binlogs if self._held(b.segment_id, replica))
+                self.loaded_segments[pid] = self.loaded_segments.get(pid, 0) + held
+                self.replica_loaded[replica] = self.replica_loaded.get(replica, 0) + held
+                segments.extend(segment_load_info(b) for b in binlogs if not self._held(b.segment_id, replica))
+            watched = {w.dm_channel: node for w in env.meta.dm_channels_of(cid)
+                       if (node := copies(w).get(replica, 0)) and env.nodes.is_online(node)}
+            fresh = [c for name, c in channels.items() if name not in watched]
+            self.children += await plan_children(env, self, cid, segments, fresh, load_type=self.LOAD_TYPE,
+                                                 partition_ids=all_pids, replica_id=replica)
+            for name, c in channels.items():
+                if name in watched:  # keep the watcher; tell it about the new partitions
+                    self.children += await plan_children(env, self, cid, [], [c], include=[watched[name]],
+                                                         load_type=self.LOAD_TYPE, partition_ids=all_pids,
+                                                         replica_id=replica)
 
     async def on_reload(self) -> None:
         info = self.env.meta.get_collection(self.collection_id)
@@ -153,9 +205,9 @@ class _LoadTrigger(TriggerTask):
         if loaded_as and loaded_as != self.LOAD_TYPE:
             raise TaskError(f"collection {self.collection_id} is loaded {_LOADED_AS[loaded_as]}", common_pb2.CONFLICT)
 
-    def _held(self, segment_id: int) -> bool:
-        seg = self.env.meta.get_segment(segment_id)
-        return seg is not None and self.env.nodes.is_online(seg.node_id)
+    def _held(self, segment_id: int, replica_id: int) -> bool:
+        node = self.env.meta.segment_copies(segment_id).get(replica_id, 0)
+        return bool(node) and self.env.nodes.is_online(node)
 
     def roll_back(self) -> list[Task]:
         """Undo only what this trigger added: its own partitions, or the whole collection if it created it."""
@@ -185,6 +237,11 @@ class _LoadTrigger(TriggerTask):
         """
         if not isinstance(child, LoadSegmentsTask) or not self.planned_segments:
             return
+        replica = child.request.replica_id
+        if replica and self.replica_total:
+            self.replica_loaded[replica] = self.replica_loaded.get(replica, 0) + len(child.request.infos)
+            self.env.meta.set_replica_progress(self.collection_id, replica,
+                                               min(99, 100 * self.replica_loaded[replica] // self.replica_total))
         touched: set[int] = set()
         for info in child.request.infos:
             if info.partition_id in self.planned_segments:
@@ -302,27 +359,29 @@ class LoadBalanceTask(TriggerTask, kind=qc.TASK_KIND_LOAD_BALANCE, request="load
     async def execute(self) -> None:
         env = self.env
         sources = list(self.request.source_node_ids)
-        by_coll: dict[tuple[int, int], list[data_pb2.SegmentInfo]] = {}
+        # Moves stay within the copy's replica: the source's replica (or a spare joining it) takes them.
+        by_coll: dict[tuple[int, int, int], list[data_pb2.SegmentInfo]] = {}
         for s in self._segments_to_move():
-            by_coll.setdefault((s.collection_id, s.node_id), []).append(s)
+            by_coll.setdefault((s.collection_id, s.node_id, s.replica_id), []).append(s)
         children: list[Task] = []
-        for (cid, src), segs in sorted(by_coll.items()):
+        for (cid, src, replica), segs in sorted(by_coll.items()):
             infos = await self._load_infos(cid, segs)
             children += await plan_children(
                 env, self, cid, infos, [], exclude=sources, include=list(self.request.dst_node_ids),
                 wait=self.node_down, source_node_id=0 if self.node_down else src,
-                load_type=env.meta.get_load_type(cid) or data_pb2.LOAD_TYPE_COLLECTION,
+                load_type=env.meta.get_load_type(cid) or data_pb2.LOAD_TYPE_COLLECTION, replica_id=replica,
             )
         if self.node_down:
             for src in sources:
                 chans = env.meta.channels_on_node(src)
-                for cid in sorted({c.collection_id for c in chans}):
-                    names = {c.dm_channel for c in chans if c.collection_id == cid}
-                    pids = sorted({p for c in chans if c.collection_id == cid for p in c.partition_ids})
+                for cid, replica in sorted({(c.collection_id, c.replica_id) for c in chans}):
+                    mine = [c for c in chans if c.collection_id == cid and c.replica_id == replica]
+                    names = {c.dm_channel for c in mine}
+                    pids = sorted({p for c in mine for p in c.partition_ids})
                     infos = await self._channel_infos(cid, names)
                     children += await plan_children(
                         env, self, cid, [], infos, exclude=sources, wait=True, partition_ids=pids,
-                        load_type=env.meta.get_load_type(cid) or data_pb2.LOAD_TYPE_COLLECTION,
+                        load_type=env.meta.get_load_type(cid) or data_pb2.LOAD_TYPE_COLLECTION, replica_id=replica,
                     )
         self.children = children
 
@@ -387,13 +446,16 @@ class HandoffTask(TriggerTask, kind=qc.TASK_KIND_HANDOFF, request="handoff"):
         for s in self.request.segment_infos:
             if s.partition_id in released or not env.meta.has_partition(cid, s.partition_id):
                 continue
-            if env.meta.get_segment(s.segment_id) is not None:
-                continue  # already loaded (a re-run after failover)
             by_pid.setdefault(s.partition_id, []).append(s.segment_id)
         infos: list[data_pb2.SegmentLoadInfo] = []
         for pid, ids in by_pid.items():
             _, binlogs = await env.broker.get_recovery_info(cid, pid, ids)
             infos += [segment_load_info(b) for b in binlogs]
-        if infos:
-            self.children = await plan_children(env, self, cid, infos, [], wait=True,
-                                                load_type=env.meta.get_load_type(cid) or data_pb2.LOAD_TYPE_COLLECTION)
+        self.children = []
+        for replica in env.meta.replica_ids(cid):
+            # A copy already held in this replica is not loaded again (a re-run after failover).
+            todo = [i for i in infos if replica not in env.meta.segment_copies(i.segment_id)]
+            if todo:
+                self.children += await plan_children(
+                    env, self, cid, todo, [], wait=True, replica_id=replica,
+                    load_type=env.meta.get_load_type(cid) or data_pb2.LOAD_TYPE_COLLECTION)
