@@ -92,7 +92,7 @@ _TABLE: dict[str, dict[str, frozenset[Role]]] = {
     "QueryCoord": {
         "ShowCollections": READ, "ShowPartitions": READ, "GetPartitionStates": READ, "GetSegmentInfo": READ,
         "GetComponentStates": READ, "ListTasks": READ, "GetTask": READ, "ShowNodes": READ,
-        "GetCoordinatorState": READ,
+        "GetCoordinatorState": READ, "GetReplicas": READ,
         "LoadCollection": ADMIN, "ReleaseCollection": ADMIN, "LoadPartitions": ADMIN, "ReleasePartitions": ADMIN,
         "LoadBalance": ADMIN, "Switchover": ADMIN,
         "StepBack": COORDINATOR,  # only a leader asks, during a switchover

@@ -4,9 +4,9 @@ The rules of each mutating call (Milvus's ``impl.go`` error cases, joining a
 retried request, what the caller waits for) live in the jobs; reads are
 answered here from the leader's meta, nodes and scheduler. Every answer
 carries a Status (``querycoord.gate``). While this coordinator is not the
-leader, every call but GetComponentStates, ShowCollections, ListTasks and
-GetTask (answered from etcd: task records and the task history) aborts
-UNAVAILABLE naming the leader.
+leader, every call but GetComponentStates, ShowCollections, GetReplicas,
+ListTasks and GetTask (answered from etcd: the query meta, task records and
+the task history) aborts UNAVAILABLE naming the leader.
 
 Every request is checked against the configured ``Limits`` first
 (``querycoord.validate``; mutations by their job's ``check``): a malformed
@@ -97,6 +97,17 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
             out.append(info)
         return qc.ShowCollectionsResponse(status=OK, collections=out)
 
+    @answered(qc.GetReplicasResponse)
+    async def GetReplicas(self, request, context):
+        """The replicas of a loaded collection (nodes, progress, segment count), by replica id; a standby answers
+        from etcd as ShowCollections does."""
+        cid = check_id("collection_id", request.collection_id)
+        lead = self.gate.leadership()
+        meta = lead.meta if lead is not None else await self._standby_meta()
+        if meta.get_collection(cid) is None:
+            raise NotFound(f"collection {cid} has not been loaded")
+        return qc.GetReplicasResponse(status=OK, replicas=meta.replicas_of(cid))
+
     async def _partition_states(self, request, context) -> list[data_pb2.PartitionLoadInfo]:
         """The asked (or all) loaded partitions; NOT_FOUND naming those that are not loaded."""
         cid = check_id("collection_id", request.collection_id)
@@ -136,7 +147,10 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
             except NodeError as exc:
                 logger.warning("GetSegmentInfo: {}", exc)
                 continue
-            out += [s for s in resp.infos if not wanted or s.segment_id in wanted]
+            for s in resp.infos:
+                if not wanted or s.segment_id in wanted:
+                    s.replica_id = lead.meta.replica_of_node(s.collection_id, node.node_id)  # this copy's replica
+                    out.append(s)
         missing = wanted - {s.segment_id for s in out}
         if missing:
             raise NotFound(f"segments {sorted(missing)[:20]} are not loaded on any online node")

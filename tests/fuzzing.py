@@ -524,6 +524,7 @@ def valid_request(rpc: Rpc, w: World, rng: random.Random) -> Message:
             collection_id=cid, partition_ids=parts),
         "querycoord.query.QueryCoord.GetSegmentInfo": lambda: querycoord_pb2.GetSegmentInfoRequest(
             collection_id=cid),
+        "querycoord.query.QueryCoord.GetReplicas": lambda: querycoord_pb2.GetReplicasRequest(collection_id=cid),
         "querycoord.query.QueryCoord.LoadBalance": lambda: querycoord_pb2.LoadBalanceRequest(
             source_node_ids=[qnode], collection_id=cid if rng.random() < 0.5 else 0),
         "querycoord.query.QueryCoord.ListTasks": lambda: querycoord_pb2.ListTasksRequest(

@@ -49,6 +49,7 @@ SERVICES = {
             "ReleasePartitions",
             "GetPartitionStates",
             "GetSegmentInfo",
+            "GetReplicas",
             "LoadBalance",
             "GetComponentStates",
             "ListTasks",

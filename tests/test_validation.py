@@ -218,6 +218,7 @@ async def test_querycoord_refuses_bad_requests_and_queues_nothing(
              "partition_ids", None),
             (stub.GetSegmentInfo, qc.GetSegmentInfoRequest(segment_ids=[0]), "segment_ids", None),
             (stub.GetSegmentInfo, qc.GetSegmentInfoRequest(segment_ids=range(1, 70_000)), "segment_ids", "65536"),
+            (stub.GetReplicas, qc.GetReplicasRequest(collection_id=0), "collection_id", None),
             (stub.ListTasks, qc.ListTasksRequest(limit=-1), "limit", None),
             (stub.ListTasks, qc.ListTasksRequest(states=[77]), "states", None),  # type: ignore[list-item]
             (stub.ListTasks, qc.ListTasksRequest(children_limit=-1), "children_limit", None),
