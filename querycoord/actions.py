@@ -218,11 +218,16 @@ async def _start_task(c: QueryCoordClient, request: Message, what: str) -> int:
     return int(check(resp, what).task_id)
 
 
-async def load(c: QueryCoordClient, desc: catalog_pb2.CollectionDescription, pids: Sequence[int] = ()) -> int:
-    """LoadCollection (or LoadPartitions); returns the task id (0: already loaded)."""
+async def load(c: QueryCoordClient, desc: catalog_pb2.CollectionDescription, pids: Sequence[int] = (),
+               replicas: int | None = None) -> int:
+    """LoadCollection (or LoadPartitions) with ``replicas`` in-memory copies (None: the server's default, one
+    for a new load); returns the task id (0: already loaded)."""
     cid = desc.collection_id
-    req = (qc.LoadPartitionsRequest(collection_id=cid, partition_ids=pids) if pids
-           else qc.LoadCollectionRequest(collection_id=cid))
+    req: qc.LoadPartitionsRequest | qc.LoadCollectionRequest = (
+        qc.LoadPartitionsRequest(collection_id=cid, partition_ids=pids) if pids
+        else qc.LoadCollectionRequest(collection_id=cid))
+    if replicas is not None:
+        req.replica_number = replicas
     return await _start_task(c, req, f"load {desc.name}")
 
 
@@ -282,6 +287,14 @@ async def collection_rows(c: QueryCoordClient, refs: Sequence[str] = ()) -> list
 
 
 COLLECTION_HEADERS = ("ID", "NAME", "PARTITIONS", "SEGMENTS", "LOAD TYPE", "LOADED", "LOADED PARTITIONS")
+
+
+async def get_replicas(c: QueryCoordClient, collection_id: int) -> list[data_pb2.ReplicaInfo] | None:
+    """GetReplicas: the replicas of a loaded collection by replica id; None when it is not loaded (NOT_FOUND)."""
+    resp = await c.query("GetReplicas", qc.GetReplicasRequest(collection_id=collection_id))
+    if resp.status.error_code == common_pb2.NOT_FOUND:
+        return None
+    return list(check(resp, f"replicas of collection {collection_id}").replicas)
 
 
 async def wait_task(c: QueryCoordClient, task_id: int, children_limit: int = 0) -> qc.TaskTree:

@@ -1,4 +1,4 @@
-"""Text drawing for the CLI and the demo: task trees, tables, a load progress bar and streams.
+"""Text drawing for the CLI and the demo: task trees, tables, a load progress bar, replicas and streams.
 
 Kept apart from the commands so the demo draws exactly what ``querycoord
 tasks`` and ``querycoord collection load`` draw, and so the drawing can be
@@ -10,8 +10,9 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import TextIO
+from typing import Any, TextIO
 
+from proto import data_pb2
 from proto import querycoord_pb2 as qc
 from proto import stream_pb2 as sp
 
@@ -190,6 +191,28 @@ def mib(n: int) -> str:
     if v == 0:
         return "0 MiB"
     return f"{v:.1f} MiB" if v < 10 else f"{v:,.0f} MiB"
+
+
+# ----- replicas -------------------------------------------------------------------------------------------------
+REPLICA_HEADERS = ("REPLICA", "NODES", "LOADED", "SEGMENTS", "DM CHANNELS")
+
+
+def replica_records(replicas: Iterable[data_pb2.ReplicaInfo]) -> list[dict[str, Any]]:
+    """Replicas (GetReplicas) as ``querycoord replicas -o json`` prints them, by replica id."""
+    return [{"id": r.replica_id, "collection_id": r.collection_id, "node_ids": sorted(r.node_ids),
+             "loaded_percentage": r.in_memory_percentage, "segments": r.segment_count,
+             "dm_channels": list(r.dm_channels)} for r in sorted(replicas, key=lambda r: r.replica_id)]
+
+
+def replica_rows(records: Sequence[dict[str, Any]], *, collection: bool = False) -> list[list[object]]:
+    """``replica_records`` as rows under ``REPLICA_HEADERS`` (``collection``: led by the collection id, under
+    ``("COLLECTION", *REPLICA_HEADERS)``); nodes comma-separated, "-" for a replica without a node."""
+    rows: list[list[object]] = []
+    for r in records:
+        row: list[object] = [r["id"], ",".join(map(str, r["node_ids"])) or "-", f"{r['loaded_percentage']}%",
+                             f"{r['segments']:,}", len(r["dm_channels"])]
+        rows.append([r["collection_id"], *row] if collection else row)
+    return rows
 
 
 # ----- progress bar ---------------------------------------------------------------------------------------------

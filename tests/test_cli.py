@@ -341,3 +341,23 @@ def test_progress_bar_on_a_terminal_redraws_in_place() -> None:
 def test_table_aligns_columns() -> None:
     lines = draw.table(("ID", "NAME"), [(1, "a"), (22, "bbb")], right=(0,))
     assert lines == ["ID  NAME", "──  ────", " 1  a", "22  bbb"]
+
+
+def test_replica_rows_show_nodes_progress_and_counts() -> None:
+    from proto import data_pb2
+
+    records = draw.replica_records([
+        data_pb2.ReplicaInfo(replica_id=12, collection_id=5, node_ids=[4, 3], in_memory_percentage=40,
+                             segment_count=1200, dm_channels=["c-0", "c-1"]),
+        data_pb2.ReplicaInfo(replica_id=11, collection_id=5, node_ids=[1, 2], in_memory_percentage=100,
+                             segment_count=3000, dm_channels=["c-0", "c-1"]),
+        data_pb2.ReplicaInfo(replica_id=13, collection_id=5),
+    ])
+    assert [r["id"] for r in records] == [11, 12, 13] and records[1]["node_ids"] == [3, 4]
+    assert records[0] == {"id": 11, "collection_id": 5, "node_ids": [1, 2], "loaded_percentage": 100,
+                          "segments": 3000, "dm_channels": ["c-0", "c-1"]}
+    lines = draw.table(draw.REPLICA_HEADERS, draw.replica_rows(records), right=(0, 2, 3, 4))
+    assert lines[0].split() == ["REPLICA", "NODES", "LOADED", "SEGMENTS", "DM", "CHANNELS"]
+    assert [line.split() for line in lines[2:]] == [["11", "1,2", "100%", "3,000", "2"],
+                                                    ["12", "3,4", "40%", "1,200", "2"], ["13", "-", "0%", "0", "0"]]
+    assert draw.replica_rows(records[:1], collection=True) == [[5, 11, "1,2", "100%", "3,000", 2]]

@@ -1,4 +1,4 @@
-"""``querycoord collection create|load|release|drop|show``."""
+"""``querycoord collection create|load|release|drop|show`` and ``querycoord replicas``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from proto import catalog_pb2
+from proto import catalog_pb2, common_pb2
 from querycoord import draw
 from querycoord.actions import (
     COLLECTION_HEADERS,
@@ -19,6 +19,7 @@ from querycoord.actions import (
     create_collection,
     describe,
     follow_load,
+    get_replicas,
     load,
     partition_ids,
     release,
@@ -59,7 +60,10 @@ async def _send(c: QueryCoordClient, args: argparse.Namespace, send: Send) -> tu
 
 
 async def _collection_load(c: QueryCoordClient, args: argparse.Namespace) -> int:
-    desc, what, task_id, t0 = await _send(c, args, load)
+    async def send(c: QueryCoordClient, desc: catalog_pb2.CollectionDescription, pids: Sequence[int]) -> int:
+        return await load(c, desc, pids, replicas=args.replicas)
+
+    desc, what, task_id, t0 = await _send(c, args, send)
     if task_id == 0:
         print(f"{what} is already loaded")
         return 0
@@ -77,7 +81,8 @@ async def _collection_load(c: QueryCoordClient, args: argparse.Namespace) -> int
         print(f"load task #{task_id} of {what} ended with the collection {pct}% in memory; "
               f"see `querycoord tasks --task {task_id}`")
         return 1
-    print(f"loaded {what} in {time.monotonic() - t0:.1f}s (task #{task_id})")
+    copies = "" if args.replicas is None else f" with {args.replicas} replica{'s' if args.replicas > 1 else ''}"
+    print(f"loaded {what}{copies} in {time.monotonic() - t0:.1f}s (task #{task_id})")
     return 0
 
 
@@ -100,11 +105,34 @@ async def _collection_drop(c: QueryCoordClient, args: argparse.Namespace) -> int
 
 async def _collection_show(c: QueryCoordClient, args: argparse.Namespace) -> int:
     records = await collection_records(c, args.collections)
+    for r in records:  # each loaded collection's replicas (GetReplicas); None when not loaded
+        replicas = await get_replicas(c, r["id"]) if r["load_type"] is not None else None
+        r["replicas"] = None if replicas is None else draw.replica_records(replicas)
 
     def render() -> list[str]:
         if not records:
             return ["no collections; create one with `querycoord collection create NAME`"]
-        return draw.table(COLLECTION_HEADERS, collection_table_rows(records), right=(0, 2, 3, 5, 6))
+        lines = draw.table(COLLECTION_HEADERS, collection_table_rows(records), right=(0, 2, 3, 5, 6))
+        replicas = [x for r in records for x in r["replicas"] or ()]
+        if replicas:
+            lines += ["", *draw.table(("COLLECTION", *draw.REPLICA_HEADERS),
+                                      draw.replica_rows(replicas, collection=True), right=(0, 1, 3, 4, 5))]
+        return lines
+
+    emit(args, records, render)
+    return 0
+
+
+async def _replicas(c: QueryCoordClient, args: argparse.Namespace) -> int:
+    desc = await describe(c, args.collection)
+    replicas = await get_replicas(c, desc.collection_id)
+    if replicas is None:
+        raise Refusal(f"collection {desc.name} (id {desc.collection_id}) is not loaded; "
+                      f"`querycoord collection load {desc.name} --replicas N` loads N copies", common_pb2.NOT_FOUND)
+    records = draw.replica_records(replicas)
+
+    def render() -> list[str]:
+        return draw.table(draw.REPLICA_HEADERS, draw.replica_rows(records), right=(0, 2, 3, 4))
 
     emit(args, records, render)
     return 0
@@ -135,6 +163,9 @@ def add_parsers(sub: Any, client: list[argparse.ArgumentParser]) -> None:
 
     q = _targeted(csub, "load", "load a collection (or partitions), with a progress bar", client)
     q.add_argument("--no-wait", action="store_true", help="return once the load is queued")
+    q.add_argument("--replicas", type=positive_int, metavar="N",
+                   help="in-memory copies, each on its own query nodes (default: 1 for a new load, else the "
+                        "number the collection is loaded with)")
     q.set_defaults(func=client_command(_collection_load))
 
     q = _targeted(csub, "release", "release a collection (or partitions)", client)
@@ -145,7 +176,13 @@ def add_parsers(sub: Any, client: list[argparse.ArgumentParser]) -> None:
     q.add_argument("collection", help="collection id or name")
     q.set_defaults(func=client_command(_collection_drop))
 
-    q = csub.add_parser("show", parents=client, help="collections and their load state")
+    q = csub.add_parser("show", parents=client, help="collections and their load state, with their replicas")
     q.add_argument("collections", nargs="*", help="collection ids or names (default: all)")
     add_output_option(q)
     q.set_defaults(func=client_command(_collection_show))
+
+    q = sub.add_parser("replicas", parents=client,
+                       help="the replicas of a loaded collection: nodes, in-memory %%, segments, DM channels")
+    q.add_argument("collection", help="collection id or name")
+    add_output_option(q)
+    q.set_defaults(func=client_command(_replicas))
