@@ -3,13 +3,14 @@
 For each size in ``--sizes`` (loaded segments), on a fresh embedded etcd
 (``--etcd-endpoints``: one root per size, removed afterwards):
 
-Setup (not timed): ``--nodes`` reference query nodes as in-process
-``QueryNode`` objects *in this bench process*; the catalog (written
-straight to etcd with ``CatalogStore``, as any catalog process would): the
-main collection of N segments in ``--partitions`` partitions and
-``--queued`` spare collections of one segment each; then coordinator c0 as
-a real process (``querycoord coord``, auto balance off, ``--http-listen``)
-until it leads and sees every node.
+Setup (not timed): the catalog (written straight to etcd with
+``CatalogStore``, as any catalog process would): the main collection of N
+segments in ``--partitions`` partitions and ``--queued`` spare collections
+of one segment each; ``--nodes`` reference query nodes as in-process
+``QueryNode`` objects *in this bench process* (session TTL 60 s: theirs is
+not the TTL measured); then coordinator c0 as a real process
+(``querycoord coord``, auto balance off, ``--http-listen``) until it leads
+and sees every node.
 
 Measured:
 
@@ -27,7 +28,10 @@ Measured:
   distributions are garbage by then). ``gc.collect`` cannot be called in
   another process; the coordinator raises its cyclic-GC thresholds
   (process.py), so uncollected cycles can only make the number larger:
-  an upper bound. Peak (``VmHWM``) is in the table.
+  an upper bound. Peak (``VmHWM``) is in the table, and so is the steady
+  state without the load's transient garbage: the new leader's RSS once it
+  reloaded everything and reconciled minus its RSS as a standby
+  (``reload_rss_kib_per_segment``, queued triggers included).
 - **takeover**: standby c1 (a second ``querycoord coord``) waits; the nodes'
   mutating calls are gated shut and ``--queued`` LoadCollection requests of
   the spare collections are sent (each answered with a deadline error once
@@ -55,6 +59,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import re
 import sys
 import tempfile
@@ -82,11 +87,12 @@ from querycoord.client import QueryCoordClient
 from querycoord.grpc_channels import make_channel
 from querycoord.nodes.querynode import QueryNode
 from querycoord.protocol import QUERYCOORD_ELECTION
-from querycoord.tooling.harness import Harness, Member
+from querycoord.tooling.harness import COORDINATOR, Harness, Member, coord_argv
 
 MIB = 1 << 20
 SEGMENT_MEM_BOUND = 8 * MIB  # as bench_load: node capacity never limits placement
 EXPIRED, FAILED = qc.TASK_STATE_EXPIRED, qc.TASK_STATE_FAILED
+NODE_TTL = 60.0
 
 
 # ----- nodes whose mutating calls can be held --------------------------------------------------------------------
@@ -127,8 +133,13 @@ def scrape(http_address: str, timeout: float = 10.0) -> dict[str, float]:
     return out
 
 
-async def metric(http_address: str, name: str) -> float:
-    got = await asyncio.to_thread(scrape, http_address)
+async def metric(http_address: str, name: str) -> float | None:
+    """One metric of a coordinator; None when /metrics did not answer in time (a busy event loop)."""
+    try:
+        got = await asyncio.to_thread(scrape, http_address)
+    except OSError as exc:
+        logger.info("scrape of {} failed: {}", http_address, exc)
+        return None
     return got.get(name, got.get(name + "_total", 0.0))
 
 
@@ -245,11 +256,6 @@ async def one_size(config: EtcdConfig, args: argparse.Namespace, segments: int, 
     (work / f"s{segments}").mkdir(parents=True, exist_ok=True)
     qclient: QueryCoordClient | None = None
     try:
-        capacity = max(1024 * MIB, -(-segments * SEGMENT_MEM_BOUND // args.nodes) * 2)
-        for _ in range(args.nodes):
-            n = GatedQueryNode(kv, capacity_bytes=capacity, ttl=max(args.ttl, 10.0), gate=gate)
-            await n.start()
-            nodes.append(n)
         catalog = CatalogStore(kv)
         t = time.perf_counter()
         desc, seg_ids = await catalog.create_bulk_collection(f"scale_{segments}", num_partitions=args.partitions,
@@ -262,7 +268,16 @@ async def one_size(config: EtcdConfig, args: argparse.Namespace, segments: int, 
                                                         num_channels=1, rows_per_segment=100)
             spare.append(d.collection_id)
         res.catalog_s = time.perf_counter() - t
+        del seg_ids
+        gc.collect()
         logger.info("{:,} segments: catalog in {:.1f}s", segments, res.catalog_s)
+        # The nodes start after the catalog (building a million segments blocks this loop for long stretches)
+        # and with a long session TTL: theirs is not the TTL measured, and a busy bench must not lose them.
+        capacity = max(1024 * MIB, -(-segments * SEGMENT_MEM_BOUND // args.nodes) * 2)
+        for _ in range(args.nodes):
+            n = GatedQueryNode(kv, capacity_bytes=capacity, ttl=max(args.ttl, NODE_TTL), gate=gate)
+            await n.start()
+            nodes.append(n)
 
         flags = ("--auto-balance-interval", "0", "--http-listen", "127.0.0.1:0", "--rpc-timeout", "120",
                  "--trigger-timeout", str(args.timeout), "--checker-interval", str(args.checker_interval))
@@ -281,7 +296,7 @@ async def one_size(config: EtcdConfig, args: argparse.Namespace, segments: int, 
         res.load_s = await load_main(qclient, desc.collection_id, args.poll, args.timeout)
         logger.info("{:,} segments: loaded in {:.2f}s", segments, res.load_s)
         http0 = str(c0.ready["http_address"])
-        runs0 = await metric(http0, "querycoord_checker_runs")
+        runs0 = await metric(http0, "querycoord_checker_runs") or 0.0
         await wait_until("two checker passes after the load",
                          lambda: _at_least(http0, "querycoord_checker_runs", runs0 + 2), args.timeout, 0.2)
         res.rss_after_kib = proc_status_kib(c0.child.pid, "VmRSS")
@@ -289,7 +304,13 @@ async def one_size(config: EtcdConfig, args: argparse.Namespace, segments: int, 
         res.keys, res.bytes = await etcd_usage(kv)
 
         # ----- the takeover --------------------------------------------------------------------------------
-        c1 = await harness.start_coordinator(1, "127.0.0.1:0", *flags)
+        if args.profile_standby:  # cProfile writes its file when the process exits (SIGTERM at the end)
+            out = args.profile_standby / f"standby-{segments}.prof"
+            argv = coord_argv(config.endpoints, root, "127.0.0.1:0", args.ttl, *flags, log_level="WARNING")
+            c1 = await harness.start(COORDINATOR, 1, ["-m", "cProfile", "-o", str(out), *argv])
+            logger.info("standby under cProfile, profile in {}", out)
+        else:
+            c1 = await harness.start_coordinator(1, "127.0.0.1:0", *flags)
         prefix = election_prefix(QUERYCOORD_ELECTION)
 
         async def both_campaign() -> bool:  # a standby prints no event: its election key says it waits
@@ -305,7 +326,7 @@ async def one_size(config: EtcdConfig, args: argparse.Namespace, segments: int, 
         await wait_until(f"{args.queued} spare loads pending on the leader",
                          lambda: _at_least(http0, "querycoord_tasks", want), 120, 0.1)
         res.enqueue_s = time.perf_counter() - t
-        res.queued = int(await metric(http0, "querycoord_tasks"))
+        res.queued = int(await metric(http0, "querycoord_tasks") or 0)
         res.lease_s, res.leader_event_s, res.reconciled_s, res.resumed = await kill_and_take_over(
             harness, kv, c0, c1, args)
         http1 = str(c1.ready["http_address"])
@@ -314,7 +335,7 @@ async def one_size(config: EtcdConfig, args: argparse.Namespace, segments: int, 
         t = time.perf_counter()
 
         async def drained() -> bool:
-            return await metric(http1, "querycoord_tasks") == 0
+            return await metric(http1, "querycoord_tasks") == 0.0
 
         await wait_until("the resumed queue to drain", drained, args.timeout, 0.2)
         res.drain_s = time.perf_counter() - t
@@ -334,7 +355,8 @@ async def one_size(config: EtcdConfig, args: argparse.Namespace, segments: int, 
 
 
 async def _at_least(http_address: str, name: str, value: float) -> bool:
-    return await metric(http_address, name) >= value
+    got = await metric(http_address, name)
+    return got is not None and got >= value
 
 
 async def kill_and_take_over(harness: Harness, kv: MetaKV, c0: Member, c1: Member,
@@ -362,7 +384,7 @@ async def kill_and_take_over(harness: Harness, kv: MetaKV, c0: Member, c1: Membe
     await wait_until("the new leader's first checker pass",
                      lambda: _at_least(http1, "querycoord_checker_runs", 1), args.timeout, 0.02)
     reconciled_s = time.time() - t_kill
-    pending = int(await metric(http1, "querycoord_tasks"))
+    pending = int(await metric(http1, "querycoord_tasks") or 0)
     return lease_s, leader_event_s, reconciled_s, pending
 
 
@@ -456,6 +478,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--poll", type=float, default=0.05, help="GetTask poll interval (default 0.05)")
     g.add_argument("--timeout", type=float, default=3600.0, help="give up on any wait after this (default 3600)")
     g.add_argument("--quota-gb", type=int, default=8, help="embedded etcd's backend quota (default 8)")
+    g.add_argument("--profile-standby", metavar="DIR",
+                   help="run the standby under cProfile; DIR/standby-<segments>.prof covers its takeover")
     args = p.parse_args(argv)
     try:
         args.sizes = [int(s.replace("_", "")) for s in args.sizes.split(",") if s.strip()]
@@ -463,6 +487,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--sizes: not a list of integers: {args.sizes!r}")
     if not args.sizes or min(args.sizes) < 1:
         p.error("--sizes needs positive integers")
+    if args.profile_standby:
+        args.profile_standby = Path(args.profile_standby).resolve()
     require_positive(p, args, ("queued", "nodes", "partitions", "channels", "quota_gb"))
     if args.ttl < 2:
         p.error("--ttl must be >= 2")

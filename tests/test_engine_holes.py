@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import time
 from contextlib import AbstractAsyncContextManager
+from typing import Any
 
 from meta.election import Election
 from meta.errors import MetaUnavailable
@@ -561,6 +562,50 @@ async def test_a_load_cancelled_after_dispatch_but_before_it_ran_is_finished(
         try:
             await asyncio.wait_for(asyncio.shield(load.finished), 5)
             raise AssertionError("the load finished as if not cancelled")
+        except Exception as exc:
+            assert "cancelled by release" in str(exc), exc
+        await settled(c)
+        assert not held_once(c)
+
+
+async def test_a_load_persisted_before_a_release_but_queued_after_it_is_cancelled(
+        etcd: EtcdCluster, root_path: str) -> None:
+    """Full suite, test_a_caller_giving_up_mid_enqueue: a load's persist answered after a later release had been
+    queued and cancelled every load it could see; the load was then queued behind the release and ran after it,
+    so the collection was loaded again although released last. The load is older (its id is lower): cancelled."""
+    from querycoord.task.triggers import LoadCollectionTask, ReleaseCollectionTask
+
+    async with started(etcd, root_path, [None]) as c:
+        cid = await c.create_collection("late", partitions=1, segments=4)
+        sched = (await c.wait_leader()).coord.leadership.scheduler
+        env = sched.env
+        gate = asyncio.Event()
+        persist = env.store.add_trigger
+
+        async def slow_persist(rec: Any) -> Any:  # the real write to etcd, answered once the gate opens
+            if rec.kind == qc.TASK_KIND_LOAD_COLLECTION:
+                await gate.wait()
+            return await persist(rec)
+
+        env.store.add_trigger = slow_persist  # type: ignore[method-assign]
+        try:
+            load = LoadCollectionTask.new(env, qc.LoadCollectionRequest(collection_id=cid),
+                                          trigger_condition=qc.TRIGGER_CONDITION_GRPC_REQUEST, collection_id=cid)
+            enqueued = asyncio.create_task(sched.enqueue(load))
+            while not load.id:
+                await asyncio.sleep(0)
+            release = await sched.enqueue(ReleaseCollectionTask.new(
+                env, qc.ReleaseCollectionRequest(collection_id=cid),
+                trigger_condition=qc.TRIGGER_CONDITION_GRPC_REQUEST, collection_id=cid))
+            assert load.id < release.id
+            await asyncio.wait_for(asyncio.shield(release.finished), 20)
+            gate.set()
+            await enqueued
+        finally:
+            env.store.add_trigger = persist  # type: ignore[method-assign]
+        try:
+            await asyncio.wait_for(asyncio.shield(load.finished), 20)
+            raise AssertionError("the older load ran after the release")
         except Exception as exc:
             assert "cancelled by release" in str(exc), exc
         await settled(c)

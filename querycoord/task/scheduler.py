@@ -117,6 +117,11 @@ class Scheduler:
         self._started: set[int] = set()  # dispatched triggers whose task has begun running (cancel only those)
         self._busy: dict[int, int] = {}  # collection -> trigger id
         self._cancel_reason: dict[int, str] = {}
+        # The highest id of a release queued per collection, and per (collection, partition) for partition
+        # releases: a load persisted before a release but queued after it (its etcd write answered later) is
+        # older than the release and must not run after it (``_cancel_if_released``).
+        self._released_upto: dict[int, int] = {}
+        self._released_partitions_upto: dict[tuple[int, int], int] = {}
         self.finished: deque[qc.TaskTree] = deque(maxlen=self.cfg.finished_history)
         # Finished trees whose keys etcd did not take away (with their history record); retried by
         # ``sweep_unremoved``.
@@ -198,13 +203,31 @@ class Scheduler:
         except NotLeader as exc:
             self._leadership_lost(exc)
             raise
+        cid = trigger.collection_id
         if isinstance(trigger, ReleaseCollectionTask):
-            self._cancel_loads(trigger.collection_id, f"cancelled by release (task {trigger.id})")
+            self._released_upto[cid] = max(trigger.id, self._released_upto.get(cid, 0))
+            self._cancel_loads(cid, f"cancelled by release (task {trigger.id})")
         elif isinstance(trigger, ReleasePartitionsTask):
-            self._cancel_loads(trigger.collection_id, f"cancelled by release (task {trigger.id})",
-                               set(trigger.request.partition_ids))
+            for pid in trigger.request.partition_ids:
+                key = (cid, pid)
+                self._released_partitions_upto[key] = max(trigger.id, self._released_partitions_upto.get(key, 0))
+            self._cancel_loads(cid, f"cancelled by release (task {trigger.id})", set(trigger.request.partition_ids))
+        elif trigger.KIND in LOAD_KINDS:
+            self._cancel_if_released(trigger)
         self._push(trigger)
         return trigger
+
+    def _cancel_if_released(self, load: TriggerTask) -> None:
+        """A release with a higher id was queued while this load's persist was in flight: the release came
+        later, so the load is cancelled as if it had been queued when the release arrived (``_cancel_loads``
+        could not see it then). It finishes as cancelled when dispatched, after the release."""
+        cid = load.collection_id
+        newer = self._released_upto.get(cid, 0)
+        if load.KIND == qc.TASK_KIND_LOAD_PARTITION:
+            newer = max([newer, *(self._released_partitions_upto.get((cid, p), 0)
+                                  for p in load.request.partition_ids)])
+        if newer > load.id:
+            self._cancel_reason[load.id] = f"cancelled by release (task {newer})"
 
     def _push(self, trigger: TriggerTask) -> None:
         self.triggers[trigger.id] = trigger
