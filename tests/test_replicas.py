@@ -7,6 +7,7 @@ Each test asserts what must hold once the cluster is idle, never how fast it got
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections import Counter
 from typing import Any
@@ -16,7 +17,7 @@ from meta.kv import MetaKV
 from proto import common_pb2, data_pb2, querynode_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.balance import plan_move
-from querycoord.nodes.querynode import QueryNode
+from querycoord.nodes.querynode import FaultConfig, QueryNode
 from querycoord.querymeta import QueryMeta
 from tests.cluster import QueryCluster, fast_scheduler, running_cluster
 
@@ -257,3 +258,80 @@ async def test_replicas_survive_a_leader_change(etcd: EtcdCluster, root_path: st
         assert replicas(meta, cid) == groups
         assert {n.node_id: set(n.state.segments) for n in c.nodes} == held, "nothing moved on takeover"
         assert_once_per_replica(c.nodes, groups, 24, 2)
+
+
+async def test_partitions_and_handoff_are_served_once_per_replica(etcd: EtcdCluster, root_path: str) -> None:
+    async with running_cluster(etcd, root_path, [None] * 4) as c:
+        assert c.client is not None
+        cid = await c.create_collection("parts", partitions=2, segments=20, channels=2)
+        catalog = c.coords[0].coord.catalog
+        p0, p1 = sorted(p.partition_id for p in await catalog.show_partitions(cid))
+        r = await c.client.query("LoadPartitions", qc.LoadPartitionsRequest(collection_id=cid, partition_ids=[p0],
+                                                                            replica_number=2))
+        assert r.status.error_code == common_pb2.SUCCESS, r.status
+        await c.wait_loaded(cid)
+        await c.wait_idle()
+        meta = c.coords[0].coord.leadership.meta
+        groups = replicas(meta, cid)
+        assert_once_per_replica(c.nodes, groups, 10, 2)
+        # More partitions, number omitted: the loaded collection's two replicas take them.
+        r = await c.client.query("LoadPartitions", qc.LoadPartitionsRequest(collection_id=cid, partition_ids=[p1]))
+        assert r.status.error_code == common_pb2.SUCCESS, r.status
+        await c.wait_loaded(cid)
+        await c.wait_idle()
+        assert replicas(meta, cid) == groups
+        assert_once_per_replica(c.nodes, groups, 20, 2)
+
+        # A handoff: the compacted segment is loaded in each replica, its sources released in each.
+        _, binlogs = await catalog.get_recovery_info(cid, p1)
+        sources = [b.segment_id for b in binlogs[:2]]
+        new_ids = await catalog.add_segments([data_pb2.SegmentBinlogs(
+            collection_id=cid, partition_id=p1, num_rows=100, mem_size=1 << 20, binlog_paths=["x"],
+            compaction_from=sources)])
+        by_id = {n.node_id: n for n in c.nodes}
+
+        def handed_off() -> bool:
+            for g in groups.values():
+                held = Counter(s for m in g for s in by_id[m].state.segments)
+                if held.get(new_ids[0]) != 1 or any(s in held for s in sources):
+                    return False
+            return True
+
+        await wait_until(handed_off, "the new segment in both replicas, its sources in neither")
+        await c.wait_idle()
+        assert sorted(meta.segment_copies(new_ids[0])) == sorted(groups)
+        assert all(not meta.segment_copies(s) for s in sources)
+
+        # Releasing one partition releases it in both replicas.
+        r = await c.client.query("ReleasePartitions", qc.ReleasePartitionsRequest(collection_id=cid,
+                                                                                  partition_ids=[p0]))
+        assert r.status.error_code == common_pb2.SUCCESS, r.status
+        await c.wait_idle()
+        left = {s for n in c.nodes for s in n.state.segments}
+        assert left == {s.segment_id for s in meta.segments_of(cid)} and len(left) == 9  # p1: 10 - 2 + 1
+        assert_once_per_replica(c.nodes, groups, 9, 2)
+
+
+async def test_each_replica_reports_its_own_progress_during_a_load(etcd: EtcdCluster, root_path: str) -> None:
+    # Nodes of different speeds: a replica's two children finish far apart, and its progress shows the half.
+    async with running_cluster(etcd, root_path, [FaultConfig(latency_ms=ms) for ms in (100, 400, 900, 1400)]) as c:
+        assert c.client is not None
+        cid = await c.create_collection("progress", partitions=1, segments=100, channels=1)
+        r = await c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid, replica_number=2))
+        assert r.status.error_code == common_pb2.SUCCESS, r.status
+        meta = c.coords[0].coord.leadership.meta
+        seen: list[tuple[int, ...]] = []
+        while True:
+            pct = tuple(x.in_memory_percentage for x in meta.replicas_of(cid))
+            if not seen or seen[-1] != pct:
+                seen.append(pct)
+            info = meta.get_collection(cid)
+            if info is not None and info.in_memory_percentage == 100:
+                break
+            await asyncio.sleep(0.02)
+        await c.wait_idle()
+        assert seen[-1] == (100, 100), seen
+        assert all(len(p) == 2 for p in seen)
+        for a, b in itertools.pairwise(seen):
+            assert all(x <= y for x, y in zip(a, b, strict=True)), f"a replica's progress went down: {seen}"
+        assert any(0 < x < 100 for p in seen for x in p), f"no progress was reported before the end: {seen}"
