@@ -12,11 +12,19 @@ Counting (the drill's JSON line):
   end, one per collection (a loaded collection not at 100 %, a segment or DM
   channel of it held by no node, a released collection still in meta or on
   a node);
-* ``duplicate_segments``: segments held by more than one node;
-* ``invariant_violations``: everything else (a DM channel watched twice,
-  segments of unloaded partitions held, segments compacted away still held, meta disagreeing with the nodes,
-  task keys left, unanswered calls, answers that are not a clear error, no
+* ``duplicate_segments``: segments held by more than one node of one replica;
+* ``invariant_violations``: everything else (a DM channel watched twice in a
+  replica, replicas sharing a node, a copy on a node outside the collection's replicas, a replica on a node
+  that is not online, segments of unloaded partitions held, segments compacted away still held, meta disagreeing
+  with the nodes copy by copy, task keys left, unanswered calls, answers that are not a clear error, no
   quiescence, no takeover).
+
+Replicas (``replica_number``): a loaded collection's replicas own disjoint sets of nodes, and every segment and
+DM channel it loads is held exactly once by the nodes of each replica ("exactly once per replica"). A collection
+whose meta lists no replica (hand-made views, records from before replicas) has one implicit replica, id 0, on
+every node: the single-copy checks are its N=1 case. ``replica_changes`` compares two observations of the
+replicas (across a leader kill, a node kill, a phase): they keep their ids, and change nodes only when one died
+(a spare may join the replica that needs room); a live node never moves from one replica to another.
 
 "Every call got an answer" means success or a *clear* error (DESIGN.md:
 every error names what was wrong and what to do): CONFLICT, NOT_FOUND,
@@ -27,6 +35,7 @@ not one: it counts as a violation.
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -62,13 +71,72 @@ class MetaColl:
     load_type: str  # "collection" / "partitions"
     percentage: int
     partitions: frozenset[int]
+    # replica id -> its nodes; {}: one implicit replica (id 0) that any node serves
+    replicas: dict[int, frozenset[int]] = field(default_factory=dict)
+
+
+#: Every copy of a segment or DM watch: replica id -> node (a bare node id is one copy, in replica 0).
+Copies = dict[int, int]
 
 
 @dataclass
 class MetaView:
     collections: dict[int, MetaColl] = field(default_factory=dict)
-    segments: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # sid -> (cid, pid, node)
-    channels: dict[tuple[int, str], int] = field(default_factory=dict)  # (cid, channel) -> node
+    segments: dict[int, tuple[int, int, int | Copies]] = field(default_factory=dict)  # sid -> (cid, pid, copies)
+    channels: dict[tuple[int, str], int | Copies] = field(default_factory=dict)  # (cid, channel) -> copies
+
+
+def copies_of(held: int | Copies) -> Copies:
+    """A meta view's copies as replica id -> node (a bare node id: one copy in replica 0; 0: none)."""
+    if isinstance(held, dict):
+        return held
+    return {0: held} if held else {}
+
+
+def _where(held: Copies) -> str:
+    if not held:
+        return "nothing"
+    if len(held) == 1:
+        return f"node {next(iter(held.values()))}"
+    return "nodes " + ", ".join(f"{n} (replica {r})" for r, n in sorted(held.items()))
+
+
+def _lists(held: Copies, replica: int, node: int, recorded: bool) -> bool:
+    """Whether meta's copies include ``node``'s copy: as replica ``replica``'s when the collection records
+    replicas, else anywhere (the implicit replica)."""
+    return held.get(replica) == node if recorded else node in held.values()
+
+
+class _Replicas:
+    """Which replica of its collection a node's copy counts for: ``None`` when the node is in none of them."""
+
+    def __init__(self, meta: MetaView):
+        self.by_node: dict[int, dict[int, int]] = {}  # cid -> node -> replica id (recorded replicas only)
+        for cid, m in meta.collections.items():
+            self.by_node[cid] = {n: rid for rid, nodes in m.replicas.items() for n in nodes}
+        self.meta = meta
+
+    def ids(self, cid: int) -> list[int]:
+        m = self.meta.collections.get(cid)
+        return sorted(m.replicas) if m is not None and m.replicas else [0]
+
+    def recorded(self, cid: int) -> bool:
+        m = self.meta.collections.get(cid)
+        return m is not None and bool(m.replicas)
+
+    def of(self, cid: int, node: int) -> int | None:
+        if not self.recorded(cid):
+            return 0  # the implicit replica: every node (and any collection meta does not know)
+        return self.by_node[cid].get(node)
+
+    def split(self, cid: int, holders: set[int]) -> tuple[dict[int, set[int]], set[int]]:
+        """Holders by replica, and holders in no replica of the collection (strays)."""
+        by: dict[int, set[int]] = {}
+        strays: set[int] = set()
+        for n in holders:
+            r = self.of(cid, n)
+            (strays if r is None else by.setdefault(r, set())).add(n)
+        return by, strays
 
 
 @dataclass
@@ -114,24 +182,65 @@ UNCLEAR_CODES = frozenset({"UNEXPECTED_ERROR", "NOT_LEADER", "STALE_LEADER"})
 
 def check(expected: dict[int, Expected], catalog: dict[int, CatalogColl], meta: MetaView,
           nodes: dict[int, NodeView], *, task_keys: dict[str, int], unanswered: list[str],
-          unclear: list[str] | None = None, extra_violations: list[str] | None = None) -> CheckResult:
-    """Every invariant of the drill (see module docstring); ``nodes`` are the online nodes only."""
+          unclear: list[str] | None = None, extra_violations: list[str] | None = None,
+          replica_number: int | None = None, replica_history: list[str] | None = None) -> CheckResult:
+    """Every invariant of the drill (see module docstring); ``nodes`` are the online nodes only;
+    ``replica_number``: how many replicas every collection in meta must have (None: not checked);
+    ``replica_history``: what ``replica_changes`` found over the run."""
     res = CheckResult()
+    reps = _Replicas(meta)
     holders: dict[int, set[int]] = {}
+    seg_coll: dict[int, int] = {}  # segment -> its collection, as the nodes report it
     for nid, nv in nodes.items():
-        for sid in nv.segments:
+        for sid, (cid, _pid) in nv.segments.items():
             holders.setdefault(sid, set()).add(nid)
+            seg_coll[sid] = cid
     watchers: dict[tuple[int, str], set[int]] = {}
     for nid, nv in nodes.items():
         for watched in nv.dm_channels:
             watchers.setdefault(watched, set()).add(nid)
 
-    # --- duplicates -------------------------------------------------------------------------------------------
-    dups = {sid: ns for sid, ns in holders.items() if len(ns) > 1}
+    # --- duplicates (within a replica) -------------------------------------------------------------------------
+    dups: dict[int, dict[int, set[int]]] = {}
+    for sid, ns in holders.items():
+        by, _strays = reps.split(seg_coll[sid], ns)
+        twice = {r: g for r, g in by.items() if len(g) > 1}
+        if twice:
+            dups[sid] = twice
     res.duplicate_segments = len(dups)
-    for sid, ns in sorted(dups.items())[:20]:
-        res.details.append(f"duplicate: segment {sid} held by nodes {sorted(ns)}")
-    res.checks["no segment on more than one node"] = (not dups, f"{len(dups)} duplicated")
+    for sid, twice in sorted(dups.items())[:20]:
+        for r, g in sorted(twice.items()):
+            res.details.append(f"duplicate: segment {sid} held by nodes {sorted(g)}{f' of replica {r}' if r else ''}")
+    res.checks["no segment on more than one node of a replica"] = (not dups, f"{len(dups)} duplicated")
+
+    # --- replicas -----------------------------------------------------------------------------------------------
+    before = res.invariant_violations
+    for cid, coll in sorted(meta.collections.items()):
+        owner: dict[int, int] = {}
+        for rid, members in sorted(coll.replicas.items()):
+            for n in sorted(members):
+                if n in owner:
+                    res.violation(f"collection {cid}: node {n} is in replicas {owner[n]} and {rid}")
+                owner[n] = rid
+            offline = sorted(members - set(nodes))
+            if offline:
+                res.violation(f"collection {cid}: replica {rid} lists nodes {offline}, which are not online")
+        if replica_number is not None and len(reps.ids(cid)) != replica_number:
+            res.violation(f"collection {cid} has {len(reps.ids(cid))} replicas {reps.ids(cid)}, loaded with "
+                          f"replica_number {replica_number}")
+    strays: dict[int, set[int]] = {}
+    for nid, nv in nodes.items():
+        held_cids = {cid for cid, _ in nv.segments.values()} | {cid for cid, _ in nv.dm_channels}
+        for cid in held_cids:
+            if reps.recorded(cid) and reps.of(cid, nid) is None:
+                strays.setdefault(cid, set()).add(nid)
+    for cid, ns in sorted(strays.items()):
+        res.violation(f"collection {cid}: nodes {sorted(ns)} hold copies of it but are in none of its replicas "
+                      f"{reps.ids(cid)}")
+    n = res.invariant_violations - before
+    res.checks["replicas: disjoint, on online nodes, as many as asked; no copy outside them"] = (
+        n == 0, f"{sum(len(reps.ids(c)) for c in meta.collections)} replicas of {len(meta.collections)} "
+                f"collections, {n} problems")
 
     # --- compacted away -----------------------------------------------------------------------------------------
     # A segment of a known collection that the catalog no longer lists (a compaction replaced it) must be
@@ -147,7 +256,7 @@ def check(expected: dict[int, Expected], catalog: dict[int, CatalogColl], meta: 
                       f"{_short(sorted(set(sids)))}")
     res.checks["no segment held that the catalog no longer has"] = (not gone, f"{len(gone)} collections")
 
-    # --- loaded collections -----------------------------------------------------------------------------------
+    # --- loaded collections: every segment and DM channel once in each replica ----------------------------------
     lost_before = res.lost_tasks
     n_loaded = n_released = 0
     dup_channels = 0
@@ -172,28 +281,36 @@ def check(expected: dict[int, Expected], catalog: dict[int, CatalogColl], meta: 
                 problems.append(f"meta has partitions {sorted(m.partitions)}, expected {sorted(want_parts)}")
             if m.load_type != exp.state:
                 problems.append(f"loaded as {m.load_type}, expected {exp.state}")
-        missing = [sid for p in want_parts for sid in cat.partitions.get(p, ()) if sid not in holders]
-        if missing:
-            problems.append(f"segments on no online node: {_short(missing)}")
-        unwatched = [ch for ch in cat.channels if (cid, ch) not in watchers]
-        if unwatched:
-            problems.append(f"DM channels watched by no online node: {sorted(unwatched)}")
+        recorded = reps.recorded(cid)
+        wanted = [sid for p in want_parts for sid in cat.partitions.get(p, ())]
+        for rid in reps.ids(cid):
+            of = f" of replica {rid}" if recorded else ""
+            missing = [sid for sid in wanted if not reps.split(cid, holders.get(sid, set()))[0].get(rid)]
+            if missing:
+                problems.append(f"segments on no online node{of}: {_short(missing)}")
+            unwatched = [ch for ch in cat.channels
+                         if not reps.split(cid, watchers.get((cid, ch), set()))[0].get(rid)]
+            if unwatched:
+                problems.append(f"DM channels watched by no online node{of}: {sorted(unwatched)}")
         if problems:
             res.lost_tasks += 1
             res.details.append(f"lost: collection {cid} (last answered: {exp.last_success}): {'; '.join(problems)}")
-        for ch in cat.channels:
-            ws = watchers.get((cid, ch), set())
-            if len(ws) > 1:
-                dup_channels += 1
-                res.violation(f"DM channel {ch} of collection {cid} watched by nodes {sorted(ws)}")
+        for ch in sorted(cat.channels):
+            by, _strays = reps.split(cid, watchers.get((cid, ch), set()))
+            for rid, ws in sorted(by.items()):
+                if len(ws) > 1:
+                    dup_channels += 1
+                    res.violation(f"DM channel {ch} of collection {cid} watched by nodes {sorted(ws)}"
+                                  f"{f' of replica {rid}' if recorded else ''}")
         not_loaded = {sid for p, sids in cat.partitions.items() if p not in want_parts for sid in sids}
         held_stray = sorted(sid for sid in not_loaded if sid in holders)
         if held_stray:
             stray_partitions += 1
             res.violation(f"collection {cid}: segments of partitions not loaded are held: {_short(held_stray)}")
-    res.checks["loaded collections at 100 %, every segment and DM channel on an online node"] = (
+    res.checks["loaded collections at 100 %, every segment and DM channel on an online node of each replica"] = (
         res.lost_tasks == lost_before, f"{n_loaded} loaded, {res.lost_tasks - lost_before} incomplete")
-    res.checks["every DM channel watched by at most one node"] = (not dup_channels, f"{dup_channels} watched twice")
+    res.checks["every DM channel watched by at most one node of a replica"] = (
+        not dup_channels, f"{dup_channels} watched twice")
     res.checks["no segment of an unloaded partition held"] = (not stray_partitions,
                                                              f"{stray_partitions} collections")
 
@@ -224,29 +341,51 @@ def check(expected: dict[int, Expected], catalog: dict[int, CatalogColl], meta: 
     res.checks["released collections: nothing in meta or on any node"] = (
         res.lost_tasks == lost_before, f"{n_released} released, {res.lost_tasks - lost_before} left behind")
 
-    # --- meta equals the nodes ------------------------------------------------------------------------------------
+    # --- meta equals the nodes, copy by copy --------------------------------------------------------------------
     before = res.invariant_violations
-    for sid, (cid, _pid, nid) in sorted(meta.segments.items()):
-        if nid not in holders.get(sid, set()):
-            res.violation(f"meta places segment {sid} (collection {cid}) on node {nid}, which does not hold it"
-                          f" (held by {sorted(holders.get(sid, set()))})")
+    for sid, (cid, _pid, recorded_copies) in sorted(meta.segments.items()):
+        for rid, nid in sorted(copies_of(recorded_copies).items()):
+            if nid not in holders.get(sid, set()):
+                res.violation(f"meta places segment {sid} (collection {cid}) on node {nid}, which does not hold it"
+                              f" (held by {sorted(holders.get(sid, set()))})")
+            elif reps.recorded(cid) and reps.of(cid, nid) != rid:
+                res.violation(f"meta places replica {rid}'s copy of segment {sid} (collection {cid}) on node {nid}, "
+                              f"which is in replica {reps.of(cid, nid)}")
     for sid, ns in sorted(holders.items()):
         m_seg = meta.segments.get(sid)
+        in_meta = copies_of(m_seg[2]) if m_seg is not None else {}
+        cid = seg_coll[sid]
         for nid in sorted(ns):
-            if m_seg is None or m_seg[2] != nid:
-                res.violation(f"node {nid} holds segment {sid}, meta says "
-                              f"{'nothing' if m_seg is None else f'node {m_seg[2]}'}")
-    for (cid, ch), nid in sorted(meta.channels.items()):
-        if nid not in watchers.get((cid, ch), set()):
-            res.violation(f"meta says node {nid} watches DM channel {ch} of collection {cid}; it does not")
+            rep = reps.of(cid, nid)
+            if rep is None:
+                continue  # a copy outside the replicas: counted above
+            if not _lists(in_meta, rep, nid, reps.recorded(cid)):
+                res.violation(f"node {nid} holds segment {sid}, meta says {_where(in_meta)}")
+    for (cid, ch), watch in sorted(meta.channels.items()):
+        for rid, nid in sorted(copies_of(watch).items()):
+            if nid not in watchers.get((cid, ch), set()):
+                res.violation(f"meta says node {nid} watches DM channel {ch} of collection {cid}; it does not")
+            elif reps.recorded(cid) and reps.of(cid, nid) != rid:
+                res.violation(f"meta says node {nid} watches DM channel {ch} of collection {cid} for replica {rid}; "
+                              f"the node is in replica {reps.of(cid, nid)}")
     for key, ns in sorted(watchers.items()):
-        m_node = meta.channels.get(key)
+        m_watch = meta.channels.get(key)
+        in_meta = copies_of(m_watch) if m_watch is not None else {}
         for nid in sorted(ns):
-            if m_node != nid:
+            rep = reps.of(key[0], nid)
+            if rep is None:
+                continue
+            if not _lists(in_meta, rep, nid, reps.recorded(key[0])):
                 res.violation(f"node {nid} watches DM channel {key[1]} of collection {key[0]}, meta says "
-                              f"{'nothing' if m_node is None else f'node {m_node}'}")
+                              f"{_where(in_meta)}")
     n = res.invariant_violations - before
-    res.checks["query meta equals the nodes' distribution"] = (n == 0, f"{n} mismatches")
+    res.checks["query meta equals the nodes' distribution, copy by copy"] = (n == 0, f"{n} mismatches")
+
+    # --- replicas over time ---------------------------------------------------------------------------------------
+    for v in replica_history or []:
+        res.violation(v)
+    res.checks["replicas kept their ids and nodes across kills (a node leaves only when it dies)"] = (
+        not replica_history, f"{len(replica_history or [])} changes nothing explains")
 
     # --- tasks and calls ------------------------------------------------------------------------------------------
     left = {p: c for p, c in task_keys.items() if c}
@@ -265,3 +404,38 @@ def check(expected: dict[int, Expected], catalog: dict[int, CatalogColl], meta: 
     if extra_violations:
         res.checks["drill mechanics (quiescence, takeovers, pause round)"] = (False, f"{len(extra_violations)}")
     return res
+
+
+def replica_changes(before: dict[int, MetaColl], after: dict[int, MetaColl], *, live: AbstractSet[int],
+                    released: AbstractSet[int] = frozenset(), loading: AbstractSet[int] = frozenset()
+                    ) -> tuple[list[str], dict[int, str]]:
+    """What changed in the replicas of the collections in meta at two observations that nothing explains.
+
+    Replicas keep their ids while the collection stays loaded; a node leaves its replica only when it dies, and
+    joins one only as a spare (in no replica of the collection before): a live node never moves to another
+    replica, and the replicas a dead node was not in keep their nodes. Not compared: collections that a request
+    may have released (and loaded again) in between (``released``), and those that were still being loaded at
+    the first observation while a load request ran (``loading``: a failed first load is rolled back, and a retry
+    creates new replicas). ``live``: the nodes running at the second observation.
+
+    Returns (violations, suspects): a node that left its replica while still running is a suspect (node id ->
+    what happened) until a quiescent observation tells: dead by then (its session had lapsed), or still serving.
+    """
+    problems: list[str] = []
+    suspects: dict[int, str] = {}
+    for cid in sorted(before.keys() & after.keys()):
+        a, b = before[cid].replicas, after[cid].replicas
+        if cid in released or not a or (cid in loading and before[cid].percentage < 100):
+            continue
+        if sorted(a) != sorted(b):
+            problems.append(f"collection {cid}: replicas {sorted(a)} became {sorted(b)} with no release in between")
+            continue
+        owner = {n: r for r, ns in a.items() for n in ns}
+        for rid in sorted(a):
+            for n in sorted(a[rid] - b[rid]):
+                if n in live:
+                    suspects[n] = f"node {n} left replica {rid} of collection {cid} while running"
+            for n in sorted(b[rid] - a[rid]):
+                if n in owner:
+                    problems.append(f"collection {cid}: node {n} moved from replica {owner[n]} to replica {rid}")
+    return problems, suspects
