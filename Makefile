@@ -34,11 +34,11 @@ bench: $(STAMP)
 	$(PY) scripts/bench_heartbeat.py
 
 drill: $(STAMP)
-	$(PY) -m querycoord.cli drill failover --coordinators 3 --nodes 4 --collections 20 --kills 10 --seed 1
-	$(PY) -m querycoord.cli drill failover --coordinators 3 --nodes 4 --collections 20 --kills 6 --seed 2 \
+	$(PY) -m querycoord.cli drill failover --coordinators 3 --nodes 5 --replicas 2 --collections 20 --kills 10 --seed 1
+	$(PY) -m querycoord.cli drill failover --coordinators 3 --nodes 5 --replicas 2 --collections 20 --kills 6 --seed 2 \
 		--etcd-members 3 --etcd-kills 4 --ttl 3
 	$(PY) -m querycoord.cli drill streams --nodes 4 --snodes 2 --streams 50 --seed 7
-	$(PY) -m querycoord.cli drill chaos --ops 300 --seed 13
+	$(PY) -m querycoord.cli drill chaos --ops 300 --seed 13 --replicas 2
 
 # The stateful model test (tests/test_model_chaos.py) with a large budget and fresh seeds; a failure is shrunk
 # to a minimal step sequence. CI runs the same test with a small derandomized budget.

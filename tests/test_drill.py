@@ -1,5 +1,6 @@
-"""The failover drill: its schedule is a function of the seed, its checks count what they should, and a small
-run against real processes (2 coordinators, 3 nodes, 2 leader kills, a SIGSTOP round) passes."""
+"""The failover drill: its schedule is a function of the seed, its checks count what they should (per replica),
+and a small run against real processes (2 coordinators, 5 nodes, 2 replicas, 2 leader kills, 2 node kills, a
+SIGSTOP round) passes."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from querycoord.tooling.drill.schedule import KillLeader, Op, Pause, make_schedu
 from querycoord.tooling.drill.stale import Change, Window, count_refusals, is_coordination_key
 from tests.cluster import QueryCluster, running_cluster
 
-OPTS = DrillOptions(collections=20, partitions=2, nodes=4, kills=10, node_kills=2, etcd_kills=3, etcd_members=3)
+OPTS = DrillOptions(collections=20, partitions=2, nodes=5, kills=10, node_kills=2, etcd_kills=3, etcd_members=3)
 
 
 def test_same_seed_same_schedule_other_seed_other_schedule() -> None:
@@ -197,11 +198,12 @@ DRILL_BUDGET_S = 420
 
 @pytest.mark.timeout(DRILL_BUDGET_S + 60)
 def test_failover_drill_small(project_root: Path, subprocess_env: dict[str, str]) -> None:
-    """2 leader kills and a SIGSTOP round against real processes: every count 0, exit 0."""
+    """2 leader kills, 2 node kills and a SIGSTOP round against real processes, every load with 2 replicas (two
+    nodes each, and one more: each killed node is replaced): every count 0, exit 0."""
     started = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "querycoord.cli", "drill", "failover", "--coordinators", "2", "--nodes", "3",
-         "--collections", "4", "--kills", "2", "--seed", "1", "-v"],
+        [sys.executable, "-m", "querycoord.cli", "drill", "failover", "--coordinators", "2", "--nodes", "5",
+         "--replicas", "2", "--collections", "4", "--kills", "2", "--seed", "1", "-v"],
         cwd=project_root, env=subprocess_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         out, err = proc.communicate(timeout=DRILL_BUDGET_S)
@@ -213,11 +215,13 @@ def test_failover_drill_small(project_root: Path, subprocess_env: dict[str, str]
     elapsed = time.monotonic() - started
     assert proc.returncode == 0, f"drill failed ({proc.returncode}):\n{out[-6000:]}\n{err[-3000:]}"
     summary = json.loads(out.strip().splitlines()[-1])
-    assert summary["kills"] == 2 and summary["seed"] == 1
+    assert summary["kills"] == 2 and summary["seed"] == 1 and summary["replicas"] == 2
+    assert summary["node_kills"] == 2, "a killed node's copies come back within its replica"
     for key in ("lost_tasks", "duplicate_segments", "stale_writes", "invariant_violations", "unanswered_calls"):
         assert summary[key] == 0, (key, out[-4000:])
     assert summary["takeover_max_s"] is not None and summary["pauses"] == 1
     assert "leader kills" in out and "invariants" in out
+    assert "[PASS] replicas kept their ids and nodes across kills" in out
     print(f"drill took {elapsed:.1f}s; takeover p50 {summary['takeover_p50_s']}s max {summary['takeover_max_s']}s")
 
 

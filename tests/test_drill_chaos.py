@@ -1,7 +1,7 @@
 """The chaos drill: its TCP proxy cuts, stalls and heals a link over loopback; its oracle accepts exactly the
 final states some order of the concurrent requests explains; a short run against real processes (3
-coordinators, 4 query nodes, partitions, leader kills) ends with zero unanswered calls, invariant violations
-and stuck triggers."""
+coordinators, 5 query nodes, 2 replicas, partitions, leader kills) ends with zero unanswered calls, invariant
+violations and stuck triggers."""
 
 from __future__ import annotations
 
@@ -206,12 +206,12 @@ CHAOS_BUDGET_S = 300
 @pytest.mark.timeout(CHAOS_BUDGET_S + 60)
 def test_short_chaos_run_answers_everything_and_keeps_every_invariant(subprocess_env: dict[str, str],
                                                                        tmp_path: Path) -> None:
-    """40 requests in 4 phases: the leader cut off from etcd, SIGKILLed, the coordinators cut off from a node,
-    the leader SIGSTOPped past its TTL; every count 0."""
+    """40 requests in 4 phases, every load with 2 replicas: the leader cut off from etcd, SIGKILLed, the
+    coordinators cut off from a node, the leader SIGSTOPped past its TTL; every count 0."""
     started = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "querycoord.cli", "drill", "chaos", "--ops", "40", "--seed", "1", "-v",
-         "--time-budget", str(CHAOS_BUDGET_S - 60), "--work-dir", str(tmp_path / "chaos")],
+        [sys.executable, "-m", "querycoord.cli", "drill", "chaos", "--ops", "40", "--seed", "1", "--replicas", "2",
+         "-v", "--time-budget", str(CHAOS_BUDGET_S - 60), "--work-dir", str(tmp_path / "chaos")],
         env=subprocess_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         out, err = proc.communicate(timeout=CHAOS_BUDGET_S)
@@ -221,7 +221,7 @@ def test_short_chaos_run_answers_everything_and_keeps_every_invariant(subprocess
         pytest.fail(f"the drill did not finish within {CHAOS_BUDGET_S}s; its last lines:\n{out[-6000:]}\n{err[-3000:]}")
     elapsed = time.monotonic() - started
     summary = json.loads(out.strip().splitlines()[-1])
-    assert summary["ops"] == 40 and summary["seed"] == 1
+    assert summary["ops"] == 40 and summary["seed"] == 1 and summary["replicas"] == 2
     assert summary["partitions"] >= 1 and summary["leader_kills"] >= 1, summary
     tail = out[out.find("\nphases\n"):][-8000:]
     for key in ("unanswered", "invariant_violations", "stuck_triggers"):

@@ -1,7 +1,8 @@
 """The chaos drill: seeded concurrent requests against a real cluster while links are cut, processes die.
 
 ``querycoord drill chaos --ops N --seed S`` starts an embedded etcd, 3 coordinators (``querycoord coord``)
-and 4 query nodes (``querycoord querynode``) as real processes, and puts a TCP proxy (``proxy``) on every
+and 5 query nodes (``querycoord querynode``) as real processes (every load asks for ``--replicas``, default 2),
+and puts a TCP proxy (``proxy``) on every
 link it wants to break: each coordinator's and each node's link to etcd (the process gets the proxy's
 address as its etcd endpoint) and the coordinators' link to each node (the node advertises its proxy's
 address in its session, ``--advertise``). It then runs the seeded plan (``chaos_ops``) phase by phase:
@@ -17,7 +18,8 @@ ListTasks empty, no task key, the leader sees exactly the live nodes), then chec
 (success or a clear error) within its deadline; identical requests (duplicates, retries) not answered
 SUCCESS and CONFLICT; each collection in a state some order of its requests explains (``chaos_ops``'s
 oracle), which then feeds the failover drill's pure checker (``invariants``: meta equals the nodes'
-distribution, each segment held once, nothing of released collections held, no task key left). Triggers
+distribution copy by copy, each segment and DM channel held once in each replica, replicas on disjoint nodes
+keeping their ids and nodes unless one died, nothing of released collections held, no task key left). Triggers
 still queued or running on the leader when quiescence times out are *stuck*. The run ends with one JSON line;
 its exit status is 1 when a call went unanswered, an invariant failed or a trigger stuck.
 
@@ -71,7 +73,13 @@ from querycoord.tooling.drill.chaos_ops import (
     make_plan,
     state_name,
 )
-from querycoord.tooling.drill.failover import FailoverDrill, FaultRecord, direct_address, render_activity
+from querycoord.tooling.drill.failover import (
+    FailoverDrill,
+    FaultRecord,
+    ReplicaObservation,
+    direct_address,
+    render_activity,
+)
 from querycoord.tooling.drill.invariants import UNCLEAR_CODES, Expected, MetaView, check
 from querycoord.tooling.drill.options import ChaosOptions, DrillOptions
 from querycoord.tooling.drill.proxy import TcpProxy
@@ -153,6 +161,7 @@ class ChaosResult:
     def summary(self) -> dict[str, Any]:
         return {
             "ops": self.ops_run,
+            "replicas": self.options.replicas,
             "leader_kills": self.leader_kills,
             "node_kills": self.node_kills,
             "partitions": self.partitions,
@@ -227,7 +236,8 @@ class ChaosDrill(FailoverDrill):
         self.copts = opts
         work = opts.work_dir or tempfile.mkdtemp(prefix="querycoord-chaos-")
         super().__init__(DrillOptions(
-            coordinators=opts.coordinators, nodes=opts.nodes, collections=opts.collections, kills=0, seed=opts.seed,
+            coordinators=opts.coordinators, nodes=opts.nodes, replicas=opts.replicas, collections=opts.collections,
+            kills=0, seed=opts.seed,
             ttl=opts.ttl, segments_per_collection=opts.segments_per_collection, partitions=opts.partitions,
             pauses=0, node_kills=0, ops=1, node_latency_ms=opts.node_latency_ms,
             client_deadline=opts.client_deadline, quiesce_timeout=opts.quiesce_timeout, work_dir=work,
@@ -255,9 +265,9 @@ class ChaosDrill(FailoverDrill):
     async def _start_cluster(self) -> None:
         o = self.copts
         p = self.plan
-        self.say(f"chaos drill: seed {o.seed}, {o.coordinators} coordinators, {o.nodes} query nodes, {o.clients} "
-                 f"clients, {o.collections} collections ({o.partitions} partitions, {o.segments_per_collection} "
-                 f"segments each), TTL {o.ttl:g}s; work dir {self.work}")
+        self.say(f"chaos drill: seed {o.seed}, {o.coordinators} coordinators, {o.nodes} query nodes, {o.replicas} "
+                 f"replicas, {o.clients} clients, {o.collections} collections ({o.partitions} partitions, "
+                 f"{o.segments_per_collection} segments each), TTL {o.ttl:g}s; work dir {self.work}")
         kinds = Counter(f.kind for ph in p.phases for f in ph.faults)
         self.say(f"plan {p.digest()}: {len(p.phases)} phases, {p.ops} requests; faults "
                  + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())))
@@ -592,6 +602,7 @@ class ChaosDrill(FailoverDrill):
         while node.index in self._replacing:  # the supervisor is replacing it: kill the replacement
             await asyncio.sleep(0.1)
             node = self.nodes[slot_index % len(self.nodes)]
+        await self._observe_replicas(f"node {node.node_id} kill")
         self.nodes.remove(node)
         await self.cluster.kill(node)
         self.cres.node_kills += 1
@@ -603,6 +614,20 @@ class ChaosDrill(FailoverDrill):
         node = await self._start_node(index)
         self.nodes.append(node)
         self._record_fault(f"node_add: node {node.node_id} (n{index}) started; {len(self.nodes)} nodes")
+
+    # ----- replicas over time (``FailoverDrill._judge_replicas``) -------------------------------------------------
+    def _current_phase(self) -> int:
+        return self._phase
+
+    def _requests_between(self, a: ReplicaObservation, b: ReplicaObservation) -> list[tuple[int, str]]:
+        """As the failover drill's; a call abandoned or unanswered may take effect until its phase is quiescent."""
+        out = []
+        for c in self.cres.calls:
+            definite = c.outcome in ("success", "error") and c.answered is not None
+            end = c.answered if definite else (INF if c.phase >= a.phase else c.answered)
+            if c.cid and c.sent <= b.t1 and (end is None or end >= a.t0):
+                out.append((c.cid, c.method))
+        return out
 
     # ----- the leader's view --------------------------------------------------------------------------------------
     def _stub(self, address: str) -> querycoord_pb2_grpc.QueryCoordStub:
@@ -786,7 +811,11 @@ class ChaosDrill(FailoverDrill):
         self._leak_notes = []
         await self._close_dead_proxies()
         catalog = await self._catalog_view()
+        t_meta = self.now()
         meta = await self._meta_view()
+        self._judge_replicas(self._observation(f"phase {rep.index} check", t_meta, meta.collections, quiescent=True))
+        history, self._replica_history = self._replica_history, []
+        comparisons, self._replica_comparisons = self._replica_comparisons, 0
         nodes = await self._node_views()
         keys = {p: await self.kv.count_prefix(p) for p in TASK_PREFIXES}
         expected = self._resolve_expected(meta, rep)
@@ -794,7 +823,8 @@ class ChaosDrill(FailoverDrill):
                    if c.outcome == "error" and c.code in UNCLEAR_CODES]
         mechanics, self._extra_violations = self._extra_violations, []
         res = check(expected, catalog, meta, nodes, task_keys=keys, unanswered=[], unclear=unclear,
-                    extra_violations=mechanics + not_quiet)
+                    extra_violations=mechanics + not_quiet, replica_number=self.copts.replicas,
+                    replica_history=history, replica_comparisons=comparisons)
         details = [*res.details, *idempotence_violations(calls, self.cres.calls),
                    *(f"violation: unanswered call {c.label()}: {c.reason[:200]}" for c in calls
                      if c.outcome == "unanswered")]

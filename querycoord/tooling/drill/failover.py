@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import signal
 import statistics
@@ -44,6 +45,7 @@ from querycoord.client import CoordinatorUnavailable, QueryCoordClient
 from querycoord.grpc_channels import make_channel
 from querycoord.protocol import QUERYCOORD_ELECTION
 from querycoord.querymeta import QueryMeta
+from querycoord.querymeta.copies import copies
 from querycoord.task.store import TASK_PREFIXES
 from querycoord.tooling.drill.base import DrillSetupError, ProcessDrill, run_and_report
 from querycoord.tooling.drill.invariants import (
@@ -56,6 +58,7 @@ from querycoord.tooling.drill.invariants import (
     NodeView,
     check,
     node_view,
+    replica_changes,
 )
 from querycoord.tooling.drill.leaders import wait_until
 from querycoord.tooling.drill.options import DrillOptions
@@ -100,6 +103,21 @@ class CallRecord:
     code: str = ""
     reason: str = ""
     task_id: int = 0
+    cid: int = 0  # the collection asked about (0: a balance)
+
+
+@dataclass
+class ReplicaObservation:
+    """The replicas in etcd at one moment (read between ``t0`` and ``t1``, drill seconds), and the nodes running
+    then."""
+
+    what: str
+    t0: float
+    t1: float
+    collections: dict[int, MetaColl]
+    live: set[int]
+    quiescent: bool = False
+    phase: int = 0
 
 
 @dataclass
@@ -145,6 +163,7 @@ class DrillResult:
         c = self.check or CheckResult()
         return {
             "kills": len(self.kills),
+            "replicas": self.options.replicas,
             "takeover_p50_s": round(statistics.median(ts), 3) if ts else None,
             "takeover_max_s": round(max(ts), 3) if ts else None,
             "lost_tasks": c.lost_tasks,
@@ -196,6 +215,11 @@ class FailoverDrill(ProcessDrill[DrillOptions, DrillResult]):
         self._supervisor: asyncio.Task[None] | None = None
         self._replacing: set[int] = set()
         self._etcd_down: set[int] = set()  # members the drill killed (or is restarting) on purpose
+        # Replicas over time: observed around leader kills and at every quiescent check (``_judge_replicas``).
+        self._replica_obs: list[ReplicaObservation] = []
+        self._replica_suspects: dict[int, str] = {}
+        self._replica_history: list[str] = []
+        self._replica_comparisons = 0  # collections compared at two observations
 
     @property
     def coords(self) -> list[Member]:
@@ -213,8 +237,9 @@ class FailoverDrill(ProcessDrill[DrillOptions, DrillResult]):
     async def _start_cluster(self) -> None:
         o = self.opts
         self.say(f"failover drill: seed {o.seed}, {o.coordinators} coordinators, {o.nodes} query nodes, "
-                 f"{o.collections} collections ({o.partitions} partitions, {o.segments_per_collection} segments "
-                 f"each), etcd {o.etcd_members} member(s), TTL {o.ttl:g}s; work dir {self.work}")
+                 f"{o.replicas} replicas, {o.collections} collections ({o.partitions} partitions, "
+                 f"{o.segments_per_collection} segments each), etcd {o.etcd_members} member(s), TTL {o.ttl:g}s; "
+                 f"work dir {self.work}")
         s = self.schedule
         self.say(f"schedule {s.digest()}: {len(s.steps)} steps, {s.ops} requests, {s.leader_kills} leader kills, "
                  f"{s.count(KillNode)} node kills, {s.count(EtcdKill)} etcd kills, {s.count(Pause)} pause rounds")
@@ -351,10 +376,13 @@ class FailoverDrill(ProcessDrill[DrillOptions, DrillResult]):
         self._kill_task = asyncio.create_task(self._after_kill(leader, old, t_kill, rec), name=f"kill-{rec.n}")
 
     async def _after_kill(self, member: Member, old: ChildProcess, t_kill: float, rec: KillRecord) -> None:
+        # The killed leader writes nothing more and no other leads yet: the replicas as the next leader finds them.
+        await self._observe_replicas(f"leader kill #{rec.n}")
         try:
             new, ev = await self._wait_takeover(old, t_kill, timeout=max(60.0, 10 * self.opts.ttl))
             rec.new, rec.takeover_s = new.label, float(ev["t"]) - t_kill
             self.say(f"kill #{rec.n}: {new.label} leads after {rec.takeover_s:.2f}s")
+            await self._observe_replicas(f"takeover #{rec.n}")
         except TimeoutError:
             rec.note = "no takeover within the timeout"
             self._extra_violations.append(f"kill #{rec.n}: no coordinator took over within 60s")
@@ -413,11 +441,13 @@ class FailoverDrill(ProcessDrill[DrillOptions, DrillResult]):
         parts = self.part_ids[cid]
         pids = [parts[p % len(parts)] for p in op.parts]
         if op.kind == "load":
-            return "LoadCollection", qc.LoadCollectionRequest(collection_id=cid), f"coll {cid}"
+            return ("LoadCollection", qc.LoadCollectionRequest(collection_id=cid, replica_number=self.opts.replicas),
+                    f"coll {cid}")
         if op.kind == "release":
             return "ReleaseCollection", qc.ReleaseCollectionRequest(collection_id=cid), f"coll {cid}"
         if op.kind == "load_partitions":
-            return ("LoadPartitions", qc.LoadPartitionsRequest(collection_id=cid, partition_ids=pids),
+            return ("LoadPartitions", qc.LoadPartitionsRequest(collection_id=cid, partition_ids=pids,
+                                                               replica_number=self.opts.replicas),
                     f"coll {cid} partitions {pids}")
         return ("ReleasePartitions", qc.ReleasePartitionsRequest(collection_id=cid, partition_ids=pids),
                 f"coll {cid} partitions {pids}")
@@ -425,7 +455,7 @@ class FailoverDrill(ProcessDrill[DrillOptions, DrillResult]):
     async def _call_op(self, op: Op, client: QueryCoordClient | None = None) -> CallRecord:
         method, req, target = self._request(op)
         self._seq += 1
-        rec = CallRecord(self._seq, method, target, self.now())
+        rec = CallRecord(self._seq, method, target, self.now(), cid=getattr(req, "collection_id", 0))
         self.result.calls.append(rec)
         started = time.monotonic()
         c = client or self.client
@@ -542,6 +572,7 @@ class FailoverDrill(ProcessDrill[DrillOptions, DrillResult]):
         while node.index in self._replacing:  # the supervisor is replacing it already
             await asyncio.sleep(0.1)
             node = self.nodes[slot_index % len(self.nodes)]
+        await self._observe_replicas(f"node {node.node_id} kill")
         await self.cluster.kill(node)
         rec = FaultRecord(self.now(), f"node n{node.index}: SIGKILL node {node.node_id}")
         self.result.faults.append(rec)
@@ -692,7 +723,9 @@ class FailoverDrill(ProcessDrill[DrillOptions, DrillResult]):
         not_quiet = await self._quiesce()
         self.say(f"quiescent after {time.monotonic() - t:.1f}s" if not not_quiet else not_quiet[0])
         catalog = await self._catalog_view()
+        t_meta = self.now()
         meta = await self._meta_view()
+        self._judge_replicas(self._observation("final check", t_meta, meta.collections, quiescent=True))
         nodes = await self._node_views()
         keys = {p: await self.kv.count_prefix(p) for p in TASK_PREFIXES}
         unanswered = [f"#{r.seq} {r.method} {r.target}: {r.reason}" for r in self.result.calls
@@ -702,7 +735,9 @@ class FailoverDrill(ProcessDrill[DrillOptions, DrillResult]):
         inconclusive = [f"pause round {i + 1} inconclusive: {'; '.join(p.notes)}"
                         for i, p in enumerate(self.result.pauses) if not p.conclusive]
         self.result.check = check(self.expected, catalog, meta, nodes, task_keys=keys, unanswered=unanswered,
-                                  unclear=unclear, extra_violations=self._extra_violations + not_quiet + inconclusive)
+                                  unclear=unclear, extra_violations=self._extra_violations + not_quiet + inconclusive,
+                                  replica_number=self.opts.replicas, replica_history=self._replica_history,
+                                  replica_comparisons=self._replica_comparisons)
 
     async def _catalog_view(self) -> dict[int, CatalogColl]:
         assert self.kv is not None
@@ -722,16 +757,64 @@ class FailoverDrill(ProcessDrill[DrillOptions, DrillResult]):
         meta = QueryMeta(self.kv)  # a plain (unfenced) view, only read
         await meta.reload()
         view = MetaView()
-        for info in meta.collections():
-            kind = "collection" if info.load_type == data_pb2.LOAD_TYPE_COLLECTION else "partitions"
-            view.collections[info.collection_id] = MetaColl(kind, int(info.in_memory_percentage),
-                                                            frozenset(p.partition_id for p in info.partitions))
+        view.collections = meta_collections(meta)
         for cid in self.coll_ids:
             for s in meta.segments_of(cid):
-                view.segments[s.segment_id] = (s.collection_id, s.partition_id, s.node_id)
+                view.segments[s.segment_id] = (s.collection_id, s.partition_id, copies(s))
             for w in meta.dm_channels_of(cid):
-                view.channels[(cid, w.dm_channel)] = w.node_id
+                view.channels[(cid, w.dm_channel)] = copies(w)
         return view
+
+    # ----- replicas over time -----------------------------------------------------------------------------------
+    def _observation(self, what: str, t0: float, collections: dict[int, MetaColl],
+                     quiescent: bool = False) -> ReplicaObservation:
+        return ReplicaObservation(what, t0, self.now(), collections, {n.node_id for n in self.nodes if n.running},
+                                  quiescent, self._current_phase())
+
+    def _current_phase(self) -> int:
+        return 0
+
+    async def _observe_replicas(self, what: str) -> None:
+        """Read the replicas from etcd now (``_judge_replicas`` compares the observations at the next check)."""
+        assert self.kv is not None
+        t0 = self.now()
+        meta = QueryMeta(self.kv)
+        try:
+            await asyncio.wait_for(meta.reload(), 15)
+        except Exception as exc:  # etcd losing a member right now: this observation is skipped, not the drill
+            self.note(f"replicas at {what}: not read ({exc!r})")
+            return
+        self._replica_obs.append(self._observation(what, t0, meta_collections(meta)))
+
+    def _requests_between(self, a: ReplicaObservation, b: ReplicaObservation) -> list[tuple[int, str]]:
+        """(collection, method) of the load and release requests that may have taken effect between two
+        observations: sent before the second, not answered before the first (unanswered: open)."""
+        out = []
+        for r in self.result.calls:
+            end = r.t + r.elapsed if r.outcome in ("success", "error") else float("inf")
+            if r.cid and r.t <= b.t1 and end >= a.t0:
+                out.append((r.cid, r.method))
+        return out
+
+    def _judge_replicas(self, now: ReplicaObservation) -> None:
+        """At a quiescent check: compare every observation since the last check with the next one
+        (``replica_changes``); a node that left its replica while running must be dead by now."""
+        obs = [*sorted(self._replica_obs, key=lambda o: o.t0), now]
+        for a, b in itertools.pairwise(obs):
+            requests = self._requests_between(a, b)
+            released = {c for c, m in requests if m in ("ReleaseCollection", "ReleasePartitions")}
+            problems, suspects = replica_changes(
+                a.collections, b.collections, live=b.live, released=released,
+                loading={c for c, m in requests if m in ("LoadCollection", "LoadPartitions")})
+            self._replica_comparisons += len((a.collections.keys() & b.collections.keys()) - released)
+            self._replica_history += [f"replicas from {a.what} to {b.what}: {p}" for p in problems]
+            for n, what in suspects.items():
+                self._replica_suspects.setdefault(n, f"from {a.what} to {b.what}: {what}")
+        for n, what in sorted(self._replica_suspects.items()):
+            if n in now.live:
+                self._replica_history.append(f"replicas {what}, and still runs at {now.what}")
+        self._replica_suspects = {}
+        self._replica_obs = [now]
 
     async def _node_views(self) -> dict[int, NodeView]:
         out: dict[int, NodeView] = {}
@@ -745,6 +828,17 @@ class FailoverDrill(ProcessDrill[DrillOptions, DrillResult]):
                     continue
             out[n.node_id] = node_view(d)
         return out
+
+
+def meta_collections(meta: QueryMeta) -> dict[int, MetaColl]:
+    """Query meta's loaded collections as the checks read them, with their replicas (id -> nodes)."""
+    out = {}
+    for info in meta.collections():
+        kind = "collection" if info.load_type == data_pb2.LOAD_TYPE_COLLECTION else "partitions"
+        out[info.collection_id] = MetaColl(kind, int(info.in_memory_percentage),
+                                           frozenset(p.partition_id for p in info.partitions),
+                                           {r.replica_id: frozenset(r.node_ids) for r in info.replicas})
+    return out
 
 
 def etcd_crash_reason(log_path: Path) -> str:

@@ -183,10 +183,12 @@ UNCLEAR_CODES = frozenset({"UNEXPECTED_ERROR", "NOT_LEADER", "STALE_LEADER"})
 def check(expected: dict[int, Expected], catalog: dict[int, CatalogColl], meta: MetaView,
           nodes: dict[int, NodeView], *, task_keys: dict[str, int], unanswered: list[str],
           unclear: list[str] | None = None, extra_violations: list[str] | None = None,
-          replica_number: int | None = None, replica_history: list[str] | None = None) -> CheckResult:
+          replica_number: int | None = None, replica_history: list[str] | None = None,
+          replica_comparisons: int = 0) -> CheckResult:
     """Every invariant of the drill (see module docstring); ``nodes`` are the online nodes only;
     ``replica_number``: how many replicas every collection in meta must have (None: not checked);
-    ``replica_history``: what ``replica_changes`` found over the run."""
+    ``replica_history``: what ``replica_changes`` found over the run, in ``replica_comparisons`` comparisons of a
+    collection's replicas at two observations."""
     res = CheckResult()
     reps = _Replicas(meta)
     holders: dict[int, set[int]] = {}
@@ -385,7 +387,8 @@ def check(expected: dict[int, Expected], catalog: dict[int, CatalogColl], meta: 
     for v in replica_history or []:
         res.violation(v)
     res.checks["replicas kept their ids and nodes across kills (a node leaves only when it dies)"] = (
-        not replica_history, f"{len(replica_history or [])} changes nothing explains")
+        not replica_history, f"{len(replica_history or [])} changes nothing explains, {replica_comparisons} "
+                             f"comparisons")
 
     # --- tasks and calls ------------------------------------------------------------------------------------------
     left = {p: c for p, c in task_keys.items() if c}

@@ -54,7 +54,8 @@ class DrillOptions(RunOptions):
     """``drill failover``; ``make_schedule`` draws its schedule from them."""
 
     coordinators: int = option(3, "coordinator processes, at least 2")
-    nodes: int = option(4, "query node processes")
+    nodes: int = option(5, "query node processes (two per replica and one to kill: each killed node is replaced)")
+    replicas: int = option(2, "replica_number of every load: each replica holds every segment and DM channel once")
     collections: int = option(20, "collections created in the catalog")
     kills: int = option(10, "leader SIGKILLs")
     etcd_members: int = option(1, "embedded etcd members", choices=(1, 3))
@@ -78,6 +79,8 @@ class DrillOptions(RunOptions):
             raise ValueError("--coordinators must be >= 2 (someone has to take over)")
         if self.nodes < 2:
             raise ValueError("--nodes must be >= 2 (a killed node's segments need somewhere to go)")
+        if self.replicas < 1 or self.replicas > self.nodes:
+            raise ValueError("--replicas must be >= 1 and at most --nodes (each replica needs its own nodes)")
         if self.collections < 1 or self.partitions < 1 or self.segments_per_collection < 0:
             raise ValueError("--collections and --partitions must be >= 1, --segments-per-collection >= 0")
         if self.kills < 0 or self.pauses < 0 or self.node_kills < 0 or self.etcd_kills < 0:
@@ -97,8 +100,8 @@ class DrillOptions(RunOptions):
         """The command line that replays this run's schedule."""
         d = DrillOptions()
         always = ("coordinators", "nodes", "collections", "kills", "seed")
-        optional = ("etcd_members", "etcd_kills", "ttl", "segments_per_collection", "partitions", "pauses",
-                    "node_kills", "ops", "node_latency_ms")
+        optional = ("replicas", "etcd_members", "etcd_kills", "ttl", "segments_per_collection", "partitions",
+                    "pauses", "node_kills", "ops", "node_latency_ms")
         flags = [f"--{name.replace('_', '-')} {getattr(self, name):g}" for name in (*always, *optional)
                  if name in always or getattr(self, name) != getattr(d, name)]
         return "python -m querycoord.tooling.drill failover " + " ".join(flags)
@@ -149,9 +152,9 @@ class ChaosOptions(RunOptions):
 
     ops: int = option(300, "client requests in the plan")
     coordinators: int = option(3, "coordinator processes")
-    nodes: int = option(4, "query node processes at the start; kills and adds keep 3 to 6")
-    min_nodes: int = 3
-    max_nodes: int = 6
+    nodes: int = option(5, "query node processes at the start; kills and adds keep two per replica (at least 3) "
+                           "to that + 3")
+    replicas: int = option(2, "replica_number of every load: each replica holds every segment and DM channel once")
     clients: int = option(3, "concurrent clients")
     collections: int = option(12, "collections in the catalog")
     partitions: int = option(3, "partitions per collection")
@@ -175,13 +178,25 @@ class ChaosOptions(RunOptions):
             raise ValueError("--ops must be >= 1")
         if self.coordinators < 2:
             raise ValueError("--coordinators must be >= 2 (someone has to take over)")
+        if self.replicas < 1:
+            raise ValueError("--replicas must be >= 1")
         if self.nodes < 2 or not self.min_nodes <= self.nodes <= self.max_nodes:
-            raise ValueError(f"--nodes must be >= 2 and within [{self.min_nodes}, {self.max_nodes}]")
+            raise ValueError(f"--nodes must be >= 2 and within [{self.min_nodes}, {self.max_nodes}] (with "
+                             f"--replicas {self.replicas})")
         if self.clients < 1 or self.collections < 1 or self.partitions < 1 or self.segments_per_collection < 0:
             raise ValueError("--clients, --collections and --partitions must be >= 1")
         super().validate()
         if self.call_deadline < 10 or self.time_budget <= 0 or self.quiesce_timeout <= 0:
             raise ValueError("--call-deadline must be >= 10, --time-budget and --quiesce-timeout > 0")
+
+    @property
+    def min_nodes(self) -> int:
+        """Node kills stop at two query nodes per replica (at least 3): a killed node's copies need a mate."""
+        return max(3, 2 * self.replicas)
+
+    @property
+    def max_nodes(self) -> int:
+        return self.min_nodes + 3
 
     @property
     def settle_s(self) -> float:
@@ -205,7 +220,7 @@ class ChaosOptions(RunOptions):
     def command(self) -> str:
         """The command line that replays this run's plan."""
         d = ChaosOptions()
-        names = ("ops", "seed", "coordinators", "nodes", "clients", "collections", "partitions",
+        names = ("ops", "seed", "coordinators", "nodes", "replicas", "clients", "collections", "partitions",
                  "segments_per_collection", "ttl", "node_latency_ms", "call_deadline", "quiesce_timeout")
         flags = [f"--{n.replace('_', '-')} {getattr(self, n):g}" for n in names
                  if n in ("ops", "seed") or getattr(self, n) != getattr(d, n)]
