@@ -620,12 +620,15 @@ class ChaosDrill(FailoverDrill):
         return self._phase
 
     def _requests_between(self, a: ReplicaObservation, b: ReplicaObservation) -> list[tuple[int, str]]:
-        """As the failover drill's; a call abandoned or unanswered may take effect until its phase is quiescent."""
+        """As the failover drill's; an open-ended call (abandoned, unanswered, TIMEOUT...: ``effect_of`` says
+        "maybe") may take effect until its phase is quiescent."""
         out = []
         for c in self.cres.calls:
-            definite = c.outcome in ("success", "error") and c.answered is not None
+            if not c.cid or c.kind not in LOAD_STATE_KINDS:
+                continue
+            definite = c.answered is not None and effect_of(c.kind, c.outcome, c.code) != "maybe"
             end = c.answered if definite else (INF if c.phase >= a.phase else c.answered)
-            if c.cid and c.sent <= b.t1 and (end is None or end >= a.t0):
+            if c.sent <= b.t1 and (end is None or end >= a.t0):
                 out.append((c.cid, c.method))
         return out
 

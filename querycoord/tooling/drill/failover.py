@@ -48,6 +48,7 @@ from querycoord.querymeta import QueryMeta
 from querycoord.querymeta.copies import copies
 from querycoord.task.store import TASK_PREFIXES
 from querycoord.tooling.drill.base import DrillSetupError, ProcessDrill, run_and_report
+from querycoord.tooling.drill.chaos_ops import effect_of
 from querycoord.tooling.drill.invariants import (
     UNCLEAR_CODES,
     CatalogColl,
@@ -788,11 +789,16 @@ class FailoverDrill(ProcessDrill[DrillOptions, DrillResult]):
 
     def _requests_between(self, a: ReplicaObservation, b: ReplicaObservation) -> list[tuple[int, str]]:
         """(collection, method) of the load and release requests that may have taken effect between two
-        observations: sent before the second, not answered before the first (unanswered: open)."""
+        observations: sent before the second, not answered before the first; an answer that leaves the effect
+        open (unanswered, TIMEOUT: "it may still complete") may take effect at any later time."""
         out = []
         for r in self.result.calls:
-            end = r.t + r.elapsed if r.outcome in ("success", "error") else float("inf")
-            if r.cid and r.t <= b.t1 and end >= a.t0:
+            kind = _KIND_OF_METHOD.get(r.method)
+            if kind is None or not r.cid:
+                continue
+            open_ended = not r.outcome or effect_of(kind, r.outcome, r.code) == "maybe"
+            end = float("inf") if open_ended else r.t + r.elapsed
+            if r.t <= b.t1 and end >= a.t0:
                 out.append((r.cid, r.method))
         return out
 
@@ -828,6 +834,11 @@ class FailoverDrill(ProcessDrill[DrillOptions, DrillResult]):
                     continue
             out[n.node_id] = node_view(d)
         return out
+
+
+#: The chaos oracle's request kinds (``chaos_ops.effect_of``) of the failover drill's load-state methods.
+_KIND_OF_METHOD = {"LoadCollection": "load", "LoadPartitions": "load_partitions", "ReleaseCollection": "release",
+                   "ReleasePartitions": "release_partitions"}
 
 
 def meta_collections(meta: QueryMeta) -> dict[int, MetaColl]:
