@@ -157,10 +157,10 @@ def diff(
             for node in sorted(held.segments.get(sid, ())):
                 _release(out, cid, node, sid)
         # Meta records of segments that are neither in the target nor held anywhere.
-        for seg in meta.segments_of(cid):
-            if seg.segment_id not in target.segments and seg.segment_id not in held.segments \
-                    and not silent.intersection(meta.segment_copies(seg.segment_id).values()):
-                _repair(out, cid).forget_segment_ids.append(seg.segment_id)
+        for sid in meta.segment_ids_of(cid):  # ids, not copies of a million records
+            if sid not in target.segments and sid not in held.segments \
+                    and not silent.intersection(meta.segment_copies(sid).values()):
+                _repair(out, cid).forget_segment_ids.append(sid)
         # DM channels: each target channel watched by a reachable node of every replica, or re-watched.
         pids = [] if meta.get_load_type(cid) == data_pb2.LOAD_TYPE_COLLECTION else sorted(loaded)
         for name in sorted(target.channels):

@@ -57,6 +57,7 @@ from loguru import logger
 from meta.kv import DEFAULT_PAGE_SIZE, MetaKV
 from meta.txn import Op
 from proto import data_pb2
+from querycoord.yielding import every_few
 
 from . import keys
 from .batch import Mutation, TxnWriter
@@ -200,7 +201,7 @@ class QueryMeta:
         fresh = MetaIndex()
         corrupt: dict[str, str] = {}
         for prefix, snapshot in zip(keys.ALL_PREFIXES, snapshots, strict=True):
-            for key, value in snapshot.items():
+            async for key, value in every_few(snapshot.items()):  # built aside: turns are safe
                 try:
                     decode_into(fresh, prefix, key, value)
                 except CorruptRecord as exc:

@@ -6,6 +6,7 @@ same way a trigger plans its first children.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -19,6 +20,7 @@ from querycoord.cluster.client import NodeError
 from querycoord.messages import rpc_method
 from querycoord.task.assign import merge_by_size, query_channels, strip_channel, strip_segment, usage_of
 from querycoord.task.model import Task, TaskEnv, TaskError
+from querycoord.yielding import every_few
 
 SEALED = data_pb2.SEGMENT_STATE_SEALED
 QUERYNODE = querynode_pb2.DESCRIPTOR.services_by_name["QueryNode"]
@@ -356,10 +358,11 @@ async def plan_children(
     children: list[Task] = []
 
     per_node: dict[int, list[data_pb2.SegmentLoadInfo]] = {}
-    for s in segments:
+    async for s in every_few(segments):
         per_node.setdefault(placed["segments"][s.segment_id], []).append(s)
     for node_id, infos in sorted(per_node.items()):
         for group in merge_by_size(infos, cfg.max_request_bytes):
+            await asyncio.sleep(0)  # a group is up to a few thousand segments: a turn between groups
             req = querynode_pb2.LoadSegmentsRequest(
                 collection_id=collection_id,
                 infos=[strip_segment(i) for i in group],

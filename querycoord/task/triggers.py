@@ -26,6 +26,7 @@ from querycoord.task.children import (
     plan_children,
 )
 from querycoord.task.model import Task, TaskEnv, TaskError
+from querycoord.yielding import every_few
 
 IN_MEMORY = data_pb2.PARTITION_STATE_IN_MEMORY
 NOT_PRESENT = data_pb2.PARTITION_STATE_NOT_PRESENT
@@ -176,10 +177,14 @@ class _LoadTrigger(TriggerTask):
         for replica in replicas:  # one after another: a spare joining one replica is no longer offered to the next
             segments: list[data_pb2.SegmentLoadInfo] = []
             for pid, binlogs in binlogs_by_partition:
-                held = sum(1 for b in binlogs if self._held(b.segment_id, replica))
+                held = 0
+                async for b in every_few(binlogs):
+                    if self._held(b.segment_id, replica):
+                        held += 1
+                    else:
+                        segments.append(segment_load_info(b))
                 self.loaded_segments[pid] = self.loaded_segments.get(pid, 0) + held
                 self.replica_loaded[replica] = self.replica_loaded.get(replica, 0) + held
-                segments.extend(segment_load_info(b) for b in binlogs if not self._held(b.segment_id, replica))
             watched = {w.dm_channel: node for w in env.meta.dm_channels_of(cid)
                        if (node := copies(w).get(replica, 0)) and env.nodes.is_online(node)}
             fresh = [c for name, c in channels.items() if name not in watched]
