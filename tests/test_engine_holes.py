@@ -610,3 +610,45 @@ async def test_a_load_persisted_before_a_release_but_queued_after_it_is_cancelle
             assert "cancelled by release" in str(exc), exc
         await settled(c)
         assert not held_once(c)
+
+
+async def test_a_resumed_balance_does_not_watch_channels_of_a_collection_released_meanwhile(
+        etcd: EtcdCluster, root_path: str) -> None:
+    """Chaos drill with replicas, seed 3: the next leader resumed a balance whose delta and query channel watches
+    named a collection released meanwhile (its segment loads were skipped, the watches were not); once idle the
+    node still watched that collection's channels and nothing released them."""
+    async with QueryCluster(etcd, root_path, scheduler=fast_scheduler()) as c:
+        assert c.kv is not None
+        node = await c.add_node()
+        first = await c.start_coordinator()
+        await c.wait_leader()
+        cid = await c.create_collection("gone", partitions=1, segments=2)
+        await first.stop()
+        ids = await IdAllocator(c.kv, "idalloc/task").allocate(3)
+        trig = task_pb2.TaskRecord(id=ids[0], kind=qc.TASK_KIND_LOAD_BALANCE, state=qc.TASK_STATE_DONE,
+                                   trigger_condition=qc.TRIGGER_CONDITION_LOAD_BALANCE,
+                                   load_balance=qc.LoadBalanceRequest(source_node_ids=[node.node_id + 1000],
+                                                                      reason=qc.BALANCE_REASON_USER))
+        delta = task_pb2.TaskRecord(
+            id=ids[1], kind=qc.TASK_KIND_WATCH_DELTA_CHANNEL, state=qc.TASK_STATE_UNDO, parent_id=ids[0],
+            trigger_condition=qc.TRIGGER_CONDITION_LOAD_BALANCE, collection_id=cid, node_id=node.node_id,
+            watch_delta_channels=querynode_pb2.WatchDeltaChannelsRequest(collection_id=cid, infos=[
+                data_pb2.VChannelInfo(collection_id=cid, channel_name=f"by-dev-rootcoord-delta_0_{cid}v0")]))
+        query = task_pb2.TaskRecord(
+            id=ids[2], kind=qc.TASK_KIND_WATCH_QUERY_CHANNEL, state=qc.TASK_STATE_UNDO, parent_id=ids[0],
+            trigger_condition=qc.TRIGGER_CONDITION_LOAD_BALANCE, collection_id=cid, node_id=node.node_id,
+            add_query_channel=querynode_pb2.AddQueryChannelRequest(
+                collection_id=cid, query_channel=f"query-{cid}", query_result_channel=f"query-result-{cid}"))
+        await TaskStore(c.kv).commit_children(trig, [delta, query])
+        c.coords.clear()
+        c.client = None
+        c.config.checker_interval = 0.3  # and the checker, looking every 0.3 s, does not release them either
+        await c.start_coordinator()
+        await c.wait_leader()
+        await c.wait_idle(timeout=60)
+        await asyncio.sleep(2.0)
+        assert all(v == 0 for v in (await c.task_keys()).values())
+        held = {ch: coll for ch, coll in node.state.delta_channels.items() if coll == cid}
+        assert not held and cid not in node.state.query_channels, (
+            f"collection {cid} is not loaded, yet the node watches its delta channels {sorted(held)} and query "
+            f"channel {node.state.query_channels.get(cid)}")

@@ -181,6 +181,9 @@ class WatchDmChannelsTask(ChildTask, kind=qc.TASK_KIND_WATCH_DM_CHANNEL, request
         return "watch dm " + ", ".join(i.channel_name for i in self.request.infos)
 
     async def execute(self) -> None:
+        if not self.env.meta.has_collection(self.request.collection_id):  # released meanwhile: see above
+            logger.info("{}: collection {} is no longer loaded; skipped", self.describe(), self.request.collection_id)
+            return
         await self.call(self._copy())
         await self.env.meta.save_dm_channel_watch(
             [
@@ -216,7 +219,15 @@ class _SegmentServingWatch(ChildTask):
     """A delta or query channel watch: it only serves the segments loaded on its node.
 
     Never rescheduled: when the node is gone, the segments' rescheduled loads bring their own watches.
+    Skipped when the collection is no longer loaded (a resumed balance or handoff whose collection was released
+    meanwhile): the watch would serve nothing and nothing would ever release it.
     """
+
+    async def execute(self) -> None:
+        if not self.env.meta.has_collection(self.request.collection_id):
+            logger.info("{}: collection {} is no longer loaded; skipped", self.describe(), self.request.collection_id)
+            return
+        await super().execute()
 
     async def reschedule(self) -> list[Task]:
         return []
