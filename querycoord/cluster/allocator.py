@@ -97,6 +97,10 @@ def allocate_channels(
     return placed
 
 
+class CollectionReleasing(NoAvailableNode):
+    """The collection is being released: waiting for room to place its work would only hold the release up."""
+
+
 async def allocate_waiting(
     attempt: Callable[[], dict],
     *,
@@ -108,6 +112,8 @@ async def allocate_waiting(
     while True:
         try:
             return attempt()
+        except CollectionReleasing:
+            raise
         except NoAvailableNode as exc:
             if not wait or time.monotonic() + wait_interval > deadline:
                 raise NoAvailableNode(f"{exc}; gave up at the task's deadline" if wait else str(exc)) from None

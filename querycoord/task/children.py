@@ -15,7 +15,13 @@ from loguru import logger
 
 from proto import data_pb2, querynode_pb2
 from proto import querycoord_pb2 as qc
-from querycoord.cluster.allocator import NoAvailableNode, allocate_channels, allocate_segments, allocate_waiting
+from querycoord.cluster.allocator import (
+    CollectionReleasing,
+    NoAvailableNode,
+    allocate_channels,
+    allocate_segments,
+    allocate_waiting,
+)
 from querycoord.cluster.client import NodeError
 from querycoord.messages import rpc_method
 from querycoord.task.assign import merge_by_size, query_channels, strip_channel, strip_segment, usage_of
@@ -342,6 +348,8 @@ async def plan_children(
         return {"segments": placed_segments, "channels": placed_channels}
 
     def attempt() -> dict:
+        if wait and env.releasing.get(collection_id):
+            raise CollectionReleasing(f"collection {collection_id} is being released: its work is not placed")
         if not replica_id:
             return place(include)
         own = candidates(with_spares=False)

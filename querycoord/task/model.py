@@ -53,6 +53,9 @@ class TaskEnv:
     store: TaskStore
     ids: IdAllocator
     config: SchedulerConfig = field(default_factory=SchedulerConfig)
+    # Collections with a release queued or running (collection -> how many), kept by the scheduler: work that
+    # waits for room for such a collection stops waiting (``CollectionReleasing``) rather than hold the release up.
+    releasing: dict[int, int] = field(default_factory=dict)
 
 
 class Task:

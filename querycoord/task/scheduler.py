@@ -231,6 +231,9 @@ class Scheduler:
 
     def _push(self, trigger: TriggerTask) -> None:
         self.triggers[trigger.id] = trigger
+        if isinstance(trigger, ReleaseCollectionTask):
+            releasing = self.env.releasing
+            releasing[trigger.collection_id] = releasing.get(trigger.collection_id, 0) + 1
         heapq.heappush(self._heap, (-PRIORITY.get(trigger.rec.trigger_condition, 0), trigger.id,
                                     next(self._tiebreak)))
         self._wake.set()
@@ -611,9 +614,18 @@ class Scheduler:
         self._started_ms.pop(t.id, None)
         self._release_locks(t)
 
+    def _not_releasing(self, t: TriggerTask) -> None:
+        if isinstance(t, ReleaseCollectionTask) and t.collection_id in self.env.releasing:
+            left = self.env.releasing[t.collection_id] - 1
+            if left > 0:
+                self.env.releasing[t.collection_id] = left
+            else:
+                del self.env.releasing[t.collection_id]
+
     def _finish(self, t: TriggerTask, error: BaseException | None) -> None:
         self._running.pop(t.id, None)
-        self.triggers.pop(t.id, None)
+        if self.triggers.pop(t.id, None) is not None:
+            self._not_releasing(t)
         self._cancel_reason.pop(t.id, None)
         self._started_ms.pop(t.id, None)
         self._release_locks(t)

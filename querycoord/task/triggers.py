@@ -16,7 +16,7 @@ from loguru import logger
 
 from proto import common_pb2, data_pb2, querynode_pb2, task_pb2
 from proto import querycoord_pb2 as qc
-from querycoord.cluster.allocator import NoAvailableNode
+from querycoord.cluster.allocator import CollectionReleasing, NoAvailableNode
 from querycoord.messages import copy_fields
 from querycoord.querymeta.copies import copies
 from querycoord.task.children import (
@@ -371,11 +371,14 @@ class LoadBalanceTask(TriggerTask, kind=qc.TASK_KIND_LOAD_BALANCE, request="load
         children: list[Task] = []
         for (cid, src, replica), segs in sorted(by_coll.items()):
             infos = await self._load_infos(cid, segs)
-            children += await plan_children(
-                env, self, cid, infos, [], exclude=sources, include=list(self.request.dst_node_ids),
-                wait=self.node_down, source_node_id=0 if self.node_down else src,
-                load_type=env.meta.get_load_type(cid) or data_pb2.LOAD_TYPE_COLLECTION, replica_id=replica,
-            )
+            try:
+                children += await plan_children(
+                    env, self, cid, infos, [], exclude=sources, include=list(self.request.dst_node_ids),
+                    wait=self.node_down, source_node_id=0 if self.node_down else src,
+                    load_type=env.meta.get_load_type(cid) or data_pb2.LOAD_TYPE_COLLECTION, replica_id=replica,
+                )
+            except CollectionReleasing as exc:  # nothing to move: the release drops it everywhere
+                logger.info("{}: {}", self.describe(), exc)
         if self.node_down:
             for src in sources:
                 chans = env.meta.channels_on_node(src)
@@ -384,10 +387,14 @@ class LoadBalanceTask(TriggerTask, kind=qc.TASK_KIND_LOAD_BALANCE, request="load
                     names = {c.dm_channel for c in mine}
                     pids = sorted({p for c in mine for p in c.partition_ids})
                     infos = await self._channel_infos(cid, names)
-                    children += await plan_children(
-                        env, self, cid, [], infos, exclude=sources, wait=True, partition_ids=pids,
-                        load_type=env.meta.get_load_type(cid) or data_pb2.LOAD_TYPE_COLLECTION, replica_id=replica,
-                    )
+                    try:
+                        children += await plan_children(
+                            env, self, cid, [], infos, exclude=sources, wait=True, partition_ids=pids,
+                            load_type=env.meta.get_load_type(cid) or data_pb2.LOAD_TYPE_COLLECTION,
+                            replica_id=replica,
+                        )
+                    except CollectionReleasing as exc:
+                        logger.info("{}: {}", self.describe(), exc)
         self.children = children
 
     async def _load_infos(self, cid: int, segs: list[data_pb2.SegmentInfo]) -> list[data_pb2.SegmentLoadInfo]:
