@@ -26,7 +26,7 @@ import itertools
 import time
 from collections import deque
 from collections.abc import Callable, Collection
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
@@ -59,6 +59,11 @@ if TYPE_CHECKING:
     from querycoord.etcd_space import SpaceMonitor
 
 LOAD_KINDS = (qc.TASK_KIND_LOAD_COLLECTION, qc.TASK_KIND_LOAD_PARTITION)
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 # Queue priority by trigger condition (higher first): Milvus's order, the checker's repairs with handoffs.
 PRIORITY = {
     qc.TRIGGER_CONDITION_NODE_DOWN: 4,
@@ -189,8 +194,12 @@ class Scheduler:
                     raise await self.space.refusal()
                 await self.space.wait_writable()
                 continue
+            inner = asyncio.ensure_future(self._enqueue(trigger))
+            # A caller cancelled meanwhile no longer awaits it: its failure (NotLeader on a deposed leader) is
+            # still read, rather than logged by asyncio as "Task exception was never retrieved".
+            inner.add_done_callback(_retrieve)
             try:
-                return await asyncio.shield(self._enqueue(trigger))
+                return await asyncio.shield(inner)
             except MetaNoSpace as exc:
                 if self.space is None:
                     raise
