@@ -78,7 +78,10 @@ async def test_space_monitor_follows_the_alarm(tiny: EtcdCluster) -> None:
             await until("a first poll", lambda: monitor.checked_at > 0)
             assert not monitor.nospace and monitor.quota == QUOTA and monitor.db_size > 0
             puts = await fill_history(MetaKV(client, "junk"))
-            assert 100 < puts < 250
+            # At least the quota's worth of history (16 MiB / 100 KB ~ 160 puts) before the refusal; how far past
+            # it etcd's backend file grows first depends on when its batch commits reuse freed pages (267 once in
+            # a full run), so there is no upper bound here: fill_history fails if NOSPACE never comes.
+            assert puts > 100, puts
             await until("the alarm seen", lambda: monitor.nospace)
             assert REASON.match(monitor.reason()), monitor.reason()
             assert monitor.as_dict()["nospace"] is True and monitor.raised == 1
