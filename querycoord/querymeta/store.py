@@ -878,7 +878,8 @@ class QueryMeta:
 
     # ===== nodes ===================================================================
     async def remove_node(self, node_id: int) -> int:
-        """Remove every segment and DM channel record on the node, in as few txns as the limits allow.
+        """Remove the node's copies from every segment and DM channel record (a record left with no copy goes) and
+        take the node out of every replica, in as few txns as the limits allow.
 
         Used by the node-down balance once the node's work was given to the
         survivors (their saves already moved those records to other nodes;
