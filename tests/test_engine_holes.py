@@ -47,6 +47,16 @@ async def settled(c: QueryCluster) -> None:
     assert all(v == 0 for v in keys.values()), keys
 
 
+async def finished_cancelled_by_release(load: Any, otherwise: str) -> None:
+    """The load's trigger finished with a release's cancellation; ``otherwise`` when it finished as if not cancelled."""
+    try:
+        await asyncio.wait_for(asyncio.shield(load.finished), 20)
+    except Exception as exc:
+        assert "cancelled by release" in str(exc), exc
+    else:
+        raise AssertionError(otherwise)
+
+
 def held_once(c: QueryCluster) -> dict[int, int]:
     """segment -> holder; fails if any segment is held twice."""
     out: dict[int, int] = {}
@@ -559,11 +569,7 @@ async def test_a_load_cancelled_after_dispatch_but_before_it_ran_is_finished(
             env, qc.ReleaseCollectionRequest(collection_id=cid), trigger_condition=qc.TRIGGER_CONDITION_GRPC_REQUEST,
             collection_id=cid))
         await asyncio.wait_for(asyncio.shield(release.finished), 20)
-        try:
-            await asyncio.wait_for(asyncio.shield(load.finished), 5)
-            raise AssertionError("the load finished as if not cancelled")
-        except Exception as exc:
-            assert "cancelled by release" in str(exc), exc
+        await finished_cancelled_by_release(load, "the load finished as if not cancelled")
         await settled(c)
         assert not held_once(c)
 
@@ -603,11 +609,7 @@ async def test_a_load_persisted_before_a_release_but_queued_after_it_is_cancelle
             await enqueued
         finally:
             env.store.add_trigger = persist  # type: ignore[method-assign]
-        try:
-            await asyncio.wait_for(asyncio.shield(load.finished), 20)
-            raise AssertionError("the older load ran after the release")
-        except Exception as exc:
-            assert "cancelled by release" in str(exc), exc
+        await finished_cancelled_by_release(load, "the older load ran after the release")
         await settled(c)
         assert not held_once(c)
 
