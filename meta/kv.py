@@ -188,7 +188,7 @@ class MetaKV:
         return resp.count  # type: ignore[attr-defined]
 
     async def load_prefix(
-        self, prefix: str, *, page_size: int = DEFAULT_PAGE_SIZE, keys_only: bool = False
+        self, prefix: str, *, page_size: int = DEFAULT_PAGE_SIZE, keys_only: bool = False, through: str | None = None
     ) -> PrefixSnapshot:
         """Every key under ``prefix``, read page by page at one revision.
 
@@ -196,9 +196,12 @@ class MetaKV:
         result is a consistent snapshot however many keys there are. A page
         whose answer exceeds the gRPC receive limit is halved and retried.
         If the revision is compacted mid-way the load starts over.
+
+        ``through``: read every key from ``prefix`` up to and including the keys under ``through`` (several
+        neighbouring prefixes as one snapshot at one revision).
         """
         start = self.abs_prefix(prefix)
-        end = prefix_range_end(start)
+        end = prefix_range_end(self.abs_prefix(through if through is not None else prefix))
         while True:
             try:
                 return await self._load_pages(start, end, page_size, keys_only)

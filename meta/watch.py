@@ -86,6 +86,8 @@ async def watch_prefix(
     prev_kv: bool = False,
     reconnect_deadline: float | None = 60.0,
     progress_notify: bool = False,
+    through: str | None = None,
+    progress_wanted: asyncio.Event | None = None,
 ) -> AsyncIterator[WatchItem]:
     """Yield every change under ``prefix`` from ``start_revision`` on (0: from now).
 
@@ -94,10 +96,18 @@ async def watch_prefix(
     last delivered event. ``reconnect_deadline`` bounds how long the watch may
     stay disconnected before it raises ``MetaUnavailable`` (``None``: keep
     trying until cancelled; its owner must then bound it).
+
+    ``through``: watch every key from ``prefix`` up to and including the keys under ``through`` (neighbouring
+    prefixes as one stream, so one revision says how far all of them are).
+
+    ``progress_wanted``: whenever it is set, the watch clears it and asks etcd for a progress notification
+    (etcd >= 3.4); etcd answers once the stream has sent everything up to its current revision, and the watch
+    yields an empty ``WatchBatch`` with that revision. Why: an idle watch cannot otherwise tell "nothing
+    happened" from "not there yet" (a standby taking over waits on this).
     """
     client = kv.client
     start = kv.abs_prefix(prefix)
-    end = prefix_range_end(start)
+    end = prefix_range_end(kv.abs_prefix(through if through is not None else prefix))
     next_rev = start_revision if start_revision > 0 else await kv.revision() + 1
     backoff = 0.05
     disconnected_since: float | None = None
@@ -113,6 +123,18 @@ async def watch_prefix(
 
         async def requests(create: WatchCreateRequest = create, stop: asyncio.Event = stop_requests):
             yield WatchRequest(create_request=create)
+            while progress_wanted is not None:
+                wanted = asyncio.ensure_future(progress_wanted.wait())
+                stopped = asyncio.ensure_future(stop.wait())
+                try:
+                    await asyncio.wait({wanted, stopped}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    wanted.cancel()
+                    stopped.cancel()
+                if stop.is_set():
+                    return
+                progress_wanted.clear()
+                yield WatchRequest(progress_request={})
             await stop.wait()
 
         call = client.watch.Watch(requests(), metadata=metadata)
@@ -134,10 +156,11 @@ async def watch_prefix(
                     events = [_event(kv, e) for e in resp.events]
                     next_rev = events[-1].mod_revision + 1
                     yield WatchBatch(events, events[-1].mod_revision)
-                elif resp.header.revision >= next_rev:
+                elif resp.header.revision >= next_rev - 1:
                     # Progress notification: only sent to synced watchers, so
-                    # nothing below this revision is still to come.
-                    next_rev = resp.header.revision + 1
+                    # nothing up to this revision is still to come (it may be
+                    # the last delivered event's own revision: an idle watch).
+                    next_rev = max(next_rev, resp.header.revision + 1)
                     yield WatchBatch([], resp.header.revision)
         except grpc.aio.AioRpcError as exc:
             if not is_transient(exc):
@@ -153,7 +176,7 @@ async def watch_prefix(
             call.cancel()
 
         if compacted:
-            snapshot = await kv.load_prefix(prefix)
+            snapshot = await kv.load_prefix(prefix, through=through)
             logger.info(
                 "watch on {!r}: revision {} was compacted; resynced at revision {} ({} keys)",
                 prefix, next_rev, snapshot.revision, len(snapshot.kvs),

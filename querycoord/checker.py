@@ -32,32 +32,22 @@ from dataclasses import dataclass, field
 
 from loguru import logger
 
+from meta.errors import MetaError
 from proto import data_pb2, querynode_pb2, task_pb2
 from proto import querycoord_pb2 as qc
+from querycoord.catalog.targets import CatalogTargets
 from querycoord.cluster.client import NodeError
 from querycoord.querymeta import QueryMeta
 from querycoord.querymeta.copies import copies
+from querycoord.target import Target, TargetSegment
 from querycoord.task.repair import RepairTask
 from querycoord.task.scheduler import Scheduler
 
 IN_MEMORY = data_pb2.PARTITION_STATE_IN_MEMORY
 PARTIAL = data_pb2.PARTITION_STATE_PARTIAL_IN_MEMORY
 DM = querynode_pb2.CHANNEL_KIND_DM
-
-
-@dataclass
-class TargetSegment:
-    segment_id: int
-    partition_id: int
-    compaction_from: tuple[int, ...] = ()
-
-
-@dataclass
-class Target:
-    """What one loaded collection should have held: segments by id, DM channel names."""
-
-    segments: dict[int, TargetSegment] = field(default_factory=dict)
-    channels: set[str] = field(default_factory=set)
+# How long a pass waits for the catalog copy to reach etcd's revision before it reads the catalog instead.
+TARGETS_CATCH_UP = 5.0
 
 
 @dataclass
@@ -227,9 +217,12 @@ class CheckReport:
 class Checker:
     """Runs ``check_once`` every ``interval`` seconds or when kicked; never dies on one error."""
 
-    def __init__(self, scheduler: Scheduler, *, interval: float = 5.0):
+    def __init__(self, scheduler: Scheduler, *, interval: float = 5.0, targets: CatalogTargets | None = None):
         self.scheduler = scheduler
         self.interval = interval
+        # The followed copy of a local catalog (``catalog.targets``): a pass reads targets from memory.
+        self.targets = targets
+        self._no_target: set[int] = set()  # collections the catalog lacks (logged once each)
         self._kick = asyncio.Event()
         self.runs = 0
         self.repairs = 0  # repair triggers enqueued
@@ -293,6 +286,24 @@ class Checker:
     async def _targets(self, cids: Iterable[int]) -> dict[int, Target]:
         env = self.scheduler.env
         out: dict[int, Target] = {}
+        if self.targets is not None:
+            try:
+                await self.targets.catch_up(TARGETS_CATCH_UP)
+            except (TimeoutError, MetaError) as exc:
+                logger.info("checker: the catalog copy is not current ({}); reading the catalog",
+                            exc or "it did not catch up in time")
+            else:
+                for cid in cids:
+                    target = self.targets.target(cid, env.meta.partition_ids(cid))
+                    if target is None:
+                        if cid not in self._no_target:
+                            logger.warning("checker: collection {} is loaded but the catalog lacks it or one of "
+                                           "its loaded partitions; it is left alone", cid)
+                        self._no_target.add(cid)
+                        continue
+                    self._no_target.discard(cid)
+                    out[cid] = target
+                return out
         for cid in cids:
             target = Target()
             for pid in env.meta.partition_ids(cid):

@@ -102,6 +102,9 @@ class CoordConfig:
     http_listen: str = ""
     # Bounds on what one request may ask for (querycoord/limits.py): checked before anything is queued or written.
     limits: Limits = field(default_factory=Limits)
+    # A standby keeps the query meta in memory, followed by a watch, so that taking over needs no reload
+    # (querycoord/querymeta/mirror.py); 0 reads everything from etcd when it takes over (less memory).
+    warm_standby: int = 1
 
 
 # The scaled preset: the same behaviour as production with short durations. A session TTL of 2 s notices a crash

@@ -42,6 +42,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("--checker-interval", "checker_interval", float,
            "seconds between checks of what nodes hold against what should be loaded; the checker is also kicked "
            "by node changes, takeover and handoff"),
+    Option("--warm-standby", "warm_standby", int,
+           "1: a standby keeps the query meta in memory, followed by a watch, so a takeover needs no reload "
+           "(as much memory as the leader's meta); 0: a new leader reads it from etcd"),
     # Scheduler knobs: drills and the demo change them; production keeps the defaults.
     Option("--max-request-bytes", "scheduler.max_request_bytes", int),
     Option("--max-concurrent-children", "scheduler.max_concurrent_children", int),
@@ -143,6 +146,8 @@ def config_from_args(args: argparse.Namespace) -> CoordConfig:
     config.etcd = etcd_config_from_args(args)
     if config.session_ttl < 2:
         raise ValueError(f"--ttl must be at least 2 seconds, got {config.session_ttl:g}")
+    if config.warm_standby not in (0, 1):
+        raise ValueError(f"--warm-standby must be 0 or 1, got {config.warm_standby}")
     if config.checker_interval <= 0:
         raise ValueError(f"--checker-interval must be > 0, got {config.checker_interval:g}")
     sched = config.scheduler

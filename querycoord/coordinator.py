@@ -29,12 +29,14 @@ from querycoord import metrics
 from querycoord.balance import auto_balance_loop
 from querycoord.catalog.broker import Broker, GrpcBroker, LocalBroker
 from querycoord.catalog.store import CatalogStore
+from querycoord.catalog.targets import CatalogTargets
 from querycoord.checker import Checker
 from querycoord.cluster.nodes import NodeManager
 from querycoord.config import CoordConfig
 from querycoord.etcd_space import SpaceMonitor
 from querycoord.protocol import QUERYCOORD_ELECTION, QUERYCOORD_ROLE, leader_is_at
 from querycoord.querymeta import QueryMeta
+from querycoord.querymeta.mirror import MetaMirror
 from querycoord.stream.loops import follow_stream_nodes, tick_streams
 from querycoord.stream.manager import StreamManager
 from querycoord.stream.store import StreamStore
@@ -86,6 +88,9 @@ class Coordinator:
         self.last_leadership: dict[str, object] = {}
         self.role_since = time.time()  # when it took its current role, leader or standby (``querycoord status``)
         self._step_back = asyncio.Event()  # a switchover asks this standby to queue again (``request_step_back``)
+        self.targets: CatalogTargets | None = None  # the local catalog's segments and channels, followed
+        self.mirror: MetaMirror | None = None  # the warm standby's copy of the query meta, while campaigning
+        self.last_takeover: dict[str, object] = {}  # how the last takeover got its query meta (status, tests)
 
     @property
     def is_leader(self) -> bool:
@@ -129,6 +134,11 @@ class Coordinator:
         self.catalog = CatalogStore(self.kv, limits=self.config.limits)
         self.broker = GrpcBroker(self.config.catalog_address) if self.config.catalog_address else LocalBroker(
             self.catalog)
+        if not self.config.catalog_address:
+            # Followed for the process's life, standing by included: the first check after a takeover reads
+            # its targets from memory (querycoord/catalog/targets.py).
+            self.targets = CatalogTargets(self.kv)
+            self.targets.start()
         self._main = asyncio.create_task(self._lead_forever(), name="leadership")
 
     async def stop(self) -> None:
@@ -139,6 +149,9 @@ class Coordinator:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._main
         await self._drop_leadership()
+        await self._stop_mirror()
+        if self.targets is not None:
+            await self.targets.stop()
         if self.session:
             await self.session.close()
         if self.broker:
@@ -156,6 +169,9 @@ class Coordinator:
                 await self.session.start()
                 election = Election(self.kv, self.session, QUERYCOORD_ELECTION)
                 self.election = election
+                if self.config.warm_standby:
+                    self.mirror = MetaMirror(self.kv)
+                    self.mirror.start()
                 standby = asyncio.create_task(self._say_standby(), name="standby-line")
                 try:
                     fence = await self._campaign(election)
@@ -205,8 +221,30 @@ class Coordinator:
                 await self._restart_after_error()
             finally:
                 await self._drop_leadership()
+                await self._stop_mirror()
             if self.session is not None:
                 await self.session.close(revoke=False)
+
+    async def _stop_mirror(self) -> None:
+        mirror, self.mirror = self.mirror, None
+        if mirror is not None:
+            await mirror.stop()
+
+    async def _load_meta(self, meta: QueryMeta) -> None:
+        """The query meta a new leader starts from: the warm standby's copy when it is usable, else a reload."""
+        began = time.monotonic()
+        mirror, self.mirror = self.mirror, None
+        taken = await mirror.take() if mirror is not None else None
+        if taken is not None:
+            index, corrupt, revision = taken
+            meta.adopt(index, corrupt)
+            source = f"warm standby copy at revision {revision}"
+        else:
+            await meta.reload()
+            source = "reload"
+        self.last_takeover = {"meta_source": source.split(" at ")[0], "meta_s": round(time.monotonic() - began, 4)}
+        logger.info("coordinator {}: query meta from the {} in {:.3f}s", self.server_id, source,
+                    time.monotonic() - began)
 
     async def _say_standby(self) -> None:
         """While the campaign waits: one line saying this coordinator stands by and who leads (again only when
@@ -301,7 +339,7 @@ class Coordinator:
         assert self.kv is not None and self.broker is not None
         fenced = self.kv.fenced(fence)
         meta = QueryMeta(fenced)
-        await meta.reload()
+        await self._load_meta(meta)
         coord_fence = querynode_pb2.CoordFence(leader_revision=fence.revision, coordinator_id=self.server_id)
         holder: dict[str, Scheduler] = {}
 
@@ -323,7 +361,7 @@ class Coordinator:
         await scheduler.start(reload=False)
         # Where meta and the nodes disagree (a leader that died half-way), the checker's first run, kicked
         # below, queues the repairs; collections with resumed triggers are left to those triggers.
-        checker = Checker(scheduler, interval=self.config.checker_interval)
+        checker = Checker(scheduler, interval=self.config.checker_interval, targets=self.targets)
         # Streams: only definitions are persisted; the manager rebuilds its task maps (WATCH when streams exist).
         stream_store = StreamStore(fenced)
         streams = StreamManager(stream_store, leader_revision=fence.revision, config=self.config.stream)

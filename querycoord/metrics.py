@@ -333,6 +333,10 @@ async def coordinator_families(coord: Coordinator) -> list[Metric]:
     lead = coord.leadership
     if lead is not None and coord.is_leader:
         out.extend(_leader_families(lead))
+    mirror = coord.mirror
+    out.append(_gauge("querycoord_warm_standby_revision", "etcd revision up to which this standby's copy of the "
+                      "query meta is current (0: no copy: a leader, a copy still being read, or --warm-standby 0)",
+                      mirror.revision if mirror is not None and mirror.ready else 0))
     out.extend(await _session_families(coord))
     out.extend(_space_families(coord))
     return out

@@ -11,6 +11,7 @@ route. SIGTERM resigns first, so a standby takes over at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import signal
@@ -102,6 +103,8 @@ class CoordinatorProcess:
                 logger.info("coordinator {} is now {}", self.address, "LEADER (SERVING)" if serving else "STANDBY")
                 event: dict[str, Any] = {"event": "leader" if serving else "standby", "address": self.address,
                          "server_id": self.coord.server_id, "t": time.time()}
+                if serving:
+                    event["takeover"] = self.coord.last_takeover  # where its query meta came from, how long it took
                 if not serving:
                     # Wait (bounded) until the leadership is dropped, so its write counts are final.
                     for _ in range(100):
@@ -110,7 +113,12 @@ class CoordinatorProcess:
                         await asyncio.sleep(0.05)
                     event["previous"] = self.coord.last_leadership
                 print(json.dumps(event), flush=True)
-            await asyncio.sleep(0.05)
+            if serving:
+                await asyncio.sleep(0.05)
+            else:
+                # Woken at once when leadership is taken: health says SERVING without a polling delay.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.coord.became_leader.wait(), 0.05)
 
     async def stop(self) -> None:
         if self._health_task:

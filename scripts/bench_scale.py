@@ -30,9 +30,12 @@ Measured:
   (process.py), so uncollected cycles can only make the number larger:
   an upper bound. Peak (``VmHWM``) is in the table, and so is the steady
   state without the load's transient garbage: the new leader's RSS once it
-  reloaded everything and reconciled minus its RSS as a standby
-  (``reload_rss_kib_per_segment``, queued triggers included).
-- **takeover**: standby c1 (a second ``querycoord coord``) waits; the nodes'
+  took over and reconciled, over the fresh coordinator's baseline
+  (``reload_rss_kib_per_segment``, queued triggers included), and the
+  standby's own RSS with its warm copy (``standby_rss_kib_per_segment``).
+- **takeover**: standby c1 (a second ``querycoord coord``) waits, with its
+  warm copy of the query meta read and followed (``--warm-standby 0``: no
+  copy, the new leader reloads: the cold path); the nodes'
   mutating calls are gated shut and ``--queued`` LoadCollection requests of
   the spare collections are sent (each answered with a deadline error once
   queued, and sent again while some are missing: a repeated load joins the
@@ -198,12 +201,18 @@ class SizeResult:
     reconciled_s: float = 0.0  # kill -> first checker pass done
     resumed: int = 0  # triggers pending on the new leader when it serves
     drain_s: float = 0.0
-    c1_standby_kib: int = 0  # the standby's RSS before the kill
-    c1_rss_kib: int = 0  # and once it leads and reconciled: what reloading everything costs
+    c1_standby_kib: int = 0  # the standby's RSS before the kill (its warm copy of the query meta included)
+    c1_rss_kib: int = 0  # and once it leads and reconciled
+    meta_source: str = ""  # where the new leader's query meta came from: "warm standby copy" or "reload"
 
     @property
     def reload_kib_per_segment(self) -> float:
-        return (self.c1_rss_kib - self.c1_standby_kib) / self.segments
+        """The new leader's steady state over a fresh coordinator's baseline (c0's before the load)."""
+        return (self.c1_rss_kib - self.rss_before_kib) / self.segments
+
+    @property
+    def standby_kib_per_segment(self) -> float:
+        return (self.c1_standby_kib - self.rss_before_kib) / self.segments
 
     @property
     def rss_kib_per_segment(self) -> float:
@@ -292,7 +301,7 @@ async def one_size(config: EtcdConfig, args: argparse.Namespace, segments: int, 
             nodes.append(n)
 
         common = ("--auto-balance-interval", "0", "--http-listen", "127.0.0.1:0", "--rpc-timeout", "120",
-                  "--trigger-timeout", str(args.timeout))
+                  "--trigger-timeout", str(args.timeout), "--warm-standby", str(args.warm_standby))
         c0 = await harness.start_coordinator(0, "127.0.0.1:0", *common,
                                              "--checker-interval", str(args.checker_interval))
         await harness.wait_leader(120)
@@ -336,6 +345,13 @@ async def one_size(config: EtcdConfig, args: argparse.Namespace, segments: int, 
             return await kv.count_prefix(prefix) >= 2
 
         await wait_until("the standby's election key", both_campaign, 120, 0.05)
+        if args.warm_standby:
+            # A standby that has run for a while holds its copy: wait for it (at a million segments the first
+            # read takes tens of seconds), as a failover in production would find it.
+            http_standby = str(c1.ready["http_address"])
+            await wait_until("the standby's copy of the query meta",
+                             lambda: _at_least(http_standby, "querycoord_warm_standby_revision", 1),
+                             args.timeout, 0.2)
         await asyncio.sleep(1.0)
         res.c1_standby_kib = proc_status_kib(c1.child.pid, "VmRSS")
         gate.clear()
@@ -351,7 +367,7 @@ async def one_size(config: EtcdConfig, args: argparse.Namespace, segments: int, 
             raise BenchError(f"{args.queued} spare loads were never all pending on the leader")
         res.enqueue_s = time.perf_counter() - t
         res.queued = int(await metric(http0, "querycoord_tasks") or 0)
-        res.lease_s, res.leader_event_s, res.reconciled_s, res.resumed = await kill_and_take_over(
+        res.lease_s, res.leader_event_s, res.reconciled_s, res.resumed, res.meta_source = await kill_and_take_over(
             harness, kv, c0, c1, args)
         http1 = str(c1.ready["http_address"])
         res.c1_rss_kib = proc_status_kib(c1.child.pid, "VmRSS")
@@ -387,8 +403,9 @@ async def _at_least(http_address: str, name: str, value: float) -> bool:
 
 
 async def kill_and_take_over(harness: Harness, kv: MetaKV, c0: Member, c1: Member,
-                             args: argparse.Namespace) -> tuple[float, float, float, int]:
-    """SIGKILL c0; (lease_s, leader_event_s, reconciled_s, triggers pending at the new leader), from the kill."""
+                             args: argparse.Namespace) -> tuple[float, float, float, int, str]:
+    """SIGKILL c0; (lease_s, leader_event_s, reconciled_s, triggers pending at the new leader, where its query
+    meta came from), times from the kill."""
     prefix = election_prefix(QUERYCOORD_ELECTION)
     before = await current_leader(kv, prefix)
     if before is None:
@@ -412,7 +429,7 @@ async def kill_and_take_over(harness: Harness, kv: MetaKV, c0: Member, c1: Membe
                      lambda: _at_least(http1, "querycoord_checker_runs", 2), args.timeout, 0.02)
     reconciled_s = time.time() - t_kill
     pending = int(await metric(http1, "querycoord_tasks") or 0)
-    return lease_s, leader_event_s, reconciled_s, pending
+    return lease_s, leader_event_s, reconciled_s, pending, str((ev.get("takeover") or {}).get("meta_source", ""))
 
 
 # ----- report -----------------------------------------------------------------------------------------------------
@@ -432,12 +449,16 @@ def size_rows(r: SizeResult, args: argparse.Namespace) -> list[tuple[str, str]]:
                             f"(peak {r.hwm_kib / 1024:.0f} MiB): {r.rss_kib_per_segment:.2f} KiB per segment"),
         ("queued at the kill", f"{r.queued} triggers pending (asked {args.queued}; enqueued in {r.enqueue_s:.1f}s)"),
         ("lease expiry (kill -> key gone)", f"{r.lease_s:.2f} s (TTL {args.ttl:g} s)"),
-        ("kill -> leader event (reloaded)", f"{r.leader_event_s:.2f} s ({r.resumed} triggers pending at the "
-                                            f"new leader)"),
-        ("kill -> first checker pass done", f"{r.reconciled_s:.2f} s"),
+        ("kill -> leader event (SERVING)", f"{r.leader_event_s:.2f} s (+{r.leader_event_s - r.lease_s:.2f} s over "
+                                           f"the lease; query meta from the {r.meta_source or '?'}; {r.resumed} "
+                                           f"triggers pending at the new leader)"),
+        ("kill -> first checker pass done", f"{r.reconciled_s:.2f} s (+{r.reconciled_s - r.leader_event_s:.2f} s "
+                                            f"after SERVING)"),
         ("takeover_over_ttl_s", f"{r.takeover_over_ttl_s:.2f} s"),
-        ("new leader RSS", f"{r.c1_standby_kib / 1024:.0f} MiB as standby -> {r.c1_rss_kib / 1024:.0f} MiB once "
-                           f"reconciled: {r.reload_kib_per_segment:.2f} KiB per segment (queued triggers included)"),
+        ("standby RSS", f"{r.c1_standby_kib / 1024:.0f} MiB: {r.standby_kib_per_segment:.2f} KiB per segment over "
+                        f"a fresh coordinator's {r.rss_before_kib / 1024:.0f} MiB"),
+        ("new leader RSS", f"{r.c1_rss_kib / 1024:.0f} MiB once reconciled: {r.reload_kib_per_segment:.2f} KiB per "
+                           f"segment over a fresh coordinator's (queued triggers included)"),
         ("drain of the resumed queue", f"{r.drain_s:.2f} s (after the gates opened; not part of the takeover)"),
     ]
 
@@ -478,6 +499,9 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         "takeover_over_ttl_s": [round(r.takeover_over_ttl_s, 3) for r in results],
         "rss_kib_per_segment": [round(r.rss_kib_per_segment, 3) for r in results],
         "reload_rss_kib_per_segment": [round(r.reload_kib_per_segment, 3) for r in results],
+        "standby_rss_kib_per_segment": [round(r.standby_kib_per_segment, 3) for r in results],
+        "meta_source": [r.meta_source for r in results],
+        "serving_over_ttl_s": [round(r.leader_event_s - r.lease_s, 3) for r in results],
         "etcd_bytes_per_segment": [round(r.per_segment(r.bytes), 1) for r in results],
         "etcd_keys_per_segment": [round(r.per_segment(r.keys), 3) for r in results],
         "lease_s": [round(r.lease_s, 3) for r in results],
@@ -501,6 +525,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--partitions", type=int, default=16, help="partitions of the main collection (default 16)")
     g.add_argument("--channels", type=int, default=2, help="DM channels of the main collection (default 2)")
     g.add_argument("--ttl", type=float, default=10.0, help="coordinators' session TTL (default 10)")
+    g.add_argument("--warm-standby", type=int, choices=(0, 1), default=1,
+                   help="coordinators' --warm-standby: 1 (default) the standby follows the query meta; 0 it reloads "
+                        "it when it takes over (the cold path)")
     g.add_argument("--checker-interval", type=float, default=5.0, help="coordinators' checker interval (default 5)")
     g.add_argument("--poll", type=float, default=0.05, help="GetTask poll interval (default 0.05)")
     g.add_argument("--timeout", type=float, default=3600.0, help="give up on any wait after this (default 3600)")

@@ -83,8 +83,12 @@ def _expect_key(key: str, expected: str, ids_ok: bool) -> None:
         raise CorruptRecord(key, f"the record belongs under {expected!r}")
 
 
-def decode_into(index: MetaIndex, prefix: str, key: str, value: bytes) -> None:
-    """Parse one stored record, check that it matches its key, and add it to ``index``."""
+def decode_into(index: MetaIndex, prefix: str, key: str, value: bytes, *, replace: bool = False) -> None:
+    """Parse one stored record, check that it matches its key, and add it to ``index``.
+
+    ``replace``: the record is a newer value of a key ``index`` may already hold (a watch event), not a second
+    record of the same segment.
+    """
     if prefix == keys.COLLECTION_PREFIX:
         info = _parse(CollectionLoadInfo, key, value)
         _expect_key(key, keys.collection_key(info.collection_id), info.collection_id > 0)
@@ -96,7 +100,8 @@ def decode_into(index: MetaIndex, prefix: str, key: str, value: bytes) -> None:
         twin = index.segments.get(seg.segment_id)
         if twin is not None:
             other = keys.segment_key(twin.collection_id, twin.partition_id, twin.segment_id)
-            raise CorruptRecord(key, f"segment {seg.segment_id} is already stored under {other!r}")
+            if not (replace and other == key):
+                raise CorruptRecord(key, f"segment {seg.segment_id} is already stored under {other!r}")
         index.put_segment(seg)
     elif prefix == keys.DM_CHANNEL_PREFIX:
         watch = _parse(DmChannelWatchInfo, key, value)
@@ -108,6 +113,32 @@ def decode_into(index: MetaIndex, prefix: str, key: str, value: bytes) -> None:
         expected = keys.delta_channel_key(delta.collection_id, delta.channel_name)
         _expect_key(key, expected, delta.collection_id > 0 and bool(delta.channel_name))
         index.put_delta_channel(delta)
+
+
+def drop_key(index: MetaIndex, prefix: str, key: str) -> None:
+    """Remove what ``index`` holds under ``key`` (a deleted key); a key it does not hold changes nothing.
+
+    A segment is dropped only if its record is the one stored under ``key``: when a record moves to another key
+    (another partition) in one txn, the new key's put and the old key's delete arrive in either order.
+    """
+    rest = key[len(prefix):]
+    if prefix == keys.COLLECTION_PREFIX:
+        if rest.isdigit():
+            index.drop_collection(int(rest))
+        return
+    head, _, tail = rest.partition("/")
+    if not head.isdigit():
+        return
+    cid = int(head)
+    if prefix == keys.SEGMENT_PREFIX:
+        sid_text = tail.rpartition("/")[2]
+        seg = index.segments.get(int(sid_text)) if sid_text.isdigit() else None
+        if seg is not None and keys.segment_key(seg.collection_id, seg.partition_id, seg.segment_id) == key:
+            index.drop_segment(seg.segment_id)
+    elif prefix == keys.DM_CHANNEL_PREFIX:
+        index.drop_dm_channel(cid, tail)
+    else:
+        index.drop_delta_channel(cid, tail)
 
 
 def warn_orphans(index: MetaIndex) -> None:

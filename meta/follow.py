@@ -1,0 +1,138 @@
+"""A copy of a key range kept in memory by one watch, that can say "I am as new as etcd is now".
+
+Why a class of its own: a warm standby's query meta and the checker's view of
+the catalog both need the same three things: read the range once, apply
+every later change in order (starting over from a fresh read whenever the
+watch cannot resume), and, before the copy is trusted, wait until it holds
+every change up to etcd's current revision. The last part needs a watch
+progress request, because an idle watch cannot otherwise tell "nothing
+changed" from "not there yet".
+
+Subclasses decide what the copy is (``replace`` with a whole snapshot,
+``apply`` a batch of events); this class owns the task, the revision and the
+waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+from loguru import logger
+
+from meta.errors import MetaError
+from meta.kv import MetaKV
+from meta.watch import Resync, WatchBatch, watch_prefix
+
+# How often ``catch_up`` asks for a progress notification again while it waits (one can be lost on a reconnect).
+PROGRESS_EVERY = 0.2
+# Back-off after the watch or a read failed, before the copy is read again.
+RESTART_DELAY = 1.0
+
+
+class CopyBroken(MetaError):
+    """The copy was dropped while a caller waited for it (its watch or read failed; it is being read again)."""
+
+
+class RangeFollower:
+    """Reads ``[prefix, through]`` once, then follows it; ``catch_up`` before trusting the copy."""
+
+    name = "range"
+
+    def __init__(self, kv: MetaKV, prefix: str, through: str | None = None):
+        self._kv = kv
+        self._prefix = prefix
+        self._through = through
+        self.revision = 0  # every change up to here is in the copy (0: no copy)
+        self.events = 0  # changes applied since the last full read
+        self._moved = asyncio.Condition()
+        self._progress = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    # ----- what a subclass provides ------------------------------------------------------------------------------
+    async def replace(self, items: list[tuple[str, bytes]], revision: int) -> None:
+        """Forget the copy; build it from every key and value of the range as of ``revision``."""
+        raise NotImplementedError
+
+    def apply(self, batch: WatchBatch) -> None:
+        """Apply changes in revision order (never called before the first ``replace``)."""
+        raise NotImplementedError
+
+    def drop(self) -> None:
+        """Forget the copy (it is broken; a fresh read follows)."""
+
+    # ----- life cycle -----------------------------------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return self.revision > 0 and self._task is not None and not self._task.done()
+
+    def start(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name=f"follow-{self.name}")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self.revision = 0
+        self.drop()
+
+    async def catch_up(self, timeout: float) -> int:
+        """Wait until the copy holds every change etcd has now; its revision. ``TimeoutError``, ``MetaError``.
+
+        A copy still being read is waited for (within ``timeout``): reading it again would take as long.
+        """
+        began = time.monotonic()
+        while not self.ready:
+            if self._task is None or self._task.done() or time.monotonic() - began > timeout:
+                raise CopyBroken(f"no copy of {self._prefix!r}")
+            await asyncio.sleep(0.01)
+        target = await asyncio.wait_for(self._kv.revision(), timeout)
+        left = max(0.0, timeout - (time.monotonic() - began))
+        await asyncio.wait_for(self._wait_for(target), left)
+        return self.revision
+
+    async def _wait_for(self, target: int) -> None:
+        async with self._moved:
+            while self.revision < target:
+                if not self.ready:
+                    raise CopyBroken(f"the copy of {self._prefix!r} broke while catching up")
+                self._progress.set()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._moved.wait(), PROGRESS_EVERY)
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self._follow()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                # A broken copy is dropped, never used; it is read again after a pause.
+                logger.opt(exception=None if isinstance(exc, MetaError) else exc).warning(
+                    "following {}: {}; reading it again", self.name, exc)
+            self.revision = 0
+            self.drop()
+            await asyncio.sleep(RESTART_DELAY)
+
+    async def _follow(self) -> None:
+        snapshot = await self._kv.load_prefix(self._prefix, through=self._through)
+        await self.replace(snapshot.items(), snapshot.revision)
+        await self._moved_to(snapshot.revision)
+        async for item in watch_prefix(self._kv, self._prefix, snapshot.revision + 1, through=self._through,
+                                       reconnect_deadline=None, progress_wanted=self._progress):
+            if isinstance(item, Resync):
+                await self.replace(item.snapshot.items(), item.revision)
+                self.events = 0
+            else:
+                self.apply(item)
+                self.events += len(item.events)
+            await self._moved_to(item.revision)
+
+    async def _moved_to(self, revision: int) -> None:
+        async with self._moved:
+            self.revision = max(self.revision, revision)
+            self._moved.notify_all()

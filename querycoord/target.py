@@ -1,0 +1,25 @@
+"""What a loaded collection should hold: its target, as the checker compares it with the nodes.
+
+A module of its own because two places build it: the checker from catalog
+reads (a remote catalog), and ``catalog.targets.CatalogTargets`` from its
+followed copy of the catalog (a local one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class TargetSegment:
+    segment_id: int
+    partition_id: int
+    compaction_from: tuple[int, ...] = ()
+
+
+@dataclass
+class Target:
+    """What one loaded collection should have held: segments by id, DM channel names."""
+
+    segments: dict[int, TargetSegment] = field(default_factory=dict)
+    channels: set[str] = field(default_factory=set)
