@@ -207,14 +207,26 @@ class GetSegmentInfoResponse(_message.Message):
     def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., infos: _Optional[_Iterable[_Union[_data_pb2.SegmentInfo, _Mapping]]] = ...) -> None: ...
 
 class GetDataDistributionRequest(_message.Message):
-    __slots__ = ("fence", "node_id", "task_id")
+    __slots__ = ("fence", "node_id", "task_id", "segment_ids_only")
     FENCE_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_IDS_ONLY_FIELD_NUMBER: _ClassVar[int]
     fence: CoordFence
     node_id: int
     task_id: int
-    def __init__(self, fence: _Optional[_Union[CoordFence, _Mapping]] = ..., node_id: _Optional[int] = ..., task_id: _Optional[int] = ...) -> None: ...
+    segment_ids_only: bool
+    def __init__(self, fence: _Optional[_Union[CoordFence, _Mapping]] = ..., node_id: _Optional[int] = ..., task_id: _Optional[int] = ..., segment_ids_only: _Optional[bool] = ...) -> None: ...
+
+class SegmentIdGroup(_message.Message):
+    __slots__ = ("collection_id", "partition_id", "segment_ids")
+    COLLECTION_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_ID_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_IDS_FIELD_NUMBER: _ClassVar[int]
+    collection_id: int
+    partition_id: int
+    segment_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, collection_id: _Optional[int] = ..., partition_id: _Optional[int] = ..., segment_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class WatchedChannel(_message.Message):
     __slots__ = ("collection_id", "channel_name", "kind", "partition_ids")
@@ -229,7 +241,7 @@ class WatchedChannel(_message.Message):
     def __init__(self, collection_id: _Optional[int] = ..., channel_name: _Optional[str] = ..., kind: _Optional[_Union[ChannelKind, str]] = ..., partition_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GetDataDistributionResponse(_message.Message):
-    __slots__ = ("status", "node_id", "segments", "channels", "memory_used", "memory_capacity", "highest_fence")
+    __slots__ = ("status", "node_id", "segments", "channels", "memory_used", "memory_capacity", "highest_fence", "segment_groups")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
@@ -237,6 +249,7 @@ class GetDataDistributionResponse(_message.Message):
     MEMORY_USED_FIELD_NUMBER: _ClassVar[int]
     MEMORY_CAPACITY_FIELD_NUMBER: _ClassVar[int]
     HIGHEST_FENCE_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_GROUPS_FIELD_NUMBER: _ClassVar[int]
     status: _common_pb2.Status
     node_id: int
     segments: _containers.RepeatedCompositeFieldContainer[_data_pb2.SegmentInfo]
@@ -244,7 +257,8 @@ class GetDataDistributionResponse(_message.Message):
     memory_used: int
     memory_capacity: int
     highest_fence: CoordFence
-    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., node_id: _Optional[int] = ..., segments: _Optional[_Iterable[_Union[_data_pb2.SegmentInfo, _Mapping]]] = ..., channels: _Optional[_Iterable[_Union[WatchedChannel, _Mapping]]] = ..., memory_used: _Optional[int] = ..., memory_capacity: _Optional[int] = ..., highest_fence: _Optional[_Union[CoordFence, _Mapping]] = ...) -> None: ...
+    segment_groups: _containers.RepeatedCompositeFieldContainer[SegmentIdGroup]
+    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., node_id: _Optional[int] = ..., segments: _Optional[_Iterable[_Union[_data_pb2.SegmentInfo, _Mapping]]] = ..., channels: _Optional[_Iterable[_Union[WatchedChannel, _Mapping]]] = ..., memory_used: _Optional[int] = ..., memory_capacity: _Optional[int] = ..., highest_fence: _Optional[_Union[CoordFence, _Mapping]] = ..., segment_groups: _Optional[_Iterable[_Union[SegmentIdGroup, _Mapping]]] = ...) -> None: ...
 
 class GetComponentStatesRequest(_message.Message):
     __slots__ = ()

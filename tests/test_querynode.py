@@ -217,6 +217,12 @@ async def test_distribution_and_segment_info_report_what_is_held(make_node: Node
     assert [s.segment_id for s in info.infos] == [2, 5], "unknown ids are left out"
     info = await stub.GetSegmentInfo(qn.GetSegmentInfoRequest(collection_id=1))
     assert [s.segment_id for s in info.infos] == [1, 2]
+    # Ids only (the checker's pass): the same segments, grouped by partition, and no SegmentInfo built.
+    ids = await stub.GetDataDistribution(qn.GetDataDistributionRequest(node_id=nid, segment_ids_only=True))
+    assert ids.status.error_code == EC.SUCCESS and not ids.segments
+    assert [(g.collection_id, g.partition_id, list(g.segment_ids)) for g in ids.segment_groups] == [
+        (1, 10, [1]), (1, 11, [2]), (2, 20, [5])]
+    assert {c.channel_name for c in ids.channels} == {c.channel_name for c in d.channels}
 
 
 async def test_fencing_refuses_lower_revisions_and_never_reads(make_node: NodeFactory) -> None:

@@ -329,7 +329,7 @@ class QueryNodeServicer(querynode_pb2_grpc.QueryNodeServicer):
             "GetDataDistribution", request)
         if status.error_code != EC.SUCCESS:
             return querynode_pb2.GetDataDistributionResponse(status=status, node_id=self.node.state.node_id)
-        return self.node.state.distribution()
+        return self.node.state.distribution(ids_only=request.segment_ids_only)
 
     async def GetComponentStates(
         self, request: querynode_pb2.GetComponentStatesRequest, context: grpc.aio.ServicerContext

@@ -372,11 +372,20 @@ class QueryNodeState:
         ]
         return out
 
-    def distribution(self) -> querynode_pb2.GetDataDistributionResponse:
+    def segment_groups(self) -> list[querynode_pb2.SegmentIdGroup]:
+        """Held segment ids by (collection, partition), sorted (``GetDataDistribution`` with ``segment_ids_only``)."""
+        groups: dict[tuple[int, int], list[int]] = {}
+        for sid, seg in self.segments.items():
+            groups.setdefault((seg.collection_id, seg.partition_id), []).append(sid)
+        return [querynode_pb2.SegmentIdGroup(collection_id=c, partition_id=p, segment_ids=sorted(ids))
+                for (c, p), ids in sorted(groups.items())]
+
+    def distribution(self, *, ids_only: bool = False) -> querynode_pb2.GetDataDistributionResponse:
         return querynode_pb2.GetDataDistributionResponse(
             status=ok_status(),
             node_id=self.node_id,
-            segments=self.segment_infos([], 0),
+            segments=[] if ids_only else self.segment_infos([], 0),
+            segment_groups=self.segment_groups() if ids_only else [],
             channels=self.channels(),
             memory_used=self.memory_used,
             memory_capacity=self.capacity_bytes,
