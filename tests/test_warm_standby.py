@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from meta.kv import MetaKV
 from meta.watch import watch_prefix
 from proto import data_pb2
@@ -84,10 +86,12 @@ async def test_take_before_the_copy_exists_asks_for_a_reload(kv: MetaKV) -> None
     assert not mirror.ready
 
 
-async def test_a_standby_takes_over_from_its_copy(etcd: object, root_path: str) -> None:
+@pytest.mark.parametrize("warm", [1, 0])
+async def test_a_standby_takes_over_from_its_copy(etcd: object, root_path: str, warm: int) -> None:
     """Two coordinators: the standby follows a loaded collection; when the leader stops, the new leader's meta
-    comes from its copy (no reload) and equals what etcd holds."""
+    comes from its copy (no reload) and equals what etcd holds. ``--warm-standby 0``: the same, by a reload."""
     async with QueryCluster(etcd, root_path) as c:  # type: ignore[arg-type]
+        c.config.warm_standby = warm
         first = await c.start_coordinator()
         await c.wait_leader()
         for _ in range(2):
@@ -100,7 +104,8 @@ async def test_a_standby_takes_over_from_its_copy(etcd: object, root_path: str) 
         c.coords.remove(first)
         leader = await c.wait_leader()
         assert leader is second
-        assert second.coord.last_takeover.get("meta_source") == "warm standby copy", second.coord.last_takeover
+        expected = "warm standby copy" if warm else "reload"
+        assert second.coord.last_takeover.get("meta_source") == expected, second.coord.last_takeover
         lead = second.coord.leadership
         assert lead is not None
         assert c.kv is not None
