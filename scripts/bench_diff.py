@@ -118,37 +118,42 @@ def best(rounds: int, run: Any) -> tuple[float, Any]:
     return min(times), out
 
 
+def measure(size: int, replicas: int, nodes: int, rounds: int) -> tuple[float, float]:
+    """(distribution_s, diff_s): best of ``rounds`` each, on one freshly built state."""
+    meta, targets, answers = build(size, replicas, nodes)
+    chk = checker.Checker(cast(Any, _Scheduler(_Env(meta, answers))))
+    online = {n.node_id for n in answers.online()}
+    loop = asyncio.new_event_loop()
+    try:
+        dist_s, (held, reachable) = best(rounds, lambda: loop.run_until_complete(
+            chk._distribution(checker.CheckReport())))
+    finally:
+        loop.close()
+    diff_s, d = best(rounds, lambda: checker.diff(meta, targets, held, reachable=reachable, online=online,
+                                                  busy=set()))
+    assert not d.repairs, f"a consistent state needs no repair: {d.repairs}"
+    per_partition = size // PARTITIONS * replicas
+    assert d.progress[CID] == {100 + p: (per_partition, per_partition) for p in range(PARTITIONS)}, "all counted"
+    return dist_s, diff_s
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000])
     ap.add_argument("--replicas", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--nodes", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3, help="best of this many runs of each step")
     args = ap.parse_args()
     result: dict[str, list[Any]] = {"segments": [], "replicas": [], "diff_s": [], "distribution_s": []}
-    print(f"{'segments':>10} {'replicas':>8} {'distribution_s':>15} {'diff_s':>8} {'repairs':>8}")
+    print(f"{'segments':>10} {'replicas':>8} {'distribution_s':>15} {'diff_s':>8}")
     for size in args.sizes:
         for replicas in args.replicas:
-            meta, targets, nodes = build(size, replicas, args.nodes)
-            chk = checker.Checker(cast(Any, _Scheduler(_Env(meta, nodes))))
-            online = {n.node_id for n in nodes.online()}
-            loop = asyncio.new_event_loop()
-            try:
-                dist_s, (held, reachable) = best(args.rounds, lambda: loop.run_until_complete(
-                    chk._distribution(checker.CheckReport())))  # noqa: B023 (run before the next iteration)
-            finally:
-                loop.close()
-            diff_s, d = best(args.rounds, lambda: checker.diff(  # noqa: B023
-                meta, targets, held, reachable=reachable, online=online, busy=set()))
-            assert not d.repairs, f"a consistent state needs no repair: {d.repairs}"
-            assert d.progress[CID] == {100 + p: (size // PARTITIONS * replicas, size // PARTITIONS * replicas)
-                                       for p in range(PARTITIONS)}, "every copy counts"
-            print(f"{size:>10} {replicas:>8} {dist_s:>15.3f} {diff_s:>8.3f} {len(d.repairs):>8}", flush=True)
+            dist_s, diff_s = measure(size, replicas, args.nodes, args.rounds)
+            gc.collect()
+            print(f"{size:>10} {replicas:>8} {dist_s:>15.3f} {diff_s:>8.3f}", flush=True)
             for key, value in (("segments", size), ("replicas", replicas), ("diff_s", round(diff_s, 3)),
                                ("distribution_s", round(dist_s, 3))):
                 result[key].append(value)
-            del meta, targets, nodes, chk, held, d
-            gc.collect()
     print(json.dumps(result))
 
 
