@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import Counter
 from collections.abc import Generator, Iterable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 
@@ -113,6 +114,11 @@ class Holders(MutableMapping[int, set[int]]):
         del self.first[sid]
         self.second.pop(sid, None)
         self.rest.pop(sid, None)
+
+    def setdefault(self, sid: int, default: Iterable[int] | None = None) -> set[int]:
+        """Refused: the set it would return is a copy, so adding to it (the old ``Held.segments`` idiom) would be
+        lost. Use ``add``."""
+        raise TypeError("Holders.setdefault would return a copy: use Holders.add(segment, node)")
 
     def __contains__(self, sid: object) -> bool:
         return sid in self.first or sid in self._empty
@@ -256,18 +262,22 @@ def _diff_steps(
             for cid, t in list(targets.items()) if cid not in busy]
     target_ids = set(targets)
     # Held segments by collection, in report order (a pass per collection over all held segments is quadratic
-    # in collections).
+    # in collections). One collection held (the common case): no loop.
     held_of: dict[int, list[int]] = {}
-    for sid, (scid, _pid) in held.segment_collection.items():
-        ids = held_of.get(scid)
-        if ids is None:
-            held_of[scid] = [sid]
-        else:
-            ids.append(sid)
-        turn -= 1
-        if not turn:
-            turn = every
-            yield
+    held_cids = {scid for scid, _pid in set(held.segment_collection.values())}  # (collection, partition) pairs
+    if len(held_cids) == 1:
+        held_of[held_cids.pop()] = list(held.segment_collection)
+    else:
+        for sid, (scid, _pid) in held.segment_collection.items():
+            ids = held_of.get(scid)
+            if ids is None:
+                held_of[scid] = [sid]
+            else:
+                ids.append(sid)
+            turn -= 1
+            if not turn:
+                turn = every
+                yield
     for cid, tsegs, tchans in work:
         loaded = set(meta.partition_ids(cid))
         progress: dict[int, tuple[int, int]] = {p: (0, 0) for p in loaded}
@@ -299,83 +309,92 @@ def _diff_steps(
         r0 = ordered[0] if shape else 0
         r1 = ordered[1] if shape == 2 else 0
         records = meta.segment_records()
-        fast: dict[int, int] = {}  # partition -> segments that took the fast path
-        for seg in tsegs.values():
-            turn -= 1
-            if not turn:
-                turn = every
+        fast_pids: list[int] = []  # partition of each segment that took the fast path
+        segments = list(tsegs.values())
+        step = every or len(segments) or 1
+        for start in range(0, len(segments), step):
+            if start:
                 yield
-            sid = seg.segment_id
-            if shape == 1:
-                node = first.get(sid)
-                if node is not None and sid not in second and (legacy or replica_of.get(node) == r0):
-                    rec = records.get(sid)
-                    if rec is not None and _copy_is(rec, r0, node):
-                        count = fast.get(seg.partition_id)
-                        if count is None:
-                            fast[seg.partition_id] = 1
-                            progress.setdefault(seg.partition_id, (0, 0))
-                        else:
-                            fast[seg.partition_id] = count + 1
-                        continue
-            elif shape == 2:
-                a = first.get(sid)
-                b = second.get(sid)
-                if a is not None and b is not None and sid not in rest:
-                    rec = records.get(sid)
-                    if rec is not None and _copies_are(rec, r0, r1, a, b, replica_of):
-                            count = fast.get(seg.partition_id)
-                            if count is None:
-                                fast[seg.partition_id] = 1
-                                progress.setdefault(seg.partition_id, (0, 0))
-                            else:
-                                fast[seg.partition_id] = count + 1
+            for seg in segments[start:start + step]:
+                sid = seg.segment_id
+                if shape == 1:
+                    node = first.get(sid)
+                    if node is not None and sid not in second and (legacy or replica_of.get(node) == r0):
+                        rec = records.get(sid)
+                        if rec is not None:
+                            # _copy_is inlined for its common case (a million calls): one copy, in r0 on node.
+                            node_ids = rec.node_ids
+                            if len(node_ids) == 1:
+                                if node_ids[0] == node:
+                                    replica_ids = rec.replica_ids
+                                    if len(replica_ids) > 0 and replica_ids[0] == r0:
+                                        pid = seg.partition_id
+                                        if pid not in progress:
+                                            progress[pid] = (0, 0)
+                                        fast_pids.append(pid)
+                                        continue
+                            elif _copy_is(rec, r0, node):
+                                pid = seg.partition_id
+                                if pid not in progress:
+                                    progress[pid] = (0, 0)
+                                fast_pids.append(pid)
+                                continue
+                elif shape == 2:
+                    a = first.get(sid)
+                    b = second.get(sid)
+                    if a is not None and b is not None and sid not in rest:
+                        rec = records.get(sid)
+                        if rec is not None and _copies_are(rec, r0, r1, a, b, replica_of):
+                            pid = seg.partition_id
+                            if pid not in progress:
+                                progress[pid] = (0, 0)
+                            fast_pids.append(pid)
                             continue
-            # The general path: the rules in full.
-            by_replica, strays = split(holders.get(seg.segment_id, set()))
-            recorded_copies = meta.segment_copies(seg.segment_id)
-            for extra in sorted(strays):
-                release(cid, extra, seg.segment_id)
-            for replica in replicas:
-                holding = by_replica.get(replica, set())
-                recorded = recorded_copies.get(replica, 0)
-                unknown = recorded in silent
-                h, t = progress.get(seg.partition_id, (0, 0))
-                counted = 1 if holding or unknown else 0
-                progress[seg.partition_id] = (h + counted, t + 1)
-                per_replica[replica][0] += counted
-                per_replica[replica][1] += 1
-                if holding:
-                    keep = recorded if recorded in holding else min(holding)
-                    if recorded != keep:
-                        _repair(out, cid).adopt.append(data_pb2.SegmentInfo(
+                # The general path: the rules in full.
+                by_replica, strays = split(holders.get(seg.segment_id, set()))
+                recorded_copies = meta.segment_copies(seg.segment_id)
+                for extra in sorted(strays):
+                    release(cid, extra, seg.segment_id)
+                for replica in replicas:
+                    holding = by_replica.get(replica, set())
+                    recorded = recorded_copies.get(replica, 0)
+                    unknown = recorded in silent
+                    h, t = progress.get(seg.partition_id, (0, 0))
+                    counted = 1 if holding or unknown else 0
+                    progress[seg.partition_id] = (h + counted, t + 1)
+                    per_replica[replica][0] += counted
+                    per_replica[replica][1] += 1
+                    if holding:
+                        keep = recorded if recorded in holding else min(holding)
+                        if recorded != keep:
+                            _repair(out, cid).adopt.append(data_pb2.SegmentInfo(
+                                segment_id=seg.segment_id, collection_id=cid, partition_id=seg.partition_id,
+                                node_id=keep, replica_id=replica, state=data_pb2.SEGMENT_STATE_SEALED,
+                                compaction_from=list(seg.compaction_from)))
+                        for extra in sorted(holding - {keep}):
+                            release(cid, extra, seg.segment_id)
+                    elif not unknown:
+                        keep_sources.update(seg.compaction_from)  # serve the sources until the result is loaded
+                        _repair(out, cid).missing_segments.append(data_pb2.SegmentInfo(
                             segment_id=seg.segment_id, collection_id=cid, partition_id=seg.partition_id,
-                            node_id=keep, replica_id=replica, state=data_pb2.SEGMENT_STATE_SEALED,
-                            compaction_from=list(seg.compaction_from)))
-                    for extra in sorted(holding - {keep}):
-                        release(cid, extra, seg.segment_id)
-                elif not unknown:
-                    keep_sources.update(seg.compaction_from)  # serve the sources until the result is loaded
-                    _repair(out, cid).missing_segments.append(data_pb2.SegmentInfo(
-                        segment_id=seg.segment_id, collection_id=cid, partition_id=seg.partition_id,
-                        node_id=recorded, replica_id=replica))
+                            node_id=recorded, replica_id=replica))
         # A fast segment is held in each replica: one held and one expected per replica.
-        for pid, count in fast.items():
+        for pid, count in Counter(fast_pids).items():
             h, t = progress[pid]
             progress[pid] = (h + count * len(replicas), t + count * len(replicas))
             for replica in replicas:
                 per_replica[replica][0] += count
                 per_replica[replica][1] += count
         # Copies of this collection that are not in the target: released partitions, compacted away.
-        for sid in held_of.get(cid, ()):
-            turn -= 1
-            if not turn:
-                turn = every
-                yield
-            if sid in tsegs or sid in keep_sources:
-                continue
-            for node in sorted(holders.get(sid, ())):
-                release(cid, node, sid)
+        held_here = held_of.get(cid, [])
+        outside = set(held_here).difference(tsegs)  # in C: usually empty
+        outside.difference_update(keep_sources)
+        if outside:
+            for sid in held_here:
+                if sid in outside:
+                    for node in sorted(holders.get(sid, ())):
+                        release(cid, node, sid)
+        yield
         # Meta records of segments that are neither in the target nor held anywhere (set arithmetic first: the
         # ids of a million records, not their copies).
         unplaced = meta.segment_id_set(cid)

@@ -374,6 +374,8 @@ def test_holders_read_as_a_mapping_of_sets() -> None:
     h[1] = [8]
     del h[3]
     assert dict(h.items()) == {1: {8}, 2: {3}} and h.get(3) is None
+    with pytest.raises(TypeError):
+        h.setdefault(4, set()).add(1)  # the old idiom would add to a copy: refused, not lost
 
 
 # Cases the random states reach rarely: each is one step from the fast path and needs a repair.
