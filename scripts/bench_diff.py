@@ -6,9 +6,13 @@ No etcd, no nodes: the query meta's in-memory index is filled directly (``MetaIn
 built beforehand (what gRPC would hand the checker after parsing). The state is consistent (every node holds
 exactly its recorded copies), which is the takeover's common case: the pass should find nothing to repair.
 
-It measures whatever ``querycoord.checker`` is importable: run it once on a clone of the old code
+Times are CPU seconds of this process (the work is single-threaded Python on one event loop), best of
+``--rounds``: on a shared machine wall time varies twice as much. It measures whatever ``querycoord.checker`` is
+importable: run it once on a clone of the old code
 (``PYTHONPATH=/path/to/old``) for "before". Prints a table, then one JSON line:
-``{"segments": [...], "replicas": [...], "diff_s": [...], "distribution_s": [...]}``.
+``{"segments": [...], "replicas": [...], "diff_s": [...], "distribution_s": [...], "longest_turn_s": [...]}``
+(``longest_turn_s``: the longest the event loop went without a turn during ``_distribution`` + ``diff_async``,
+wall seconds; null for code without ``diff_async``).
 
     python scripts/bench_diff.py --sizes 100000 1000000 --replicas 1 2
 """
@@ -112,14 +116,14 @@ def best(rounds: int, run: Any) -> tuple[float, Any]:
     times, out = [], None
     for _ in range(rounds):
         gc.collect()
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         out = run()
-        times.append(time.perf_counter() - t0)
+        times.append(time.process_time() - t0)
     return min(times), out
 
 
-def measure(size: int, replicas: int, nodes: int, rounds: int) -> tuple[float, float]:
-    """(distribution_s, diff_s): best of ``rounds`` each, on one freshly built state."""
+def measure(size: int, replicas: int, nodes: int, rounds: int) -> tuple[float, float, float | None]:
+    """(distribution_s, diff_s, longest_turn_s): best of ``rounds`` each, on one freshly built state."""
     meta, targets, answers = build(size, replicas, nodes)
     chk = checker.Checker(cast(Any, _Scheduler(_Env(meta, answers))))
     online = {n.node_id for n in answers.online()}
@@ -134,7 +138,34 @@ def measure(size: int, replicas: int, nodes: int, rounds: int) -> tuple[float, f
     assert not d.repairs, f"a consistent state needs no repair: {d.repairs}"
     per_partition = size // PARTITIONS * replicas
     assert d.progress[CID] == {100 + p: (per_partition, per_partition) for p in range(PARTITIONS)}, "all counted"
-    return dist_s, diff_s
+    return dist_s, diff_s, asyncio.run(longest_turn(chk, meta, targets, online))
+
+
+async def longest_turn(chk: checker.Checker, meta: QueryMeta, targets: dict[int, checker.Target],
+                       online: set[int]) -> float | None:
+    """The longest the event loop waited for a turn (wall seconds) during ``_distribution`` and ``diff_async``;
+    None where ``diff_async`` does not exist (the old code: one pass is one turn)."""
+    diff_async = getattr(checker, "diff_async", None)
+    if diff_async is None:
+        return None
+    gaps: list[float] = []
+    done = False
+
+    async def tick() -> None:
+        last = time.perf_counter()
+        while not done:
+            await asyncio.sleep(0)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    ticker = asyncio.create_task(tick())
+    await asyncio.sleep(0)
+    held, reachable = await chk._distribution(checker.CheckReport())
+    await diff_async(meta, targets, held, reachable=reachable, online=online, busy=set())
+    done = True
+    await ticker
+    return max(gaps)
 
 
 def main() -> None:
@@ -144,15 +175,17 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3, help="best of this many runs of each step")
     args = ap.parse_args()
-    result: dict[str, list[Any]] = {"segments": [], "replicas": [], "diff_s": [], "distribution_s": []}
-    print(f"{'segments':>10} {'replicas':>8} {'distribution_s':>15} {'diff_s':>8}")
+    result: dict[str, list[Any]] = {"segments": [], "replicas": [], "diff_s": [], "distribution_s": [],
+                                    "longest_turn_s": []}
+    print(f"{'segments':>10} {'replicas':>8} {'distribution_s':>15} {'diff_s':>8} {'longest_turn_s':>15}")
     for size in args.sizes:
         for replicas in args.replicas:
-            dist_s, diff_s = measure(size, replicas, args.nodes, args.rounds)
+            dist_s, diff_s, turn_s = measure(size, replicas, args.nodes, args.rounds)
             gc.collect()
-            print(f"{size:>10} {replicas:>8} {dist_s:>15.3f} {diff_s:>8.3f}", flush=True)
+            turn = round(turn_s, 3) if turn_s is not None else None
+            print(f"{size:>10} {replicas:>8} {dist_s:>15.3f} {diff_s:>8.3f} {turn!s:>15}", flush=True)
             for key, value in (("segments", size), ("replicas", replicas), ("diff_s", round(diff_s, 3)),
-                               ("distribution_s", round(dist_s, 3))):
+                               ("distribution_s", round(dist_s, 3)), ("longest_turn_s", turn)):
                 result[key].append(value)
     print(json.dumps(result))
 
