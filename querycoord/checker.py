@@ -198,11 +198,13 @@ async def diff_async(
 
     Why the turns do not make it wrong: each target is copied before the first turn, so a catalog change made
     meanwhile (a handoff replacing compaction sources by their result) is seen whole or not at all; ``held`` is
-    the caller's own. Query meta may change between turns, but only under a trigger (the caller re-checks
-    ``busy`` before it acts and drops what it found for a collection that became busy) or by a node leaving
-    (a repair re-plans against current meta before it loads or releases anything: ``task.repair``); progress is
-    advisory and the next pass recomputes it. The checker is level-triggered: a difference a pass missed or saw
-    half-way is found whole by the next one.
+    the caller's own. Query meta may change between turns (a trigger's writes, a reload), so one collection
+    may be seen partly before and partly after a change: the caller re-checks ``busy`` before it acts and drops
+    what it found for a collection that became busy, a repair re-plans against current meta before it loads or
+    releases anything (``task.repair``), progress is advisory and the next pass recomputes it. The checker is
+    level-triggered: a difference a pass missed or saw half-way is found whole by the next one. (A trigger that
+    starts and ends within one pass is not seen as busy: that window existed before the turns, between the
+    catalog reads' awaits and ``diff``; the turns widen it from milliseconds to the pass.)
     """
     steps = _diff_steps(meta, targets, held, reachable=reachable, online=online, busy=busy, every=every)
     while True:
