@@ -20,14 +20,17 @@ the scheduler, whose writes are fenced. Load percentages are derived from
 what nodes hold, so a partition that lost segments stops claiming 100 %.
 
 The comparison (``diff``) is a pure function of plain data, so the rules are
-tested without a cluster.
+tested without a cluster. ``diff_async`` is the same comparison with a turn of
+the event loop every ``TURN_SEGMENTS`` segments: at a million segments one
+pass is about a second of Python.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Generator, Iterable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 
 from loguru import logger
@@ -50,11 +53,81 @@ DM = querynode_pb2.CHANNEL_KIND_DM
 TARGETS_CATCH_UP = 5.0
 
 
+class Holders(MutableMapping[int, set[int]]):
+    """segment -> the nodes that reported it, without a set per segment (a million segments are a million sets).
+
+    Stored as the first node that reported each segment, the second for those held twice (a segment of a
+    collection with two replicas), and a list of the others for the rare rest. Reads as a mapping of sets (each
+    read builds a new set: for the few segments that differ, not for the loop over all of them).
+    """
+
+    __slots__ = ("_empty", "first", "rest", "second")
+
+    def __init__(self) -> None:
+        self.first: dict[int, int] = {}
+        self.second: dict[int, int] = {}
+        self.rest: dict[int, list[int]] = {}  # third and later holders
+        self._empty: set[int] = set()  # set to no node (only by hand: a node's report always names one)
+
+    def add(self, sid: int, node: int) -> None:
+        if self._empty:
+            self._empty.discard(sid)
+        first = self.first.setdefault(sid, node)
+        if first != node:
+            second = self.second.setdefault(sid, node)
+            if second != node:
+                rest = self.rest.setdefault(sid, [])
+                if node not in rest:
+                    rest.append(node)
+
+    def __getitem__(self, sid: int) -> set[int]:
+        first = self.first.get(sid)
+        if first is None:
+            if sid in self._empty:
+                return set()
+            raise KeyError(sid)
+        second = self.second.get(sid)
+        if second is None:
+            return {first}
+        return {first, second, *self.rest.get(sid, ())}
+
+    def __setitem__(self, sid: int, nodes: Iterable[int]) -> None:
+        self.pop(sid, None)
+        nodes = list(nodes)
+        if not nodes:
+            self._empty.add(sid)
+        for node in nodes:
+            self.add(sid, node)
+
+    def __delitem__(self, sid: int) -> None:
+        if sid in self._empty:
+            self._empty.discard(sid)
+            return
+        del self.first[sid]
+        self.second.pop(sid, None)
+        self.rest.pop(sid, None)
+
+    def setdefault(self, sid: int, default: Iterable[int] | None = None) -> set[int]:
+        """Refused: the set it would return is a copy, so adding to it (the old ``Held.segments`` idiom) would be
+        lost. Use ``add``."""
+        raise TypeError("Holders.setdefault would return a copy: use Holders.add(segment, node)")
+
+    def __contains__(self, sid: object) -> bool:
+        return sid in self.first or sid in self._empty
+
+    def __iter__(self) -> Iterator[int]:
+        yield from self.first
+        yield from self._empty
+
+    def __len__(self) -> int:
+        return len(self.first) + len(self._empty)
+
+
 @dataclass
 class Held:
     """What the reachable online nodes report: segment -> nodes, (collection, channel) -> nodes."""
 
-    segments: dict[int, set[int]] = field(default_factory=dict)
+    segments: Holders = field(default_factory=Holders)
     segment_collection: dict[int, tuple[int, int]] = field(default_factory=dict)  # id -> (collection, partition)
     channels: dict[tuple[int, str], set[int]] = field(default_factory=dict)
 
@@ -72,6 +145,10 @@ def _repair(d: Diff, cid: int) -> task_pb2.RepairRequest:
     return d.repairs.setdefault(cid, task_pb2.RepairRequest())
 
 
+#: Segments the checker handles between two turns of the event loop in ``diff_async`` (~20-50 ms of work).
+TURN_SEGMENTS = 20_000
+
+
 def diff(
     meta: QueryMeta,
     targets: dict[int, Target],
@@ -85,13 +162,119 @@ def diff(
 
     ``reachable``: online nodes that reported; what meta places on an online
     node that did not report (``online - reachable``) is unknown, so it is
-    neither missing nor extra.
+    neither missing nor extra. Runs without a turn of the event loop: see
+    ``diff_async`` for the checker's pass.
+    """
+    steps = _diff_steps(meta, targets, held, reachable=reachable, online=online, busy=busy, every=0)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
+async def diff_async(
+    meta: QueryMeta,
+    targets: dict[int, Target],
+    held: Held,
+    *,
+    reachable: set[int],
+    online: set[int],
+    busy: set[int],
+    every: int = TURN_SEGMENTS,
+) -> Diff:
+    """``diff``, giving the event loop a turn every ``every`` segments (a million segments take a second or more:
+    the session keepalive, the election watch and every gRPC answer, /metrics included, wait meanwhile).
+
+    Why the turns do not make it wrong: each target is copied before the first turn, so a catalog change made
+    meanwhile (a handoff replacing compaction sources by their result) is seen whole or not at all; ``held`` is
+    the caller's own. Query meta may change between turns (a trigger's writes, a reload), so one collection
+    may be seen partly before and partly after a change: the caller re-checks ``busy`` before it acts and drops
+    what it found for a collection that became busy, a repair re-plans against current meta before it loads or
+    releases anything (``task.repair``), progress is advisory and the next pass recomputes it. The checker is
+    level-triggered: a difference a pass missed or saw half-way is found whole by the next one. (A trigger that
+    starts and ends within one pass is not seen as busy: that window existed before the turns, between the
+    catalog reads' awaits and ``diff``; the turns widen it from milliseconds to the pass.)
+    """
+    steps = _diff_steps(meta, targets, held, reachable=reachable, online=online, busy=busy, every=every)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+        await asyncio.sleep(0)
+
+
+class _Releases:
+    """Adds segment ``sid`` to the copies ``node`` should release for collection ``cid``: one entry per node, in
+    the order the nodes come up, each segment once.
+
+    Indexed by (collection, node), with each entry's segment ids as a set: the scan of every node entry and
+    every id already listed (the old ``_release``) was quadratic when a released partition leaves a hundred
+    thousand copies to release.
+    """
+
+    def __init__(self, out: Diff):
+        self.out = out
+        self.entries: dict[tuple[int, int], tuple[task_pb2.NodeSegments, set[int]]] = {}
+
+    def __call__(self, cid: int, node: int, sid: int) -> None:
+        req = _repair(self.out, cid)
+        entry = self.entries.get((cid, node))
+        if entry is None:
+            self.entries[cid, node] = (req.release_segments.add(node_id=node, segment_ids=[sid]), {sid})
+        elif sid not in entry[1]:
+            entry[0].segment_ids.append(sid)
+            entry[1].add(sid)
+
+
+def _diff_steps(
+    meta: QueryMeta,
+    targets: dict[int, Target],
+    held: Held,
+    *,
+    reachable: set[int],
+    online: set[int],
+    busy: set[int],
+    every: int,
+) -> Generator[None, None, Diff]:
+    """``diff``'s body: yields every ``every`` segments (never when 0), returns the ``Diff``.
+
+    Per target segment, a fast path: when the nodes that hold it are exactly its recorded copies, one per
+    replica, each on a node of its replica (any node for a collection loaded before replicas), the segment is
+    held everywhere it should be and needs nothing: it only counts towards progress. Checking that reads the
+    record's copy fields, not a dict per segment (``copies``) and a dict and sets per segment (``split``). Every
+    other segment takes the general path (the rules in full). Both give what the general path alone gives
+    (tests/test_checker_diff_paths.py compares them with the rules written once, on random states).
     """
     out = Diff()
+    release = _Releases(out)
     silent = online - reachable
-    for cid, target in targets.items():
-        if cid in busy:
-            continue
+    holders = held.segments
+    first, second, rest = holders.first, holders.second, holders.rest
+    turn = every or -1  # segments until the next turn; never reaches 0 when not yielding
+    # A snapshot of each target taken now (see diff_async): the caller's may be shared and change during turns.
+    work = [(cid, dict(t.segments) if every else t.segments, set(t.channels) if every else t.channels)
+            for cid, t in list(targets.items()) if cid not in busy]
+    target_ids = set(targets)
+    # Held segments by collection, in report order (a pass per collection over all held segments is quadratic
+    # in collections). One collection held (the common case): no loop.
+    held_of: dict[int, list[int]] = {}
+    held_cids = {scid for scid, _pid in set(held.segment_collection.values())}  # (collection, partition) pairs
+    if len(held_cids) == 1:
+        held_of[held_cids.pop()] = list(held.segment_collection)
+    else:
+        for sid, (scid, _pid) in held.segment_collection.items():
+            ids = held_of.get(scid)
+            if ids is None:
+                held_of[scid] = [sid]
+            else:
+                ids.append(sid)
+            turn -= 1
+            if not turn:
+                turn = every
+                yield
+    for cid, tsegs, tchans in work:
         loaded = set(meta.partition_ids(cid))
         progress: dict[int, tuple[int, int]] = {p: (0, 0) for p in loaded}
         replicas = meta.replica_ids(cid)
@@ -112,48 +295,116 @@ def diff(
 
         per_replica = {r: [0, 0] for r in replicas}
         keep_sources: set[int] = set()
-        for seg in target.segments.values():
-            by_replica, strays = split(held.segments.get(seg.segment_id, set()))
-            recorded_copies = meta.segment_copies(seg.segment_id)
-            for extra in sorted(strays):
-                _release(out, cid, extra, seg.segment_id)
-            for replica in replicas:
-                holders = by_replica.get(replica, set())
-                recorded = recorded_copies.get(replica, 0)
-                unknown = recorded in silent
-                h, t = progress.get(seg.partition_id, (0, 0))
-                counted = 1 if holders or unknown else 0
-                progress[seg.partition_id] = (h + counted, t + 1)
-                per_replica[replica][0] += counted
-                per_replica[replica][1] += 1
-                if holders:
-                    keep = recorded if recorded in holders else min(holders)
-                    if recorded != keep:
-                        _repair(out, cid).adopt.append(data_pb2.SegmentInfo(
+        # The fast path (see the docstring): replica of each member node, as ``split`` finds it.
+        replica_of: dict[int, int] = {}
+        for r in replicas:
+            for n in members[r]:
+                replica_of.setdefault(n, r)
+        ordered = sorted(replicas)
+        shape = len(replicas) if len(set(replicas)) == len(replicas) and len(replicas) <= 2 else 0
+        r0 = ordered[0] if shape else 0
+        r1 = ordered[1] if shape == 2 else 0
+        records = meta.segment_records()
+        fast_pids: list[int] = []  # partition of each segment that took the fast path
+        segments = list(tsegs.values())
+        step = every or len(segments) or 1
+        for start in range(0, len(segments), step):
+            if start:
+                yield
+            for seg in segments[start:start + step]:
+                sid = seg.segment_id
+                if shape == 1:
+                    node = first.get(sid)
+                    if node is not None and sid not in second and (legacy or replica_of.get(node) == r0):
+                        rec = records.get(sid)
+                        if rec is not None:
+                            # _copy_is inlined for its common case (a million calls): one copy, in r0 on node.
+                            node_ids = rec.node_ids
+                            if len(node_ids) == 1:
+                                if node_ids[0] == node:
+                                    replica_ids = rec.replica_ids
+                                    if len(replica_ids) > 0 and replica_ids[0] == r0:
+                                        pid = seg.partition_id
+                                        if pid not in progress:
+                                            progress[pid] = (0, 0)
+                                        fast_pids.append(pid)
+                                        continue
+                            elif _copy_is(rec, r0, node):
+                                pid = seg.partition_id
+                                if pid not in progress:
+                                    progress[pid] = (0, 0)
+                                fast_pids.append(pid)
+                                continue
+                elif shape == 2:
+                    a = first.get(sid)
+                    b = second.get(sid)
+                    if a is not None and b is not None and sid not in rest:
+                        rec = records.get(sid)
+                        if rec is not None and _copies_are(rec, r0, r1, a, b, replica_of):
+                            pid = seg.partition_id
+                            if pid not in progress:
+                                progress[pid] = (0, 0)
+                            fast_pids.append(pid)
+                            continue
+                # The general path: the rules in full.
+                by_replica, strays = split(holders.get(seg.segment_id, set()))
+                recorded_copies = meta.segment_copies(seg.segment_id)
+                for extra in sorted(strays):
+                    release(cid, extra, seg.segment_id)
+                for replica in replicas:
+                    holding = by_replica.get(replica, set())
+                    recorded = recorded_copies.get(replica, 0)
+                    unknown = recorded in silent
+                    h, t = progress.get(seg.partition_id, (0, 0))
+                    counted = 1 if holding or unknown else 0
+                    progress[seg.partition_id] = (h + counted, t + 1)
+                    per_replica[replica][0] += counted
+                    per_replica[replica][1] += 1
+                    if holding:
+                        keep = recorded if recorded in holding else min(holding)
+                        if recorded != keep:
+                            _repair(out, cid).adopt.append(data_pb2.SegmentInfo(
+                                segment_id=seg.segment_id, collection_id=cid, partition_id=seg.partition_id,
+                                node_id=keep, replica_id=replica, state=data_pb2.SEGMENT_STATE_SEALED,
+                                compaction_from=list(seg.compaction_from)))
+                        for extra in sorted(holding - {keep}):
+                            release(cid, extra, seg.segment_id)
+                    elif not unknown:
+                        keep_sources.update(seg.compaction_from)  # serve the sources until the result is loaded
+                        _repair(out, cid).missing_segments.append(data_pb2.SegmentInfo(
                             segment_id=seg.segment_id, collection_id=cid, partition_id=seg.partition_id,
-                            node_id=keep, replica_id=replica, state=data_pb2.SEGMENT_STATE_SEALED,
-                            compaction_from=list(seg.compaction_from)))
-                    for extra in sorted(holders - {keep}):
-                        _release(out, cid, extra, seg.segment_id)
-                elif not unknown:
-                    keep_sources.update(seg.compaction_from)  # serve the sources until the result is loaded
-                    _repair(out, cid).missing_segments.append(data_pb2.SegmentInfo(
-                        segment_id=seg.segment_id, collection_id=cid, partition_id=seg.partition_id,
-                        node_id=recorded, replica_id=replica))
+                            node_id=recorded, replica_id=replica))
+        # A fast segment is held in each replica: one held and one expected per replica.
+        for pid, count in Counter(fast_pids).items():
+            h, t = progress[pid]
+            progress[pid] = (h + count * len(replicas), t + count * len(replicas))
+            for replica in replicas:
+                per_replica[replica][0] += count
+                per_replica[replica][1] += count
         # Copies of this collection that are not in the target: released partitions, compacted away.
-        for sid, (scid, _pid) in held.segment_collection.items():
-            if scid != cid or sid in target.segments or sid in keep_sources:
-                continue
-            for node in sorted(held.segments.get(sid, ())):
-                _release(out, cid, node, sid)
-        # Meta records of segments that are neither in the target nor held anywhere.
-        for sid in meta.segment_ids_of(cid):  # ids, not copies of a million records
-            if sid not in target.segments and sid not in held.segments \
-                    and not silent.intersection(meta.segment_copies(sid).values()):
+        held_here = held_of.get(cid, [])
+        outside: set[int] = set()
+        for start in range(0, len(held_here), every or len(held_here) or 1):
+            yield
+            outside.update(set(held_here[start:start + (every or len(held_here))]).difference(tsegs))  # in C
+        outside.difference_update(keep_sources)
+        if outside:  # usually not
+            for sid in held_here:
+                if sid in outside:
+                    for node in sorted(holders.get(sid, ())):
+                        release(cid, node, sid)
+        # Meta records of segments that are neither in the target nor held anywhere (set arithmetic first: the
+        # ids of a million records, not their copies).
+        yield
+        unplaced = meta.segment_id_set(cid)
+        yield
+        unplaced.difference_update(tsegs)
+        for sid in sorted(unplaced):
+            if sid not in holders and not silent.intersection(meta.segment_copies(sid).values()):
                 _repair(out, cid).forget_segment_ids.append(sid)
         # DM channels: each target channel watched by a reachable node of every replica, or re-watched.
         pids = [] if meta.get_load_type(cid) == data_pb2.LOAD_TYPE_COLLECTION else sorted(loaded)
-        for name in sorted(target.channels):
+        for name in sorted(tchans):
             by_replica, _strays = split(held.channels.get((cid, name), set()))
             recorded_w = meta.get_dm_channel(cid, name)
             watch_copies = copies(recorded_w) if recorded_w is not None else {}
@@ -171,11 +422,13 @@ def diff(
         out.replica_progress[cid] = {r: (h, t) for r, (h, t) in per_replica.items()}
     # Nodes holding anything of a collection that is not loaded at all.
     stray: dict[int, set[int]] = {}
-    for sid, (scid, _pid) in held.segment_collection.items():
-        if scid not in targets and scid not in busy and not meta.has_collection(scid):
-            stray.setdefault(scid, set()).update(held.segments.get(sid, ()))
+    for scid, sids in held_of.items():
+        if scid not in target_ids and scid not in busy and not meta.has_collection(scid):
+            nodes = stray.setdefault(scid, set())
+            for sid in sids:
+                nodes.update(holders.get(sid, ()))
     for (scid, _name), nodes in held.channels.items():
-        if scid not in targets and scid not in busy and not meta.has_collection(scid):
+        if scid not in target_ids and scid not in busy and not meta.has_collection(scid):
             stray.setdefault(scid, set()).update(nodes)
     for scid, nodes in stray.items():
         _repair(out, scid).release_collection_on_nodes.extend(sorted(nodes))
@@ -184,14 +437,32 @@ def diff(
     return out
 
 
-def _release(d: Diff, cid: int, node: int, sid: int) -> None:
-    req = _repair(d, cid)
-    for ns in req.release_segments:
-        if ns.node_id == node:
-            if sid not in ns.segment_ids:
-                ns.segment_ids.append(sid)
-            return
-    req.release_segments.append(task_pb2.NodeSegments(node_id=node, segment_ids=[sid]))
+def _copies_are(rec: data_pb2.SegmentInfo, r0: int, r1: int, a: int, b: int, replica_of: dict[int, int]) -> bool:
+    """True only when the record's copies are ``{r0: x, r1: y}`` with ``{x, y} == {a, b}``, x a node of replica
+    ``r0`` and y of ``r1``. False sends the segment to the general path."""
+    replica_ids = rec.replica_ids
+    if len(replica_ids) != 2 or replica_ids[0] != r0 or replica_ids[1] != r1:
+        return False
+    node_ids = rec.node_ids
+    if len(node_ids) != 2:
+        return False
+    x, y = node_ids[0], node_ids[1]
+    return ((x == a and y == b) or (x == b and y == a)) and replica_of.get(x) == r0 and replica_of.get(y) == r1
+
+
+def _copy_is(rec: data_pb2.SegmentInfo, replica: int, node: int) -> bool:
+    """True only when the record's copy in ``replica`` is on ``node`` (``copies(rec).get(replica) == node``,
+    without the dict): its one copy is that one. False sends the segment to the general path."""
+    node_ids = rec.node_ids  # len and [i] on a repeated field are cheap, == with a list is not
+    count = len(node_ids)
+    if count == 1:  # copies: {replica_ids[0]: node_ids[0]} (zip stops at the shorter list)
+        if node_ids[0] != node:
+            return False
+        replica_ids = rec.replica_ids
+        return len(replica_ids) > 0 and replica_ids[0] == replica
+    if count == 0:  # a record written before replicas: {replica_id: node_id}
+        return rec.node_id == node and rec.replica_id == replica and node != 0
+    return False
 
 
 def describe(req: task_pb2.RepairRequest) -> str:
@@ -271,13 +542,25 @@ class Checker:
 
         online = [n.node_id for n in nodes.online()]
         answers = await asyncio.gather(*(ask(n) for n in online))
+        holders = held.segments
+        first, second = holders.first, holders.second
+        where = held.segment_collection
+        places: dict[tuple[int, int], tuple[int, int]] = {}  # one tuple per partition, not per segment
+        turn = TURN_SEGMENTS
         for node_id, dist in zip(online, answers, strict=True):
             if dist is None:
                 continue
             reachable.add(node_id)
             for s in dist.segments:
-                held.segments.setdefault(s.segment_id, set()).add(node_id)
-                held.segment_collection[s.segment_id] = (s.collection_id, s.partition_id)
+                sid = s.segment_id
+                if first.setdefault(sid, node_id) != node_id and second.setdefault(sid, node_id) != node_id:
+                    holders.add(sid, node_id)  # a third holder (or more): rare
+                place = (s.collection_id, s.partition_id)
+                where[sid] = places.setdefault(place, place)
+                turn -= 1
+                if not turn:
+                    turn = TURN_SEGMENTS
+                    await asyncio.sleep(0)  # a million segments: give the loop a turn (held is this pass's own)
             for c in dist.channels:
                 if c.kind == DM:
                     held.channels.setdefault((c.collection_id, c.channel_name), set()).add(node_id)
