@@ -534,7 +534,7 @@ class Checker:
         async def ask(node_id: int) -> querynode_pb2.GetDataDistributionResponse | None:
             try:
                 return await nodes.client(node_id).call("GetDataDistribution",
-                                                        querynode_pb2.GetDataDistributionRequest())
+                                                        querynode_pb2.GetDataDistributionRequest(segment_ids_only=True))
             except NodeError as exc:
                 logger.info("checker: node {} did not report its distribution: {}", node_id, exc)
                 report.unreachable.append(node_id)
@@ -551,7 +551,24 @@ class Checker:
             if dist is None:
                 continue
             reachable.add(node_id)
-            for s in dist.segments:
+            for g in dist.segment_groups:
+                # Ids by partition: each step below is one C-level operation over the group, not a Python
+                # statement per segment (a node reports a segment once, so any id already seen is another node's).
+                ids = set(g.segment_ids)
+                place = (g.collection_id, g.partition_id)
+                where.update(dict.fromkeys(ids, place))
+                seen = ids & first.keys()
+                first.update(dict.fromkeys(ids - seen if seen else ids, node_id))
+                if seen:
+                    third = seen & second.keys()
+                    second.update(dict.fromkeys(seen - third if third else seen, node_id))
+                    for sid in third:
+                        holders.add(sid, node_id)  # a third holder (or more): rare
+                turn -= len(ids)
+                if turn <= 0:
+                    turn = TURN_SEGMENTS
+                    await asyncio.sleep(0)
+            for s in dist.segments:  # a node that predates segment_ids_only
                 sid = s.segment_id
                 if first.setdefault(sid, node_id) != node_id and second.setdefault(sid, node_id) != node_id:
                     holders.add(sid, node_id)  # a third holder (or more): rare
@@ -609,7 +626,7 @@ class Checker:
         # The catalog reads awaited: triggers may have started meanwhile.
         busy |= self._busy()
         online = {n.node_id for n in env.nodes.online()}
-        d = diff(env.meta, targets, held, reachable=reachable, online=online, busy=busy)
+        d = await diff_async(env.meta, targets, held, reachable=reachable, online=online, busy=busy)
         for cid, parts in d.progress.items():
             if cid not in self._busy():
                 report.progress_updates += await self._set_progress(env.meta, cid, parts)
