@@ -97,7 +97,15 @@ class LoadSegmentsTask(ChildTask, kind=qc.TASK_KIND_LOAD_SEGMENT, request="load_
         # Partitions released since the plan (a resumed balance or handoff after a release): loading
         # them would leave copies that nothing records.
         meta = self.env.meta
-        kept = [i for i in req.infos if meta.has_partition(i.collection_id, i.partition_id)]
+        loaded: dict[int, set[int]] = {}  # collection -> loaded partitions, read once per request (not per segment)
+
+        def has_partition(cid: int, pid: int) -> bool:
+            pids = loaded.get(cid)
+            if pids is None:
+                pids = loaded[cid] = set(meta.partition_ids(cid))
+            return pid in pids
+
+        kept = [i for i in req.infos if has_partition(i.collection_id, i.partition_id)]
         if len(kept) != len(req.infos):
             del req.infos[:]
             req.infos.extend(kept)

@@ -17,7 +17,6 @@ from loguru import logger
 from proto import common_pb2, data_pb2, querynode_pb2, task_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.cluster.allocator import CollectionReleasing, NoAvailableNode
-from querycoord.messages import copy_fields
 from querycoord.querymeta.copies import copies
 from querycoord.task.children import (
     LoadSegmentsTask,
@@ -45,8 +44,18 @@ def delta_channel(dm: data_pb2.VChannelInfo) -> data_pb2.VChannelInfo:
 
 
 def segment_load_info(b: data_pb2.SegmentBinlogs) -> data_pb2.SegmentLoadInfo:
-    """What a node needs to load a catalog segment: every field of its binlogs."""
-    return copy_fields(b, data_pb2.SegmentLoadInfo)
+    """What a node needs to load a catalog segment: every field of its binlogs (named, not found through the
+    descriptors as ``copy_fields`` does: this runs once per segment of every load)."""
+    info = data_pb2.SegmentLoadInfo(
+        segment_id=b.segment_id, partition_id=b.partition_id, collection_id=b.collection_id, num_rows=b.num_rows,
+        mem_size=b.mem_size, insert_channel=b.insert_channel,
+    )
+    info.binlog_paths.extend(b.binlog_paths)
+    if b.compaction_from:
+        info.compaction_from.extend(b.compaction_from)
+    if b.index_infos:
+        info.index_infos.extend(b.index_infos)
+    return info
 
 
 def merge_channel(into: data_pb2.VChannelInfo, other: data_pb2.VChannelInfo) -> None:
