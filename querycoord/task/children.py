@@ -93,6 +93,12 @@ class LoadSegmentsTask(ChildTask, kind=qc.TASK_KIND_LOAD_SEGMENT, request="load_
         return req
 
     async def execute(self) -> None:
+        await self._load()
+        # Done: nothing re-sends this request now (only a failed child is retried or rescheduled), so the planned
+        # binlog paths are dropped rather than kept until the whole trigger ends (100,000s of them in a big load).
+        self.full_infos = None
+
+    async def _load(self) -> None:
         req = await self._filled()
         # Partitions released since the plan (a resumed balance or handoff after a release): loading
         # them would leave copies that nothing records.

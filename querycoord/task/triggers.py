@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+import weakref
+from collections.abc import Callable, Iterable
 
 from loguru import logger
 
 from proto import common_pb2, data_pb2, querynode_pb2, task_pb2
 from proto import querycoord_pb2 as qc
+from querycoord import memory
 from querycoord.cluster.allocator import CollectionReleasing, NoAvailableNode
 from querycoord.querymeta.copies import copies
 from querycoord.task.children import (
@@ -90,6 +92,11 @@ class TriggerTask(Task):
         self.planned: asyncio.Future[None] = loop.create_future()
         self.finished: asyncio.Future[None] = loop.create_future()
         self.deadline = time.monotonic() + env.config.trigger_timeout
+        self.finished.add_done_callback(_release_after(weakref.ref(self)))
+
+    def segments_touched(self) -> int:
+        """How many segment copies this trigger loaded (its LoadSegments children's segments)."""
+        return sum(len(c.request.infos) for c in self.children if isinstance(c, LoadSegmentsTask))
 
     async def after_failure(self) -> None:
         """Undo query meta written by a failed trigger (after ``roll_back``'s children ran)."""
@@ -111,6 +118,20 @@ class TriggerTask(Task):
                                                            collection_id=self.collection_id, node_id=node.node_id,
                                                            parent=self))
         return out
+
+
+def _release_after(ref: weakref.ref[TriggerTask]) -> Callable[[asyncio.Future[None]], None]:
+    """The ``finished`` callback of a trigger: once one that touched ``memory.LARGE_TASK_SEGMENTS`` segments or
+    more has finished, the memory its plan and children used goes back to the OS (``memory.release_soon``: a
+    little later, when the scheduler has let go of the tree). A weak reference: the callback must not keep the
+    trigger alive, nor make it part of a cycle."""
+
+    def done(_f: asyncio.Future[None]) -> None:
+        t = ref()
+        if t is not None and t.segments_touched() >= memory.LARGE_TASK_SEGMENTS:
+            memory.release_soon()
+
+    return done
 
 
 class _LoadTrigger(TriggerTask):
@@ -305,7 +326,13 @@ class ReleaseCollectionTask(TriggerTask, kind=qc.TASK_KIND_RELEASE_COLLECTION, r
     def summary(self) -> str:
         return f"release collection {self.collection_id}"
 
+    released = 0  # segments query meta held for the collection when the release was planned
+
+    def segments_touched(self) -> int:
+        return self.released
+
     async def execute(self) -> None:
+        self.released = len(self.env.meta.segment_ids_of(self.collection_id))
         self.children = self._release_everywhere()
 
     async def post_execute(self) -> None:
@@ -321,7 +348,14 @@ class ReleasePartitionsTask(TriggerTask, kind=qc.TASK_KIND_RELEASE_PARTITION, re
     def summary(self) -> str:
         return f"release partitions {list(self.request.partition_ids)} of collection {self.collection_id}"
 
+    released = 0  # segments query meta held for the partitions when the release was planned
+
+    def segments_touched(self) -> int:
+        return self.released
+
     async def execute(self) -> None:
+        self.released = sum(len(self.env.meta.segment_ids_of(self.collection_id, pid))
+                            for pid in set(self.request.partition_ids))
         # Decided now, not when the request was accepted: releases running one after another (two
         # concurrent requests) may together release every loaded partition, and then the nodes must
         # drop the whole collection (its delta and query channels too), as meta does.
