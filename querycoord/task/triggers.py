@@ -20,6 +20,7 @@ from proto import querycoord_pb2 as qc
 from querycoord import memory
 from querycoord.cluster.allocator import CollectionReleasing, NoAvailableNode
 from querycoord.querymeta.copies import copies
+from querycoord.task.assign import Planned, segment_load_info
 from querycoord.task.children import (
     LoadSegmentsTask,
     ReleaseCollectionOnNodeTask,
@@ -43,21 +44,6 @@ def delta_channel(dm: data_pb2.VChannelInfo) -> data_pb2.VChannelInfo:
     """The delta channel that goes with a DM channel (Milvus derives it by name)."""
     name = dm.channel_name.replace("dml", "delta", 1) if "dml" in dm.channel_name else f"delta-{dm.channel_name}"
     return data_pb2.VChannelInfo(collection_id=dm.collection_id, channel_name=name)
-
-
-def segment_load_info(b: data_pb2.SegmentBinlogs) -> data_pb2.SegmentLoadInfo:
-    """What a node needs to load a catalog segment: every field of its binlogs (named, not found through the
-    descriptors as ``copy_fields`` does: this runs once per segment of every load)."""
-    info = data_pb2.SegmentLoadInfo(
-        segment_id=b.segment_id, partition_id=b.partition_id, collection_id=b.collection_id, num_rows=b.num_rows,
-        mem_size=b.mem_size, insert_channel=b.insert_channel,
-    )
-    info.binlog_paths.extend(b.binlog_paths)
-    if b.compaction_from:
-        info.compaction_from.extend(b.compaction_from)
-    if b.index_infos:
-        info.index_infos.extend(b.index_infos)
-    return info
 
 
 def merge_channel(into: data_pb2.VChannelInfo, other: data_pb2.VChannelInfo) -> None:
@@ -205,14 +191,16 @@ class _LoadTrigger(TriggerTask):
         all_pids = [] if self.LOAD_TYPE == data_pb2.LOAD_TYPE_COLLECTION else self._loaded_partitions()
         self.children = []
         for replica in replicas:  # one after another: a spare joining one replica is no longer offered to the next
-            segments: list[data_pb2.SegmentLoadInfo] = []
+            # The catalog's binlogs themselves: each child builds its segments' load infos when it calls its node,
+            # and drops them once answered (a load info per segment held for the whole load was most of its RSS).
+            segments: list[Planned] = []
             for pid, binlogs in binlogs_by_partition:
                 held = 0
                 async for b in every_few(binlogs):
                     if self._held(b.segment_id, replica):
                         held += 1
                     else:
-                        segments.append(segment_load_info(b))
+                        segments.append(b)
                 self.loaded_segments[pid] = self.loaded_segments.get(pid, 0) + held
                 self.replica_loaded[replica] = self.replica_loaded.get(replica, 0) + held
             watched = {w.dm_channel: node for w in env.meta.dm_channels_of(cid)
