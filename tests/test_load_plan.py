@@ -76,3 +76,41 @@ def test_the_loaded_segment_record_is_the_keyword_built_one() -> None:
             node_id=7, replica_id=3, mem_size=info.mem_size, num_rows=info.num_rows,
             state=data_pb2.SEGMENT_STATE_SEALED, compaction_from=list(info.compaction_from),
             dm_channel=info.insert_channel)
+
+
+async def test_a_child_loads_only_partitions_still_loaded_and_fills_paths_from_the_plan() -> None:
+    from types import SimpleNamespace
+    from typing import Any
+
+    from proto import querycoord_pb2 as qc
+    from proto import querynode_pb2
+    from querycoord.task.children import LoadSegmentsTask
+
+    saved: list[data_pb2.SegmentInfo] = []
+    sent: list[querynode_pb2.LoadSegmentsRequest] = []
+
+    class Meta:
+        def has_partition(self, cid: int, pid: int) -> bool:
+            return (cid, pid) == (1, 10)  # partition 11 was released after the plan
+
+        async def save_segments(self, segs: list[data_pb2.SegmentInfo]) -> None:
+            saved.extend(segs)
+
+    planned = [data_pb2.SegmentBinlogs(segment_id=s, collection_id=1, partition_id=p, mem_size=5,
+                                       binlog_paths=[f"log/{s}"], insert_channel="dml_0")
+               for s, p in ((1, 10), (2, 11), (3, 10))]
+    env: Any = SimpleNamespace(meta=Meta(), nodes=SimpleNamespace(is_online=lambda n: True))
+    req = querynode_pb2.LoadSegmentsRequest(collection_id=1, replica_id=4, infos=[strip_segment(b) for b in planned])
+    child = LoadSegmentsTask.new(env, req, trigger_condition=qc.TRIGGER_CONDITION_GRPC_REQUEST, collection_id=1,
+                                 node_id=7)
+    child.full_infos = list(planned)
+
+    async def call(request: querynode_pb2.LoadSegmentsRequest) -> None:
+        sent.append(request)
+
+    child.call = call  # type: ignore[method-assign]
+    await child.execute()
+    assert [(i.segment_id, list(i.binlog_paths)) for i in sent[0].infos] == [(1, ["log/1"]), (3, ["log/3"])]
+    assert [(s.segment_id, s.node_id, s.replica_id) for s in saved] == [(1, 7, 4), (3, 7, 4)]
+    assert child.full_infos is None
+    assert not any(i.binlog_paths for i in child.request.infos), "the record stays stripped"

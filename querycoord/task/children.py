@@ -134,17 +134,12 @@ class LoadSegmentsTask(ChildTask, kind=qc.TASK_KIND_LOAD_SEGMENT, request="load_
         req = await self._filled()
         # Partitions released since the plan (a resumed balance or handoff after a release): loading
         # them would leave copies that nothing records.
+        # Asked once per (collection, partition) of the request, not per segment.
         meta = self.env.meta
-        loaded: dict[int, set[int]] = {}  # collection -> loaded partitions, read once per request (not per segment)
-
-        def has_partition(cid: int, pid: int) -> bool:
-            pids = loaded.get(cid)
-            if pids is None:
-                pids = loaded[cid] = set(meta.partition_ids(cid))
-            return pid in pids
-
-        kept = [i for i in req.infos if has_partition(i.collection_id, i.partition_id)]
-        if len(kept) != len(req.infos):
+        pairs = {(i.collection_id, i.partition_id) for i in req.infos}
+        gone = {(cid, pid) for cid, pid in pairs if not meta.has_partition(cid, pid)}
+        if gone:
+            kept = [i for i in req.infos if (i.collection_id, i.partition_id) not in gone]
             del req.infos[:]
             req.infos.extend(kept)
         if not req.infos:

@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import time
 import weakref
+from collections import Counter
 from collections.abc import Callable, Iterable
+from operator import attrgetter
 
 from loguru import logger
 
@@ -33,6 +35,7 @@ from querycoord.yielding import every_few
 IN_MEMORY = data_pb2.PARTITION_STATE_IN_MEMORY
 NOT_PRESENT = data_pb2.PARTITION_STATE_NOT_PRESENT
 PARTIAL = data_pb2.PARTITION_STATE_PARTIAL_IN_MEMORY
+_PARTITION_ID = attrgetter("partition_id")
 # How a load of the other load type is refused, by how the collection is loaded.
 _LOADED_AS = {
     data_pb2.LOAD_TYPE_PARTITION: "as partitions: release partitions first",
@@ -265,13 +268,11 @@ class _LoadTrigger(TriggerTask):
             self.replica_loaded[replica] = self.replica_loaded.get(replica, 0) + len(child.request.infos)
             self.env.meta.set_replica_progress(self.collection_id, replica,
                                                min(99, 100 * self.replica_loaded[replica] // self.replica_total))
-        touched: set[int] = set()
-        for info in child.request.infos:
-            if info.partition_id in self.planned_segments:
-                self.loaded_segments[info.partition_id] = self.loaded_segments.get(info.partition_id, 0) + 1
-                touched.add(info.partition_id)
-        for pid in touched:
-            planned = self.planned_segments[pid]
+        for pid, n in Counter(map(_PARTITION_ID, child.request.infos)).items():  # counted in C
+            planned = self.planned_segments.get(pid)
+            if planned is None:
+                continue
+            self.loaded_segments[pid] = self.loaded_segments.get(pid, 0) + n
             self.env.meta.set_progress(self.collection_id, pid, min(99, 100 * self.loaded_segments[pid] // planned))
 
     async def post_execute(self) -> None:
