@@ -147,3 +147,27 @@ async def test_a_failed_call_keeps_the_planned_paths_for_the_retry(
     assert calls and len(filled) == 2 * len(calls)
     assert all(filled), "the retry still had the planned binlog paths (no catalog re-read)"
     assert all(c.full_infos is None for c in calls)
+
+
+async def test_the_release_does_not_need_the_trigger_alive_and_does_not_keep_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from proto import task_pb2
+    from querycoord.task.triggers import LoadCollectionTask
+
+    requested: list[float] = []
+    monkeypatch.setattr(memory, "release_soon", lambda delay=0.0: requested.append(delay))
+    env: Any = SimpleNamespace(config=SimpleNamespace(trigger_timeout=60.0))
+    gc.disable()  # reference counting alone must free the trigger: no cycle through its own future
+    try:
+        t = LoadCollectionTask(env, task_pb2.TaskRecord(kind=qc.TASK_KIND_LOAD_COLLECTION))
+        t.touched.segments = memory.LARGE_TASK_SEGMENTS
+        finished, ref = t.finished, weakref.ref(t)
+        del t
+        assert ref() is None, "the finished callback does not keep the trigger alive"
+        finished.set_result(None)  # the scheduler lets go of a tree as it finishes it: the callback runs later
+        await asyncio.sleep(0)
+        assert len(requested) == 1, "the release is asked for although the trigger is gone"
+    finally:
+        gc.enable()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import weakref
 from collections import Counter
 from collections.abc import Callable, Iterable
 from operator import attrgetter
@@ -81,11 +80,14 @@ class TriggerTask(Task):
         self.planned: asyncio.Future[None] = loop.create_future()
         self.finished: asyncio.Future[None] = loop.create_future()
         self.deadline = time.monotonic() + env.config.trigger_timeout
-        self.finished.add_done_callback(_release_after(weakref.ref(self)))
+        # Segments this trigger loaded or released, for the memory release when it finishes (``_release_after``).
+        self.touched = _Touched()
+        self.finished.add_done_callback(_release_after(self.touched))
 
-    def segments_touched(self) -> int:
-        """How many segment copies this trigger loaded (its LoadSegments children's segments)."""
-        return sum(len(c.request.infos) for c in self.children if isinstance(c, LoadSegmentsTask))
+    def on_child_done(self, child: Task) -> None:
+        """A child succeeded: its segments count as touched (see ``_release_after``)."""
+        if isinstance(child, LoadSegmentsTask):
+            self.touched.segments += len(child.request.infos)
 
     async def after_failure(self) -> None:
         """Undo query meta written by a failed trigger (after ``roll_back``'s children ran)."""
@@ -109,15 +111,23 @@ class TriggerTask(Task):
         return out
 
 
-def _release_after(ref: weakref.ref[TriggerTask]) -> Callable[[asyncio.Future[None]], None]:
-    """The ``finished`` callback of a trigger: once one that touched ``memory.LARGE_TASK_SEGMENTS`` segments or
-    more has finished, the memory its plan and children used goes back to the OS (``memory.release_soon``: a
-    little later, when the scheduler has let go of the tree). A weak reference: the callback must not keep the
-    trigger alive, nor make it part of a cycle."""
+class _Touched:
+    """How many segments a trigger loaded or released; shared with its ``finished`` callback instead of the trigger
+    itself, which must not be kept alive (or put in a cycle) by its own future."""
+
+    __slots__ = ("segments",)
+
+    def __init__(self) -> None:
+        self.segments = 0
+
+
+def _release_after(touched: _Touched) -> Callable[[asyncio.Future[None]], None]:
+    """The ``finished`` callback of a trigger: once one that touched ``memory.LARGE_TASK_SEGMENTS`` segments or more
+    has finished, the memory its plan and children used goes back to the OS (``memory.release_soon``: a little
+    later, when the scheduler has let go of the tree)."""
 
     def done(_f: asyncio.Future[None]) -> None:
-        t = ref()
-        if t is not None and t.segments_touched() >= memory.LARGE_TASK_SEGMENTS:
+        if touched.segments >= memory.LARGE_TASK_SEGMENTS:
             memory.release_soon()
 
     return done
@@ -261,6 +271,7 @@ class _LoadTrigger(TriggerTask):
         Counted from the finished child's own request, not by rescanning query
         meta: a rescan per child made a 100,000-segment load quadratic.
         """
+        super().on_child_done(child)
         if not isinstance(child, LoadSegmentsTask) or not self.planned_segments:
             return
         replica = child.request.replica_id
@@ -315,13 +326,8 @@ class ReleaseCollectionTask(TriggerTask, kind=qc.TASK_KIND_RELEASE_COLLECTION, r
     def summary(self) -> str:
         return f"release collection {self.collection_id}"
 
-    released = 0  # segments query meta held for the collection when the release was planned
-
-    def segments_touched(self) -> int:
-        return self.released
-
     async def execute(self) -> None:
-        self.released = len(self.env.meta.segment_ids_of(self.collection_id))
+        self.touched.segments = len(self.env.meta.segment_ids_of(self.collection_id))
         self.children = self._release_everywhere()
 
     async def post_execute(self) -> None:
@@ -337,13 +343,8 @@ class ReleasePartitionsTask(TriggerTask, kind=qc.TASK_KIND_RELEASE_PARTITION, re
     def summary(self) -> str:
         return f"release partitions {list(self.request.partition_ids)} of collection {self.collection_id}"
 
-    released = 0  # segments query meta held for the partitions when the release was planned
-
-    def segments_touched(self) -> int:
-        return self.released
-
     async def execute(self) -> None:
-        self.released = sum(len(self.env.meta.segment_ids_of(self.collection_id, pid))
+        self.touched.segments = sum(len(self.env.meta.segment_ids_of(self.collection_id, pid))
                             for pid in set(self.request.partition_ids))
         # Decided now, not when the request was accepted: releases running one after another (two
         # concurrent requests) may together release every loaded partition, and then the nodes must
