@@ -119,7 +119,9 @@ def check_ids(
 
 
 def _printable_token(value: str) -> bool:
-    return value.isprintable() and not any(c.isspace() for c in value)
+    # isprintable() refuses every Unicode "Other" and "Separator" character except the ASCII space, and every
+    # whitespace character is one of those: the space is the only one left to look for (in C, not per character).
+    return value.isprintable() and " " not in value
 
 
 def check_name(field: str, value: str, limit: int, *, required: bool = True) -> str:

@@ -16,6 +16,9 @@ Measured, in one run:
   coordinator's work (its last write: removing the task tree) is the
   trigger's ``finished`` future, observed in process. wall_s is the later
   of the two; both are in the table.
+- **CPU** (table only): this process's CPU time over the same span, every
+  thread (with in-process nodes, theirs too): on a shared machine it
+  moves less than wall_s, so it is the number to compare between versions.
 - **etcd_txns**: etcd's revision after minus before the load. Every write
   txn that changes anything bumps the revision by exactly one, and nothing
   else writes meanwhile (the catalog is created and the sessions registered
@@ -129,6 +132,7 @@ class LoadResult:
     polls: int = 0
     rev_before: int = 0
     rev_after: int = 0
+    cpu_s: float = 0.0  # CPU time of this process (every thread) from the request until wall_s
     store_txns: int = 0
     meta_txns: int = 0
 
@@ -311,6 +315,7 @@ async def run_load(lead: Leadership, qclient: QueryCoordClient, cid: int, args: 
     profiler = cProfile.Profile() if args.profile else None
     if profiler:
         profiler.enable()
+    cpu0 = time.process_time()
     t0 = time.perf_counter()
     resp = await qclient.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid))
     res.planned_s = time.perf_counter() - t0
@@ -349,6 +354,7 @@ async def run_load(lead: Leadership, qclient: QueryCoordClient, cid: int, args: 
         await asyncio.sleep(args.poll)
     async with asyncio.timeout(args.timeout):
         await done.wait()
+    res.cpu_s = time.process_time() - cpu0
     if profiler:
         profiler.disable()
         report_profile(profiler, args.profile)
@@ -449,6 +455,9 @@ async def bench_main(config: EtcdConfig, args: argparse.Namespace) -> dict[str, 
             ("client saw EXPIRED + 100 %", f"{res.seen_s:.3f} s ({res.polls} GetTask polls every {args.poll}s)"),
             ("coordinator finished (keys removed)", f"{res.done_s:.3f} s"),
             ("wall_s", f"{res.wall_s:.3f} s"),
+            ("CPU of this process meanwhile", f"{res.cpu_s:.3f} s (coordinator, client"
+                                              f"{'' if args.node_processes else ', in-process nodes'}; every thread: "
+                                              f"steadier than wall_s on a shared machine)"),
             ("children", f"{res.children} ({', '.join(f'{n} {k}' for k, n in sorted(res.child_kinds.items()))})"),
             ("etcd write txns (revision delta)", f"{res.etcd_txns}"),
             ("  counted by TaskStore.txns", f"{res.store_txns}"),

@@ -13,6 +13,7 @@ without cancellation. Cancellation is the caller's task being cancelled.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -52,13 +53,77 @@ def allocate_segments(
     """Map each (segment id, mem size) to a node id; raises ``NoAvailableNode`` if one does not fit.
 
     ``usage.memory`` is updated with what was placed, so successive calls see each other.
+
+    The rule (module docstring): largest segment first; each goes to the candidate with the lowest
+    ``(used + size) / capacity`` that stays under ``memory_limit``, the first candidate on a tie; a node already
+    at or over the limit takes nothing. Nodes of one capacity rank by ``used`` alone, so each capacity keeps its
+    nodes in a heap keyed by (used, candidate order) and a segment compares one node per capacity:
+    O(segments x (capacities + log nodes)) instead of O(segments x nodes), same placements (``_place_linear``
+    is the rule written out, kept for capacities too large for the rates to be told apart exactly).
     """
     cands = _candidates(nodes, exclude, include)
     if not cands:
         raise NoAvailableNode(f"no online query node to load segments on (excluded {sorted(exclude)})")
-    placed: dict[int, int] = {}
     # Largest first: fewer dead ends when memory is tight.
-    for seg_id, size in sorted(sizes, key=lambda x: -x[1]):
+    ordered = sorted(sizes, key=lambda x: -x[1])
+    usable = [n for n in cands if n.capacity > 0]
+    if any(n.capacity >= _EXACT_CAPACITY for n in usable) or len({n.node_id for n in usable}) != len(usable):
+        return _place_linear(ordered, cands, usage, memory_limit)
+    memory = usage.memory
+    # capacity -> heap of (used, candidate index, node id)
+    heaps: dict[int, list[tuple[int, int, int]]] = {}
+    for i, n in enumerate(usable):
+        heaps.setdefault(n.capacity, []).append((memory.get(n.node_id, 0), i, n.node_id))
+    groups = list(heaps.items())
+    for _, h in groups:
+        heapq.heapify(h)
+    placed: dict[int, int] = {}
+    if len(groups) == 1:  # the usual cluster: one node size; the loop below with the comparisons inlined
+        cap, h = groups[0]
+        for seg_id, size in ordered:
+            used, i, node_id = h[0]
+            if used / cap >= memory_limit or (used + size) / cap >= memory_limit:
+                raise _no_room(seg_id, size, memory_limit, cands)
+            placed[seg_id] = node_id
+            heapq.heapreplace(h, (used + size, i, node_id))
+            memory[node_id] = used + size
+        return placed
+    for seg_id, size in ordered:
+        best: list[tuple[int, int, int]] | None = None
+        best_key = (2.0, 0)
+        for cap, h in groups:
+            used, i, _ = h[0]
+            if used / cap >= memory_limit:
+                continue
+            rate = (used + size) / cap
+            if rate < memory_limit and (rate, i) < best_key:
+                best, best_key = h, (rate, i)
+        if best is None:
+            raise _no_room(seg_id, size, memory_limit, cands)
+        used, i, node_id = best[0]
+        placed[seg_id] = node_id
+        heapq.heapreplace(best, (used + size, i, node_id))
+        memory[node_id] = used + size
+    return placed
+
+
+# Below this capacity (bytes, 4 PiB) distinct integer usages give distinct float rates, so ranking a capacity's
+# nodes by ``used`` is exactly ranking them by rate as the rule does.
+_EXACT_CAPACITY = 2**52
+
+
+def _no_room(seg_id: int, size: int, memory_limit: float, cands: Sequence[Node]) -> NoAvailableNode:
+    return NoAvailableNode(
+        f"no query node has room for segment {seg_id} ({size} bytes) under {memory_limit:.0%} of capacity "
+        f"(candidates {[n.node_id for n in cands]})"
+    )
+
+
+def _place_linear(ordered: Sequence[tuple[int, int]], cands: Sequence[Node], usage: Usage,
+                  memory_limit: float) -> dict[int, int]:
+    """``allocate_segments``'s rule, one pass over the candidates per segment."""
+    placed: dict[int, int] = {}
+    for seg_id, size in ordered:
         best: Node | None = None
         best_rate = 2.0
         for n in cands:
@@ -69,10 +134,7 @@ def allocate_segments(
             if rate < memory_limit and rate < best_rate:
                 best, best_rate = n, rate
         if best is None:
-            raise NoAvailableNode(
-                f"no query node has room for segment {seg_id} ({size} bytes) under {memory_limit:.0%} of capacity "
-                f"(candidates {[n.node_id for n in cands]})"
-            )
+            raise _no_room(seg_id, size, memory_limit, cands)
         placed[seg_id] = best.node_id
         usage.memory[best.node_id] = usage.memory.get(best.node_id, 0) + size
     return placed

@@ -33,7 +33,6 @@ from querycoord.validate import (
     check_text,
     check_texts,
     name_ok,
-    text_ok,
 )
 
 
@@ -60,13 +59,19 @@ def _check_channels(field: str, infos: Any, limits: Limits) -> None:
             _nonnegative_ids(f"{field}.{name}", getattr(ch, name))
 
 
+def _paths_ok(paths: Any, limit: int) -> bool:
+    """The fast test that every path is non-empty, at most ``limit`` long and printable (``text_ok``), in C: a
+    concatenation of strings is printable exactly when each of them is."""
+    return not paths or (all(paths) and max(map(len, paths)) <= limit and "".join(paths).isprintable())
+
+
 def _check_load_info(info: data_pb2.SegmentLoadInfo, limits: Limits) -> None:
     text, name = limits.max_text_length, limits.max_name_length
     # The usual segment in one expression; any doubt: the named checks below.
     if (info.segment_id > 0 and info.partition_id >= 0 and info.collection_id >= 0 and info.num_rows >= 0
             and info.mem_size >= 0 and len(info.binlog_paths) <= limits.max_files_per_segment
             and not info.compaction_from and not info.index_infos and name_ok(info.insert_channel, name)
-            and all(p and text_ok(p, text) for p in info.binlog_paths)):
+            and _paths_ok(info.binlog_paths, text)):
         return
     check_id("infos.segment_id", info.segment_id)
     check_range("infos.partition_id", info.partition_id, 0, INT64_MAX)

@@ -64,20 +64,28 @@ class HeldSegment:
     insert_channel: str = ""
     compaction_from: tuple[int, ...] = ()
     index_infos: tuple[data_pb2.IndexInfo, ...] = ()
+    # The SegmentInfo reads answer with, built once (a held segment never changes): every distribution the
+    # coordinator's checker asks for lists every held segment, and building them anew was most of its cost.
+    _proto: data_pb2.SegmentInfo | None = field(default=None, compare=False, repr=False)
 
     def to_proto(self, node_id: int) -> data_pb2.SegmentInfo:
-        return data_pb2.SegmentInfo(
-            segment_id=self.segment_id,
-            collection_id=self.collection_id,
-            partition_id=self.partition_id,
-            node_id=node_id,
-            mem_size=self.mem_size,
-            num_rows=self.num_rows,
-            index_infos=list(self.index_infos),
-            state=data_pb2.SEGMENT_STATE_SEALED,
-            compaction_from=list(self.compaction_from),
-            dm_channel=self.insert_channel,
-        )
+        """The segment as reads report it; shared between reads (they copy it into their answers): not to be
+        changed by the caller."""
+        proto = self._proto
+        if proto is None or proto.node_id != node_id:
+            proto = self._proto = data_pb2.SegmentInfo(
+                segment_id=self.segment_id,
+                collection_id=self.collection_id,
+                partition_id=self.partition_id,
+                node_id=node_id,
+                mem_size=self.mem_size,
+                num_rows=self.num_rows,
+                index_infos=list(self.index_infos),
+                state=data_pb2.SEGMENT_STATE_SEALED,
+                compaction_from=list(self.compaction_from),
+                dm_channel=self.insert_channel,
+            )
+        return proto
 
 
 @dataclass
@@ -206,27 +214,19 @@ class QueryNodeState:
                 EC.ILLEGAL_ARGUMENT,
                 f"segment {sid} says collection {info.collection_id} in a request for collection {coll}",
             )
-        for name in ("partition_id", "num_rows", "mem_size"):
-            if getattr(info, name) < 0:
-                raise NodeRefusal(
-                    EC.ILLEGAL_ARGUMENT, f"segment {sid}: {name} must be >= 0, got {getattr(info, name)}"
-                )
+        partition_id, num_rows, mem_size = info.partition_id, info.num_rows, info.mem_size
+        if partition_id < 0 or num_rows < 0 or mem_size < 0:
+            for name, value in (("partition_id", partition_id), ("num_rows", num_rows), ("mem_size", mem_size)):
+                if value < 0:
+                    raise NodeRefusal(EC.ILLEGAL_ARGUMENT, f"segment {sid}: {name} must be >= 0, got {value}")
         indexes = []
         for idx in info.index_infos:
             slim = data_pb2.IndexInfo()
             slim.CopyFrom(idx)
             del slim.index_file_paths[:]
             indexes.append(slim)
-        return HeldSegment(
-            segment_id=sid,
-            collection_id=coll,
-            partition_id=info.partition_id,
-            num_rows=info.num_rows,
-            mem_size=info.mem_size,
-            insert_channel=info.insert_channel,
-            compaction_from=tuple(info.compaction_from),
-            index_infos=tuple(indexes),
-        )
+        return HeldSegment(sid, coll, partition_id, num_rows, mem_size, info.insert_channel,
+                           tuple(info.compaction_from) if info.compaction_from else (), tuple(indexes))
 
     def _drop_segments(self, seg_ids: Iterable[int]) -> int:
         dropped = 0
@@ -346,11 +346,17 @@ class QueryNodeState:
 
     # ----- reads ---------------------------------------------------------------
     def segment_infos(self, segment_ids: Iterable[int], collection_id: int) -> list[data_pb2.SegmentInfo]:
+        """The held segments asked for (all when ``segment_ids`` is empty), by id; shared messages (see
+        ``HeldSegment.to_proto``): the answer copies them."""
         ids = list(segment_ids)
-        chosen = [self.segments[s] for s in ids if s in self.segments] if ids else list(self.segments.values())
+        node, held = self.node_id, self.segments
+        if not ids:  # every held segment (a distribution): the keys are the ids, sorted in C
+            in_order = [held[sid] for sid in sorted(held)]
+            return [seg.to_proto(node) for seg in in_order if not collection_id or seg.collection_id == collection_id]
+        chosen = [held[s] for s in ids if s in held]
         if collection_id:
             chosen = [s for s in chosen if s.collection_id == collection_id]
-        return [s.to_proto(self.node_id) for s in sorted(chosen, key=lambda s: s.segment_id)]
+        return [s.to_proto(node) for s in sorted(chosen, key=lambda s: s.segment_id)]
 
     def channels(self) -> list[querynode_pb2.WatchedChannel]:
         out = [

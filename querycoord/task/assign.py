@@ -27,10 +27,52 @@ def query_channels(collection_id: int) -> tuple[str, str]:
     return f"query-{collection_id}", f"query-result-{collection_id}"
 
 
-def strip_segment(info: data_pb2.SegmentLoadInfo) -> data_pb2.SegmentLoadInfo:
+# What a load is planned from: the catalog's binlogs, or a load info that was already filled (a reschedule).
+Planned = data_pb2.SegmentLoadInfo | data_pb2.SegmentBinlogs
+
+
+def fill_load_info(info: data_pb2.SegmentLoadInfo, b: data_pb2.SegmentBinlogs) -> data_pb2.SegmentLoadInfo:
+    """Write what a node needs to load a catalog segment, every field of its binlogs, into ``info`` (an empty
+    message, often one just added to a request: built in place, not copied in). Fields named, not found through
+    the descriptors as ``messages.copy_fields`` does: this runs once per segment of every load
+    (tests/test_load_plan.py checks it copies every field the two messages share)."""
+    info.segment_id = b.segment_id
+    info.partition_id = b.partition_id
+    info.collection_id = b.collection_id
+    info.num_rows = b.num_rows
+    info.mem_size = b.mem_size
+    info.insert_channel = b.insert_channel
+    info.binlog_paths.extend(b.binlog_paths)
+    if b.compaction_from:
+        info.compaction_from.extend(b.compaction_from)
+    if b.index_infos:
+        info.index_infos.extend(b.index_infos)
+    return info
+
+
+def segment_load_info(b: data_pb2.SegmentBinlogs) -> data_pb2.SegmentLoadInfo:
+    """What a node needs to load a catalog segment: every field of its binlogs."""
+    return fill_load_info(data_pb2.SegmentLoadInfo(), b)
+
+
+def strip_segment(info: Planned) -> data_pb2.SegmentLoadInfo:
+    """The load info as persisted: without binlog and index file paths (refetched before the call)."""
     out = data_pb2.SegmentLoadInfo()
-    out.CopyFrom(info)
-    del out.binlog_paths[:]
+    if isinstance(info, data_pb2.SegmentBinlogs):  # built without the paths rather than copied and cut
+        out.segment_id = info.segment_id
+        out.partition_id = info.partition_id
+        out.collection_id = info.collection_id
+        out.num_rows = info.num_rows
+        out.mem_size = info.mem_size
+        out.insert_channel = info.insert_channel
+        if info.compaction_from:
+            out.compaction_from.extend(info.compaction_from)
+        if not info.index_infos:
+            return out
+        out.index_infos.extend(info.index_infos)
+    else:
+        out.CopyFrom(info)
+        del out.binlog_paths[:]
     for idx in out.index_infos:
         del idx.index_file_paths[:]
     return out

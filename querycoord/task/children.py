@@ -24,12 +24,38 @@ from querycoord.cluster.allocator import (
 )
 from querycoord.cluster.client import NodeError
 from querycoord.messages import rpc_method
-from querycoord.task.assign import merge_by_size, query_channels, strip_channel, strip_segment, usage_of
+from querycoord.task.assign import (
+    Planned,
+    fill_load_info,
+    merge_by_size,
+    query_channels,
+    strip_channel,
+    strip_segment,
+    usage_of,
+)
 from querycoord.task.model import Task, TaskEnv, TaskError
 from querycoord.yielding import every_few
 
 SEALED = data_pb2.SEGMENT_STATE_SEALED
 QUERYNODE = querynode_pb2.DESCRIPTOR.services_by_name["QueryNode"]
+
+
+def loaded_segment(info: data_pb2.SegmentLoadInfo, node_id: int, replica_id: int) -> data_pb2.SegmentInfo:
+    """The query meta record of a copy a node just loaded (fields set one by one: keyword construction was twice
+    as slow, and this runs once per segment of every load)."""
+    seg = data_pb2.SegmentInfo()
+    seg.segment_id = info.segment_id
+    seg.collection_id = info.collection_id
+    seg.partition_id = info.partition_id
+    seg.node_id = node_id
+    seg.replica_id = replica_id
+    seg.mem_size = info.mem_size
+    seg.num_rows = info.num_rows
+    seg.state = SEALED
+    if info.compaction_from:
+        seg.compaction_from.extend(info.compaction_from)
+    seg.dm_channel = info.insert_channel
+    return seg
 
 
 class ChildTask(Task):
@@ -56,8 +82,9 @@ class LoadSegmentsTask(ChildTask, kind=qc.TASK_KIND_LOAD_SEGMENT, request="load_
     def summary(self) -> str:
         return f"load {len(self.request.infos)} segments of collection {self.collection_id}"
 
-    # The request as planned, binlog paths included; only in memory (the record is stripped).
-    full_infos: list[data_pb2.SegmentLoadInfo] | None = None
+    # What the request was planned from, binlog paths included (the catalog's binlogs, or filled load infos when
+    # rescheduled); only in memory (the record is stripped), and only until the child succeeded.
+    full_infos: list[Planned] | None = None
 
     async def _filled(self) -> querynode_pb2.LoadSegmentsRequest:
         """The persisted request is stripped of binlog paths: use the planned ones, or ask the catalog again.
@@ -68,7 +95,12 @@ class LoadSegmentsTask(ChildTask, kind=qc.TASK_KIND_LOAD_SEGMENT, request="load_
         req = self._copy()
         if self.full_infos is not None:
             del req.infos[:]
-            req.infos.extend(self.full_infos)
+            infos = req.infos
+            for planned in self.full_infos:
+                if isinstance(planned, data_pb2.SegmentBinlogs):
+                    fill_load_info(infos.add(), planned)
+                else:
+                    infos.append(planned)
             return req
         by_partition: dict[int, list[int]] = {}
         for info in req.infos:
@@ -93,34 +125,28 @@ class LoadSegmentsTask(ChildTask, kind=qc.TASK_KIND_LOAD_SEGMENT, request="load_
         return req
 
     async def execute(self) -> None:
+        await self._load()
+        # Done: nothing re-sends this request now (only a failed child is retried or rescheduled), so the planned
+        # binlog paths are dropped rather than kept until the whole trigger ends (100,000s of them in a big load).
+        self.full_infos = None
+
+    async def _load(self) -> None:
         req = await self._filled()
         # Partitions released since the plan (a resumed balance or handoff after a release): loading
         # them would leave copies that nothing records.
+        # Asked once per (collection, partition) of the request, not per segment.
         meta = self.env.meta
-        kept = [i for i in req.infos if meta.has_partition(i.collection_id, i.partition_id)]
-        if len(kept) != len(req.infos):
+        pairs = {(i.collection_id, i.partition_id) for i in req.infos}
+        gone = {(cid, pid) for cid, pid in pairs if not meta.has_partition(cid, pid)}
+        if gone:
+            kept = [i for i in req.infos if (i.collection_id, i.partition_id) not in gone]
             del req.infos[:]
             req.infos.extend(kept)
         if not req.infos:
             return
         await self.call(req)
-        await self.env.meta.save_segments(
-            [
-                data_pb2.SegmentInfo(
-                    segment_id=i.segment_id,
-                    collection_id=i.collection_id,
-                    partition_id=i.partition_id,
-                    node_id=self.node_id,
-                    replica_id=req.replica_id,
-                    mem_size=i.mem_size,
-                    num_rows=i.num_rows,
-                    state=SEALED,
-                    compaction_from=list(i.compaction_from),
-                    dm_channel=i.insert_channel,
-                )
-                for i in req.infos
-            ]
-        )
+        node_id, replica_id = self.node_id, req.replica_id
+        await self.env.meta.save_segments([loaded_segment(i, node_id, replica_id) for i in req.infos])
         await self._release_moved_and_replaced(req)
 
     async def _release_moved_and_replaced(self, req: querynode_pb2.LoadSegmentsRequest) -> None:
@@ -303,7 +329,7 @@ async def plan_children(
     env: TaskEnv,
     parent: Task,
     collection_id: int,
-    segments: Sequence[data_pb2.SegmentLoadInfo],
+    segments: Sequence[Planned],
     channels: Sequence[data_pb2.VChannelInfo],
     *,
     exclude: Sequence[int] = (),
@@ -315,6 +341,10 @@ async def plan_children(
     replica_id: int = 0,
 ) -> list[Task]:
     """Children (without ids) that load ``segments`` and watch ``channels``; see module docstring.
+
+    ``segments`` are the catalog's binlogs (a planned load: each child fills its load infos when it calls) or
+    load infos (a reschedule, a balance). A binlog's wire size is its load info's (the same fields, all with
+    one-byte tags: tests/test_load_plan.py), so requests are merged to the same sizes either way.
 
     With a ``replica_id``, only that replica's nodes take the work; when they have no room, spare nodes (online,
     in no replica of the collection) are offered too, and a spare that receives work joins the replica (persisted
@@ -376,7 +406,7 @@ async def plan_children(
     excluded = list(exclude)
     children: list[Task] = []
 
-    per_node: dict[int, list[data_pb2.SegmentLoadInfo]] = {}
+    per_node: dict[int, list[Planned]] = {}
     async for s in every_few(segments):
         per_node.setdefault(placed["segments"][s.segment_id], []).append(s)
     for node_id, infos in sorted(per_node.items()):

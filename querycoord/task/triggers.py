@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Callable, Iterable
+from operator import attrgetter
 
 from loguru import logger
 
 from proto import common_pb2, data_pb2, querynode_pb2, task_pb2
 from proto import querycoord_pb2 as qc
+from querycoord import memory
 from querycoord.cluster.allocator import CollectionReleasing, NoAvailableNode
-from querycoord.messages import copy_fields
 from querycoord.querymeta.copies import copies
+from querycoord.task.assign import Planned, segment_load_info
 from querycoord.task.children import (
     LoadSegmentsTask,
     ReleaseCollectionOnNodeTask,
@@ -31,6 +34,7 @@ from querycoord.yielding import every_few
 IN_MEMORY = data_pb2.PARTITION_STATE_IN_MEMORY
 NOT_PRESENT = data_pb2.PARTITION_STATE_NOT_PRESENT
 PARTIAL = data_pb2.PARTITION_STATE_PARTIAL_IN_MEMORY
+_PARTITION_ID = attrgetter("partition_id")
 # How a load of the other load type is refused, by how the collection is loaded.
 _LOADED_AS = {
     data_pb2.LOAD_TYPE_PARTITION: "as partitions: release partitions first",
@@ -42,11 +46,6 @@ def delta_channel(dm: data_pb2.VChannelInfo) -> data_pb2.VChannelInfo:
     """The delta channel that goes with a DM channel (Milvus derives it by name)."""
     name = dm.channel_name.replace("dml", "delta", 1) if "dml" in dm.channel_name else f"delta-{dm.channel_name}"
     return data_pb2.VChannelInfo(collection_id=dm.collection_id, channel_name=name)
-
-
-def segment_load_info(b: data_pb2.SegmentBinlogs) -> data_pb2.SegmentLoadInfo:
-    """What a node needs to load a catalog segment: every field of its binlogs."""
-    return copy_fields(b, data_pb2.SegmentLoadInfo)
 
 
 def merge_channel(into: data_pb2.VChannelInfo, other: data_pb2.VChannelInfo) -> None:
@@ -81,6 +80,14 @@ class TriggerTask(Task):
         self.planned: asyncio.Future[None] = loop.create_future()
         self.finished: asyncio.Future[None] = loop.create_future()
         self.deadline = time.monotonic() + env.config.trigger_timeout
+        # Segments this trigger loaded or released, for the memory release when it finishes (``_release_after``).
+        self.touched = _Touched()
+        self.finished.add_done_callback(_release_after(self.touched))
+
+    def on_child_done(self, child: Task) -> None:
+        """A child succeeded: its segments count as touched (see ``_release_after``)."""
+        if isinstance(child, LoadSegmentsTask):
+            self.touched.segments += len(child.request.infos)
 
     async def after_failure(self) -> None:
         """Undo query meta written by a failed trigger (after ``roll_back``'s children ran)."""
@@ -102,6 +109,28 @@ class TriggerTask(Task):
                                                            collection_id=self.collection_id, node_id=node.node_id,
                                                            parent=self))
         return out
+
+
+class _Touched:
+    """How many segments a trigger loaded or released; shared with its ``finished`` callback instead of the trigger
+    itself, which must not be kept alive (or put in a cycle) by its own future."""
+
+    __slots__ = ("segments",)
+
+    def __init__(self) -> None:
+        self.segments = 0
+
+
+def _release_after(touched: _Touched) -> Callable[[asyncio.Future[None]], None]:
+    """The ``finished`` callback of a trigger: once one that touched ``memory.LARGE_TASK_SEGMENTS`` segments or more
+    has finished, the memory its plan and children used goes back to the OS (``memory.release_soon``: a little
+    later, when the scheduler has let go of the tree)."""
+
+    def done(_f: asyncio.Future[None]) -> None:
+        if touched.segments >= memory.LARGE_TASK_SEGMENTS:
+            memory.release_soon()
+
+    return done
 
 
 class _LoadTrigger(TriggerTask):
@@ -175,14 +204,16 @@ class _LoadTrigger(TriggerTask):
         all_pids = [] if self.LOAD_TYPE == data_pb2.LOAD_TYPE_COLLECTION else self._loaded_partitions()
         self.children = []
         for replica in replicas:  # one after another: a spare joining one replica is no longer offered to the next
-            segments: list[data_pb2.SegmentLoadInfo] = []
+            # The catalog's binlogs themselves: each child builds its segments' load infos when it calls its node,
+            # and drops them once answered (a load info per segment held for the whole load was most of its RSS).
+            segments: list[Planned] = []
             for pid, binlogs in binlogs_by_partition:
                 held = 0
                 async for b in every_few(binlogs):
                     if self._held(b.segment_id, replica):
                         held += 1
                     else:
-                        segments.append(segment_load_info(b))
+                        segments.append(b)
                 self.loaded_segments[pid] = self.loaded_segments.get(pid, 0) + held
                 self.replica_loaded[replica] = self.replica_loaded.get(replica, 0) + held
             watched = {w.dm_channel: node for w in env.meta.dm_channels_of(cid)
@@ -240,6 +271,7 @@ class _LoadTrigger(TriggerTask):
         Counted from the finished child's own request, not by rescanning query
         meta: a rescan per child made a 100,000-segment load quadratic.
         """
+        super().on_child_done(child)
         if not isinstance(child, LoadSegmentsTask) or not self.planned_segments:
             return
         replica = child.request.replica_id
@@ -247,13 +279,11 @@ class _LoadTrigger(TriggerTask):
             self.replica_loaded[replica] = self.replica_loaded.get(replica, 0) + len(child.request.infos)
             self.env.meta.set_replica_progress(self.collection_id, replica,
                                                min(99, 100 * self.replica_loaded[replica] // self.replica_total))
-        touched: set[int] = set()
-        for info in child.request.infos:
-            if info.partition_id in self.planned_segments:
-                self.loaded_segments[info.partition_id] = self.loaded_segments.get(info.partition_id, 0) + 1
-                touched.add(info.partition_id)
-        for pid in touched:
-            planned = self.planned_segments[pid]
+        for pid, n in Counter(map(_PARTITION_ID, child.request.infos)).items():  # counted in C
+            planned = self.planned_segments.get(pid)
+            if planned is None:
+                continue
+            self.loaded_segments[pid] = self.loaded_segments.get(pid, 0) + n
             self.env.meta.set_progress(self.collection_id, pid, min(99, 100 * self.loaded_segments[pid] // planned))
 
     async def post_execute(self) -> None:
@@ -297,6 +327,7 @@ class ReleaseCollectionTask(TriggerTask, kind=qc.TASK_KIND_RELEASE_COLLECTION, r
         return f"release collection {self.collection_id}"
 
     async def execute(self) -> None:
+        self.touched.segments = len(self.env.meta.segment_ids_of(self.collection_id))
         self.children = self._release_everywhere()
 
     async def post_execute(self) -> None:
@@ -313,6 +344,8 @@ class ReleasePartitionsTask(TriggerTask, kind=qc.TASK_KIND_RELEASE_PARTITION, re
         return f"release partitions {list(self.request.partition_ids)} of collection {self.collection_id}"
 
     async def execute(self) -> None:
+        self.touched.segments = sum(len(self.env.meta.segment_ids_of(self.collection_id, pid))
+                            for pid in set(self.request.partition_ids))
         # Decided now, not when the request was accepted: releases running one after another (two
         # concurrent requests) may together release every loaded partition, and then the nodes must
         # drop the whole collection (its delta and query channels too), as meta does.

@@ -1,0 +1,96 @@
+"""Give the memory a large task freed back to the operating system.
+
+A load of 100,000 segments builds and drops several protobuf messages per segment (catalog binlogs, load infos,
+requests, query meta records, the nodes' distributions). Python frees them, but the coordinator's RSS stays near
+its peak: the process raises the cyclic GC's thresholds (``process.py``), so garbage in cycles waits for a
+generation-2 pass that rarely comes, and glibc's malloc keeps freed chunks in its arenas (only the top of the
+main heap is returned on its own). ``release_freed_memory`` runs a full collection and then asks glibc to
+return every free page (``malloc_trim(0)``); it logs the RSS before and after.
+
+It blocks the event loop for a full GC pass (tens of ms per 100,000 live objects), so it is for the end of a
+large task, never for a hot path: ``release_soon`` schedules one run a little later (so whatever just finished
+is unreferenced by then), coalescing requests that arrive meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import ctypes.util
+import gc
+import os
+import time
+from collections.abc import Callable
+
+from loguru import logger
+
+# A trigger that touched at least this many segments releases memory once it finished (``release_soon``).
+LARGE_TASK_SEGMENTS = 10_000
+# Seconds between the request and the release: the finished task's runner must have let go of it.
+RELEASE_DELAY = 0.5
+
+
+def _find_malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, or None where the C library has none (musl, macOS)."""
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else ctypes.CDLL(None)
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return trim
+
+
+def rss_bytes() -> int:
+    """This process's resident set size (0 where /proc is not there to read it)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+_malloc_trim = _find_malloc_trim()
+releases = 0  # how many times release_freed_memory ran (tests and /debug readers)
+_pending: tuple[asyncio.AbstractEventLoop, asyncio.TimerHandle] | None = None
+
+
+def release_freed_memory() -> bool:
+    """Collect every generation, then return free heap pages to the OS; True when ``malloc_trim`` ran."""
+    global releases
+    releases += 1
+    before, start = rss_bytes(), time.perf_counter()
+    collected = gc.collect()
+    if _malloc_trim is not None:
+        _malloc_trim(0)
+    logger.info("released freed memory: {} objects collected, RSS {:.0f} -> {:.0f} MiB in {:.0f} ms{}", collected,
+                before / 2**20, rss_bytes() / 2**20, (time.perf_counter() - start) * 1000,
+                "" if _malloc_trim is not None else " (no malloc_trim in this C library)")
+    return _malloc_trim is not None
+
+
+def release_soon(delay: float = RELEASE_DELAY) -> None:
+    """Run ``release_freed_memory`` once, ``delay`` seconds from now on the running loop (one pending run at
+    a time: a request while one is pending joins it)."""
+    global _pending
+    loop = asyncio.get_running_loop()
+    if _pending is not None and _pending[0] is loop and not _pending[1].cancelled():
+        return
+    _pending = (loop, loop.call_later(delay, _run_pending))
+
+
+def _run_pending() -> None:
+    global _pending
+    _pending = None
+    try:
+        release_freed_memory()
+    except Exception as exc:  # never let a housekeeping step break the loop's callbacks
+        logger.warning("releasing freed memory failed: {}", exc)
+
+
+__all__ = ["LARGE_TASK_SEGMENTS", "release_freed_memory", "release_soon"]

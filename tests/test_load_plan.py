@@ -1,0 +1,116 @@
+"""The per-segment steps of planning a load: each builds what the generic (slower) form built."""
+
+from __future__ import annotations
+
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
+
+from proto import data_pb2
+from querycoord.messages import copy_fields
+from querycoord.task.assign import fill_load_info, merge_by_size, segment_load_info, strip_segment
+from querycoord.task.children import loaded_segment
+
+
+def populated(message: Message, seed: int = 1) -> Message:
+    """Every field of ``message`` set to something other than its default (repeated ones with two values)."""
+    for i, f in enumerate(message.DESCRIPTOR.fields, start=seed):
+        repeated = f.is_repeated if hasattr(f, "is_repeated") else f.label == FieldDescriptor.LABEL_REPEATED
+        if f.message_type is not None:
+            items = [populated(f.message_type._concrete_class(), i), populated(f.message_type._concrete_class(), i + 9)]
+            if repeated:
+                getattr(message, f.name).extend(items)
+            else:
+                getattr(message, f.name).CopyFrom(items[0])
+            continue
+        if f.type == FieldDescriptor.TYPE_STRING:
+            values: list[object] = [f"{f.name}-{i}", f"{f.name}-{i}-b"]
+        elif f.enum_type is not None:
+            values = [f.enum_type.values[-1].number] * 2
+        elif f.type == FieldDescriptor.TYPE_BOOL:
+            values = [True, True]
+        else:
+            values = [1000 + i, 2000 + i]
+        if repeated:
+            getattr(message, f.name).extend(values)
+        else:
+            setattr(message, f.name, values[0])
+    return message
+
+
+def binlogs() -> data_pb2.SegmentBinlogs:
+    b = populated(data_pb2.SegmentBinlogs())
+    assert isinstance(b, data_pb2.SegmentBinlogs)
+    return b
+
+
+def test_a_load_info_carries_every_field_the_binlogs_share_with_it() -> None:
+    b = binlogs()
+    assert segment_load_info(b) == copy_fields(b, data_pb2.SegmentLoadInfo)
+    assert fill_load_info(data_pb2.SegmentLoadInfo(), b) == copy_fields(b, data_pb2.SegmentLoadInfo)
+    bare = data_pb2.SegmentBinlogs(segment_id=3, mem_size=10)
+    assert segment_load_info(bare) == copy_fields(bare, data_pb2.SegmentLoadInfo)
+
+
+def test_binlogs_strip_to_what_their_load_info_strips_to() -> None:
+    for b in (binlogs(), data_pb2.SegmentBinlogs(segment_id=3, binlog_paths=["x"])):
+        info = segment_load_info(b)
+        stripped = strip_segment(b)
+        assert stripped == strip_segment(info)
+        assert not stripped.binlog_paths and not any(i.index_file_paths for i in stripped.index_infos)
+        assert info.binlog_paths, "stripping copies: the planned message keeps its paths"
+
+
+def test_binlogs_and_their_load_info_have_one_wire_size() -> None:
+    b = binlogs()
+    assert b.ByteSize() == segment_load_info(b).ByteSize()
+    many = [populated(data_pb2.SegmentBinlogs(), seed) for seed in range(1, 40)]
+    sizes = [len(g) for g in merge_by_size(many, 1000)]
+    assert sizes == [len(g) for g in merge_by_size([segment_load_info(x) for x in many], 1000)]  # type: ignore[arg-type]
+    assert len(sizes) > 1
+
+
+def test_the_loaded_segment_record_is_the_keyword_built_one() -> None:
+    for info in (segment_load_info(binlogs()), data_pb2.SegmentLoadInfo(segment_id=5, collection_id=1)):
+        assert loaded_segment(info, 7, 3) == data_pb2.SegmentInfo(
+            segment_id=info.segment_id, collection_id=info.collection_id, partition_id=info.partition_id,
+            node_id=7, replica_id=3, mem_size=info.mem_size, num_rows=info.num_rows,
+            state=data_pb2.SEGMENT_STATE_SEALED, compaction_from=list(info.compaction_from),
+            dm_channel=info.insert_channel)
+
+
+async def test_a_child_loads_only_partitions_still_loaded_and_fills_paths_from_the_plan() -> None:
+    from types import SimpleNamespace
+    from typing import Any
+
+    from proto import querycoord_pb2 as qc
+    from proto import querynode_pb2
+    from querycoord.task.children import LoadSegmentsTask
+
+    saved: list[data_pb2.SegmentInfo] = []
+    sent: list[querynode_pb2.LoadSegmentsRequest] = []
+
+    class Meta:
+        def has_partition(self, cid: int, pid: int) -> bool:
+            return (cid, pid) == (1, 10)  # partition 11 was released after the plan
+
+        async def save_segments(self, segs: list[data_pb2.SegmentInfo]) -> None:
+            saved.extend(segs)
+
+    planned = [data_pb2.SegmentBinlogs(segment_id=s, collection_id=1, partition_id=p, mem_size=5,
+                                       binlog_paths=[f"log/{s}"], insert_channel="dml_0")
+               for s, p in ((1, 10), (2, 11), (3, 10))]
+    env: Any = SimpleNamespace(meta=Meta(), nodes=SimpleNamespace(is_online=lambda n: True))
+    req = querynode_pb2.LoadSegmentsRequest(collection_id=1, replica_id=4, infos=[strip_segment(b) for b in planned])
+    child = LoadSegmentsTask.new(env, req, trigger_condition=qc.TRIGGER_CONDITION_GRPC_REQUEST, collection_id=1,
+                                 node_id=7)
+    child.full_infos = list(planned)
+
+    async def call(request: querynode_pb2.LoadSegmentsRequest) -> None:
+        sent.append(request)
+
+    child.call = call  # type: ignore[method-assign]
+    await child.execute()
+    assert [(i.segment_id, list(i.binlog_paths)) for i in sent[0].infos] == [(1, ["log/1"]), (3, ["log/3"])]
+    assert [(s.segment_id, s.node_id, s.replica_id) for s in saved] == [(1, 7, 4), (3, 7, 4)]
+    assert child.full_infos is None
+    assert not any(i.binlog_paths for i in child.request.infos), "the record stays stripped"
