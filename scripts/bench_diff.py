@@ -46,21 +46,34 @@ class _Node:
 class _Client:
     def __init__(self, answer: querynode_pb2.GetDataDistributionResponse):
         self.answer = answer
+        self.ids_answer = ids_only(answer)
 
     async def call(self, method: str, request: Any) -> querynode_pb2.GetDataDistributionResponse:
         assert method == "GetDataDistribution"
-        return self.answer
+        return self.ids_answer if getattr(request, "segment_ids_only", False) else self.answer
+
+
+def ids_only(answer: querynode_pb2.GetDataDistributionResponse) -> querynode_pb2.GetDataDistributionResponse:
+    """The answer a node gives with ``segment_ids_only`` (ids grouped by partition, no SegmentInfo)."""
+    groups: dict[tuple[int, int], list[int]] = {}
+    for s in answer.segments:
+        groups.setdefault((s.collection_id, s.partition_id), []).append(s.segment_id)
+    out = querynode_pb2.GetDataDistributionResponse(node_id=answer.node_id, channels=answer.channels)
+    for (cid, pid), ids in sorted(groups.items()):
+        out.segment_groups.add(collection_id=cid, partition_id=pid, segment_ids=sorted(ids))
+    return out
 
 
 class _Nodes:
     def __init__(self, answers: dict[int, querynode_pb2.GetDataDistributionResponse]):
         self.answers = answers
+        self.clients = {n: _Client(a) for n, a in answers.items()}  # built before anything is timed
 
     def online(self) -> list[_Node]:
         return [_Node(n) for n in sorted(self.answers)]
 
     def client(self, node_id: int) -> _Client:
-        return _Client(self.answers[node_id])
+        return self.clients[node_id]
 
 
 class _Env:
