@@ -119,10 +119,8 @@ class RangeFollower:
             await asyncio.sleep(RESTART_DELAY)
 
     async def _follow(self) -> None:
-        snapshot = await self._kv.load_prefix(self._prefix, through=self._through)
-        await self.replace(snapshot.items(), snapshot.revision)
-        await self._moved_to(snapshot.revision)
-        async for item in watch_prefix(self._kv, self._prefix, snapshot.revision + 1, through=self._through,
+        revision = await self._read()
+        async for item in watch_prefix(self._kv, self._prefix, revision + 1, through=self._through,
                                        reconnect_deadline=None, progress_wanted=self._progress):
             if isinstance(item, Resync):
                 await self.replace(item.snapshot.items(), item.revision)
@@ -130,7 +128,16 @@ class RangeFollower:
             else:
                 self.apply(item)
                 self.events += len(item.events)
-            await self._moved_to(item.revision)
+            revision = item.revision
+            del item  # a Resync's snapshot (every raw record of the range) must not live on while we wait
+            await self._moved_to(revision)
+
+    async def _read(self) -> int:
+        """The first full read; its raw records are freed on return (the copy is all that is kept)."""
+        snapshot = await self._kv.load_prefix(self._prefix, through=self._through)
+        await self.replace(snapshot.items(), snapshot.revision)
+        await self._moved_to(snapshot.revision)
+        return snapshot.revision
 
     async def _moved_to(self, revision: int) -> None:
         async with self._moved:

@@ -183,6 +183,7 @@ async def watch_prefix(
             )
             next_rev = snapshot.revision + 1
             yield Resync(snapshot)
+            del snapshot  # every raw record of the prefix: not kept in this frame until the next compaction
             continue
 
         now = time.monotonic()

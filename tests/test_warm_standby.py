@@ -9,10 +9,11 @@ deletes, node removal, a corrupt record put by hand).
 from __future__ import annotations
 
 import asyncio
+import gc
 
 import pytest
 
-from meta.kv import MetaKV
+from meta.kv import MetaKV, PrefixSnapshot
 from meta.watch import watch_prefix
 from proto import data_pb2
 from querycoord.catalog.store import CatalogStore
@@ -157,5 +158,20 @@ async def test_the_catalog_copy_gives_the_targets_a_catalog_read_gives(kv: MetaK
         await catalog.drop_collection(second.collection_id)
         await targets.catch_up(15)
         assert targets.target(second.collection_id, spids) is None
+    finally:
+        await targets.stop()
+
+
+async def test_a_follower_keeps_its_copy_not_the_raw_read(kv: MetaKV) -> None:
+    """The first read's raw records (a million KeyValues at scale) are freed once the copy is built: the catalog's
+    follower lives as long as the process, and kept them for ever."""
+    catalog = CatalogStore(kv)
+    await catalog.create_bulk_collection("raw", num_partitions=1, num_segments=50, num_channels=1)
+    targets = CatalogTargets(kv)
+    targets.start()
+    try:
+        await targets.catch_up(15)
+        gc.collect()
+        assert not [o for o in gc.get_objects() if isinstance(o, PrefixSnapshot)], "a raw read is still referenced"
     finally:
         await targets.stop()
