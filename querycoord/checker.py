@@ -38,6 +38,7 @@ from loguru import logger
 from meta.errors import MetaError
 from proto import data_pb2, querynode_pb2, task_pb2
 from proto import querycoord_pb2 as qc
+from querycoord import memory
 from querycoord.catalog.targets import CatalogTargets
 from querycoord.cluster.client import NodeError
 from querycoord.querymeta import QueryMeta
@@ -627,6 +628,10 @@ class Checker:
         busy |= self._busy()
         online = {n.node_id for n in env.nodes.online()}
         d = await diff_async(env.meta, targets, held, reachable=reachable, online=online, busy=busy)
+        large = len(held.segment_collection) >= memory.LARGE_TASK_SEGMENTS
+        del held, targets  # a million segments' worth: freed now, and handed back to the OS below
+        if large:
+            memory.trim()
         for cid, parts in d.progress.items():
             if cid not in self._busy():
                 report.progress_updates += await self._set_progress(env.meta, cid, parts)

@@ -74,6 +74,15 @@ def release_freed_memory() -> bool:
     return _malloc_trim is not None
 
 
+def trim() -> bool:
+    """Return free heap pages to the OS without a GC pass (milliseconds: for after each large checker pass,
+    whose garbage is freed by reference counting alone); True when ``malloc_trim`` ran."""
+    if _malloc_trim is None:
+        return False
+    _malloc_trim(0)
+    return True
+
+
 def release_soon(delay: float = RELEASE_DELAY) -> None:
     """Run ``release_freed_memory`` once, ``delay`` seconds from now on the running loop (one pending run at
     a time: a request while one is pending joins it)."""
@@ -93,4 +102,4 @@ def _run_pending() -> None:
         logger.warning("releasing freed memory failed: {}", exc)
 
 
-__all__ = ["LARGE_TASK_SEGMENTS", "release_freed_memory", "release_soon"]
+__all__ = ["LARGE_TASK_SEGMENTS", "release_freed_memory", "release_soon", "trim"]

@@ -171,3 +171,15 @@ async def test_the_release_does_not_need_the_trigger_alive_and_does_not_keep_it(
         assert len(requested) == 1, "the release is asked for although the trigger is gone"
     finally:
         gc.enable()
+
+
+def test_trim_returns_pages_without_a_gc_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``trim`` (after each large checker pass) asks glibc for its free pages and runs no collection."""
+    trims: list[int] = []
+    collections: list[int] = []
+    monkeypatch.setattr(memory, "_malloc_trim", lambda pad: trims.append(pad) or 1)
+    monkeypatch.setattr(memory.gc, "collect", lambda *a: collections.append(1) or 0)
+    assert memory.trim() is True and trims == [0]
+    assert collections == []
+    monkeypatch.setattr(memory, "_malloc_trim", None)
+    assert memory.trim() is False
