@@ -62,7 +62,7 @@ from querycoord.yielding import every_few
 
 from . import keys
 from .batch import Mutation, TxnWriter
-from .copies import copies, view_of, with_copy, without_node
+from .copies import copies, set_copies, view_of, with_copy, without_node
 from .errors import CollectionNotLoaded, CorruptRecord, LoadTypeConflict, PartitionNotLoaded
 from .index import MetaIndex
 from .records import (
@@ -751,7 +751,8 @@ class QueryMeta:
         async def body() -> int:
             for cid, pid in {(seg.collection_id, seg.partition_id) for seg in to_save}:
                 self._require_partition(cid, pid)
-            mutations = [self._put_segment(self._merged_segment(seg)) for seg in to_save]
+            replicas: dict[tuple[int, int], int] = {}  # (collection, node) -> replica, resolved once per call
+            mutations = [self._put_segment(self._merged_segment(seg, replicas)) for seg in to_save]
             for sid in remove_ids:
                 old = self._index.segments.get(sid)
                 if old is not None:
@@ -785,12 +786,25 @@ class QueryMeta:
 
         return await self._exclusive(cids, body)
 
-    def _merged_segment(self, view: SegmentInfo) -> SegmentInfo:
-        """The stored record once the copy ``view`` describes is added (its replica resolved from its node)."""
+    def _merged_segment(self, view: SegmentInfo, replicas: dict[tuple[int, int], int]) -> SegmentInfo:
+        """The stored record once the copy ``view`` describes is added (its replica resolved from its node).
+
+        ``view`` is the caller's private copy (``stored_segment``). A segment with no record yet (every segment
+        of a load) becomes its record in place: ``with_copy`` would copy the message twice more, per segment.
+        """
         current = self._index.segments.get(view.segment_id)
         if current is not None and (current.collection_id, current.partition_id) != (view.collection_id,
                                                                                        view.partition_id):
             current = None  # moved to another partition (a catalog fix): the old copies went with the old key
+        if current is None and view.node_id:
+            if not view.replica_id:
+                where = (view.collection_id, view.node_id)
+                replica = replicas.get(where)
+                if replica is None:
+                    replica = replicas[where] = self.replica_of_node(*where) or self._sole_replica(
+                        view.collection_id)
+                view.replica_id = replica
+            return set_copies(view, {view.replica_id: view.node_id})
         return with_copy(current, self._with_replica(view))
 
     def _with_replica(self, view: SegmentInfo | DmChannelWatchInfo) -> SegmentInfo | DmChannelWatchInfo:
