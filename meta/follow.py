@@ -62,6 +62,10 @@ class RangeFollower:
     def drop(self) -> None:
         """Forget the copy (it is broken; a fresh read follows)."""
 
+    def after_read(self, keys: int) -> None:
+        """A full read of ``keys`` keys was applied and its raw records are freed (a subclass may hand the
+        memory back to the OS)."""
+
     # ----- life cycle -----------------------------------------------------------------------------------------------
     @property
     def ready(self) -> bool:
@@ -119,25 +123,31 @@ class RangeFollower:
             await asyncio.sleep(RESTART_DELAY)
 
     async def _follow(self) -> None:
-        revision = await self._read()
+        revision, keys = await self._read()
+        self.after_read(keys)
         async for item in watch_prefix(self._kv, self._prefix, revision + 1, through=self._through,
                                        reconnect_deadline=None, progress_wanted=self._progress):
             if isinstance(item, Resync):
+                keys = len(item.snapshot)
                 await self.replace(item.snapshot.items(), item.revision)
                 self.events = 0
             else:
+                keys = 0
                 self.apply(item)
                 self.events += len(item.events)
             revision = item.revision
             del item  # a Resync's snapshot (every raw record of the range) must not live on while we wait
+            if keys:
+                self.after_read(keys)
             await self._moved_to(revision)
 
-    async def _read(self) -> int:
-        """The first full read; its raw records are freed on return (the copy is all that is kept)."""
+    async def _read(self) -> tuple[int, int]:
+        """The first full read (revision, keys); its raw records are freed on return (the copy is all that is
+        kept)."""
         snapshot = await self._kv.load_prefix(self._prefix, through=self._through)
         await self.replace(snapshot.items(), snapshot.revision)
         await self._moved_to(snapshot.revision)
-        return snapshot.revision
+        return snapshot.revision, len(snapshot)
 
     async def _moved_to(self, revision: int) -> None:
         async with self._moved:

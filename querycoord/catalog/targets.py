@@ -25,6 +25,7 @@ from meta.follow import RangeFollower
 from meta.kv import MetaKV
 from meta.watch import EventType, WatchBatch
 from proto import catalog_pb2, data_pb2
+from querycoord import memory
 from querycoord.catalog.store import COLLECTIONS_PREFIX, SEGMENTS_PREFIX
 from querycoord.target import Target, TargetSegment
 from querycoord.yielding import every_few
@@ -66,6 +67,10 @@ class CatalogTargets(RangeFollower):
             self._put(key, value)
         logger.info("checker targets: catalog copied at revision {} ({} collections, {} segments)", revision,
                     len(self._collections), sum(len(s) for p in self._segments.values() for s in p.values()))
+
+    def after_read(self, keys: int) -> None:
+        if keys >= memory.LARGE_TASK_SEGMENTS:
+            memory.trim()  # the raw read is freed: hand its pages back (a million records: hundreds of MB)
 
     def apply(self, batch: WatchBatch) -> None:
         for ev in batch.events:

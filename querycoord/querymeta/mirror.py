@@ -26,6 +26,7 @@ from meta.errors import MetaError
 from meta.follow import RangeFollower
 from meta.kv import MetaKV
 from meta.watch import EventType, WatchBatch
+from querycoord import memory
 from querycoord.yielding import every_few
 
 from . import keys
@@ -98,6 +99,10 @@ class MetaMirror(RangeFollower):
         self._index, self._corrupt = fresh, corrupt
         logger.info("warm standby: query meta copied at revision {} ({} collections, {} segments); following it",
                     revision, len(fresh.collections), len(fresh.segments))
+
+    def after_read(self, keys: int) -> None:
+        if keys >= memory.LARGE_TASK_SEGMENTS:
+            memory.trim()  # the raw read is freed: hand its pages back (a million records: hundreds of MB)
 
     def apply(self, batch: WatchBatch) -> None:
         index = self._index
