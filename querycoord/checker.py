@@ -305,7 +305,7 @@ def _diff_steps(
         shape = len(replicas) if len(set(replicas)) == len(replicas) and len(replicas) <= 2 else 0
         r0 = ordered[0] if shape else 0
         r1 = ordered[1] if shape == 2 else 0
-        records = meta.segment_records()
+        places = meta.segment_places()  # (collection, partition, flat copies: replica, node, ...) by segment
         fast_pids: list[int] = []  # partition of each segment that took the fast path
         segments = list(tsegs.values())
         step = every or len(segments) or 1
@@ -317,20 +317,10 @@ def _diff_steps(
                 if shape == 1:
                     node = first.get(sid)
                     if node is not None and sid not in second and (legacy or replica_of.get(node) == r0):
-                        rec = records.get(sid)
-                        if rec is not None:
-                            # _copy_is inlined for its common case (a million calls): one copy, in r0 on node.
-                            node_ids = rec.node_ids
-                            if len(node_ids) == 1:
-                                if node_ids[0] == node:
-                                    replica_ids = rec.replica_ids
-                                    if len(replica_ids) > 0 and replica_ids[0] == r0:
-                                        pid = seg.partition_id
-                                        if pid not in progress:
-                                            progress[pid] = (0, 0)
-                                        fast_pids.append(pid)
-                                        continue
-                            elif _copy_is(rec, r0, node):
+                        place = places.get(sid)
+                        if place is not None:
+                            flat = place[2]  # its one copy is in r0, on the node that holds it
+                            if len(flat) == 2 and flat[1] == node and flat[0] == r0:
                                 pid = seg.partition_id
                                 if pid not in progress:
                                     progress[pid] = (0, 0)
@@ -340,8 +330,8 @@ def _diff_steps(
                     a = first.get(sid)
                     b = second.get(sid)
                     if a is not None and b is not None and sid not in rest:
-                        rec = records.get(sid)
-                        if rec is not None and _copies_are(rec, r0, r1, a, b, replica_of):
+                        place = places.get(sid)
+                        if place is not None and _copies_are(place[2], r0, r1, a, b, replica_of):
                             pid = seg.partition_id
                             if pid not in progress:
                                 progress[pid] = (0, 0)
@@ -438,32 +428,14 @@ def _diff_steps(
     return out
 
 
-def _copies_are(rec: data_pb2.SegmentInfo, r0: int, r1: int, a: int, b: int, replica_of: dict[int, int]) -> bool:
-    """True only when the record's copies are ``{r0: x, r1: y}`` with ``{x, y} == {a, b}``, x a node of replica
-    ``r0`` and y of ``r1``. False sends the segment to the general path."""
-    replica_ids = rec.replica_ids
-    if len(replica_ids) != 2 or replica_ids[0] != r0 or replica_ids[1] != r1:
+def _copies_are(flat: tuple[int, ...], r0: int, r1: int, a: int, b: int, replica_of: dict[int, int]) -> bool:
+    """True only when the record's copies (``flat``: replica, node, replica, node by replica) are ``{r0: x, r1: y}``
+    with ``{x, y} == {a, b}``, x a node of replica ``r0`` and y of ``r1``. False sends the segment to the general
+    path."""
+    if len(flat) != 4 or flat[0] != r0 or flat[2] != r1:
         return False
-    node_ids = rec.node_ids
-    if len(node_ids) != 2:
-        return False
-    x, y = node_ids[0], node_ids[1]
+    x, y = flat[1], flat[3]
     return ((x == a and y == b) or (x == b and y == a)) and replica_of.get(x) == r0 and replica_of.get(y) == r1
-
-
-def _copy_is(rec: data_pb2.SegmentInfo, replica: int, node: int) -> bool:
-    """True only when the record's copy in ``replica`` is on ``node`` (``copies(rec).get(replica) == node``,
-    without the dict): its one copy is that one. False sends the segment to the general path."""
-    node_ids = rec.node_ids  # len and [i] on a repeated field are cheap, == with a list is not
-    count = len(node_ids)
-    if count == 1:  # copies: {replica_ids[0]: node_ids[0]} (zip stops at the shorter list)
-        if node_ids[0] != node:
-            return False
-        replica_ids = rec.replica_ids
-        return len(replica_ids) > 0 and replica_ids[0] == replica
-    if count == 0:  # a record written before replicas: {replica_id: node_id}
-        return rec.node_id == node and rec.replica_id == replica and node != 0
-    return False
 
 
 def describe(req: task_pb2.RepairRequest) -> str:

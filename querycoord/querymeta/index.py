@@ -15,7 +15,7 @@ Node id 0 means "on no node" and is not indexed by node.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from proto import data_pb2
 
@@ -28,12 +28,86 @@ DmChannelWatchInfo = data_pb2.DmChannelWatchInfo
 VChannelInfo = data_pb2.VChannelInfo
 
 
+Place = tuple[int, int, tuple[int, ...]]  # (collection, partition, flat copies: replica, node, replica, node...)
+
+
+def flat_copies(seg: SegmentInfo) -> tuple[int, ...]:
+    """The record's copies as (replica, node, ...) by replica: what the checker's fast path compares."""
+    by_replica = copies(seg)
+    return tuple(x for r in sorted(by_replica) for x in (r, by_replica[r]))
+
+
+class SegmentTable(Mapping[int, SegmentInfo]):
+    """Segment records by id, kept serialized; each read parses a fresh message (the caller's own).
+
+    Why: a parsed protobuf record costs about 500 bytes (the message object and its arena) for 40 bytes of data,
+    and a coordinator holds one per loaded segment: a million segments were half a GB. Serialized, a record is
+    about 70 bytes; what the hot paths need without parsing (collection, partition, copies) is kept beside it in
+    a tuple shared by every segment with the same values (few distinct ones: partitions x copy placements).
+    """
+
+    __slots__ = ("_places", "_rows", "_shared")
+
+    def __init__(self) -> None:
+        self._rows: dict[int, bytes] = {}
+        self._places: dict[int, Place] = {}
+        self._shared: dict[Place, Place] = {}
+
+    def __getitem__(self, segment_id: int) -> SegmentInfo:
+        seg = SegmentInfo()
+        seg.ParseFromString(self._rows[segment_id])
+        return seg
+
+    def get(self, segment_id: int, default: SegmentInfo | None = None) -> SegmentInfo | None:  # type: ignore[override]
+        raw = self._rows.get(segment_id)
+        if raw is None:
+            return default
+        seg = SegmentInfo()
+        seg.ParseFromString(raw)
+        return seg
+
+    def __contains__(self, segment_id: object) -> bool:
+        return segment_id in self._rows
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._rows)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def put(self, seg: SegmentInfo) -> Place:
+        place = (seg.collection_id, seg.partition_id, flat_copies(seg))
+        if len(self._shared) > max(4096, len(self._rows)):
+            self._shared = {}  # places of released collections: forget them (records keep the tuples they use)
+        place = self._shared.setdefault(place, place)
+        self._rows[seg.segment_id] = seg.SerializeToString()
+        self._places[seg.segment_id] = place
+        return place
+
+    def pop(self, segment_id: int) -> tuple[Place, SegmentInfo] | None:
+        """Remove a record: its place and the record itself (None when there is none)."""
+        raw = self._rows.pop(segment_id, None)
+        if raw is None:
+            return None
+        seg = SegmentInfo()
+        seg.ParseFromString(raw)
+        return self._places.pop(segment_id), seg
+
+    def place(self, segment_id: int) -> Place | None:
+        """(collection, partition, flat copies) without parsing the record."""
+        return self._places.get(segment_id)
+
+    def places(self) -> Mapping[int, Place]:
+        """Every segment's place by id (read-only use: loops over a million segments)."""
+        return self._places
+
+
 class MetaIndex:
     """Collections, segments and channels as etcd has them, indexed (see module docstring)."""
 
     def __init__(self) -> None:
         self.collections: dict[int, CollectionLoadInfo] = {}
-        self.segments: dict[int, SegmentInfo] = {}
+        self.segments = SegmentTable()
         self.segments_by_partition: dict[int, dict[int, set[int]]] = {}
         self.segments_by_node: dict[int, set[int]] = {}
         self.memory_by_node: dict[int, int] = {}
@@ -58,19 +132,24 @@ class MetaIndex:
 
     # ----- segments -----------------------------------------------------------
     def put_segment(self, seg: SegmentInfo) -> None:
-        """Insert or replace by segment id (a replaced record may have moved node or partition)."""
-        self.drop_segment(seg.segment_id)
+        """Insert or replace by segment id (a replaced record may have moved node or partition).
+
+        The record is stored serialized (``SegmentTable``): changing ``seg`` afterwards changes nothing here.
+        """
         sid = seg.segment_id
-        self.segments[sid] = seg
-        self.segments_by_partition.setdefault(seg.collection_id, {}).setdefault(seg.partition_id, set()).add(sid)
-        for node in copies(seg).values():
+        self.drop_segment(sid)
+        cid, pid, flat = self.segments.put(seg)
+        self.segments_by_partition.setdefault(cid, {}).setdefault(pid, set()).add(sid)
+        mem = seg.mem_size
+        for node in flat[1::2]:
             self.segments_by_node.setdefault(node, set()).add(sid)
-            self.memory_by_node[node] = self.memory_by_node.get(node, 0) + seg.mem_size
+            self.memory_by_node[node] = self.memory_by_node.get(node, 0) + mem
 
     def drop_segment(self, segment_id: int) -> None:
-        seg = self.segments.pop(segment_id, None)
-        if seg is None:
+        popped = self.segments.pop(segment_id)
+        if popped is None:
             return
+        _place, seg = popped
         parts = self.segments_by_partition.get(seg.collection_id)
         if parts is not None:
             sids = parts.get(seg.partition_id)
@@ -142,7 +221,7 @@ class MetaIndex:
         """Every record with the key it is stored under: what etcd must hold, exactly."""
         for cid, info in self.collections.items():
             yield keys.collection_key(cid), info
-        for seg in self.segments.values():
+        for seg in self.segments.values():  # parsed one by one: a fresh message each
             yield keys.segment_key(seg.collection_id, seg.partition_id, seg.segment_id), seg
         for cid, watches in self.dm_channels.items():
             for channel, watch in watches.items():

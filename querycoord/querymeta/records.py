@@ -97,9 +97,9 @@ def decode_into(index: MetaIndex, prefix: str, key: str, value: bytes, *, replac
         seg = _parse(SegmentInfo, key, value)
         ids_ok = min(seg.collection_id, seg.partition_id, seg.segment_id) > 0
         _expect_key(key, keys.segment_key(seg.collection_id, seg.partition_id, seg.segment_id), ids_ok)
-        twin = index.segments.get(seg.segment_id)
+        twin = index.segments.place(seg.segment_id)
         if twin is not None:
-            other = keys.segment_key(twin.collection_id, twin.partition_id, twin.segment_id)
+            other = keys.segment_key(twin[0], twin[1], seg.segment_id)
             if not (replace and other == key):
                 raise CorruptRecord(key, f"segment {seg.segment_id} is already stored under {other!r}")
         index.put_segment(seg)
@@ -132,9 +132,10 @@ def drop_key(index: MetaIndex, prefix: str, key: str) -> None:
     cid = int(head)
     if prefix == keys.SEGMENT_PREFIX:
         sid_text = tail.rpartition("/")[2]
-        seg = index.segments.get(int(sid_text)) if sid_text.isdigit() else None
-        if seg is not None and keys.segment_key(seg.collection_id, seg.partition_id, seg.segment_id) == key:
-            index.drop_segment(seg.segment_id)
+        sid = int(sid_text) if sid_text.isdigit() else 0
+        place = index.segments.place(sid)
+        if place is not None and keys.segment_key(place[0], place[1], sid) == key:
+            index.drop_segment(sid)
     elif prefix == keys.DM_CHANNEL_PREFIX:
         index.drop_dm_channel(cid, tail)
     else:

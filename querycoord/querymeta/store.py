@@ -303,8 +303,10 @@ class QueryMeta:
             replica_id=0, collection_id=collection_id, in_memory_percentage=info.in_memory_percentage)]
         held: dict[int, int] = {}
         nodes: dict[int, set[int]] = {}
+        places = self._index.segments.places()
         for sid in self._index.segment_ids_of(collection_id):
-            for r, n in copies(self._index.segments[sid]).items():
+            flat = places[sid][2]
+            for r, n in zip(flat[::2], flat[1::2], strict=True):
                 held[r] = held.get(r, 0) + 1
                 nodes.setdefault(r, set()).add(n)
         channels: dict[int, list[str]] = {}
@@ -651,19 +653,22 @@ class QueryMeta:
 
     # ===== segments ================================================================
     def get_segment(self, segment_id: int) -> SegmentInfo | None:
-        """The segment's record: every copy in ``node_ids``/``replica_ids`` (``node_id``: the lowest replica's)."""
-        seg = self._index.segments.get(segment_id)
-        return copy_message(seg) if seg is not None else None
+        """The segment's record (the caller's own copy): every copy in ``node_ids``/``replica_ids`` (``node_id``:
+        the lowest replica's)."""
+        return self._index.segments.get(segment_id)
 
     def segment_copies(self, segment_id: int) -> dict[int, int]:
         """replica id -> node id of every recorded copy of the segment ({} when it has none)."""
-        seg = self._index.segments.get(segment_id)
-        return copies(seg) if seg is not None else {}
+        place = self._index.segments.place(segment_id)
+        if place is None:
+            return {}
+        flat = place[2]
+        return dict(zip(flat[::2], flat[1::2], strict=True))
 
     def segments_of(self, collection_id: int, partition_id: int | None = None) -> list[SegmentInfo]:
-        """Segments of a collection (or of one partition), by segment id."""
+        """Segments of a collection (or of one partition), by segment id (the caller's own copies)."""
         ids = self._index.segment_ids_of(collection_id, partition_id)
-        return [copy_message(self._index.segments[s]) for s in ids]
+        return [self._index.segments[s] for s in ids]
 
     def segment_ids_of(self, collection_id: int, partition_id: int | None = None) -> list[int]:
         """Ids only, sorted: no copies, for hot paths such as progress (``segments_of`` copies every record)."""
@@ -674,14 +679,14 @@ class QueryMeta:
         arithmetic over a million ids (the checker's diff)."""
         return set().union(*self._index.segments_by_partition.get(collection_id, {}).values())
 
-    def segment_records(self) -> Mapping[int, SegmentInfo]:
-        """Every segment record by id, read-only and without copies, for loops over many segments (the checker's
-        diff reads each record's copy fields once per pass; ``get_segment`` would copy it).
+    def segment_places(self) -> Mapping[int, tuple[int, int, tuple[int, ...]]]:
+        """Every segment's (collection, partition, copies as replica, node, replica, node...) by id, read-only and
+        without parsing a record: for loops over many segments (the checker's diff, once per pass).
 
-        The records are the live ones: callers must not modify them. The view is of the index this instance has
-        now: after a ``reload`` it still shows the records of before (a fresh call shows the new ones).
+        The view is of the index this instance has now: after a ``reload`` it still shows the places of before
+        (a fresh call shows the new ones).
         """
-        return MappingProxyType(self._index.segments)
+        return MappingProxyType(self._index.segments.places())
 
     def segments_on_node(self, node_id: int) -> list[SegmentInfo]:
         """The copies recorded on the node, by segment id (node 0, "no node", has none).
@@ -742,10 +747,11 @@ class QueryMeta:
 
         def cids() -> set[int]:
             out = {s.collection_id for s in to_save}
+            places = self._index.segments.places()
             for sid in (*seen, *remove_ids):
-                old = self._index.segments.get(sid)
+                old = places.get(sid)
                 if old is not None:
-                    out.add(old.collection_id)
+                    out.add(old[0])
             return out
 
         async def body() -> int:
@@ -772,7 +778,8 @@ class QueryMeta:
         ids = _unique_ids("segment", segment_ids)
 
         def cids() -> set[int]:
-            return {self._index.segments[s].collection_id for s in ids if s in self._index.segments}
+            places = self._index.segments.places()
+            return {places[s][0] for s in ids if s in places}
 
         async def body() -> int:
             mutations = []
@@ -792,10 +799,11 @@ class QueryMeta:
         ``view`` is the caller's private copy (``stored_segment``). A segment with no record yet (every segment
         of a load) becomes its record in place: ``with_copy`` would copy the message twice more, per segment.
         """
-        current = self._index.segments.get(view.segment_id)
-        if current is not None and (current.collection_id, current.partition_id) != (view.collection_id,
-                                                                                       view.partition_id):
-            current = None  # moved to another partition (a catalog fix): the old copies went with the old key
+        place = self._index.segments.place(view.segment_id)
+        current = None
+        if place is not None and place[:2] == (view.collection_id, view.partition_id):
+            current = self._index.segments.get(view.segment_id)
+        # else: new, or moved to another partition (a catalog fix): the old copies went with the old key
         if current is None and view.node_id:
             if not view.replica_id:
                 where = (view.collection_id, view.node_id)
@@ -938,7 +946,8 @@ class QueryMeta:
         _check_id("node", node_id)
 
         def cids() -> set[int]:
-            out = {self._index.segments[s].collection_id for s in self._index.segments_by_node.get(node_id, ())}
+            places = self._index.segments.places()
+            out = {places[s][0] for s in self._index.segments_by_node.get(node_id, ())}
             out.update(c for c, _ in self._index.dm_channels_by_node.get(node_id, ()))
             out.update(i.collection_id for i in self._index.collections.values()
                        if any(node_id in r.node_ids for r in i.replicas))
@@ -1006,9 +1015,9 @@ class QueryMeta:
     def _put_segment(self, seg: SegmentInfo) -> Mutation:
         key = keys.segment_key(seg.collection_id, seg.partition_id, seg.segment_id)
         ops: list[Op] = [self._writer.put(key, seg)]
-        old = self._index.segments.get(seg.segment_id)
+        old = self._index.segments.place(seg.segment_id)
         if old is not None:
-            old_key = keys.segment_key(old.collection_id, old.partition_id, old.segment_id)
+            old_key = keys.segment_key(old[0], old[1], seg.segment_id)
             if old_key != key:
                 ops.append(self._writer.delete(old_key))
         return Mutation(ops, lambda idx: idx.put_segment(seg))
