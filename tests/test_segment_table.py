@@ -1,0 +1,55 @@
+"""SegmentTable: query meta's segment records kept serialized, with their places shared (pure, no etcd needed)."""
+
+from __future__ import annotations
+
+from proto import data_pb2
+from querycoord.querymeta.copies import set_copies
+from querycoord.querymeta.index import MetaIndex, SegmentTable
+
+
+def record(sid: int, pid: int, copies: dict[int, int], mem: int = 100) -> data_pb2.SegmentInfo:
+    return set_copies(data_pb2.SegmentInfo(segment_id=sid, collection_id=7, partition_id=pid, mem_size=mem,
+                                           num_rows=10, state=data_pb2.SEGMENT_STATE_SEALED), copies)
+
+
+def test_a_record_reads_back_equal_and_each_read_is_the_callers_own() -> None:
+    table = SegmentTable()
+    rec = record(1, 10, {1000: 3, 1001: 4})
+    table.put(rec)
+    rec.mem_size = 999  # changing the caller's message afterwards changes nothing stored
+    got = table[1]
+    assert got == record(1, 10, {1000: 3, 1001: 4})
+    got.node_id = 42
+    assert table[1].node_id == 3 and table.get(1) == table[1] and table.get(2) is None
+    assert table.place(1) == (7, 10, (1000, 3, 1001, 4))
+    assert 1 in table and 2 not in table and len(table) == 1 and list(table) == [1]
+
+
+def test_places_are_shared_between_segments_with_the_same_values() -> None:
+    table = SegmentTable()
+    for sid in range(100):
+        table.put(record(sid, 10 + sid % 2, {1000: 1 + sid % 3}))
+    places = table.places()
+    assert len({id(p) for p in places.values()}) == 6  # 2 partitions x 3 nodes
+    assert table.pop(5) is not None and table.pop(5) is None and 5 not in places
+
+
+def test_the_shared_places_stay_bounded_after_churn() -> None:
+    """Places of released collections are forgotten: the sharing dict never outgrows the records by much."""
+    table = SegmentTable()
+    for sid in range(20_000):  # every segment its own place, then dropped
+        table.put(record(sid, sid, {1000: 1}))
+        table.pop(sid)
+    assert len(table._shared) <= 4097
+    assert len(table) == 0
+
+
+def test_the_index_keeps_node_memory_and_partitions_from_records_it_does_not_hold_as_objects() -> None:
+    index = MetaIndex()
+    index.put_segment(record(1, 10, {1000: 3}, mem=100))
+    index.put_segment(record(2, 10, {1000: 3, 1001: 4}, mem=50))
+    index.put_segment(record(1, 11, {1000: 5}, mem=70))  # moved partition and node
+    assert index.memory_by_node == {3: 50, 4: 50, 5: 70}
+    assert index.segments_by_partition == {7: {10: {2}, 11: {1}}}
+    index.drop_segment(2)
+    assert index.memory_by_node == {5: 70} and index.segments_by_node == {5: {1}}
