@@ -33,6 +33,10 @@ Place = tuple[int, int, tuple[int, ...]]  # (collection, partition, flat copies:
 
 def flat_copies(seg: SegmentInfo) -> tuple[int, ...]:
     """The record's copies as (replica, node, ...) by replica: what the checker's fast path compares."""
+    node_ids = seg.node_ids
+    if len(node_ids) == 1:  # one copy (most records): no dict, no sort
+        replica_ids = seg.replica_ids
+        return (replica_ids[0], node_ids[0]) if replica_ids else ()
     by_replica = copies(seg)
     return tuple(x for r in sorted(by_replica) for x in (r, by_replica[r]))
 
@@ -75,12 +79,13 @@ class SegmentTable(Mapping[int, SegmentInfo]):
     def __len__(self) -> int:
         return len(self._rows)
 
-    def put(self, seg: SegmentInfo) -> Place:
+    def put(self, seg: SegmentInfo, raw: bytes | None = None) -> Place:
+        """Store ``seg`` (``raw``: its serialized form when the caller has it already: the etcd write's value)."""
         place = (seg.collection_id, seg.partition_id, flat_copies(seg))
         if len(self._shared) > max(4096, len(self._rows)):
             self._shared = {}  # places of released collections: forget them (records keep the tuples they use)
         place = self._shared.setdefault(place, place)
-        self._rows[seg.segment_id] = seg.SerializeToString()
+        self._rows[seg.segment_id] = raw if raw is not None else seg.SerializeToString()
         self._places[seg.segment_id] = place
         return place
 
@@ -131,14 +136,15 @@ class MetaIndex:
         self.delta_channels.pop(collection_id, None)
 
     # ----- segments -----------------------------------------------------------
-    def put_segment(self, seg: SegmentInfo) -> None:
+    def put_segment(self, seg: SegmentInfo, raw: bytes | None = None) -> None:
         """Insert or replace by segment id (a replaced record may have moved node or partition).
 
-        The record is stored serialized (``SegmentTable``): changing ``seg`` afterwards changes nothing here.
+        The record is stored serialized (``SegmentTable``; ``raw``: ``seg`` serialized, when the caller has it):
+        changing ``seg`` afterwards changes nothing here.
         """
         sid = seg.segment_id
         self.drop_segment(sid)
-        cid, pid, flat = self.segments.put(seg)
+        cid, pid, flat = self.segments.put(seg, raw)
         self.segments_by_partition.setdefault(cid, {}).setdefault(pid, set()).add(sid)
         mem = seg.mem_size
         for node in flat[1::2]:

@@ -62,7 +62,7 @@ from querycoord.yielding import every_few
 
 from . import keys
 from .batch import Mutation, TxnWriter
-from .copies import copies, set_copies, view_of, with_copy, without_node
+from .copies import copies, view_of, with_copy, without_node
 from .errors import CollectionNotLoaded, CorruptRecord, LoadTypeConflict, PartitionNotLoaded
 from .index import MetaIndex
 from .records import (
@@ -812,7 +812,13 @@ class QueryMeta:
                     replica = replicas[where] = self.replica_of_node(*where) or self._sole_replica(
                         view.collection_id)
                 view.replica_id = replica
-            return set_copies(view, {view.replica_id: view.node_id})
+            # set_copies(view, {replica: node}) for one copy, written out (once per segment of every load)
+            if view.replica_ids or view.node_ids:
+                del view.replica_ids[:]
+                del view.node_ids[:]
+            view.replica_ids.append(view.replica_id)
+            view.node_ids.append(view.node_id)
+            return view
         return with_copy(current, self._with_replica(view))
 
     def _with_replica(self, view: SegmentInfo | DmChannelWatchInfo) -> SegmentInfo | DmChannelWatchInfo:
@@ -1014,13 +1020,14 @@ class QueryMeta:
 
     def _put_segment(self, seg: SegmentInfo) -> Mutation:
         key = keys.segment_key(seg.collection_id, seg.partition_id, seg.segment_id)
-        ops: list[Op] = [self._writer.put(key, seg)]
+        put = self._writer.put(key, seg)
+        ops: list[Op] = [put]
         old = self._index.segments.place(seg.segment_id)
         if old is not None:
             old_key = keys.segment_key(old[0], old[1], seg.segment_id)
             if old_key != key:
                 ops.append(self._writer.delete(old_key))
-        return Mutation(ops, lambda idx: idx.put_segment(seg))
+        return Mutation(ops, lambda idx: idx.put_segment(seg, put.value))  # the bytes etcd got, not serialized again
 
     def _drop_segment(self, seg: SegmentInfo) -> Mutation:
         key = keys.segment_key(seg.collection_id, seg.partition_id, seg.segment_id)
