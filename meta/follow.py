@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 
 from loguru import logger
 
@@ -79,8 +78,12 @@ class RangeFollower:
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            # asyncio.wait, not ``await task`` under suppress(CancelledError): that would also swallow a
+            # cancellation of the caller (a coordinator stopped while it takes over, in ``take``), which then
+            # went on to lead while ``stop`` waited for it.
+            await asyncio.wait({task})
+            if not task.cancelled() and task.exception() is not None:
+                logger.debug("following {} ended with {}", self.name, task.exception())
         self.revision = 0
         self.drop()
 
@@ -89,14 +92,16 @@ class RangeFollower:
 
         A copy still being read is waited for (within ``timeout``): reading it again would take as long.
         """
-        began = time.monotonic()
-        while not self.ready:
-            if self._task is None or self._task.done() or time.monotonic() - began > timeout:
-                raise CopyBroken(f"no copy of {self._prefix!r}")
-            await asyncio.sleep(0.01)
-        target = await asyncio.wait_for(self._kv.revision(), timeout)
-        left = max(0.0, timeout - (time.monotonic() - began))
-        await asyncio.wait_for(self._wait_for(target), left)
+        # asyncio.timeout, never asyncio.wait_for: on Python 3.11 wait_for can swallow a cancellation of the
+        # caller that arrives as the awaited call completes; a coordinator stopped while it took over then went on
+        # to lead while its stop waited for it.
+        async with asyncio.timeout(timeout):
+            while not self.ready:
+                if self._task is None or self._task.done():
+                    raise CopyBroken(f"no copy of {self._prefix!r}")
+                await asyncio.sleep(0.01)
+            target = await self._kv.revision()
+            await self._wait_for(target)
         return self.revision
 
     async def _wait_for(self, target: int) -> None:
@@ -106,7 +111,8 @@ class RangeFollower:
                     raise CopyBroken(f"the copy of {self._prefix!r} broke while catching up")
                 self._progress.set()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._moved.wait(), PROGRESS_EVERY)
+                    async with asyncio.timeout(PROGRESS_EVERY):
+                        await self._moved.wait()
 
     async def _run(self) -> None:
         while True:
@@ -125,21 +131,25 @@ class RangeFollower:
     async def _follow(self) -> None:
         revision, keys = await self._read()
         self.after_read(keys)
-        async for item in watch_prefix(self._kv, self._prefix, revision + 1, through=self._through,
-                                       reconnect_deadline=None, progress_wanted=self._progress):
-            if isinstance(item, Resync):
-                keys = len(item.snapshot)
-                await self.replace(item.snapshot.items(), item.revision)
-                self.events = 0
-            else:
-                keys = 0
-                self.apply(item)
-                self.events += len(item.events)
-            revision = item.revision
-            del item  # a Resync's snapshot (every raw record of the range) must not live on while we wait
-            if keys:
-                self.after_read(keys)
-            await self._moved_to(revision)
+        # aclosing: a cancelled follower closes its watch at once (its gRPC stream and request generator), rather
+        # than leaving the suspended generator, and the stream, to the garbage collector.
+        async with contextlib.aclosing(watch_prefix(self._kv, self._prefix, revision + 1, through=self._through,
+                                                    reconnect_deadline=None,
+                                                    progress_wanted=self._progress)) as stream:
+            async for item in stream:
+                if isinstance(item, Resync):
+                    keys = len(item.snapshot)
+                    await self.replace(item.snapshot.items(), item.revision)
+                    self.events = 0
+                else:
+                    keys = 0
+                    self.apply(item)
+                    self.events += len(item.events)
+                revision = item.revision
+                del item  # a Resync's snapshot (every raw record of the range) must not live on while we wait
+                if keys:
+                    self.after_read(keys)
+                await self._moved_to(revision)
 
     async def _read(self) -> tuple[int, int]:
         """The first full read (revision, keys); its raw records are freed on return (the copy is all that is

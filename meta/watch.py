@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 import grpc
@@ -88,7 +88,7 @@ async def watch_prefix(
     progress_notify: bool = False,
     through: str | None = None,
     progress_wanted: asyncio.Event | None = None,
-) -> AsyncIterator[WatchItem]:
+) -> AsyncGenerator[WatchItem, None]:
     """Yield every change under ``prefix`` from ``start_revision`` on (0: from now).
 
     The stream is re-opened after any transient failure (etcd restarted, the

@@ -175,3 +175,27 @@ async def test_a_follower_keeps_its_copy_not_the_raw_read(kv: MetaKV) -> None:
         assert not [o for o in gc.get_objects() if isinstance(o, PrefixSnapshot)], "a raw read is still referenced"
     finally:
         await targets.stop()
+
+
+async def test_a_standby_stopped_while_it_takes_over_stops(etcd: object, root_path: str) -> None:
+    """The leader stops; the standby starts taking over from its copy and is stopped at once (a cluster shutting
+    down). Its stop must end: a cancellation swallowed during the takeover (asyncio.wait_for on Python 3.11, a
+    suppress(CancelledError) around the mirror's task) let it go on to lead while stop waited for it for ever."""
+    for round_ in range(4):
+        async with QueryCluster(etcd, f"{root_path}/{round_}") as c:  # type: ignore[arg-type]
+            first = await c.start_coordinator()
+            await c.wait_leader()
+            await c.add_node()
+            second = await c.start_coordinator()
+            for _ in range(500):  # the copy is started once its session is registered
+                if second.coord.mirror is not None and second.coord.mirror.ready:
+                    break
+                await asyncio.sleep(0.02)
+            assert second.coord.mirror is not None and second.coord.mirror.ready
+            await first.stop()
+            c.coords.remove(first)
+            for _ in range(round_):  # stop it at a different point of its takeover each round
+                await asyncio.sleep(0)
+            await asyncio.wait_for(second.stop(), 10)
+            c.coords.remove(second)
+            assert not second.coord.is_leader
