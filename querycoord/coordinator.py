@@ -238,13 +238,13 @@ class Coordinator:
         if taken is not None:
             index, corrupt, revision = taken
             meta.adopt(index, corrupt)
-            source = f"warm standby copy at revision {revision}"
+            source, at = "warm standby copy", f" at revision {revision}"
         else:
             await meta.reload()
-            source = "reload"
-        self.last_takeover = {"meta_source": source.split(" at ")[0], "meta_s": round(time.monotonic() - began, 4)}
-        logger.info("coordinator {}: query meta from the {} in {:.3f}s", self.server_id, source,
-                    time.monotonic() - began)
+            source, at = "reload", ""
+        took = time.monotonic() - began
+        self.last_takeover = {"meta_source": source, "meta_s": round(took, 4)}
+        logger.info("coordinator {}: query meta from the {}{} in {:.3f}s", self.server_id, source, at, took)
 
     async def _say_standby(self) -> None:
         """While the campaign waits: one line saying this coordinator stands by and who leads (again only when

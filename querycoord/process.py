@@ -118,7 +118,8 @@ class CoordinatorProcess:
             else:
                 # Woken at once when leadership is taken: health says SERVING without a polling delay.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.coord.became_leader.wait(), 0.05)
+                    async with asyncio.timeout(0.05):  # not wait_for: it can swallow this task's cancellation
+                        await self.coord.became_leader.wait()
 
     async def stop(self) -> None:
         if self._health_task:
