@@ -219,11 +219,16 @@ class EtcdClient:
             _unreachable_since[self._reach_key] = time.monotonic()
             logger.warning("etcd at {} is unreachable ({}); retrying", ", ".join(self.endpoints), why)
 
-    def _note_reachable(self) -> None:
-        since = _unreachable_since.pop(self._reach_key, None)
-        if since is not None:
-            logger.info("etcd at {} is reachable again (after {:.1f}s)", ", ".join(self.endpoints),
-                        time.monotonic() - since)
+    def _note_reachable(self, call_started: float | None = None) -> None:
+        """``call_started``: when the call that succeeded was sent. An answer to a call sent before etcd was found
+        unreachable (in flight when the connection failed) proves nothing: it would log "reachable again" right
+        after "unreachable", and "unreachable" again at the next call."""
+        since = _unreachable_since.get(self._reach_key)
+        if since is None or (call_started is not None and call_started < since):
+            return
+        _unreachable_since.pop(self._reach_key, None)
+        logger.info("etcd at {} is reachable again (after {:.1f}s)", ", ".join(self.endpoints),
+                    time.monotonic() - since)
 
     async def _follow_connectivity(self) -> None:
         """Note when the channel fails and when it is ready again: calls notice only on their next attempt, and an
@@ -333,7 +338,7 @@ class EtcdClient:
             logger.debug("etcd {} failed once ({}); retrying within {:.1f}s", operation, brief(exc), budget)
         else:
             if self._reach_key in _unreachable_since:
-                self._note_reachable()
+                self._note_reachable(started)
             observe.etcd_call(operation, time.monotonic() - started)
             return result
         try:
@@ -383,8 +388,9 @@ class EtcdClient:
                 observe.etcd_retry(operation)  # the first attempt ran in ``call``: each one here is a retry
                 with attempt:
                     try:
+                        sent = time.monotonic()
                         result = await fn(attempt_timeout())
-                        self._note_reachable()
+                        self._note_reachable(sent)
                         return result
                     except Exception as exc:
                         if reauth and not reauthed and self.config.user is not None and _is_auth_expired(exc):

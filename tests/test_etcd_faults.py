@@ -8,7 +8,7 @@ from pathlib import Path
 
 import grpc
 
-from meta.client import is_transient
+from meta.client import EtcdClient, is_transient
 from meta.etcd_server import EtcdCluster
 from proto import common_pb2, querycoord_pb2_grpc
 from proto import querycoord_pb2 as qc
@@ -72,3 +72,18 @@ def test_a_send_failing_in_our_grpc_core_is_transient_and_etcd_refusals_are_not(
     assert is_transient(rpc_error(grpc.StatusCode.UNAVAILABLE, "Stream removed (sendmsg: Broken pipe (32))"))
     assert not is_transient(rpc_error(grpc.StatusCode.INTERNAL, "etcdserver: corrupt cluster"))
     assert not is_transient(rpc_error(grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: key is not provided"))
+
+
+async def test_an_answer_to_a_call_sent_before_etcd_failed_does_not_say_it_is_back(client: EtcdClient) -> None:
+    """A call in flight when the connection failed may still be answered: that is no sign etcd is back. It logged
+    "reachable again" right after "unreachable" and "unreachable" again at the next call (seen in the CLI test
+    that counts those lines, once a standby's watches kept calls in flight)."""
+    sent = time.monotonic()
+    client._note_unreachable("the connection failed")
+    try:
+        client._note_reachable(sent)  # the answer to the call sent before
+        assert client.unreachable_since is not None
+        client._note_reachable(time.monotonic())  # a call sent afterwards
+        assert client.unreachable_since is None
+    finally:
+        client._note_reachable()
