@@ -68,7 +68,9 @@ def test_cluster_demo_survives_a_node_and_a_leader_kill_and_leaves_no_process(su
     assert m and m.group(1) == took.group(2) and m.group(2) == kill.group(1) and m.group(3) == took.group(1), summary
     _check_streams(out[out.index("\nstreams"):])
     assert re.search(r"elapsed: [\d.]+s", out) and out.rstrip().endswith("done: every process stopped")
-    assert len(out.splitlines()) < 100, "the demo output stays readable"
+    # A bound, not a count: how many lines the reschedule and the stream moves take depends on timing (under a CPU
+    # hog a run printed 104 lines with every check above passing).
+    assert len(out.splitlines()) < 120, "the demo output stays readable"
     assert set(procs.etcd_pids_under("querycoord-demo-")) <= before, "etcd outlived the demo"
     assert not _gone(f"--root demo-{proc.pid}"), "a coordinator or query node outlived the demo"
 
