@@ -62,9 +62,13 @@ class CatalogTargets(RangeFollower):
         self._unreadable = set()
 
     async def replace(self, items: list[tuple[str, bytes]], revision: int) -> None:
-        self.drop()
+        # Built aside and swapped in at once: a checker pass reading targets during the turns below must see the
+        # old copy whole, never half of the new one (it would release what the missing half holds).
+        fresh_segments: dict[int, dict[int, dict[int, TargetSegment]]] = {}
+        fresh_collections: dict[int, tuple[frozenset[int], tuple[str, ...]]] = {}
         async for key, value in every_few(items):
-            self._put(key, value)
+            self._put(key, value, fresh_segments, fresh_collections)
+        self._segments, self._collections, self._unreadable = fresh_segments, fresh_collections, set()
         logger.info("checker targets: catalog copied at revision {} ({} collections, {} segments)", revision,
                     len(self._collections), sum(len(s) for p in self._segments.values() for s in p.values()))
 
@@ -79,7 +83,11 @@ class CatalogTargets(RangeFollower):
             else:
                 self._delete(ev.key)
 
-    def _put(self, key: str, value: bytes) -> None:
+    def _put(self, key: str, value: bytes,
+             segments: dict[int, dict[int, dict[int, TargetSegment]]] | None = None,
+             collections: dict[int, tuple[frozenset[int], tuple[str, ...]]] | None = None) -> None:
+        segments = self._segments if segments is None else segments
+        collections = self._collections if collections is None else collections
         try:
             if key.startswith(SEGMENTS_PREFIX):
                 ids = _segment_ids(key)
@@ -88,7 +96,7 @@ class CatalogTargets(RangeFollower):
                 b = data_pb2.SegmentBinlogs()
                 b.ParseFromString(value)
                 cid, pid, sid = ids
-                self._segments.setdefault(cid, {}).setdefault(pid, {})[sid] = TargetSegment(
+                segments.setdefault(cid, {}).setdefault(pid, {})[sid] = TargetSegment(
                     sid, pid, tuple(b.compaction_from))
             elif key.startswith(COLLECTIONS_PREFIX):
                 rest = key[len(COLLECTIONS_PREFIX):]
@@ -96,7 +104,7 @@ class CatalogTargets(RangeFollower):
                     return
                 desc = catalog_pb2.CollectionDescription()
                 desc.ParseFromString(value)
-                self._collections[int(rest)] = (frozenset(p.partition_id for p in desc.partitions),
+                collections[int(rest)] = (frozenset(p.partition_id for p in desc.partitions),
                                                 tuple(desc.dm_channels))
         except DecodeError as exc:
             if key not in self._unreadable:
