@@ -43,6 +43,7 @@ from meta.txn import (
     Unit,
     absent,
     pack,
+    split_puts,
     value_is,
 )
 
@@ -279,8 +280,18 @@ class MetaKV:
         """Add ``ops`` to ``branch`` (a TxnRequest's ``success`` or ``failure``) in place, as ``_fill`` does
         and for the same reason (speed); returns whether any op is a get."""
         has_get = False
+        root, add = self._root_prefix, branch.add
         for op in ops:
-            if isinstance(op, Put):
+            if type(op) is Put:  # most ops of every big write: abs_key written out
+                key = op.key
+                if not key:
+                    raise InvalidKey("empty key")
+                pb_put = add().request_put
+                pb_put.key = (root + key).encode()
+                pb_put.value = op.value
+                if op.lease:
+                    pb_put.lease = op.lease
+            elif isinstance(op, Put):
                 pb_put = branch.add().request_put
                 pb_put.key = self.abs_key(op.key)
                 pb_put.value = op.value
@@ -404,6 +415,10 @@ class MetaKV:
     def pack(self, units: Iterable[Unit], last: Unit | None = None, *, atomic: bool = False) -> list[Batch]:
         """``meta.txn.pack`` for this root (its path's bytes counted in every key): txns within etcd's limits."""
         return pack(units, last, atomic=atomic, key_prefix=len(self._root_prefix.encode()))
+
+    def split_puts(self, puts: Sequence[Put]) -> list[tuple[int, int]]:
+        """``meta.txn.split_puts`` for this root: ranges of ``puts`` that each fit one txn."""
+        return split_puts(puts, key_prefix=len(self._root_prefix.encode()))
 
     async def write_packed(
         self,

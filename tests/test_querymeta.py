@@ -330,6 +330,32 @@ async def test_save_5000_segments_splits_into_txns_and_reloads(meta: QueryMeta, 
     assert paged.records() == meta.records()
 
 
+async def test_a_load_of_new_records_and_other_saves_in_one_call_mirror_etcd(meta: QueryMeta, kv: MetaKV) -> None:
+    """``save_segments`` takes new one-copy records (every segment of a load) by a path of their own; mixed
+    with records that exist, records on no node, a partition move and removals, memory still equals a reload,
+    and the replica of a new copy is its node's."""
+    r1 = data_pb2.ReplicaInfo(replica_id=71, collection_id=1, node_ids=[1, 2])
+    r2 = data_pb2.ReplicaInfo(replica_id=72, collection_id=1, node_ids=[3])
+    await meta.add_collection(1, COLL, [10, 11], replica_number=2, replicas=[r1, r2])
+    await meta.save_segments([seg(i, node=1 + i % 3) for i in range(1, 301)])
+    mixed = [
+        *[seg(i, pid=10 + i % 2, node=1 + i % 3) for i in range(301, 700)],  # new
+        seg(4, node=3),  # exists on node 2 (replica 71): a second copy, in replica 72
+        seg(6, pid=11, node=2),  # exists in partition 10: moved
+        seg(900, node=0),  # new, on no node
+    ]
+    await meta.save_segments_and_remove(mixed, [7, 8], owned=True)
+    assert meta.segment_copies(4) == {71: 2, 72: 3}
+    assert meta.segment_copies(6) == {71: 2} and meta.segment_ids_of(1, 11).count(6) == 1
+    assert meta.segment_copies(301) == {71: 2} and meta.segment_copies(302) == {72: 3}
+    assert meta.get_segment(7) is None and meta.get_segment(900) is not None
+    assert len(meta.segment_ids_of(1)) == 300 - 2 + 399 + 1
+    assert meta.node_memory_usage(3) == sum(
+        100 for i in [*range(1, 301), *range(301, 700)] if 1 + i % 3 == 3 and i not in (7, 8)
+    ) + 100  # segment 4's second copy
+    await assert_mirrors(meta, kv)
+
+
 async def test_byte_limit_splits_txns_and_an_oversized_record_is_refused(meta: QueryMeta, kv: MetaKV) -> None:
     await meta.add_collection(1, PART, [10])
     big = "x" * 40_000

@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from etcd3aio._protobuf import Compare as PbCompare
 from etcd3aio._protobuf import PutRequest, RequestOp, TxnRequest
 
@@ -29,6 +31,7 @@ from meta.txn import (
     modified_at,
     pack,
     put,
+    split_puts,
     value_is,
     version_is,
 )
@@ -289,3 +292,27 @@ async def test_write_packed_through_a_lost_fence_writes_nothing(kv: MetaKV) -> N
     with pytest.raises(NotLeader):
         await fenced.write_packed(fenced.pack([Unit([Put(f"x/{i}", b"v")]) for i in range(300)]))
     assert await kv.count_prefix("x/") == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 400_000), max_size=400),
+    key_prefix=st.integers(0, 300),
+    max_ops=st.integers(1, MAX_TXN_OPS),
+)
+def test_split_puts_makes_the_txns_pack_makes_of_one_unit_per_put(sizes: list[int], key_prefix: int,
+                                                                   max_ops: int) -> None:
+    """The load path's shortcut (``split_puts``) must cut where ``pack`` would: never a txn over the limits."""
+    puts = [Put(f"k/{i}", b"v" * n) for i, n in enumerate(sizes)]
+    ranges = split_puts(puts, key_prefix=key_prefix, max_ops=max_ops)
+    batches = pack([Unit([p]) for p in puts], key_prefix=key_prefix, max_ops=max_ops)
+    assert [b.ops for b in batches] == [puts[a:b] for a, b in ranges]
+
+
+def test_split_puts_refuses_a_put_too_large_alone() -> None:
+    puts = [Put("a", b"v"), Put("b", b"x" * MAX_TXN_BYTES)]
+    with pytest.raises(RequestTooLarge):
+        split_puts(puts)
+    with pytest.raises(RequestTooLarge):
+        pack([Unit([p]) for p in puts])
+    assert split_puts([]) == []

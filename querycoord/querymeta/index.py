@@ -15,7 +15,7 @@ Node id 0 means "on no node" and is not indexed by node.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from proto import data_pb2
 
@@ -29,6 +29,9 @@ VChannelInfo = data_pb2.VChannelInfo
 
 
 Place = tuple[int, int, tuple[int, ...]]  # (collection, partition, flat copies: replica, node, replica, node...)
+#: A new one-copy segment record as a load built it: (segment, collection, partition, replica, node, mem_size,
+#: the record serialized).
+NewSegment = tuple[int, int, int, int, int, int, bytes]
 
 
 def flat_copies(seg: SegmentInfo) -> tuple[int, ...]:
@@ -88,6 +91,17 @@ class SegmentTable(Mapping[int, SegmentInfo]):
         self._rows[seg.segment_id] = raw if raw is not None else seg.SerializeToString()
         self._places[seg.segment_id] = place
         return place
+
+    def put_rows(self, rows: Iterable[tuple[int, Place, bytes]]) -> None:
+        """Store records already serialized whose places the caller knows (a load's new records: no parse,
+        no ``flat_copies``)."""
+        if len(self._shared) > max(4096, len(self._rows)):
+            self._shared = {}
+        shared, records, places = self._shared, self._rows, self._places
+        for segment_id, place, raw in rows:
+            place = shared.setdefault(place, place)
+            records[segment_id] = raw
+            places[segment_id] = place
 
     def pop(self, segment_id: int) -> tuple[Place, SegmentInfo] | None:
         """Remove a record: its place and the record itself (None when there is none)."""
@@ -150,6 +164,20 @@ class MetaIndex:
         for node in flat[1::2]:
             self.segments_by_node.setdefault(node, set()).add(sid)
             self.memory_by_node[node] = self.memory_by_node.get(node, 0) + mem
+
+    def put_new_segments(self, rows: Sequence[NewSegment], start: int, end: int) -> None:
+        """``put_segment`` of ``rows[start:end]``: one-copy records a load built, applied without a call per
+        record or a parse (a segment already recorded is replaced, as ``put_segment`` does)."""
+        table = self.segments
+        for sid in [r[0] for r in rows[start:end] if r[0] in table]:
+            self.drop_segment(sid)
+        chunk = rows[start:end]
+        table.put_rows((sid, (cid, pid, (replica, node)), raw) for sid, cid, pid, replica, node, _m, raw in chunk)
+        by_partition, by_node, memory = self.segments_by_partition, self.segments_by_node, self.memory_by_node
+        for sid, cid, pid, _replica, node, mem, _raw in chunk:
+            by_partition.setdefault(cid, {}).setdefault(pid, set()).add(sid)
+            by_node.setdefault(node, set()).add(sid)
+            memory[node] = memory.get(node, 0) + mem
 
     def drop_segment(self, segment_id: int) -> None:
         popped = self.segments.pop(segment_id)

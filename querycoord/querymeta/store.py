@@ -56,7 +56,7 @@ from typing import TypeVar
 from loguru import logger
 
 from meta.kv import DEFAULT_PAGE_SIZE, MetaKV
-from meta.txn import Op
+from meta.txn import Op, Put
 from proto import data_pb2
 from querycoord.yielding import every_few
 
@@ -64,7 +64,7 @@ from . import keys
 from .batch import Mutation, TxnWriter
 from .copies import copies, view_of, with_copy, without_node
 from .errors import CollectionNotLoaded, CorruptRecord, LoadTypeConflict, PartitionNotLoaded
-from .index import MetaIndex
+from .index import MetaIndex, NewSegment
 from .records import (
     CollectionLoadInfo,
     DmChannelWatchInfo,
@@ -76,6 +76,7 @@ from .records import (
     decode_into,
     stored_delta_channel,
     stored_segment,
+    strip_in_place,
     warn_orphans,
 )
 
@@ -94,6 +95,28 @@ def _check_id(what: str, value: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{what} id must be a positive integer, got {value!r}")
     return value
+
+
+def _checked_segment_ids(segs: list[SegmentInfo]) -> set[int]:
+    """The segment ids of a save, each checked with its collection and partition ids, and none twice.
+
+    Protobuf ids are ints, so a save of valid records (every load) needs three ``min``s and a set; only a bad
+    one takes the loop that finds the first offender and names it.
+    """
+    sids = [s.segment_id for s in segs]
+    seen = set(sids)
+    if segs and len(seen) == len(sids) and min(sids) > 0:
+        if min(s.collection_id for s in segs) > 0 and min(s.partition_id for s in segs) > 0:
+            return seen
+    seen = set()
+    for seg in segs:
+        _check_id("segment", seg.segment_id)
+        _check_id("collection", seg.collection_id)
+        _check_id("partition", seg.partition_id)
+        if seg.segment_id in seen:
+            raise ValueError(f"segment {seg.segment_id} appears twice in one save")
+        seen.add(seg.segment_id)
+    return seen
 
 
 def _unique_ids(what: str, ids: Iterable[int]) -> list[int]:
@@ -708,7 +731,7 @@ class QueryMeta:
         """Number of segments per node, for nodes that hold at least one."""
         return {n: len(s) for n, s in self._index.segments_by_node.items()}
 
-    async def save_segments(self, segments: Iterable[SegmentInfo]) -> int:
+    async def save_segments(self, segments: Iterable[SegmentInfo], *, owned: bool = False) -> int:
         """Insert or replace segment records (by segment id); return the number of txns used.
 
         Each segment's collection and partition must be loaded
@@ -718,10 +741,15 @@ class QueryMeta:
         same txn. The batch is packed into txns of at most 128 operations
         and ~1.5 MiB: a big batch is NOT atomic (see rule 5 of the module
         docstring for why that is acceptable here); memory follows each txn.
+        ``owned``: the caller hands the messages over and never reads or
+        changes them again, so they become the records without a copy (a
+        load's new records: a copy per segment was measurable).
         """
-        return await self.save_segments_and_remove(segments, ())
+        return await self.save_segments_and_remove(segments, (), owned=owned)
 
-    async def save_segments_and_remove(self, saves: Iterable[SegmentInfo], removals: Iterable[int]) -> int:
+    async def save_segments_and_remove(
+        self, saves: Iterable[SegmentInfo], removals: Iterable[int], *, owned: bool = False
+    ) -> int:
         """Save segments and remove others: one txn when it fits (a balance move, a handoff).
 
         When it does not fit, the saves go first and the removals after, so
@@ -731,16 +759,9 @@ class QueryMeta:
         (``ValueError``); removing an unknown id is a no-op. Returns the
         number of txns used.
         """
-        to_save = [stored_segment(s) for s in saves]
+        to_save = [strip_in_place(s) for s in saves] if owned else [stored_segment(s) for s in saves]
         remove_ids = _unique_ids("segment", removals)
-        seen: set[int] = set()
-        for seg in to_save:
-            _check_id("segment", seg.segment_id)
-            _check_id("collection", seg.collection_id)
-            _check_id("partition", seg.partition_id)
-            if seg.segment_id in seen:
-                raise ValueError(f"segment {seg.segment_id} appears twice in one save")
-            seen.add(seg.segment_id)
+        seen = _checked_segment_ids(to_save)
         both = seen.intersection(remove_ids)
         if both:
             raise ValueError(f"segments {sorted(both)} are both saved and removed in one call")
@@ -758,7 +779,15 @@ class QueryMeta:
             for cid, pid in {(seg.collection_id, seg.partition_id) for seg in to_save}:
                 self._require_partition(cid, pid)
             replicas: dict[tuple[int, int], int] = {}  # (collection, node) -> replica, resolved once per call
-            mutations = [self._put_segment(self._merged_segment(seg, replicas)) for seg in to_save]
+            places = self._index.segments.places()
+            new = [seg for seg in to_save if seg.node_id and seg.segment_id not in places]
+            mutations = self._put_new_segments(new, replicas) if new else []
+            if len(new) < len(to_save):
+                mutations += [
+                    self._put_segment(self._merged_segment(seg, replicas))
+                    for seg in to_save
+                    if not (seg.node_id and seg.segment_id not in places)
+                ]
             for sid in remove_ids:
                 old = self._index.segments.get(sid)
                 if old is not None:
@@ -820,6 +849,34 @@ class QueryMeta:
             view.node_ids.append(view.node_id)
             return view
         return with_copy(current, self._with_replica(view))
+
+    def _put_new_segments(self, views: list[SegmentInfo], replicas: dict[tuple[int, int], int]) -> list[Mutation]:
+        """The records of segments with no record yet, each with the one copy its view describes: the views
+        (the caller's private copies) become the records, written in as few mutations as txns.
+
+        Why a path of its own: every segment of a load comes here, and the general path (``_merged_segment``,
+        ``_put_segment``, a mutation each) cost more per segment than etcd's write of it.
+        """
+        rows: list[NewSegment] = []
+        puts: list[Put] = []
+        segment_key = keys.segment_key
+        for view in views:
+            sid, cid, pid, node = view.segment_id, view.collection_id, view.partition_id, view.node_id
+            replica = view.replica_id
+            if not replica:
+                known = replicas.get((cid, node))
+                if known is None:
+                    known = replicas[cid, node] = self.replica_of_node(cid, node) or self._sole_replica(cid)
+                view.replica_id = replica = known
+            if view.replica_ids or view.node_ids:
+                del view.replica_ids[:]
+                del view.node_ids[:]
+            view.replica_ids.append(replica)
+            view.node_ids.append(node)
+            raw = view.SerializeToString()
+            puts.append(Put(segment_key(cid, pid, sid), raw))
+            rows.append((sid, cid, pid, replica, node, view.mem_size, raw))
+        return self._writer.independent_puts(puts, lambda index, a, b: index.put_new_segments(rows, a, b))
 
     def _with_replica(self, view: SegmentInfo | DmChannelWatchInfo) -> SegmentInfo | DmChannelWatchInfo:
         if view.replica_id or not view.node_id:

@@ -146,11 +146,16 @@ class LoadSegmentsTask(ChildTask, kind=qc.TASK_KIND_LOAD_SEGMENT, request="load_
             return
         await self.call(req)
         node_id, replica_id = self.node_id, req.replica_id
-        await self.env.meta.save_segments([loaded_segment(i, node_id, replica_id) for i in req.infos])
-        await self._release_moved_and_replaced(req)
+        records, replaced = [], []
+        for info in req.infos:  # one pass: this runs once per segment of every load
+            records.append(loaded_segment(info, node_id, replica_id))
+            if info.compaction_from:
+                replaced.extend(info.compaction_from)
+        await self.env.meta.save_segments(records, owned=True)
+        await self._release_moved_and_replaced(req, replaced)
 
-    async def _release_moved_and_replaced(self, req: querynode_pb2.LoadSegmentsRequest) -> None:
-        """A balance move releases the source copy; a handoff releases the compaction sources.
+    async def _release_moved_and_replaced(self, req: querynode_pb2.LoadSegmentsRequest, replaced: list[int]) -> None:
+        """A balance move releases the source copy; a handoff releases ``replaced``, the compaction sources.
 
         Best effort: a copy left behind on a node is released by the checker; the
         segment is already served by its new node, which is what matters.
@@ -158,7 +163,6 @@ class LoadSegmentsTask(ChildTask, kind=qc.TASK_KIND_LOAD_SEGMENT, request="load_
         releases: dict[int, list[int]] = {}
         if req.source_node_id and req.source_node_id != self.node_id:
             releases[req.source_node_id] = [i.segment_id for i in req.infos]
-        replaced = [s for i in req.infos for s in i.compaction_from]
         forget: dict[int, list[int]] = {}  # this replica's copies of the compaction sources, by node
         for seg_id in replaced:
             node = self.env.meta.segment_copies(seg_id).get(req.replica_id)
