@@ -46,13 +46,6 @@ def stored_segment(seg: SegmentInfo) -> SegmentInfo:
     return stored
 
 
-def strip_in_place(seg: SegmentInfo) -> SegmentInfo:
-    """``stored_segment`` without the copy, for a message its caller hands over."""
-    for index_info in seg.index_infos:
-        del index_info.index_file_paths[:]
-    return seg
-
-
 def stored_delta_channel(info: VChannelInfo) -> VChannelInfo:
     """The record as persisted: a copy without flushed/dropped segment ids (unbounded; the catalog has them)."""
     stored = copy_message(info)

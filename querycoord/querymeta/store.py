@@ -76,7 +76,6 @@ from .records import (
     decode_into,
     stored_delta_channel,
     stored_segment,
-    strip_in_place,
     warn_orphans,
 )
 
@@ -741,7 +740,8 @@ class QueryMeta:
         same txn. The batch is packed into txns of at most 128 operations
         and ~1.5 MiB: a big batch is NOT atomic (see rule 5 of the module
         docstring for why that is acceptable here); memory follows each txn.
-        ``owned``: the caller hands the messages over and never reads or
+        ``owned``: the caller hands the messages over, already in their stored
+        form (``stored_segment``: no index file paths), and never reads or
         changes them again, so they become the records without a copy (a
         load's new records: a copy per segment was measurable).
         """
@@ -759,24 +759,21 @@ class QueryMeta:
         (``ValueError``); removing an unknown id is a no-op. Returns the
         number of txns used.
         """
-        to_save = [strip_in_place(s) for s in saves] if owned else [stored_segment(s) for s in saves]
+        to_save = list(saves) if owned else [stored_segment(s) for s in saves]
         remove_ids = _unique_ids("segment", removals)
         seen = _checked_segment_ids(to_save)
         both = seen.intersection(remove_ids)
         if both:
             raise ValueError(f"segments {sorted(both)} are both saved and removed in one call")
+        pairs = {(seg.collection_id, seg.partition_id) for seg in to_save}
+        touched = seen.union(remove_ids)
 
         def cids() -> set[int]:
-            out = {s.collection_id for s in to_save}
             places = self._index.segments.places()
-            for sid in (*seen, *remove_ids):
-                old = places.get(sid)
-                if old is not None:
-                    out.add(old[0])
-            return out
+            return {cid for cid, _ in pairs} | {places[sid][0] for sid in places.keys() & touched}
 
         async def body() -> int:
-            for cid, pid in {(seg.collection_id, seg.partition_id) for seg in to_save}:
+            for cid, pid in pairs:
                 self._require_partition(cid, pid)
             replicas: dict[tuple[int, int], int] = {}  # (collection, node) -> replica, resolved once per call
             places = self._index.segments.places()

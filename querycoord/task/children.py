@@ -41,8 +41,9 @@ QUERYNODE = querynode_pb2.DESCRIPTOR.services_by_name["QueryNode"]
 
 
 def loaded_segment(info: data_pb2.SegmentLoadInfo, node_id: int, replica_id: int) -> data_pb2.SegmentInfo:
-    """The query meta record of a copy a node just loaded (fields set one by one: keyword construction was twice
-    as slow, and this runs once per segment of every load)."""
+    """The query meta record of a copy a node just loaded, in its stored form (no index infos: the catalog has
+    them), for ``save_segments(owned=True)``. Fields set one by one: keyword construction was twice as slow, and
+    this runs once per segment of every load."""
     seg = data_pb2.SegmentInfo()
     seg.segment_id = info.segment_id
     seg.collection_id = info.collection_id
