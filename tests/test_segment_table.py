@@ -53,3 +53,25 @@ def test_the_index_keeps_node_memory_and_partitions_from_records_it_does_not_hol
     assert index.segments_by_partition == {7: {10: {2}, 11: {1}}}
     index.drop_segment(2)
     assert index.memory_by_node == {5: 70} and index.segments_by_node == {5: {1}}
+
+
+def _indexes(index: MetaIndex) -> tuple[object, ...]:
+    return (dict(index.segments.places()), {s: index.segments[s] for s in index.segments},
+            index.segments_by_partition, index.segments_by_node, index.memory_by_node)
+
+
+def test_put_new_segments_indexes_as_put_segment_does_and_replaces_what_is_there() -> None:
+    """The load path's bulk insert must leave every index exactly as one ``put_segment`` per record would,
+    also for a segment recorded meanwhile (replaced, its old node's memory given back)."""
+    records = [record(sid, 10 + sid % 2, {1000 + sid % 2: 1 + sid % 3}, mem=100 + sid) for sid in range(1, 300)]
+    one_by_one, bulk = MetaIndex(), MetaIndex()
+    for index in (one_by_one, bulk):
+        index.put_segment(record(5, 12, {1000: 9}, mem=7))  # there already, elsewhere
+    for rec in records:
+        one_by_one.put_segment(rec)
+    rows = [(r.segment_id, 7, r.partition_id, r.replica_ids[0], r.node_ids[0], r.mem_size, r.SerializeToString())
+            for r in records]
+    bulk.put_new_segments(rows, 0, 100)
+    bulk.put_new_segments(rows, 100, len(rows))
+    assert _indexes(bulk) == _indexes(one_by_one)
+    assert 9 not in bulk.memory_by_node and 12 not in bulk.segments_by_partition[7]

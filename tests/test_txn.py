@@ -5,10 +5,10 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from etcd3aio._protobuf import Compare as PbCompare
 from etcd3aio._protobuf import PutRequest, RequestOp, TxnRequest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from meta.errors import InvalidKey, NotLeader, RequestTooLarge
 from meta.fence import Fence
