@@ -93,7 +93,8 @@ async def test_a_child_loads_only_partitions_still_loaded_and_fills_paths_from_t
         def has_partition(self, cid: int, pid: int) -> bool:
             return (cid, pid) == (1, 10)  # partition 11 was released after the plan
 
-        async def save_segments(self, segs: list[data_pb2.SegmentInfo]) -> None:
+        async def save_segments(self, segs: list[data_pb2.SegmentInfo], *, owned: bool = False) -> None:
+            assert owned, "a load hands its new records over"
             saved.extend(segs)
 
     planned = [data_pb2.SegmentBinlogs(segment_id=s, collection_id=1, partition_id=p, mem_size=5,
