@@ -210,3 +210,15 @@ def test_a_plain_load_builds_the_segments_a_per_info_load_builds() -> None:
 def test_the_fast_printable_test_is_isprintable(text: str) -> None:
     assert _printable(text) == text.isprintable()
     assert _printable(f"plain/{text}/path") == f"plain/{text}/path".isprintable()
+
+
+def test_a_segment_released_and_loaded_again_is_read_as_loaded_the_second_time() -> None:
+    state = QueryNodeState(10_000, node_id=3)
+    load(state, 1, [1, 2])
+    assert [s.partition_id for s in state.segment_infos([], 0)] == [2, 2]
+    state.release_segments(querynode_pb2.ReleaseSegmentsRequest(segment_ids=[1]))
+    state.load_segments(querynode_pb2.LoadSegmentsRequest(collection_id=4, infos=[
+        data_pb2.SegmentLoadInfo(segment_id=1, partition_id=9, mem_size=1)]))
+    assert [(s.collection_id, s.partition_id) for s in state.segment_infos([1, 2], 0)] == [(4, 9), (1, 2)]
+    state.segments[2] = state.segments[2]._replace(num_rows=77)  # a held segment replaced in place
+    assert state.segment_infos([2], 0)[0].num_rows == 77

@@ -187,6 +187,7 @@ class QueryNodeState:
         # held segment never changes, every distribution the coordinator's checker asks for lists every held
         # segment, and building them anew was most of its cost.
         self._protos: dict[int, tuple[HeldSegment, data_pb2.SegmentInfo]] = {}
+        self._protos_node = node_id  # the node id the cached messages carry
         self.dm_channels: dict[str, DmWatch] = {}
         self.delta_channels: dict[str, int] = {}
         # collection -> (query channel, query result channel)
@@ -242,7 +243,9 @@ class QueryNodeState:
         _positive("collection_id", coll)
         if not request.infos:
             raise NodeRefusal(EC.ILLEGAL_ARGUMENT, "LoadSegments without segments: infos is empty")
-        new = self._plain_new_segments(coll, columns if columns is not None else LoadColumns.of(request.infos))
+        if columns is None or len(columns) != len(request.infos):
+            columns = LoadColumns.of(request.infos)
+        new = self._plain_new_segments(coll, columns)
         if new is None:
             new = self._new_segments(coll, request.infos)
         need = sum(map(_MEM_SIZE, new.values()))
@@ -432,26 +435,33 @@ class QueryNodeState:
     # ----- reads ---------------------------------------------------------------
     def segment_infos(self, segment_ids: Iterable[int], collection_id: int) -> list[data_pb2.SegmentInfo]:
         """The held segments asked for (all when ``segment_ids`` is empty), by id; shared messages (see
-        ``_proto``): the answer copies them."""
+        ``_protos_of``): the answer copies them."""
         ids = list(segment_ids)
-        held, proto = self.segments, self._proto
+        held = self.segments
         if not ids:  # every held segment (a distribution): the keys are the ids, sorted in C
             in_order = [held[sid] for sid in sorted(held)]
-            return [proto(seg) for seg in in_order if not collection_id or seg.collection_id == collection_id]
+            return self._protos_of(
+                in_order if not collection_id else [s for s in in_order if s.collection_id == collection_id])
         chosen = [held[s] for s in ids if s in held]
         if collection_id:
             chosen = [s for s in chosen if s.collection_id == collection_id]
-        return [proto(s) for s in sorted(chosen, key=lambda s: s.segment_id)]
+        return self._protos_of(sorted(chosen, key=lambda s: s.segment_id))
 
-    def _proto(self, seg: HeldSegment) -> data_pb2.SegmentInfo:
-        """``seg`` as reads report it, built once per held segment and node id; shared between reads (they copy
-        it into their answers): not to be changed by the caller."""
-        cached = self._protos.get(seg.segment_id)
-        if cached is not None and cached[0] is seg and cached[1].node_id == self.node_id:
-            return cached[1]
-        proto = seg.to_proto(self.node_id)
-        self._protos[seg.segment_id] = (seg, proto)
-        return proto
+    def _protos_of(self, segments: Iterable[HeldSegment]) -> list[data_pb2.SegmentInfo]:
+        """``segments`` as reads report them, each built once per held segment and node id; shared between reads
+        (they copy them into their answers): not to be changed by the caller."""
+        node = self.node_id
+        if node != self._protos_node:  # a restarted node registering under a new id answers with it
+            self._protos.clear()
+            self._protos_node = node
+        cache = self._protos
+        out = []
+        for seg in segments:
+            cached = cache.get(seg.segment_id)
+            if cached is None or cached[0] is not seg:  # not built yet, or for a segment held before under that id
+                cached = cache[seg.segment_id] = (seg, seg.to_proto(node))
+            out.append(cached[1])
+        return out
 
     def channels(self) -> list[querynode_pb2.WatchedChannel]:
         out = [
