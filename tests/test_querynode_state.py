@@ -19,7 +19,7 @@ from querycoord.nodes.querynode_checks import (
     _printable,
     check_node_request,
 )
-from querycoord.nodes.querynode_state import HeldSegment, LoadColumns, NodeRefusal, QueryNodeState
+from querycoord.nodes.querynode_state import EC, HeldSegment, LoadColumns, NodeRefusal, QueryNodeState
 from querycoord.validate import InvalidField, text_ok
 
 PATHS = [
@@ -222,3 +222,18 @@ def test_a_segment_released_and_loaded_again_is_read_as_loaded_the_second_time()
     assert [(s.collection_id, s.partition_id) for s in state.segment_infos([1, 2], 0)] == [(4, 9), (1, 2)]
     state.segments[2] = state.segments[2]._replace(num_rows=77)  # a held segment replaced in place
     assert state.segment_infos([2], 0)[0].num_rows == 77
+
+
+def test_a_load_of_held_segments_adds_the_new_ones_and_refuses_a_move_of_partition() -> None:
+    state = QueryNodeState(10_000, node_id=3)
+    load(state, 1, [1, 2])
+    load(state, 1, [1, 3, 3, 2])  # held or repeated: idempotent
+    assert sorted(state.segments) == [1, 2, 3] and state.memory_used == 300
+    moved = querynode_pb2.LoadSegmentsRequest(collection_id=1, infos=[
+        data_pb2.SegmentLoadInfo(segment_id=4, collection_id=1, partition_id=2, mem_size=1),
+        data_pb2.SegmentLoadInfo(segment_id=3, collection_id=1, partition_id=9, mem_size=1)])
+    with pytest.raises(NodeRefusal, match=r"^segment 3 is held as collection 1 partition 2, but the request says "
+                                          r"collection 1 partition 9; nothing loaded$") as refusal:
+        state.load_segments(moved)
+    assert refusal.value.code == EC.CONFLICT
+    assert sorted(state.segments) == [1, 2, 3] and state.memory_used == 300

@@ -247,7 +247,7 @@ class QueryNodeState:
             columns = LoadColumns.of(request.infos)
         new = self._plain_new_segments(coll, columns)
         if new is None:
-            new = self._new_segments(coll, request.infos)
+            new = self._new_segments(self._segment_from_info(coll, info) for info in request.infos)
         need = sum(map(_MEM_SIZE, new.values()))
         if self.memory_used + need > self.capacity_bytes:
             raise NodeRefusal(
@@ -260,25 +260,28 @@ class QueryNodeState:
         self.memory_used += need
 
     def _plain_new_segments(self, coll: int, columns: LoadColumns) -> dict[int, HeldSegment] | None:
-        """The segments of the usual load, built from the columns in C; None when any info needs a closer look
-        (``_new_segments``): a refusal, an id held or given twice, compaction sources or indexes to copy.
+        """The new segments of the usual load, built from the columns in C; None when any info needs a closer
+        look (``_segment_from_info``): a refusal, compaction sources or indexes to copy.
 
-        Accepts only what ``_new_segments`` accepts, building the same segments: every id positive and new,
-        every number >= 0, every collection id this one or 0.
+        Accepts only what the info by info path accepts, building the same segments: every id positive, every
+        number >= 0, every collection id this one or 0.
         """
         sids = columns.segment_ids
-        if not (columns.plain and columns.nonnegative() and set(columns.collection_ids).issubset((0, coll))
-                and len(set(sids)) == len(sids) and self.segments.keys().isdisjoint(sids)):
+        if not (columns.plain and columns.nonnegative() and set(columns.collection_ids).issubset((0, coll))):
             return None
         rows = zip(sids, repeat(coll), columns.partition_ids, columns.num_rows, columns.mem_sizes,
                    columns.insert_channels, repeat(()), repeat(()))
-        return dict(zip(sids, map(_held_segment, rows), strict=True))
+        segments = map(_held_segment, rows)
+        if len(set(sids)) == len(sids) and self.segments.keys().isdisjoint(sids):
+            return dict(zip(sids, segments, strict=True))
+        return self._new_segments(segments)  # some held already or given twice: do they agree?
 
-    def _new_segments(self, coll: int, infos: Iterable[data_pb2.SegmentLoadInfo]) -> dict[int, HeldSegment]:
-        """The segments of ``infos`` not held yet, info by info: refuses the first info that is wrong."""
+    def _new_segments(self, segments: Iterable[HeldSegment]) -> dict[int, HeldSegment]:
+        """The segments not held yet, in order; refuses the first one held (or given before) in another collection
+        or partition. ``segments`` may be built as they are asked for and refuse an info there: the first refusal,
+        in info order, is the answer."""
         new: dict[int, HeldSegment] = {}
-        for info in infos:
-            seg = self._segment_from_info(coll, info)
+        for seg in segments:
             held = self.segments.get(seg.segment_id) or new.get(seg.segment_id)
             if held is not None:
                 if (held.collection_id, held.partition_id) != (seg.collection_id, seg.partition_id):
