@@ -119,27 +119,23 @@ class LoadColumns:
     mem_sizes: tuple[int, ...]
     insert_channels: tuple[str, ...]
     plain: bool
+    nonnegative: bool  # every segment id > 0, every partition id, collection id, row count and size >= 0
 
     @classmethod
     def of(cls, infos: Sequence[data_pb2.SegmentLoadInfo]) -> LoadColumns:
         """The columns of ``infos`` (a request's, not changed until they are used)."""
         if not infos:
-            return cls([], (), (), (), (), (), (), True)
+            return cls([], (), (), (), (), (), (), True, False)
         items = list(infos)  # one Python object per info, made once for every pass below (and the checks')
         # A pass per field: no tuple per info to build and transpose (each a garbage collector's object).
         sids, cids, pids, rows, mems, chans = (tuple(map(field, items)) for field in _LOAD_FIELDS)
         # An unset repeated field is costly to read: each is read once here and let go at once (``any``).
         plain = not any(map(_COMPACTION_FROM, items)) and not any(map(_INDEX_INFOS, items))
-        return cls(items, sids, cids, pids, rows, mems, chans, plain)
+        nonnegative = min(sids) > 0 and min(pids) >= 0 and min(cids) >= 0 and min(rows) >= 0 and min(mems) >= 0
+        return cls(items, sids, cids, pids, rows, mems, chans, plain, nonnegative)
 
     def __len__(self) -> int:
         return len(self.segment_ids)
-
-    def nonnegative(self) -> bool:
-        """Every segment id positive and every partition id, collection id, row count and size >= 0."""
-        return bool(self.segment_ids) and (
-            min(self.segment_ids) > 0 and min(self.partition_ids) >= 0 and min(self.collection_ids) >= 0
-            and min(self.num_rows) >= 0 and min(self.mem_sizes) >= 0)
 
 
 @dataclass
@@ -267,7 +263,7 @@ class QueryNodeState:
         number >= 0, every collection id this one or 0.
         """
         sids = columns.segment_ids
-        if not (columns.plain and columns.nonnegative() and set(columns.collection_ids).issubset((0, coll))):
+        if not (columns.plain and columns.nonnegative and set(columns.collection_ids).issubset((0, coll))):
             return None
         rows = zip(sids, repeat(coll), columns.partition_ids, columns.num_rows, columns.mem_sizes,
                    columns.insert_channels, repeat(()), repeat(()))
