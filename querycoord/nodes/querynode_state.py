@@ -128,7 +128,7 @@ class LoadColumns:
             return cls([], (), (), (), (), (), (), True, False)
         items = list(infos)  # one Python object per info, made once for every pass below (and the checks')
         # A pass per field: no tuple per info to build and transpose (each a garbage collector's object).
-        sids, cids, pids, rows, mems, chans = (tuple(map(field, items)) for field in _LOAD_FIELDS)
+        sids, cids, pids, rows, mems, chans = (tuple(map(getter, items)) for getter in _LOAD_FIELDS)
         # An unset repeated field is costly to read: each is read once here and let go at once (``any``).
         plain = not any(map(_COMPACTION_FROM, items)) and not any(map(_INDEX_INFOS, items))
         nonnegative = min(sids) > 0 and min(pids) >= 0 and min(cids) >= 0 and min(rows) >= 0 and min(mems) >= 0
