@@ -12,6 +12,13 @@ the flushed and dropped ids of a channel) are only checked value by value:
 their length is that of the collection, bounded by the message size, not by
 a request limit a large collection could exceed. Query nodes use the default
 limits (they have no coordinator configuration).
+
+A LoadSegments request carries up to ``max_segments_per_request`` infos, and
+checking them one by one was most of what a node spent per segment: the
+infos are read once, column-wise (``LoadColumns``, shared with the state),
+and the usual request is accepted by a few tests over whole columns. Only a
+request that fails those is checked info by info, to refuse the first bad
+info with the message it always had.
 """
 
 from __future__ import annotations
