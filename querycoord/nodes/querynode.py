@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any, TypeVar
 
 import grpc
@@ -38,7 +39,7 @@ from querycoord.errors import status_of
 from querycoord.grpc_channels import add_port, make_server
 from querycoord.metrics import querynode_families
 from querycoord.nodes.node_process import NodeCommand, SessionNode, crash_process, meta_of, run_node
-from querycoord.nodes.querynode_checks import refused
+from querycoord.nodes.querynode_checks import load_columns, refused
 from querycoord.nodes.querynode_faults import INJECTED_FAILURE, CrashAction, CrashMode, FaultConfig, FaultInjector
 from querycoord.nodes.querynode_state import EC, NodeRefusal, QueryNodeState, ok_status
 from querycoord.protocol import MUTATING_METHODS, QUERYCOORD_ELECTION, QUERYNODE_ROLE
@@ -287,11 +288,16 @@ def _mutation(state_method: str, response: type[Resp]) -> Callable[..., Awaitabl
 
     async def rpc(servicer: QueryNodeServicer, request: Any, context: grpc.aio.ServicerContext) -> Resp:
         node = servicer.node
-        bad = refused(kind, request, node.state.node_id)  # bounds first (querynode_checks): changes nothing
+        apply: Callable[[Any], object] = getattr(node.state, state_method)
+        # A load's infos are read once, for the checks and the state both (most of a node's cost per segment).
+        columns = load_columns(request) if isinstance(request, querynode_pb2.LoadSegmentsRequest) else None
+        bad = refused(kind, request, node.state.node_id, columns=columns)  # bounds first: changes nothing
         if bad is not None:
             answer: Callable[..., Resp] = response
             return answer(status=bad)
-        return await node.mutate(kind, request, getattr(node.state, state_method), response, context)
+        if columns is not None:
+            apply = partial(node.state.load_segments, columns=columns)
+        return await node.mutate(kind, request, apply, response, context)
 
     rpc.__name__ = rpc.__qualname__ = kind
     return rpc

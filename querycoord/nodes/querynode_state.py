@@ -31,8 +31,12 @@ Rules (see proto/querynode.proto):
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
+from itertools import repeat
+from operator import attrgetter
+from typing import NamedTuple
 
 from proto import common_pb2, data_pb2, querynode_pb2
 from querycoord.errors import CoordError
@@ -52,9 +56,13 @@ def ok_status() -> common_pb2.Status:
     return common_pb2.Status(error_code=EC.SUCCESS)
 
 
-@dataclass
-class HeldSegment:
-    """A loaded sealed segment; binlog and index file paths are not kept (nothing reads them)."""
+class HeldSegment(NamedTuple):
+    """A loaded sealed segment; binlog and index file paths are not kept (nothing reads them).
+
+    A tuple, not a dataclass: a load of ten thousand segments builds them in C (``_held_segment``) rather than
+    through ten thousand ``__init__`` calls. The SegmentInfo reads answer with is cached by the state
+    (``QueryNodeState._protos``), not here: a tuple has no room for it.
+    """
 
     segment_id: int
     collection_id: int
@@ -64,28 +72,70 @@ class HeldSegment:
     insert_channel: str = ""
     compaction_from: tuple[int, ...] = ()
     index_infos: tuple[data_pb2.IndexInfo, ...] = ()
-    # The SegmentInfo reads answer with, built once (a held segment never changes): every distribution the
-    # coordinator's checker asks for lists every held segment, and building them anew was most of its cost.
-    _proto: data_pb2.SegmentInfo | None = field(default=None, compare=False, repr=False)
 
     def to_proto(self, node_id: int) -> data_pb2.SegmentInfo:
-        """The segment as reads report it; shared between reads (they copy it into their answers): not to be
-        changed by the caller."""
-        proto = self._proto
-        if proto is None or proto.node_id != node_id:
-            proto = self._proto = data_pb2.SegmentInfo(
-                segment_id=self.segment_id,
-                collection_id=self.collection_id,
-                partition_id=self.partition_id,
-                node_id=node_id,
-                mem_size=self.mem_size,
-                num_rows=self.num_rows,
-                index_infos=list(self.index_infos),
-                state=data_pb2.SEGMENT_STATE_SEALED,
-                compaction_from=list(self.compaction_from),
-                dm_channel=self.insert_channel,
-            )
-        return proto
+        """The segment as reads report it (a new message each call)."""
+        return data_pb2.SegmentInfo(
+            segment_id=self.segment_id,
+            collection_id=self.collection_id,
+            partition_id=self.partition_id,
+            node_id=node_id,
+            mem_size=self.mem_size,
+            num_rows=self.num_rows,
+            index_infos=list(self.index_infos),
+            state=data_pb2.SEGMENT_STATE_SEALED,
+            compaction_from=list(self.compaction_from),
+            dm_channel=self.insert_channel,
+        )
+
+
+# ``HeldSegment(*row)`` without the Python-level ``__new__``: ``row`` must have all eight fields.
+_held_segment = partial(tuple.__new__, HeldSegment)
+
+# What a load reads of every SegmentLoadInfo, a C call per field and info (``LoadColumns``).
+_LOAD_FIELDS = tuple(map(attrgetter, ("segment_id", "collection_id", "partition_id", "num_rows", "mem_size",
+                                       "insert_channel")))
+_COMPACTION_FROM = attrgetter("compaction_from")
+_INDEX_INFOS = attrgetter("index_infos")
+_MEM_SIZE = attrgetter("mem_size")
+
+
+@dataclass(frozen=True)
+class LoadColumns:
+    """The scalar fields of a LoadSegmentsRequest's infos, one tuple per field in info order.
+
+    Reading a field of a protobuf message is the bulk of what a node spends per segment, so a request's infos
+    are read once, column-wise in C, and the columns are shared: the bounds checks (``querynode_checks``) and
+    ``QueryNodeState.load_segments`` both test the common case on them with min/set over a column, and look at
+    the infos one by one only when something is off (to refuse with the same message as ever). ``plain``: no
+    info has ``compaction_from`` or ``index_infos`` (both read per info only then).
+    """
+
+    infos: list[data_pb2.SegmentLoadInfo]
+    segment_ids: tuple[int, ...]
+    collection_ids: tuple[int, ...]
+    partition_ids: tuple[int, ...]
+    num_rows: tuple[int, ...]
+    mem_sizes: tuple[int, ...]
+    insert_channels: tuple[str, ...]
+    plain: bool
+    nonnegative: bool  # every segment id > 0, every partition id, collection id, row count and size >= 0
+
+    @classmethod
+    def of(cls, infos: Sequence[data_pb2.SegmentLoadInfo]) -> LoadColumns:
+        """The columns of ``infos`` (a request's, not changed until they are used)."""
+        if not infos:
+            return cls([], (), (), (), (), (), (), True, False)
+        items = list(infos)  # one Python object per info, made once for every pass below (and the checks')
+        # A pass per field: no tuple per info to build and transpose (each a garbage collector's object).
+        sids, cids, pids, rows, mems, chans = (tuple(map(getter, items)) for getter in _LOAD_FIELDS)
+        # An unset repeated field is costly to read: each is read once here and let go at once (``any``).
+        plain = not any(map(_COMPACTION_FROM, items)) and not any(map(_INDEX_INFOS, items))
+        nonnegative = min(sids) > 0 and min(pids) >= 0 and min(cids) >= 0 and min(rows) >= 0 and min(mems) >= 0
+        return cls(items, sids, cids, pids, rows, mems, chans, plain, nonnegative)
+
+    def __len__(self) -> int:
+        return len(self.segment_ids)
 
 
 @dataclass
@@ -129,6 +179,11 @@ class QueryNodeState:
         self.capacity_bytes = capacity_bytes
         self.node_id = node_id
         self.segments: dict[int, HeldSegment] = {}
+        # The SegmentInfo reads answer with, per held segment (with the segment it was built from), built once: a
+        # held segment never changes, every distribution the coordinator's checker asks for lists every held
+        # segment, and building them anew was most of its cost.
+        self._protos: dict[int, tuple[HeldSegment, data_pb2.SegmentInfo]] = {}
+        self._protos_node = node_id  # the node id the cached messages carry
         self.dm_channels: dict[str, DmWatch] = {}
         self.delta_channels: dict[str, int] = {}
         # collection -> (query channel, query result channel)
@@ -174,15 +229,55 @@ class QueryNodeState:
             self.fence = FenceMark(revision, coordinator)
 
     # ----- segments ------------------------------------------------------------
-    def load_segments(self, request: querynode_pb2.LoadSegmentsRequest) -> None:
-        """Hold every segment of the request, or none of them."""
+    def load_segments(self, request: querynode_pb2.LoadSegmentsRequest, columns: LoadColumns | None = None) -> None:
+        """Hold every segment of the request, or none of them.
+
+        ``columns``: ``LoadColumns.of(request.infos)`` when the caller has read them already (the node's checks
+        have): not read again.
+        """
         coll = request.collection_id
         _positive("collection_id", coll)
         if not request.infos:
             raise NodeRefusal(EC.ILLEGAL_ARGUMENT, "LoadSegments without segments: infos is empty")
+        if columns is None or len(columns) != len(request.infos):
+            columns = LoadColumns.of(request.infos)
+        new = self._plain_new_segments(coll, columns)
+        if new is None:
+            new = self._new_segments(self._segment_from_info(coll, info) for info in request.infos)
+        need = sum(map(_MEM_SIZE, new.values()))
+        if self.memory_used + need > self.capacity_bytes:
+            raise NodeRefusal(
+                OUT_OF_MEMORY_CODE,
+                f"out of memory: need {need} bytes, {self.memory_used} of {self.capacity_bytes} used "
+                f"(query node {self.node_id}, {len(new)} segment(s) of collection {coll}); nothing loaded, "
+                f"place them on another node",
+            )
+        self.segments.update(new)
+        self.memory_used += need
+
+    def _plain_new_segments(self, coll: int, columns: LoadColumns) -> dict[int, HeldSegment] | None:
+        """The new segments of the usual load, built from the columns in C; None when any info needs a closer
+        look (``_segment_from_info``): a refusal, compaction sources or indexes to copy.
+
+        Accepts only what the info by info path accepts, building the same segments: every id positive, every
+        number >= 0, every collection id this one or 0.
+        """
+        sids = columns.segment_ids
+        if not (columns.plain and columns.nonnegative and set(columns.collection_ids).issubset((0, coll))):
+            return None
+        rows = zip(sids, repeat(coll), columns.partition_ids, columns.num_rows, columns.mem_sizes,
+                   columns.insert_channels, repeat(()), repeat(()))
+        segments = map(_held_segment, rows)
+        if len(set(sids)) == len(sids) and self.segments.keys().isdisjoint(sids):
+            return dict(zip(sids, segments, strict=True))
+        return self._new_segments(segments)  # some held already or given twice: do they agree?
+
+    def _new_segments(self, segments: Iterable[HeldSegment]) -> dict[int, HeldSegment]:
+        """The segments not held yet, in order; refuses the first one held (or given before) in another collection
+        or partition. ``segments`` may be built as they are asked for and refuse an info there: the first refusal,
+        in info order, is the answer."""
         new: dict[int, HeldSegment] = {}
-        for info in request.infos:
-            seg = self._segment_from_info(coll, info)
+        for seg in segments:
             held = self.segments.get(seg.segment_id) or new.get(seg.segment_id)
             if held is not None:
                 if (held.collection_id, held.partition_id) != (seg.collection_id, seg.partition_id):
@@ -194,16 +289,7 @@ class QueryNodeState:
                     )
                 continue  # already held (or twice in this request): idempotent
             new[seg.segment_id] = seg
-        need = sum(s.mem_size for s in new.values())
-        if self.memory_used + need > self.capacity_bytes:
-            raise NodeRefusal(
-                OUT_OF_MEMORY_CODE,
-                f"out of memory: need {need} bytes, {self.memory_used} of {self.capacity_bytes} used "
-                f"(query node {self.node_id}, {len(new)} segment(s) of collection {coll}); nothing loaded, "
-                f"place them on another node",
-            )
-        self.segments.update(new)
-        self.memory_used += need
+        return new
 
     @staticmethod
     def _segment_from_info(coll: int, info: data_pb2.SegmentLoadInfo) -> HeldSegment:
@@ -233,6 +319,7 @@ class QueryNodeState:
         for sid in list(seg_ids):
             seg = self.segments.pop(sid, None)
             if seg is not None:
+                self._protos.pop(sid, None)
                 self.memory_used -= seg.mem_size
                 dropped += 1
         return dropped
@@ -347,16 +434,33 @@ class QueryNodeState:
     # ----- reads ---------------------------------------------------------------
     def segment_infos(self, segment_ids: Iterable[int], collection_id: int) -> list[data_pb2.SegmentInfo]:
         """The held segments asked for (all when ``segment_ids`` is empty), by id; shared messages (see
-        ``HeldSegment.to_proto``): the answer copies them."""
+        ``_protos_of``): the answer copies them."""
         ids = list(segment_ids)
-        node, held = self.node_id, self.segments
+        held = self.segments
         if not ids:  # every held segment (a distribution): the keys are the ids, sorted in C
             in_order = [held[sid] for sid in sorted(held)]
-            return [seg.to_proto(node) for seg in in_order if not collection_id or seg.collection_id == collection_id]
+            return self._protos_of(
+                in_order if not collection_id else [s for s in in_order if s.collection_id == collection_id])
         chosen = [held[s] for s in ids if s in held]
         if collection_id:
             chosen = [s for s in chosen if s.collection_id == collection_id]
-        return [s.to_proto(node) for s in sorted(chosen, key=lambda s: s.segment_id)]
+        return self._protos_of(sorted(chosen, key=lambda s: s.segment_id))
+
+    def _protos_of(self, segments: Iterable[HeldSegment]) -> list[data_pb2.SegmentInfo]:
+        """``segments`` as reads report them, each built once per held segment and node id; shared between reads
+        (they copy them into their answers): not to be changed by the caller."""
+        node = self.node_id
+        if node != self._protos_node:  # a restarted node registering under a new id answers with it
+            self._protos.clear()
+            self._protos_node = node
+        cache = self._protos
+        out = []
+        for seg in segments:
+            cached = cache.get(seg.segment_id)
+            if cached is None or cached[0] is not seg:  # not built yet, or for a segment held before under that id
+                cached = cache[seg.segment_id] = (seg, seg.to_proto(node))
+            out.append(cached[1])
+        return out
 
     def channels(self) -> list[querynode_pb2.WatchedChannel]:
         out = [
