@@ -15,7 +15,7 @@ import asyncio
 from bisect import bisect_right
 from collections.abc import Sequence
 from itertools import accumulate, repeat
-from operator import add, attrgetter, methodcaller
+from operator import add, attrgetter, itemgetter, methodcaller
 from typing import TypeVar
 
 from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
@@ -29,7 +29,8 @@ from querycoord.yielding import TURN_EVERY
 M = TypeVar("M", bound=Message)
 _BYTE_SIZE = methodcaller("ByteSize")
 _SEGMENT_ID = attrgetter("segment_id")
-_MEM_SIZE = attrgetter("mem_size")
+_ID_AND_MEM_SIZE = attrgetter("segment_id", "mem_size")
+_FIRST = itemgetter(0)
 
 
 def query_channels(collection_id: int) -> tuple[str, str]:
@@ -127,16 +128,21 @@ def strip_channel(info: data_pb2.VChannelInfo) -> data_pb2.VChannelInfo:
 
 def segment_sizes(segments: Sequence[Planned]) -> list[tuple[int, int]]:
     """(segment id, mem size) of each segment, as the allocator takes them (read in C: once per segment)."""
-    return list(zip(map(_SEGMENT_ID, segments), map(_MEM_SIZE, segments), strict=True))
+    return list(map(_ID_AND_MEM_SIZE, segments))
 
 
-async def segments_by_node(segments: Sequence[Planned], node_of: dict[int, int]) -> dict[int, list[Planned]]:
+async def segments_by_node(segments: Sequence[Planned], sizes: Sequence[tuple[int, int]],
+                           node_of: dict[int, int]) -> dict[int, list[Planned]]:
     """``segments`` by the node ``node_of`` places each on, in their order, with a turn every ``TURN_EVERY``
-    segments (a plain loop over slices: an async generator step per segment cost more than the grouping)."""
+    segments (a plain loop over slices: an async generator step per segment cost more than the grouping).
+
+    ``sizes`` are ``segment_sizes(segments)``: their ids are read from there, not from the messages again.
+    """
     per_node: dict[int, list[Planned]] = {}
     for start in range(0, len(segments), TURN_EVERY):
-        chunk = segments[start:start + TURN_EVERY]
-        for node_id, s in zip(map(node_of.__getitem__, map(_SEGMENT_ID, chunk)), chunk, strict=True):
+        end = start + TURN_EVERY
+        chunk = segments[start:end]
+        for node_id, s in zip(map(node_of.__getitem__, map(_FIRST, sizes[start:end])), chunk, strict=True):
             per_node.setdefault(node_id, []).append(s)
         await asyncio.sleep(0)
     return per_node

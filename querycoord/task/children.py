@@ -407,7 +407,7 @@ async def plan_children(
     excluded = list(exclude)
     children: list[Task] = []
 
-    per_node = await segments_by_node(segments, placed["segments"])
+    per_node = await segments_by_node(segments, sizes, placed["segments"])
     for node_id, infos in sorted(per_node.items()):
         for group in merge_by_size(infos, cfg.max_request_bytes):
             await asyncio.sleep(0)  # a group is up to a few thousand segments: a turn between groups
