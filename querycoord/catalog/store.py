@@ -239,14 +239,9 @@ def parse_binlogs(values: list[bytes]) -> list[data_pb2.SegmentBinlogs]:
 
 def _parse_framed(values: list[bytes]) -> list[data_pb2.SegmentBinlogs]:
     """``parse_binlogs`` of up to ``_PARSE_CHUNK`` records, framed and parsed as one message."""
-    framed: list[bytes] = []
-    heads = _FRAME_HEADS
-    for value in values:
-        head = heads.get(len(value))
-        if head is None:
-            head = _frame_head(len(value))
-        framed.append(head)
-        framed.append(value)
+    framed: list[bytes] = [b""] * (2 * len(values))
+    framed[::2] = map(_FRAME_HEADS.__getitem__, map(len, values))  # head before each record, all in C
+    framed[1::2] = values
     response = catalog_pb2.GetRecoveryInfoResponse()
     try:
         response.ParseFromString(b"".join(framed))
@@ -269,22 +264,25 @@ def _parse_each(values: list[bytes]) -> list[data_pb2.SegmentBinlogs]:
 _PARSE_CHUNK = 8192
 # Field 3 (``binlogs``) of GetRecoveryInfoResponse, length-delimited: the tag byte of each framed record.
 _BINLOGS_TAG = bytes([(catalog_pb2.GetRecoveryInfoResponse.BINLOGS_FIELD_NUMBER << 3) | 2])
-# Tag and length varint by record length (records of a collection have a few distinct lengths).
-_FRAME_HEADS: dict[int, bytes] = {}
+class _FrameHeads(dict[int, bytes]):
+    """Tag and base-128 varint length in front of a framed record, by record length; each made on first use
+    (the records of a catalog have few distinct lengths), and forgotten past 65,536 of them."""
+
+    def __missing__(self, length: int) -> bytes:
+        out = bytearray(_BINLOGS_TAG)
+        n = length
+        while n >= 0x80:
+            out.append((n & 0x7F) | 0x80)
+            n >>= 7
+        out.append(n)
+        head = bytes(out)
+        if len(self) >= 65536:
+            self.clear()
+        self[length] = head
+        return head
 
 
-def _frame_head(length: int) -> bytes:
-    """The tag and base-128 varint length in front of a framed record of ``length`` bytes (cached)."""
-    out = bytearray(_BINLOGS_TAG)
-    n = length
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    head = bytes(out)
-    if len(_FRAME_HEADS) < 65536:
-        _FRAME_HEADS[length] = head
-    return head
+_FRAME_HEADS = _FrameHeads()
 
 
 def _add_flushed(channels: list[data_pb2.VChannelInfo], binlogs: list[data_pb2.SegmentBinlogs]) -> None:

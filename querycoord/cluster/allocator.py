@@ -85,13 +85,17 @@ def allocate_segments(
     placed: dict[int, int] = {}
     if len(groups) == 1:  # the usual cluster: one node size; the loop below with the comparisons inlined
         cap, h = groups[0]
+        replace = heapq.heapreplace
         for seg_id, size in ordered:
             used, i, node_id = h[0]
-            if used / cap >= memory_limit or (used + size) / cap >= memory_limit:
+            total = used + size
+            # A size >= 0 cannot lower the rate: ``used / cap`` is then checked by the second test (division is
+            # monotonic), so it is computed only for a negative size.
+            if total / cap >= memory_limit or (size < 0 and used / cap >= memory_limit):
                 raise _no_room(seg_id, size, memory_limit, cands)
             placed[seg_id] = node_id
-            heapq.heapreplace(h, (used + size, i, node_id))
-            memory[node_id] = used + size
+            replace(h, (total, i, node_id))
+            memory[node_id] = total
         return placed
     for seg_id, size in ordered:
         best: list[tuple[int, int, int]] | None = None
