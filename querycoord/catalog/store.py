@@ -47,7 +47,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 
 from google.protobuf.message import DecodeError
 
@@ -264,6 +264,8 @@ def _parse_each(values: list[bytes]) -> list[data_pb2.SegmentBinlogs]:
 _PARSE_CHUNK = 8192
 # Field 3 (``binlogs``) of GetRecoveryInfoResponse, length-delimited: the tag byte of each framed record.
 _BINLOGS_TAG = bytes([(catalog_pb2.GetRecoveryInfoResponse.BINLOGS_FIELD_NUMBER << 3) | 2])
+
+
 class _FrameHeads(dict[int, bytes]):
     """Tag and base-128 varint length in front of a framed record, by record length; each made on first use
     (the records of a catalog have few distinct lengths), and forgotten past 65,536 of them."""
@@ -282,6 +284,7 @@ class _FrameHeads(dict[int, bytes]):
         return head
 
 
+# The heads ``_parse_framed`` puts in front of records, by record length.
 _FRAME_HEADS = _FrameHeads()
 
 
@@ -300,6 +303,7 @@ def _add_flushed(channels: list[data_pb2.VChannelInfo], binlogs: list[data_pb2.S
 
 _SEGMENT_ID = attrgetter("segment_id")
 _INSERT_CHANNEL = attrgetter("insert_channel")
+_VALUE = itemgetter(1)
 
 
 def _now_ms() -> int:
@@ -877,7 +881,7 @@ class CatalogStore:
                 first = prefix + f"{after_segment_id + 1:019d}"
                 pairs = [(k, v) for k, v in pairs if k >= first]
 
-        binlogs = parse_binlogs([value for _, value in pairs])
+        binlogs = parse_binlogs(list(map(_VALUE, pairs)))
         channels = [data_pb2.VChannelInfo(collection_id=collection_id, channel_name=c) for c in desc.dm_channels]
         _add_flushed(channels, binlogs)
         return RecoveryPage(channels, binlogs, next_after)
