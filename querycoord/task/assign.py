@@ -75,7 +75,7 @@ def strip_segment(info: Planned) -> data_pb2.SegmentLoadInfo:
 def add_stripped(infos: RepeatedCompositeFieldContainer[data_pb2.SegmentLoadInfo], planned: Sequence[Planned]) -> None:
     """Append ``strip_segment`` of each of ``planned`` to ``infos`` (a request's repeated field), each built in
     place: building messages apart and handing them to the request copied every one of them again (a third of
-    planning a load's CPU; tests/test_load_plan.py checks the result is ``strip_segment``'s)."""
+    planning a load's CPU; tests/test_plan_fast_paths.py checks the result is ``strip_segment``'s)."""
     new = infos.add
     binlogs = data_pb2.SegmentBinlogs
     for info in planned:
@@ -162,7 +162,8 @@ def merge_by_size(infos: Sequence[M], limit: int, *, max_items: int = 0) -> list
     groups: list[list[M]] = []
     start, n = 0, len(items)
     while start < n:
-        # The largest end whose group fits, at least one message, at most max_items (any max_items < 1 means 1).
+        # The largest end whose group fits, at least one message, at most max_items (a negative one means 1, as
+        # the loop's ``len(cur) >= max_items`` made it).
         end = max(bisect_right(ends, ends[start] + limit) - 1, start + 1)
         if max_items:
             end = min(end, start + max(max_items, 1))
