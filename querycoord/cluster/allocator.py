@@ -17,6 +17,7 @@ import heapq
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 
 from proto import common_pb2
 from querycoord.cluster.nodes import Node
@@ -35,6 +36,9 @@ class Usage:
 
     memory: dict[int, int]
     channels: dict[int, int]
+
+
+_SIZE = itemgetter(1)
 
 
 def _candidates(nodes: Iterable[Node], exclude: Sequence[int], include: Sequence[int]) -> list[Node]:
@@ -64,8 +68,9 @@ def allocate_segments(
     cands = _candidates(nodes, exclude, include)
     if not cands:
         raise NoAvailableNode(f"no online query node to load segments on (excluded {sorted(exclude)})")
-    # Largest first: fewer dead ends when memory is tight.
-    ordered = sorted(sizes, key=lambda x: -x[1])
+    # Largest first: fewer dead ends when memory is tight. Stable, ties in the given order (reverse keeps it so),
+    # and keyed in C: a lambda per segment was most of the sort.
+    ordered = sorted(sizes, key=_SIZE, reverse=True)
     usable = [n for n in cands if n.capacity > 0]
     if any(n.capacity >= _EXACT_CAPACITY for n in usable) or len({n.node_id for n in usable}) != len(usable):
         return _place_linear(ordered, cands, usage, memory_limit)
@@ -80,13 +85,17 @@ def allocate_segments(
     placed: dict[int, int] = {}
     if len(groups) == 1:  # the usual cluster: one node size; the loop below with the comparisons inlined
         cap, h = groups[0]
+        replace = heapq.heapreplace
         for seg_id, size in ordered:
             used, i, node_id = h[0]
-            if used / cap >= memory_limit or (used + size) / cap >= memory_limit:
+            total = used + size
+            # A size >= 0 cannot lower the rate: ``used / cap`` is then checked by the second test (division is
+            # monotonic), so it is computed only for a negative size.
+            if total / cap >= memory_limit or (size < 0 and used / cap >= memory_limit):
                 raise _no_room(seg_id, size, memory_limit, cands)
             placed[seg_id] = node_id
-            heapq.heapreplace(h, (used + size, i, node_id))
-            memory[node_id] = used + size
+            replace(h, (total, i, node_id))
+            memory[node_id] = total
         return placed
     for seg_id, size in ordered:
         best: list[tuple[int, int, int]] | None = None

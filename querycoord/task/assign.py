@@ -11,16 +11,26 @@ child's record stays small whatever the segments carry.
 
 from __future__ import annotations
 
+import asyncio
+from bisect import bisect_right
 from collections.abc import Sequence
+from itertools import accumulate, repeat
+from operator import add, attrgetter, itemgetter, methodcaller
 from typing import TypeVar
 
+from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 from google.protobuf.message import Message
 
 from proto import data_pb2
 from querycoord.cluster.allocator import Usage
 from querycoord.task.model import TaskEnv
+from querycoord.yielding import TURN_EVERY
 
 M = TypeVar("M", bound=Message)
+_BYTE_SIZE = methodcaller("ByteSize")
+_SEGMENT_ID = attrgetter("segment_id")
+_ID_AND_MEM_SIZE = attrgetter("segment_id", "mem_size")
+_FIRST = itemgetter(0)
 
 
 def query_channels(collection_id: int) -> tuple[str, str]:
@@ -58,6 +68,31 @@ def segment_load_info(b: data_pb2.SegmentBinlogs) -> data_pb2.SegmentLoadInfo:
 def strip_segment(info: Planned) -> data_pb2.SegmentLoadInfo:
     """The load info as persisted: without binlog and index file paths (refetched before the call)."""
     out = data_pb2.SegmentLoadInfo()
+    _strip_into(out, info)
+    return out
+
+
+def add_stripped(infos: RepeatedCompositeFieldContainer[data_pb2.SegmentLoadInfo], planned: Sequence[Planned]) -> None:
+    """Append ``strip_segment`` of each of ``planned`` to ``infos`` (a request's repeated field), each built in
+    place: building messages apart and handing them to the request copied every one of them again (a third of
+    planning a load's CPU; tests/test_plan_fast_paths.py checks the result is ``strip_segment``'s)."""
+    new = infos.add
+    binlogs = data_pb2.SegmentBinlogs
+    for info in planned:
+        if type(info) is binlogs:  # the common case (a planned load): every field given to ``add`` at once
+            out = new(segment_id=info.segment_id, partition_id=info.partition_id,
+                      collection_id=info.collection_id, num_rows=info.num_rows, mem_size=info.mem_size,
+                      insert_channel=info.insert_channel)
+            if info.compaction_from:
+                out.compaction_from.extend(info.compaction_from)
+            if info.index_infos:
+                _strip_indexes(out, info.index_infos)
+        else:
+            _strip_into(new(), info)
+
+
+def _strip_into(out: data_pb2.SegmentLoadInfo, info: Planned) -> None:
+    """Write ``info`` without its paths into the empty ``out``."""
     if isinstance(info, data_pb2.SegmentBinlogs):  # built without the paths rather than copied and cut
         out.segment_id = info.segment_id
         out.partition_id = info.partition_id
@@ -67,15 +102,20 @@ def strip_segment(info: Planned) -> data_pb2.SegmentLoadInfo:
         out.insert_channel = info.insert_channel
         if info.compaction_from:
             out.compaction_from.extend(info.compaction_from)
-        if not info.index_infos:
-            return out
-        out.index_infos.extend(info.index_infos)
-    else:
-        out.CopyFrom(info)
-        del out.binlog_paths[:]
+        if info.index_infos:
+            _strip_indexes(out, info.index_infos)
+        return
+    out.CopyFrom(info)
+    del out.binlog_paths[:]
     for idx in out.index_infos:
         del idx.index_file_paths[:]
-    return out
+
+
+def _strip_indexes(out: data_pb2.SegmentLoadInfo, index_infos: Sequence[data_pb2.IndexInfo]) -> None:
+    """Copy ``index_infos`` into ``out`` without their file paths."""
+    out.index_infos.extend(index_infos)
+    for idx in out.index_infos:
+        del idx.index_file_paths[:]
 
 
 def strip_channel(info: data_pb2.VChannelInfo) -> data_pb2.VChannelInfo:
@@ -86,9 +126,54 @@ def strip_channel(info: data_pb2.VChannelInfo) -> data_pb2.VChannelInfo:
     return out
 
 
+def segment_sizes(segments: Sequence[Planned]) -> list[tuple[int, int]]:
+    """(segment id, mem size) of each segment, as the allocator takes them (read in C: once per segment)."""
+    return list(map(_ID_AND_MEM_SIZE, segments))
+
+
+async def segments_by_node(segments: Sequence[Planned], sizes: Sequence[tuple[int, int]],
+                           node_of: dict[int, int]) -> dict[int, list[Planned]]:
+    """``segments`` by the node ``node_of`` places each on, in their order, with a turn every ``TURN_EVERY``
+    segments (a plain loop over slices: an async generator step per segment cost more than the grouping).
+
+    ``sizes`` are ``segment_sizes(segments)``: their ids are read from there, not from the messages again.
+    """
+    per_node: dict[int, list[Planned]] = {}
+    for start in range(0, len(segments), TURN_EVERY):
+        end = start + TURN_EVERY
+        chunk = segments[start:end]
+        for node_id, s in zip(map(node_of.__getitem__, map(_FIRST, sizes[start:end])), chunk, strict=True):
+            per_node.setdefault(node_id, []).append(s)
+        await asyncio.sleep(0)
+    return per_node
+
+
 def merge_by_size(infos: Sequence[M], limit: int, *, max_items: int = 0) -> list[list[M]]:
     """Consecutive groups whose wire size stays within ``limit`` bytes and, when given, ``max_items``
-    messages (a single larger message goes alone)."""
+    messages (a single larger message goes alone).
+
+    Each message counts its ``ByteSize()`` plus 4. The sizes are taken and summed in C, and each group's end is
+    found by bisecting the running sums (a group is thousands of messages): a loop adding one message at a time
+    was most of this function's cost. ``_merge_by_size_loop`` is that loop, kept as the rule written out (tests
+    compare the two).
+    """
+    items = infos if isinstance(infos, list) else list(infos)
+    ends = list(accumulate(map(add, map(_BYTE_SIZE, items), repeat(4)), initial=0))  # ends[k]: first k's size
+    groups: list[list[M]] = []
+    start, n = 0, len(items)
+    while start < n:
+        # The largest end whose group fits, at least one message, at most max_items (a negative one means 1, as
+        # the loop's ``len(cur) >= max_items`` made it).
+        end = max(bisect_right(ends, ends[start] + limit) - 1, start + 1)
+        if max_items:
+            end = min(end, start + max(max_items, 1))
+        groups.append(items[start:end])
+        start = end
+    return groups
+
+
+def _merge_by_size_loop(infos: Sequence[M], limit: int, *, max_items: int = 0) -> list[list[M]]:
+    """``merge_by_size`` one message at a time: the rule as first written (the reference tests compare with)."""
     groups: list[list[M]] = []
     cur: list[M] = []
     size = 0

@@ -26,15 +26,16 @@ from querycoord.cluster.client import NodeError
 from querycoord.messages import rpc_method
 from querycoord.task.assign import (
     Planned,
+    add_stripped,
     fill_load_info,
     merge_by_size,
     query_channels,
+    segment_sizes,
+    segments_by_node,
     strip_channel,
-    strip_segment,
     usage_of,
 )
 from querycoord.task.model import Task, TaskEnv, TaskError
-from querycoord.yielding import every_few
 
 SEALED = data_pb2.SEGMENT_STATE_SEALED
 QUERYNODE = querynode_pb2.DESCRIPTOR.services_by_name["QueryNode"]
@@ -358,7 +359,7 @@ async def plan_children(
     """
     cfg = env.config
     deadline = getattr(parent, "deadline", time.monotonic() + cfg.trigger_timeout)
-    sizes = [(s.segment_id, s.mem_size) for s in segments]
+    sizes = segment_sizes(segments)
 
     def candidates(with_spares: bool) -> list[int]:
         members = set(env.meta.replica_nodes(collection_id, replica_id))
@@ -411,19 +412,17 @@ async def plan_children(
     excluded = list(exclude)
     children: list[Task] = []
 
-    per_node: dict[int, list[Planned]] = {}
-    async for s in every_few(segments):
-        per_node.setdefault(placed["segments"][s.segment_id], []).append(s)
+    per_node = await segments_by_node(segments, sizes, placed["segments"])
     for node_id, infos in sorted(per_node.items()):
         for group in merge_by_size(infos, cfg.max_request_bytes):
             await asyncio.sleep(0)  # a group is up to a few thousand segments: a turn between groups
             req = querynode_pb2.LoadSegmentsRequest(
                 collection_id=collection_id,
-                infos=[strip_segment(i) for i in group],
                 source_node_id=source_node_id,
                 load_type=load_type,
                 replica_id=replica_id,
             )
+            add_stripped(req.infos, group)
             child = LoadSegmentsTask.new(env, req, trigger_condition=cond, collection_id=collection_id,
                                          node_id=node_id, parent=parent, excluded=excluded)
             child.full_infos = group

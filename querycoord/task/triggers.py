@@ -12,6 +12,7 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
+from itertools import filterfalse
 from operator import attrgetter
 
 from loguru import logger
@@ -29,12 +30,13 @@ from querycoord.task.children import (
     plan_children,
 )
 from querycoord.task.model import Task, TaskEnv, TaskError
-from querycoord.yielding import every_few
+from querycoord.yielding import TURN_EVERY
 
 IN_MEMORY = data_pb2.PARTITION_STATE_IN_MEMORY
 NOT_PRESENT = data_pb2.PARTITION_STATE_NOT_PRESENT
 PARTIAL = data_pb2.PARTITION_STATE_PARTIAL_IN_MEMORY
 _PARTITION_ID = attrgetter("partition_id")
+_SEGMENT_ID = attrgetter("segment_id")
 # How a load of the other load type is refused, by how the collection is loaded.
 _LOADED_AS = {
     data_pb2.LOAD_TYPE_PARTITION: "as partitions: release partitions first",
@@ -48,10 +50,31 @@ def delta_channel(dm: data_pb2.VChannelInfo) -> data_pb2.VChannelInfo:
     return data_pb2.VChannelInfo(collection_id=dm.collection_id, channel_name=name)
 
 
-def merge_channel(into: data_pb2.VChannelInfo, other: data_pb2.VChannelInfo) -> None:
-    for field in ("unflushed_segment_ids", "flushed_segment_ids", "dropped_segment_ids"):
-        have = set(getattr(into, field))
-        getattr(into, field).extend(x for x in getattr(other, field) if x not in have)
+_CHANNEL_ID_FIELDS = ("unflushed_segment_ids", "flushed_segment_ids", "dropped_segment_ids")
+
+
+def merge_channel(into: data_pb2.VChannelInfo, other: data_pb2.VChannelInfo,
+                  known: dict[str, set[int]] | None = None) -> None:
+    """Add to ``into``'s segment id lists the ids of ``other``'s that ``into`` lacks (as the lists were before
+    this merge: an id ``other`` repeats is added as often).
+
+    ``known`` (when merging many channels into one: a partition each) keeps the id sets of ``into``'s lists
+    between calls, built on first use: rebuilding them on every merge was quadratic in partitions. It must
+    come with ``into`` and nothing else may change ``into`` meanwhile.
+    """
+    for field in _CHANNEL_ID_FIELDS:
+        ids = getattr(into, field)
+        if known is None:
+            have = set(ids)
+        elif field in known:
+            have = known[field]
+        else:
+            have = known[field] = set(ids)
+        new = list(filterfalse(have.__contains__, getattr(other, field)))
+        if new:
+            ids.extend(new)
+            if known is not None:
+                have.update(new)
 
 
 def split_nodes(nodes: list[int], number: int, *, memory: dict[int, int]) -> list[list[int]]:
@@ -188,6 +211,7 @@ class _LoadTrigger(TriggerTask):
                                       replica_number=len(replicas))
         binlogs_by_partition: list[tuple[int, list[data_pb2.SegmentBinlogs]]] = []
         channels: dict[str, data_pb2.VChannelInfo] = {}
+        channel_ids: dict[str, dict[str, set[int]]] = {}  # merge_channel's sets, by channel
         # The partitions' recovery infos are independent reads: fetch them together.
         recovered = await asyncio.gather(*(env.broker.get_recovery_info(cid, pid) for pid in self.new_partitions))
         for pid, (chans, binlogs) in zip(self.new_partitions, recovered, strict=True):
@@ -196,7 +220,7 @@ class _LoadTrigger(TriggerTask):
             self.replica_total += len(binlogs)
             for c in chans:
                 if c.channel_name in channels:
-                    merge_channel(channels[c.channel_name], c)
+                    merge_channel(channels[c.channel_name], c, channel_ids.setdefault(c.channel_name, {}))
                 else:
                     channels[c.channel_name] = c
         if not env.meta.get_delta_channels(cid) and channels:
@@ -208,12 +232,7 @@ class _LoadTrigger(TriggerTask):
             # and drops them once answered (a load info per segment held for the whole load was most of its RSS).
             segments: list[Planned] = []
             for pid, binlogs in binlogs_by_partition:
-                held = 0
-                async for b in every_few(binlogs):
-                    if self._held(b.segment_id, replica):
-                        held += 1
-                    else:
-                        segments.append(b)
+                held = await self._not_held(binlogs, replica, segments)
                 self.loaded_segments[pid] = self.loaded_segments.get(pid, 0) + held
                 self.replica_loaded[replica] = self.replica_loaded.get(replica, 0) + held
             watched = {w.dm_channel: node for w in env.meta.dm_channels_of(cid)
@@ -240,6 +259,28 @@ class _LoadTrigger(TriggerTask):
         loaded_as = self.env.meta.get_load_type(self.collection_id)
         if loaded_as and loaded_as != self.LOAD_TYPE:
             raise TaskError(f"collection {self.collection_id} is loaded {_LOADED_AS[loaded_as]}", common_pb2.CONFLICT)
+
+    async def _not_held(self, binlogs: list[data_pb2.SegmentBinlogs], replica_id: int,
+                        out: list[Planned]) -> int:
+        """Append to ``out`` the segments of ``binlogs`` that ``replica_id`` does not hold yet (``_held``); return
+        how many it holds. A turn every ``TURN_EVERY`` segments.
+
+        A slice none of whose segments query meta records at all (every segment of a first load) is taken whole,
+        checked in C: asking ``_held`` segment by segment was a tenth of planning such a load.
+        """
+        held = 0
+        for start in range(0, len(binlogs), TURN_EVERY):
+            chunk = binlogs[start:start + TURN_EVERY]
+            if self.env.meta.segment_places().keys().isdisjoint(map(_SEGMENT_ID, chunk)):
+                out += chunk
+            else:
+                for b in chunk:
+                    if self._held(b.segment_id, replica_id):
+                        held += 1
+                    else:
+                        out.append(b)
+            await asyncio.sleep(0)
+        return held
 
     def _held(self, segment_id: int, replica_id: int) -> bool:
         node = self.env.meta.segment_copies(segment_id).get(replica_id, 0)
