@@ -141,9 +141,9 @@ def record_loads(nodes: list[QueryNode]) -> Loads:
     for node in nodes:
         original = node.state.load_segments
 
-        def load(request: Any, original: Any = original, node: QueryNode = node) -> Any:
+        def load(request: Any, original: Any = original, node: QueryNode = node, **kwargs: Any) -> Any:
             before = set(node.state.segments)
-            result = original(request)
+            result = original(request, **kwargs)
             for info in request.infos:
                 loads.asked[info.segment_id].add(request.task_id)
                 if info.segment_id not in before and info.segment_id in node.state.segments:
