@@ -282,18 +282,12 @@ class MetaKV:
         has_get = False
         root, add = self._root_prefix, branch.add
         for op in ops:
-            if type(op) is Put:  # most ops of every big write: abs_key written out
+            if type(op) is Put:  # most ops of every big write: abs_key written out (Put is never subclassed)
                 key = op.key
                 if not key:
                     raise InvalidKey("empty key")
                 pb_put = add().request_put
                 pb_put.key = (root + key).encode()
-                pb_put.value = op.value
-                if op.lease:
-                    pb_put.lease = op.lease
-            elif isinstance(op, Put):
-                pb_put = branch.add().request_put
-                pb_put.key = self.abs_key(op.key)
                 pb_put.value = op.value
                 if op.lease:
                     pb_put.lease = op.lease

@@ -168,10 +168,9 @@ class MetaIndex:
     def put_new_segments(self, rows: Sequence[NewSegment], start: int, end: int) -> None:
         """``put_segment`` of ``rows[start:end]``: one-copy records a load built, applied without a call per
         record or a parse (a segment already recorded is replaced, as ``put_segment`` does)."""
-        table = self.segments
-        for sid in [r[0] for r in rows[start:end] if r[0] in table]:
+        table, chunk = self.segments, rows[start:end]
+        for sid in [r[0] for r in chunk if r[0] in table]:
             self.drop_segment(sid)
-        chunk = rows[start:end]
         table.put_rows((sid, (cid, pid, (replica, node)), raw) for sid, cid, pid, replica, node, _m, raw in chunk)
         by_partition, by_node, memory = self.segments_by_partition, self.segments_by_node, self.memory_by_node
         for sid, cid, pid, _replica, node, mem, _raw in chunk:

@@ -832,12 +832,7 @@ class QueryMeta:
         # else: new, or moved to another partition (a catalog fix): the old copies went with the old key
         if current is None and view.node_id:
             if not view.replica_id:
-                where = (view.collection_id, view.node_id)
-                replica = replicas.get(where)
-                if replica is None:
-                    replica = replicas[where] = self.replica_of_node(*where) or self._sole_replica(
-                        view.collection_id)
-                view.replica_id = replica
+                view.replica_id = self._replica_of_copy(view.collection_id, view.node_id, replicas)
             # set_copies(view, {replica: node}) for one copy, written out (once per segment of every load)
             if view.replica_ids or view.node_ids:
                 del view.replica_ids[:]
@@ -846,6 +841,14 @@ class QueryMeta:
             view.node_ids.append(view.node_id)
             return view
         return with_copy(current, self._with_replica(view))
+
+    def _replica_of_copy(self, collection_id: int, node_id: int, replicas: dict[tuple[int, int], int]) -> int:
+        """The replica a copy on ``node_id`` belongs to, resolved once per (collection, node) of a save."""
+        replica = replicas.get((collection_id, node_id))
+        if replica is None:
+            replica = replicas[collection_id, node_id] = self.replica_of_node(
+                collection_id, node_id) or self._sole_replica(collection_id)
+        return replica
 
     def _put_new_segments(self, views: list[SegmentInfo], replicas: dict[tuple[int, int], int]) -> list[Mutation]:
         """The records of segments with no record yet, each with the one copy its view describes: the views
@@ -861,10 +864,7 @@ class QueryMeta:
             sid, cid, pid, node = view.segment_id, view.collection_id, view.partition_id, view.node_id
             replica = view.replica_id
             if not replica:
-                known = replicas.get((cid, node))
-                if known is None:
-                    known = replicas[cid, node] = self.replica_of_node(cid, node) or self._sole_replica(cid)
-                view.replica_id = replica = known
+                view.replica_id = replica = self._replica_of_copy(cid, node, replicas)
             if view.replica_ids or view.node_ids:
                 del view.replica_ids[:]
                 del view.node_ids[:]
