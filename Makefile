@@ -44,7 +44,7 @@ drill: $(STAMP)
 # to a minimal step sequence. CI runs the same test with a small derandomized budget.
 .PHONY: chaos
 chaos: $(STAMP)
-	QUERYCOORD_CHAOS_EXAMPLES=50 QUERYCOORD_CHAOS_STEPS=40 $(PY) -m pytest tests/test_model_chaos.py -p no:cacheprovider
+	QUERYCOORD_CHAOS_EXAMPLES=50 QUERYCOORD_CHAOS_STEPS=40 $(PY) -m pytest -n 0 tests/test_model_chaos.py -p no:cacheprovider
 
 # Hostile input to every RPC of a running cluster (scripts/fuzz.py): 10,000 requests with a fresh seed (SEED=n
 # replays one), then the after-run checks; ends with one JSON line of counts. CI runs 1,000 (tests/test_fuzz.py).
