@@ -410,8 +410,8 @@ class MetaKV:
         """``meta.txn.pack`` for this root (its path's bytes counted in every key): txns within etcd's limits."""
         return pack(units, last, atomic=atomic, key_prefix=len(self._root_prefix.encode()))
 
-    def split_puts(self, puts: Sequence[Put]) -> list[tuple[int, int]]:
-        """``meta.txn.split_puts`` for this root: ranges of ``puts`` that each fit one txn."""
+    def split_puts(self, puts: Sequence[Put]) -> list[tuple[int, int, int]]:
+        """``meta.txn.split_puts`` for this root: ranges of ``puts`` that each fit one txn, and their bytes."""
         return split_puts(puts, key_prefix=len(self._root_prefix.encode()))
 
     async def write_packed(

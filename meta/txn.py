@@ -219,6 +219,9 @@ class Unit:
     compares: Sequence[Compare] = ()
     shared: Sequence[Compare] = ()
     payload: Any = None
+    #: Bytes of ``ops`` in a txn (key prefix included) when the caller measured them already (``split_puts``);
+    #: -1: ``pack`` measures them (a 100,000-segment load measured every put twice).
+    ops_size: int = -1
 
 
 @dataclass(slots=True)
@@ -288,34 +291,37 @@ def pack(
 
 def split_puts(
     puts: Sequence[Put], *, key_prefix: int = 0, max_ops: int = MAX_TXN_OPS, max_bytes: int = TXN_BYTE_BUDGET
-) -> list[tuple[int, int]]:
-    """Ranges ``[start, end)`` of ``puts`` that each fit one txn, greedy and in order: what ``pack`` makes of
-    one unit per put, without building a unit per put.
+) -> list[tuple[int, int, int]]:
+    """Ranges ``[start, end)`` of ``puts`` that each fit one txn, with their bytes, greedy and in order: what
+    ``pack`` makes of one unit per put, without building a unit per put.
 
     Why: a big load saves 100,000s of independent records; packing them one unit each was a fifth of the
-    coordinator's time per segment. A caller turns each range into one unit (see ``TxnWriter.commit``). A put
-    too large even alone raises ``RequestTooLarge`` before anything is sent, as ``pack`` does.
+    coordinator's time per segment. A caller turns each range into one unit whose ``ops_size`` is the bytes
+    given here (see ``TxnWriter.independent_puts``). A put too large even alone raises ``RequestTooLarge``
+    before anything is sent, as ``pack`` does.
     """
-    ranges: list[tuple[int, int]] = []
+    ranges: list[tuple[int, int, int]] = []
     start = size = 0
     for i, put in enumerate(puts):
         s = put.size + key_prefix
         if s > max_bytes:
             raise _too_large(1, 0, s, _Limits(max_ops, MAX_PACKED_COMPARES, max_bytes, key_prefix))
         if i > start and (i - start >= max_ops or size + s > max_bytes):
-            ranges.append((start, i))
+            ranges.append((start, i, size))
             start, size = i, 0
         size += s
     if start < len(puts):
-        ranges.append((start, len(puts)))
+        ranges.append((start, len(puts), size))
     return ranges
 
 
 def _unit_size(unit: Unit, key_prefix: int) -> int:
     """Bytes of a unit's ops and own compares in a txn (its shared compares are counted per batch)."""
-    size = 0
-    for op in unit.ops:
-        size += op.size + key_prefix * _key_count(op)
+    size = unit.ops_size
+    if size < 0:
+        size = 0
+        for op in unit.ops:
+            size += op.size + key_prefix * _key_count(op)
     for c in unit.compares:
         size += c.size + key_prefix
     return size

@@ -17,7 +17,15 @@ from hypothesis import strategies as st
 from proto import data_pb2, querynode_pb2
 from querycoord.catalog import store
 from querycoord.task import triggers
-from querycoord.task.assign import Planned, _merge_by_size_loop, add_stripped, merge_by_size, strip_segment
+from querycoord.task.assign import (
+    Planned,
+    _merge_by_size_loop,
+    add_stripped,
+    fill_load_info,
+    fill_stripped,
+    merge_by_size,
+    strip_segment,
+)
 from querycoord.task.triggers import _LoadTrigger, merge_channel
 
 CHANNELS = ["dml_0", "dml_1", "dml_2"]
@@ -118,6 +126,46 @@ def test_stripping_into_a_request_is_strip_segment(items: list[tuple[data_pb2.Se
     add_stripped(req.infos, planned)
     assert req == querynode_pb2.LoadSegmentsRequest(collection_id=9, infos=[strip_segment(p) for p in planned])
     assert [p.SerializeToString() for p in planned] == before, "the planned messages keep their paths"
+
+
+def _planned(items: list[tuple[data_pb2.SegmentBinlogs, bool]]) -> list[Planned]:
+    """Catalog binlogs, and some filled load infos as a reschedule plans from."""
+    return [data_pb2.SegmentLoadInfo(segment_id=b.segment_id, partition_id=b.partition_id,
+                                     binlog_paths=b.binlog_paths, index_infos=b.index_infos) if as_info else b
+            for b, as_info in items]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(segment_binlogs(), st.booleans()), max_size=20))
+def test_filling_a_stripped_copy_is_building_every_load_info(items: list[tuple[data_pb2.SegmentBinlogs, bool]]) -> None:
+    planned = _planned(items)
+    stripped = querynode_pb2.LoadSegmentsRequest(collection_id=9, replica_id=4)
+    add_stripped(stripped.infos, planned)
+    req = querynode_pb2.LoadSegmentsRequest()
+    req.CopyFrom(stripped)
+    assert fill_stripped(req.infos, planned)
+    want = querynode_pb2.LoadSegmentsRequest(collection_id=9, replica_id=4)
+    for p in planned:  # what the child built before: every load info from scratch
+        if isinstance(p, data_pb2.SegmentBinlogs):
+            fill_load_info(want.infos.add(), p)
+        else:
+            want.infos.append(p)
+    assert req == want
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(segment_binlogs(), min_size=1, max_size=8), st.integers(0, 7))
+def test_filling_refuses_infos_that_do_not_pair_up_and_leaves_them_as_they_were(
+        binlogs: list[data_pb2.SegmentBinlogs], at: int) -> None:
+    stripped = querynode_pb2.LoadSegmentsRequest()
+    add_stripped(stripped.infos, binlogs)
+    other = list(binlogs)
+    other[at % len(other)] = data_pb2.SegmentBinlogs(segment_id=binlogs[at % len(binlogs)].segment_id + 1)
+    for planned in (other, binlogs[:-1]):  # a different segment at one position; one segment fewer
+        req = querynode_pb2.LoadSegmentsRequest()
+        req.CopyFrom(stripped)
+        assert not fill_stripped(req.infos, planned)
+        assert req == stripped
 
 
 def _old_merge_channel(into: data_pb2.VChannelInfo, other: data_pb2.VChannelInfo) -> None:

@@ -306,7 +306,18 @@ def test_split_puts_makes_the_txns_pack_makes_of_one_unit_per_put(sizes: list[in
     puts = [Put(f"k/{i}", b"v" * n) for i, n in enumerate(sizes)]
     ranges = split_puts(puts, key_prefix=key_prefix, max_ops=max_ops)
     batches = pack([Unit([p]) for p in puts], key_prefix=key_prefix, max_ops=max_ops)
-    assert [b.ops for b in batches] == [puts[a:b] for a, b in ranges]
+    assert [b.ops for b in batches] == [puts[a:b] for a, b, _ in ranges]
+    assert [b.size for b in batches] == [size for _, _, size in ranges]
+    # A unit per range whose size is the one measured packs into the same txns without measuring again.
+    again = pack([Unit(puts[a:b], ops_size=size) for a, b, size in ranges], key_prefix=key_prefix, max_ops=max_ops)
+    assert [(b.ops, b.size) for b in again] == [(b.ops, b.size) for b in batches]
+
+
+def test_a_unit_of_a_known_size_is_packed_by_that_size() -> None:
+    """``ops_size`` is trusted (it is what ``split_puts`` measured): the packing follows it, not the ops."""
+    small = [Unit([Put(f"k{i}", b"v")], ops_size=TXN_BYTE_BUDGET // 2) for i in range(3)]
+    assert [len(b.units) for b in pack(small)] == [2, 1]
+    assert [len(b.units) for b in pack([Unit(u.ops) for u in small])] == [3]
 
 
 def test_split_puts_refuses_a_put_too_large_alone() -> None:

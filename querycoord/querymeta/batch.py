@@ -49,6 +49,8 @@ class Mutation:
 
     ops: list[Op]
     apply: Callable[[MetaIndex], None]
+    #: Bytes of ``ops`` in a txn when measured already (``Unit.ops_size``); -1: measured when packed.
+    ops_size: int = -1
 
 
 _MAX_TXNS_IN_FLIGHT = 8
@@ -80,8 +82,8 @@ class TxnWriter:
         the records. Each range still goes to etcd before memory shows it.
         """
         return [
-            Mutation(list(puts[a:b]), lambda index, a=a, b=b: apply(index, a, b))  # type: ignore[misc]
-            for a, b in self.kv.split_puts(puts)
+            Mutation(list(puts[a:b]), lambda index, a=a, b=b: apply(index, a, b), size)  # type: ignore[misc]
+            for a, b, size in self.kv.split_puts(puts)
         ]
 
     def delete(self, key: str) -> Delete:
@@ -99,7 +101,7 @@ class TxnWriter:
         atomic: bool,
     ) -> int:
         """Send ``mutations`` in txns, applying each txn to ``index()`` once etcd accepted it; return the count."""
-        txns = self.kv.pack([Unit(m.ops, payload=m) for m in mutations], atomic=atomic)
+        txns = self.kv.pack([Unit(m.ops, payload=m, ops_size=m.ops_size) for m in mutations], atomic=atomic)
         applied = self._applier(index)
         if not atomic and len(txns) > 1 and all(type(op) is Put for t in txns for op in t.ops):
             # Independent puts (rule 5 allows several txns): keep a few in flight instead of

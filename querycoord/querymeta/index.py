@@ -92,14 +92,17 @@ class SegmentTable(Mapping[int, SegmentInfo]):
         self._places[seg.segment_id] = place
         return place
 
-    def put_rows(self, rows: Iterable[tuple[int, Place, bytes]]) -> None:
-        """Store records already serialized whose places the caller knows (a load's new records: no parse,
-        no ``flat_copies``)."""
+    def put_rows(self, rows: Iterable[NewSegment]) -> None:
+        """Store new one-copy records already serialized (a load's: no parse, no ``flat_copies``); rows of one
+        place come in runs (a load's are by partition and node), so a place is looked up once per run."""
         if len(self._shared) > max(4096, len(self._rows)):
             self._shared = {}
         shared, records, places = self._shared, self._rows, self._places
-        for segment_id, place, raw in rows:
-            place = shared.setdefault(place, place)
+        place: Place = (0, 0, ())
+        for segment_id, cid, pid, replica, node, _mem, raw in rows:
+            if place[0] != cid or place[1] != pid or place[2] != (replica, node):
+                place = (cid, pid, (replica, node))
+                place = shared.setdefault(place, place)
             records[segment_id] = raw
             places[segment_id] = place
 
@@ -171,11 +174,19 @@ class MetaIndex:
         table, chunk = self.segments, rows[start:end]
         for sid in [r[0] for r in chunk if r[0] in table]:
             self.drop_segment(sid)
-        table.put_rows((sid, (cid, pid, (replica, node)), raw) for sid, cid, pid, replica, node, _m, raw in chunk)
+        table.put_rows(chunk)
         by_partition, by_node, memory = self.segments_by_partition, self.segments_by_node, self.memory_by_node
+        # Sets looked up once per run of one partition and node (a load's rows come so), not per row.
+        last: tuple[int, int, int] | None = None
+        in_partition: set[int] = set()
+        on_node: set[int] = set()
         for sid, cid, pid, _replica, node, mem, _raw in chunk:
-            by_partition.setdefault(cid, {}).setdefault(pid, set()).add(sid)
-            by_node.setdefault(node, set()).add(sid)
+            if last is None or last[0] != cid or last[1] != pid or last[2] != node:
+                last = (cid, pid, node)
+                in_partition = by_partition.setdefault(cid, {}).setdefault(pid, set())
+                on_node = by_node.setdefault(node, set())
+            in_partition.add(sid)
+            on_node.add(sid)
             memory[node] = memory.get(node, 0) + mem
 
     def drop_segment(self, segment_id: int) -> None:

@@ -28,6 +28,7 @@ from querycoord.task.assign import (
     Planned,
     add_stripped,
     fill_load_info,
+    fill_stripped,
     merge_by_size,
     query_channels,
     segment_sizes,
@@ -96,6 +97,8 @@ class LoadSegmentsTask(ChildTask, kind=qc.TASK_KIND_LOAD_SEGMENT, request="load_
         """
         req = self._copy()
         if self.full_infos is not None:
+            if fill_stripped(req.infos, self.full_infos):
+                return req
             del req.infos[:]
             infos = req.infos
             for planned in self.full_infos:
