@@ -354,6 +354,49 @@ async def test_a_load_of_new_records_and_other_saves_in_one_call_mirror_etcd(met
         100 for i in [*range(1, 301), *range(301, 700)] if 1 + i % 3 == 3 and i not in (7, 8)
     ) + 100  # segment 4's second copy
     await assert_mirrors(meta, kv)
+    # A new record's bytes (its copy lists appended to the rest, serialized apart) are the record serialized.
+    for sid in (301, 302, 699):
+        ((_key, raw),) = (await kv.load_prefix(K.segment_key(1, 10 + sid % 2, sid))).items()
+        parsed = data_pb2.SegmentInfo.FromString(raw)
+        assert raw == parsed.SerializeToString() and len(parsed.node_ids) == len(parsed.replica_ids) == 1
+
+
+async def test_two_replicas_saving_the_same_segments_at_once_keep_both_copies(meta: QueryMeta, kv: MetaKV) -> None:
+    """Saves of one collection run side by side (shared lock), but two saves of one segment never do: each
+    adds its copy to what the other wrote (without the claims, both took the new-record path and the second
+    put replaced the first copy)."""
+    r1 = data_pb2.ReplicaInfo(replica_id=71, collection_id=1, node_ids=[1])
+    r2 = data_pb2.ReplicaInfo(replica_id=72, collection_id=1, node_ids=[2])
+    await meta.add_collection(1, COLL, [10], replica_number=2, replicas=[r1, r2])
+    ids = range(1, 601)  # several txns each: the saves interleave at their round trips
+    await asyncio.gather(
+        meta.save_segments([seg(i, node=1) for i in ids], owned=True),
+        meta.save_segments([seg(i, node=2) for i in reversed(ids)], owned=True),
+        meta.save_segments([seg(i, node=1) for i in range(1000, 1300)], owned=True),  # other segments
+    )
+    assert all(meta.segment_copies(i) == {71: 1, 72: 2} for i in ids)
+    assert meta.segment_copies(1000) == {71: 1}
+    assert meta.node_memory_usage(1) == 100 * 900 and meta.node_memory_usage(2) == 100 * 600
+    await assert_mirrors(meta, kv)
+
+
+async def test_a_release_waits_for_the_saves_before_it_and_the_saves_after_it_find_it_released(
+    meta: QueryMeta, kv: MetaKV
+) -> None:
+    """Shared and exclusive holders queue in one FIFO: the release neither runs beside a save nor lets a save
+    that came after it overtake it (that save would have been written, then wiped, and reported as saved)."""
+    await meta.add_collection(1, COLL, [10])
+    before = asyncio.create_task(meta.save_segments([seg(i) for i in range(1, 700)]))
+    await asyncio.sleep(0)  # the save holds the lock shared, its txns in flight
+    release = asyncio.create_task(meta.release_collection(1))
+    await asyncio.sleep(0)
+    after = asyncio.create_task(meta.save_segments([seg(i) for i in range(700, 800)]))
+    saved, _, late = await asyncio.gather(before, release, after, return_exceptions=True)
+    assert saved == 6  # 699 records: every txn of it went through
+    assert isinstance(late, CollectionNotLoaded)
+    assert not meta.has_collection(1) and meta.get_segment(1) is None
+    assert await stored_records(kv) == {}
+    await assert_mirrors(meta, kv)
 
 
 async def test_byte_limit_splits_txns_and_an_oversized_record_is_refused(meta: QueryMeta, kv: MetaKV) -> None:

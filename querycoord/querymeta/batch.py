@@ -53,7 +53,9 @@ class Mutation:
     ops_size: int = -1
 
 
-_MAX_TXNS_IN_FLIGHT = 8
+#: Txns of independent puts in flight at once, for all the writer's commits together: saves run side by side
+#: (``querymeta.locks``), and a load's dozens of saves each keeping 8 in flight put hundreds on etcd at once.
+_MAX_TXNS_IN_FLIGHT = 16
 
 
 class TxnWriter:
@@ -70,6 +72,15 @@ class TxnWriter:
         self.kv = kv
         self.txns = 0
         self.in_doubt = False
+        self._in_flight: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
+
+    def _slots(self) -> asyncio.Semaphore:
+        """The writer's in-flight slots, for the running loop (a writer outlives no loop in practice; tests
+        run one per test)."""
+        loop = asyncio.get_running_loop()
+        if self._in_flight is None or self._in_flight[0] is not loop:
+            self._in_flight = (loop, asyncio.Semaphore(_MAX_TXNS_IN_FLIGHT))
+        return self._in_flight[1]
 
     def put(self, key: str, message: Message) -> Put:
         return Put(key, message.SerializeToString())
@@ -130,8 +141,9 @@ class TxnWriter:
     async def _send_concurrently(
         self, operation: str, txns: Sequence[Batch], applied: Callable[[Batch, TxnResult], None]
     ) -> None:
-        """Up to ``_MAX_TXNS_IN_FLIGHT`` txns at once; every one is tried, then the first error is raised."""
-        sem = asyncio.Semaphore(_MAX_TXNS_IN_FLIGHT)
+        """Up to ``_MAX_TXNS_IN_FLIGHT`` txns of the writer at once; every one is tried, then the first error is
+        raised."""
+        sem = self._slots()
 
         async def send(i: int, txn: Batch) -> None:
             async with sem:

@@ -19,10 +19,13 @@ Rules every write follows:
    unchanged, but etcd may have applied the txn before the answer was lost,
    so ``needs_reload`` is set and the owner should ``reload`` (see
    ``TxnWriter``).
-2. **One writer per collection at a time.** Writes read memory to plan
-   (read-modify-write of the collection record, "which keys does this node
-   have"), so each write holds the asyncio lock of every collection it
-   touches (taken in id order: no deadlock). Reads take no lock: memory only
+2. **One writer per collection at a time, or savers of distinct segments.**
+   Writes read memory to plan (read-modify-write of the collection record,
+   "which keys does this node have"), so each write holds the lock of every
+   collection it touches (taken in id order: no deadlock). Segment saves and
+   removals hold it shared, beside each other, and claim the segment ids
+   they write (two writes of one segment never overlap); every other write
+   holds it alone (``querymeta.locks``). Reads take no lock: memory only
    changes between awaits, never half-way through an index update.
 3. **A started write finishes.** A caller cancelled while its txn is in
    flight gets ``CancelledError``, but the write itself runs on (shielded)
@@ -49,7 +52,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Set
 from types import MappingProxyType
 from typing import TypeVar
 
@@ -65,6 +68,7 @@ from .batch import Mutation, TxnWriter
 from .copies import copies, view_of, with_copy, without_node
 from .errors import CollectionNotLoaded, CorruptRecord, LoadTypeConflict, PartitionNotLoaded
 from .index import MetaIndex, NewSegment
+from .locks import CollectionLock, SegmentClaims
 from .records import (
     CollectionLoadInfo,
     DmChannelWatchInfo,
@@ -156,6 +160,16 @@ def _leave_replicas(info: CollectionLoadInfo, node_id: int) -> CollectionLoadInf
     return out
 
 
+def _copies_tail(replica_id: int, node_id: int) -> bytes:
+    """The serialized copy lists of a one-copy record, to append to the rest of it serialized.
+
+    Why: appending the two lists to every record of a load cost more than serializing it. Protobuf
+    serializes fields in number order and the lists are the record's last fields (12, 13), so the rest
+    serialized, then this, are the bytes of the whole record serialized (test_querymeta checks it).
+    """
+    return SegmentInfo(node_ids=[node_id], replica_ids=[replica_id]).SerializeToString()
+
+
 def _log_abandoned_write(task: asyncio.Task[object]) -> None:
     """Outcome of a write whose caller was cancelled: nobody else will look at it."""
     if task.cancelled():
@@ -171,7 +185,8 @@ class QueryMeta:
         self._kv = kv
         self._writer = TxnWriter(kv)
         self._index = MetaIndex()
-        self._locks: dict[int, asyncio.Lock] = {}
+        self._locks: dict[int, CollectionLock] = {}
+        self._claims = SegmentClaims()
         self._inflight: set[asyncio.Task[object]] = set()
         self._corrupt: dict[str, str] = {}
         self._progress: dict[int, dict[int, int]] = {}
@@ -667,7 +682,7 @@ class QueryMeta:
                     if info != current:
                         await self._commit("set_progress", [self._put_collection(info)], atomic=True)
 
-                await self._locked(lambda: [collection_id], body)
+                await self._locked(lambda: [collection_id], body, None)
         except Exception as exc:
             logger.warning("load progress of collection {} not persisted (advisory, dropped): {}", collection_id, exc)
         finally:
@@ -791,7 +806,7 @@ class QueryMeta:
                     mutations.append(self._drop_segment(old))
             return await self._commit("save_segments", mutations, atomic=False)
 
-        return await self._exclusive(cids, body)
+        return await self._exclusive(cids, body, segments=touched)
 
     async def remove_segments(self, segment_ids: Iterable[int]) -> int:
         """Remove segment records by id, every copy (unknown ids ignored), in as few txns as the limits allow."""
@@ -860,6 +875,7 @@ class QueryMeta:
         rows: list[NewSegment] = []
         puts: list[Put] = []
         segment_key = keys.segment_key
+        tails: dict[tuple[int, int], bytes] = {}
         for view in views:
             sid, cid, pid, node = view.segment_id, view.collection_id, view.partition_id, view.node_id
             replica = view.replica_id
@@ -868,9 +884,10 @@ class QueryMeta:
             if view.replica_ids or view.node_ids:
                 del view.replica_ids[:]
                 del view.node_ids[:]
-            view.replica_ids.append(replica)
-            view.node_ids.append(node)
-            raw = view.SerializeToString()
+            tail = tails.get((replica, node))
+            if tail is None:
+                tail = tails[replica, node] = _copies_tail(replica, node)
+            raw = view.SerializeToString() + tail  # the record with its one copy, byte for byte (see _copies_tail)
             puts.append(Put(segment_key(cid, pid, sid), raw))
             rows.append((sid, cid, pid, replica, node, view.mem_size, raw))
         return self._writer.independent_puts(puts, lambda index, a, b: index.put_new_segments(rows, a, b))
@@ -1116,15 +1133,25 @@ class QueryMeta:
     async def _commit(self, operation: str, mutations: list[Mutation], *, atomic: bool) -> int:
         return await self._writer.commit(operation, mutations, lambda: self._index, atomic=atomic)
 
-    def _lock(self, collection_id: int) -> asyncio.Lock:
+    def _lock(self, collection_id: int) -> CollectionLock:
         lock = self._locks.get(collection_id)
         if lock is None:
-            lock = self._locks[collection_id] = asyncio.Lock()
+            lock = self._locks[collection_id] = CollectionLock()
         return lock
 
-    async def _exclusive(self, collections: Callable[[], Iterable[int]], body: Callable[[], Awaitable[T]]) -> T:
-        """Run ``body`` holding the locks of ``collections()``, shielded from the caller's cancellation (rule 3)."""
-        task: asyncio.Task[T] = asyncio.get_running_loop().create_task(self._locked(collections, body))
+    async def _exclusive(
+        self,
+        collections: Callable[[], Iterable[int]],
+        body: Callable[[], Awaitable[T]],
+        *,
+        segments: Set[int] | None = None,
+    ) -> T:
+        """Run ``body`` holding the locks of ``collections()``, shielded from the caller's cancellation (rule 3).
+
+        ``segments``: the body writes only these segments' records (a save, a removal): the collections' locks
+        are taken shared and the ids claimed (``querymeta.locks``), so saves of other segments run beside it.
+        """
+        task: asyncio.Task[T] = asyncio.get_running_loop().create_task(self._locked(collections, body, segments))
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
         try:
@@ -1134,12 +1161,17 @@ class QueryMeta:
                 task.add_done_callback(_log_abandoned_write)
             raise
 
-    async def _locked(self, collections: Callable[[], Iterable[int]], body: Callable[[], Awaitable[T]]) -> T:
+    async def _locked(
+        self, collections: Callable[[], Iterable[int]], body: Callable[[], Awaitable[T]], segments: Set[int] | None
+    ) -> T:
         """Take the locks in id order; if the set grew while waiting (``remove_node``), take them again."""
         while True:
             wanted = sorted(set(collections()))
             async with contextlib.AsyncExitStack() as stack:
                 for cid in wanted:
-                    await stack.enter_async_context(self._lock(cid))
+                    lock = self._lock(cid)
+                    await stack.enter_async_context(lock.exclusive() if segments is None else lock.shared())
+                if segments is not None:
+                    await stack.enter_async_context(self._claims.claim(segments))
                 if set(collections()) <= set(wanted):
                     return await body()

