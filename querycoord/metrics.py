@@ -337,6 +337,10 @@ async def coordinator_families(coord: Coordinator) -> list[Metric]:
     out.append(_gauge("querycoord_warm_standby_revision", "etcd revision up to which this standby's copy of the "
                       "query meta is current (0: no copy: a leader, a copy still being read, or --warm-standby 0)",
                       mirror.revision if mirror is not None and mirror.ready else 0))
+    targets = coord.targets
+    out.append(_gauge("querycoord_checker_targets_revision", "etcd revision up to which this coordinator's copy of "
+                      "the catalog (the checker's targets) is current (0: no copy: still being read, or a remote "
+                      "catalog)", targets.revision if targets is not None and targets.ready else 0))
     out.extend(await _session_families(coord))
     out.extend(_space_families(coord))
     return out

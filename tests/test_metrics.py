@@ -126,6 +126,10 @@ async def test_metrics_move_through_a_load_a_node_kill_and_a_leader_kill(
             second, "querycoord_etcd_db_size_bytes", 0))
         assert value(leader_before, "querycoord_etcd_request_duration_seconds_count") > 0
         assert not has(standby_before, "querycoord_tasks"), "a standby runs no tasks"
+        # Both follow the (local) catalog for their checker from start-up: a copy current up to some revision.
+        for c in (first, second):
+            await until("the catalog copied for the checker", lambda c=c: _scraped_above(
+                c, "querycoord_checker_targets_revision", 0))
 
         # A load, scraped while it runs and once it is done.
         client = QueryCoordClient([first.address, second.address], deadline=60)
