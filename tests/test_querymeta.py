@@ -26,6 +26,7 @@ from querycoord.querymeta import (
     QueryMeta,
 )
 from querycoord.querymeta import keys as K
+from querycoord.querymeta.batch import _MAX_TXNS_IN_FLIGHT
 from tests.leader import leader_fence
 
 PART = data_pb2.LOAD_TYPE_PARTITION
@@ -590,15 +591,19 @@ async def test_reload_skips_corrupt_records_or_refuses_them_when_strict(meta: Qu
 
 async def test_a_cancelled_write_still_completes_in_etcd_and_memory(meta: QueryMeta, kv: MetaKV) -> None:
     await meta.add_collection(1, PART, [10])
-    task = asyncio.create_task(meta.save_segments([seg(i) for i in range(1, 2001)]))
+    # Three times the txns the writer keeps in flight: when the test sees the first land (a loop turn later at
+    # most), the third wave cannot have been answered (each wave is sent only as the one before lands).
+    wave = MAX_TXN_OPS * _MAX_TXNS_IN_FLIGHT
+    n = 3 * wave + 100
+    task = asyncio.create_task(meta.save_segments([seg(i) for i in range(1, n + 1)]))
     while not meta.segments_of(1):  # wait until the first txn has landed, then cancel mid-batch
         await asyncio.sleep(0)
     landed = len(meta.segments_of(1))
-    assert landed % MAX_TXN_OPS == 0 and landed < 2000  # memory follows etcd txn by txn
+    assert landed % MAX_TXN_OPS == 0 and landed < n  # memory follows etcd txn by txn
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     await meta.drain()
-    assert len(meta.segments_of(1)) == 2000
-    assert await kv.count_prefix(K.SEGMENT_PREFIX) == 2000
+    assert len(meta.segments_of(1)) == n
+    assert await kv.count_prefix(K.SEGMENT_PREFIX) == n
     await assert_mirrors(meta, kv)
