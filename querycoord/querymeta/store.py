@@ -409,7 +409,7 @@ class QueryMeta:
             if info != current:
                 await self._commit("add_replica_nodes", [self._put_collection(info)], atomic=True)
 
-        await self._exclusive(lambda: [collection_id], body)
+        await self._guarded(lambda: [collection_id], body)
 
     async def set_replica_percentages(self, collection_id: int, percentages: Mapping[int, int]) -> None:
         """Set replicas' load percentages exactly (the checker's count of what their nodes hold); unknown
@@ -428,7 +428,7 @@ class QueryMeta:
             if info != current:
                 await self._commit("set_replica_percentages", [self._put_collection(info)], atomic=True)
 
-        await self._exclusive(lambda: [collection_id], body)
+        await self._guarded(lambda: [collection_id], body)
 
     # ===== collections and partitions: writes ========================================
     async def add_collection(
@@ -499,7 +499,7 @@ class QueryMeta:
                 await self._commit(operation, [self._put_collection(info)], atomic=True)
             return copy_message(info)
 
-        return await self._exclusive(lambda: [collection_id], body)
+        return await self._guarded(lambda: [collection_id], body)
 
     async def release_collection(self, collection_id: int) -> None:
         """Remove the collection record and all its segment, DM and delta channel records in ONE txn.
@@ -515,7 +515,7 @@ class QueryMeta:
             await self._commit("release_collection", [self._release_collection(collection_id)], atomic=True)
             self._progress.pop(collection_id, None)
 
-        await self._exclusive(lambda: [collection_id], body)
+        await self._guarded(lambda: [collection_id], body)
 
     async def release_partitions(self, collection_id: int, partition_ids: Iterable[int]) -> bool:
         """Release partitions: their records, their segments, and their ids in DM channel watches.
@@ -575,7 +575,7 @@ class QueryMeta:
                 pending.pop(pid, None)
             return False
 
-        return await self._exclusive(lambda: [collection_id], body)
+        return await self._guarded(lambda: [collection_id], body)
 
     async def set_partition_state(
         self,
@@ -623,7 +623,7 @@ class QueryMeta:
                 await self._commit("set_partition_states", [self._put_collection(info)], atomic=True)
             return copy_message(info)
 
-        return await self._exclusive(lambda: [collection_id], body)
+        return await self._guarded(lambda: [collection_id], body)
 
     def set_progress(self, collection_id: int, partition_id: int, percentage: int) -> None:
         """Report a partition's load progress without waiting; it is persisted in the background.
@@ -806,7 +806,7 @@ class QueryMeta:
                     mutations.append(self._drop_segment(old))
             return await self._commit("save_segments", mutations, atomic=False)
 
-        return await self._exclusive(cids, body, segments=touched)
+        return await self._guarded(cids, body, segments=touched)
 
     async def remove_segments(self, segment_ids: Iterable[int]) -> int:
         """Remove segment records by id, every copy (unknown ids ignored), in as few txns as the limits allow."""
@@ -832,7 +832,7 @@ class QueryMeta:
                 mutations.append(self._put_segment(rest) if rest is not None else self._drop_segment(seg))
             return await self._commit("remove_segment_copies", mutations, atomic=False)
 
-        return await self._exclusive(cids, body)
+        return await self._guarded(cids, body)
 
     def _merged_segment(self, view: SegmentInfo, replicas: dict[tuple[int, int], int]) -> SegmentInfo:
         """The stored record once the copy ``view`` describes is added (its replica resolved from its node).
@@ -957,7 +957,7 @@ class QueryMeta:
                                 self._with_replica(w)) for w in to_save]
             return await self._commit("save_dm_channel_watch", [self._put_dm_channel(w) for w in merged], atomic=False)
 
-        return await self._exclusive(lambda: {w.collection_id for w in to_save}, body)
+        return await self._guarded(lambda: {w.collection_id for w in to_save}, body)
 
     async def remove_dm_channels(self, collection_id: int, channels: Iterable[str]) -> int:
         """Remove DM channel watches of a collection by name (unknown names ignored); return the txns used."""
@@ -968,7 +968,7 @@ class QueryMeta:
             mutations = [self._drop_dm_channel(known[n]) for n in names if n in known]
             return await self._commit("remove_dm_channels", mutations, atomic=False)
 
-        return await self._exclusive(lambda: [collection_id], body)
+        return await self._guarded(lambda: [collection_id], body)
 
     # ===== delta and query channels ==================================================
     def get_delta_channels(self, collection_id: int) -> list[VChannelInfo]:
@@ -1004,7 +1004,7 @@ class QueryMeta:
             mutations.extend(self._drop_delta_channel(collection_id, n) for n in sorted(stale))
             await self._commit("set_delta_channels", mutations, atomic=True)
 
-        await self._exclusive(lambda: [collection_id], body)
+        await self._guarded(lambda: [collection_id], body)
 
     @staticmethod
     def query_channels(collection_id: int) -> tuple[str, str]:
@@ -1045,7 +1045,7 @@ class QueryMeta:
                     mutations.append(self._put_collection(_leave_replicas(info, node_id)))
             return await self._commit(f"remove_node {node_id}", mutations, atomic=False)
 
-        return await self._exclusive(cids, body)
+        return await self._guarded(cids, body)
 
     # ===== maintenance =============================================================
     def records(self) -> dict[str, Record]:
@@ -1139,7 +1139,7 @@ class QueryMeta:
             lock = self._locks[collection_id] = CollectionLock()
         return lock
 
-    async def _exclusive(
+    async def _guarded(
         self,
         collections: Callable[[], Iterable[int]],
         body: Callable[[], Awaitable[T]],
