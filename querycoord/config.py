@@ -28,6 +28,9 @@ class SchedulerConfig:
     max_concurrent_children: int = 64
     trigger_timeout: float = 600.0  # a trigger's whole life, including waits for capacity
     max_request_bytes: int = 200_000  # merged LoadSegments request on the wire (Milvus MaxSendSizeToEtcd)
+    # LoadSegments calls in flight to one node at a time (TaskEnv.load_gate): a node loads its requests one by one
+    # (as Milvus's query node does), so more at once only queue there, each spending its call timeout waiting.
+    node_load_concurrency: int = 1
     memory_limit: float = 0.9
     wait_interval: float = 1.0  # allocation retry interval when waiting for capacity
     finished_history: int = 200  # finished trees kept in memory for ListTasks

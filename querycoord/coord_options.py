@@ -48,6 +48,8 @@ OPTIONS: tuple[Option, ...] = (
     # Scheduler knobs: drills and the demo change them; production keeps the defaults.
     Option("--max-request-bytes", "scheduler.max_request_bytes", int),
     Option("--max-concurrent-children", "scheduler.max_concurrent_children", int),
+    Option("--node-load-concurrency", "scheduler.node_load_concurrency", int,
+           "LoadSegments calls in flight to one query node at once (a node loads its requests one by one)"),
     Option("--retry-backoff", "scheduler.retry_backoff", float),
     Option("--retry-backoff-max", "scheduler.retry_backoff_max", float),
     Option("--wait-interval", "scheduler.wait_interval", float),
@@ -155,6 +157,8 @@ def config_from_args(args: argparse.Namespace) -> CoordConfig:
                         ("--history-children", sched.history_children)):
         if value < 0:
             raise ValueError(f"{flag} must be >= 0, got {value:g}")
+    if sched.node_load_concurrency < 1:
+        raise ValueError(f"--node-load-concurrency must be at least 1, got {sched.node_load_concurrency}")
     if sched.history_sweep_interval <= 0:
         raise ValueError(f"--history-sweep-interval must be > 0, got {sched.history_sweep_interval:g}")
     return config

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from proto import data_pb2
 from querycoord.messages import copy_fields
+from querycoord.querymeta.records import loaded_record
 from querycoord.task.assign import fill_load_info, merge_by_size, segment_load_info, strip_segment
-from querycoord.task.children import loaded_segment
 
 
 def populated(message: Message, seed: int = 1) -> Message:
@@ -69,9 +71,9 @@ def test_binlogs_and_their_load_info_have_one_wire_size() -> None:
     assert len(sizes) > 1
 
 
-def test_the_loaded_segment_record_is_the_keyword_built_one() -> None:
+def test_the_loaded_record_is_the_keyword_built_one() -> None:
     for info in (segment_load_info(binlogs()), data_pb2.SegmentLoadInfo(segment_id=5, collection_id=1)):
-        assert loaded_segment(info, 7, 3) == data_pb2.SegmentInfo(
+        assert loaded_record(info, 7, 3) == data_pb2.SegmentInfo(
             segment_id=info.segment_id, collection_id=info.collection_id, partition_id=info.partition_id,
             node_id=7, replica_id=3, mem_size=info.mem_size, num_rows=info.num_rows,
             state=data_pb2.SEGMENT_STATE_SEALED, compaction_from=list(info.compaction_from),
@@ -93,14 +95,14 @@ async def test_a_child_loads_only_partitions_still_loaded_and_fills_paths_from_t
         def has_partition(self, cid: int, pid: int) -> bool:
             return (cid, pid) == (1, 10)  # partition 11 was released after the plan
 
-        async def save_segments(self, segs: list[data_pb2.SegmentInfo], *, owned: bool = False) -> None:
-            assert owned, "a load hands its new records over"
-            saved.extend(segs)
+        async def save_loaded(self, infos: list[data_pb2.SegmentLoadInfo], node_id: int, replica_id: int) -> None:
+            saved.extend(loaded_record(i, node_id, replica_id) for i in infos)
 
     planned = [data_pb2.SegmentBinlogs(segment_id=s, collection_id=1, partition_id=p, mem_size=5,
                                        binlog_paths=[f"log/{s}"], insert_channel="dml_0")
                for s, p in ((1, 10), (2, 11), (3, 10))]
-    env: Any = SimpleNamespace(meta=Meta(), nodes=SimpleNamespace(is_online=lambda n: True))
+    gate = asyncio.Semaphore(1)
+    env: Any = SimpleNamespace(meta=Meta(), nodes=SimpleNamespace(is_online=lambda n: True), load_gate=lambda n: gate)
     req = querynode_pb2.LoadSegmentsRequest(collection_id=1, replica_id=4, infos=[strip_segment(b) for b in planned])
     child = LoadSegmentsTask.new(env, req, trigger_condition=qc.TRIGGER_CONDITION_GRPC_REQUEST, collection_id=1,
                                  node_id=7)

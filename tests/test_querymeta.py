@@ -27,6 +27,7 @@ from querycoord.querymeta import (
 )
 from querycoord.querymeta import keys as K
 from querycoord.querymeta.batch import _MAX_TXNS_IN_FLIGHT
+from querycoord.querymeta.records import loaded_record
 from tests.leader import leader_fence
 
 PART = data_pb2.LOAD_TYPE_PARTITION
@@ -360,6 +361,44 @@ async def test_a_load_of_new_records_and_other_saves_in_one_call_mirror_etcd(met
         ((_key, raw),) = (await kv.load_prefix(K.segment_key(1, 10 + sid % 2, sid))).items()
         parsed = data_pb2.SegmentInfo.FromString(raw)
         assert raw == parsed.SerializeToString() and len(parsed.node_ids) == len(parsed.replica_ids) == 1
+
+
+async def test_save_loaded_stores_each_loaded_record_byte_for_byte(meta: QueryMeta, kv: MetaKV) -> None:
+    """``save_loaded`` serializes a load's new records from one message whose fields it sets per segment: each
+    stored record is the ``loaded_record`` with its one copy, byte for byte (a field left over from the segment
+    before, compaction sources or a channel, would show), and a segment recorded already gets a second copy."""
+    r1 = data_pb2.ReplicaInfo(replica_id=71, collection_id=1, node_ids=[1, 2])
+    r2 = data_pb2.ReplicaInfo(replica_id=72, collection_id=1, node_ids=[3])
+    await meta.add_collection(1, COLL, [10, 11], replica_number=2, replicas=[r1, r2])
+    await meta.save_segments([seg(5, pid=11, node=3)])  # replica 72 holds segment 5 already
+    infos = [
+        data_pb2.SegmentLoadInfo(
+            segment_id=i, collection_id=1, partition_id=10 + i % 2, num_rows=i, mem_size=10 * i,
+            insert_channel=f"dml_{i % 3}" if i % 4 else "", compaction_from=[100 + i, 200 + i] if i % 5 == 0 else [],
+            binlog_paths=[f"log/{i}"])
+        for i in range(1, 40)
+    ]
+    assert await meta.save_loaded(infos, 2, 0) == 1
+    stored = await stored_records(kv)
+    for info in infos:
+        if info.segment_id == 5:
+            continue
+        want = loaded_record(info, 2, 71)  # replica 0: the node's replica
+        want.node_ids.append(2)
+        want.replica_ids.append(71)
+        assert stored[K.segment_key(1, info.partition_id, info.segment_id)] == want.SerializeToString()
+    assert meta.segment_copies(5) == {71: 2, 72: 3}
+    assert meta.node_memory_usage(2) == sum(10 * i for i in range(1, 40))
+    await assert_mirrors(meta, kv)
+    # Refused as save_segments refuses: nothing written.
+    before = await stored_records(kv)
+    with pytest.raises(PartitionNotLoaded):
+        await meta.save_loaded([data_pb2.SegmentLoadInfo(segment_id=77, collection_id=1, partition_id=12)], 2, 0)
+    with pytest.raises(ValueError, match="segment"):
+        await meta.save_loaded([infos[0], infos[0]], 2, 0)
+    with pytest.raises(ValueError, match="node id"):
+        await meta.save_loaded(infos[:1], 0, 0)
+    assert await stored_records(kv) == before
 
 
 async def test_two_replicas_saving_the_same_segments_at_once_keep_both_copies(meta: QueryMeta, kv: MetaKV) -> None:

@@ -23,6 +23,9 @@ CollectionLoadInfo = data_pb2.CollectionLoadInfo
 SegmentInfo = data_pb2.SegmentInfo
 DmChannelWatchInfo = data_pb2.DmChannelWatchInfo
 VChannelInfo = data_pb2.VChannelInfo
+# What a node was sent to load a segment: a load info, or the catalog's binlogs (the same field names).
+LoadedInfo = data_pb2.SegmentLoadInfo | data_pb2.SegmentBinlogs
+SEALED = data_pb2.SEGMENT_STATE_SEALED
 
 M = TypeVar("M", bound=Message)
 
@@ -44,6 +47,25 @@ def stored_segment(seg: SegmentInfo) -> SegmentInfo:
     for index_info in stored.index_infos:
         del index_info.index_file_paths[:]
     return stored
+
+
+def loaded_record(info: LoadedInfo, node_id: int, replica_id: int) -> SegmentInfo:
+    """The record of a copy ``node_id`` just loaded from ``info`` (a load info it was sent), in its stored form
+    (no index infos: the catalog has them). ``QueryMeta.save_loaded`` writes these bytes without making the
+    message for a segment with no record yet (tests/test_querymeta.py checks the two agree)."""
+    seg = SegmentInfo()
+    seg.segment_id = info.segment_id
+    seg.collection_id = info.collection_id
+    seg.partition_id = info.partition_id
+    seg.node_id = node_id
+    seg.replica_id = replica_id
+    seg.mem_size = info.mem_size
+    seg.num_rows = info.num_rows
+    seg.state = SEALED
+    if info.compaction_from:
+        seg.compaction_from.extend(info.compaction_from)
+    seg.dm_channel = info.insert_channel
+    return seg
 
 
 def stored_delta_channel(info: VChannelInfo) -> VChannelInfo:

@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Set
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence, Set
 from types import MappingProxyType
 from typing import TypeVar
 
@@ -70,14 +70,17 @@ from .errors import CollectionNotLoaded, CorruptRecord, LoadTypeConflict, Partit
 from .index import MetaIndex, NewSegment
 from .locks import CollectionLock, SegmentClaims
 from .records import (
+    SEALED,
     CollectionLoadInfo,
     DmChannelWatchInfo,
+    LoadedInfo,
     SegmentInfo,
     VChannelInfo,
     add_partitions,
     collection_percentage,
     copy_message,
     decode_into,
+    loaded_record,
     stored_delta_channel,
     stored_segment,
     warn_orphans,
@@ -100,7 +103,7 @@ def _check_id(what: str, value: int) -> int:
     return value
 
 
-def _checked_segment_ids(segs: list[SegmentInfo]) -> set[int]:
+def _checked_segment_ids(segs: Sequence[SegmentInfo | LoadedInfo]) -> set[int]:
     """The segment ids of a save, each checked with its collection and partition ids, and none twice.
 
     Protobuf ids are ints, so a save of valid records (every load) needs three ``min``s and a set; only a bad
@@ -808,6 +811,38 @@ class QueryMeta:
 
         return await self._guarded(cids, body, segments=touched)
 
+    async def save_loaded(self, infos: Sequence[LoadedInfo], node_id: int, replica_id: int) -> int:
+        """``save_segments`` of the copies on ``node_id`` that a LoadSegments call of replica ``replica_id`` (0: the
+        node's replica) has just loaded from ``infos``, the load infos it was sent; returns the txns used.
+
+        The records are ``loaded_record``'s. Why a method of its own: making that message per segment, then
+        reading it back to key, serialize and index it, cost more than etcd's write of it, and every segment of
+        every load comes here. A segment with no record yet is serialized from one message, its fields set per
+        segment (``_put_loaded``); one recorded already (another replica's copy) is merged as ``save_segments``
+        merges it.
+        """
+        _check_id("node", node_id)
+        infos = list(infos)
+        seen = _checked_segment_ids(infos)
+        pairs = {(info.collection_id, info.partition_id) for info in infos}
+
+        async def body() -> int:
+            for cid, pid in pairs:
+                self._require_partition(cid, pid)
+            replicas: dict[tuple[int, int], int] = {}
+            places = self._index.segments.places()
+            new = [info for info in infos if info.segment_id not in places]
+            mutations = self._put_loaded(new, node_id, replica_id, replicas) if new else []
+            if len(new) < len(infos):
+                mutations += [
+                    self._put_segment(self._merged_segment(loaded_record(info, node_id, replica_id), replicas))
+                    for info in infos
+                    if info.segment_id in places
+                ]
+            return await self._commit("save_segments", mutations, atomic=False)
+
+        return await self._guarded(lambda: {cid for cid, _ in pairs}, body, segments=seen)
+
     async def remove_segments(self, segment_ids: Iterable[int]) -> int:
         """Remove segment records by id, every copy (unknown ids ignored), in as few txns as the limits allow."""
         return await self.save_segments_and_remove((), segment_ids)
@@ -890,6 +925,39 @@ class QueryMeta:
             raw = view.SerializeToString() + tail  # the record with its one copy, byte for byte (see _copies_tail)
             puts.append(Put(segment_key(cid, pid, sid), raw))
             rows.append((sid, cid, pid, replica, node, view.mem_size, raw))
+        return self._writer.independent_puts(puts, lambda index, a, b: index.put_new_segments(rows, a, b))
+
+    def _put_loaded(self, infos: list[LoadedInfo], node_id: int, replica_id: int,
+                    replicas: dict[tuple[int, int], int]) -> list[Mutation]:
+        """``_put_new_segments`` of the ``loaded_record``s of ``infos`` (segments with no record yet), serialized
+        from one message whose per-segment fields are set in turn: the bytes ``loaded_record`` serializes to."""
+        rows: list[NewSegment] = []
+        puts: list[Put] = []
+        segment_key = keys.segment_key
+        seg = SegmentInfo(node_id=node_id, state=SEALED)
+        serialize = seg.SerializeToString
+        sources = seg.compaction_from
+        collection = replica = 0
+        tail = b""
+        for info in infos:
+            sid, cid, pid, mem = info.segment_id, info.collection_id, info.partition_id, info.mem_size
+            if cid != collection:  # a load's infos are of one collection: resolved once
+                collection = seg.collection_id = cid
+                replica = seg.replica_id = replica_id or self._replica_of_copy(cid, node_id, replicas)
+                tail = _copies_tail(replica, node_id)
+            seg.segment_id = sid
+            seg.partition_id = pid
+            seg.mem_size = mem
+            seg.num_rows = info.num_rows
+            seg.dm_channel = info.insert_channel
+            if info.compaction_from:
+                del sources[:]
+                sources.extend(info.compaction_from)
+            elif sources:
+                del sources[:]
+            raw = serialize() + tail  # the record with its one copy, byte for byte (see _copies_tail)
+            puts.append(Put(segment_key(cid, pid, sid), raw))
+            rows.append((sid, cid, pid, replica, node_id, mem, raw))
         return self._writer.independent_puts(puts, lambda index, a, b: index.put_new_segments(rows, a, b))
 
     def _with_replica(self, view: SegmentInfo | DmChannelWatchInfo) -> SegmentInfo | DmChannelWatchInfo:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
+from operator import attrgetter
 from typing import Any
 
 from loguru import logger
@@ -38,27 +39,8 @@ from querycoord.task.assign import (
 )
 from querycoord.task.model import Task, TaskEnv, TaskError
 
-SEALED = data_pb2.SEGMENT_STATE_SEALED
 QUERYNODE = querynode_pb2.DESCRIPTOR.services_by_name["QueryNode"]
-
-
-def loaded_segment(info: data_pb2.SegmentLoadInfo, node_id: int, replica_id: int) -> data_pb2.SegmentInfo:
-    """The query meta record of a copy a node just loaded, in its stored form (no index infos: the catalog has
-    them), for ``save_segments(owned=True)``. Fields set one by one: keyword construction was twice as slow, and
-    this runs once per segment of every load."""
-    seg = data_pb2.SegmentInfo()
-    seg.segment_id = info.segment_id
-    seg.collection_id = info.collection_id
-    seg.partition_id = info.partition_id
-    seg.node_id = node_id
-    seg.replica_id = replica_id
-    seg.mem_size = info.mem_size
-    seg.num_rows = info.num_rows
-    seg.state = SEALED
-    if info.compaction_from:
-        seg.compaction_from.extend(info.compaction_from)
-    seg.dm_channel = info.insert_channel
-    return seg
+_COMPACTION_FROM = attrgetter("compaction_from")  # read in C: every info of every load is asked
 
 
 class ChildTask(Task):
@@ -136,6 +118,20 @@ class LoadSegmentsTask(ChildTask, kind=qc.TASK_KIND_LOAD_SEGMENT, request="load_
         self.full_infos = None
 
     async def _load(self) -> None:
+        # Filled and sent once this child's turn on the node has come (``TaskEnv.load_gate``); the records are
+        # saved after the slot is given back, while the node loads its next request.
+        async with self.env.load_gate(self.node_id):
+            req = await self._call_filled()
+        if req is None:
+            return
+        await self.env.meta.save_loaded(req.infos, self.node_id, req.replica_id)
+        replaced = (
+            [s for info in req.infos for s in info.compaction_from] if any(map(_COMPACTION_FROM, req.infos)) else []
+        )
+        await self._release_moved_and_replaced(req, replaced)
+
+    async def _call_filled(self) -> querynode_pb2.LoadSegmentsRequest | None:
+        """Fill the request and send it; the request sent, or None when nothing was left to load."""
         req = await self._filled()
         # Partitions released since the plan (a resumed balance or handoff after a release): loading
         # them would leave copies that nothing records.
@@ -148,16 +144,9 @@ class LoadSegmentsTask(ChildTask, kind=qc.TASK_KIND_LOAD_SEGMENT, request="load_
             del req.infos[:]
             req.infos.extend(kept)
         if not req.infos:
-            return
+            return None
         await self.call(req)
-        node_id, replica_id = self.node_id, req.replica_id
-        records, replaced = [], []
-        for info in req.infos:  # one pass: this runs once per segment of every load
-            records.append(loaded_segment(info, node_id, replica_id))
-            if info.compaction_from:
-                replaced.extend(info.compaction_from)
-        await self.env.meta.save_segments(records, owned=True)
-        await self._release_moved_and_replaced(req, replaced)
+        return req
 
     async def _release_moved_and_replaced(self, req: querynode_pb2.LoadSegmentsRequest, replaced: list[int]) -> None:
         """A balance move releases the source copy; a handoff releases ``replaced``, the compaction sources.

@@ -8,6 +8,7 @@ nodes; triggers can ``roll_back``. The persistent part of a task is its
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Self
@@ -56,6 +57,20 @@ class TaskEnv:
     # Collections with a release queued or running (collection -> how many), kept by the scheduler: work that
     # waits for room for such a collection stops waiting (``CollectionReleasing``) rather than hold the release up.
     releasing: dict[int, int] = field(default_factory=dict)
+    _load_gates: dict[int, asyncio.Semaphore] = field(default_factory=dict, init=False, repr=False)
+
+    def load_gate(self, node_id: int) -> asyncio.Semaphore:
+        """The slots of LoadSegments calls to ``node_id`` (``config.node_load_concurrency``), shared by every task.
+
+        Why: a node loads its requests one after another, so the calls of a big load (several per node) sent at
+        once only queued on the node, each spending its timeout there, and all of them answered near the end. One
+        at a time, the first answers early and its records are saved while the node loads the next. One small
+        semaphore per node ever seen: a leadership's nodes are few.
+        """
+        gate = self._load_gates.get(node_id)
+        if gate is None:
+            gate = self._load_gates[node_id] = asyncio.Semaphore(self.config.node_load_concurrency)
+        return gate
 
 
 class Task:
