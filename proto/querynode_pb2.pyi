@@ -29,7 +29,7 @@ class CoordFence(_message.Message):
     def __init__(self, leader_revision: _Optional[int] = ..., coordinator_id: _Optional[int] = ...) -> None: ...
 
 class LoadSegmentsRequest(_message.Message):
-    __slots__ = ("fence", "node_id", "task_id", "collection_id", "infos", "source_node_id", "load_type", "replica_id")
+    __slots__ = ("fence", "node_id", "task_id", "collection_id", "infos", "source_node_id", "load_type", "replica_id", "binlogs")
     FENCE_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
@@ -38,6 +38,7 @@ class LoadSegmentsRequest(_message.Message):
     SOURCE_NODE_ID_FIELD_NUMBER: _ClassVar[int]
     LOAD_TYPE_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    BINLOGS_FIELD_NUMBER: _ClassVar[int]
     fence: CoordFence
     node_id: int
     task_id: int
@@ -46,7 +47,8 @@ class LoadSegmentsRequest(_message.Message):
     source_node_id: int
     load_type: _data_pb2.LoadType
     replica_id: int
-    def __init__(self, fence: _Optional[_Union[CoordFence, _Mapping]] = ..., node_id: _Optional[int] = ..., task_id: _Optional[int] = ..., collection_id: _Optional[int] = ..., infos: _Optional[_Iterable[_Union[_data_pb2.SegmentLoadInfo, _Mapping]]] = ..., source_node_id: _Optional[int] = ..., load_type: _Optional[_Union[_data_pb2.LoadType, str]] = ..., replica_id: _Optional[int] = ...) -> None: ...
+    binlogs: _containers.RepeatedCompositeFieldContainer[_data_pb2.SegmentBinlogs]
+    def __init__(self, fence: _Optional[_Union[CoordFence, _Mapping]] = ..., node_id: _Optional[int] = ..., task_id: _Optional[int] = ..., collection_id: _Optional[int] = ..., infos: _Optional[_Iterable[_Union[_data_pb2.SegmentLoadInfo, _Mapping]]] = ..., source_node_id: _Optional[int] = ..., load_type: _Optional[_Union[_data_pb2.LoadType, str]] = ..., replica_id: _Optional[int] = ..., binlogs: _Optional[_Iterable[_Union[_data_pb2.SegmentBinlogs, _Mapping]]] = ...) -> None: ...
 
 class LoadSegmentsResponse(_message.Message):
     __slots__ = ("status",)

@@ -21,6 +21,7 @@ from querycoord.task.assign import (
     Planned,
     _merge_by_size_loop,
     add_stripped,
+    binlogs_request,
     fill_load_info,
     fill_stripped,
     merge_by_size,
@@ -166,6 +167,50 @@ def test_filling_refuses_infos_that_do_not_pair_up_and_leaves_them_as_they_were(
         req.CopyFrom(stripped)
         assert not fill_stripped(req.infos, planned)
         assert req == stripped
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(segment_binlogs(), min_size=1, max_size=12), st.integers(0, 2**62), st.booleans())
+def test_a_planned_load_sends_the_binlogs_and_every_other_field_of_its_record(
+        binlogs: list[data_pb2.SegmentBinlogs], source: int, fenced: bool) -> None:
+    """``binlogs_request``: the stripped record's every field but its infos, and the catalog's binlogs as they
+    were planned; a node reads each as the load info ``fill_stripped`` would have sent (same field names)."""
+    stripped = querynode_pb2.LoadSegmentsRequest(collection_id=9, replica_id=4, source_node_id=source, task_id=5,
+                                                 load_type=data_pb2.LOAD_TYPE_PARTITION)
+    if fenced:
+        stripped.fence.leader_revision = 17
+    add_stripped(stripped.infos, binlogs)
+    before = stripped.SerializeToString()
+    sent = binlogs_request(stripped, binlogs)
+    assert sent is not None and list(sent.binlogs) == binlogs and not sent.infos
+    rest = querynode_pb2.LoadSegmentsRequest()
+    rest.CopyFrom(stripped)
+    del rest.infos[:]
+    sent_rest = querynode_pb2.LoadSegmentsRequest()
+    sent_rest.CopyFrom(sent)
+    del sent_rest.binlogs[:]
+    assert sent_rest == rest
+    filled = querynode_pb2.LoadSegmentsRequest()
+    filled.CopyFrom(stripped)
+    assert fill_stripped(filled.infos, binlogs)
+    fields = ("segment_id", "collection_id", "partition_id", "num_rows", "mem_size", "binlog_paths",
+              "insert_channel", "compaction_from", "index_infos")
+    assert [[getattr(b, f) for f in fields] for b in sent.binlogs] == [[getattr(i, f) for f in fields]
+                                                                        for i in filled.infos]
+    assert stripped.SerializeToString() == before, "the record is left as it was"
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(segment_binlogs(), min_size=1, max_size=8), st.sampled_from([0, -1]))
+def test_binlogs_are_sent_only_for_a_plan_of_catalog_binlogs_that_pairs_up(
+        binlogs: list[data_pb2.SegmentBinlogs], at: int) -> None:
+    stripped = querynode_pb2.LoadSegmentsRequest()
+    add_stripped(stripped.infos, binlogs)
+    other = list(binlogs)
+    other[at] = data_pb2.SegmentBinlogs(segment_id=binlogs[at].segment_id + 1)
+    rescheduled = _planned([(b, i == 0) for i, b in enumerate(binlogs)])  # a filled load info among them
+    for planned in (other, binlogs[:-1], rescheduled, []):
+        assert binlogs_request(stripped, planned) is None
 
 
 def _old_merge_channel(into: data_pb2.VChannelInfo, other: data_pb2.VChannelInfo) -> None:

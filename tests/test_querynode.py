@@ -125,6 +125,39 @@ async def test_load_and_release_are_idempotent(make_node: NodeFactory) -> None:
     assert held(await dist(stub)) == {2, 3}
 
 
+async def test_a_load_of_catalog_binlogs_holds_what_the_same_load_infos_hold(make_node: NodeFactory) -> None:
+    """A planned load sends the catalog's binlogs instead of load infos (same field names): the node holds the
+    same segments either way; a request with both, or a bad binlog, is refused and holds nothing."""
+    by_infos, infos_stub = await make_node(capacity_bytes=10_000)
+    by_binlogs, binlogs_stub = await make_node(capacity_bytes=10_000)
+    infos = [seg(1, 10, 100, rows=11), seg(2, 11, 200, rows=22)]
+    infos[1].compaction_from.extend([7, 8])
+    binlogs = [data_pb2.SegmentBinlogs(
+        segment_id=i.segment_id, collection_id=i.collection_id, partition_id=i.partition_id, num_rows=i.num_rows,
+        mem_size=i.mem_size, binlog_paths=i.binlog_paths, insert_channel=i.insert_channel,
+        compaction_from=i.compaction_from) for i in infos]
+    assert (await infos_stub.LoadSegments(load(by_infos, 1, *infos))).status.error_code == EC.SUCCESS
+    req = load(by_binlogs, 1)
+    req.binlogs.extend(binlogs)
+    assert (await binlogs_stub.LoadSegments(req)).status.error_code == EC.SUCCESS
+    a, b = await dist(infos_stub), await dist(binlogs_stub)
+    assert a.memory_used == b.memory_used == 300
+    shown = [(s.segment_id, s.collection_id, s.partition_id, s.num_rows, s.mem_size, s.dm_channel,
+              list(s.compaction_from)) for s in sorted(a.segments, key=lambda s: s.segment_id)]
+    assert shown == [(s.segment_id, s.collection_id, s.partition_id, s.num_rows, s.mem_size, s.dm_channel,
+                      list(s.compaction_from)) for s in sorted(b.segments, key=lambda s: s.segment_id)]
+
+    both = load(by_binlogs, 1, seg(3, 10, 1))
+    both.binlogs.add(segment_id=4, collection_id=1, partition_id=10)
+    resp = await binlogs_stub.LoadSegments(both)
+    assert resp.status.error_code == EC.ILLEGAL_ARGUMENT and "not both" in resp.status.reason
+    bad = load(by_binlogs, 1)
+    bad.binlogs.add(segment_id=5, collection_id=1, partition_id=10, mem_size=-1)
+    resp = await binlogs_stub.LoadSegments(bad)
+    assert resp.status.error_code == EC.ILLEGAL_ARGUMENT and "binlogs.mem_size" in resp.status.reason
+    assert held(await dist(binlogs_stub)) == {1, 2}
+
+
 async def test_out_of_memory_refuses_the_whole_request(make_node: NodeFactory) -> None:
     node, stub = await make_node(capacity_bytes=1000)
     assert (await stub.LoadSegments(load(node, 1, seg(1, 10, 600)))).status.error_code == EC.SUCCESS

@@ -32,7 +32,7 @@ from loguru import logger
 from proto import common_pb2, data_pb2, querynode_pb2
 from querycoord.errors import status_of
 from querycoord.limits import DEFAULT_LIMITS, INT64_MAX, Limits
-from querycoord.nodes.querynode_state import LoadColumns
+from querycoord.nodes.querynode_state import LoadColumns, LoadItem, load_items
 from querycoord.validate import (
     InvalidField,
     check_count,
@@ -110,7 +110,7 @@ def _plain_infos_ok(columns: LoadColumns, limits: Limits) -> bool:
             and _paths_ok(list(chain.from_iterable(paths)), limits.max_text_length))
 
 
-def _check_load_infos(infos: Any, limits: Limits, columns: LoadColumns | None) -> None:
+def _check_load_infos(infos: Any, limits: Limits, columns: LoadColumns | None, field: str = "infos") -> None:
     """Refuse the first info ``_check_load_info`` refuses; the usual request (all fine) tested in bulk first."""
     if not infos:
         return
@@ -119,10 +119,10 @@ def _check_load_infos(infos: Any, limits: Limits, columns: LoadColumns | None) -
     if len(columns) == len(infos) and _plain_infos_ok(columns, limits):
         return
     for info in infos:
-        _check_load_info(info, limits)
+        _check_load_info(info, limits, field)
 
 
-def _check_load_info(info: data_pb2.SegmentLoadInfo, limits: Limits) -> None:
+def _check_load_info(info: LoadItem, limits: Limits, field: str = "infos") -> None:
     text, name = limits.max_text_length, limits.max_name_length
     # The usual segment in one expression; any doubt: the named checks below.
     if (info.segment_id > 0 and info.partition_id >= 0 and info.collection_id >= 0 and info.num_rows >= 0
@@ -130,19 +130,19 @@ def _check_load_info(info: data_pb2.SegmentLoadInfo, limits: Limits) -> None:
             and not info.compaction_from and not info.index_infos and name_ok(info.insert_channel, name)
             and _paths_ok(info.binlog_paths, text)):
         return
-    check_id("infos.segment_id", info.segment_id)
-    check_range("infos.partition_id", info.partition_id, 0, INT64_MAX)
-    check_range("infos.collection_id", info.collection_id, 0, INT64_MAX)
-    check_range("infos.num_rows", info.num_rows, 0, INT64_MAX)
-    check_range("infos.mem_size", info.mem_size, 0, INT64_MAX)
-    check_texts("infos.binlog_paths", info.binlog_paths, limits.max_files_per_segment, limits.max_text_length)
-    check_count("infos.compaction_from", info.compaction_from, limits.max_ids_per_request)
-    _nonnegative_ids("infos.compaction_from", info.compaction_from)
-    check_name("infos.insert_channel", info.insert_channel, limits.max_name_length, required=False)
-    check_count("infos.index_infos", info.index_infos, limits.max_fields)
+    check_id(f"{field}.segment_id", info.segment_id)
+    check_range(f"{field}.partition_id", info.partition_id, 0, INT64_MAX)
+    check_range(f"{field}.collection_id", info.collection_id, 0, INT64_MAX)
+    check_range(f"{field}.num_rows", info.num_rows, 0, INT64_MAX)
+    check_range(f"{field}.mem_size", info.mem_size, 0, INT64_MAX)
+    check_texts(f"{field}.binlog_paths", info.binlog_paths, limits.max_files_per_segment, limits.max_text_length)
+    check_count(f"{field}.compaction_from", info.compaction_from, limits.max_ids_per_request)
+    _nonnegative_ids(f"{field}.compaction_from", info.compaction_from)
+    check_name(f"{field}.insert_channel", info.insert_channel, limits.max_name_length, required=False)
+    check_count(f"{field}.index_infos", info.index_infos, limits.max_fields)
     for index in info.index_infos:
-        check_name("infos.index_infos.index_name", index.index_name, limits.max_name_length, required=False)
-        check_texts("infos.index_infos.index_file_paths", index.index_file_paths, limits.max_files_per_segment,
+        check_name(f"{field}.index_infos.index_name", index.index_name, limits.max_name_length, required=False)
+        check_texts(f"{field}.index_infos.index_file_paths", index.index_file_paths, limits.max_files_per_segment,
                     limits.max_text_length)
 
 
@@ -150,7 +150,7 @@ def check_node_request(kind: str, request: Any, limits: Limits = DEFAULT_LIMITS,
                        columns: LoadColumns | None = None) -> None:
     """Refuse (``InvalidField``) a request of RPC ``kind`` that is out of bounds; see the module docstring.
 
-    ``columns``: ``LoadColumns.of(request.infos)`` of a LoadSegments request, when the caller has read them (to
+    ``columns``: ``LoadColumns.of(load_items(request))`` of a LoadSegments request, when the caller has read them (to
     hand them to the state too); read here otherwise, once the number of infos is checked.
     """
     if kind == "GetComponentStates":
@@ -163,7 +163,11 @@ def check_node_request(kind: str, request: Any, limits: Limits = DEFAULT_LIMITS,
         _nonnegative_ids("partition_ids", request.partition_ids)
     if isinstance(request, querynode_pb2.LoadSegmentsRequest):
         check_count("infos", request.infos, limits.max_segments_per_request)
-        _check_load_infos(request.infos, limits, columns)
+        check_count("binlogs", request.binlogs, limits.max_segments_per_request)
+        if request.infos and request.binlogs:
+            raise InvalidField("binlogs", len(request.binlogs), "sent with infos: a LoadSegments request carries "
+                                                                 "infos or binlogs, not both")
+        _check_load_infos(load_items(request), limits, columns, "binlogs" if request.binlogs else "infos")
         check_range("source_node_id", request.source_node_id, 0, INT64_MAX)
         check_enum("load_type", request.load_type, data_pb2.LoadType)
     elif isinstance(request, querynode_pb2.ReleaseSegmentsRequest):
@@ -189,7 +193,7 @@ def load_columns(request: querynode_pb2.LoadSegmentsRequest, limits: Limits = DE
     """The infos of a LoadSegments request read once for the checks and the state to share (``columns`` of
     ``check_node_request`` and ``QueryNodeState.load_segments``), or None when they are more than the checks
     accept: those are refused before any info is read."""
-    infos = request.infos
+    infos = load_items(request)
     return LoadColumns.of(infos) if len(infos) <= limits.max_segments_per_request else None
 
 

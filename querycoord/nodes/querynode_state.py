@@ -92,6 +92,16 @@ class HeldSegment(NamedTuple):
 # ``HeldSegment(*row)`` without the Python-level ``__new__``: ``row`` must have all eight fields.
 _held_segment = partial(tuple.__new__, HeldSegment)
 
+# A segment of a LoadSegments request: a load info, or the catalog's binlogs (the same field names).
+LoadItem = data_pb2.SegmentLoadInfo | data_pb2.SegmentBinlogs
+
+
+def load_items(request: querynode_pb2.LoadSegmentsRequest) -> Sequence[LoadItem]:
+    """The segments of a LoadSegments request: its infos, or its binlogs when it has no infos (the checks refuse
+    a request with both)."""
+    return request.infos or request.binlogs
+
+
 # What a load reads of every SegmentLoadInfo, a C call per field and info (``LoadColumns``).
 _LOAD_FIELDS = tuple(map(attrgetter, ("segment_id", "collection_id", "partition_id", "num_rows", "mem_size",
                                        "insert_channel")))
@@ -102,7 +112,7 @@ _MEM_SIZE = attrgetter("mem_size")
 
 @dataclass(frozen=True)
 class LoadColumns:
-    """The scalar fields of a LoadSegmentsRequest's infos, one tuple per field in info order.
+    """The scalar fields of a LoadSegmentsRequest's segments (``load_items``), one tuple per field in order.
 
     Reading a field of a protobuf message is the bulk of what a node spends per segment, so a request's infos
     are read once, column-wise in C, and the columns are shared: the bounds checks (``querynode_checks``) and
@@ -111,7 +121,7 @@ class LoadColumns:
     info has ``compaction_from`` or ``index_infos`` (both read per info only then).
     """
 
-    infos: list[data_pb2.SegmentLoadInfo]
+    infos: list[LoadItem]
     segment_ids: tuple[int, ...]
     collection_ids: tuple[int, ...]
     partition_ids: tuple[int, ...]
@@ -122,7 +132,7 @@ class LoadColumns:
     nonnegative: bool  # every segment id > 0, every partition id, collection id, row count and size >= 0
 
     @classmethod
-    def of(cls, infos: Sequence[data_pb2.SegmentLoadInfo]) -> LoadColumns:
+    def of(cls, infos: Sequence[LoadItem]) -> LoadColumns:
         """The columns of ``infos`` (a request's, not changed until they are used)."""
         if not infos:
             return cls([], (), (), (), (), (), (), True, False)
@@ -232,18 +242,19 @@ class QueryNodeState:
     def load_segments(self, request: querynode_pb2.LoadSegmentsRequest, columns: LoadColumns | None = None) -> None:
         """Hold every segment of the request, or none of them.
 
-        ``columns``: ``LoadColumns.of(request.infos)`` when the caller has read them already (the node's checks
-        have): not read again.
+        ``columns``: ``LoadColumns.of(load_items(request))`` when the caller has read them already (the node's
+        checks have): not read again.
         """
         coll = request.collection_id
         _positive("collection_id", coll)
-        if not request.infos:
-            raise NodeRefusal(EC.ILLEGAL_ARGUMENT, "LoadSegments without segments: infos is empty")
-        if columns is None or len(columns) != len(request.infos):
-            columns = LoadColumns.of(request.infos)
+        infos = load_items(request)
+        if not infos:
+            raise NodeRefusal(EC.ILLEGAL_ARGUMENT, "LoadSegments without segments: infos and binlogs are empty")
+        if columns is None or len(columns) != len(infos):
+            columns = LoadColumns.of(infos)
         new = self._plain_new_segments(coll, columns)
         if new is None:
-            new = self._new_segments(self._segment_from_info(coll, info) for info in request.infos)
+            new = self._new_segments(self._segment_from_info(coll, info) for info in infos)
         need = sum(map(_MEM_SIZE, new.values()))
         if self.memory_used + need > self.capacity_bytes:
             raise NodeRefusal(
@@ -292,7 +303,7 @@ class QueryNodeState:
         return new
 
     @staticmethod
-    def _segment_from_info(coll: int, info: data_pb2.SegmentLoadInfo) -> HeldSegment:
+    def _segment_from_info(coll: int, info: LoadItem) -> HeldSegment:
         sid = info.segment_id
         _positive("segment_id", sid)
         if info.collection_id not in (0, coll):

@@ -18,10 +18,11 @@ from itertools import accumulate, repeat
 from operator import add, attrgetter, itemgetter, methodcaller
 from typing import TypeVar
 
+from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 from google.protobuf.message import Message
 
-from proto import data_pb2
+from proto import data_pb2, querynode_pb2
 from querycoord.cluster.allocator import Usage
 from querycoord.task.model import TaskEnv
 from querycoord.yielding import TURN_EVERY
@@ -67,10 +68,7 @@ def fill_stripped(infos: RepeatedCompositeFieldContainer[data_pb2.SegmentLoadInf
     Why: rebuilding every load info from its binlogs (``fill_load_info``) set seven fields per segment, while
     the stripped copy already holds all but the paths (tests/test_plan_fast_paths.py compares the two).
     """
-    # They pair up by construction (the request was built from ``planned``, in order, and never changes);
-    # the count and the ends are checked so that a request changed since is rebuilt rather than mixed up.
-    if len(infos) != len(planned) or (infos and (infos[0].segment_id != planned[0].segment_id
-                                                 or infos[-1].segment_id != planned[-1].segment_id)):
+    if not _pairs_up(infos, planned):
         return False
     binlogs = data_pb2.SegmentBinlogs
     for info, p in zip(infos, planned, strict=True):
@@ -82,6 +80,42 @@ def fill_stripped(infos: RepeatedCompositeFieldContainer[data_pb2.SegmentLoadInf
         else:
             info.CopyFrom(p)
     return True
+
+
+def binlogs_request(stripped: querynode_pb2.LoadSegmentsRequest,
+                    planned: Sequence[Planned]) -> querynode_pb2.LoadSegmentsRequest | None:
+    """The request to send for ``stripped`` (a request ``add_stripped`` built from ``planned``) when every one of
+    ``planned`` is the catalog's binlogs: ``stripped``'s fields but its infos, and ``planned`` as its ``binlogs``
+    (a node loads each as the load info of the same fields). None when they do not pair up, or some were
+    already load infos (a reschedule): the caller fills the infos instead (``fill_stripped``).
+
+    Why: the binlogs go out as the catalog gave them, one copy in C, where filling the paths into every load info
+    cost more than the node's whole handling of a segment (tests/test_plan_fast_paths.py compares the two).
+    """
+    if not planned or not _pairs_up(stripped.infos, planned) or set(map(type, planned)) != {data_pb2.SegmentBinlogs}:
+        return None
+    req = querynode_pb2.LoadSegmentsRequest()
+    for fd, value in stripped.ListFields():  # every field but the infos, whichever fields the message has
+        if fd.name == "infos":
+            continue
+        if fd.is_repeated:
+            getattr(req, fd.name).extend(value)
+        elif fd.type == FieldDescriptor.TYPE_MESSAGE:
+            getattr(req, fd.name).CopyFrom(value)
+        else:
+            setattr(req, fd.name, value)
+    req.binlogs.extend(planned)
+    return req
+
+
+def _pairs_up(infos: Sequence[data_pb2.SegmentLoadInfo], planned: Sequence[Planned]) -> bool:
+    """Whether ``infos`` are still those stripped from ``planned``, one to one.
+
+    They pair up by construction (the request was built from ``planned``, in order, and never changes); the
+    count and the ends are checked so that a request changed since is rebuilt rather than mixed up.
+    """
+    return len(infos) == len(planned) and (not infos or (infos[0].segment_id == planned[0].segment_id
+                                                         and infos[-1].segment_id == planned[-1].segment_id))
 
 
 def segment_load_info(b: data_pb2.SegmentBinlogs) -> data_pb2.SegmentLoadInfo:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from operator import attrgetter
 from typing import Any
 
+from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 from loguru import logger
 
 from proto import data_pb2, querynode_pb2
@@ -28,6 +29,7 @@ from querycoord.messages import rpc_method
 from querycoord.task.assign import (
     Planned,
     add_stripped,
+    binlogs_request,
     fill_load_info,
     fill_stripped,
     merge_by_size,
@@ -41,6 +43,12 @@ from querycoord.task.model import Task, TaskEnv, TaskError
 
 QUERYNODE = querynode_pb2.DESCRIPTOR.services_by_name["QueryNode"]
 _COMPACTION_FROM = attrgetter("compaction_from")  # read in C: every info of every load is asked
+
+
+def sent_segments(req: querynode_pb2.LoadSegmentsRequest) -> RepeatedCompositeFieldContainer[Any]:
+    """The segments of a LoadSegments request as sent: its infos, or its binlogs (``binlogs_request``)."""
+    segments: RepeatedCompositeFieldContainer[Any] = req.infos or req.binlogs
+    return segments
 
 
 class ChildTask(Task):
@@ -72,11 +80,16 @@ class LoadSegmentsTask(ChildTask, kind=qc.TASK_KIND_LOAD_SEGMENT, request="load_
     full_infos: list[Planned] | None = None
 
     async def _filled(self) -> querynode_pb2.LoadSegmentsRequest:
-        """The persisted request is stripped of binlog paths: use the planned ones, or ask the catalog again.
+        """The persisted request is stripped of binlog paths: send the planned binlogs instead of its infos, or
+        fill its infos from what was planned, or from the catalog asked again.
 
         The catalog is asked only after a reload (a new leader has just the
         stripped record); re-reading what planning had just read cost 20 % of a load.
         """
+        if self.full_infos is not None:
+            sent = binlogs_request(self.request, self.full_infos)
+            if sent is not None:
+                return sent
         req = self._copy()
         if self.full_infos is not None:
             if fill_stripped(req.infos, self.full_infos):
@@ -124,9 +137,10 @@ class LoadSegmentsTask(ChildTask, kind=qc.TASK_KIND_LOAD_SEGMENT, request="load_
             req = await self._call_filled()
         if req is None:
             return
-        await self.env.meta.save_loaded(req.infos, self.node_id, req.replica_id)
+        segments = sent_segments(req)
+        await self.env.meta.save_loaded(segments, self.node_id, req.replica_id)
         replaced = (
-            [s for info in req.infos for s in info.compaction_from] if any(map(_COMPACTION_FROM, req.infos)) else []
+            [s for info in segments for s in info.compaction_from] if any(map(_COMPACTION_FROM, segments)) else []
         )
         await self._release_moved_and_replaced(req, replaced)
 
@@ -137,13 +151,14 @@ class LoadSegmentsTask(ChildTask, kind=qc.TASK_KIND_LOAD_SEGMENT, request="load_
         # them would leave copies that nothing records.
         # Asked once per (collection, partition) of the request, not per segment.
         meta = self.env.meta
-        pairs = {(i.collection_id, i.partition_id) for i in req.infos}
+        segments = sent_segments(req)
+        pairs = {(i.collection_id, i.partition_id) for i in segments}
         gone = {(cid, pid) for cid, pid in pairs if not meta.has_partition(cid, pid)}
         if gone:
-            kept = [i for i in req.infos if (i.collection_id, i.partition_id) not in gone]
-            del req.infos[:]
-            req.infos.extend(kept)
-        if not req.infos:
+            kept = [i for i in segments if (i.collection_id, i.partition_id) not in gone]
+            del segments[:]
+            segments.extend(kept)
+        if not segments:
             return None
         await self.call(req)
         return req
@@ -156,7 +171,7 @@ class LoadSegmentsTask(ChildTask, kind=qc.TASK_KIND_LOAD_SEGMENT, request="load_
         """
         releases: dict[int, list[int]] = {}
         if req.source_node_id and req.source_node_id != self.node_id:
-            releases[req.source_node_id] = [i.segment_id for i in req.infos]
+            releases[req.source_node_id] = [i.segment_id for i in sent_segments(req)]
         forget: dict[int, list[int]] = {}  # this replica's copies of the compaction sources, by node
         for seg_id in replaced:
             node = self.env.meta.segment_copies(seg_id).get(req.replica_id)
@@ -187,7 +202,7 @@ class LoadSegmentsTask(ChildTask, kind=qc.TASK_KIND_LOAD_SEGMENT, request="load_
             self.env,
             parent,
             req.collection_id,
-            list(req.infos),
+            list(sent_segments(req)),
             [],
             exclude=excluded,
             wait=parent.rec.trigger_condition == qc.TRIGGER_CONDITION_NODE_DOWN,
