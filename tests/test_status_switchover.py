@@ -23,6 +23,7 @@ from proto import querycoord_pb2 as qc
 from querycoord.catalog.store import CatalogStore
 from querycoord.client import QueryCoordClient
 from querycoord.nodes.querynode import FaultConfig, QueryNode
+from querycoord.nodes.querynode_state import load_items
 from querycoord.protocol import QUERYCOORD_ELECTION, QUERYCOORD_ROLE
 from querycoord.switchover import SWITCHOVER_KEY, candidates
 from tests.cluster import QueryCluster, wait_in_memory
@@ -144,7 +145,7 @@ def record_loads(nodes: list[QueryNode]) -> Loads:
         def load(request: Any, original: Any = original, node: QueryNode = node, **kwargs: Any) -> Any:
             before = set(node.state.segments)
             result = original(request, **kwargs)
-            for info in request.infos:
+            for info in load_items(request):  # infos, or the catalog's binlogs of a planned load
                 loads.asked[info.segment_id].add(request.task_id)
                 if info.segment_id not in before and info.segment_id in node.state.segments:
                     loads.loaded[info.segment_id].append(request.task_id)
