@@ -40,6 +40,29 @@ async def test_a_child_over_the_etcd_limit_is_refused_before_sending(kv) -> None
     assert all(v == 0 for v in (await store.count_keys()).values()), "nothing half-written"
 
 
+async def test_a_child_done_rewrites_only_its_info_and_reloads_done_with_its_request(kv) -> None:
+    """``save_state`` (a child done) writes the info key alone; the request key keeps its bytes (its revision does
+    not move) and a reload joins the DONE state with that request."""
+    store = TaskStore(kv)
+    parent = task_pb2.TaskRecord(id=1, kind=qc.TASK_KIND_LOAD_COLLECTION, state=DONE)
+    parent.load_collection.collection_id = 1
+    child = task_pb2.TaskRecord(id=2, parent_id=1, kind=qc.TASK_KIND_LOAD_SEGMENT, state=UNDO)
+    child.load_segments.collection_id = 1
+    child.load_segments.infos.add(segment_id=7, partition_id=3, mem_size=5)
+    await store.commit_children(parent, [child])
+    before = (await kv.load_prefix("queryCoord-activeTask/")).kvs
+    child.state = DONE
+    child.retry_count = 1
+    txns = store.txns
+    await store.save_state(child)
+    assert store.txns == txns + 1
+    after = (await kv.load_prefix("queryCoord-activeTask/")).kvs
+    assert [(x.key, x.value, x.mod_revision) for x in after] == [(x.key, x.value, x.mod_revision) for x in before]
+    reloaded = {r.id: r for r in await store.load_all()}
+    assert reloaded[2] == child and reloaded[1] == parent
+    assert store.orphan_request_keys == []
+
+
 async def test_load_with_no_node_fails_clearly(etcd: EtcdCluster, root_path: str) -> None:
     async with QueryCluster(etcd, root_path) as c:
         await c.start_coordinator()

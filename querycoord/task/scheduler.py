@@ -559,7 +559,7 @@ class Scheduler:
                                         self.cfg.retry_backoff_max))
                 continue
             child.set_state(DONE)
-            await self.env.store.save(child.rec)
+            await self.env.store.save_state(child.rec)  # a child's request never changes: its info alone
             t.on_child_done(child)
             metrics.child_done(child)
             return

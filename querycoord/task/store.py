@@ -1,11 +1,13 @@
 """Persistence of task trees under etcd prefixes, with explicit commit points.
 
-Each task has two keys, always written and removed in the same txn:
+Each task has two keys, created and removed in the same txn:
 ``queryCoord-triggerTask/<id>`` (a trigger) or ``queryCoord-activeTask/<id>``
 (a child) holds the request; ``queryCoord-taskInfo/<id>`` holds the
 ``TaskRecord`` without its request (kind, parent, state, retries, trigger
 condition, excluded nodes...). Milvus kept a decimal state there that could
-drift from the request; here both always change together.
+drift from the request; here a request that changes is written with its
+info, and only a state change of a request that never changes (a child
+done: ``save_state``) writes the info alone.
 
 Commit points (DESIGN.md rule 2), which reload relies on:
 
@@ -54,6 +56,16 @@ def split_record(rec: task_pb2.TaskRecord) -> tuple[bytes, bytes]:
         info.ClearField(case)
     # The request's case name is kept so that reload knows how to decode it.
     return request, _with_case(info, case).SerializeToString()
+
+
+def info_only(rec: task_pb2.TaskRecord) -> bytes:
+    """The info key's value of ``rec`` (``split_record``'s second half), without serializing the request."""
+    case = rec.WhichOneof("request")
+    info = task_pb2.TaskRecord()
+    info.CopyFrom(rec)
+    if case:
+        info.ClearField(case)
+    return _with_case(info, case).SerializeToString()
 
 
 def _with_case(info: task_pb2.TaskRecord, case: str | None) -> task_pb2.TaskRecord:
@@ -126,6 +138,15 @@ class TaskStore:
     async def save(self, *recs: task_pb2.TaskRecord) -> None:
         """Rewrite records whose state or retries changed (the request is rewritten with them)."""
         await self._write([save_unit(r) for r in recs])
+
+    async def save_state(self, rec: task_pb2.TaskRecord) -> None:
+        """Rewrite the info key alone: for a task whose request is the one already stored (a child's never
+        changes once planned), a state change (DONE) leaves the request key as it is, so both still agree.
+
+        Why: a load child's request holds its segments (a few hundred KB for a big load); rewriting it at DONE
+        wrote every load's requests to etcd twice, beside the segment records etcd was busy writing.
+        """
+        await self._write([TaskKeys(saves={info_key(rec.id): info_only(rec)})])
 
     async def commit_children(self, trigger: task_pb2.TaskRecord, children: Sequence[task_pb2.TaskRecord]) -> None:
         """Children first; the trigger's record (now DONE) in the last txn: the commit point."""
