@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Iterable
 
 import pytest
 
@@ -346,7 +347,7 @@ async def test_a_load_of_new_records_and_other_saves_in_one_call_mirror_etcd(met
         seg(6, pid=11, node=2),  # exists in partition 10: moved
         seg(900, node=0),  # new, on no node
     ]
-    await meta.save_segments_and_remove(mixed, [7, 8], owned=True)
+    await meta.save_segments_and_remove(mixed, [7, 8])
     assert meta.segment_copies(4) == {71: 2, 72: 3}
     assert meta.segment_copies(6) == {71: 2} and meta.segment_ids_of(1, 11).count(6) == 1
     assert meta.segment_copies(301) == {71: 2} and meta.segment_copies(302) == {72: 3}
@@ -409,10 +410,15 @@ async def test_two_replicas_saving_the_same_segments_at_once_keep_both_copies(me
     r2 = data_pb2.ReplicaInfo(replica_id=72, collection_id=1, node_ids=[2])
     await meta.add_collection(1, COLL, [10], replica_number=2, replicas=[r1, r2])
     ids = range(1, 601)  # several txns each: the saves interleave at their round trips
-    await asyncio.gather(
-        meta.save_segments([seg(i, node=1) for i in ids], owned=True),
-        meta.save_segments([seg(i, node=2) for i in reversed(ids)], owned=True),
-        meta.save_segments([seg(i, node=1) for i in range(1000, 1300)], owned=True),  # other segments
+
+    def infos(segment_ids: Iterable[int]) -> list[data_pb2.SegmentLoadInfo]:
+        return [data_pb2.SegmentLoadInfo(segment_id=i, collection_id=1, partition_id=10, mem_size=100)
+                for i in segment_ids]
+
+    await asyncio.gather(  # what each replica's load children save (save_loaded), and a save of the general path
+        meta.save_loaded(infos(ids), 1, 71),
+        meta.save_loaded(infos(reversed(ids)), 2, 0),
+        meta.save_segments([seg(i, node=1) for i in range(1000, 1300)]),  # other segments
     )
     assert all(meta.segment_copies(i) == {71: 1, 72: 2} for i in ids)
     assert meta.segment_copies(1000) == {71: 1}

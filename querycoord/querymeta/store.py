@@ -748,7 +748,7 @@ class QueryMeta:
         """Number of segments per node, for nodes that hold at least one."""
         return {n: len(s) for n, s in self._index.segments_by_node.items()}
 
-    async def save_segments(self, segments: Iterable[SegmentInfo], *, owned: bool = False) -> int:
+    async def save_segments(self, segments: Iterable[SegmentInfo]) -> int:
         """Insert or replace segment records (by segment id); return the number of txns used.
 
         Each segment's collection and partition must be loaded
@@ -758,16 +758,11 @@ class QueryMeta:
         same txn. The batch is packed into txns of at most 128 operations
         and ~1.5 MiB: a big batch is NOT atomic (see rule 5 of the module
         docstring for why that is acceptable here); memory follows each txn.
-        ``owned``: the caller hands the messages over, already in their stored
-        form (``stored_segment``: no index file paths), and never reads or
-        changes them again, so they become the records without a copy (a
-        load's new records: a copy per segment was measurable).
+        A load's copies take ``save_loaded``.
         """
-        return await self.save_segments_and_remove(segments, (), owned=owned)
+        return await self.save_segments_and_remove(segments, ())
 
-    async def save_segments_and_remove(
-        self, saves: Iterable[SegmentInfo], removals: Iterable[int], *, owned: bool = False
-    ) -> int:
+    async def save_segments_and_remove(self, saves: Iterable[SegmentInfo], removals: Iterable[int]) -> int:
         """Save segments and remove others: one txn when it fits (a balance move, a handoff).
 
         When it does not fit, the saves go first and the removals after, so
@@ -777,7 +772,7 @@ class QueryMeta:
         (``ValueError``); removing an unknown id is a no-op. Returns the
         number of txns used.
         """
-        to_save = list(saves) if owned else [stored_segment(s) for s in saves]
+        to_save = [stored_segment(s) for s in saves]
         remove_ids = _unique_ids("segment", removals)
         seen = _checked_segment_ids(to_save)
         both = seen.intersection(remove_ids)
@@ -872,8 +867,8 @@ class QueryMeta:
     def _merged_segment(self, view: SegmentInfo, replicas: dict[tuple[int, int], int]) -> SegmentInfo:
         """The stored record once the copy ``view`` describes is added (its replica resolved from its node).
 
-        ``view`` is the caller's private copy (``stored_segment``). A segment with no record yet (every segment
-        of a load) becomes its record in place: ``with_copy`` would copy the message twice more, per segment.
+        ``view`` is the caller's private copy (``stored_segment``). A segment with no record yet becomes its
+        record in place: ``with_copy`` would copy the message twice more, per segment.
         """
         place = self._index.segments.place(view.segment_id)
         current = None
@@ -904,8 +899,9 @@ class QueryMeta:
         """The records of segments with no record yet, each with the one copy its view describes: the views
         (the caller's private copies) become the records, written in as few mutations as txns.
 
-        Why a path of its own: every segment of a load comes here, and the general path (``_merged_segment``,
-        ``_put_segment``, a mutation each) cost more per segment than etcd's write of it.
+        Why a path of its own: the general path (``_merged_segment``, ``_put_segment``, a mutation each) cost
+        more per segment than etcd's write of it, for saves of many new segments (an adoption by ``repair``; a
+        load's own copies take ``_put_loaded``, which does not even make the messages).
         """
         rows: list[NewSegment] = []
         puts: list[Put] = []
