@@ -97,6 +97,10 @@ class PrefixSnapshot:
         n = self._strip
         return [(r.key[n:].decode(), r.value) for r in self._raw]  # type: ignore[attr-defined]
 
+    def values(self) -> list[bytes]:
+        """The values in key order, no key decoded (a reader that needs only the records)."""
+        return [r.value for r in self._raw]  # type: ignore[attr-defined]
+
     def as_dict(self) -> dict[str, bytes]:
         n = self._strip
         return {r.key[n:].decode(): r.value for r in self._raw}  # type: ignore[attr-defined]

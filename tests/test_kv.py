@@ -21,6 +21,7 @@ async def test_basic_ops_stay_under_root(kv: MetaKV, client: EtcdClient) -> None
     assert await kv.get("missing") is None
     snap = await kv.load_prefix("a/")
     assert snap.items() == [("a/1", b"one"), ("a/2", b"two")]
+    assert snap.values() == [b"one", b"two"]
     assert snap.revision > 0
     await kv.multi_save_and_remove({"c/1": "x"}, ["a/1"])
     assert (await kv.load_prefix("")).as_dict() == {"a/2": b"two", "b/1": b"three", "c/1": b"x"}

@@ -861,6 +861,10 @@ class CatalogStore:
         prefix = segment_prefix(collection_id, partition_id)
         next_after = 0
         pairs: list[tuple[str, bytes]]
+        if segment_ids is None and not page_size and not after_segment_id:
+            # A whole partition (every load): the records alone, no key decoded.
+            values = (await self.kv.load_prefix(prefix)).values()
+            return self._recovery_page(desc, collection_id, parse_binlogs(values), 0)
         if segment_ids is not None:
             ids = sorted({i for i in segment_ids if i > after_segment_id})
             if page_size and len(ids) > page_size:
@@ -875,13 +879,15 @@ class CatalogStore:
             pairs, more = await self._range_page(prefix + f"{after_segment_id + 1:019d}", prefix, page_size)
             if more and pairs:
                 next_after = parse_segment_key(pairs[-1][0]).segment_id
-        else:
-            pairs = (await self.kv.load_prefix(prefix)).items()
-            if after_segment_id:
-                first = prefix + f"{after_segment_id + 1:019d}"
-                pairs = [(k, v) for k, v in pairs if k >= first]
+        else:  # the segments after after_segment_id, unpaged
+            first = prefix + f"{after_segment_id + 1:019d}"
+            pairs = [(k, v) for k, v in (await self.kv.load_prefix(prefix)).items() if k >= first]
 
-        binlogs = parse_binlogs(list(map(_VALUE, pairs)))
+        return self._recovery_page(desc, collection_id, parse_binlogs(list(map(_VALUE, pairs))), next_after)
+
+    @staticmethod
+    def _recovery_page(desc: catalog_pb2.CollectionDescription, collection_id: int,
+                       binlogs: list[data_pb2.SegmentBinlogs], next_after: int) -> RecoveryPage:
         channels = [data_pb2.VChannelInfo(collection_id=collection_id, channel_name=c) for c in desc.dm_channels]
         _add_flushed(channels, binlogs)
         return RecoveryPage(channels, binlogs, next_after)
