@@ -49,22 +49,17 @@ def info_key(task_id: int) -> str:
 def split_record(rec: task_pb2.TaskRecord) -> tuple[bytes, bytes]:
     """(request bytes, info bytes): the info is the record with its request cleared."""
     case = rec.WhichOneof("request")
-    request = getattr(rec, case).SerializeToString() if case else b""
-    info = task_pb2.TaskRecord()
-    info.CopyFrom(rec)
-    if case:
-        info.ClearField(case)
-    # The request's case name is kept so that reload knows how to decode it.
-    return request, _with_case(info, case).SerializeToString()
+    return (getattr(rec, case).SerializeToString() if case else b""), info_only(rec)
 
 
 def info_only(rec: task_pb2.TaskRecord) -> bytes:
-    """The info key's value of ``rec`` (``split_record``'s second half), without serializing the request."""
+    """The info key's value of ``rec``: the record with its request cleared (``split_record``'s second half)."""
     case = rec.WhichOneof("request")
     info = task_pb2.TaskRecord()
     info.CopyFrom(rec)
     if case:
         info.ClearField(case)
+    # The request's case name is kept so that reload knows how to decode it.
     return _with_case(info, case).SerializeToString()
 
 
