@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 
@@ -11,6 +12,7 @@ from meta.errors import RequestTooLarge
 from meta.etcd_server import EtcdCluster
 from proto import common_pb2, data_pb2, querynode_pb2, task_pb2
 from proto import querycoord_pb2 as qc
+from querycoord.nodes.querynode import FaultConfig
 from querycoord.task.assign import merge_by_size
 from querycoord.task.model import DONE, UNDO
 from querycoord.task.store import TaskStore, save_unit
@@ -61,6 +63,60 @@ async def test_a_child_done_rewrites_only_its_info_and_reloads_done_with_its_req
     reloaded = {r.id: r for r in await store.load_all()}
     assert reloaded[2] == child and reloaded[1] == parent
     assert store.orphan_request_keys == []
+
+
+def count_load_calls(nodes: list[Any]) -> dict[int, int]:
+    """The most LoadSegments calls each node has had in flight at once, kept up to date as the nodes answer."""
+    in_flight: dict[int, int] = {}
+    most: dict[int, int] = {}
+    for node in nodes:
+        mutate = node.mutate
+
+        async def counted(kind: str, *args: Any, node: Any = node, mutate: Any = mutate) -> Any:
+            if kind != "LoadSegments":
+                return await mutate(kind, *args)
+            nid = node.node_id
+            in_flight[nid] = in_flight.get(nid, 0) + 1
+            most[nid] = max(most.get(nid, 0), in_flight[nid])
+            try:
+                return await mutate(kind, *args)
+            finally:
+                in_flight[nid] -= 1
+
+        node.mutate = counted
+    return most
+
+
+async def test_a_node_gets_one_load_call_at_a_time_and_the_load_finishes(etcd: EtcdCluster, root_path: str) -> None:
+    """``node_load_concurrency`` 1 (the default): however many load children a node has, it never has two
+    LoadSegments calls in flight from the leader; with 2, two at once (the children start together and each call
+    waits 300 ms on the node). Counted inside the node."""
+    slow = FaultConfig(latency_ms=300)
+    for concurrency in (1, 2):
+        async with running_cluster(etcd, f"{root_path}/{concurrency}", [slow, slow]) as c:
+            c.config.scheduler.max_request_bytes = 2000  # several small load children per node
+            c.config.scheduler.node_load_concurrency = concurrency
+            most = count_load_calls(c.nodes)
+            cid = await c.create_collection("gated", partitions=2, segments=60)
+            await c.load_collection(cid)
+            await c.wait_idle()
+            assert sum(len(n.state.segments) for n in c.nodes) == 60
+            assert set(most) == {n.node_id for n in c.nodes}, most
+            assert max(most.values()) == concurrency, most
+
+
+async def test_node_load_concurrency_is_an_option_of_at_least_one() -> None:
+    import argparse
+
+    from querycoord.coord_options import add_coord_options, config_from_args
+
+    p = argparse.ArgumentParser()
+    add_coord_options(p)
+    etcd = ["--etcd-endpoints", "127.0.0.1:2379"]
+    assert config_from_args(p.parse_args(etcd)).scheduler.node_load_concurrency == 1
+    assert config_from_args(p.parse_args([*etcd, "--node-load-concurrency", "4"])).scheduler.node_load_concurrency == 4
+    with pytest.raises(ValueError, match="--node-load-concurrency must be at least 1, got 0"):
+        config_from_args(p.parse_args([*etcd, "--node-load-concurrency", "0"]))
 
 
 async def test_load_with_no_node_fails_clearly(etcd: EtcdCluster, root_path: str) -> None:
