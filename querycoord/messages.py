@@ -15,9 +15,23 @@ import functools
 from typing import Any, TypeVar
 
 from google.protobuf.descriptor import Descriptor, ServiceDescriptor
+from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 from google.protobuf.message import Message
 
+from proto import data_pb2, querynode_pb2
+
 M = TypeVar("M", bound=Message)
+
+# A segment as a load sends it: a load info, or the catalog's binlogs as read (the same field names, which is how a
+# node, the coordinator's records and the checks read either).
+LoadItem = data_pb2.SegmentLoadInfo | data_pb2.SegmentBinlogs
+
+
+def load_items(request: querynode_pb2.LoadSegmentsRequest) -> RepeatedCompositeFieldContainer[Any]:
+    """The segments of a LoadSegments request: its infos, or its binlogs when it has no infos (a node refuses a
+    request with both). The request's own repeated field: removing from it removes from the request."""
+    items: RepeatedCompositeFieldContainer[Any] = request.infos or request.binlogs
+    return items
 
 
 def copy_fields(source: Message, target: type[M], **fields: Any) -> M:

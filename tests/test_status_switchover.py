@@ -22,8 +22,8 @@ from proto import common_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.catalog.store import CatalogStore
 from querycoord.client import QueryCoordClient
+from querycoord.messages import load_items
 from querycoord.nodes.querynode import FaultConfig, QueryNode
-from querycoord.nodes.querynode_state import load_items
 from querycoord.protocol import QUERYCOORD_ELECTION, QUERYCOORD_ROLE
 from querycoord.switchover import SWITCHOVER_KEY, candidates
 from tests.cluster import QueryCluster, wait_in_memory

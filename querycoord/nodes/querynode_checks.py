@@ -32,7 +32,8 @@ from loguru import logger
 from proto import common_pb2, data_pb2, querynode_pb2
 from querycoord.errors import status_of
 from querycoord.limits import DEFAULT_LIMITS, INT64_MAX, Limits
-from querycoord.nodes.querynode_state import LoadColumns, LoadItem, load_items
+from querycoord.messages import LoadItem, load_items
+from querycoord.nodes.querynode_state import LoadColumns
 from querycoord.validate import (
     InvalidField,
     check_count,

@@ -40,6 +40,7 @@ from typing import NamedTuple
 
 from proto import common_pb2, data_pb2, querynode_pb2
 from querycoord.errors import CoordError
+from querycoord.messages import LoadItem, load_items
 
 EC = common_pb2.ErrorCode
 OUT_OF_MEMORY_CODE = EC.NO_AVAILABLE_NODE
@@ -91,16 +92,6 @@ class HeldSegment(NamedTuple):
 
 # ``HeldSegment(*row)`` without the Python-level ``__new__``: ``row`` must have all eight fields.
 _held_segment = partial(tuple.__new__, HeldSegment)
-
-# A segment of a LoadSegments request: a load info, or the catalog's binlogs (the same field names).
-LoadItem = data_pb2.SegmentLoadInfo | data_pb2.SegmentBinlogs
-
-
-def load_items(request: querynode_pb2.LoadSegmentsRequest) -> Sequence[LoadItem]:
-    """The segments of a LoadSegments request: its infos, or its binlogs when it has no infos (the checks refuse
-    a request with both)."""
-    return request.infos or request.binlogs
-
 
 # What a load reads of every SegmentLoadInfo, a C call per field and info (``LoadColumns``).
 _LOAD_FIELDS = tuple(map(attrgetter, ("segment_id", "collection_id", "partition_id", "num_rows", "mem_size",

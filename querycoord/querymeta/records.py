@@ -13,6 +13,7 @@ from google.protobuf.message import DecodeError, Message
 from loguru import logger
 
 from proto import data_pb2
+from querycoord.messages import LoadItem
 
 from . import keys
 from .copies import copy_message
@@ -23,8 +24,6 @@ CollectionLoadInfo = data_pb2.CollectionLoadInfo
 SegmentInfo = data_pb2.SegmentInfo
 DmChannelWatchInfo = data_pb2.DmChannelWatchInfo
 VChannelInfo = data_pb2.VChannelInfo
-# What a node was sent to load a segment: a load info, or the catalog's binlogs (the same field names).
-LoadedInfo = data_pb2.SegmentLoadInfo | data_pb2.SegmentBinlogs
 SEALED = data_pb2.SEGMENT_STATE_SEALED
 
 M = TypeVar("M", bound=Message)
@@ -49,7 +48,7 @@ def stored_segment(seg: SegmentInfo) -> SegmentInfo:
     return stored
 
 
-def loaded_record(info: LoadedInfo, node_id: int, replica_id: int) -> SegmentInfo:
+def loaded_record(info: LoadItem, node_id: int, replica_id: int) -> SegmentInfo:
     """The record of a copy ``node_id`` just loaded from ``info`` (a load info it was sent), in its stored form
     (no index infos: the catalog has them). ``QueryMeta.save_loaded`` writes these bytes without making the
     message for a segment with no record yet (tests/test_querymeta.py checks the two agree)."""

@@ -61,6 +61,7 @@ from loguru import logger
 from meta.kv import DEFAULT_PAGE_SIZE, MetaKV
 from meta.txn import Op, Put
 from proto import data_pb2
+from querycoord.messages import LoadItem
 from querycoord.yielding import every_few
 
 from . import keys
@@ -73,7 +74,6 @@ from .records import (
     SEALED,
     CollectionLoadInfo,
     DmChannelWatchInfo,
-    LoadedInfo,
     SegmentInfo,
     VChannelInfo,
     add_partitions,
@@ -103,7 +103,7 @@ def _check_id(what: str, value: int) -> int:
     return value
 
 
-def _checked_segment_ids(segs: Sequence[SegmentInfo | LoadedInfo]) -> set[int]:
+def _checked_segment_ids(segs: Sequence[SegmentInfo | LoadItem]) -> set[int]:
     """The segment ids of a save, each checked with its collection and partition ids, and none twice.
 
     Protobuf ids are ints, so a save of valid records (every load) needs three ``min``s and a set; only a bad
@@ -806,7 +806,7 @@ class QueryMeta:
 
         return await self._guarded(cids, body, segments=touched)
 
-    async def save_loaded(self, infos: Sequence[LoadedInfo], node_id: int, replica_id: int) -> int:
+    async def save_loaded(self, infos: Sequence[LoadItem], node_id: int, replica_id: int) -> int:
         """``save_segments`` of the copies on ``node_id`` that a LoadSegments call of replica ``replica_id`` (0: the
         node's replica) has just loaded from ``infos``, the load infos it was sent; returns the txns used.
 
@@ -923,7 +923,7 @@ class QueryMeta:
             rows.append((sid, cid, pid, replica, node, view.mem_size, raw))
         return self._writer.independent_puts(puts, lambda index, a, b: index.put_new_segments(rows, a, b))
 
-    def _put_loaded(self, infos: list[LoadedInfo], node_id: int, replica_id: int,
+    def _put_loaded(self, infos: list[LoadItem], node_id: int, replica_id: int,
                     replicas: dict[tuple[int, int], int]) -> list[Mutation]:
         """``_put_new_segments`` of the ``loaded_record``s of ``infos`` (segments with no record yet), serialized
         from one message whose per-segment fields are set in turn: the bytes ``loaded_record`` serializes to."""

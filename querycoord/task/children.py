@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from operator import attrgetter
 from typing import Any
 
-from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 from loguru import logger
 
 from proto import data_pb2, querynode_pb2
@@ -25,7 +24,7 @@ from querycoord.cluster.allocator import (
     allocate_waiting,
 )
 from querycoord.cluster.client import NodeError
-from querycoord.messages import rpc_method
+from querycoord.messages import load_items, rpc_method
 from querycoord.task.assign import (
     Planned,
     add_stripped,
@@ -43,12 +42,6 @@ from querycoord.task.model import Task, TaskEnv, TaskError
 
 QUERYNODE = querynode_pb2.DESCRIPTOR.services_by_name["QueryNode"]
 _COMPACTION_FROM = attrgetter("compaction_from")  # read in C: every info of every load is asked
-
-
-def sent_segments(req: querynode_pb2.LoadSegmentsRequest) -> RepeatedCompositeFieldContainer[Any]:
-    """The segments of a LoadSegments request as sent: its infos, or its binlogs (``binlogs_request``)."""
-    segments: RepeatedCompositeFieldContainer[Any] = req.infos or req.binlogs
-    return segments
 
 
 class ChildTask(Task):
@@ -137,7 +130,7 @@ class LoadSegmentsTask(ChildTask, kind=qc.TASK_KIND_LOAD_SEGMENT, request="load_
             req = await self._call_filled()
         if req is None:
             return
-        segments = sent_segments(req)
+        segments = load_items(req)
         await self.env.meta.save_loaded(segments, self.node_id, req.replica_id)
         replaced = (
             [s for info in segments for s in info.compaction_from] if any(map(_COMPACTION_FROM, segments)) else []
@@ -151,7 +144,7 @@ class LoadSegmentsTask(ChildTask, kind=qc.TASK_KIND_LOAD_SEGMENT, request="load_
         # them would leave copies that nothing records.
         # Asked once per (collection, partition) of the request, not per segment.
         meta = self.env.meta
-        segments = sent_segments(req)
+        segments = load_items(req)
         pairs = {(i.collection_id, i.partition_id) for i in segments}
         gone = {(cid, pid) for cid, pid in pairs if not meta.has_partition(cid, pid)}
         if gone:
@@ -171,7 +164,7 @@ class LoadSegmentsTask(ChildTask, kind=qc.TASK_KIND_LOAD_SEGMENT, request="load_
         """
         releases: dict[int, list[int]] = {}
         if req.source_node_id and req.source_node_id != self.node_id:
-            releases[req.source_node_id] = [i.segment_id for i in sent_segments(req)]
+            releases[req.source_node_id] = [i.segment_id for i in load_items(req)]
         forget: dict[int, list[int]] = {}  # this replica's copies of the compaction sources, by node
         for seg_id in replaced:
             node = self.env.meta.segment_copies(seg_id).get(req.replica_id)
@@ -202,7 +195,7 @@ class LoadSegmentsTask(ChildTask, kind=qc.TASK_KIND_LOAD_SEGMENT, request="load_
             self.env,
             parent,
             req.collection_id,
-            list(sent_segments(req)),
+            list(load_items(req)),
             [],
             exclude=excluded,
             wait=parent.rec.trigger_condition == qc.TRIGGER_CONDITION_NODE_DOWN,
