@@ -26,59 +26,61 @@ from proto import common_pb2 as proto_dot_common__pb2
 from proto import data_pb2 as proto_dot_data__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15proto/querynode.proto\x12\x0fquerycoord.node\x1a\x12proto/common.proto\x1a\x10proto/data.proto\"=\n\nCoordFence\x12\x17\n\x0fleader_revision\x18\x01 \x01(\x03\x12\x16\n\x0e\x63oordinator_id\x18\x02 \x01(\x03\"\xb7\x02\n\x13LoadSegmentsRequest\x12*\n\x05\x66\x65nce\x18\x01 \x01(\x0b\x32\x1b.querycoord.node.CoordFence\x12\x0f\n\x07node_id\x18\x02 \x01(\x03\x12\x0f\n\x07task_id\x18\x03 \x01(\x03\x12\x15\n\rcollection_id\x18\x04 \x01(\x03\x12/\n\x05infos\x18\x05 \x03(\x0b\x32 .querycoord.data.SegmentLoadInfo\x12\x16\n\x0esource_node_id\x18\x06 \x01(\x03\x12,\n\tload_type\x18\x07 \x01(\x0e\x32\x19.querycoord.data.LoadType\x12\x12\n\nreplica_id\x18\x08 \x01(\x03\x12\x30\n\x07\x62inlogs\x18\t \x03(\x0b\x32\x1f.querycoord.data.SegmentBinlogs\"A\n\x14LoadSegmentsResponse\x12)\n\x06status\x18\x01 \x01(\x0b\x32\x19.querycoord.common.Status\"\xa9\x01\n\x16ReleaseSegmentsRequest\x12*\n\x05\x66\x65nce\x18\x01 \x01(\x0b\x32\x1b.querycoord.node.CoordFence\x12\x0f\n\x07node_id\x18\x02 \x01(\x03\x12\x0f\n\x07task_id\x18\x03 \x01(\x03\x12\x15\n\rcollection_id\x18\x04 \x01(\x03\x12\x15\n\rpartition_ids\x18\x05 \x03(\x03\x12\x13\n\x0bsegment_ids\x18\x06 \x03(\x03\"D\n\x17ReleaseSegmentsResponse\x12)\n\x06status\x18\x01 \x01(\x0b\x32\x19.querycoord.common.Status\"\x84\x02\n\x16WatchDmChannelsRequest\x12*\n\x05\x66\x65nce\x18\x01 \x01(\x0b\x32\x1b.querycoord.node.CoordFence\x12\x0f\n\x07node_id\x18\x02 \x01(\x03\x12\x0f\n\x07task_id\x18\x03 \x01(\x03\x12\x15\n\rcollection_id\x18\x04 \x01(\x03\x12\x15\n\rpartition_ids\x18\x05 \x03(\x03\x12,\n\x05infos\x18\x06 \x03(\x0b\x32\x1d.querycoord.data.VChannelInfo\x12,\n\tload_type\x18\x07 \x01(\x0e\x32\x19.querycoord.data.LoadType\x12\x12\n\nreplica_id\x18\x08 \x01(\x03\"D\n\x17WatchDmChannelsResponse\x12)\n\x06status\x18\x01 \x01(\x0b\x32\x19.querycoord.common.Status\"\xae\x01\n\x19WatchDeltaChannelsRequest\x12*\n\x05\x66\x65nce\x18\x01 \x01(\x0b\x32\x1b.querycoord.node.CoordFence\x12\x0f\n\x07node_id\x18\x02 \x01(\x03\x12\x0f\n\x07task_id\x18\x03 \x01(\x03\x12\x15\n\rcollection_id\x18\x04 \x01(\x03\x12,\n\x05infos\x18\x05 \x03(\x0b\x32\x1d.querycoord.data.VChannelInfo\"G\n\x1aWatchDeltaChannelsResponse\x12)\n\x06status\x18\x01 \x01(\x0b\x32\x19.querycoord.common.Status\"\xe7\x01\n\x16\x41\x64\x64QueryChannelRequest\x12*\n\x05\x66\x65nce\x18\x01 \x01(\x0b\x32\x1b.querycoord.node.CoordFence\x12\x0f\n\x07node_id\x18\x02 \x01(\x03\x12\x0f\n\x07task_id\x18\x03 \x01(\x03\x12\x15\n\rcollection_id\x18\x04 \x01(\x03\x12\x15\n\rquery_channel\x18\x05 \x01(\t\x12\x1c\n\x14query_result_channel\x18\x06 \x01(\t\x12\x33\n\rseek_position\x18\x07 \x01(\x0b\x32\x1c.querycoord.data.MsgPosition\"D\n\x17\x41\x64\x64QueryChannelResponse\x12)\n\x06status\x18\x01 \x01(\x0b\x32\x19.querycoord.common.Status\"\x7f\n\x18ReleaseCollectionRequest\x12*\n\x05\x66\x65nce\x18\x01 \x01(\x0b\x32\x1b.querycoord.node.CoordFence\x12\x0f\n\x07node_id\x18\x02 \x01(\x03\x12\x0f\n\x07task_id\x18\x03 \x01(\x03\x12\x15\n\rcollection_id\x18\x04 \x01(\x03\"F\n\x19ReleaseCollectionResponse\x12)\n\x06status\x18\x01 \x01(\x0b\x32\x19.querycoord.common.Status\"\x96\x01\n\x18ReleasePartitionsRequest\x12*\n\x05\x66\x65nce\x18\x01 \x01(\x0b\x32\x1b.querycoord.node.CoordFence\x12\x0f\n\x07node_id\x18\x02 \x01(\x03\x12\x0f\n\x07task_id\x18\x03 \x01(\x03\x12\x15\n\rcollection_id\x18\x04 \x01(\x03\x12\x15\n\rpartition_ids\x18\x05 \x03(\x03\"F\n\x19ReleasePartitionsResponse\x12)\n\x06status\x18\x01 \x01(\x0b\x32\x19.querycoord.common.Status\"\x91\x01\n\x15GetSegmentInfoRequest\x12*\n\x05\x66\x65nce\x18\x01 \x01(\x0b\x32\x1b.querycoord.node.CoordFence\x12\x0f\n\x07node_id\x18\x02 \x01(\x03\x12\x0f\n\x07task_id\x18\x03 \x01(\x03\x12\x13\n\x0bsegment_ids\x18\x04 \x03(\x03\x12\x15\n\rcollection_id\x18\x05 \x01(\x03\"p\n\x16GetSegmentInfoResponse\x12)\n\x06status\x18\x01 \x01(\x0b\x32\x19.querycoord.common.Status\x12+\n\x05infos\x18\x02 \x03(\x0b\x32\x1c.querycoord.data.SegmentInfo\"\x84\x01\n\x1aGetDataDistributionRequest\x12*\n\x05\x66\x65nce\x18\x01 \x01(\x0b\x32\x1b.querycoord.node.CoordFence\x12\x0f\n\x07node_id\x18\x02 \x01(\x03\x12\x0f\n\x07task_id\x18\x03 \x01(\x03\x12\x18\n\x10segment_ids_only\x18\x04 \x01(\x08\"R\n\x0eSegmentIdGroup\x12\x15\n\rcollection_id\x18\x01 \x01(\x03\x12\x14\n\x0cpartition_id\x18\x02 \x01(\x03\x12\x13\n\x0bsegment_ids\x18\x03 \x03(\x03\"\x80\x01\n\x0eWatchedChannel\x12\x15\n\rcollection_id\x18\x01 \x01(\x03\x12\x14\n\x0c\x63hannel_name\x18\x02 \x01(\t\x12*\n\x04kind\x18\x03 \x01(\x0e\x32\x1c.querycoord.node.ChannelKind\x12\x15\n\rpartition_ids\x18\x04 \x03(\x03\"\xd7\x02\n\x1bGetDataDistributionResponse\x12)\n\x06status\x18\x01 \x01(\x0b\x32\x19.querycoord.common.Status\x12\x0f\n\x07node_id\x18\x02 \x01(\x03\x12.\n\x08segments\x18\x03 \x03(\x0b\x32\x1c.querycoord.data.SegmentInfo\x12\x31\n\x08\x63hannels\x18\x04 \x03(\x0b\x32\x1f.querycoord.node.WatchedChannel\x12\x13\n\x0bmemory_used\x18\x05 \x01(\x03\x12\x17\n\x0fmemory_capacity\x18\x06 \x01(\x03\x12\x32\n\rhighest_fence\x18\x07 \x01(\x0b\x32\x1b.querycoord.node.CoordFence\x12\x37\n\x0esegment_groups\x18\x08 \x03(\x0b\x32\x1f.querycoord.node.SegmentIdGroup\"\x1b\n\x19GetComponentStatesRequest*p\n\x0b\x43hannelKind\x12\x1c\n\x18\x43HANNEL_KIND_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x43HANNEL_KIND_DM\x10\x01\x12\x16\n\x12\x43HANNEL_KIND_DELTA\x10\x02\x12\x16\n\x12\x43HANNEL_KIND_QUERY\x10\x03\x32\x9c\x08\n\tQueryNode\x12[\n\x0cLoadSegments\x12$.querycoord.node.LoadSegmentsRequest\x1a%.querycoord.node.LoadSegmentsResponse\x12\x64\n\x0fReleaseSegments\x12\'.querycoord.node.ReleaseSegmentsRequest\x1a(.querycoord.node.ReleaseSegmentsResponse\x12\x64\n\x0fWatchDmChannels\x12\'.querycoord.node.WatchDmChannelsRequest\x1a(.querycoord.node.WatchDmChannelsResponse\x12m\n\x12WatchDeltaChannels\x12*.querycoord.node.WatchDeltaChannelsRequest\x1a+.querycoord.node.WatchDeltaChannelsResponse\x12\x64\n\x0f\x41\x64\x64QueryChannel\x12\'.querycoord.node.AddQueryChannelRequest\x1a(.querycoord.node.AddQueryChannelResponse\x12j\n\x11ReleaseCollection\x12).querycoord.node.ReleaseCollectionRequest\x1a*.querycoord.node.ReleaseCollectionResponse\x12j\n\x11ReleasePartitions\x12).querycoord.node.ReleasePartitionsRequest\x1a*.querycoord.node.ReleasePartitionsResponse\x12\x61\n\x0eGetSegmentInfo\x12&.querycoord.node.GetSegmentInfoRequest\x1a\'.querycoord.node.GetSegmentInfoResponse\x12p\n\x13GetDataDistribution\x12+.querycoord.node.GetDataDistributionRequest\x1a,.querycoord.node.GetDataDistributionResponse\x12\x64\n\x12GetComponentStates\x12*.querycoord.node.GetComponentStatesRequest\x1a\".querycoord.common.ComponentStatesb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15proto/querynode.proto\x12\x0fquerycoord.node\x1a\x12proto/common.proto\x1a\x10proto/data.proto\"=\n\nCoordFence\x12\x17\n\x0fleader_revision\x18\x01 \x01(\x03\x12\x16\n\x0e\x63oordinator_id\x18\x02 \x01(\x03\"\xe6\x02\n\x13LoadSegmentsRequest\x12*\n\x05\x66\x65nce\x18\x01 \x01(\x0b\x32\x1b.querycoord.node.CoordFence\x12\x0f\n\x07node_id\x18\x02 \x01(\x03\x12\x0f\n\x07task_id\x18\x03 \x01(\x03\x12\x15\n\rcollection_id\x18\x04 \x01(\x03\x12/\n\x05infos\x18\x05 \x03(\x0b\x32 .querycoord.data.SegmentLoadInfo\x12\x16\n\x0esource_node_id\x18\x06 \x01(\x03\x12,\n\tload_type\x18\x07 \x01(\x0e\x32\x19.querycoord.data.LoadType\x12\x12\n\nreplica_id\x18\x08 \x01(\x03\x12\x30\n\x07\x62inlogs\x18\t \x03(\x0b\x32\x1f.querycoord.data.SegmentBinlogs\x12-\n\x07planned\x18\n \x01(\x0b\x32\x1c.querycoord.node.SegmentRefs\"9\n\x0bSegmentRefs\x12\x13\n\x0bsegment_ids\x18\x01 \x03(\x03\x12\x15\n\rpartition_ids\x18\x02 \x03(\x03\"A\n\x14LoadSegmentsResponse\x12)\n\x06status\x18\x01 \x01(\x0b\x32\x19.querycoord.common.Status\"\xa9\x01\n\x16ReleaseSegmentsRequest\x12*\n\x05\x66\x65nce\x18\x01 \x01(\x0b\x32\x1b.querycoord.node.CoordFence\x12\x0f\n\x07node_id\x18\x02 \x01(\x03\x12\x0f\n\x07task_id\x18\x03 \x01(\x03\x12\x15\n\rcollection_id\x18\x04 \x01(\x03\x12\x15\n\rpartition_ids\x18\x05 \x03(\x03\x12\x13\n\x0bsegment_ids\x18\x06 \x03(\x03\"D\n\x17ReleaseSegmentsResponse\x12)\n\x06status\x18\x01 \x01(\x0b\x32\x19.querycoord.common.Status\"\x84\x02\n\x16WatchDmChannelsRequest\x12*\n\x05\x66\x65nce\x18\x01 \x01(\x0b\x32\x1b.querycoord.node.CoordFence\x12\x0f\n\x07node_id\x18\x02 \x01(\x03\x12\x0f\n\x07task_id\x18\x03 \x01(\x03\x12\x15\n\rcollection_id\x18\x04 \x01(\x03\x12\x15\n\rpartition_ids\x18\x05 \x03(\x03\x12,\n\x05infos\x18\x06 \x03(\x0b\x32\x1d.querycoord.data.VChannelInfo\x12,\n\tload_type\x18\x07 \x01(\x0e\x32\x19.querycoord.data.LoadType\x12\x12\n\nreplica_id\x18\x08 \x01(\x03\"D\n\x17WatchDmChannelsResponse\x12)\n\x06status\x18\x01 \x01(\x0b\x32\x19.querycoord.common.Status\"\xae\x01\n\x19WatchDeltaChannelsRequest\x12*\n\x05\x66\x65nce\x18\x01 \x01(\x0b\x32\x1b.querycoord.node.CoordFence\x12\x0f\n\x07node_id\x18\x02 \x01(\x03\x12\x0f\n\x07task_id\x18\x03 \x01(\x03\x12\x15\n\rcollection_id\x18\x04 \x01(\x03\x12,\n\x05infos\x18\x05 \x03(\x0b\x32\x1d.querycoord.data.VChannelInfo\"G\n\x1aWatchDeltaChannelsResponse\x12)\n\x06status\x18\x01 \x01(\x0b\x32\x19.querycoord.common.Status\"\xe7\x01\n\x16\x41\x64\x64QueryChannelRequest\x12*\n\x05\x66\x65nce\x18\x01 \x01(\x0b\x32\x1b.querycoord.node.CoordFence\x12\x0f\n\x07node_id\x18\x02 \x01(\x03\x12\x0f\n\x07task_id\x18\x03 \x01(\x03\x12\x15\n\rcollection_id\x18\x04 \x01(\x03\x12\x15\n\rquery_channel\x18\x05 \x01(\t\x12\x1c\n\x14query_result_channel\x18\x06 \x01(\t\x12\x33\n\rseek_position\x18\x07 \x01(\x0b\x32\x1c.querycoord.data.MsgPosition\"D\n\x17\x41\x64\x64QueryChannelResponse\x12)\n\x06status\x18\x01 \x01(\x0b\x32\x19.querycoord.common.Status\"\x7f\n\x18ReleaseCollectionRequest\x12*\n\x05\x66\x65nce\x18\x01 \x01(\x0b\x32\x1b.querycoord.node.CoordFence\x12\x0f\n\x07node_id\x18\x02 \x01(\x03\x12\x0f\n\x07task_id\x18\x03 \x01(\x03\x12\x15\n\rcollection_id\x18\x04 \x01(\x03\"F\n\x19ReleaseCollectionResponse\x12)\n\x06status\x18\x01 \x01(\x0b\x32\x19.querycoord.common.Status\"\x96\x01\n\x18ReleasePartitionsRequest\x12*\n\x05\x66\x65nce\x18\x01 \x01(\x0b\x32\x1b.querycoord.node.CoordFence\x12\x0f\n\x07node_id\x18\x02 \x01(\x03\x12\x0f\n\x07task_id\x18\x03 \x01(\x03\x12\x15\n\rcollection_id\x18\x04 \x01(\x03\x12\x15\n\rpartition_ids\x18\x05 \x03(\x03\"F\n\x19ReleasePartitionsResponse\x12)\n\x06status\x18\x01 \x01(\x0b\x32\x19.querycoord.common.Status\"\x91\x01\n\x15GetSegmentInfoRequest\x12*\n\x05\x66\x65nce\x18\x01 \x01(\x0b\x32\x1b.querycoord.node.CoordFence\x12\x0f\n\x07node_id\x18\x02 \x01(\x03\x12\x0f\n\x07task_id\x18\x03 \x01(\x03\x12\x13\n\x0bsegment_ids\x18\x04 \x03(\x03\x12\x15\n\rcollection_id\x18\x05 \x01(\x03\"p\n\x16GetSegmentInfoResponse\x12)\n\x06status\x18\x01 \x01(\x0b\x32\x19.querycoord.common.Status\x12+\n\x05infos\x18\x02 \x03(\x0b\x32\x1c.querycoord.data.SegmentInfo\"\x84\x01\n\x1aGetDataDistributionRequest\x12*\n\x05\x66\x65nce\x18\x01 \x01(\x0b\x32\x1b.querycoord.node.CoordFence\x12\x0f\n\x07node_id\x18\x02 \x01(\x03\x12\x0f\n\x07task_id\x18\x03 \x01(\x03\x12\x18\n\x10segment_ids_only\x18\x04 \x01(\x08\"R\n\x0eSegmentIdGroup\x12\x15\n\rcollection_id\x18\x01 \x01(\x03\x12\x14\n\x0cpartition_id\x18\x02 \x01(\x03\x12\x13\n\x0bsegment_ids\x18\x03 \x03(\x03\"\x80\x01\n\x0eWatchedChannel\x12\x15\n\rcollection_id\x18\x01 \x01(\x03\x12\x14\n\x0c\x63hannel_name\x18\x02 \x01(\t\x12*\n\x04kind\x18\x03 \x01(\x0e\x32\x1c.querycoord.node.ChannelKind\x12\x15\n\rpartition_ids\x18\x04 \x03(\x03\"\xd7\x02\n\x1bGetDataDistributionResponse\x12)\n\x06status\x18\x01 \x01(\x0b\x32\x19.querycoord.common.Status\x12\x0f\n\x07node_id\x18\x02 \x01(\x03\x12.\n\x08segments\x18\x03 \x03(\x0b\x32\x1c.querycoord.data.SegmentInfo\x12\x31\n\x08\x63hannels\x18\x04 \x03(\x0b\x32\x1f.querycoord.node.WatchedChannel\x12\x13\n\x0bmemory_used\x18\x05 \x01(\x03\x12\x17\n\x0fmemory_capacity\x18\x06 \x01(\x03\x12\x32\n\rhighest_fence\x18\x07 \x01(\x0b\x32\x1b.querycoord.node.CoordFence\x12\x37\n\x0esegment_groups\x18\x08 \x03(\x0b\x32\x1f.querycoord.node.SegmentIdGroup\"\x1b\n\x19GetComponentStatesRequest*p\n\x0b\x43hannelKind\x12\x1c\n\x18\x43HANNEL_KIND_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x43HANNEL_KIND_DM\x10\x01\x12\x16\n\x12\x43HANNEL_KIND_DELTA\x10\x02\x12\x16\n\x12\x43HANNEL_KIND_QUERY\x10\x03\x32\x9c\x08\n\tQueryNode\x12[\n\x0cLoadSegments\x12$.querycoord.node.LoadSegmentsRequest\x1a%.querycoord.node.LoadSegmentsResponse\x12\x64\n\x0fReleaseSegments\x12\'.querycoord.node.ReleaseSegmentsRequest\x1a(.querycoord.node.ReleaseSegmentsResponse\x12\x64\n\x0fWatchDmChannels\x12\'.querycoord.node.WatchDmChannelsRequest\x1a(.querycoord.node.WatchDmChannelsResponse\x12m\n\x12WatchDeltaChannels\x12*.querycoord.node.WatchDeltaChannelsRequest\x1a+.querycoord.node.WatchDeltaChannelsResponse\x12\x64\n\x0f\x41\x64\x64QueryChannel\x12\'.querycoord.node.AddQueryChannelRequest\x1a(.querycoord.node.AddQueryChannelResponse\x12j\n\x11ReleaseCollection\x12).querycoord.node.ReleaseCollectionRequest\x1a*.querycoord.node.ReleaseCollectionResponse\x12j\n\x11ReleasePartitions\x12).querycoord.node.ReleasePartitionsRequest\x1a*.querycoord.node.ReleasePartitionsResponse\x12\x61\n\x0eGetSegmentInfo\x12&.querycoord.node.GetSegmentInfoRequest\x1a\'.querycoord.node.GetSegmentInfoResponse\x12p\n\x13GetDataDistribution\x12+.querycoord.node.GetDataDistributionRequest\x1a,.querycoord.node.GetDataDistributionResponse\x12\x64\n\x12GetComponentStates\x12*.querycoord.node.GetComponentStatesRequest\x1a\".querycoord.common.ComponentStatesb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'proto.querynode_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CHANNELKIND']._serialized_start=3066
-  _globals['_CHANNELKIND']._serialized_end=3178
+  _globals['_CHANNELKIND']._serialized_start=3172
+  _globals['_CHANNELKIND']._serialized_end=3284
   _globals['_COORDFENCE']._serialized_start=80
   _globals['_COORDFENCE']._serialized_end=141
   _globals['_LOADSEGMENTSREQUEST']._serialized_start=144
-  _globals['_LOADSEGMENTSREQUEST']._serialized_end=455
-  _globals['_LOADSEGMENTSRESPONSE']._serialized_start=457
-  _globals['_LOADSEGMENTSRESPONSE']._serialized_end=522
-  _globals['_RELEASESEGMENTSREQUEST']._serialized_start=525
-  _globals['_RELEASESEGMENTSREQUEST']._serialized_end=694
-  _globals['_RELEASESEGMENTSRESPONSE']._serialized_start=696
-  _globals['_RELEASESEGMENTSRESPONSE']._serialized_end=764
-  _globals['_WATCHDMCHANNELSREQUEST']._serialized_start=767
-  _globals['_WATCHDMCHANNELSREQUEST']._serialized_end=1027
-  _globals['_WATCHDMCHANNELSRESPONSE']._serialized_start=1029
-  _globals['_WATCHDMCHANNELSRESPONSE']._serialized_end=1097
-  _globals['_WATCHDELTACHANNELSREQUEST']._serialized_start=1100
-  _globals['_WATCHDELTACHANNELSREQUEST']._serialized_end=1274
-  _globals['_WATCHDELTACHANNELSRESPONSE']._serialized_start=1276
-  _globals['_WATCHDELTACHANNELSRESPONSE']._serialized_end=1347
-  _globals['_ADDQUERYCHANNELREQUEST']._serialized_start=1350
-  _globals['_ADDQUERYCHANNELREQUEST']._serialized_end=1581
-  _globals['_ADDQUERYCHANNELRESPONSE']._serialized_start=1583
-  _globals['_ADDQUERYCHANNELRESPONSE']._serialized_end=1651
-  _globals['_RELEASECOLLECTIONREQUEST']._serialized_start=1653
-  _globals['_RELEASECOLLECTIONREQUEST']._serialized_end=1780
-  _globals['_RELEASECOLLECTIONRESPONSE']._serialized_start=1782
-  _globals['_RELEASECOLLECTIONRESPONSE']._serialized_end=1852
-  _globals['_RELEASEPARTITIONSREQUEST']._serialized_start=1855
-  _globals['_RELEASEPARTITIONSREQUEST']._serialized_end=2005
-  _globals['_RELEASEPARTITIONSRESPONSE']._serialized_start=2007
-  _globals['_RELEASEPARTITIONSRESPONSE']._serialized_end=2077
-  _globals['_GETSEGMENTINFOREQUEST']._serialized_start=2080
-  _globals['_GETSEGMENTINFOREQUEST']._serialized_end=2225
-  _globals['_GETSEGMENTINFORESPONSE']._serialized_start=2227
-  _globals['_GETSEGMENTINFORESPONSE']._serialized_end=2339
-  _globals['_GETDATADISTRIBUTIONREQUEST']._serialized_start=2342
-  _globals['_GETDATADISTRIBUTIONREQUEST']._serialized_end=2474
-  _globals['_SEGMENTIDGROUP']._serialized_start=2476
-  _globals['_SEGMENTIDGROUP']._serialized_end=2558
-  _globals['_WATCHEDCHANNEL']._serialized_start=2561
-  _globals['_WATCHEDCHANNEL']._serialized_end=2689
-  _globals['_GETDATADISTRIBUTIONRESPONSE']._serialized_start=2692
-  _globals['_GETDATADISTRIBUTIONRESPONSE']._serialized_end=3035
-  _globals['_GETCOMPONENTSTATESREQUEST']._serialized_start=3037
-  _globals['_GETCOMPONENTSTATESREQUEST']._serialized_end=3064
-  _globals['_QUERYNODE']._serialized_start=3181
-  _globals['_QUERYNODE']._serialized_end=4233
+  _globals['_LOADSEGMENTSREQUEST']._serialized_end=502
+  _globals['_SEGMENTREFS']._serialized_start=504
+  _globals['_SEGMENTREFS']._serialized_end=561
+  _globals['_LOADSEGMENTSRESPONSE']._serialized_start=563
+  _globals['_LOADSEGMENTSRESPONSE']._serialized_end=628
+  _globals['_RELEASESEGMENTSREQUEST']._serialized_start=631
+  _globals['_RELEASESEGMENTSREQUEST']._serialized_end=800
+  _globals['_RELEASESEGMENTSRESPONSE']._serialized_start=802
+  _globals['_RELEASESEGMENTSRESPONSE']._serialized_end=870
+  _globals['_WATCHDMCHANNELSREQUEST']._serialized_start=873
+  _globals['_WATCHDMCHANNELSREQUEST']._serialized_end=1133
+  _globals['_WATCHDMCHANNELSRESPONSE']._serialized_start=1135
+  _globals['_WATCHDMCHANNELSRESPONSE']._serialized_end=1203
+  _globals['_WATCHDELTACHANNELSREQUEST']._serialized_start=1206
+  _globals['_WATCHDELTACHANNELSREQUEST']._serialized_end=1380
+  _globals['_WATCHDELTACHANNELSRESPONSE']._serialized_start=1382
+  _globals['_WATCHDELTACHANNELSRESPONSE']._serialized_end=1453
+  _globals['_ADDQUERYCHANNELREQUEST']._serialized_start=1456
+  _globals['_ADDQUERYCHANNELREQUEST']._serialized_end=1687
+  _globals['_ADDQUERYCHANNELRESPONSE']._serialized_start=1689
+  _globals['_ADDQUERYCHANNELRESPONSE']._serialized_end=1757
+  _globals['_RELEASECOLLECTIONREQUEST']._serialized_start=1759
+  _globals['_RELEASECOLLECTIONREQUEST']._serialized_end=1886
+  _globals['_RELEASECOLLECTIONRESPONSE']._serialized_start=1888
+  _globals['_RELEASECOLLECTIONRESPONSE']._serialized_end=1958
+  _globals['_RELEASEPARTITIONSREQUEST']._serialized_start=1961
+  _globals['_RELEASEPARTITIONSREQUEST']._serialized_end=2111
+  _globals['_RELEASEPARTITIONSRESPONSE']._serialized_start=2113
+  _globals['_RELEASEPARTITIONSRESPONSE']._serialized_end=2183
+  _globals['_GETSEGMENTINFOREQUEST']._serialized_start=2186
+  _globals['_GETSEGMENTINFOREQUEST']._serialized_end=2331
+  _globals['_GETSEGMENTINFORESPONSE']._serialized_start=2333
+  _globals['_GETSEGMENTINFORESPONSE']._serialized_end=2445
+  _globals['_GETDATADISTRIBUTIONREQUEST']._serialized_start=2448
+  _globals['_GETDATADISTRIBUTIONREQUEST']._serialized_end=2580
+  _globals['_SEGMENTIDGROUP']._serialized_start=2582
+  _globals['_SEGMENTIDGROUP']._serialized_end=2664
+  _globals['_WATCHEDCHANNEL']._serialized_start=2667
+  _globals['_WATCHEDCHANNEL']._serialized_end=2795
+  _globals['_GETDATADISTRIBUTIONRESPONSE']._serialized_start=2798
+  _globals['_GETDATADISTRIBUTIONRESPONSE']._serialized_end=3141
+  _globals['_GETCOMPONENTSTATESREQUEST']._serialized_start=3143
+  _globals['_GETCOMPONENTSTATESREQUEST']._serialized_end=3170
+  _globals['_QUERYNODE']._serialized_start=3287
+  _globals['_QUERYNODE']._serialized_end=4339
 # @@protoc_insertion_point(module_scope)

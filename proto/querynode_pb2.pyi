@@ -29,7 +29,7 @@ class CoordFence(_message.Message):
     def __init__(self, leader_revision: _Optional[int] = ..., coordinator_id: _Optional[int] = ...) -> None: ...
 
 class LoadSegmentsRequest(_message.Message):
-    __slots__ = ("fence", "node_id", "task_id", "collection_id", "infos", "source_node_id", "load_type", "replica_id", "binlogs")
+    __slots__ = ("fence", "node_id", "task_id", "collection_id", "infos", "source_node_id", "load_type", "replica_id", "binlogs", "planned")
     FENCE_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
@@ -39,6 +39,7 @@ class LoadSegmentsRequest(_message.Message):
     LOAD_TYPE_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     BINLOGS_FIELD_NUMBER: _ClassVar[int]
+    PLANNED_FIELD_NUMBER: _ClassVar[int]
     fence: CoordFence
     node_id: int
     task_id: int
@@ -48,7 +49,16 @@ class LoadSegmentsRequest(_message.Message):
     load_type: _data_pb2.LoadType
     replica_id: int
     binlogs: _containers.RepeatedCompositeFieldContainer[_data_pb2.SegmentBinlogs]
-    def __init__(self, fence: _Optional[_Union[CoordFence, _Mapping]] = ..., node_id: _Optional[int] = ..., task_id: _Optional[int] = ..., collection_id: _Optional[int] = ..., infos: _Optional[_Iterable[_Union[_data_pb2.SegmentLoadInfo, _Mapping]]] = ..., source_node_id: _Optional[int] = ..., load_type: _Optional[_Union[_data_pb2.LoadType, str]] = ..., replica_id: _Optional[int] = ..., binlogs: _Optional[_Iterable[_Union[_data_pb2.SegmentBinlogs, _Mapping]]] = ...) -> None: ...
+    planned: SegmentRefs
+    def __init__(self, fence: _Optional[_Union[CoordFence, _Mapping]] = ..., node_id: _Optional[int] = ..., task_id: _Optional[int] = ..., collection_id: _Optional[int] = ..., infos: _Optional[_Iterable[_Union[_data_pb2.SegmentLoadInfo, _Mapping]]] = ..., source_node_id: _Optional[int] = ..., load_type: _Optional[_Union[_data_pb2.LoadType, str]] = ..., replica_id: _Optional[int] = ..., binlogs: _Optional[_Iterable[_Union[_data_pb2.SegmentBinlogs, _Mapping]]] = ..., planned: _Optional[_Union[SegmentRefs, _Mapping]] = ...) -> None: ...
+
+class SegmentRefs(_message.Message):
+    __slots__ = ("segment_ids", "partition_ids")
+    SEGMENT_IDS_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_IDS_FIELD_NUMBER: _ClassVar[int]
+    segment_ids: _containers.RepeatedScalarFieldContainer[int]
+    partition_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, segment_ids: _Optional[_Iterable[int]] = ..., partition_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class LoadSegmentsResponse(_message.Message):
     __slots__ = ("status",)

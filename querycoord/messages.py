@@ -56,9 +56,29 @@ def _shared_fields(source: Descriptor, target: Descriptor) -> tuple[tuple[str, b
     return tuple((f.name, f.has_presence) for f in source.fields if f.name in names)
 
 
+def copy_without(source: M, *fields: str) -> M:
+    """A copy of ``source`` with every field set but ``fields`` (left unset).
+
+    Why not ``CopyFrom`` and clear them: such a field is often the bulk of the message (a request's thousands of
+    segments), which ``CopyFrom`` copies only to throw away. The other fields are found by ``ListFields``, so a
+    field added to the message later is copied too.
+    """
+    out = type(source)()
+    for fd, value in source.ListFields():
+        if fd.name in fields:
+            continue
+        if fd.is_repeated:
+            getattr(out, fd.name).extend(value)
+        elif fd.message_type is not None:
+            getattr(out, fd.name).CopyFrom(value)
+        else:
+            setattr(out, fd.name, value)
+    return out
+
+
 def rpc_method(service: ServiceDescriptor, request: Message) -> str:
     """The method of ``service`` that takes ``request`` (every method of the services here has its own type)."""
     return next(m.name for m in service.methods if m.input_type.full_name == request.DESCRIPTOR.full_name)
 
 
-__all__ = ["copy_fields", "rpc_method"]
+__all__ = ["copy_fields", "copy_without", "rpc_method"]

@@ -1,7 +1,7 @@
 """Planning's fast paths give what the plain per-segment forms gave, on random inputs (hypothesis).
 
-Each fast path (bulk catalog parse, per-channel flushed ids, merging by bisected running sums, stripping into a
-request, the held filter, channel merging with kept sets) is compared with the loop it replaced.
+Each fast path (bulk catalog parse, per-channel flushed ids, merging by bisected running sums, references and the
+request sent, the held filter, channel merging with kept sets) is compared with the loop or the messages it replaced.
 """
 
 from __future__ import annotations
@@ -20,12 +20,10 @@ from querycoord.task import triggers
 from querycoord.task.assign import (
     Planned,
     _merge_by_size_loop,
-    add_stripped,
-    binlogs_request,
+    add_refs,
     fill_load_info,
-    fill_stripped,
     merge_by_size,
-    strip_segment,
+    sent_request,
 )
 from querycoord.task.triggers import _LoadTrigger, merge_channel
 
@@ -111,24 +109,6 @@ def test_merge_by_size_groups_as_the_loop(sizes: list[int], limit: int, max_item
     assert merge_by_size(tuple(infos), limit) == _merge_by_size_loop(infos, limit)
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(segment_binlogs(), st.booleans()), max_size=20))
-def test_stripping_into_a_request_is_strip_segment(items: list[tuple[data_pb2.SegmentBinlogs, bool]]) -> None:
-    planned: list[Planned] = []
-    for b, as_info in items:
-        if as_info:  # a reschedule plans from filled load infos
-            info = data_pb2.SegmentLoadInfo(segment_id=b.segment_id, partition_id=b.partition_id,
-                                            binlog_paths=b.binlog_paths, index_infos=b.index_infos)
-            planned.append(info)
-        else:
-            planned.append(b)
-    before = [p.SerializeToString() for p in planned]
-    req = querynode_pb2.LoadSegmentsRequest(collection_id=9)
-    add_stripped(req.infos, planned)
-    assert req == querynode_pb2.LoadSegmentsRequest(collection_id=9, infos=[strip_segment(p) for p in planned])
-    assert [p.SerializeToString() for p in planned] == before, "the planned messages keep their paths"
-
-
 def _planned(items: list[tuple[data_pb2.SegmentBinlogs, bool]]) -> list[Planned]:
     """Catalog binlogs, and some filled load infos as a reschedule plans from."""
     return [data_pb2.SegmentLoadInfo(segment_id=b.segment_id, partition_id=b.partition_id,
@@ -138,79 +118,65 @@ def _planned(items: list[tuple[data_pb2.SegmentBinlogs, bool]]) -> list[Planned]
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(segment_binlogs(), st.booleans()), max_size=20))
-def test_filling_a_stripped_copy_is_building_every_load_info(items: list[tuple[data_pb2.SegmentBinlogs, bool]]) -> None:
+def test_references_are_the_planned_segments_in_order(items: list[tuple[data_pb2.SegmentBinlogs, bool]]) -> None:
     planned = _planned(items)
-    stripped = querynode_pb2.LoadSegmentsRequest(collection_id=9, replica_id=4)
-    add_stripped(stripped.infos, planned)
-    req = querynode_pb2.LoadSegmentsRequest()
-    req.CopyFrom(stripped)
-    assert fill_stripped(req.infos, planned)
-    want = querynode_pb2.LoadSegmentsRequest(collection_id=9, replica_id=4)
-    for p in planned:  # what the child built before: every load info from scratch
-        if isinstance(p, data_pb2.SegmentBinlogs):
-            fill_load_info(want.infos.add(), p)
-        else:
-            want.infos.append(p)
-    assert req == want
+    before = [p.SerializeToString() for p in planned]
+    refs = querynode_pb2.SegmentRefs()
+    add_refs(refs, planned)
+    assert list(refs.segment_ids) == [p.segment_id for p in planned]
+    assert list(refs.partition_ids) == [p.partition_id for p in planned]
+    assert [p.SerializeToString() for p in planned] == before, "the planned messages are left as they were"
 
 
-@settings(max_examples=30, deadline=None)
-@given(st.lists(segment_binlogs(), min_size=1, max_size=8), st.sampled_from([0, -1]))
-def test_filling_refuses_infos_that_do_not_pair_up_and_leaves_them_as_they_were(
-        binlogs: list[data_pb2.SegmentBinlogs], at: int) -> None:
-    stripped = querynode_pb2.LoadSegmentsRequest()
-    add_stripped(stripped.infos, binlogs)
-    other = list(binlogs)
-    other[at] = data_pb2.SegmentBinlogs(segment_id=binlogs[at].segment_id + 1)
-    for planned in (other, binlogs[:-1]):  # another segment first or last; one segment fewer
-        req = querynode_pb2.LoadSegmentsRequest()
-        req.CopyFrom(stripped)
-        assert not fill_stripped(req.infos, planned)
-        assert req == stripped
+@st.composite
+def records(draw: st.DrawFn) -> querynode_pb2.LoadSegmentsRequest:
+    """A child's persisted request: its fields, its references, and sometimes the stripped infos of a record
+    written before references existed."""
+    rec = querynode_pb2.LoadSegmentsRequest(collection_id=draw(ids), replica_id=draw(ids), task_id=draw(ids),
+                                            source_node_id=draw(ids), node_id=draw(ids),
+                                            load_type=draw(st.sampled_from([data_pb2.LOAD_TYPE_COLLECTION,
+                                                                            data_pb2.LOAD_TYPE_PARTITION])))
+    if draw(st.booleans()):
+        rec.fence.leader_revision = draw(ids)
+    rec.planned.segment_ids.extend(draw(st.lists(ids, max_size=4)))
+    if draw(st.booleans()):
+        rec.infos.add(segment_id=1, partition_id=2)
+    return rec
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.lists(segment_binlogs(), min_size=1, max_size=12), st.integers(0, 2**62), st.booleans())
-def test_a_planned_load_sends_the_binlogs_and_every_other_field_of_its_record(
-        binlogs: list[data_pb2.SegmentBinlogs], source: int, fenced: bool) -> None:
-    """``binlogs_request``: the stripped record's every field but its infos, and the catalog's binlogs as they
-    were planned; a node reads each as the load info ``fill_stripped`` would have sent (same field names)."""
-    stripped = querynode_pb2.LoadSegmentsRequest(collection_id=9, replica_id=4, source_node_id=source, task_id=5,
-                                                 load_type=data_pb2.LOAD_TYPE_PARTITION)
-    if fenced:
-        stripped.fence.leader_revision = 17
-    add_stripped(stripped.infos, binlogs)
-    before = stripped.SerializeToString()
-    sent = binlogs_request(stripped, binlogs)
-    assert sent is not None and list(sent.binlogs) == binlogs and not sent.infos
+FIELDS = ("segment_id", "collection_id", "partition_id", "num_rows", "mem_size", "binlog_paths", "insert_channel",
+          "compaction_from", "index_infos")
+
+
+@settings(max_examples=100, deadline=None)
+@given(records(), st.lists(st.tuples(segment_binlogs(), st.booleans()), max_size=12))
+def test_the_sent_request_is_every_field_of_the_record_and_the_planned_segments(
+        rec: querynode_pb2.LoadSegmentsRequest, items: list[tuple[data_pb2.SegmentBinlogs, bool]]) -> None:
+    """``sent_request``: the record's every field but its references and infos; the catalog's binlogs sent as
+    planned, or (a filled load info among them) every segment as the load info a node would read the binlogs as."""
+    planned = _planned(items)
+    before = rec.SerializeToString()
+    sent = sent_request(rec, planned)
     rest = querynode_pb2.LoadSegmentsRequest()
-    rest.CopyFrom(stripped)
+    rest.CopyFrom(rec)
+    rest.ClearField("planned")
     del rest.infos[:]
-    sent_rest = querynode_pb2.LoadSegmentsRequest()
-    sent_rest.CopyFrom(sent)
-    del sent_rest.binlogs[:]
-    assert sent_rest == rest
-    filled = querynode_pb2.LoadSegmentsRequest()
-    filled.CopyFrom(stripped)
-    assert fill_stripped(filled.infos, binlogs)
-    fields = ("segment_id", "collection_id", "partition_id", "num_rows", "mem_size", "binlog_paths",
-              "insert_channel", "compaction_from", "index_infos")
-    assert [[getattr(b, f) for f in fields] for b in sent.binlogs] == [[getattr(i, f) for f in fields]
-                                                                        for i in filled.infos]
-    assert stripped.SerializeToString() == before, "the record is left as it was"
-
-
-@settings(max_examples=30, deadline=None)
-@given(st.lists(segment_binlogs(), min_size=1, max_size=8), st.sampled_from([0, -1]))
-def test_binlogs_are_sent_only_for_a_plan_of_catalog_binlogs_that_pairs_up(
-        binlogs: list[data_pb2.SegmentBinlogs], at: int) -> None:
-    stripped = querynode_pb2.LoadSegmentsRequest()
-    add_stripped(stripped.infos, binlogs)
-    other = list(binlogs)
-    other[at] = data_pb2.SegmentBinlogs(segment_id=binlogs[at].segment_id + 1)
-    rescheduled = _planned([(b, i == 0) for i, b in enumerate(binlogs)])  # a filled load info among them
-    for planned in (other, binlogs[:-1], rescheduled, []):
-        assert binlogs_request(stripped, planned) is None
+    shown = querynode_pb2.LoadSegmentsRequest()
+    shown.CopyFrom(sent)
+    del shown.infos[:]
+    del shown.binlogs[:]
+    assert shown == rest
+    assert not sent.HasField("planned")
+    as_infos = [fill_load_info(data_pb2.SegmentLoadInfo(), p) if isinstance(p, data_pb2.SegmentBinlogs) else p
+                for p in planned]
+    if all(isinstance(p, data_pb2.SegmentBinlogs) for p in planned):
+        assert list(sent.binlogs) == planned and not sent.infos
+        # A node reads each binlog as the load info it would otherwise have been sent (the same field names).
+        assert [[getattr(b, f) for f in FIELDS] for b in sent.binlogs] == [[getattr(i, f) for f in FIELDS]
+                                                                            for i in as_infos]
+    else:
+        assert list(sent.infos) == as_infos and not sent.binlogs
+    assert rec.SerializeToString() == before, "the record is left as it was"
 
 
 def _old_merge_channel(into: data_pb2.VChannelInfo, other: data_pb2.VChannelInfo) -> None:

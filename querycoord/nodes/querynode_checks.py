@@ -168,6 +168,9 @@ def check_node_request(kind: str, request: Any, limits: Limits = DEFAULT_LIMITS,
         if request.infos and request.binlogs:
             raise InvalidField("binlogs", len(request.binlogs), "sent with infos: a LoadSegments request carries "
                                                                  "infos or binlogs, not both")
+        if request.HasField("planned"):
+            raise InvalidField("planned", len(request.planned.segment_ids),
+                               "segment references sent: they are the coordinator's record of a load, not a load")
         _check_load_infos(load_items(request), limits, columns, "binlogs" if request.binlogs else "infos")
         check_range("source_node_id", request.source_node_id, 0, INT64_MAX)
         check_enum("load_type", request.load_type, data_pb2.LoadType)

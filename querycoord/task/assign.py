@@ -1,11 +1,12 @@
-"""The pieces ``children.plan_children`` plans with: node usage, request merging, stripping what is persisted.
+"""The pieces ``children.plan_children`` plans with: node usage, request merging, what is persisted and sent.
 
 Milvus's ``assignInternalTask``: segments are allocated memory-aware and
 merged per (collection, node) into LoadSegments requests of at most
 ``max_request_bytes`` *as sent* (binlog paths included); DM channels go to
 the nodes watching the fewest. Every node that receives work also gets its
 delta-channel watch and query channel (idempotent on the node). What is
-persisted is stripped of binlog paths (refetched before the call), so a
+persisted of a load is its segments by reference (``add_refs``: ids and
+partitions; the rest is read from the catalog again after a reload), so a
 child's record stays small whatever the segments carry.
 """
 
@@ -18,18 +19,18 @@ from itertools import accumulate, repeat
 from operator import add, attrgetter, itemgetter, methodcaller
 from typing import TypeVar
 
-from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 from google.protobuf.message import Message
 
 from proto import data_pb2, querynode_pb2
 from querycoord.cluster.allocator import Usage
-from querycoord.messages import LoadItem
+from querycoord.messages import LoadItem, copy_without
 from querycoord.task.model import TaskEnv
 from querycoord.yielding import TURN_EVERY
 
 M = TypeVar("M", bound=Message)
 _BYTE_SIZE = methodcaller("ByteSize")
 _SEGMENT_ID = attrgetter("segment_id")
+_PARTITION_ID = attrgetter("partition_id")
 _ID_AND_MEM_SIZE = attrgetter("segment_id", "mem_size")
 _FIRST = itemgetter(0)
 
@@ -61,112 +62,43 @@ def fill_load_info(info: data_pb2.SegmentLoadInfo, b: data_pb2.SegmentBinlogs) -
     return info
 
 
-def fill_stripped(infos: RepeatedCompositeFieldContainer[data_pb2.SegmentLoadInfo], planned: Sequence[Planned]) -> bool:
-    """Give back to ``infos`` (a copy of a request ``add_stripped`` built from ``planned``) the paths stripping
-    removed, in place; False, with ``infos`` unchanged, when they do not pair up one to one (the caller rebuilds).
+def add_refs(refs: querynode_pb2.SegmentRefs, planned: Sequence[Planned]) -> None:
+    """Reference ``planned`` in ``refs`` (the ``planned`` field of a child's persisted request): their segment
+    ids and partitions, in order, each column read and added in C.
 
-    Why: rebuilding every load info from its binlogs (``fill_load_info``) set seven fields per segment, while
-    the stripped copy already holds all but the paths (tests/test_plan_fast_paths.py compares the two).
+    Why references: everything else about a segment is the catalog's, which the child reads again if it has to be
+    sent after a reload. A stripped load info per segment cost a message built and written to etcd on the way to
+    every load's commit point (tests/test_plan_fast_paths.py checks the references against the plan).
     """
-    if not _pairs_up(infos, planned):
-        return False
-    binlogs = data_pb2.SegmentBinlogs
-    for info, p in zip(infos, planned, strict=True):
-        if type(p) is binlogs:
-            info.binlog_paths.extend(p.binlog_paths)
-            if p.index_infos:
-                del info.index_infos[:]
-                info.index_infos.extend(p.index_infos)
+    refs.segment_ids.extend(map(_SEGMENT_ID, planned))
+    refs.partition_ids.extend(map(_PARTITION_ID, planned))
+
+
+def sent_request(persisted: querynode_pb2.LoadSegmentsRequest,
+                 planned: Sequence[Planned]) -> querynode_pb2.LoadSegmentsRequest:
+    """The request to send for ``persisted`` (a child's record) carrying ``planned``: every field of ``persisted``
+    but its references (and the stripped infos of a record written before references existed), and ``planned``
+    as its ``binlogs`` when every one is the catalog's (sent as read: one copy in C), else as its ``infos`` (a
+    reschedule's or a balance's load infos, filled already; a catalog binlog among them becomes a load info).
+
+    Why binlogs when it can: filling a load info per segment cost more than the node's whole handling of it.
+    """
+    req = copy_without(persisted, "planned", "infos")
+    if set(map(type, planned)) <= {data_pb2.SegmentBinlogs}:
+        req.binlogs.extend(planned)
+        return req
+    infos = req.infos
+    for p in planned:
+        if type(p) is data_pb2.SegmentBinlogs:
+            fill_load_info(infos.add(), p)
         else:
-            info.CopyFrom(p)
-    return True
-
-
-def binlogs_request(stripped: querynode_pb2.LoadSegmentsRequest,
-                    planned: Sequence[Planned]) -> querynode_pb2.LoadSegmentsRequest | None:
-    """The request to send for ``stripped`` (a request ``add_stripped`` built from ``planned``) when every one of
-    ``planned`` is the catalog's binlogs: ``stripped``'s fields but its infos, and ``planned`` as its ``binlogs``
-    (a node loads each as the load info of the same fields). None when they do not pair up, or some were
-    already load infos (a reschedule): the caller fills the infos instead (``fill_stripped``).
-
-    Why: the binlogs go out as the catalog gave them, one copy in C, where filling the paths into every load info
-    cost more than the node's whole handling of a segment (tests/test_plan_fast_paths.py compares the two).
-    """
-    if not planned or not _pairs_up(stripped.infos, planned) or set(map(type, planned)) != {data_pb2.SegmentBinlogs}:
-        return None
-    req = querynode_pb2.LoadSegmentsRequest()
-    req.CopyFrom(stripped)  # every field, whichever the message has; the stripped infos go (copied in C: cheap)
-    del req.infos[:]
-    req.binlogs.extend(planned)
+            infos.append(p)
     return req
-
-
-def _pairs_up(infos: Sequence[data_pb2.SegmentLoadInfo], planned: Sequence[Planned]) -> bool:
-    """Whether ``infos`` are still those stripped from ``planned``, one to one.
-
-    They pair up by construction (the request was built from ``planned``, in order, and never changes); the
-    count and the ends are checked so that a request changed since is rebuilt rather than mixed up.
-    """
-    return len(infos) == len(planned) and (not infos or (infos[0].segment_id == planned[0].segment_id
-                                                         and infos[-1].segment_id == planned[-1].segment_id))
 
 
 def segment_load_info(b: data_pb2.SegmentBinlogs) -> data_pb2.SegmentLoadInfo:
     """What a node needs to load a catalog segment: every field of its binlogs."""
     return fill_load_info(data_pb2.SegmentLoadInfo(), b)
-
-
-def strip_segment(info: Planned) -> data_pb2.SegmentLoadInfo:
-    """The load info as persisted: without binlog and index file paths (refetched before the call)."""
-    out = data_pb2.SegmentLoadInfo()
-    _strip_into(out, info)
-    return out
-
-
-def add_stripped(infos: RepeatedCompositeFieldContainer[data_pb2.SegmentLoadInfo], planned: Sequence[Planned]) -> None:
-    """Append ``strip_segment`` of each of ``planned`` to ``infos`` (a request's repeated field), each built in
-    place: building messages apart and handing them to the request copied every one of them again (a third of
-    planning a load's CPU; tests/test_plan_fast_paths.py checks the result is ``strip_segment``'s)."""
-    new = infos.add
-    binlogs = data_pb2.SegmentBinlogs
-    for info in planned:
-        if type(info) is binlogs:  # the common case (a planned load): every field given to ``add`` at once
-            out = new(segment_id=info.segment_id, partition_id=info.partition_id,
-                      collection_id=info.collection_id, num_rows=info.num_rows, mem_size=info.mem_size,
-                      insert_channel=info.insert_channel)
-            if info.compaction_from:
-                out.compaction_from.extend(info.compaction_from)
-            if info.index_infos:
-                _strip_indexes(out, info.index_infos)
-        else:
-            _strip_into(new(), info)
-
-
-def _strip_into(out: data_pb2.SegmentLoadInfo, info: Planned) -> None:
-    """Write ``info`` without its paths into the empty ``out``."""
-    if isinstance(info, data_pb2.SegmentBinlogs):  # built without the paths rather than copied and cut
-        out.segment_id = info.segment_id
-        out.partition_id = info.partition_id
-        out.collection_id = info.collection_id
-        out.num_rows = info.num_rows
-        out.mem_size = info.mem_size
-        out.insert_channel = info.insert_channel
-        if info.compaction_from:
-            out.compaction_from.extend(info.compaction_from)
-        if info.index_infos:
-            _strip_indexes(out, info.index_infos)
-        return
-    out.CopyFrom(info)
-    del out.binlog_paths[:]
-    for idx in out.index_infos:
-        del idx.index_file_paths[:]
-
-
-def _strip_indexes(out: data_pb2.SegmentLoadInfo, index_infos: Sequence[data_pb2.IndexInfo]) -> None:
-    """Copy ``index_infos`` into ``out`` without their file paths."""
-    out.index_infos.extend(index_infos)
-    for idx in out.index_infos:
-        del idx.index_file_paths[:]
 
 
 def strip_channel(info: data_pb2.VChannelInfo) -> data_pb2.VChannelInfo:

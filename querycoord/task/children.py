@@ -27,14 +27,12 @@ from querycoord.cluster.client import NodeError
 from querycoord.messages import load_items, rpc_method
 from querycoord.task.assign import (
     Planned,
-    add_stripped,
-    binlogs_request,
-    fill_load_info,
-    fill_stripped,
+    add_refs,
     merge_by_size,
     query_channels,
     segment_sizes,
     segments_by_node,
+    sent_request,
     strip_channel,
     usage_of,
 )
@@ -66,56 +64,49 @@ class ChildTask(Task):
 
 class LoadSegmentsTask(ChildTask, kind=qc.TASK_KIND_LOAD_SEGMENT, request="load_segments"):
     def summary(self) -> str:
-        return f"load {len(self.request.infos)} segments of collection {self.collection_id}"
+        return f"load {self.segment_count()} segments of collection {self.collection_id}"
 
     # What the request was planned from, binlog paths included (the catalog's binlogs, or filled load infos when
-    # rescheduled); only in memory (the record is stripped), and only until the child succeeded.
+    # rescheduled); only in memory (the record holds references), and only until the child succeeded.
     full_infos: list[Planned] | None = None
 
-    async def _filled(self) -> querynode_pb2.LoadSegmentsRequest:
-        """The persisted request is stripped of binlog paths: send the planned binlogs instead of its infos, or
-        fill its infos from what was planned, or from the catalog asked again.
+    def segment_refs(self) -> tuple[Sequence[int], Sequence[int]]:
+        """(segment ids, partition ids) of this child's segments, in order: its record's references, or the
+        stripped infos of a record written before references existed (reloaded after an upgrade)."""
+        req = self.request
+        if req.HasField("planned"):
+            return req.planned.segment_ids, req.planned.partition_ids
+        return [i.segment_id for i in req.infos], [i.partition_id for i in req.infos]
 
-        The catalog is asked only after a reload (a new leader has just the
-        stripped record); re-reading what planning had just read cost 20 % of a load.
+    def segment_count(self) -> int:
+        req = self.request
+        return len(req.planned.segment_ids) if req.HasField("planned") else len(req.infos)
+
+    async def _filled(self) -> querynode_pb2.LoadSegmentsRequest:
+        """The request to send: what was planned, or after a reload (a new leader has the record's references
+        only) the catalog's records of the referenced segments, asked again (``sent_request``).
+
+        The catalog is asked only after a reload: re-reading what planning had just read cost 20 % of a load.
         """
         if self.full_infos is not None:
-            sent = binlogs_request(self.request, self.full_infos)
-            if sent is not None:
-                return sent
-        req = self._copy()
-        if self.full_infos is not None:
-            if fill_stripped(req.infos, self.full_infos):
-                return req
-            del req.infos[:]
-            infos = req.infos
-            for planned in self.full_infos:
-                if isinstance(planned, data_pb2.SegmentBinlogs):
-                    fill_load_info(infos.add(), planned)
-                else:
-                    infos.append(planned)
-            return req
+            return sent_request(self.request, self.full_infos)
+        segment_ids, partition_ids = self.segment_refs()
         by_partition: dict[int, list[int]] = {}
-        for info in req.infos:
-            by_partition.setdefault(info.partition_id, []).append(info.segment_id)
+        for sid, pid in zip(segment_ids, partition_ids, strict=True):
+            by_partition.setdefault(pid, []).append(sid)
         known: dict[int, data_pb2.SegmentBinlogs] = {}
         for pid, seg_ids in by_partition.items():
-            _, binlogs = await self.env.broker.get_recovery_info(req.collection_id, pid, seg_ids)
+            _, binlogs = await self.env.broker.get_recovery_info(self.request.collection_id, pid, seg_ids)
             known.update({b.segment_id: b for b in binlogs})
-        kept = []
-        for info in req.infos:
-            b = known.get(info.segment_id)
+        found = []
+        for sid in segment_ids:
+            b = known.get(sid)
             if b is None:
                 # Compacted away since the plan was made: its replacement arrives through handoff.
-                logger.info("segment {} left the catalog; skipped by {}", info.segment_id, self.describe())
+                logger.info("segment {} left the catalog; skipped by {}", sid, self.describe())
                 continue
-            info.binlog_paths[:] = b.binlog_paths
-            del info.index_infos[:]
-            info.index_infos.extend(b.index_infos)
-            kept.append(info)
-        del req.infos[:]
-        req.infos.extend(kept)
-        return req
+            found.append(b)
+        return sent_request(self.request, found)
 
     async def execute(self) -> None:
         await self._load()
@@ -422,9 +413,9 @@ async def plan_children(
                 load_type=load_type,
                 replica_id=replica_id,
             )
-            add_stripped(req.infos, group)
             child = LoadSegmentsTask.new(env, req, trigger_condition=cond, collection_id=collection_id,
                                          node_id=node_id, parent=parent, excluded=excluded)
+            add_refs(child.request.planned, group)  # into the record itself, not copied there
             child.full_infos = group
             children.append(child)
 

@@ -35,7 +35,6 @@ from querycoord.yielding import TURN_EVERY
 IN_MEMORY = data_pb2.PARTITION_STATE_IN_MEMORY
 NOT_PRESENT = data_pb2.PARTITION_STATE_NOT_PRESENT
 PARTIAL = data_pb2.PARTITION_STATE_PARTIAL_IN_MEMORY
-_PARTITION_ID = attrgetter("partition_id")
 _SEGMENT_ID = attrgetter("segment_id")
 # How a load of the other load type is refused, by how the collection is loaded.
 _LOADED_AS = {
@@ -110,7 +109,7 @@ class TriggerTask(Task):
     def on_child_done(self, child: Task) -> None:
         """A child succeeded: its segments count as touched (see ``_release_after``)."""
         if isinstance(child, LoadSegmentsTask):
-            self.touched.segments += len(child.request.infos)
+            self.touched.segments += child.segment_count()
 
     async def after_failure(self) -> None:
         """Undo query meta written by a failed trigger (after ``roll_back``'s children ran)."""
@@ -317,10 +316,10 @@ class _LoadTrigger(TriggerTask):
             return
         replica = child.request.replica_id
         if replica and self.replica_total:
-            self.replica_loaded[replica] = self.replica_loaded.get(replica, 0) + len(child.request.infos)
+            self.replica_loaded[replica] = self.replica_loaded.get(replica, 0) + child.segment_count()
             self.env.meta.set_replica_progress(self.collection_id, replica,
                                                min(99, 100 * self.replica_loaded[replica] // self.replica_total))
-        for pid, n in Counter(map(_PARTITION_ID, child.request.infos)).items():  # counted in C
+        for pid, n in Counter(child.segment_refs()[1]).items():  # counted in C
             planned = self.planned_segments.get(pid)
             if planned is None:
                 continue
