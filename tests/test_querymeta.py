@@ -28,6 +28,7 @@ from querycoord.querymeta import (
 )
 from querycoord.querymeta import keys as K
 from querycoord.querymeta.batch import _MAX_TXNS_IN_FLIGHT
+from querycoord.querymeta.copies import copies
 from querycoord.querymeta.records import loaded_record
 from tests.leader import leader_fence
 
@@ -423,6 +424,27 @@ async def test_two_replicas_saving_the_same_segments_at_once_keep_both_copies(me
     assert all(meta.segment_copies(i) == {71: 1, 72: 2} for i in ids)
     assert meta.segment_copies(1000) == {71: 1}
     assert meta.node_memory_usage(1) == 100 * 900 and meta.node_memory_usage(2) == 100 * 600
+    await assert_mirrors(meta, kv)
+
+
+async def test_a_channel_watch_save_runs_beside_segment_saves_and_holds_none_back(meta: QueryMeta, kv: MetaKV) -> None:
+    """A load's DM channel watch is saved while its segment saves are in flight, and a segment save that comes
+    after it goes through too. The channel save once took the collection's lock exclusively: it waited for every
+    save in flight, and every save queued behind it waited with it (a fifth of a 10,000-segment load)."""
+    r1 = data_pb2.ReplicaInfo(replica_id=71, collection_id=1, node_ids=[1])
+    r2 = data_pb2.ReplicaInfo(replica_id=72, collection_id=1, node_ids=[2])
+    await meta.add_collection(1, COLL, [10], replica_number=2, replicas=[r1, r2])
+    async with meta._lock(1).shared():  # a segment save in flight holds the lock so until etcd answers it
+        async with asyncio.timeout(30):  # the failure mode is waiting for ever: bounded, not timed
+            await asyncio.gather(
+                meta.save_dm_channel_watch([watch(1, "dml-0", 1)]),
+                meta.save_loaded([data_pb2.SegmentLoadInfo(segment_id=5, collection_id=1, partition_id=10)], 1, 0),
+            )
+    assert meta.get_dm_channel(1, "dml-0") is not None and meta.segment_copies(5) == {71: 1}
+    # Two replicas' watches of one channel saved at once: the record is claimed, so each adds its copy.
+    await asyncio.gather(*(meta.save_dm_channel_watch([watch(1, f"dml-{i}", node)])
+                           for i in range(1, 9) for node in (1, 2)))
+    assert all(copies(meta.get_dm_channel(1, f"dml-{i}")) == {71: 1, 72: 2} for i in range(1, 9))
     await assert_mirrors(meta, kv)
 
 

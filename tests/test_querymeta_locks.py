@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from querycoord.querymeta.locks import CollectionLock, SegmentClaims
+from querycoord.querymeta.locks import CollectionLock, RecordClaims
 
 
 async def test_shared_holders_overlap_and_an_exclusive_one_waits_for_all_of_them() -> None:
@@ -71,7 +71,7 @@ async def test_a_shared_holder_that_comes_after_a_waiting_exclusive_one_waits_be
 
 
 async def test_a_claim_waits_for_overlapping_ids_only() -> None:
-    claims = SegmentClaims()
+    claims = RecordClaims()
     held, release, log = asyncio.Event(), asyncio.Event(), []
 
     async def holder() -> None:
@@ -98,7 +98,7 @@ async def test_a_claim_waits_for_overlapping_ids_only() -> None:
 
 
 async def test_a_cancelled_claim_leaves_nothing_claimed_or_waiting() -> None:
-    claims = SegmentClaims()
+    claims = RecordClaims()
     held, release = asyncio.Event(), asyncio.Event()
 
     async def holder() -> None:

@@ -3,16 +3,19 @@
 Why two modes: every write of a collection once held one exclusive lock, so the saves of a big load (one per
 child, each a few etcd round trips) ran one after another, and the coordinator sat idle waiting for etcd between
 them (a 100,000-segment load took 3.2-3.3 s, against 2.5-2.6 s with the saves overlapping). Saves of different segments
-do not read or change each other's records, so they may overlap; everything else (a release, partition states,
-a node's removal, progress) still writes alone.
+or DM channel watches do not read or change each other's records, so they may overlap; everything else (a release,
+partition states, a node's removal, progress) still writes alone. A channel watch's save once wrote alone too: waiting
+for the segment saves in flight, it held back every save queued behind it (a 10,000-segment load spent a fifth of its
+time so).
 
-- ``CollectionLock.shared``: any number of holders at once (segment saves and removals).
+- ``CollectionLock.shared``: any number of holders at once (segment and DM channel watch saves, segment removals).
 - ``CollectionLock.exclusive``: one holder, no shared holder. Both kinds queue in one FIFO (an ``asyncio.Lock``
   taken briefly by a shared holder, for the whole write by an exclusive one), so an exclusive writer waiting is
   never overtaken by shared holders that came after it, and saves arriving all the time cannot starve it.
-- ``SegmentClaims``: a shared holder also claims the segment ids it writes, all at once, waiting while another
-  holder has any of them (two replicas' children save the same segment's record: each adds its copy to what
-  the other wrote, so they must not read the record at the same time).
+- ``RecordClaims``: a shared holder also claims the records it writes (segment ids, (collection, channel) pairs of
+  DM channel watches), all at once, waiting while another holder has any of them (two replicas' children save
+  the same segment's or channel's record: each adds its copy to what the other wrote, so they must not read the
+  record at the same time).
 
 Deadlock-free: collection locks are taken in id order (a shared holder waits for the FIFO of the next
 collection only; an exclusive one waits for the shared holders of its collection, who hold all their locks or
@@ -22,7 +25,7 @@ wait further up the order), and claims are taken last, all at once, by holders t
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Set
+from collections.abc import AsyncIterator, Hashable, Set
 from contextlib import asynccontextmanager
 
 
@@ -60,17 +63,18 @@ class CollectionLock:
         return self._shared
 
 
-class SegmentClaims:
-    """Segment ids being written by a shared holder; a claim waits until none of its ids is claimed."""
+class RecordClaims:
+    """Records being written by shared holders (segment ids, (collection, channel) pairs); a claim waits until
+    none of its records is claimed."""
 
     __slots__ = ("_claimed", "_waiters")
 
     def __init__(self) -> None:
-        self._claimed: set[int] = set()
+        self._claimed: set[Hashable] = set()
         self._waiters: list[asyncio.Future[None]] = []
 
     @asynccontextmanager
-    async def claim(self, ids: Set[int]) -> AsyncIterator[None]:
+    async def claim(self, ids: Set[Hashable]) -> AsyncIterator[None]:
         while not self._claimed.isdisjoint(ids):
             waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)

@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence, Set
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping, Sequence, Set
 from types import MappingProxyType
 from typing import TypeVar
 
@@ -69,7 +69,7 @@ from .batch import Mutation, TxnWriter
 from .copies import copies, view_of, with_copy, without_node
 from .errors import CollectionNotLoaded, CorruptRecord, LoadTypeConflict, PartitionNotLoaded
 from .index import MetaIndex, NewSegment
-from .locks import CollectionLock, SegmentClaims
+from .locks import CollectionLock, RecordClaims
 from .records import (
     SEALED,
     CollectionLoadInfo,
@@ -189,7 +189,7 @@ class QueryMeta:
         self._writer = TxnWriter(kv)
         self._index = MetaIndex()
         self._locks: dict[int, CollectionLock] = {}
-        self._claims = SegmentClaims()
+        self._claims = RecordClaims()
         self._inflight: set[asyncio.Task[object]] = set()
         self._corrupt: dict[str, str] = {}
         self._progress: dict[int, dict[int, int]] = {}
@@ -804,7 +804,7 @@ class QueryMeta:
                     mutations.append(self._drop_segment(old))
             return await self._commit("save_segments", mutations, atomic=False)
 
-        return await self._guarded(cids, body, segments=touched)
+        return await self._guarded(cids, body, claims=touched)
 
     async def save_loaded(self, infos: Sequence[LoadItem], node_id: int, replica_id: int) -> int:
         """``save_segments`` of the copies on ``node_id`` that a LoadSegments call of replica ``replica_id`` (0: the
@@ -836,7 +836,7 @@ class QueryMeta:
                 ]
             return await self._commit("save_segments", mutations, atomic=False)
 
-        return await self._guarded(lambda: {cid for cid, _ in pairs}, body, segments=seen)
+        return await self._guarded(lambda: {cid for cid, _ in pairs}, body, claims=seen)
 
     async def remove_segments(self, segment_ids: Iterable[int]) -> int:
         """Remove segment records by id, every copy (unknown ids ignored), in as few txns as the limits allow."""
@@ -1021,7 +1021,8 @@ class QueryMeta:
                                 self._with_replica(w)) for w in to_save]
             return await self._commit("save_dm_channel_watch", [self._put_dm_channel(w) for w in merged], atomic=False)
 
-        return await self._guarded(lambda: {w.collection_id for w in to_save}, body)
+        # Shared, each watch's record claimed: saved beside a load's segment saves, not after them (``locks``).
+        return await self._guarded(lambda: {w.collection_id for w in to_save}, body, claims=seen)
 
     async def remove_dm_channels(self, collection_id: int, channels: Iterable[str]) -> int:
         """Remove DM channel watches of a collection by name (unknown names ignored); return the txns used."""
@@ -1208,14 +1209,15 @@ class QueryMeta:
         collections: Callable[[], Iterable[int]],
         body: Callable[[], Awaitable[T]],
         *,
-        segments: Set[int] | None = None,
+        claims: Set[Hashable] | None = None,
     ) -> T:
         """Run ``body`` holding the locks of ``collections()``, shielded from the caller's cancellation (rule 3).
 
-        ``segments``: the body writes only these segments' records (a save, a removal): the collections' locks
-        are taken shared and the ids claimed (``querymeta.locks``), so saves of other segments run beside it.
+        ``claims``: the body writes only these records (segment ids; (collection, channel) pairs of DM channel
+        watches): the collections' locks are taken shared and the records claimed (``querymeta.locks``), so saves
+        of other records run beside it.
         """
-        task: asyncio.Task[T] = asyncio.get_running_loop().create_task(self._locked(collections, body, segments))
+        task: asyncio.Task[T] = asyncio.get_running_loop().create_task(self._locked(collections, body, claims))
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
         try:
@@ -1226,7 +1228,7 @@ class QueryMeta:
             raise
 
     async def _locked(
-        self, collections: Callable[[], Iterable[int]], body: Callable[[], Awaitable[T]], segments: Set[int] | None
+        self, collections: Callable[[], Iterable[int]], body: Callable[[], Awaitable[T]], claims: Set[Hashable] | None
     ) -> T:
         """Take the locks in id order; if the set grew while waiting (``remove_node``), take them again."""
         while True:
@@ -1234,8 +1236,8 @@ class QueryMeta:
             async with contextlib.AsyncExitStack() as stack:
                 for cid in wanted:
                     lock = self._lock(cid)
-                    await stack.enter_async_context(lock.exclusive() if segments is None else lock.shared())
-                if segments is not None:
-                    await stack.enter_async_context(self._claims.claim(segments))
+                    await stack.enter_async_context(lock.exclusive() if claims is None else lock.shared())
+                if claims is not None:
+                    await stack.enter_async_context(self._claims.claim(claims))
                 if set(collections()) <= set(wanted):
                     return await body()
