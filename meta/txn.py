@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from meta.errors import InvalidKey, RequestTooLarge
 
@@ -106,8 +106,13 @@ def version_is(key: str, version: int) -> Compare:
 
 
 # ----- operations -----------------------------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class Put:
+class Put(NamedTuple):
+    """Write ``value`` at ``key`` (with ``lease``, when not 0).
+
+    A named tuple, not a frozen dataclass as the other ops: as immutable, and made in a third of the time (a
+    frozen dataclass sets each field through ``object.__setattr__``), for one Put per record of every save.
+    """
+
     key: str
     value: bytes
     lease: int = 0
@@ -179,7 +184,9 @@ def _key_len(key: str) -> int:
     """Bytes of a key; an empty key is refused here, while packing, so it never fails half-way through a write."""
     if not key:
         raise InvalidKey("empty key")
-    return len(key.encode())
+    # An ASCII key (every key of ours) is as many bytes as characters, known without encoding it: this runs once
+    # per record of every save, 100,000s in a big load.
+    return len(key) if key.isascii() else len(key.encode())
 
 
 def _key_count(op: Op) -> int:

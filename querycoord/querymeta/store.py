@@ -929,20 +929,23 @@ class QueryMeta:
         from one message whose per-segment fields are set in turn: the bytes ``loaded_record`` serializes to."""
         rows: list[NewSegment] = []
         puts: list[Put] = []
-        segment_key = keys.segment_key
         seg = SegmentInfo(node_id=node_id, state=SEALED)
         serialize = seg.SerializeToString
         sources = seg.compaction_from
-        collection = replica = 0
+        collection = replica = partition = -1
         tail = b""
+        prefix = ""
         for info in infos:
             sid, cid, pid, mem = info.segment_id, info.collection_id, info.partition_id, info.mem_size
             if cid != collection:  # a load's infos are of one collection: resolved once
                 collection = seg.collection_id = cid
                 replica = seg.replica_id = replica_id or self._replica_of_copy(cid, node_id, replicas)
                 tail = _copies_tail(replica, node_id)
+                partition = -1
+            if pid != partition:  # they come by partition: the key's prefix made once per run
+                partition = seg.partition_id = pid
+                prefix = keys.segment_partition_prefix(cid, pid)
             seg.segment_id = sid
-            seg.partition_id = pid
             seg.mem_size = mem
             seg.num_rows = info.num_rows
             seg.dm_channel = info.insert_channel
@@ -952,7 +955,7 @@ class QueryMeta:
             elif sources:
                 del sources[:]
             raw = serialize() + tail  # the record with its one copy, byte for byte (see _copies_tail)
-            puts.append(Put(segment_key(cid, pid, sid), raw))
+            puts.append(Put(prefix + str(sid), raw))  # keys.segment_key, its prefix made once per partition
             rows.append((sid, cid, pid, replica, node_id, mem, raw))
         return self._writer.independent_puts(puts, lambda index, a, b: index.put_new_segments(rows, a, b))
 

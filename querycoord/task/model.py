@@ -34,6 +34,13 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def mark_retrieved(future: asyncio.Future[Any]) -> None:
+    """A done callback for a future nobody awaits any more: its exception counts as read, so asyncio does not log
+    it as "never retrieved" (what it was no longer matters to anyone)."""
+    if not future.cancelled():
+        future.exception()
+
+
 class TaskError(CoordError):
     """A task failed; ``code`` (UNEXPECTED_ERROR unless given) is the ErrorCode its caller sees."""
 

@@ -26,7 +26,7 @@ import itertools
 import time
 from collections import deque
 from collections.abc import Callable, Collection
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from loguru import logger
 
@@ -51,6 +51,7 @@ from querycoord.task.model import (
     TaskCancelled,
     TaskEnv,
     TaskError,
+    mark_retrieved,
     now_ms,
 )
 from querycoord.task.triggers import ReleaseCollectionTask, ReleasePartitionsTask, TriggerTask
@@ -61,9 +62,6 @@ if TYPE_CHECKING:
 LOAD_KINDS = (qc.TASK_KIND_LOAD_COLLECTION, qc.TASK_KIND_LOAD_PARTITION)
 
 
-def _retrieve(task: asyncio.Future[Any]) -> None:
-    if not task.cancelled():
-        task.exception()
 # Queue priority by trigger condition (higher first): Milvus's order, the checker's repairs with handoffs.
 PRIORITY = {
     qc.TRIGGER_CONDITION_NODE_DOWN: 4,
@@ -197,7 +195,7 @@ class Scheduler:
             inner = asyncio.ensure_future(self._enqueue(trigger))
             # A caller cancelled meanwhile no longer awaits it: its failure (NotLeader on a deposed leader) is
             # still read, rather than logged by asyncio as "Task exception was never retrieved".
-            inner.add_done_callback(_retrieve)
+            inner.add_done_callback(mark_retrieved)
             try:
                 return await asyncio.shield(inner)
             except MetaNoSpace as exc:

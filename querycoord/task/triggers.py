@@ -29,7 +29,7 @@ from querycoord.task.children import (
     ReleasePartitionsOnNodeTask,
     plan_children,
 )
-from querycoord.task.model import Task, TaskEnv, TaskError
+from querycoord.task.model import Task, TaskEnv, TaskError, mark_retrieved
 from querycoord.yielding import TURN_EVERY
 
 IN_MEMORY = data_pb2.PARTITION_STATE_IN_MEMORY
@@ -205,14 +205,21 @@ class _LoadTrigger(TriggerTask):
         self.had_partitions = before is not None and any(p.partition_id not in self.new_partitions
                                                         for p in before.partitions)
         self.new_replicas = []
-        replicas = await self._replicas()
-        await env.meta.add_collection(cid, self.LOAD_TYPE, self.new_partitions, replicas=self.new_replicas,
-                                      replica_number=len(replicas))
+        # The partitions' recovery infos are independent reads of the catalog, of nothing written here: fetched
+        # together, while the replicas and the collection are written.
+        reads = asyncio.gather(*(env.broker.get_recovery_info(cid, pid) for pid in self.new_partitions))
+        try:
+            replicas = await self._replicas()
+            await env.meta.add_collection(cid, self.LOAD_TYPE, self.new_partitions, replicas=self.new_replicas,
+                                          replica_number=len(replicas))
+        except BaseException:
+            reads.cancel()
+            reads.add_done_callback(mark_retrieved)  # their outcome no longer matters: not logged as never retrieved
+            raise
+        recovered = await reads
         binlogs_by_partition: list[tuple[int, list[data_pb2.SegmentBinlogs]]] = []
         channels: dict[str, data_pb2.VChannelInfo] = {}
         channel_ids: dict[str, dict[str, set[int]]] = {}  # merge_channel's sets, by channel
-        # The partitions' recovery infos are independent reads: fetch them together.
-        recovered = await asyncio.gather(*(env.broker.get_recovery_info(cid, pid) for pid in self.new_partitions))
         for pid, (chans, binlogs) in zip(self.new_partitions, recovered, strict=True):
             binlogs_by_partition.append((pid, list(binlogs)))
             self.planned_segments[pid] = len(binlogs) * len(replicas)
