@@ -128,6 +128,25 @@ def test_etcd_command_reuses_its_ports_on_restart(tmp_path: Path, subprocess_env
     assert not procs.etcd_pids_under(tmp_path)
 
 
+def test_sigterm_ends_the_wait_wherever_it_lands(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stop flag of the foreground commands: SIGTERM handled in the middle of a wait ends it, and a wait with
+    no signal times out. Its handler only assigns a flag: ``querycoord etcd`` once set a ``threading.Event`` from
+    the handler, which hangs for ever when the signal lands while the main thread holds the event's lock inside
+    ``Event.wait`` (seen once in a full run: the command ignored SIGTERM for 30 s)."""
+    from querycoord.cli import servers
+
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        flag = servers.TermFlag.install()
+        assert not flag.wait(0.01)
+        sleep = time.sleep
+        monkeypatch.setattr(servers.time, "sleep", lambda s: (signal.raise_signal(signal.SIGTERM), sleep(0)))
+        assert flag.wait(60), "the signal came inside the wait"
+        assert flag.wait(0), "and stays seen"
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def test_etcd_command_takes_a_port_and_refuses_bad_space_options(tmp_path: Path,
                                                                  subprocess_env: dict[str, str]) -> None:
     port = free_port()

@@ -8,7 +8,7 @@ import asyncio
 import signal
 import sys
 import tempfile
-import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +16,40 @@ from querycoord.cli.common import DEFAULT_ADDRESS, at_least, host_port, non_nega
 
 if TYPE_CHECKING:
     from querycoord.tooling.allinone import AllInOne
+
+class TermFlag:
+    """Set by SIGTERM; ``wait`` sleeps until it is set or the timeout passes.
+
+    Why not a ``threading.Event`` set by the handler: a handler runs in the main thread between two bytecodes,
+    and when that is inside ``Event.wait`` holding the event's lock, ``Event.set`` waits for that lock for ever
+    (``querycoord etcd`` once hung so on SIGTERM). The handler only assigns a flag; the waiter sleeps in short
+    steps and looks at it.
+    """
+
+    STEP = 0.05
+
+    def __init__(self) -> None:
+        self.set = False
+
+    @classmethod
+    def install(cls) -> TermFlag:
+        flag = cls()
+        signal.signal(signal.SIGTERM, flag.on_signal)
+        return flag
+
+    def on_signal(self, *_: object) -> None:
+        self.set = True
+
+    def wait(self, timeout: float) -> bool:
+        """Whether SIGTERM came, within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while not self.set:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(self.STEP, left))
+        return True
+
 
 def cmd_etcd(args: argparse.Namespace) -> int:
     """Run the embedded etcd in the foreground until Ctrl-C or SIGTERM."""
@@ -35,8 +69,7 @@ def cmd_etcd(args: argparse.Namespace) -> int:
     except (EtcdNotFound, EtcdStartError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop = TermFlag.install()
     print(f"etcd running: --etcd-endpoints {','.join(cluster.endpoints)}  (data in {data_dir}; Ctrl-C stops)")
     sys.stdout.flush()
     try:
