@@ -17,6 +17,7 @@ from querycoord.cli.common import DEFAULT_ADDRESS, at_least, host_port, non_nega
 if TYPE_CHECKING:
     from querycoord.tooling.allinone import AllInOne
 
+
 class TermFlag:
     """Set by SIGTERM; ``wait`` sleeps until it is set or the timeout passes.
 
@@ -29,7 +30,7 @@ class TermFlag:
     STEP = 0.05
 
     def __init__(self) -> None:
-        self.set = False
+        self.signalled = False
 
     @classmethod
     def install(cls) -> TermFlag:
@@ -38,12 +39,12 @@ class TermFlag:
         return flag
 
     def on_signal(self, *_: object) -> None:
-        self.set = True
+        self.signalled = True
 
     def wait(self, timeout: float) -> bool:
         """Whether SIGTERM came, within ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
-        while not self.set:
+        while not self.signalled:
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
