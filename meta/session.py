@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import math
 import re
@@ -54,6 +55,10 @@ class SessionInfo:
     role: str
     address: str
     extra: dict[str, Any] = field(default_factory=dict)
+    # The create revision of the session key when it was read from etcd (0: not read from etcd). Each
+    # registration creates the key anew, so two incarnations of a fixed server id never share it: a watcher tells
+    # a restarted process from the one it knew by this, not by the id.
+    created: int = field(default=0, compare=False)
 
     @property
     def key(self) -> str:
@@ -416,7 +421,7 @@ async def list_sessions(kv: MetaKV, role: str) -> SessionSnapshot:
     for item in snap.kvs:
         info = SessionInfo.parse(item.key, item.value)
         if info is not None:
-            sessions[info.server_id] = info
+            sessions[info.server_id] = dataclasses.replace(info, created=item.create_revision)
     return SessionSnapshot(sessions, snap.revision)
 
 
@@ -434,7 +439,8 @@ async def watch_sessions(
     yield snap
     async for item in watch_prefix(kv, prefix, snap.revision + 1, reconnect_deadline=reconnect_deadline):
         if isinstance(item, Resync):
-            infos = [i for x in item.snapshot.kvs if (i := SessionInfo.parse(x.key, x.value)) is not None]
+            infos = [dataclasses.replace(i, created=x.create_revision) for x in item.snapshot.kvs
+                     if (i := SessionInfo.parse(x.key, x.value)) is not None]
             known = {info.key: info for info in infos}
             yield SessionSnapshot({i.server_id: i for i in infos}, item.revision)
             continue
@@ -443,7 +449,7 @@ async def watch_sessions(
                 parsed = SessionInfo.parse(e.key, e.value)
                 if parsed is None:
                     continue
-                info = parsed
+                info = dataclasses.replace(parsed, created=e.create_revision)
                 known[e.key] = info
                 yield SessionEvent(EventType.PUT, info, e.mod_revision)
             else:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter
-from collections.abc import Generator, Iterable, Iterator, MutableMapping
+from collections.abc import Awaitable, Callable, Generator, Iterable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 
 from loguru import logger
@@ -40,12 +40,15 @@ from proto import data_pb2, querynode_pb2, task_pb2
 from proto import querycoord_pb2 as qc
 from querycoord import memory
 from querycoord.catalog.targets import CatalogTargets
+from querycoord.cluster.allocator import Usage
 from querycoord.cluster.client import NodeError
 from querycoord.querymeta import QueryMeta
 from querycoord.querymeta.copies import copies
 from querycoord.target import Target, TargetSegment
 from querycoord.task.repair import RepairTask
 from querycoord.task.scheduler import Scheduler
+from querycoord.task.triggers import TriggerTask
+from querycoord.task.units import assess, spare_plan, usage_of
 
 IN_MEMORY = data_pb2.PARTITION_STATE_IN_MEMORY
 PARTIAL = data_pb2.PARTITION_STATE_PARTIAL_IN_MEMORY
@@ -145,6 +148,10 @@ class Diff:
 def _repair(d: Diff, cid: int) -> task_pb2.RepairRequest:
     return d.repairs.setdefault(cid, task_pb2.RepairRequest())
 
+
+# Trigger kinds whose end kicks a pass (``Checker.after_trigger``).
+_KICKED_BY = frozenset({qc.TASK_KIND_RELEASE_COLLECTION, qc.TASK_KIND_RELEASE_PARTITION, qc.TASK_KIND_REPAIR,
+                        qc.TASK_KIND_LOAD_BALANCE})
 
 #: Segments the checker handles between two turns of the event loop in ``diff_async`` (~20-50 ms of work).
 TURN_SEGMENTS = 20_000
@@ -364,7 +371,7 @@ def _diff_steps(
                         keep_sources.update(seg.compaction_from)  # serve the sources until the result is loaded
                         _repair(out, cid).missing_segments.append(data_pb2.SegmentInfo(
                             segment_id=seg.segment_id, collection_id=cid, partition_id=seg.partition_id,
-                            node_id=recorded, replica_id=replica))
+                            node_id=recorded, replica_id=replica, mem_size=seg.mem_size))
         # A fast segment is held in each replica: one held and one expected per replica.
         for pid, count in Counter(fast_pids).items():
             h, t = progress[pid]
@@ -456,14 +463,26 @@ class CheckReport:
     repairs: dict[int, str] = field(default_factory=dict)  # collection -> what differed
     unreachable: list[int] = field(default_factory=list)
     progress_updates: int = 0
+    parked: dict[tuple[int, int], str] = field(default_factory=dict)  # (collection, replica) -> why
+    forgotten: list[int] = field(default_factory=list)  # offline nodes forgotten by this pass
+
+
+def _has_work(req: task_pb2.RepairRequest) -> bool:
+    return bool(req.missing_segments or req.release_segments or req.rewatch or req.release_collection_on_nodes
+                or req.adopt or req.forget_segment_ids)
 
 
 class Checker:
     """Runs ``check_once`` every ``interval`` seconds or when kicked; never dies on one error."""
 
-    def __init__(self, scheduler: Scheduler, *, interval: float = 5.0, targets: CatalogTargets | None = None):
+    def __init__(self, scheduler: Scheduler, *, interval: float = 5.0, targets: CatalogTargets | None = None,
+                 forget: Callable[[int], Awaitable[None]] | None = None):
+        """``forget``: what a lost node gets (``watchers.forget_node``); a pass calls it for every node query meta
+        still refers to that is not online (its session went while forgetting it failed, or while no leader
+        watched), so a dead node never holds a replica or counts as holding anything past one pass."""
         self.scheduler = scheduler
         self.interval = interval
+        self.forget = forget
         # The followed copy of a local catalog (``catalog.targets``): a pass reads targets from memory.
         self.targets = targets
         self._no_target: set[int] = set()  # collections the catalog lacks (logged once each)
@@ -474,6 +493,13 @@ class Checker:
 
     def kick(self) -> None:
         self._kick.set()
+
+    def after_trigger(self, trigger: TriggerTask) -> None:
+        """A trigger finished (``Scheduler.finish_hooks``): check at once when it may have changed what can be
+        placed or what is held (a release freed memory, a repair or a balance moved copies), or while units are
+        parked; not after every load or handoff, which at a million segments would keep a pass always running."""
+        if trigger.KIND in _KICKED_BY or len(self.scheduler.env.parked):
+            self.kick()
 
     async def run_forever(self) -> None:
         while not self.scheduler.stopped:
@@ -587,7 +613,8 @@ class Checker:
             for pid in env.meta.partition_ids(cid):
                 chans, binlogs = await env.broker.get_recovery_info(cid, pid)
                 for b in binlogs:
-                    target.segments[b.segment_id] = TargetSegment(b.segment_id, pid, tuple(b.compaction_from))
+                    target.segments[b.segment_id] = TargetSegment(b.segment_id, pid, tuple(b.compaction_from),
+                                                                  b.mem_size)
                 target.channels.update(c.channel_name for c in chans)
             out[cid] = target
         return out
@@ -598,6 +625,7 @@ class Checker:
         env = sched.env
         report = CheckReport()
         self.runs += 1
+        await self._forget_offline(report)
         # Collections a trigger is working on are left to it: their segments are not even collected from the
         # nodes' answers (a million-segment load paid for every one of them at every pass of its 30 s).
         skipped = self._busy()
@@ -617,15 +645,74 @@ class Checker:
                 report.progress_updates += await self._set_progress(env.meta, cid, parts)
                 await env.meta.set_replica_percentages(cid, {
                     r: 100 if t == 0 else h * 100 // t for r, (h, t) in d.replica_progress.get(cid, {}).items()})
+        usage = usage_of(env)  # shared by the pass's units: two units are not both given the same free room
+        unwhole: dict[int, set[int]] = {}
         for cid, req in sorted(d.repairs.items()):
             if cid in self._busy() or sched.stopped:
+                continue
+            unwhole[cid] = self._weigh_units(cid, req, usage, report)
+            if not _has_work(req):
                 continue
             task = RepairTask.new(env, req, trigger_condition=qc.TRIGGER_CONDITION_CHECKER, collection_id=cid)
             await sched.enqueue(task)
             self.repairs += 1
             report.repairs[cid] = req.reason
             logger.info("checker: collection {}: {}; repair task {} queued", cid, req.reason, task.id)
+        for cid in d.progress:  # checked whole this pass: a unit it does not lack any more is not parked
+            if cid not in self._busy():
+                env.parked.keep_only(cid, unwhole.get(cid, set()))
+        env.parked.drop_collections(set(env.meta.collection_ids()))
         return report
+
+    async def _forget_offline(self, report: CheckReport) -> None:
+        """Forget the nodes query meta refers to that are not online (see ``__init__``)."""
+        if self.forget is None:
+            return
+        env = self.scheduler.env
+        for node_id in sorted(env.meta.known_node_ids() - env.nodes.online_ids()):
+            logger.info("checker: query node {} is not online but query meta still refers to it: forgetting it",
+                        node_id)
+            await self.forget(node_id)
+            report.forgotten.append(node_id)
+
+    def _weigh_units(self, cid: int, req: task_pb2.RepairRequest, usage: Usage, report: CheckReport) -> set[int]:
+        """Keep in ``req`` only the units (replicas) that can be placed now; park the others with their reason
+        (``task.parking``: no repair that would fail is queued, pass after pass). Returns the replicas that lack
+        something, placeable or not."""
+        env = self.scheduler.env
+        missing: dict[int, list[data_pb2.SegmentInfo]] = {}
+        for s in req.missing_segments:
+            missing.setdefault(s.replica_id, []).append(s)
+        rewatch: dict[int, list[data_pb2.DmChannelWatchInfo]] = {}
+        for w in req.rewatch:
+            rewatch.setdefault(w.replica_id, []).append(w)
+        units = set(missing) | set(rewatch)
+        if not units:
+            return units
+        spares = spare_plan(env, cid)
+        placeable: set[int] = set()
+        for replica in sorted(units):
+            before = env.parked.get(cid, replica)
+            parked = assess(env, cid, replica, missing.get(replica, []),
+                            [w.dm_channel for w in rewatch.get(replica, [])], usage,
+                            planned=[spares[replica]] if replica in spares else [])
+            if parked is None:
+                placeable.add(replica)
+                if env.parked.unpark(cid, replica) is not None:
+                    logger.info("checker: replica {} of collection {} can be placed now", replica, cid)
+                continue
+            env.parked.park(parked)
+            report.parked[(cid, replica)] = parked.reason
+            if before is None or before.code != parked.code:
+                logger.warning("checker: replica {} of collection {} parked: {}", replica, cid, parked.reason)
+        kept_missing = [s for s in req.missing_segments if s.replica_id in placeable]
+        kept_rewatch = [w for w in req.rewatch if w.replica_id in placeable]
+        del req.missing_segments[:]
+        req.missing_segments.extend(kept_missing)
+        del req.rewatch[:]
+        req.rewatch.extend(kept_rewatch)
+        req.reason = describe(req)
+        return units
 
     @staticmethod
     async def _set_progress(meta: QueryMeta, cid: int, parts: dict[int, tuple[int, int]]) -> int:

@@ -32,7 +32,10 @@ class SchedulerConfig:
     # (as Milvus's query node does), so more at once only queue there, each spending its call timeout waiting.
     node_load_concurrency: int = 1
     memory_limit: float = 0.9
-    wait_interval: float = 1.0  # allocation retry interval when waiting for capacity
+    wait_interval: float = 1.0  # how often a resumed tree waiting for query nodes to register looks again
+    # A tree resumed by a new leader whose children find no online node waits this long after the takeover for
+    # query nodes to register (a whole cluster restarting) before it fails.
+    resume_node_wait: float = 30.0
     finished_history: int = 200  # finished trees kept in memory for ListTasks
     rollback_timeout: float = 120.0  # a failed trigger's rollback; past it the checker repairs the rest
     # Task history in etcd (querycoord/task/history.py): a finished tree's summary, written in the txn that
@@ -114,7 +117,7 @@ class CoordConfig:
 # in about 2 s; back-offs of tens of milliseconds keep retries quick; no auto balance, so tests and drills decide
 # when segments move; stream management (TDengine's durations are tens of seconds) runs about ten times faster.
 SCALED_SCHEDULER = SchedulerConfig(retry_backoff=0.05, retry_backoff_max=0.2, wait_interval=0.2,
-                                   trigger_timeout=60.0)
+                                   trigger_timeout=60.0, resume_node_wait=10.0)
 SCALED_STREAM = StreamConfig(watch_timeout=2.0, task_silence=5.0, min_start_delay=0.2, error_retry_delay=0.5,
                              max_retry_delay=2.0, reset_after=5.0, health_interval=0.3, health_slots=2, isolation=3.0,
                              vgroup_lost_stop=30.0)

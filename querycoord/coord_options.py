@@ -52,7 +52,11 @@ OPTIONS: tuple[Option, ...] = (
            "LoadSegments calls in flight to one query node at once (a node loads its requests one by one)"),
     Option("--retry-backoff", "scheduler.retry_backoff", float),
     Option("--retry-backoff-max", "scheduler.retry_backoff_max", float),
-    Option("--wait-interval", "scheduler.wait_interval", float),
+    Option("--wait-interval", "scheduler.wait_interval", float,
+           "seconds between looks of a resumed task tree waiting for query nodes to register"),
+    Option("--resume-node-wait", "scheduler.resume_node_wait", float,
+           "seconds after a takeover during which a resumed task tree that finds no online query node waits for "
+           "nodes to register instead of failing"),
     Option("--trigger-timeout", "scheduler.trigger_timeout", float),
     Option("--stream-watch-timeout", "stream.watch_timeout", float),
     # Task history (querycoord/task/history.py): finished trees kept in etcd for `querycoord tasks --history`.

@@ -31,19 +31,21 @@ from querycoord.catalog.broker import Broker, GrpcBroker, LocalBroker
 from querycoord.catalog.store import CatalogStore
 from querycoord.catalog.targets import CatalogTargets
 from querycoord.checker import Checker
-from querycoord.cluster.nodes import NodeManager
+from querycoord.cluster.incarnations import Incarnations
+from querycoord.cluster.nodes import Node, NodeManager
 from querycoord.config import CoordConfig
 from querycoord.etcd_space import SpaceMonitor
 from querycoord.protocol import QUERYCOORD_ELECTION, QUERYCOORD_ROLE, leader_is_at
 from querycoord.querymeta import QueryMeta
 from querycoord.querymeta.mirror import MetaMirror
+from querycoord.served.state import ServedView
 from querycoord.stream.loops import follow_stream_nodes, tick_streams
 from querycoord.stream.manager import StreamManager
 from querycoord.stream.store import StreamStore
 from querycoord.task.model import TaskEnv
 from querycoord.task.scheduler import Scheduler
 from querycoord.task.store import TaskStore
-from querycoord.watchers import balance_away, kick_on_node_changes, run_handoff
+from querycoord.watchers import forget_node, forget_restarted, kick_on_node_changes, record_joined, run_handoff
 
 # How long a standby waits for etcd to name the leader before telling a caller it cannot reach etcd.
 LEADER_LOOKUP_TIMEOUT = 1.0
@@ -66,6 +68,7 @@ class Leadership:
     stream_store: StreamStore | None = None
     streams: StreamManager | None = None
     checker: Checker | None = None
+    served: ServedView | None = None  # what online nodes serve: the state users are shown (querycoord/served)
 
 
 class Coordinator:
@@ -341,27 +344,36 @@ class Coordinator:
         meta = QueryMeta(fenced)
         await self._load_meta(meta)
         coord_fence = querynode_pb2.CoordFence(leader_revision=fence.revision, coordinator_id=self.server_id)
-        holder: dict[str, Scheduler] = {}
+        incarnations = Incarnations(fenced)
 
         async def on_node_down(node_id: int) -> None:
-            await balance_away(holder["scheduler"], meta, node_id)
+            await forget_node(env, node_id, incarnations=incarnations, served=served)
+
+        async def on_node_up(node: Node) -> None:
+            await record_joined(node, incarnations=incarnations, checker=checker)
 
         nodes = NodeManager(self.kv, fence=coord_fence, rpc_timeout=self.config.rpc_timeout,
-                            on_node_down=lambda nid: on_node_down(nid))
+                            on_node_down=on_node_down, on_node_up=on_node_up)
         store = TaskStore(fenced)
         ids = IdAllocator(fenced, "idalloc/task")
         env = TaskEnv(meta=meta, nodes=nodes, broker=self.broker, store=store, ids=ids,
                       config=self.config.scheduler)
+        served = ServedView(meta, nodes, self.targets)
         scheduler = Scheduler(env, on_leadership_lost=self._loss_callback(term), space=self.space)
-        holder["scheduler"] = scheduler
+        # Where meta and the nodes disagree (a leader that died half-way), the checker's first run, kicked
+        # below, queues the repairs; collections with resumed triggers are left to those triggers.
+        checker = Checker(scheduler, interval=self.config.checker_interval, targets=self.targets,
+                          forget=on_node_down)
+        scheduler.finish_hooks.append(checker.after_trigger)
         started.append(nodes.stop)
         await nodes.start()
+        # Before anything counts a copy: nodes restarted while no leader watched, and nodes gone for good.
+        await forget_restarted(env, incarnations=incarnations, targets=self.targets)
+        for node_id in sorted(meta.known_node_ids() - nodes.online_ids()):
+            await on_node_down(node_id)
         started.append(scheduler.stop)
         queued = await scheduler.reload()
         await scheduler.start(reload=False)
-        # Where meta and the nodes disagree (a leader that died half-way), the checker's first run, kicked
-        # below, queues the repairs; collections with resumed triggers are left to those triggers.
-        checker = Checker(scheduler, interval=self.config.checker_interval, targets=self.targets)
         # Streams: only definitions are persisted; the manager rebuilds its task maps (WATCH when streams exist).
         stream_store = StreamStore(fenced)
         streams = StreamManager(stream_store, leader_revision=fence.revision, config=self.config.stream)
@@ -384,11 +396,8 @@ class Coordinator:
         tasks.append(asyncio.create_task(follow_stream_nodes(self.kv, streams), name="stream-nodes"))
         tasks.append(asyncio.create_task(
             tick_streams(streams, self.config.stream_tick, self.config.stream_refresh), name="stream-tick"))
-        # Nodes that meta still places segments on but that are gone: balance them away.
-        for node_id in sorted(meta.known_node_ids() - {n.node_id for n in nodes.online()}):
-            await balance_away(scheduler, meta, node_id)
         self.leadership = Leadership(fence, fenced, meta, nodes, scheduler, env, tasks, stream_store, streams,
-                                     checker)
+                                     checker, served)
         logger.info("coordinator {} leads with fence {} ({} persisted triggers resumed)", self.server_id, fence,
                     queued)
         self.role_since = time.time()

@@ -26,7 +26,7 @@ from meta.kv import MetaKV
 from proto import common_pb2, data_pb2, querycoord_pb2, querycoord_pb2_grpc, querynode_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.cluster.client import NodeError
-from querycoord.coordinator import Coordinator
+from querycoord.coordinator import Coordinator, Leadership
 from querycoord.errors import NotFound
 from querycoord.gate import LeaderGate, Rpc, answered, budget
 from querycoord.jobs import (
@@ -94,7 +94,7 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
             info = meta.get_collection(cid)
             if info is None:
                 raise NotFound(f"collection {cid} has not been loaded")
-            out.append(info)
+            out.append(_shown(lead, info))
         return qc.ShowCollectionsResponse(status=OK, collections=out)
 
     @answered(qc.GetReplicasResponse)
@@ -106,7 +106,10 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
         meta = lead.meta if lead is not None else await self._standby_meta()
         if meta.get_collection(cid) is None:
             raise NotFound(f"collection {cid} has not been loaded")
-        return qc.GetReplicasResponse(status=OK, replicas=meta.replicas_of(cid))
+        replicas = meta.replicas_of(cid)
+        if lead is not None and lead.served is not None:
+            replicas = lead.served.shown_replicas(replicas)
+        return qc.GetReplicasResponse(status=OK, replicas=replicas)
 
     async def _partition_states(self, request, context) -> list[data_pb2.PartitionLoadInfo]:
         """The asked (or all) loaded partitions; NOT_FOUND naming those that are not loaded."""
@@ -116,6 +119,7 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
         info = lead.meta.get_collection(cid)
         if info is None:
             raise NotFound(f"collection {cid} has not been loaded")
+        info = _shown(lead, info)
         loaded = {p.partition_id: p for p in info.partitions}
         ids = wanted or sorted(loaded)
         missing = [p for p in ids if p not in loaded]
@@ -268,6 +272,14 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
 
     async def GetCoordinatorState(self, request, context):
         return coordinator_state(self.coord)
+
+
+def _shown(lead: Leadership | None, info: data_pb2.CollectionLoadInfo) -> data_pb2.CollectionLoadInfo:
+    """A collection's record as the leader shows it: no percentage above what online nodes serve
+    (``querycoord.served``). A standby shows the persisted record, which the leader lowers when a node is lost."""
+    if lead is None or lead.served is None:
+        return info
+    return lead.served.shown(info)
 
 
 # Bytes of trees in one ListTasks answer at most (clients accept 4 MiB); the rest goes to the next page.

@@ -15,6 +15,7 @@ class TargetSegment:
     segment_id: int
     partition_id: int
     compaction_from: tuple[int, ...] = ()
+    mem_size: int = 0  # bytes a node needs to hold it: what the checker weighs a repair's placement by
 
 
 @dataclass

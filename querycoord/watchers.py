@@ -1,6 +1,8 @@
 """The leader's observers: catalog handoff and node changes, feeding the scheduler and the checker.
 
-``balance_away`` is what a node going down queues.
+``forget_node`` is what a node going down gets; ``forget_restarted`` and ``record_joined`` keep the nodes'
+incarnations (``cluster.incarnations``) so a node restarted while no leader watched is not taken for the one
+that held its records.
 
 Both run for the whole leadership and must never die on one error (a dead
 handoff loop silently stops loading new segments): a failure is logged,
@@ -19,11 +21,16 @@ from proto import data_pb2, task_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.catalog.broker import Broker
 from querycoord.catalog.store import SegmentResync
+from querycoord.catalog.targets import CatalogTargets
 from querycoord.checker import Checker
-from querycoord.cluster.nodes import NodeManager
+from querycoord.cluster.incarnations import Incarnations
+from querycoord.cluster.nodes import Node, NodeManager
 from querycoord.querymeta import QueryMeta
+from querycoord.served.persist import persist_lowered
+from querycoord.served.state import ServedView, collection_served
+from querycoord.task.model import TaskEnv
 from querycoord.task.scheduler import Scheduler
-from querycoord.task.triggers import HandoffTask, LoadBalanceTask
+from querycoord.task.triggers import HandoffTask
 
 # The catalog revision up to which every sealed segment has been handed off (a leader gap resumes there).
 HANDOFF_REVISION_KEY = "queryCoord-handoffRevision"
@@ -104,13 +111,58 @@ async def kick_on_node_changes(nodes: NodeManager, checker: Checker) -> None:
         checker.kick()
 
 
-async def balance_away(scheduler: Scheduler, meta: QueryMeta, node_id: int) -> None:
-    """A node is down: queue a NodeDown balance of what meta places on it, or forget it if meta places nothing
-    there."""
-    if not meta.segments_on_node(node_id) and not meta.channels_on_node(node_id):
-        await scheduler.env.nodes.remove(node_id)
+async def forget_node(env: TaskEnv, node_id: int, *, incarnations: Incarnations,
+                      served: ServedView | None = None) -> None:
+    """A query node's session is gone: what it held leaves query meta now, it leaves its replicas, and its id is
+    free for the node's next incarnation (``NodeManager.remove``).
+
+    Why at once and not through a trigger: the node holds nothing any more, so there is nothing to wait for, and
+    a trigger would hold the lock of every collection the node served until the last of them could be repaired
+    (DESIGN rule 9). What it held is loaded again by the checker, one (collection, replica) at a time, each
+    placed, or parked with its reason, on its own. The persisted percentages are lowered first (for readers of
+    etcd: standbys, the next leader); the leader's own answers count only online nodes anyway.
+    """
+    meta, nodes = env.meta, env.nodes
+    if nodes.is_online(node_id):
         return
-    req = qc.LoadBalanceRequest(source_node_ids=[node_id], reason=qc.BALANCE_REASON_NODE_DOWN)
-    task = LoadBalanceTask.new(scheduler.env, req, trigger_condition=qc.TRIGGER_CONDITION_NODE_DOWN)
-    await scheduler.enqueue(task)
-    logger.info("node {} down: queued balance task {}", node_id, task.id)
+    if served is not None:
+        await persist_lowered(meta, meta.collection_ids(), served.collection)
+    if node_id in meta.known_node_ids():
+        txns = await meta.remove_node(node_id)
+        logger.info("query node {} forgotten: its copies left query meta and it left its replicas ({} txns)",
+                    node_id, txns)
+    await incarnations.drop(node_id)
+    await nodes.remove(node_id)
+
+
+async def forget_restarted(env: TaskEnv, *, incarnations: Incarnations, targets: CatalogTargets | None) -> list[int]:
+    """At takeover: online nodes whose session is not the incarnation the previous leader recorded restarted
+    while no leader watched (``cluster.incarnations``): they hold nothing of what query meta places on them, so
+    that is forgotten before anything counts it. Every online node's incarnation is recorded. Returns the
+    restarted nodes."""
+    meta, nodes = env.meta, env.nodes
+    known = await incarnations.load()
+    online = {n.node_id: n for n in nodes.online()}
+    restarted = sorted(n for n, node in online.items()
+                       if known.get(n) not in (None, node.created) and node.created)
+    if restarted:
+        logger.warning("query nodes {} restarted while no leader watched them: what their previous processes "
+                       "held is forgotten", restarted)
+        alive = set(online) - set(restarted)
+        await persist_lowered(meta, meta.collection_ids(),
+                              lambda cid: collection_served(meta, cid, alive, targets))
+        for n in restarted:
+            if n in meta.known_node_ids():
+                await meta.remove_node(n)
+    for n, node in sorted(online.items()):
+        if known.get(n) != node.created and node.created:
+            await incarnations.save(n, node.created)
+    return restarted
+
+
+async def record_joined(node: Node, *, incarnations: Incarnations, checker: Checker) -> None:
+    """A node came online during this leadership: record its incarnation, and check at once (it may be the
+    spare a replica waits for)."""
+    if node.created:
+        await incarnations.save(node.node_id, node.created)
+    checker.kick()

@@ -248,8 +248,8 @@ def test_up_with_a_data_dir_keeps_the_cluster_across_restarts(subprocess_env, tm
         assert up.proc.wait(timeout=40) == 0
     with Up(subprocess_env, data, "--nodes", "1", root=up.root) as again:
         addr = again.wait_ready()
-        # Still loaded; served again once the node-down balance moved the old node's segments (a moment after
-        # `ready`: until then the collection shows less than 100 %).
+        # Still loaded; served again once the checker's repair loaded the old node's segments on the new one (a
+        # moment after `ready`: until then the collection shows less than 100 %).
         deadline = time.monotonic() + 30
         while True:
             out = ok(cli(subprocess_env, addr, "collection", "show", "kept"))
@@ -260,7 +260,7 @@ def test_up_with_a_data_dir_keeps_the_cluster_across_restarts(subprocess_env, tm
             assert time.monotonic() < deadline, f"the old node's segments never reached the new one: {rows} {out}"
             time.sleep(0.3)
         out = ok(cli(subprocess_env, addr, "tasks", "--all"))
-        assert re.search(r"LoadBalance\s+DONE .*balance \(node_down\)", out), out
+        assert re.search(r"Repair\s+DONE .*segments held by no node", out), out
         again.proc.send_signal(signal.SIGINT)
         assert again.proc.wait(timeout=40) == 0
 

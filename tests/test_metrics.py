@@ -158,14 +158,14 @@ async def test_metrics_move_through_a_load_a_node_kill_and_a_leader_kill(
         fence = value(loaded, "querycoord_leader_fence_revision")
         assert fence > 0 and all(value(s, "querycoord_querynode_fence_revision") == fence for s in node_samples)
 
-        # A node killed: its session goes, a node-down balance moves its segments.
+        # A node killed: its session goes, it is forgotten, and the checker's repair loads its segments again.
         victim = max(nodes, key=lambda n: held[nodes.index(n)])
-        node_down_before = value(loaded, "querycoord_tasks_finished_total", trigger="node_down")
+        repairs_before = value(loaded, "querycoord_tasks_finished_total", trigger="checker")
         await victim.kill()
         await until("the killed node's session gone", lambda: _scraped_equals(first, "querycoord_sessions_online", 2,
                                                                                role="querynode"))
-        await until("a node-down balance", lambda: _scraped_above(first, "querycoord_tasks_finished_total",
-                                                                  node_down_before, trigger="node_down"))
+        await until("a checker repair", lambda: _scraped_above(first, "querycoord_tasks_finished_total",
+                                                               repairs_before, trigger="checker"))
         await until("its segments moved", lambda: _scraped_equals(first, "querycoord_node_segments", 0,
                                                                   node_id=str(victim.node_id)))
         after_node_kill = await scrape(first)

@@ -132,12 +132,16 @@ async def test_load_with_no_node_fails_clearly(etcd: EtcdCluster, root_path: str
         assert all(v == 0 for v in (await c.task_keys()).values())
 
 
-async def test_node_down_waits_for_capacity_until_a_new_node_appears(
+async def test_a_node_down_with_no_room_parks_its_unit_and_a_new_node_takes_it(
     etcd: EtcdCluster, root_path: str, subprocess_env: dict[str, str]
 ) -> None:
+    """Nothing waits for room: the dead node's copies that fit nowhere are parked with their reason (no trigger
+    holds a slot or persists a key meanwhile, no failing repair is queued pass after pass), and a node that joins
+    takes them."""
     async with QueryCluster(etcd, root_path) as c:
         await c.start_coordinator()
         lead = (await c.wait_leader()).coord.leadership
+        assert lead is not None
         small = await c.add_node(capacity=8 * MiB)  # cannot take the big node's segments
         proc, ready = await c.start_node_process("--capacity-mb", "1024", env=subprocess_env)
         cid = await c.create_collection("big", partitions=1, segments=20)  # ~5 MB each
@@ -148,16 +152,26 @@ async def test_node_down_waits_for_capacity_until_a_new_node_appears(
         assert len(on_big) >= 19
         await proc.kill()  # SIGKILL, and reaped
         deadline = time.monotonic() + 30
-        while not any(t.KIND == qc.TASK_KIND_LOAD_BALANCE for t in lead.scheduler.triggers.values()):
-            assert time.monotonic() < deadline, "no NodeDown balance was queued"
+        while lead.env.parked.get(cid, lead.meta.replica_ids(cid)[0]) is None:
+            assert time.monotonic() < deadline, "the unit that cannot be placed was never parked"
             await asyncio.sleep(0.1)
-        await asyncio.sleep(1.5)  # the balance waits: no node has room
+        parked = lead.env.parked.get(cid, lead.meta.replica_ids(cid)[0])
+        assert parked is not None and parked.code == "no_room" and "no room for" in parked.reason, parked
+        runs = lead.checker.runs if lead.checker else 0
+        while (lead.checker.runs if lead.checker else 0) < runs + 2:  # two more passes: still nothing queued
+            lead.checker.kick() if lead.checker else None
+            await asyncio.sleep(0.05)
         keys = await c.task_keys()
-        assert keys["queryCoord-triggerTask/"] == 1, "the waiting balance stays persisted"
+        assert all(v == 0 for v in keys.values()), f"nothing waits inside a trigger: {keys}"
+        assert not lead.scheduler.pending(), "no repair is queued while the unit cannot be placed"
         assert not set(small.state.segments) & on_big
+        show = await c.client.query("ShowCollections", qc.ShowCollectionsRequest(collection_ids=[cid]))
+        assert show.collections[0].in_memory_percentage < 100, "what no node holds is not shown as loaded"
         newcomer = await c.add_node(capacity=1024 * MiB)
+        await c.wait_loaded(cid, timeout=60)
         await c.wait_idle(timeout=60)
         assert on_big <= set(newcomer.state.segments) | set(small.state.segments)
+        assert lead.env.parked.get(cid, lead.meta.replica_ids(cid)[0]) is None
         assert all(v == 0 for v in (await c.task_keys()).values()), "no trigger key remains"
 
 

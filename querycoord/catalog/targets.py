@@ -18,6 +18,8 @@ checker reads it through the broker as before.
 
 from __future__ import annotations
 
+from collections.abc import Set
+
 from google.protobuf.message import DecodeError
 from loguru import logger
 
@@ -41,6 +43,25 @@ class CatalogTargets(RangeFollower):
         self._segments: dict[int, dict[int, dict[int, TargetSegment]]] = {}
         self._collections: dict[int, tuple[frozenset[int], tuple[str, ...]]] = {}
         self._unreadable: set[str] = set()
+        # Bumped by every change to a collection's part of the copy (``generation``: by every full read): readers
+        # that derive something costly from a target (``querycoord.served``) recompute only when it moved.
+        self._changes: dict[int, int] = {}
+        self._generation = 0
+
+    def change_mark(self, collection_id: int) -> tuple[int, int]:
+        return self._generation, self._changes.get(collection_id, 0)
+
+    def partition_segment_ids(self, collection_id: int, partition_id: int) -> Set[int] | None:
+        """Ids of the partition's sealed segments, read-only and not copied; None when the copy lacks the
+        collection or the partition (not known to the catalog, or the copy is not read yet)."""
+        known = self._collections.get(collection_id)
+        if known is None or partition_id not in known[0]:
+            return None
+        return self._segments.get(collection_id, {}).get(partition_id, {}).keys()
+
+    def dm_channels(self, collection_id: int) -> tuple[str, ...] | None:
+        known = self._collections.get(collection_id)
+        return None if known is None else known[1]
 
     def target(self, collection_id: int, partition_ids: list[int]) -> Target | None:
         """The collection's target over ``partition_ids``; None when the catalog lacks it or one of them.
@@ -60,6 +81,7 @@ class CatalogTargets(RangeFollower):
         self._segments = {}
         self._collections = {}
         self._unreadable = set()
+        self._generation += 1
 
     async def replace(self, items: list[tuple[str, bytes]], revision: int) -> None:
         # Built aside and swapped in at once: a checker pass reading targets during the turns below must see the
@@ -69,6 +91,7 @@ class CatalogTargets(RangeFollower):
         async for key, value in every_few(items):
             self._put(key, value, fresh_segments, fresh_collections)
         self._segments, self._collections, self._unreadable = fresh_segments, fresh_collections, set()
+        self._generation += 1
         logger.info("checker targets: catalog copied at revision {} ({} collections, {} segments)", revision,
                     len(self._collections), sum(len(s) for p in self._segments.values() for s in p.values()))
 
@@ -96,14 +119,16 @@ class CatalogTargets(RangeFollower):
                 b = data_pb2.SegmentBinlogs()
                 b.ParseFromString(value)
                 cid, pid, sid = ids
+                self._changes[cid] = self._changes.get(cid, 0) + 1
                 segments.setdefault(cid, {}).setdefault(pid, {})[sid] = TargetSegment(
-                    sid, pid, tuple(b.compaction_from))
+                    sid, pid, tuple(b.compaction_from), _shared_size(b.mem_size))
             elif key.startswith(COLLECTIONS_PREFIX):
                 rest = key[len(COLLECTIONS_PREFIX):]
                 if not rest.isdigit():
                     return
                 desc = catalog_pb2.CollectionDescription()
                 desc.ParseFromString(value)
+                self._changes[int(rest)] = self._changes.get(int(rest), 0) + 1
                 collections[int(rest)] = (frozenset(p.partition_id for p in desc.partitions),
                                                 tuple(desc.dm_channels))
         except DecodeError as exc:
@@ -118,6 +143,7 @@ class CatalogTargets(RangeFollower):
             if ids is None:
                 return
             cid, pid, sid = ids
+            self._changes[cid] = self._changes.get(cid, 0) + 1
             parts = self._segments.get(cid)
             if parts is None or pid not in parts:
                 return
@@ -129,7 +155,18 @@ class CatalogTargets(RangeFollower):
         elif key.startswith(COLLECTIONS_PREFIX):
             rest = key[len(COLLECTIONS_PREFIX):]
             if rest.isdigit():
+                self._changes[int(rest)] = self._changes.get(int(rest), 0) + 1
                 self._collections.pop(int(rest), None)
+
+
+# Segment sizes seen, each held once: a million targets share a few thousand size objects, not a million ints.
+_SIZES: dict[int, int] = {}
+
+
+def _shared_size(size: int) -> int:
+    if len(_SIZES) >= 1 << 16:
+        return size
+    return _SIZES.setdefault(size, size)
 
 
 def _segment_ids(key: str) -> tuple[int, int, int] | None:

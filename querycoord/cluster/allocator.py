@@ -5,17 +5,15 @@ at or above the memory limit (90 % by default); each segment goes to the
 node with the lowest memory rate that stays under the limit after adding it.
 Channels: the online node watching the fewest DM channels.
 
-With ``wait`` (NodeDown balance, handoff) an allocation that finds no room
-retries every ``wait_interval`` until ``deadline``; Milvus waited forever
-without cancellation. Cancellation is the caller's task being cancelled.
+An allocation that finds no room raises ``NoAvailableNode`` at once: nothing
+waits for room inside a trigger (Milvus's NodeDown balance waited forever; the
+caller parks what it cannot place, ``task.parking``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import heapq
-import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
 
@@ -166,26 +164,3 @@ def allocate_channels(
         placed[ch] = best.node_id
         usage.channels[best.node_id] = usage.channels.get(best.node_id, 0) + 1
     return placed
-
-
-class CollectionReleasing(NoAvailableNode):
-    """The collection is being released: waiting for room to place its work would only hold the release up."""
-
-
-async def allocate_waiting(
-    attempt: Callable[[], dict],
-    *,
-    wait: bool,
-    deadline: float,
-    wait_interval: float = 1.0,
-) -> dict:
-    """Run ``attempt`` once, or with ``wait`` until it succeeds or the monotonic ``deadline`` passes."""
-    while True:
-        try:
-            return attempt()
-        except CollectionReleasing:
-            raise
-        except NoAvailableNode as exc:
-            if not wait or time.monotonic() + wait_interval > deadline:
-                raise NoAvailableNode(f"{exc}; gave up at the task's deadline" if wait else str(exc)) from None
-            await asyncio.sleep(wait_interval)

@@ -1,11 +1,14 @@
 """Which query nodes exist and which are online, from meta sessions.
 
 A node is ONLINE while its session key exists. When the key is deleted
-(lease expired, node stopped) the node goes OFFLINE at once and the
-``on_node_down`` callback queues a NodeDown balance; it is forgotten once
-that balance has moved everything off it (``remove``). A node that comes
-back registers a new session, hence a new ServerID: it is a new node (one with a fixed
-id, ``--node-id``, is taken as a new node once its old incarnation is forgotten).
+(lease expired, node stopped) the node goes OFFLINE at once (so nothing it
+held counts from then on: ``querycoord.served``) and the ``on_node_down``
+callback forgets it: its copies leave query meta, it leaves its replicas,
+and ``remove`` drops it here. A node that comes back registers a new session,
+hence a new ServerID: it is a new node. One with a fixed id (``--node-id``)
+is taken as a new node as soon as its old incarnation is forgotten, which
+the callback does at once; ``Node.created`` (its session key's create
+revision) tells the incarnations apart.
 
 Session values are input: ``meta.session`` drops values that are not
 sessions, and a session whose capacity or address a query node cannot have
@@ -65,6 +68,7 @@ class Node:
     capacity: int
     state: NodeState
     client: QueryNodeClient = field(repr=False)
+    created: int = 0  # the create revision of its session key: which incarnation (``cluster.incarnations``)
 
     @property
     def online(self) -> bool:
@@ -81,12 +85,17 @@ class NodeManager:
         fence: querynode_pb2.CoordFence | None = None,
         rpc_timeout: float = 10.0,
         on_node_down: Callable[[int], Awaitable[None]] | None = None,
+        on_node_up: Callable[[Node], Awaitable[None]] | None = None,
     ):
         self.kv = kv
         self.fence = fence
         self.rpc_timeout = rpc_timeout
         self.on_node_down = on_node_down
+        self.on_node_up = on_node_up  # a node joined (or came back) after the first snapshot was taken
         self.nodes: dict[int, Node] = {}
+        # Bumped whenever a node comes online, goes offline or is forgotten: readers that derive something from
+        # the online nodes (``querycoord.served``) recompute only when it moved.
+        self.version = 0
         self.ready = asyncio.Event()
         self.changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -127,7 +136,8 @@ class NodeManager:
             return
         client = QueryNodeClient(info.server_id, info.address, timeout=self.rpc_timeout)
         client.fence = self.fence
-        self.nodes[info.server_id] = Node(info.server_id, info.address, cap, NodeState.ONLINE, client)
+        self.nodes[info.server_id] = Node(info.server_id, info.address, cap, NodeState.ONLINE, client, info.created)
+        self.version += 1
         logger.info("query node {} online at {} (capacity {} MiB)", info.server_id, info.address, cap >> 20)
         self.changed.set()
 
@@ -136,10 +146,17 @@ class NodeManager:
         if node is None or not node.online:
             return
         node.state = NodeState.OFFLINE
+        self.version += 1
         logger.warning("query node {} offline (session gone)", node_id)
         self.changed.set()
         if self.on_node_down is not None:
-            await self.on_node_down(node_id)
+            try:
+                await self.on_node_down(node_id)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the checker forgets offline nodes at its next pass: the watch goes on
+                logger.warning("query node {} went offline, but forgetting it failed: {}; the checker tries again",
+                               node_id, exc)
 
     async def _watch(self) -> None:
         """Follow node sessions forever: a failure (etcd trouble, a bug) is logged and the watch restarts
@@ -167,21 +184,44 @@ class NodeManager:
     async def _follow(self) -> None:
         async for item in watch_sessions(self.kv, QUERYNODE_ROLE, reconnect_deadline=None):
             if isinstance(item, SessionSnapshot):
+                joined = [i.server_id for i in item.sessions.values() if i.server_id not in self.nodes]
                 for info in item.sessions.values():
                     self._try_add(info)
                 self._returning = {n: i for n, i in self._returning.items() if n in item.sessions}
                 for nid in [n for n, node in self.nodes.items() if node.online and n not in item.sessions]:
                     await self._down(nid)
+                if self.ready.is_set():  # a re-read after a compaction or a restarted watch: who joined meanwhile
+                    for nid in joined:
+                        await self._joined(nid)
                 self.ready.set()
             elif isinstance(item, SessionEvent):
                 if item.type is EventType.PUT:
+                    known = item.info.server_id in self.nodes
                     self._try_add(item.info)
+                    if not known:
+                        await self._joined(item.info.server_id)
                 else:
                     self._returning.pop(item.info.server_id, None)
                     await self._down(item.info.server_id)
 
+    async def _joined(self, node_id: int) -> None:
+        """Tell ``on_node_up`` of a node that just came online (not of those the first snapshot found: the
+        takeover handles them); its failure is logged, never the watch's end."""
+        node = self.nodes.get(node_id)
+        if node is None or not node.online or self.on_node_up is None:
+            return
+        try:
+            await self.on_node_up(node)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.warning("query node {} joined, but recording it failed: {}; the checker tries again", node_id, exc)
+
     def online(self) -> list[Node]:
         return [n for n in self.nodes.values() if n.online]
+
+    def online_ids(self) -> set[int]:
+        return {n.node_id for n in self.nodes.values() if n.online}
 
     def is_online(self, node_id: int) -> bool:
         n = self.nodes.get(node_id)
@@ -202,8 +242,10 @@ class NodeManager:
         """Forget an offline node once nothing refers to it any more."""
         node = self.nodes.pop(node_id, None)
         if node is not None:
+            self.version += 1
             await node.client.close()
         back = self._returning.pop(node_id, None)
         if back is not None:
             logger.info("query node {} is back under its id (a new session): taken as a new node", node_id)
             self._try_add(back)
+            await self._joined(back.server_id)

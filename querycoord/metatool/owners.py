@@ -9,6 +9,7 @@ from __future__ import annotations
 from meta.election import ELECTION_PREFIX
 from meta.session import SESSION_PREFIX
 from querycoord.catalog.store import COLLECTIONS_PREFIX, ID_KEY, NAMES_PREFIX, SEGMENTS_PREFIX
+from querycoord.cluster.incarnations import PREFIX as INCARNATION_PREFIX
 from querycoord.querymeta import keys as qkeys
 from querycoord.stream import store as sstore
 from querycoord.switchover import SWITCHOVER_KEY
@@ -26,6 +27,7 @@ OWNED: tuple[tuple[str, bool, str], ...] = (
     (qkeys.SEGMENT_PREFIX, True, "query meta"),
     (qkeys.DM_CHANNEL_PREFIX, True, "query meta"),
     (qkeys.DELTA_CHANNEL_PREFIX, True, "query meta"),
+    (INCARNATION_PREFIX, True, "query meta"),
     (HANDOFF_REVISION_KEY, False, "handoff watcher"),
     (TRIGGER_PREFIX, True, "task store"),
     (ACTIVE_PREFIX, True, "task store"),

@@ -136,13 +136,21 @@ class MetaIndex:
         self.dm_channels: dict[int, dict[str, DmChannelWatchInfo]] = {}
         self.dm_channels_by_node: dict[int, set[tuple[int, str]]] = {}
         self.delta_channels: dict[int, dict[str, VChannelInfo]] = {}
+        # collection -> a counter bumped by every change to its records: readers that derive something costly
+        # from a collection (what online nodes serve of it, ``querycoord.served``) recompute only when it moved.
+        self.changes: dict[int, int] = {}
+
+    def changed(self, collection_id: int) -> None:
+        self.changes[collection_id] = self.changes.get(collection_id, 0) + 1
 
     # ----- collections ------------------------------------------------------
     def put_collection(self, info: CollectionLoadInfo) -> None:
         self.collections[info.collection_id] = info
+        self.changed(info.collection_id)
 
     def drop_collection(self, collection_id: int) -> None:
         self.collections.pop(collection_id, None)
+        self.changed(collection_id)
 
     def drop_everything_of(self, collection_id: int) -> None:
         """The memory side of ``release_collection``'s txn: record and all three range deletes."""
@@ -162,6 +170,7 @@ class MetaIndex:
         sid = seg.segment_id
         self.drop_segment(sid)
         cid, pid, flat = self.segments.put(seg, raw)
+        self.changed(cid)
         self.segments_by_partition.setdefault(cid, {}).setdefault(pid, set()).add(sid)
         mem = seg.mem_size
         for node in flat[1::2]:
@@ -182,6 +191,8 @@ class MetaIndex:
         on_node: set[int] = set()
         for sid, cid, pid, _replica, node, mem, _raw in chunk:
             if last is None or last[0] != cid or last[1] != pid or last[2] != node:
+                if last is None or last[0] != cid:
+                    self.changed(cid)
                 last = (cid, pid, node)
                 in_partition = by_partition.setdefault(cid, {}).setdefault(pid, set())
                 on_node = by_node.setdefault(node, set())
@@ -194,6 +205,7 @@ class MetaIndex:
         if popped is None:
             return
         _place, seg = popped
+        self.changed(seg.collection_id)
         parts = self.segments_by_partition.get(seg.collection_id)
         if parts is not None:
             sids = parts.get(seg.partition_id)
@@ -232,6 +244,7 @@ class MetaIndex:
     def put_dm_channel(self, watch: DmChannelWatchInfo) -> None:
         self.drop_dm_channel(watch.collection_id, watch.dm_channel)
         self.dm_channels.setdefault(watch.collection_id, {})[watch.dm_channel] = watch
+        self.changed(watch.collection_id)
         for node in copies(watch).values():
             self.dm_channels_by_node.setdefault(node, set()).add((watch.collection_id, watch.dm_channel))
 
@@ -240,6 +253,7 @@ class MetaIndex:
         if channels is None or channel not in channels:
             return
         watch = channels.pop(channel)
+        self.changed(collection_id)
         if not channels:
             del self.dm_channels[collection_id]
         for node in copies(watch).values():

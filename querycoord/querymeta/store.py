@@ -195,6 +195,7 @@ class QueryMeta:
         self._progress: dict[int, dict[int, int]] = {}
         self._replica_progress: dict[int, dict[int, int]] = {}
         self._flushing: set[int] = set()
+        self._generation = 0  # bumped when the index is replaced (reload, adopt): see ``change_mark``
 
     # ===== state of the store itself ===========================================
     @property
@@ -252,6 +253,7 @@ class QueryMeta:
                     corrupt[key] = exc.reason
         warn_orphans(fresh)
         self._index = fresh
+        self._generation += 1
         self._corrupt = corrupt
         self._writer.in_doubt = False
         logger.info(
@@ -272,6 +274,7 @@ class QueryMeta:
         for key, reason in corrupt.items():
             logger.error("query meta reload skips {}", CorruptRecord(key, reason))
         self._index = index
+        self._generation += 1
         self._corrupt = dict(corrupt)
         self._writer.in_doubt = False
         logger.info(
@@ -287,6 +290,11 @@ class QueryMeta:
         """Wait for writes still in flight (also those whose callers were cancelled)."""
         while self._inflight:
             await asyncio.gather(*list(self._inflight), return_exceptions=True)
+
+    def change_mark(self, collection_id: int) -> tuple[int, int]:
+        """A value that changes whenever the collection's records change (a reload included): what a reader that
+        derives something costly from them (``querycoord.served``) keys its cache by."""
+        return self._generation, self._index.changes.get(collection_id, 0)
 
     # ===== collections and partitions: reads =======================================
     def collections(self) -> list[CollectionLoadInfo]:
@@ -719,6 +727,15 @@ class QueryMeta:
         arithmetic over a million ids (the checker's diff)."""
         return set().union(*self._index.segments_by_partition.get(collection_id, {}).values())
 
+    def partition_segment_ids(self, collection_id: int, partition_id: int) -> Set[int]:
+        """Ids of the partition's recorded segments, read-only and not copied (a million-segment partition is
+        counted, not copied, by ``querycoord.served``); empty when it has none."""
+        return self._index.segments_by_partition.get(collection_id, {}).get(partition_id, frozenset())
+
+    def dm_channel_copies(self, collection_id: int) -> dict[str, dict[int, int]]:
+        """Each recorded DM channel of the collection: replica id -> watching node."""
+        return {name: copies(w) for name, w in self._index.dm_channels.get(collection_id, {}).items()}
+
     def segment_places(self) -> Mapping[int, tuple[int, int, tuple[int, ...]]]:
         """Every segment's (collection, partition, copies as replica, node, replica, node...) by id, read-only and
         without parsing a record: for loops over many segments (the checker's diff, once per pass).
@@ -995,8 +1012,10 @@ class QueryMeta:
         return {n: len(c) for n, c in self._index.dm_channels_by_node.items()}
 
     def known_node_ids(self) -> set[int]:
-        """Nodes that hold any segment or channel record (a new leader checks them against live sessions)."""
-        return set(self._index.segments_by_node) | set(self._index.dm_channels_by_node)
+        """Nodes that hold any segment or channel record or serve a replica (a new leader checks them against
+        live sessions, and the checker forgets those that are gone)."""
+        members = {n for info in self._index.collections.values() for r in info.replicas for n in r.node_ids}
+        return set(self._index.segments_by_node) | set(self._index.dm_channels_by_node) | members
 
     async def save_dm_channel_watch(self, watches: Iterable[DmChannelWatchInfo]) -> int:
         """Insert or replace DM channel watches (by collection and channel); return the txns used.

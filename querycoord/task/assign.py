@@ -22,9 +22,7 @@ from typing import TypeVar
 from google.protobuf.message import Message
 
 from proto import data_pb2, querynode_pb2
-from querycoord.cluster.allocator import Usage
 from querycoord.messages import LoadItem, copy_without
-from querycoord.task.model import TaskEnv
 from querycoord.yielding import TURN_EVERY
 
 M = TypeVar("M", bound=Message)
@@ -170,11 +168,3 @@ def _merge_by_size_loop(infos: Sequence[M], limit: int, *, max_items: int = 0) -
     if cur:
         groups.append(cur)
     return groups
-
-
-def usage_of(env: TaskEnv) -> Usage:
-    nodes = [n.node_id for n in env.nodes.online()]
-    return Usage(
-        memory={n: env.meta.node_memory_usage(n) for n in nodes},
-        channels={n: len(env.meta.channels_on_node(n)) for n in nodes},
-    )

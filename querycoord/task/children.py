@@ -7,7 +7,6 @@ same way a trigger plans its first children.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Sequence
 from operator import attrgetter
 from typing import Any
@@ -16,13 +15,6 @@ from loguru import logger
 
 from proto import data_pb2, querynode_pb2
 from proto import querycoord_pb2 as qc
-from querycoord.cluster.allocator import (
-    CollectionReleasing,
-    NoAvailableNode,
-    allocate_channels,
-    allocate_segments,
-    allocate_waiting,
-)
 from querycoord.cluster.client import NodeError
 from querycoord.messages import load_items, rpc_method
 from querycoord.task.assign import (
@@ -34,9 +26,9 @@ from querycoord.task.assign import (
     segments_by_node,
     sent_request,
     strip_channel,
-    usage_of,
 )
 from querycoord.task.model import Task, TaskEnv, TaskError
+from querycoord.task.units import place_unit, usage_of
 
 QUERYNODE = querynode_pb2.DESCRIPTOR.services_by_name["QueryNode"]
 _COMPACTION_FROM = attrgetter("compaction_from")  # read in C: every info of every load is asked
@@ -189,7 +181,6 @@ class LoadSegmentsTask(ChildTask, kind=qc.TASK_KIND_LOAD_SEGMENT, request="load_
             list(load_items(req)),
             [],
             exclude=excluded,
-            wait=parent.rec.trigger_condition == qc.TRIGGER_CONDITION_NODE_DOWN,
             source_node_id=req.source_node_id,
             load_type=req.load_type,
             replica_id=req.replica_id,
@@ -237,7 +228,6 @@ class WatchDmChannelsTask(ChildTask, kind=qc.TASK_KIND_WATCH_DM_CHANNEL, request
             [],
             list(self.request.infos),
             exclude=[*self.rec.excluded_node_ids, self.node_id],
-            wait=parent.rec.trigger_condition == qc.TRIGGER_CONDITION_NODE_DOWN,
             partition_ids=list(self.request.partition_ids),
             load_type=self.request.load_type,
             replica_id=self.request.replica_id,
@@ -331,7 +321,6 @@ async def plan_children(
     *,
     exclude: Sequence[int] = (),
     include: Sequence[int] = (),
-    wait: bool = False,
     source_node_id: int = 0,
     load_type: data_pb2.LoadType = data_pb2.LOAD_TYPE_COLLECTION,
     partition_ids: Sequence[int] = (),
@@ -346,52 +335,15 @@ async def plan_children(
     With a ``replica_id``, only that replica's nodes take the work; when they have no room, spare nodes (online,
     in no replica of the collection) are offered too, and a spare that receives work joins the replica (persisted
     before the children are: a replica's copies are always on its own nodes). Replica 0 (a collection loaded
-    before replicas) may use any node.
+    before replicas) may use any node (``units.place_unit``).
+
+    Nothing waits for room: what cannot be placed now raises ``NoAvailableNode`` at once, and the caller fails
+    (a user's load) or parks the unit (a repair or a handoff: ``task.parking``).
     """
     cfg = env.config
-    deadline = getattr(parent, "deadline", time.monotonic() + cfg.trigger_timeout)
     sizes = segment_sizes(segments)
-
-    def candidates(with_spares: bool) -> list[int]:
-        members = set(env.meta.replica_nodes(collection_id, replica_id))
-        if with_spares:
-            taken = env.meta.replica_node_ids(collection_id)
-            members |= {n.node_id for n in env.nodes.online() if n.node_id not in taken}
-        allowed = [n for n in sorted(members) if env.nodes.is_online(n) and n not in exclude]
-        return [n for n in allowed if n in include] if include else allowed
-
-    def place(allowed: Sequence[int]) -> dict:
-        usage = usage_of(env)
-        placed_segments = (
-            allocate_segments(sizes, env.nodes.nodes.values(), usage, exclude=exclude, include=allowed,
-                              memory_limit=cfg.memory_limit)
-            if sizes else {}
-        )
-        placed_channels = (
-            allocate_channels([c.channel_name for c in channels], env.nodes.nodes.values(), usage,
-                              exclude=exclude, include=allowed)
-            if channels else {}
-        )
-        return {"segments": placed_segments, "channels": placed_channels}
-
-    def attempt() -> dict:
-        if wait and env.releasing.get(collection_id):
-            raise CollectionReleasing(f"collection {collection_id} is being released: its work is not placed")
-        if not replica_id:
-            return place(include)
-        own = candidates(with_spares=False)
-        if own:
-            try:
-                return place(own)
-            except NoAvailableNode:
-                pass
-        wider = candidates(with_spares=True)
-        if not wider:
-            raise NoAvailableNode(f"replica {replica_id} of collection {collection_id} has no online node "
-                                  f"(excluded {sorted(exclude)}) and no spare node is online")
-        return place(wider)
-
-    placed = await allocate_waiting(attempt, wait=wait, deadline=deadline, wait_interval=cfg.wait_interval)
+    placed = place_unit(env, collection_id, replica_id, sizes, [c.channel_name for c in channels], usage_of(env),
+                        exclude=exclude, include=include)
     if replica_id:
         used = set(placed["segments"].values()) | set(placed["channels"].values())
         joining = sorted(used - set(env.meta.replica_nodes(collection_id, replica_id)))

@@ -19,6 +19,7 @@ from proto import querycoord_pb2 as qc
 from querycoord.config import SchedulerConfig
 from querycoord.errors import CoordError
 from querycoord.messages import copy_fields
+from querycoord.task.parking import ParkedUnits
 
 if TYPE_CHECKING:
     from querycoord.catalog.broker import Broker
@@ -61,9 +62,9 @@ class TaskEnv:
     store: TaskStore
     ids: IdAllocator
     config: SchedulerConfig = field(default_factory=SchedulerConfig)
-    # Collections with a release queued or running (collection -> how many), kept by the scheduler: work that
-    # waits for room for such a collection stops waiting (``CollectionReleasing``) rather than hold the release up.
-    releasing: dict[int, int] = field(default_factory=dict)
+    # Repair units that cannot be placed now, with their reasons (``task.parking``): the checker weighs them
+    # again at each pass instead of queueing repairs that would fail.
+    parked: ParkedUnits = field(default_factory=ParkedUnits)
     _load_gates: dict[int, asyncio.Semaphore] = field(default_factory=dict, init=False, repr=False)
 
     def load_gate(self, node_id: int) -> asyncio.Semaphore:

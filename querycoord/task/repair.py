@@ -7,18 +7,21 @@ of the collection, and resumed by a new leader like any other tree.
 
 Planning re-checks against current meta (the world may have moved between
 the check and the run): a segment someone else loaded meanwhile is not loaded
-again, a release of a segment meta now places on that node is dropped.
+again, a release of a segment meta now places on that node is dropped. What
+each replica lacks is planned as one unit: replicas left with no online node
+get a spare first (``units.give_spares``), and a unit that cannot be placed is
+parked (``task.parking``) while the others go on.
 """
 
 from __future__ import annotations
 
-from loguru import logger
-
 from proto import data_pb2, querynode_pb2
 from proto import querycoord_pb2 as qc
+from querycoord.cluster.allocator import NoAvailableNode
 from querycoord.task.children import ReleaseCollectionOnNodeTask, ReleaseSegmentsTask, plan_children
 from querycoord.task.model import Task
 from querycoord.task.triggers import TriggerTask, segment_load_info
+from querycoord.task.units import give_spares, park_unplaced
 
 
 class RepairTask(TriggerTask, kind=qc.TASK_KIND_REPAIR, request="repair"):
@@ -47,11 +50,13 @@ class RepairTask(TriggerTask, kind=qc.TASK_KIND_REPAIR, request="repair"):
                 env, querynode_pb2.ReleaseSegmentsRequest(collection_id=cid, segment_ids=list(ns.segment_ids)),
                 trigger_condition=cond, collection_id=cid, node_id=ns.node_id, parent=self))
         if meta.has_collection(cid):
-            children += await self._plan_missing()
-            children += await self._plan_rewatch()
+            await give_spares(env, cid)
+            children += await self._plan_units()
         self.children = children
 
-    async def _plan_missing(self) -> list[Task]:
+    async def _plan_units(self) -> list[Task]:
+        """Load what each replica lacks and watch its unwatched DM channels, one replica (a unit) at a time: a
+        unit that cannot be placed now is parked with its reason (``task.parking``) and the others go on."""
         env, cid, meta = self.env, self.collection_id, self.env.meta
         # A copy still recorded on the node the checker saw without the segment (or on an offline one) is stale;
         # one on another online node means somebody loaded it since: leave it.
@@ -60,36 +65,38 @@ class RepairTask(TriggerTask, kind=qc.TASK_KIND_REPAIR, request="repair"):
             if node and (node == s.node_id or not env.nodes.is_online(node)):
                 await meta.remove_segment_copies(node, [s.segment_id])
         replicas = set(meta.replica_ids(cid))
-        by_replica: dict[int, dict[int, list[int]]] = {}
+        missing: dict[int, dict[int, list[int]]] = {}
         for s in self.request.missing_segments:
             if (s.replica_id in replicas and meta.has_partition(cid, s.partition_id)
                     and s.replica_id not in meta.segment_copies(s.segment_id)):
-                by_replica.setdefault(s.replica_id, {}).setdefault(s.partition_id, []).append(s.segment_id)
+                missing.setdefault(s.replica_id, {}).setdefault(s.partition_id, []).append(s.segment_id)
+        rewatch: dict[int, list[data_pb2.DmChannelWatchInfo]] = {}
+        for w in self.request.rewatch:
+            if w.replica_id in replicas:  # else the replica is gone (released and loaded again meanwhile)
+                rewatch.setdefault(w.replica_id, []).append(w)
         out: list[Task] = []
-        for replica, by_pid in sorted(by_replica.items()):
+        for replica in sorted(set(missing) | set(rewatch)):
             infos: list[data_pb2.SegmentLoadInfo] = []
-            for pid, ids in sorted(by_pid.items()):
+            for pid, ids in sorted(missing.get(replica, {}).items()):
                 _, binlogs = await env.broker.get_recovery_info(cid, pid, ids)
                 infos += [segment_load_info(b) for b in binlogs]
-            if infos:
-                out += await plan_children(env, self, cid, infos, [], replica_id=replica,
-                                           load_type=meta.get_load_type(cid) or data_pb2.LOAD_TYPE_COLLECTION)
+            try:
+                out += await self._plan_unit(replica, infos, rewatch.get(replica, []))
+            except NoAvailableNode as exc:
+                park_unplaced(env, cid, replica, infos, [w.dm_channel for w in rewatch.get(replica, [])],
+                              by=self.describe(), error=exc)
         return out
 
-    async def _plan_rewatch(self) -> list[Task]:
+    async def _plan_unit(self, replica: int, infos: list[data_pb2.SegmentLoadInfo],
+                         watches: list[data_pb2.DmChannelWatchInfo]) -> list[Task]:
         env, cid, meta = self.env, self.collection_id, self.env.meta
-        out: list[Task] = []
         load_type = meta.get_load_type(cid) or data_pb2.LOAD_TYPE_COLLECTION
-        replicas = set(meta.replica_ids(cid))
-        for w in self.request.rewatch:
-            if w.replica_id not in replicas:
-                continue  # the replica is gone (released and loaded again meanwhile)
+        out: list[Task] = []
+        if infos:
+            out += await plan_children(env, self, cid, infos, [], replica_id=replica, load_type=load_type)
+        for w in watches:
             chan = data_pb2.VChannelInfo(collection_id=cid, channel_name=w.dm_channel)
-            pids = list(w.partition_ids)
             include = [w.node_id] if w.node_id and env.nodes.is_online(w.node_id) else []
-            try:
-                out += await plan_children(env, self, cid, [], [chan], include=include, load_type=load_type,
-                                           partition_ids=pids, replica_id=w.replica_id)
-            except Exception as exc:  # placement failed: the next check tries again
-                logger.info("{}: cannot place DM channel {} now: {}", self.describe(), w.dm_channel, exc)
+            out += await plan_children(env, self, cid, [], [chan], include=include, load_type=load_type,
+                                       partition_ids=list(w.partition_ids), replica_id=replica)
         return out

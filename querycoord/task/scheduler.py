@@ -137,6 +137,9 @@ class Scheduler:
         self._loop: asyncio.Task[None] | None = None
         self._tiebreak = itertools.count()
         self.stopped = False
+        self.resumed_at = time.monotonic()  # when ``reload`` ran: resumed trees wait for nodes from then on
+        # Called with each finished trigger (the checker's kick: a release freed memory a parked unit may need).
+        self.finish_hooks: list[Callable[[TriggerTask], None]] = []
 
     # ----- life cycle ---------------------------------------------------------------------------------------
     async def start(self, *, reload: bool = True) -> int:
@@ -238,9 +241,6 @@ class Scheduler:
 
     def _push(self, trigger: TriggerTask) -> None:
         self.triggers[trigger.id] = trigger
-        if isinstance(trigger, ReleaseCollectionTask):
-            releasing = self.env.releasing
-            releasing[trigger.collection_id] = releasing.get(trigger.collection_id, 0) + 1
         heapq.heappush(self._heap, (-PRIORITY.get(trigger.rec.trigger_condition, 0), trigger.id,
                                     next(self._tiebreak)))
         self._wake.set()
@@ -565,7 +565,7 @@ class Scheduler:
 
     async def _reschedule(self, t: TriggerTask, child: Task) -> None:
         try:
-            new = await child.reschedule()
+            new = await self._replacements(t, child)
         except (TaskError, NoAvailableNode, NodeError) as exc:
             child.set_state(FAILED)
             last = child.rec.error or "its node went offline"
@@ -583,6 +583,26 @@ class Scheduler:
         await self.env.store.replace_child(child.rec, [c.rec for c in new])
         t.children = [c for c in t.children if c is not child] + new
         await self._run_children(t, new)
+
+    async def _replacements(self, t: TriggerTask, child: Task) -> list[Task]:
+        """``child.reschedule()``; for a tree this leader resumed (a restart, a failover), no online node is not an
+        answer yet while the nodes may still be registering: it waits up to ``resume_node_wait`` seconds after
+        the takeover for a node to join, then asks again.
+
+        Why: after a whole cluster restarts, the coordinator often leads before the query nodes are back, and
+        failing a resumed load then (NO_AVAILABLE_NODE) threw away work the nodes could do a moment later.
+        """
+        while True:
+            try:
+                return await child.reschedule()
+            except NoAvailableNode as exc:
+                left = self.resumed_at + self.cfg.resume_node_wait - time.monotonic()
+                if not t.resumed or left <= 0:
+                    raise
+                seen = self.env.nodes.version
+                logger.info("{}: {}; waiting up to {:.0f}s for query nodes to register", child.describe(), exc, left)
+                while self.env.nodes.version == seen and time.monotonic() < self.resumed_at + self.cfg.resume_node_wait:
+                    await asyncio.sleep(self.cfg.wait_interval)
 
     async def _fail(self, t: TriggerTask, exc: BaseException) -> None:
         """Roll back on the nodes (best effort, bounded), undo query meta, record the error."""
@@ -621,18 +641,9 @@ class Scheduler:
         self._started_ms.pop(t.id, None)
         self._release_locks(t)
 
-    def _not_releasing(self, t: TriggerTask) -> None:
-        if isinstance(t, ReleaseCollectionTask) and t.collection_id in self.env.releasing:
-            left = self.env.releasing[t.collection_id] - 1
-            if left > 0:
-                self.env.releasing[t.collection_id] = left
-            else:
-                del self.env.releasing[t.collection_id]
-
     def _finish(self, t: TriggerTask, error: BaseException | None) -> None:
         self._running.pop(t.id, None)
-        if self.triggers.pop(t.id, None) is not None:
-            self._not_releasing(t)
+        self.triggers.pop(t.id, None)
         self._cancel_reason.pop(t.id, None)
         self._started_ms.pop(t.id, None)
         self._release_locks(t)
@@ -641,6 +652,11 @@ class Scheduler:
         if self.cfg.history_keep > 0 and self._finished_since_prune >= max(1, self.cfg.history_keep // 10):
             self._prune_kick.set()  # prune before the history grows past its bound by more than a tenth
         metrics.trigger_finished(t, error)
+        for hook in self.finish_hooks:
+            try:
+                hook(t)
+            except Exception as exc:
+                logger.warning("a finish hook of {} failed: {}", t.describe(), exc)
         for c in t.children:  # a finished tree must not be a reference cycle: the full GC rarely runs (process.py)
             c.parent = None
         for fut in (t.planned, t.finished):
@@ -680,6 +696,7 @@ class Scheduler:
     # ----- reload -------------------------------------------------------------------------------------------------
     async def reload(self) -> int:
         """Rebuild the queue from etcd (see the commit points in ``task.store``)."""
+        self.resumed_at = time.monotonic()
         records = await self.env.store.load_all()
         by_id = {r.id: r for r in records}
         garbage: list[task_pb2.TaskRecord] = []
@@ -700,6 +717,7 @@ class Scheduler:
                 garbage.extend(children.pop(r.id, []))
                 continue
             t = cls(self.env, r)
+            t.resumed = True
             if r.state == DONE:
                 for cr in sorted(children.pop(r.id, []), key=lambda c: c.id):
                     ccls = Task.KINDS.get(cr.WhichOneof("request") or "")

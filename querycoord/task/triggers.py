@@ -20,7 +20,7 @@ from loguru import logger
 from proto import common_pb2, data_pb2, querynode_pb2, task_pb2
 from proto import querycoord_pb2 as qc
 from querycoord import memory
-from querycoord.cluster.allocator import CollectionReleasing, NoAvailableNode
+from querycoord.cluster.allocator import NoAvailableNode
 from querycoord.querymeta.copies import copies
 from querycoord.task.assign import Planned, segment_load_info
 from querycoord.task.children import (
@@ -30,6 +30,7 @@ from querycoord.task.children import (
     plan_children,
 )
 from querycoord.task.model import Task, TaskEnv, TaskError, mark_retrieved
+from querycoord.task.units import give_spares, park_unplaced
 from querycoord.yielding import TURN_EVERY
 
 IN_MEMORY = data_pb2.PARTITION_STATE_IN_MEMORY
@@ -102,6 +103,7 @@ class TriggerTask(Task):
         self.planned: asyncio.Future[None] = loop.create_future()
         self.finished: asyncio.Future[None] = loop.create_future()
         self.deadline = time.monotonic() + env.config.trigger_timeout
+        self.resumed = False  # reloaded by a new leader (``Scheduler.reload``): its children may wait for nodes
         # Segments this trigger loaded or released, for the memory release when it finishes (``_release_after``).
         self.touched = _Touched()
         self.finished.add_done_callback(_release_after(self.touched))
@@ -379,11 +381,12 @@ class ReleaseCollectionTask(TriggerTask, kind=qc.TASK_KIND_RELEASE_COLLECTION, r
 
     async def post_execute(self) -> None:
         await self.env.meta.release_collection(self.collection_id)
+        self.env.parked.drop_collections(set(self.env.meta.collection_ids()))  # nothing of it waits any more
 
     async def after_failure(self) -> None:
         # The user asked for a release: record it; whatever a node still holds is a
         # stray that the checker releases.
-        await self.env.meta.release_collection(self.collection_id)
+        await self.post_execute()
 
 
 class ReleasePartitionsTask(TriggerTask, kind=qc.TASK_KIND_RELEASE_PARTITION, request="release_partitions"):
@@ -404,6 +407,7 @@ class ReleasePartitionsTask(TriggerTask, kind=qc.TASK_KIND_RELEASE_PARTITION, re
 
     async def post_execute(self) -> None:
         await self.env.meta.release_partitions(self.collection_id, list(self.request.partition_ids))
+        self.env.parked.drop_collections(set(self.env.meta.collection_ids()))
 
     async def after_failure(self) -> None:
         await self.post_execute()
@@ -442,6 +446,12 @@ class LoadBalanceTask(TriggerTask, kind=qc.TASK_KIND_LOAD_BALANCE, request="load
         return segs
 
     async def execute(self) -> None:
+        if self.node_down:
+            # Written by a version that balanced a dead node's copies away in one trigger: the dead node is
+            # forgotten now, and the checker loads what it held, one replica at a time (``watchers.forget_node``).
+            await self._forget_sources()
+            self.children = []
+            return
         env = self.env
         sources = list(self.request.source_node_ids)
         # Moves stay within the copy's replica: the source's replica (or a spare joining it) takes them.
@@ -451,30 +461,11 @@ class LoadBalanceTask(TriggerTask, kind=qc.TASK_KIND_LOAD_BALANCE, request="load
         children: list[Task] = []
         for (cid, src, replica), segs in sorted(by_coll.items()):
             infos = await self._load_infos(cid, segs)
-            try:
-                children += await plan_children(
-                    env, self, cid, infos, [], exclude=sources, include=list(self.request.dst_node_ids),
-                    wait=self.node_down, source_node_id=0 if self.node_down else src,
-                    load_type=env.meta.get_load_type(cid) or data_pb2.LOAD_TYPE_COLLECTION, replica_id=replica,
-                )
-            except CollectionReleasing as exc:  # nothing to move: the release drops it everywhere
-                logger.info("{}: {}", self.describe(), exc)
-        if self.node_down:
-            for src in sources:
-                chans = env.meta.channels_on_node(src)
-                for cid, replica in sorted({(c.collection_id, c.replica_id) for c in chans}):
-                    mine = [c for c in chans if c.collection_id == cid and c.replica_id == replica]
-                    names = {c.dm_channel for c in mine}
-                    pids = sorted({p for c in mine for p in c.partition_ids})
-                    infos = await self._channel_infos(cid, names)
-                    try:
-                        children += await plan_children(
-                            env, self, cid, [], infos, exclude=sources, wait=True, partition_ids=pids,
-                            load_type=env.meta.get_load_type(cid) or data_pb2.LOAD_TYPE_COLLECTION,
-                            replica_id=replica,
-                        )
-                    except CollectionReleasing as exc:
-                        logger.info("{}: {}", self.describe(), exc)
+            children += await plan_children(
+                env, self, cid, infos, [], exclude=sources, include=list(self.request.dst_node_ids),
+                source_node_id=src, load_type=env.meta.get_load_type(cid) or data_pb2.LOAD_TYPE_COLLECTION,
+                replica_id=replica,
+            )
         self.children = children
 
     async def _load_infos(self, cid: int, segs: list[data_pb2.SegmentInfo]) -> list[data_pb2.SegmentLoadInfo]:
@@ -492,27 +483,6 @@ class LoadBalanceTask(TriggerTask, kind=qc.TASK_KIND_LOAD_BALANCE, request="load
             logger.info("{}: segments {} left the catalog; dropping them from query meta", self.describe(), gone)
             await self.env.meta.remove_segments(gone)
         return infos
-
-    async def _channel_infos(self, cid: int, names: set[str]) -> list[data_pb2.VChannelInfo]:
-        info = self.env.meta.get_collection(cid)
-        pids = [p.partition_id for p in info.partitions] if info else []
-        found: dict[str, data_pb2.VChannelInfo] = {}
-        for pid in pids[:1] or [0]:
-            chans, _ = await self.env.broker.get_recovery_info(cid, pid, [])
-            found.update({c.channel_name: c for c in chans if c.channel_name in names})
-        return [found.get(n) or data_pb2.VChannelInfo(collection_id=cid, channel_name=n) for n in sorted(names)]
-
-    async def post_execute(self) -> None:
-        if self.node_down:
-            await self._forget_sources()
-
-    async def after_failure(self) -> None:
-        """A NodeDown balance that could not place everything (no capacity before its deadline):
-        the dead node holds nothing, so meta must not say it does. Its segments and channels
-        are forgotten; the checker loads them again, and corrects the load percentage,
-        as soon as capacity returns."""
-        if self.node_down:
-            await self._forget_sources()
 
     async def _forget_sources(self) -> None:
         for src in self.request.source_node_ids:
@@ -544,10 +514,17 @@ class HandoffTask(TriggerTask, kind=qc.TASK_KIND_HANDOFF, request="handoff"):
             _, binlogs = await env.broker.get_recovery_info(cid, pid, ids)
             infos += [segment_load_info(b) for b in binlogs]
         self.children = []
+        await give_spares(env, cid)
         for replica in env.meta.replica_ids(cid):
             # A copy already held in this replica is not loaded again (a re-run after failover).
             todo = [i for i in infos if replica not in env.meta.segment_copies(i.segment_id)]
-            if todo:
+            if not todo:
+                continue
+            try:
                 self.children += await plan_children(
-                    env, self, cid, todo, [], wait=True, replica_id=replica,
+                    env, self, cid, todo, [], replica_id=replica,
                     load_type=env.meta.get_load_type(cid) or data_pb2.LOAD_TYPE_COLLECTION)
+            except NoAvailableNode as exc:
+                # This replica cannot take them now: the others still do. The checker loads them here once it
+                # can (they are in the target), and keeps their compaction sources served until then.
+                park_unplaced(env, cid, replica, todo, by=self.describe(), error=exc)

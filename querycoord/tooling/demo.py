@@ -11,8 +11,9 @@ What it shows, each part a real process on the embedded etcd:
 3. the first is loaded with a progress bar; mid-load one query node is
    SIGKILLed: the children that were meant for it are rescheduled to the
    survivors (the tree is drawn: each new child names the one it replaces and
-   excludes the dead node), the load still reaches 100 %, and a NodeDown
-   balance then moves what the dead node had already loaded; where the
+   excludes the dead node), the load still reaches 100 %, the dead node is
+   forgotten and the checker's repair loads again what it had already
+   loaded; where the
    segments then are is read from the nodes (each on exactly one online
    node, none left on the dead one);
 4. the second is loaded; mid-load the leading coordinator is SIGKILLed: the
@@ -164,13 +165,24 @@ def describe_reschedule(tree: qc.TaskTree, dead: int, shown: int = 4) -> list[st
 
 
 async def wait_node_gone(c: QueryCoordClient, node_id: int, timeout: float = 60.0) -> None:
-    """Until the leader places nothing on ``node_id`` (a dead node leaves ShowNodes once its NodeDown
-    balance has moved everything); at the timeout, return anyway: what it still holds is then printed."""
+    """Until the leader places nothing on ``node_id`` (a dead node leaves ShowNodes once its session is gone and
+    it is forgotten); at the timeout, return anyway: what it still holds is then printed."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         nodes = (await c.query("ShowNodes", qc.ShowNodesRequest())).nodes
         n = next((n for n in nodes if n.node_id == node_id), None)
         if n is None or (n.state != "online" and n.segment_count == 0 and n.dm_channel_count == 0):
+            return
+        await asyncio.sleep(0.2)
+
+
+async def wait_served(c: QueryCoordClient, collection_id: int, timeout: float = 60.0) -> None:
+    """Until the leader shows the collection 100 % in memory again (what the dead node held loaded elsewhere);
+    at the timeout, return anyway: the placement printed next says what is missing."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        show = await c.query("ShowCollections", qc.ShowCollectionsRequest(collection_ids=[collection_id]))
+        if show.collections and show.collections[0].in_memory_percentage == 100:
             return
         await asyncio.sleep(0.2)
 
@@ -254,22 +266,25 @@ async def run_cluster(opts: argparse.Namespace, data_dir: str) -> int:
                     print("    " + line)
                 print()
 
-            # ---- the NodeDown balance moves what the dead node had loaded ----
+            # ---- the dead node is forgotten; the checker loads what it had loaded on the others ----
             if killed:
                 # The load may end before the dead node's session lapses (when its last loads were answered
                 # before the SIGKILL): wait for the node to be declared gone and emptied, not only for idle.
                 await wait_node_gone(c, killed[0].node_id)
+                await wait_served(c, a.collection_id)
                 await wait_idle(c)
                 trees = await actions.list_trees(c, include_finished=True, include_children=True)
                 for tr in trees:
-                    if tr.trigger.trigger_condition == qc.TRIGGER_CONDITION_NODE_DOWN:
+                    if tr.trigger.kind == qc.TASK_KIND_REPAIR and tr.trigger.collection_id == a.collection_id \
+                            and tr.trigger.task_id > task_a:
                         segs = sum(actions.segments_in(ch.summary) for ch in tr.children
                                    if ch.kind == qc.TASK_KIND_LOAD_SEGMENT)
                         dests = sorted({ch.node_id for ch in tr.children if ch.kind == qc.TASK_KIND_LOAD_SEGMENT})
-                        tl.say(f"NodeDown balance #{tr.trigger.task_id} ({draw.state_name(tr.trigger.state)}) moved "
-                               f"the {segs:,} segments node {killed[0].node_id} had loaded to "
-                               f"node{'s' if len(dests) > 1 else ''} {', '.join(map(str, dests))} "
-                               f"({_count(len(tr.children), 'child', 'children')})")
+                        if segs:
+                            tl.say(f"checker repair #{tr.trigger.task_id} ({draw.state_name(tr.trigger.state)}) "
+                                   f"loaded the {segs:,} segments node {killed[0].node_id} had held on "
+                                   f"node{'s' if len(dests) > 1 else ''} {', '.join(map(str, dests))} "
+                                   f"({_count(len(tr.children), 'child', 'children')})")
                 tl.say(f"{a.name}: {await placement(c, a.collection_id, sizes[0][1], killed[0].node_id)}")
 
             # ---- load B, kill the leading coordinator in the middle ----
@@ -479,7 +494,7 @@ async def run_streams(cluster: AllInOne, tl: Timeline, opts: argparse.Namespace)
 
 
 async def wait_idle(c: QueryCoordClient, timeout: float = 60.0) -> None:
-    """Until no trigger is queued or running (a NodeDown balance may follow a load)."""
+    """Until no trigger is queued or running (a checker repair may follow a load)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not await actions.list_trees(c, include_finished=False, include_children=False):

@@ -1,0 +1,177 @@
+"""Where one repair unit (a replica of a collection) may go: its nodes, the spares it is given, the placement.
+
+Shared by the planners (``children.plan_children``: a repair, a handoff, a reschedule) and by the checker, which
+weighs a unit in memory before it queues anything (``assess``): both must agree on what "can be placed" means,
+or the checker would queue repairs that then fail.
+
+Spares: a replica left with no online node gets one spare (an online node serving no replica of the collection),
+the emptiest first, before anything is planned for it, so that every replica regains a node when spares come
+back (Milvus 2.2 hands new nodes to replicas at once); without it, the first replica to plan took every spare
+and the others waited for ever. A replica whose own nodes lack room may still take more spares, which join it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from loguru import logger
+
+from querycoord.cluster.allocator import NoAvailableNode, Usage, allocate_channels, allocate_segments
+from querycoord.task.model import TaskEnv
+from querycoord.task.parking import NO_NODE, NO_ROOM, Parked
+
+Placement = dict[str, dict]  # {"segments": segment id -> node, "channels": channel name -> node}
+
+
+def usage_of(env: TaskEnv) -> Usage:
+    nodes = [n.node_id for n in env.nodes.online()]
+    return Usage(
+        memory={n: env.meta.node_memory_usage(n) for n in nodes},
+        channels={n: len(env.meta.channels_on_node(n)) for n in nodes},
+    )
+
+
+def spares_of(env: TaskEnv, collection_id: int) -> list[int]:
+    """Online nodes serving no replica of the collection, emptiest first."""
+    taken = env.meta.replica_node_ids(collection_id)
+    spares = [n.node_id for n in env.nodes.online() if n.node_id not in taken]
+    return sorted(spares, key=lambda n: (env.meta.node_memory_usage(n), n))
+
+
+def spare_plan(env: TaskEnv, collection_id: int) -> dict[int, int]:
+    """replica -> the spare it is given: one each for the replicas with no online node, by replica id."""
+    online = env.nodes.online_ids()
+    needy = [r for r in env.meta.replica_ids(collection_id)
+             if r and not any(n in online for n in env.meta.replica_nodes(collection_id, r))]
+    return dict(zip(needy, spares_of(env, collection_id), strict=False))
+
+
+async def give_spares(env: TaskEnv, collection_id: int) -> dict[int, int]:
+    """Apply ``spare_plan`` (the spares join their replicas in query meta); returns it."""
+    plan = spare_plan(env, collection_id)
+    for replica, node in sorted(plan.items()):
+        await env.meta.add_replica_nodes(collection_id, replica, [node])
+    return plan
+
+
+def candidates(env: TaskEnv, collection_id: int, replica_id: int, *, exclude: Sequence[int] = (),
+               include: Sequence[int] = (), with_spares: bool = False, planned: Sequence[int] = ()) -> list[int]:
+    """Online nodes that may take the replica's work: its own (and ``planned`` spares it is about to get), with
+    ``with_spares`` every spare too; minus ``exclude``, within ``include`` when given."""
+    members = set(env.meta.replica_nodes(collection_id, replica_id)) | set(planned)
+    if with_spares:
+        members |= set(spares_of(env, collection_id))
+    online = env.nodes.online_ids()
+    allowed = [n for n in sorted(members) if n in online and n not in exclude]
+    return [n for n in allowed if n in include] if include else allowed
+
+
+def place(env: TaskEnv, sizes: Sequence[tuple[int, int]], channels: Sequence[str], allowed: Sequence[int],
+          usage: Usage, *, exclude: Sequence[int] = ()) -> Placement:
+    """Segments (memory-aware) and channels on ``allowed`` nodes (all but ``exclude`` when empty); ``usage`` is
+    updated with what was placed. ``NoAvailableNode`` when something does not fit."""
+    nodes = env.nodes.nodes.values()
+    return {
+        "segments": allocate_segments(sizes, nodes, usage, exclude=exclude, include=allowed,
+                                      memory_limit=env.config.memory_limit) if sizes else {},
+        "channels": allocate_channels(list(channels), nodes, usage, exclude=exclude, include=allowed)
+        if channels else {},
+    }
+
+
+def place_unit(env: TaskEnv, collection_id: int, replica_id: int, sizes: Sequence[tuple[int, int]],
+               channels: Sequence[str], usage: Usage, *, exclude: Sequence[int] = (), include: Sequence[int] = (),
+               planned: Sequence[int] = ()) -> Placement:
+    """Place one unit: on the replica's own nodes, else with the spares too; replica 0 (a collection loaded
+    before replicas) anywhere. ``NoAvailableNode`` says why it cannot be placed."""
+    if not replica_id:
+        return place(env, sizes, channels, include, usage, exclude=exclude)
+    own = candidates(env, collection_id, replica_id, exclude=exclude, include=include, planned=planned)
+    if own:
+        trial = Usage(dict(usage.memory), dict(usage.channels))
+        try:
+            placed = place(env, sizes, channels, own, trial, exclude=exclude)
+        except NoAvailableNode:
+            pass
+        else:
+            usage.memory.update(trial.memory)
+            usage.channels.update(trial.channels)
+            return placed
+    wider = candidates(env, collection_id, replica_id, exclude=exclude, include=include, with_spares=True,
+                       planned=planned)
+    if not wider:
+        raise NoAvailableNode(f"replica {replica_id} of collection {collection_id} has no online node "
+                              f"(excluded {sorted(exclude)}) and no spare node is online")
+    trial = Usage(dict(usage.memory), dict(usage.channels))
+    placed = place(env, sizes, channels, wider, trial, exclude=exclude)
+    usage.memory.update(trial.memory)
+    usage.channels.update(trial.channels)
+    return placed
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):,.1f} MiB"
+
+
+class Sized(Protocol):
+    """A segment as a unit lists it: a checker's missing copy, a catalog binlog or a load info."""
+
+    @property
+    def segment_id(self) -> int: ...
+
+    @property
+    def mem_size(self) -> int: ...
+
+
+def assess(env: TaskEnv, collection_id: int, replica_id: int, segments: Sequence[Sized],
+           channels: Sequence[str], usage: Usage, *, planned: Sequence[int] = ()) -> Parked | None:
+    """Whether the unit can be placed now (None, and ``usage`` counts it), or why not (a ``Parked``)."""
+    sizes = [(s.segment_id, s.mem_size) for s in segments]
+    try:
+        place_unit(env, collection_id, replica_id, sizes, channels, usage, planned=planned)
+        return None
+    except NoAvailableNode as exc:
+        why = str(exc)
+    total = sum(size for _sid, size in sizes)
+    wider = candidates(env, collection_id, replica_id, with_spares=True, planned=planned) if replica_id else \
+        sorted(env.nodes.online_ids())
+    parked = Parked(collection_id=collection_id, replica_id=replica_id, code=NO_NODE, reason="",
+                    segments=len(sizes), segment_bytes=total, channels=len(channels))
+    if not wider:
+        offline = [n for n in env.meta.replica_nodes(collection_id, replica_id) if not env.nodes.is_online(n)]
+        gone = f" (its nodes {offline} are offline)" if offline else ""
+        parked.reason = (f"replica {replica_id} has no online query node{gone} and no spare node is online: "
+                         "waiting for a query node to join")
+        return parked
+    limit = env.config.memory_limit
+    room = {}
+    for n in wider:
+        node = env.nodes.get(n)
+        if node is not None:
+            room[n] = max(0, int(node.capacity * limit) - usage.memory.get(n, 0))
+    short = max(0, total - sum(room.values()))
+    if short:
+        detail = f"{_mib(short)} more memory is needed under {limit:.0%} of capacity"
+    else:
+        largest = max((size for _sid, size in sizes), default=0)
+        detail = (f"the largest segment ({_mib(largest)}) fits on no single node under {limit:.0%} of capacity"
+                  if sizes else why)
+    free = ", ".join(f"node {n}: {_mib(b)} free" for n, b in sorted(room.items()))
+    parked.code, parked.short_bytes, parked.room = NO_ROOM, short, room
+    parked.reason = (f"no room for {len(sizes)} segments ({_mib(total)}) of replica {replica_id} on nodes {wider} "
+                     f"({free}): {detail}; waiting for memory to be freed or a node to join")
+    return parked
+
+
+def park_unplaced(env: TaskEnv, collection_id: int, replica_id: int, segments: Sequence[Sized],
+                  channels: Sequence[str] = (), *, by: str, error: Exception) -> Parked:
+    """A trigger found a unit it cannot place when it ran (the world moved since the checker weighed it): park
+    it with its reason (``assess``'s, else the error's) rather than fail the other units' work."""
+    parked = assess(env, collection_id, replica_id, segments, channels, usage_of(env)) or Parked(
+        collection_id=collection_id, replica_id=replica_id, code=NO_ROOM, reason=str(error),
+        segments=len(segments), segment_bytes=sum(s.mem_size for s in segments), channels=len(channels))
+    parked.by = by
+    env.parked.park(parked)
+    logger.info("{}: replica {} of collection {} parked: {}", by, replica_id, collection_id, parked.reason)
+    return parked
