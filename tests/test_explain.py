@@ -122,7 +122,7 @@ def test_health_says_what_is_missing_and_the_worst_state_wins() -> None:
                          "by-dev-rootcoord-dml_1_1v0 (no online node)")
     red = served(replica(2, 0, 4, 0, 1, offline=(4,)), unserved=4, unserved_channels=1)
     assert collection_health(red, {2: lacking(4, ["c"])}).missing == (
-        "4 segments and 1 DM channels held by no replica; replica 2 lacks 4 of 4 segments and DM channel c "
+        "4 segments and 1 DM channel held by no replica; replica 2 lacks 4 of 4 segments and DM channel c "
         "(node 4 offline)")
     assert worst([qc.HEALTH_STATE_GREEN, qc.HEALTH_STATE_RED, qc.HEALTH_STATE_YELLOW]) == qc.HEALTH_STATE_RED
     assert worst([]) == qc.HEALTH_STATE_GREEN

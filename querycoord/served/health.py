@@ -22,6 +22,10 @@ def worst(states: list[qc.HealthState]) -> qc.HealthState:
     return max(states, default=qc.HEALTH_STATE_GREEN)
 
 
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'s' if n != 1 else ''}" if n else ""
+
+
 def _channels(names: list[str]) -> str:
     shown = ", ".join(names[:NAMED_CHANNELS])
     more = f" and {len(names) - NAMED_CHANNELS} more" if len(names) > NAMED_CHANNELS else ""
@@ -32,8 +36,7 @@ def missing_text(served: CollectionServed, missing: Mapping[int, ReplicaMissing]
     """What is missing, in one line: what no replica holds, then each replica's lack (empty when green)."""
     parts = []
     if served.unserved_segments or served.unserved_channels:
-        held_by_none = [f"{served.unserved_segments} segments" if served.unserved_segments else "",
-                        f"{served.unserved_channels} DM channels" if served.unserved_channels else ""]
+        held_by_none = [_count(served.unserved_segments, "segment"), _count(served.unserved_channels, "DM channel")]
         parts.append(" and ".join(p for p in held_by_none if p) + " held by no replica")
     for rid, r in sorted(served.replicas.items()):
         if r.whole:
