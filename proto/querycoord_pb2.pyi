@@ -48,6 +48,34 @@ class BalanceReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     BALANCE_REASON_USER: _ClassVar[BalanceReason]
     BALANCE_REASON_NODE_DOWN: _ClassVar[BalanceReason]
     BALANCE_REASON_AUTO: _ClassVar[BalanceReason]
+
+class WaitKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    WAIT_KIND_UNSPECIFIED: _ClassVar[WaitKind]
+    WAIT_KIND_COLLECTION: _ClassVar[WaitKind]
+    WAIT_KIND_SLOT: _ClassVar[WaitKind]
+    WAIT_KIND_PLANNING: _ClassVar[WaitKind]
+    WAIT_KIND_CHILD: _ClassVar[WaitKind]
+    WAIT_KIND_RETRY: _ClassVar[WaitKind]
+    WAIT_KIND_NODES: _ClassVar[WaitKind]
+    WAIT_KIND_SPACE: _ClassVar[WaitKind]
+
+class HealthState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    HEALTH_STATE_UNSPECIFIED: _ClassVar[HealthState]
+    HEALTH_STATE_GREEN: _ClassVar[HealthState]
+    HEALTH_STATE_YELLOW: _ClassVar[HealthState]
+    HEALTH_STATE_RED: _ClassVar[HealthState]
+
+class ExplainReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EXPLAIN_REASON_UNSPECIFIED: _ClassVar[ExplainReason]
+    EXPLAIN_REASON_TRIGGER: _ClassVar[ExplainReason]
+    EXPLAIN_REASON_RETRYING: _ClassVar[ExplainReason]
+    EXPLAIN_REASON_NO_NODE: _ClassVar[ExplainReason]
+    EXPLAIN_REASON_NO_ROOM: _ClassVar[ExplainReason]
+    EXPLAIN_REASON_WAITING_FOR_NODE: _ClassVar[ExplainReason]
+    EXPLAIN_REASON_CHECKER: _ClassVar[ExplainReason]
 TASK_KIND_UNSPECIFIED: TaskKind
 TASK_KIND_LOAD_COLLECTION: TaskKind
 TASK_KIND_RELEASE_COLLECTION: TaskKind
@@ -76,6 +104,25 @@ BALANCE_REASON_UNSPECIFIED: BalanceReason
 BALANCE_REASON_USER: BalanceReason
 BALANCE_REASON_NODE_DOWN: BalanceReason
 BALANCE_REASON_AUTO: BalanceReason
+WAIT_KIND_UNSPECIFIED: WaitKind
+WAIT_KIND_COLLECTION: WaitKind
+WAIT_KIND_SLOT: WaitKind
+WAIT_KIND_PLANNING: WaitKind
+WAIT_KIND_CHILD: WaitKind
+WAIT_KIND_RETRY: WaitKind
+WAIT_KIND_NODES: WaitKind
+WAIT_KIND_SPACE: WaitKind
+HEALTH_STATE_UNSPECIFIED: HealthState
+HEALTH_STATE_GREEN: HealthState
+HEALTH_STATE_YELLOW: HealthState
+HEALTH_STATE_RED: HealthState
+EXPLAIN_REASON_UNSPECIFIED: ExplainReason
+EXPLAIN_REASON_TRIGGER: ExplainReason
+EXPLAIN_REASON_RETRYING: ExplainReason
+EXPLAIN_REASON_NO_NODE: ExplainReason
+EXPLAIN_REASON_NO_ROOM: ExplainReason
+EXPLAIN_REASON_WAITING_FOR_NODE: ExplainReason
+EXPLAIN_REASON_CHECKER: ExplainReason
 
 class TaskInfo(_message.Message):
     __slots__ = ("task_id", "kind", "state", "trigger_condition", "node_id", "retry_count", "error", "error_code", "collection_id", "parent_id", "created_ms", "updated_ms", "excluded_node_ids", "summary", "replaces_task_id", "started_ms", "finished_ms")
@@ -115,6 +162,28 @@ class TaskInfo(_message.Message):
     finished_ms: int
     def __init__(self, task_id: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., state: _Optional[_Union[TaskState, str]] = ..., trigger_condition: _Optional[_Union[TriggerCondition, str]] = ..., node_id: _Optional[int] = ..., retry_count: _Optional[int] = ..., error: _Optional[str] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., collection_id: _Optional[int] = ..., parent_id: _Optional[int] = ..., created_ms: _Optional[int] = ..., updated_ms: _Optional[int] = ..., excluded_node_ids: _Optional[_Iterable[int]] = ..., summary: _Optional[str] = ..., replaces_task_id: _Optional[int] = ..., started_ms: _Optional[int] = ..., finished_ms: _Optional[int] = ...) -> None: ...
 
+class TaskWait(_message.Message):
+    __slots__ = ("kind", "text", "since_ms", "until_ms", "child_task_id", "node_id", "attempt", "error", "blocking_task_id")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    SINCE_MS_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_MS_FIELD_NUMBER: _ClassVar[int]
+    CHILD_TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    BLOCKING_TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    kind: WaitKind
+    text: str
+    since_ms: int
+    until_ms: int
+    child_task_id: int
+    node_id: int
+    attempt: int
+    error: str
+    blocking_task_id: int
+    def __init__(self, kind: _Optional[_Union[WaitKind, str]] = ..., text: _Optional[str] = ..., since_ms: _Optional[int] = ..., until_ms: _Optional[int] = ..., child_task_id: _Optional[int] = ..., node_id: _Optional[int] = ..., attempt: _Optional[int] = ..., error: _Optional[str] = ..., blocking_task_id: _Optional[int] = ...) -> None: ...
+
 class ChildStateCounts(_message.Message):
     __slots__ = ("total", "undo", "doing", "done", "expired", "failed")
     TOTAL_FIELD_NUMBER: _ClassVar[int]
@@ -132,14 +201,16 @@ class ChildStateCounts(_message.Message):
     def __init__(self, total: _Optional[int] = ..., undo: _Optional[int] = ..., doing: _Optional[int] = ..., done: _Optional[int] = ..., expired: _Optional[int] = ..., failed: _Optional[int] = ...) -> None: ...
 
 class TaskTree(_message.Message):
-    __slots__ = ("trigger", "children", "child_counts")
+    __slots__ = ("trigger", "children", "child_counts", "waits")
     TRIGGER_FIELD_NUMBER: _ClassVar[int]
     CHILDREN_FIELD_NUMBER: _ClassVar[int]
     CHILD_COUNTS_FIELD_NUMBER: _ClassVar[int]
+    WAITS_FIELD_NUMBER: _ClassVar[int]
     trigger: TaskInfo
     children: _containers.RepeatedCompositeFieldContainer[TaskInfo]
     child_counts: ChildStateCounts
-    def __init__(self, trigger: _Optional[_Union[TaskInfo, _Mapping]] = ..., children: _Optional[_Iterable[_Union[TaskInfo, _Mapping]]] = ..., child_counts: _Optional[_Union[ChildStateCounts, _Mapping]] = ...) -> None: ...
+    waits: _containers.RepeatedCompositeFieldContainer[TaskWait]
+    def __init__(self, trigger: _Optional[_Union[TaskInfo, _Mapping]] = ..., children: _Optional[_Iterable[_Union[TaskInfo, _Mapping]]] = ..., child_counts: _Optional[_Union[ChildStateCounts, _Mapping]] = ..., waits: _Optional[_Iterable[_Union[TaskWait, _Mapping]]] = ...) -> None: ...
 
 class ListTasksRequest(_message.Message):
     __slots__ = ("collection_id", "states", "include_children", "include_finished", "limit", "after_task_id", "children_limit", "newest_first")
@@ -420,6 +491,133 @@ class StepBackResponse(_message.Message):
 class GetCoordinatorStateRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class CheckHealthRequest(_message.Message):
+    __slots__ = ("collection_ids",)
+    COLLECTION_IDS_FIELD_NUMBER: _ClassVar[int]
+    collection_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, collection_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ReplicaHealth(_message.Message):
+    __slots__ = ("replica_id", "percentage", "whole", "segments", "missing_segments", "channels", "missing_channels", "online_node_ids", "offline_node_ids")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    PERCENTAGE_FIELD_NUMBER: _ClassVar[int]
+    WHOLE_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    MISSING_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    CHANNELS_FIELD_NUMBER: _ClassVar[int]
+    MISSING_CHANNELS_FIELD_NUMBER: _ClassVar[int]
+    ONLINE_NODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    OFFLINE_NODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    replica_id: int
+    percentage: int
+    whole: bool
+    segments: int
+    missing_segments: int
+    channels: int
+    missing_channels: _containers.RepeatedScalarFieldContainer[str]
+    online_node_ids: _containers.RepeatedScalarFieldContainer[int]
+    offline_node_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, replica_id: _Optional[int] = ..., percentage: _Optional[int] = ..., whole: _Optional[bool] = ..., segments: _Optional[int] = ..., missing_segments: _Optional[int] = ..., channels: _Optional[int] = ..., missing_channels: _Optional[_Iterable[str]] = ..., online_node_ids: _Optional[_Iterable[int]] = ..., offline_node_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class CollectionHealth(_message.Message):
+    __slots__ = ("collection_id", "name", "state", "percentage", "replicas", "unserved_segments", "unserved_channels", "missing")
+    COLLECTION_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    PERCENTAGE_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    UNSERVED_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    UNSERVED_CHANNELS_FIELD_NUMBER: _ClassVar[int]
+    MISSING_FIELD_NUMBER: _ClassVar[int]
+    collection_id: int
+    name: str
+    state: HealthState
+    percentage: int
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaHealth]
+    unserved_segments: int
+    unserved_channels: int
+    missing: str
+    def __init__(self, collection_id: _Optional[int] = ..., name: _Optional[str] = ..., state: _Optional[_Union[HealthState, str]] = ..., percentage: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaHealth, _Mapping]]] = ..., unserved_segments: _Optional[int] = ..., unserved_channels: _Optional[int] = ..., missing: _Optional[str] = ...) -> None: ...
+
+class CheckHealthResponse(_message.Message):
+    __slots__ = ("status", "collections", "state")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIONS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    status: _common_pb2.Status
+    collections: _containers.RepeatedCompositeFieldContainer[CollectionHealth]
+    state: HealthState
+    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., collections: _Optional[_Iterable[_Union[CollectionHealth, _Mapping]]] = ..., state: _Optional[_Union[HealthState, str]] = ...) -> None: ...
+
+class ExplainRequest(_message.Message):
+    __slots__ = ("collection_id", "collection_name", "segment_limit")
+    COLLECTION_ID_FIELD_NUMBER: _ClassVar[int]
+    COLLECTION_NAME_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    collection_id: int
+    collection_name: str
+    segment_limit: int
+    def __init__(self, collection_id: _Optional[int] = ..., collection_name: _Optional[str] = ..., segment_limit: _Optional[int] = ...) -> None: ...
+
+class ExplainUnit(_message.Message):
+    __slots__ = ("replica_id", "segment_ids", "missing_segments", "missing_channels", "reason", "reason_text", "next", "since_ms", "task_id", "child_task_id", "node_id", "error", "retry_count", "short_bytes", "room_bytes", "online_node_ids", "offline_node_ids")
+    class RoomBytesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: int
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_IDS_FIELD_NUMBER: _ClassVar[int]
+    MISSING_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    MISSING_CHANNELS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    REASON_TEXT_FIELD_NUMBER: _ClassVar[int]
+    NEXT_FIELD_NUMBER: _ClassVar[int]
+    SINCE_MS_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    CHILD_TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    RETRY_COUNT_FIELD_NUMBER: _ClassVar[int]
+    SHORT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ROOM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ONLINE_NODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    OFFLINE_NODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    replica_id: int
+    segment_ids: _containers.RepeatedScalarFieldContainer[int]
+    missing_segments: int
+    missing_channels: _containers.RepeatedScalarFieldContainer[str]
+    reason: ExplainReason
+    reason_text: str
+    next: str
+    since_ms: int
+    task_id: int
+    child_task_id: int
+    node_id: int
+    error: str
+    retry_count: int
+    short_bytes: int
+    room_bytes: _containers.ScalarMap[int, int]
+    online_node_ids: _containers.RepeatedScalarFieldContainer[int]
+    offline_node_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, replica_id: _Optional[int] = ..., segment_ids: _Optional[_Iterable[int]] = ..., missing_segments: _Optional[int] = ..., missing_channels: _Optional[_Iterable[str]] = ..., reason: _Optional[_Union[ExplainReason, str]] = ..., reason_text: _Optional[str] = ..., next: _Optional[str] = ..., since_ms: _Optional[int] = ..., task_id: _Optional[int] = ..., child_task_id: _Optional[int] = ..., node_id: _Optional[int] = ..., error: _Optional[str] = ..., retry_count: _Optional[int] = ..., short_bytes: _Optional[int] = ..., room_bytes: _Optional[_Mapping[int, int]] = ..., online_node_ids: _Optional[_Iterable[int]] = ..., offline_node_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ExplainResponse(_message.Message):
+    __slots__ = ("status", "collection_id", "name", "state", "units")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    COLLECTION_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    UNITS_FIELD_NUMBER: _ClassVar[int]
+    status: _common_pb2.Status
+    collection_id: int
+    name: str
+    state: HealthState
+    units: _containers.RepeatedCompositeFieldContainer[ExplainUnit]
+    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., collection_id: _Optional[int] = ..., name: _Optional[str] = ..., state: _Optional[_Union[HealthState, str]] = ..., units: _Optional[_Iterable[_Union[ExplainUnit, _Mapping]]] = ...) -> None: ...
 
 class GetCoordinatorStateResponse(_message.Message):
     __slots__ = ("status", "address", "server_id", "leader", "since_ms", "election_revision")

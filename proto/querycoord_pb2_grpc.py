@@ -120,6 +120,16 @@ class QueryCoordStub:
                 request_serializer=proto_dot_querycoord__pb2.GetCoordinatorStateRequest.SerializeToString,
                 response_deserializer=proto_dot_querycoord__pb2.GetCoordinatorStateResponse.FromString,
                 _registered_method=True)
+        self.CheckHealth = channel.unary_unary(
+                '/querycoord.query.QueryCoord/CheckHealth',
+                request_serializer=proto_dot_querycoord__pb2.CheckHealthRequest.SerializeToString,
+                response_deserializer=proto_dot_querycoord__pb2.CheckHealthResponse.FromString,
+                _registered_method=True)
+        self.Explain = channel.unary_unary(
+                '/querycoord.query.QueryCoord/Explain',
+                request_serializer=proto_dot_querycoord__pb2.ExplainRequest.SerializeToString,
+                response_deserializer=proto_dot_querycoord__pb2.ExplainResponse.FromString,
+                _registered_method=True)
 
 
 class QueryCoordServicer:
@@ -237,6 +247,27 @@ class QueryCoordServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CheckHealth(self, request, context):
+        """Health of loaded collections as online query nodes serve them (as
+        Milvus's CheckHealth): GREEN, every replica whole; YELLOW, some replica
+        lacks something that another replica holds; RED, some target segment or
+        DM channel is held by no replica. With what is missing. Live figures:
+        the leader answers (a standby aborts UNAVAILABLE naming the leader,
+        which clients follow).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Explain(self, request, context):
+        """For each replica of a collection that lacks a target segment or DM
+        channel: what it lacks, why, and what happens next (`querycoord
+        explain`). The leader answers, as for CheckHealth.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_QueryCoordServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -324,6 +355,16 @@ def add_QueryCoordServicer_to_server(servicer, server):
                     servicer.GetCoordinatorState,
                     request_deserializer=proto_dot_querycoord__pb2.GetCoordinatorStateRequest.FromString,
                     response_serializer=proto_dot_querycoord__pb2.GetCoordinatorStateResponse.SerializeToString,
+            ),
+            'CheckHealth': grpc.unary_unary_rpc_method_handler(
+                    servicer.CheckHealth,
+                    request_deserializer=proto_dot_querycoord__pb2.CheckHealthRequest.FromString,
+                    response_serializer=proto_dot_querycoord__pb2.CheckHealthResponse.SerializeToString,
+            ),
+            'Explain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Explain,
+                    request_deserializer=proto_dot_querycoord__pb2.ExplainRequest.FromString,
+                    response_serializer=proto_dot_querycoord__pb2.ExplainResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -785,6 +826,60 @@ class QueryCoord:
             '/querycoord.query.QueryCoord/GetCoordinatorState',
             proto_dot_querycoord__pb2.GetCoordinatorStateRequest.SerializeToString,
             proto_dot_querycoord__pb2.GetCoordinatorStateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CheckHealth(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/querycoord.query.QueryCoord/CheckHealth',
+            proto_dot_querycoord__pb2.CheckHealthRequest.SerializeToString,
+            proto_dot_querycoord__pb2.CheckHealthResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Explain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/querycoord.query.QueryCoord/Explain',
+            proto_dot_querycoord__pb2.ExplainRequest.SerializeToString,
+            proto_dot_querycoord__pb2.ExplainResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -92,7 +92,7 @@ _TABLE: dict[str, dict[str, frozenset[Role]]] = {
     "QueryCoord": {
         "ShowCollections": READ, "ShowPartitions": READ, "GetPartitionStates": READ, "GetSegmentInfo": READ,
         "GetComponentStates": READ, "ListTasks": READ, "GetTask": READ, "ShowNodes": READ,
-        "GetCoordinatorState": READ, "GetReplicas": READ,
+        "GetCoordinatorState": READ, "GetReplicas": READ, "CheckHealth": READ, "Explain": READ,
         "LoadCollection": ADMIN, "ReleaseCollection": ADMIN, "LoadPartitions": ADMIN, "ReleasePartitions": ADMIN,
         "LoadBalance": ADMIN, "Switchover": ADMIN,
         "StepBack": COORDINATOR,  # only a leader asks, during a switchover

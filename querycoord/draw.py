@@ -153,14 +153,41 @@ def task_record(t: qc.TaskInfo, *, trigger: bool = False) -> dict[str, object]:
 
 
 def tree_record(tree: qc.TaskTree) -> dict[str, object]:
-    """A trigger with its children (those the answer carried) and the count of its children by state."""
+    """A trigger with its children (those the answer carried), the count of its children by state, and what it
+    waits for (queued or running on the leader; empty otherwise)."""
     counts = tree.child_counts
     return {
         **task_record(tree.trigger, trigger=True),
         "child_counts": {"total": counts.total, "undo": counts.undo, "doing": counts.doing,
                          "done": counts.done + counts.expired, "failed": counts.failed},
         "children": [task_record(c) for c in tree.children],
+        "waits": [wait_record(w) for w in getattr(tree, "waits", ())],
     }
+
+
+def wait_record(w: qc.TaskWait) -> dict[str, object]:
+    """One thing a trigger waits for, as ``tasks show -o json`` prints it (times in unix ms, 0: unknown)."""
+    return {"kind": qc.WaitKind.Name(w.kind).removeprefix("WAIT_KIND_").lower() if w.kind in qc.WaitKind.values()
+            else str(w.kind), "text": w.text, "since_ms": w.since_ms, "until_ms": w.until_ms,
+            "child_task_id": w.child_task_id, "node_id": w.node_id, "attempt": w.attempt, "error": w.error,
+            "blocking_task_id": w.blocking_task_id}
+
+
+def span(seconds: float) -> str:
+    """A duration as people read it: ``0.4s``, ``12s``, ``3m``, ``2h``."""
+    s = max(0.0, seconds)
+    if s < 10:
+        return f"{s:.1f}s"
+    return f"{s:.0f}s" if s < 120 else f"{s // 60:.0f}m" if s < 7200 else f"{s // 3600:.0f}h"
+
+
+def wait_line(w: qc.TaskWait, now_ms: int, *, width: int = 240) -> str:
+    """``<what it waits for> (for 3.1s[, next attempt in 0.2s])``."""
+    when = [f"for {span((now_ms - w.since_ms) / 1000)}"] if w.since_ms else []
+    if w.until_ms:
+        word = "next attempt" if w.kind == qc.WAIT_KIND_RETRY else "ends"
+        when.append(f"{word} in {span((w.until_ms - now_ms) / 1000)}")
+    return _shorten(w.text, width) + (f" ({', '.join(when)})" if when else "")
 
 
 def is_rescheduled(c: qc.TaskInfo) -> bool:

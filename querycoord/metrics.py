@@ -247,9 +247,35 @@ def _leader_families(lead: Leadership) -> list[Metric]:
             capacity.add_metric(label, online[node_id].capacity)
     out += [segments, channels, used, capacity,
             _gauge("querycoord_query_nodes_online", "Query nodes the leader sees online", len(online))]
+    out.extend(_served_families(lead))
     if lead.streams is not None:
         out.extend(_stream_families(lead))
     return out
+
+
+# ``querycoord.served.state.HEALTH_STATES``, not imported: the reference nodes import this module, and nothing of
+# the coordinator side (tests/test_health.py checks both agree).
+HEALTH_LABELS = ("green", "yellow", "red")
+
+
+def _served_families(lead: Leadership) -> list[Metric]:
+    """Health and load percentage of each loaded collection, live: from what online nodes hold
+    (``querycoord.served``), so no gauge says 100 % while a target segment or DM channel is held by no online node
+    of some replica."""
+    if lead.served is None:
+        return []
+    by_health = GaugeMetricFamily("querycoord_collections_by_health", "Loaded collections by health: green (every "
+                                  "replica whole), yellow (a replica lacks what another holds), red (something held "
+                                  "by no replica)", labels=["state"])
+    loaded = GaugeMetricFamily("querycoord_collection_loaded_percentage", "The in-memory percentage online query "
+                               "nodes serve of each loaded collection", labels=["collection_id"])
+    counts = dict.fromkeys(HEALTH_LABELS, 0)
+    for served in lead.served.collections():
+        counts[served.health] += 1
+        loaded.add_metric([str(served.collection_id)], served.percentage)
+    for state in HEALTH_LABELS:
+        by_health.add_metric([state], counts[state])
+    return [by_health, loaded]
 
 
 def _stream_families(lead: Leadership) -> list[Metric]:

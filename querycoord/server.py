@@ -6,7 +6,9 @@ answered here from the leader's meta, nodes and scheduler. Every answer
 carries a Status (``querycoord.gate``). While this coordinator is not the
 leader, every call but GetComponentStates, ShowCollections, GetReplicas,
 ListTasks and GetTask (answered from etcd: the query meta, task records and
-the task history) aborts UNAVAILABLE naming the leader.
+the task history) aborts UNAVAILABLE naming the leader: CheckHealth and
+Explain too, since only the leader knows which nodes are online now, what is
+parked and what its triggers wait for (``querycoord.health_rpc``).
 
 Every request is checked against the configured ``Limits`` first
 (``querycoord.validate``; mutations by their job's ``check``): a malformed
@@ -29,6 +31,7 @@ from querycoord.cluster.client import NodeError
 from querycoord.coordinator import Coordinator, Leadership
 from querycoord.errors import NotFound
 from querycoord.gate import LeaderGate, Rpc, answered, budget
+from querycoord.health_rpc import CollectionNames, check_health, explain
 from querycoord.jobs import (
     Job,
     LoadBalanceJob,
@@ -40,6 +43,7 @@ from querycoord.jobs import (
 from querycoord.limits import Limits
 from querycoord.protocol import QUERYCOORD_ROLE
 from querycoord.querymeta import QueryMeta
+from querycoord.served.missing import SEGMENT_LIMIT_MAX
 from querycoord.switchover import coordinator_state, step_back, switch_over
 from querycoord.task.history import TaskHistory
 from querycoord.task.model import record_info
@@ -66,6 +70,7 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
         self.coord = coord
         self.gate = LeaderGate(coord)
         self.limits: Limits = coord.config.limits
+        self.names = CollectionNames()  # collection names for CheckHealth, looked up once each
 
     async def _standby_meta(self) -> QueryMeta:
         """A standby answers reads from etcd: a fresh, read-only query meta."""
@@ -160,7 +165,26 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
             raise NotFound(f"segments {sorted(missing)[:20]} are not loaded on any online node")
         return qc.GetSegmentInfoResponse(status=OK, infos=out)
 
-    # ----- health and tasks -----------------------------------------------------------------------------------
+    # ----- health and explain (querycoord/health_rpc.py) --------------------------------------------------------
+    @answered(qc.CheckHealthResponse)
+    async def CheckHealth(self, request, context):
+        wanted = check_ids("collection_ids", request.collection_ids, self.limits.max_ids_per_request,
+                           duplicates="drop")
+        lead = await self.gate.lead(context)
+        resp = await check_health(lead, wanted, self.names)
+        resp.status.CopyFrom(OK)
+        return resp
+
+    @answered(qc.ExplainResponse)
+    async def Explain(self, request, context):
+        check_id("collection_id", request.collection_id, optional=True)
+        check_name("collection_name", request.collection_name, self.limits.max_name_length, required=False)
+        check_range("segment_limit", request.segment_limit, 0, SEGMENT_LIMIT_MAX)
+        resp = await explain(await self.gate.lead(context), request)
+        resp.status.CopyFrom(OK)
+        return resp
+
+    # ----- component state and tasks ----------------------------------------------------------------------------
     async def GetComponentStates(self, request, context):
         state = common_pb2.HEALTHY if self.coord.is_leader else common_pb2.STANDBY
         return common_pb2.ComponentStates(
@@ -292,7 +316,7 @@ def _shaped(tree: qc.TaskTree, include_children: bool, children_limit: int) -> q
     kids = list(tree.children) if include_children else []
     if children_limit:
         kids = kids[:children_limit]
-    return qc.TaskTree(trigger=tree.trigger, children=kids, child_counts=tree.child_counts)
+    return qc.TaskTree(trigger=tree.trigger, children=kids, child_counts=tree.child_counts, waits=tree.waits)
 
 
 def trees_from_records(records: list, children_limit: int = 0) -> list[qc.TaskTree]:

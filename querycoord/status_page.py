@@ -3,7 +3,9 @@
 The page is one HTML document with its style and a small plain script in it
 (no build step, nothing fetched from elsewhere): the coordinators and who
 leads, the query nodes with memory bars and segment counts, the collections
-with their load percentage, the running task trees, the recent history, the
+with their live load percentage and health (green, yellow, red: the colours
+of ``querycoord health``, with what is missing), the running task trees with
+what each waits for, the recent history, the
 streams with their tasks' states, and etcd's members and alarms. Its data is
 the snapshot of ``querycoord.status_view.StatusSource``: embedded in the page
 as it is served (so the first paint needs no second request), then polled
@@ -266,17 +268,26 @@ code, .mono { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-
                   : none("no stream node is registered", d, "cluster")];
   }
 
+  // Health as ``querycoord health`` names it, coloured alike everywhere on the page.
+  const HEALTH = { green: "good", yellow: "busy", red: "bad" };
   function collections(d) {
     const rows = d.collections.map((c) => {
       const pct = c.loaded_percentage;
+      const kind = c.health ? HEALTH[c.health] : (pct >= 100 ? "good" : "");
       const loaded = pct === null || pct === undefined ? el("span", "mute", "not loaded")
-        : bar(pct, pct + "%", pct >= 100 ? "good" : "");
+        : bar(pct, pct + "%", kind === "busy" ? "" : kind);
+      const health = c.health ? [badge(c.health, HEALTH[c.health] || ""),
+                                 c.missing ? el("span", "mute", " " + c.missing) : null] : "-";
       return [num(c.id), c.name === null ? "?" : c.name, dash(c.load_type), num(c.partitions), num(c.segments),
-              dash(c.loaded_partitions), loaded];
+              dash(c.loaded_partitions), health, loaded];
     });
+    const counts = ["green", "yellow", "red"].map((h) => d.collections.filter((c) => c.health === h).length);
+    const overall = d.health ? el("p", null, "health ", badge(d.health, HEALTH[d.health] || ""),
+      el("span", "mute", " " + counts[0] + " green, " + counts[1] + " yellow, " + counts[2] + " red")) : null;
     return card("collections", "Collections", d.collections.length, true, problem(d, "collections"),
-      rows.length ? table(["ID", "Name", "Load type", "Partitions", "Segments", "Loaded partitions", "Loaded"],
-                          rows, [0, 3, 4, 5])
+      problem(d, "health"), overall,
+      rows.length ? table(["ID", "Name", "Load type", "Partitions", "Segments", "Loaded partitions", "Health",
+                           "Loaded"], rows, [0, 3, 4, 5])
                   : none("no collection in the catalog", d, "collections"));
   }
 
@@ -300,7 +311,10 @@ code, .mono { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-
     const kids = t.children.map(childLine);
     const hidden = Math.max(c.total, t.children.length) - t.children.length;
     if (hidden > 0) kids.push(el("li", "mute", "\\u2026 " + hidden + " other children"));
-    return el("div", "tree", head, kids.length ? el("ul", null, kids) : null);
+    // What it waits for, since when (``querycoord tasks show ID`` lists them all).
+    const waits = (t.waits || []).slice(0, 3).map((w) => el("div", w.kind === "retry" ? "error" : "busy",
+      "waiting: " + w.text + (w.since_ms ? " (for " + span(now - w.since_ms) + ")" : "")));
+    return el("div", "tree", head, waits, kids.length ? el("ul", null, kids) : null);
   }
 
   function running(d) {

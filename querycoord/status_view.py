@@ -15,10 +15,12 @@ Two readers, one gathering:
   sessions, coordinators and etcd members read through the coordinator's own
   etcd client, plus what only the leader knows, asked of it over gRPC as
   the CLI asks (ShowNodes, the catalog's and the query meta's collections,
+  CheckHealth for each loaded collection's colour and live percentage,
   ListTasks for the running trees and, with ``include_finished``, the
   history, ShowStreams): so the page shows what ``querycoord nodes``,
-  ``collection show``, ``tasks`` and ``stream show`` show, on a standby as
-  on the leader, and whatever those calls learn to answer shows up here too.
+  ``collection show``, ``health``, ``tasks`` and ``stream show`` show, on a
+  standby as on the leader, and whatever those calls learn to answer shows
+  up here too.
   Each part that cannot be read (no leader, etcd slow) is reported in
   ``errors`` under its name while the others are shown; a snapshot is
   gathered at most once per ``min_interval`` however many browsers poll.
@@ -45,6 +47,7 @@ from proto import querycoord_pb2 as qc
 from querycoord import draw
 from querycoord.actions import LOAD_TYPES, Refusal, check, collection_records, node_records, show_streams
 from querycoord.client import CoordinatorUnavailable, QueryCoordClient
+from querycoord.draw_health import health_record
 from querycoord.grpc_channels import make_channel
 from querycoord.protocol import QUERYCOORD_ROLE, QUERYNODE_ROLE, STREAMNODE_ROLE
 from querycoord.switchover import call_coordinator, candidates, switchover_holder
@@ -272,6 +275,25 @@ def with_load_state(records: list[dict[str, Any]], loaded: list[Any]) -> list[di
     return out
 
 
+async def health_view(c: QueryCoordClient) -> dict[str, Any]:
+    """CheckHealth, as ``querycoord health -o json`` prints it: the worst colour and each loaded collection's."""
+    return health_record(check(await c.query("CheckHealth", qc.CheckHealthRequest()), "check health"))
+
+
+def with_health(records: list[dict[str, Any]], health: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Collection rows with their health (None when not loaded, or without the leader's answer) and, when the
+    leader answered, its live in-memory percentage: never above what online nodes of every replica hold."""
+    by_id = {h["id"]: h for h in (health or {}).get("collections", [])}
+    out = []
+    for r in records:
+        h = by_id.get(r["id"])
+        row = {**r, "health": h["health"] if h else None, "missing": h["missing"] if h else None}
+        if h is not None:
+            row["loaded_percentage"] = h["loaded_percentage"]
+        out.append(row)
+    return out
+
+
 def _reason(exc: BaseException, timeout: float) -> str:
     """One line saying why a part of the page could not be read."""
     if isinstance(exc, TimeoutError):
@@ -337,10 +359,10 @@ class StatusSource:
         if leader:
             client.prefer(leader)  # a standby answers some reads itself: ask the leader, who knows more
         try:
-            nodes, collections, tasks, streams, etcd = await asyncio.gather(
+            nodes, collections, health, tasks, streams, etcd = await asyncio.gather(
                 part("nodes", _nodes(client)), part("collections", self._collections(client)),
-                part("tasks", task_view(client)), part("streams", stream_view(client)),
-                part("etcd", self._etcd_status()))
+                part("health", health_view(client)), part("tasks", task_view(client)),
+                part("streams", stream_view(client)), part("etcd", self._etcd_status()))
         finally:
             with contextlib.suppress(Exception):
                 await client.close()
@@ -348,7 +370,8 @@ class StatusSource:
             "generated_ms": int(time.time() * 1000), "root": coord.config.root, "this": self._this(),
             "leader": leader, "switchover": view.get("switchover"), "coordinators": view.get("coordinators", []),
             "query_nodes": merge_nodes(view.get("query_nodes", []), nodes),
-            "stream_nodes": view.get("stream_nodes", []), "collections": collections or [],
+            "stream_nodes": view.get("stream_nodes", []), "collections": with_health(collections or [], health),
+            "health": health["state"] if health else None,
             "tasks": tasks or {"running": [], "running_more": False, "history": []},
             "streams": streams or {"streams": [], "snodes": [], "watching": False},
             "etcd": etcd, "errors": errors,
@@ -397,10 +420,12 @@ __all__ = [
     "coordinator_rows",
     "etcd_for_page",
     "gather_status",
+    "health_view",
     "merge_nodes",
     "node_rows",
     "session_view",
     "stream_view",
     "task_view",
+    "with_health",
     "with_load_state",
 ]

@@ -58,6 +58,8 @@ SERVICES = {
             "Switchover",
             "StepBack",
             "GetCoordinatorState",
+            "CheckHealth",
+            "Explain",
         },
     ),
     "QueryNode": (

@@ -304,7 +304,7 @@ async def test_status_json_on_leader_and_standby_and_escaping(etcd: EtcdCluster,
 
         s = await status_json(leader)
         assert set(s) == {"generated_ms", "root", "this", "leader", "switchover", "coordinators", "query_nodes",
-                          "stream_nodes", "collections", "tasks", "streams", "etcd", "errors"}
+                          "stream_nodes", "collections", "health", "tasks", "streams", "etcd", "errors"}
         assert s["errors"] == {}, s["errors"]
         assert s["root"] == root_path and s["leader"] == leader.address and s["switchover"] is None
         assert s["this"]["address"] == leader.address and s["this"]["role"] == "leader"
@@ -316,7 +316,10 @@ async def test_status_json_on_leader_and_standby_and_escaping(etcd: EtcdCluster,
         assert n["memory_used_bytes"] > 0 and n["memory_capacity_bytes"] > n["memory_used_bytes"]
         by_id = {c["id"]: c for c in s["collections"]}
         assert by_id[desc.collection_id]["loaded_percentage"] == 100 and by_id[desc.collection_id]["name"] == "plain"
+        assert (s["health"], by_id[desc.collection_id]["health"], by_id[desc.collection_id]["missing"]) == (
+            "green", "green", ""), "CheckHealth's colours, as `querycoord health` names them"
         assert by_id[hostile.collection_id]["name"] == HOSTILE and by_id[hostile.collection_id]["load_type"] is None
+        assert by_id[hostile.collection_id]["health"] is None, "not loaded: no colour"
         assert s["tasks"]["running"] == [] or all(t["task_id"] != task_id for t in s["tasks"]["running"])
         [done] = [t for t in s["tasks"]["history"] if t["task_id"] == task_id]
         assert (done["kind"], done["state"], done["collection_id"]) == ("LoadCollection", "DONE", desc.collection_id)
@@ -341,6 +344,7 @@ async def test_status_json_on_leader_and_standby_and_escaping(etcd: EtcdCluster,
         assert t["this"]["role"] == "standby" and t["leader"] == leader.address
         assert [(n["id"], n["segments"]) for n in t["query_nodes"]] == [(node.node_id, 12)]
         assert {c["id"]: c["loaded_percentage"] for c in t["collections"]}[desc.collection_id] == 100
+        assert t["health"] == "green", "the leader's answer, asked by the standby"
         assert task_id in history_ids(t)
         assert [x["state"] for x in t["streams"]["streams"]] == ["running"], "the leader's stream states"
 

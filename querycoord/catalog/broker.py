@@ -62,8 +62,8 @@ class BrokerError(CoordError):
 class Broker(Protocol):
     """What the coordinator needs from the catalog (Milvus's RootCoord + DataCoord brokers)."""
 
-    async def describe_collection(self, collection_id: int) -> catalog_pb2.CollectionDescription:
-        """The collection's schema, partitions and DM channels."""
+    async def describe_collection(self, collection_id: int | str) -> catalog_pb2.CollectionDescription:
+        """The collection's schema, partitions and DM channels, by id (int) or name (str)."""
         ...
 
     async def show_partitions(self, collection_id: int) -> list[int]:
@@ -97,7 +97,7 @@ class LocalBroker:
     def __init__(self, store: CatalogStore):
         self.store = store
 
-    async def describe_collection(self, collection_id: int) -> catalog_pb2.CollectionDescription:
+    async def describe_collection(self, collection_id: int | str) -> catalog_pb2.CollectionDescription:
         try:
             return await self.store.describe_collection(collection_id)
         except Exception as exc:
@@ -190,10 +190,13 @@ class GrpcBroker:
             common_pb2.UNEXPECTED_ERROR, f"catalog at {self.address}: {method} failed with {code.name}: {exc.details()}"
         )
 
-    async def describe_collection(self, collection_id: int) -> catalog_pb2.CollectionDescription:
-        resp = await self._call(
-            "DescribeCollection", catalog_pb2.DescribeCollectionRequest(collection_id=collection_id)
-        )
+    async def describe_collection(self, collection_id: int | str) -> catalog_pb2.CollectionDescription:
+        req = catalog_pb2.DescribeCollectionRequest()
+        if isinstance(collection_id, str):
+            req.collection_name = collection_id
+        else:
+            req.collection_id = collection_id
+        resp = await self._call("DescribeCollection", req)
         return resp.collection  # type: ignore[attr-defined]
 
     async def show_partitions(self, collection_id: int) -> list[int]:

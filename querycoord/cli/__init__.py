@@ -6,7 +6,8 @@ Server commands (``cli/servers.py``): ``etcd`` (embedded etcd), ``coord``
 coordinators named by ``--address`` (any of them: the client follows the
 leader): ``collection create|load|release|drop|show`` and ``replicas`` (``cli/collection.py``),
 ``stream create|show|stop|start|drop`` and ``snode create|drop|show``
-(``cli/stream_cmd.py``), ``balance``, ``tasks``, ``nodes`` (``cli/tasks.py``), ``status`` (from etcd)
+(``cli/stream_cmd.py``), ``balance``, ``tasks``, ``nodes`` (``cli/tasks.py``), ``health`` and
+``explain`` (``cli/health_cmd.py``), ``status`` (from etcd)
 and ``switchover`` (``cli/status.py``); ``completion`` prints a shell
 completion script (``cli/completion.py``). Each module adds its own
 sub-commands; ``cli/common.py`` holds what the commands share: the global
@@ -19,7 +20,17 @@ from __future__ import annotations
 import argparse
 import sys
 
-from querycoord.cli import collection, completion, config_cmd, meta_cmd, servers, status, stream_cmd, tasks
+from querycoord.cli import (
+    collection,
+    completion,
+    config_cmd,
+    health_cmd,
+    meta_cmd,
+    servers,
+    status,
+    stream_cmd,
+    tasks,
+)
 from querycoord.cli.common import Parser, client_options, global_options, spread_global_options
 from querycoord.config_file import apply_layers
 from querycoord.logs import setup_logging
@@ -34,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     servers.add_parsers(sub)
     collection.add_parsers(sub, client)
     tasks.add_parsers(sub, client)
+    health_cmd.add_parsers(sub, client)
     status.add_parsers(sub, client)
     config_cmd.add_parsers(sub, client)
     stream_cmd.add_parsers(sub, client)

@@ -94,6 +94,10 @@ async def _show(c: QueryCoordClient, args: argparse.Namespace, task_id: int) -> 
 
     def render() -> list[str]:
         lines = draw.draw_tree(tree, max_children=args.max_children)
+        if tree.waits:  # queued or running on the leader: what it waits for, since when
+            now = int(time.time() * 1000)
+            lines.append("waiting for:")
+            lines.extend(f"  {draw.wait_line(w, now)}" for w in tree.waits)
         if tree.trigger.state in FINISHED:
             lines.insert(1, f"  {outcome(tree.trigger)}  {timing_line(tree.trigger)}")
             listed, total = len(tree.children), tree.child_counts.total

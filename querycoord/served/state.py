@@ -118,23 +118,36 @@ class Nodes(Protocol):
     def online_ids(self) -> set[int]: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Judge:
+    """Which replicas a recorded copy counts for: those whose copy is on an online node serving that replica
+    (any online node for a collection loaded before replicas). Shared by the figures here and by what
+    ``served.missing`` lists, so both count alike."""
+
+    members: dict[int, frozenset[int]]  # replica -> its nodes
+    replica_ids: list[int]  # [0] for a collection loaded before replicas
+    online: Set[int]
+
+    @classmethod
+    def of(cls, info: data_pb2.CollectionLoadInfo, online: Set[int]) -> Judge:
+        members = {r.replica_id: frozenset(r.node_ids) for r in info.replicas}
+        return cls(members, sorted(members) or [0], online)
+
+    def good(self, flat: tuple[int, ...]) -> tuple[int, ...]:
+        """Replicas whose copy in ``flat`` (replica, node, ...) counts."""
+        legacy = not self.members
+        return tuple(r for r, n in zip(flat[::2], flat[1::2], strict=True)
+                     if r in self.replica_ids and n in self.online and (legacy or n in self.members[r]))
+
+
 def collection_served(meta: QueryMeta, collection_id: int, online: Set[int],
                       targets: CatalogTargets | None = None) -> CollectionServed | None:
     """What online nodes serve of the collection now (see module docstring); None when it is not loaded."""
     info = meta.get_collection(collection_id)
     if info is None:
         return None
-    members = {r.replica_id: frozenset(r.node_ids) for r in info.replicas}
-    legacy = not members  # loaded before replicas: one replica, 0, on any node
-    replica_ids = sorted(members) or [0]
-    replica_set = frozenset(replica_ids)
-    member_of = {n: r for r, nodes in members.items() for n in nodes}
-
-    def good(flat: tuple[int, ...]) -> tuple[int, ...]:
-        """Replicas whose copy in ``flat`` (replica, node, ...) is on an online node serving that replica."""
-        return tuple(r for r, n in zip(flat[::2], flat[1::2], strict=True)
-                     if r in replica_set and n in online and (legacy or member_of.get(n) == r))
-
+    judge = Judge.of(info, online)
+    members, replica_ids, good = judge.members, judge.replica_ids, judge.good
     places = meta.segment_places()
     from_catalog = targets is not None
     partitions: dict[int, tuple[int, int]] = {}

@@ -55,6 +55,7 @@ from querycoord.task.model import (
     now_ms,
 )
 from querycoord.task.triggers import ReleaseCollectionTask, ReleasePartitionsTask, TriggerTask
+from querycoord.task.waits import TriggerState, Waits, trigger_waits
 
 if TYPE_CHECKING:
     from querycoord.etcd_space import SpaceMonitor
@@ -140,6 +141,7 @@ class Scheduler:
         self.resumed_at = time.monotonic()  # when ``reload`` ran: resumed trees wait for nodes from then on
         # Called with each finished trigger (the checker's kick: a release freed memory a parked unit may need).
         self.finish_hooks: list[Callable[[TriggerTask], None]] = []
+        self.waits = Waits()  # what running children wait for (``task.waits``; GetTask, explain)
 
     # ----- life cycle ---------------------------------------------------------------------------------------
     async def start(self, *, reload: bool = True) -> int:
@@ -539,9 +541,19 @@ class Scheduler:
             raise TaskError(f"{len(errors)} of {len(children)} child tasks failed: {reasons}{more}", code)
 
     async def _run_child(self, t: TriggerTask, child: Task) -> None:
+        try:
+            done = await self._run_on_node(t, child)
+        finally:
+            self.waits.ended(t.id, child.id)
+        if not done:
+            await self._reschedule(t, child)
+
+    async def _run_on_node(self, t: TriggerTask, child: Task) -> bool:
+        """Attempts of ``child`` on its node: True once done, False when it must be rescheduled."""
         budget = self.cfg.retry_budget
         while child.is_valid():
             child.rec.retry_count += 1
+            self.waits.calling(t.id, child)
             try:
                 await child.execute()
             except _CHILD_FAILURES as exc:
@@ -553,15 +565,16 @@ class Scheduler:
                 if exhausted or not child.retryable_on_node():
                     break
                 metrics.child_retried(child)
-                await asyncio.sleep(min(self.cfg.retry_backoff * 2 ** (child.rec.retry_count - 1),
-                                        self.cfg.retry_backoff_max))
+                delay = min(self.cfg.retry_backoff * 2 ** (child.rec.retry_count - 1), self.cfg.retry_backoff_max)
+                self.waits.backing_off(t.id, child, delay)
+                await asyncio.sleep(delay)
                 continue
             child.set_state(DONE)
             await self.env.store.save_state(child.rec)  # a child's request never changes: its info alone
             t.on_child_done(child)
             metrics.child_done(child)
-            return
-        await self._reschedule(t, child)
+            return True
+        return False
 
     async def _reschedule(self, t: TriggerTask, child: Task) -> None:
         try:
@@ -601,8 +614,13 @@ class Scheduler:
                     raise
                 seen = self.env.nodes.version
                 logger.info("{}: {}; waiting up to {:.0f}s for query nodes to register", child.describe(), exc, left)
-                while self.env.nodes.version == seen and time.monotonic() < self.resumed_at + self.cfg.resume_node_wait:
-                    await asyncio.sleep(self.cfg.wait_interval)
+                self.waits.waiting_for_nodes(t.id, child, str(exc), time.time() + left)
+                try:
+                    while self.env.nodes.version == seen and \
+                            time.monotonic() < self.resumed_at + self.cfg.resume_node_wait:
+                        await asyncio.sleep(self.cfg.wait_interval)
+                finally:
+                    self.waits.nodes_done(t.id)
 
     async def _fail(self, t: TriggerTask, exc: BaseException) -> None:
         """Roll back on the nodes (best effort, bounded), undo query meta, record the error."""
@@ -639,6 +657,7 @@ class Scheduler:
         """Forget a trigger without finishing it (shutdown / lost leadership): its keys stay for the next leader."""
         self._running.pop(t.id, None)
         self._started_ms.pop(t.id, None)
+        self.waits.forget(t.id)
         self._release_locks(t)
 
     def _finish(self, t: TriggerTask, error: BaseException | None) -> None:
@@ -646,6 +665,7 @@ class Scheduler:
         self.triggers.pop(t.id, None)
         self._cancel_reason.pop(t.id, None)
         self._started_ms.pop(t.id, None)
+        self.waits.forget(t.id)
         self._release_locks(t)
         self.finished.append(self.tree(t))
         self._finished_since_prune += 1
@@ -745,7 +765,20 @@ class Scheduler:
             name = {UNDO: "undo", DOING: "doing", DONE: "done", EXPIRED: "expired", FAILED: "failed"}[c.state]
             setattr(counts, name, getattr(counts, name) + 1)
         kids = t.children if not children_limit else t.children[:children_limit]
-        return qc.TaskTree(trigger=t.info(), children=[c.info() for c in kids], child_counts=counts)
+        return qc.TaskTree(trigger=t.info(), children=[c.info() for c in kids], child_counts=counts,
+                           waits=self.waits_of(t))
+
+    def waits_of(self, t: TriggerTask) -> list[qc.TaskWait]:
+        """What ``t`` waits for now (``task.waits``); nothing once it finished."""
+        if self.triggers.get(t.id) is not t:
+            return []
+        held = next((c for c in sorted(t.collections()) if self._busy.get(c, t.id) != t.id), 0)
+        pause = self._pauses.get(t.id)
+        return trigger_waits(TriggerState(
+            t.id, running=t.id in self._running, planned=t.state not in (UNDO, DOING),
+            since_ms=self._started_ms.get(t.id, t.rec.created_ms), blocked_by=self._busy.get(held, 0),
+            collection_id=held, slots_taken=len(self._running), slots=self.cfg.max_concurrent_triggers,
+            paused_since=time.time() - (time.monotonic() - pause.since) if pause is not None else 0.0), self.waits)
 
     def find(self, task_id: int) -> TriggerTask | None:
         t = self.triggers.get(task_id)
