@@ -10,9 +10,12 @@ import time
 from collections.abc import Callable
 
 from meta.etcd_server import EtcdCluster
-from proto import common_pb2
+from proto import common_pb2, data_pb2, querynode_pb2, task_pb2
 from proto import querycoord_pb2 as qc
+from querycoord.coordinator import Leadership
+from querycoord.nodes.querynode import QueryNode
 from querycoord.querymeta import QueryMeta
+from querycoord.task.repair import RepairTask
 from tests.cluster import QueryCluster, running_cluster
 
 
@@ -28,6 +31,67 @@ async def replica_nodes_shown(c: QueryCluster, cid: int) -> set[int]:
     r = await c.client.query("GetReplicas", qc.GetReplicasRequest(collection_id=cid))
     assert r.status.error_code == common_pb2.SUCCESS, r.status
     return {n for rep in r.replicas for n in rep.node_ids}
+
+
+def leadership(c: QueryCluster) -> Leadership:
+    lead = c.coords[0].coord.leadership
+    assert lead is not None
+    return lead
+
+
+async def pause_checker(lead: Leadership) -> None:
+    """Stop the leader's checker loop (and what kicks it): the test plays the checker, so no pass of its own
+    repairs what the test arranged before the test looks."""
+    loops = [t for t in lead.tasks if t.get_name() in ("checker", "checker-kicks")]
+    for t in loops:
+        t.cancel()
+    await asyncio.gather(*loops, return_exceptions=True)
+
+
+def give(node: QueryNode, cid: int, sid: int, pid: int) -> None:
+    """Outside hands: the node loads a copy nobody asked it to."""
+    req = querynode_pb2.LoadSegmentsRequest(collection_id=cid, node_id=node.node_id, infos=[
+        data_pb2.SegmentLoadInfo(segment_id=sid, collection_id=cid, partition_id=pid, mem_size=10)])
+    node.state.load_segments(req)
+
+
+async def run_repair(lead: Leadership, c: QueryCluster, cid: int, req: task_pb2.RepairRequest) -> None:
+    """Queue a repair as the checker would, and wait until it ended."""
+    task = RepairTask.new(lead.env, req, trigger_condition=qc.TRIGGER_CONDITION_CHECKER, collection_id=cid)
+    await lead.scheduler.enqueue(task)
+    await c.wait_idle()
+
+
+async def test_a_queued_release_never_drops_what_became_the_replicas_only_copy(etcd: EtcdCluster,
+                                                                               root_path: str) -> None:
+    async with running_cluster(etcd, root_path, [None, None]) as c:
+        cid = await c.create_collection("only_copy", partitions=1, segments=6, channels=1)
+        await c.load_collection(cid)
+        await c.wait_idle()
+        lead = leadership(c)
+        await pause_checker(lead)
+        meta = lead.meta
+        a, b = c.nodes
+        on_b = sorted(b.state.segments)
+        assert len(on_b) >= 2, "the load spreads the segments over both nodes"
+        dup, only = on_b[:2]
+        pid = meta.get_segment(dup).partition_id
+        for sid in (dup, only):
+            give(a, cid, sid, pid)  # A holds a second copy of each, in the same replica as B's
+        release = [task_pb2.NodeSegments(node_id=a.node_id, segment_ids=[dup])]
+
+        # While B holds its copy, the planned release of A's second copy goes through.
+        await run_repair(lead, c, cid, task_pb2.RepairRequest(release_segments=release, reason="duplicate"))
+        assert dup not in a.state.segments and dup in b.state.segments
+
+        # Planned while B held ``only`` too; B dies before the repair runs: A's copy is now the replica's only one.
+        planned = task_pb2.RepairRequest(release_segments=[
+            task_pb2.NodeSegments(node_id=a.node_id, segment_ids=[only])], reason="duplicate")
+        await b.stop()
+        c.nodes.remove(b)
+        await wait_until(lambda: b.node_id not in meta.known_node_ids(), "the leader forgot node B")
+        await run_repair(lead, c, cid, planned)
+        assert only in a.state.segments, "the release ran after B died: it must keep the replica's only copy"
 
 
 async def test_a_replica_member_that_held_nothing_leaves_its_replica_when_it_dies(etcd: EtcdCluster,

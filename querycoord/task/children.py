@@ -28,6 +28,7 @@ from querycoord.task.assign import (
     strip_channel,
 )
 from querycoord.task.model import Task, TaskEnv, TaskError
+from querycoord.task.release_guard import segments_to_keep
 from querycoord.task.units import place_unit, usage_of
 
 QUERYNODE = querynode_pb2.DESCRIPTOR.services_by_name["QueryNode"]
@@ -291,13 +292,28 @@ class _ReleaseChild(ChildTask):
 
 
 class ReleaseSegmentsTask(_ReleaseChild, kind=qc.TASK_KIND_RELEASE_SEGMENT, request="release_segments"):
+    """The checker's release of copies (``task.repair``), weighed again when it runs (``release_guard``)."""
+
     def summary(self) -> str:
         return f"release {len(self.request.segment_ids)} segments"
 
     async def execute(self) -> None:
-        await super().execute()
+        env, req = self.env, self.request
+        ids = list(req.segment_ids)
+        if env.nodes.is_online(self.node_id):
+            keep = await segments_to_keep(env, req.collection_id, self.node_id, ids)
+            if keep:
+                logger.info("{}: kept {} on node {}: now the only copy its replica holds", self.describe(),
+                            sorted(keep), self.node_id)
+                ids = [s for s in ids if s not in keep]
+            if not ids:
+                return
+            sent = self._copy()
+            sent.segment_ids[:] = ids
+            await self.call(sent)
         # Only the copies on this node: releasing a duplicate (or one replica's copy) must not forget the others.
-        await self.env.meta.remove_segment_copies(self.node_id, self.request.segment_ids)
+        # Recorded only once the node said it let them go (a failed call raised above); an offline node holds none.
+        await env.meta.remove_segment_copies(self.node_id, ids)
 
 
 class ReleaseCollectionOnNodeTask(_ReleaseChild, kind=qc.TASK_KIND_RELEASE_COLLECTION,

@@ -7,7 +7,8 @@ of the collection, and resumed by a new leader like any other tree.
 
 Planning re-checks against current meta (the world may have moved between
 the check and the run): a segment someone else loaded meanwhile is not loaded
-again, a release of a segment meta now places on that node is dropped. What
+again, and each release child weighs its copies once more when it runs
+(``task.release_guard``): a copy that became its replica's only one stays. What
 each replica lacks is planned as one unit: replicas left with no online node
 get a spare first (``units.give_spares``), and a unit that cannot be placed is
 parked (``task.parking``) while the others go on.
