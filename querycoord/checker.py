@@ -236,6 +236,38 @@ class _Releases:
             entry[1].add(sid)
 
 
+class _Sources:
+    """Held segments outside the target that may still serve a compaction result no replica holds yet.
+
+    A missing result's direct sources are known (its ``compaction_from``), their own sources are not: the catalog
+    drops a compacted segment's record in the txn that adds its result, so in a chain A -> B -> C whose B was never
+    loaded (compacted again before its handoff ran, or parked for room), nothing on record says that C holds A's
+    rows: not the catalog, not query meta (B was never recorded), not a node. Compaction stays within a partition
+    (the catalog refuses sources of another), so while a result is missing, every held segment of its partition
+    outside the target is kept: the whole chain, however long, until the result is held; the next pass releases
+    them.
+    """
+
+    __slots__ = ("ids", "partitions")
+
+    def __init__(self) -> None:
+        self.ids: set[int] = set()
+        self.partitions: set[int] = set()
+
+    def note(self, seg: TargetSegment) -> None:
+        """``seg`` is missing in some replica."""
+        if seg.compaction_from:
+            self.ids.update(seg.compaction_from)
+            self.partitions.add(seg.partition_id)
+
+    def spare(self, outside: set[int], where: dict[int, tuple[int, int]]) -> None:
+        """Take the segments to keep out of ``outside`` (held segments not in the target; ``where``: their
+        reported collection and partition)."""
+        outside.difference_update(self.ids)
+        if self.partitions and outside:
+            outside.difference_update([s for s in outside if where[s][1] in self.partitions])
+
+
 def _diff_steps(
     meta: QueryMeta,
     targets: dict[int, Target],
@@ -302,7 +334,7 @@ def _diff_steps(
             return by, strays
 
         per_replica = {r: [0, 0] for r in replicas}
-        keep_sources: set[int] = set()
+        keep_sources = _Sources()
         # The fast path (see the docstring): replica of each member node, as ``split`` finds it.
         replica_of: dict[int, int] = {}
         for r in replicas:
@@ -368,7 +400,7 @@ def _diff_steps(
                         for extra in sorted(holding - {keep}):
                             release(cid, extra, seg.segment_id)
                     elif not unknown:
-                        keep_sources.update(seg.compaction_from)  # serve the sources until the result is loaded
+                        keep_sources.note(seg)  # serve the sources until the result is loaded
                         _repair(out, cid).missing_segments.append(data_pb2.SegmentInfo(
                             segment_id=seg.segment_id, collection_id=cid, partition_id=seg.partition_id,
                             node_id=recorded, replica_id=replica, mem_size=seg.mem_size))
@@ -385,7 +417,7 @@ def _diff_steps(
         for start in range(0, len(held_here), every or len(held_here) or 1):
             yield
             outside.update(set(held_here[start:start + (every or len(held_here))]).difference(tsegs))  # in C
-        outside.difference_update(keep_sources)
+        keep_sources.spare(outside, held.segment_collection)
         if outside:  # usually not
             for sid in held_here:
                 if sid in outside:

@@ -87,6 +87,23 @@ async def test_compaction_sources_are_served_until_their_result_is_loaded(kv: Me
     assert not d.repairs[1].release_segments, "100 and 101 still serve until 103 is held"
 
 
+async def test_compaction_sources_are_served_through_chains_until_the_final_result_is_held(kv: MetaKV) -> None:
+    meta = await loaded_meta(kv)
+    # 100 was compacted into 150, and 150 into 103 before 150 was ever loaded: only 103's record names a source
+    # (150, held by no node); nothing on record links 100 to 103. 199 is a leftover of partition 11.
+    target = {1: Target(segments={101: TargetSegment(101, 10), 102: TargetSegment(102, 11),
+                                  103: TargetSegment(103, 10, (150,))})}
+    held = held_of({100: (1, 10, {1}), 101: (1, 10, {2}), 102: (1, 11, {1}), 199: (1, 11, {2})})
+    d = diff(meta, target, held, reachable={1, 2}, online={1, 2}, busy=set())
+    assert [s.segment_id for s in d.repairs[1].missing_segments] == [103]
+    release = {ns.node_id: sorted(ns.segment_ids) for ns in d.repairs[1].release_segments}
+    assert release == {2: [199]}, "100 serves 103's rows until 103 is held; partition 11 waits for nothing"
+    held = held_of({100: (1, 10, {1}), 101: (1, 10, {2}), 102: (1, 11, {1}), 103: (1, 10, {2})})
+    d = diff(meta, target, held, reachable={1, 2}, online={1, 2}, busy=set())
+    release = {ns.node_id: sorted(ns.segment_ids) for ns in d.repairs[1].release_segments}
+    assert release == {1: [100]}, "the final result is held: the chain's first source goes"
+
+
 async def test_an_unwatched_channel_is_watched_again(kv: MetaKV) -> None:
     meta = await loaded_meta(kv)
     await meta.save_dm_channel_watch([data_pb2.DmChannelWatchInfo(collection_id=1, dm_channel="dml-1-0",

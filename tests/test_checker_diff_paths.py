@@ -54,7 +54,8 @@ def reference_diff(
     online: set[int],
     busy: set[int],
 ) -> Diff:
-    """``checker.diff`` as it was before its fast path (commit 3be9b23), verbatim but for names.
+    """``checker.diff`` as it was before its fast path (commit 3be9b23), verbatim but for names, with the rules
+    added since written in the same plain style (issue 24: compaction sources kept through chains).
 
     ``reachable``: online nodes that reported; what meta places on an online
     node that did not report (``online - reachable``) is unknown, so it is
@@ -85,6 +86,7 @@ def reference_diff(
 
         per_replica = {r: [0, 0] for r in replicas}
         keep_sources: set[int] = set()
+        compacting: set[int] = set()  # partitions with a compaction result missing: their sources through chains
         for seg in target.segments.values():
             by_replica, strays = split(held.segments.get(seg.segment_id, set()))
             recorded_copies = meta.segment_copies(seg.segment_id)
@@ -110,12 +112,14 @@ def reference_diff(
                         _release(out, cid, extra, seg.segment_id)
                 elif not unknown:
                     keep_sources.update(seg.compaction_from)  # serve the sources until the result is loaded
+                    if seg.compaction_from:
+                        compacting.add(seg.partition_id)
                     _repair(out, cid).missing_segments.append(data_pb2.SegmentInfo(
                         segment_id=seg.segment_id, collection_id=cid, partition_id=seg.partition_id,
                         node_id=recorded, replica_id=replica))
         # Copies of this collection that are not in the target: released partitions, compacted away.
-        for sid, (scid, _pid) in held.segment_collection.items():
-            if scid != cid or sid in target.segments or sid in keep_sources:
+        for sid, (scid, spid) in held.segment_collection.items():
+            if scid != cid or sid in target.segments or sid in keep_sources or spid in compacting:
                 continue
             for node in sorted(held.segments.get(sid, ())):
                 _release(out, cid, node, sid)

@@ -16,7 +16,7 @@ from querycoord.coordinator import Leadership
 from querycoord.nodes.querynode import QueryNode
 from querycoord.querymeta import QueryMeta
 from querycoord.task.repair import RepairTask
-from tests.cluster import QueryCluster, running_cluster
+from tests.cluster import MiB, QueryCluster, running_cluster
 
 
 async def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
@@ -127,3 +127,41 @@ async def test_a_replica_member_that_held_nothing_leaves_its_replica_when_it_die
         await meta.add_replica_nodes(cid, replica, [ghost])
         await wait_until(lambda: ghost not in meta.replica_nodes(cid, replica), "the checker forgot the ghost")
         assert ghost not in await replica_nodes_shown(c, cid)
+
+
+async def test_compaction_sources_are_kept_through_a_chain_until_the_final_result_is_held(etcd: EtcdCluster,
+                                                                                          root_path: str) -> None:
+    """A -> B -> C by handoff, B never loaded (no room): A serves its rows until C is held anywhere, then goes."""
+    async with running_cluster(etcd, root_path, [None], capacity=64 * MiB, checker_interval=0.3) as c:
+        cid = await c.create_collection("chain", partitions=1, segments=4, channels=1)
+        await c.load_collection(cid)
+        await c.wait_idle()
+        lead = leadership(c)
+        assert lead.checker is not None
+        (first,) = c.nodes
+        catalog = c.coords[0].coord.catalog
+        assert catalog is not None
+        a = min(first.state.segments)
+        pid = lead.meta.get_segment(a).partition_id
+
+        def compacted(sources: list[int]) -> data_pb2.SegmentBinlogs:
+            # Too big for the one node with or without A: parked for room, never loaded there.
+            return data_pb2.SegmentBinlogs(collection_id=cid, partition_id=pid, num_rows=100, mem_size=48 * MiB,
+                                           binlog_paths=["x"], compaction_from=sources)
+
+        (b,) = await catalog.add_segments([compacted([a])])
+        (final,) = await catalog.add_segments([compacted([b])])
+        (replica,) = lead.meta.replica_ids(cid)
+        await wait_until(lambda: lead.env.parked.get(cid, replica) is not None, "the final result parked for room")
+        runs = lead.checker.runs
+        await wait_until(lambda: lead.checker is not None and lead.checker.runs >= runs + 2, "two more passes")
+        await c.wait_idle()
+        assert a in first.state.segments, "A is the only thing serving the rows of C (through B): kept"
+        assert final not in first.state.segments and b not in first.state.segments
+
+        roomy = await c.add_node()  # room for C: it is loaded there, and only then is A released
+        await wait_until(lambda: final in roomy.state.segments and a not in first.state.segments,
+                         "C held by the new node, then A released")
+        await c.wait_idle()
+        held = [s for n in c.nodes for s in n.state.segments]
+        assert held.count(final) == 1 and a not in held and b not in held
