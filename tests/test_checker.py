@@ -114,6 +114,28 @@ async def test_an_unwatched_channel_is_watched_again(kv: MetaKV) -> None:
     assert [(w.dm_channel, w.node_id) for w in d.repairs[1].rewatch] == [("dml-1-0", 1)]
 
 
+async def test_one_dm_channel_watcher_per_replica_the_recorded_one(kv: MetaKV) -> None:
+    meta = QueryMeta(kv)
+    await meta.reload()
+    await meta.add_collection(1, COLL, [10], replicas=[
+        data_pb2.ReplicaInfo(replica_id=7, collection_id=1, node_ids=[1, 2]),
+        data_pb2.ReplicaInfo(replica_id=8, collection_id=1, node_ids=[3, 4])])
+    await meta.save_dm_channel_watch([data_pb2.DmChannelWatchInfo(collection_id=1, dm_channel="dml-1-0", node_id=2,
+                                                                  replica_id=7)])
+    await meta.save_dm_channel_watch([data_pb2.DmChannelWatchInfo(collection_id=1, dm_channel="dml-1-0", node_id=9,
+                                                                  replica_id=8)])
+    target = {1: Target(channels={"dml-1-0"})}
+    # Replica 7: its recorded node 2 and node 1 watch; replica 8: nodes 3 and 4 watch, meta records node 9 (which
+    # does not); node 5 is in no replica.
+    held = held_of({}, channels={(1, "dml-1-0"): {1, 2, 3, 4, 5}})
+    d = diff(meta, target, held, reachable={1, 2, 3, 4, 5}, online={1, 2, 3, 4, 5}, busy=set())
+    req = d.repairs[1]
+    assert {nc.node_id: list(nc.channel_names) for nc in req.release_dm_channels} == {
+        1: ["dml-1-0"], 4: ["dml-1-0"], 5: ["dml-1-0"]}, "the recorded watcher stays, else the lowest id"
+    assert [(w.replica_id, w.node_id) for w in req.adopt_dm_channels] == [(8, 3)]
+    assert not req.rewatch and "3 DM channel watches to release" in req.reason
+
+
 async def test_the_checker_reloads_what_a_node_lost_and_releases_strays(etcd: EtcdCluster, root_path: str) -> None:
     """Outside hands change what nodes hold; the checker repairs it through CHECKER triggers."""
     c = QueryCluster(etcd, root_path, scheduler=fast_scheduler())

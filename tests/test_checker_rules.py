@@ -13,7 +13,8 @@ from meta.etcd_server import EtcdCluster
 from proto import common_pb2, data_pb2, querynode_pb2, task_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.coordinator import Leadership
-from querycoord.nodes.querynode import QueryNode
+from querycoord.nodes.querynode import FaultConfig, QueryNode
+from querycoord.nodes.querynode_faults import FaultInjector
 from querycoord.querymeta import QueryMeta
 from querycoord.task.repair import RepairTask
 from tests.cluster import MiB, QueryCluster, running_cluster
@@ -165,3 +166,92 @@ async def test_compaction_sources_are_kept_through_a_chain_until_the_final_resul
         await c.wait_idle()
         held = [s for n in c.nodes for s in n.state.segments]
         assert held.count(final) == 1 and a not in held and b not in held
+
+
+def watchers(c: QueryCluster, cid: int, name: str) -> set[int]:
+    """The nodes that say they watch DM channel ``name`` of the collection."""
+    return {n.node_id for n in c.nodes if n.healthy and (w := n.state.dm_channels.get(name)) is not None
+            and w.collection_id == cid}
+
+
+def watch(node: QueryNode, cid: int, name: str) -> None:
+    """Outside hands: the node watches a channel nobody asked it to."""
+    node.state.watch_dm_channels(querynode_pb2.WatchDmChannelsRequest(collection_id=cid, node_id=node.node_id,
+                                                                      infos=[data_pb2.VChannelInfo(
+                                                                          collection_id=cid, channel_name=name)]))
+
+
+async def test_a_dm_channel_watched_twice_in_a_replica_or_outside_the_replicas_is_released(
+        etcd: EtcdCluster, root_path: str) -> None:
+    async with running_cluster(etcd, root_path, [None, None], checker_interval=0.3) as c:
+        cid = await c.create_collection("twice", partitions=1, segments=4, channels=2)
+        await c.load_collection(cid)
+        await c.wait_idle()
+        meta = leadership(c).meta
+        recorded = {name: w.node_id for name, w in ((w.dm_channel, w) for w in meta.dm_channels_of(cid))}
+        c0, c1 = sorted(recorded)
+        assert all(watchers(c, cid, name) == {node} for name, node in recorded.items())
+        by_id = {n.node_id: n for n in c.nodes}
+        second = next(n for n in c.nodes if n.node_id != recorded[c0])  # the replica's other node
+        spare = await c.add_node()  # in no replica of the collection
+        await c.wait_node_online(spare.node_id)
+        watch(second, cid, c0)
+        watch(spare, cid, c1)
+        assert watchers(c, cid, c0) == {recorded[c0], second.node_id}
+        assert watchers(c, cid, c1) == {recorded[c1], spare.node_id}
+
+        await wait_until(lambda: all(watchers(c, cid, name) == {node} for name, node in recorded.items()),
+                         "each channel watched once again, by the node meta records")
+        await c.wait_idle()
+        assert {w.dm_channel: w.node_id for w in meta.dm_channels_of(cid)} == recorded
+        assert recorded[c0] in by_id and all(watchers(c, cid, n) == {recorded[n]} for n in (c0, c1))
+
+
+async def test_a_release_that_failed_on_a_node_is_not_recorded_as_done(etcd: EtcdCluster, root_path: str) -> None:
+    """The checker's release of a DM channel watch recorded on a node outside the replicas, and a handoff's release
+    of a compaction source: while the node refuses, meta keeps the copy recorded there (it is still held); once it
+    lets go, the record goes."""
+    async with running_cluster(etcd, root_path, [None], checker_interval=0.3) as c:
+        cid = await c.create_collection("refused", partitions=1, segments=4, channels=1)
+        await c.load_collection(cid)
+        await c.wait_idle()
+        lead = leadership(c)
+        meta = lead.meta
+        (name,) = [w.dm_channel for w in meta.dm_channels_of(cid)]
+        (member,) = c.nodes
+        outsider = await c.add_node()
+        await c.wait_node_online(outsider.node_id)
+        healthy = outsider.injector
+        refusing = FaultInjector(FaultConfig(failure_rate=1.0, fail_kinds=frozenset({"ReleaseDmChannels"})))
+        outsider.injector = refusing
+        watch(outsider, cid, name)
+        foreign = max(meta.replica_ids(cid)) + 1000  # a copy recorded under no replica of the collection
+        await meta.save_dm_channel_watch([data_pb2.DmChannelWatchInfo(
+            collection_id=cid, dm_channel=name, node_id=outsider.node_id, replica_id=foreign)])
+        await wait_until(lambda: refusing.injected_failures >= 2, "the outsider refused the release twice")
+        assert outsider.node_id in watchers(c, cid, name)
+        assert meta.dm_channel_copies(cid)[name].get(foreign) == outsider.node_id, "refused: still recorded"
+        outsider.injector = healthy
+        await wait_until(lambda: watchers(c, cid, name) == {member.node_id}, "the outsider let the channel go")
+        await c.wait_idle()
+        assert foreign not in meta.dm_channel_copies(cid)[name]
+
+        # A handoff's release of the compaction source, refused by its node: the source stays recorded there.
+        await pause_checker(lead)  # its own release of the source would retry for as long as the node refuses
+        source = min(member.state.segments)
+        (replica,) = meta.replica_ids(cid)
+        member.injector = FaultInjector(FaultConfig(failure_rate=1.0, fail_kinds=frozenset({"ReleaseSegments"})))
+        catalog = c.coords[0].coord.catalog
+        assert catalog is not None
+        (result,) = await catalog.add_segments([data_pb2.SegmentBinlogs(
+            collection_id=cid, partition_id=meta.get_segment(source).partition_id, num_rows=100, mem_size=1 << 20,
+            binlog_paths=["x"], compaction_from=[source])])
+        await wait_until(lambda: result in member.state.segments, "the handoff loaded the result")
+        await c.wait_idle()
+        assert source in member.state.segments, "the node refused to release it"
+        assert meta.segment_copies(source) == {replica: member.node_id}, "still held there: still recorded"
+        member.injector = healthy
+        assert lead.checker is not None
+        await lead.checker.check_once()
+        await c.wait_idle()
+        assert source not in member.state.segments and not meta.segment_copies(source)
