@@ -14,7 +14,8 @@ and the replica would stop serving it until a reload. So a release child asks, w
   released partition's copy, or a compaction source whose result is held, is released as planned: keeping it
   would make every pass plan the same release again.
 
-Only a copy that fails all three is kept; the next pass sees it held and records it (``adopt``). DM channel
+A copy is kept only when its node serves a replica, no other node of it confirms a copy, and the replica still
+serves the segment; the next pass sees it held and records it (``adopt``). DM channel
 watches get the same rule from query meta alone (``dm_channels_to_keep``): no node call reports one channel's
 watch, and a node does not drop a watch on its own, so meta's record of it (forgotten with a lost node) is what
 the checker saw.
@@ -31,8 +32,9 @@ from querycoord.cluster.client import NodeError
 from querycoord.limits import DEFAULT_LIMITS
 from querycoord.task.model import TaskEnv
 
-# A node's GetSegmentInfo answers at most this many ids per request (its default limits).
-_IDS_PER_CALL = DEFAULT_LIMITS.max_ids_per_request
+# Ids per GetSegmentInfo call: well under a node's limit (``max_ids_per_request``), so that an answer of full
+# SegmentInfos stays a megabyte or two. Long lists are rare here: a release the checker plans is of leftovers.
+_IDS_PER_CALL = min(16_384, DEFAULT_LIMITS.max_ids_per_request)
 
 
 def _replica_now(env: TaskEnv, collection_id: int, node_id: int) -> int | None:
