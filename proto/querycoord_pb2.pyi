@@ -24,6 +24,7 @@ class TaskKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TASK_KIND_HANDOFF: _ClassVar[TaskKind]
     TASK_KIND_LOAD_BALANCE: _ClassVar[TaskKind]
     TASK_KIND_REPAIR: _ClassVar[TaskKind]
+    TASK_KIND_RELEASE_DM_CHANNEL: _ClassVar[TaskKind]
 
 class TaskState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -89,6 +90,7 @@ TASK_KIND_WATCH_QUERY_CHANNEL: TaskKind
 TASK_KIND_HANDOFF: TaskKind
 TASK_KIND_LOAD_BALANCE: TaskKind
 TASK_KIND_REPAIR: TaskKind
+TASK_KIND_RELEASE_DM_CHANNEL: TaskKind
 TASK_STATE_UNDO: TaskState
 TASK_STATE_DOING: TaskState
 TASK_STATE_DONE: TaskState

@@ -114,6 +114,26 @@ class WatchDmChannelsResponse(_message.Message):
     status: _common_pb2.Status
     def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ...) -> None: ...
 
+class ReleaseDmChannelsRequest(_message.Message):
+    __slots__ = ("fence", "node_id", "task_id", "collection_id", "channel_names")
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    COLLECTION_ID_FIELD_NUMBER: _ClassVar[int]
+    CHANNEL_NAMES_FIELD_NUMBER: _ClassVar[int]
+    fence: CoordFence
+    node_id: int
+    task_id: int
+    collection_id: int
+    channel_names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, fence: _Optional[_Union[CoordFence, _Mapping]] = ..., node_id: _Optional[int] = ..., task_id: _Optional[int] = ..., collection_id: _Optional[int] = ..., channel_names: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ReleaseDmChannelsResponse(_message.Message):
+    __slots__ = ("status",)
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    status: _common_pb2.Status
+    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ...) -> None: ...
+
 class WatchDeltaChannelsRequest(_message.Message):
     __slots__ = ("fence", "node_id", "task_id", "collection_id", "infos")
     FENCE_FIELD_NUMBER: _ClassVar[int]

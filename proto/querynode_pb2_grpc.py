@@ -50,6 +50,11 @@ class QueryNodeStub:
                 request_serializer=proto_dot_querynode__pb2.WatchDmChannelsRequest.SerializeToString,
                 response_deserializer=proto_dot_querynode__pb2.WatchDmChannelsResponse.FromString,
                 _registered_method=True)
+        self.ReleaseDmChannels = channel.unary_unary(
+                '/querycoord.node.QueryNode/ReleaseDmChannels',
+                request_serializer=proto_dot_querynode__pb2.ReleaseDmChannelsRequest.SerializeToString,
+                response_deserializer=proto_dot_querynode__pb2.ReleaseDmChannelsResponse.FromString,
+                _registered_method=True)
         self.WatchDeltaChannels = channel.unary_unary(
                 '/querycoord.node.QueryNode/WatchDeltaChannels',
                 request_serializer=proto_dot_querynode__pb2.WatchDeltaChannelsRequest.SerializeToString,
@@ -103,6 +108,12 @@ class QueryNodeServicer:
         raise NotImplementedError('Method not implemented!')
 
     def WatchDmChannels(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseDmChannels(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -167,6 +178,11 @@ def add_QueryNodeServicer_to_server(servicer, server):
                     servicer.WatchDmChannels,
                     request_deserializer=proto_dot_querynode__pb2.WatchDmChannelsRequest.FromString,
                     response_serializer=proto_dot_querynode__pb2.WatchDmChannelsResponse.SerializeToString,
+            ),
+            'ReleaseDmChannels': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseDmChannels,
+                    request_deserializer=proto_dot_querynode__pb2.ReleaseDmChannelsRequest.FromString,
+                    response_serializer=proto_dot_querynode__pb2.ReleaseDmChannelsResponse.SerializeToString,
             ),
             'WatchDeltaChannels': grpc.unary_unary_rpc_method_handler(
                     servicer.WatchDeltaChannels,
@@ -285,6 +301,33 @@ class QueryNode:
             '/querycoord.node.QueryNode/WatchDmChannels',
             proto_dot_querynode__pb2.WatchDmChannelsRequest.SerializeToString,
             proto_dot_querynode__pb2.WatchDmChannelsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseDmChannels(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/querycoord.node.QueryNode/ReleaseDmChannels',
+            proto_dot_querynode__pb2.ReleaseDmChannelsRequest.SerializeToString,
+            proto_dot_querynode__pb2.ReleaseDmChannelsResponse.FromString,
             options,
             channel_credentials,
             insecure,

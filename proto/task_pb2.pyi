@@ -17,7 +17,7 @@ class HandoffSegmentsRequest(_message.Message):
     def __init__(self, segment_infos: _Optional[_Iterable[_Union[_data_pb2.SegmentInfo, _Mapping]]] = ...) -> None: ...
 
 class RepairRequest(_message.Message):
-    __slots__ = ("missing_segments", "release_segments", "rewatch", "release_collection_on_nodes", "adopt", "forget_segment_ids", "reason")
+    __slots__ = ("missing_segments", "release_segments", "rewatch", "release_collection_on_nodes", "adopt", "forget_segment_ids", "reason", "release_dm_channels", "adopt_dm_channels")
     MISSING_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     RELEASE_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     REWATCH_FIELD_NUMBER: _ClassVar[int]
@@ -25,6 +25,8 @@ class RepairRequest(_message.Message):
     ADOPT_FIELD_NUMBER: _ClassVar[int]
     FORGET_SEGMENT_IDS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_DM_CHANNELS_FIELD_NUMBER: _ClassVar[int]
+    ADOPT_DM_CHANNELS_FIELD_NUMBER: _ClassVar[int]
     missing_segments: _containers.RepeatedCompositeFieldContainer[_data_pb2.SegmentInfo]
     release_segments: _containers.RepeatedCompositeFieldContainer[NodeSegments]
     rewatch: _containers.RepeatedCompositeFieldContainer[_data_pb2.DmChannelWatchInfo]
@@ -32,7 +34,9 @@ class RepairRequest(_message.Message):
     adopt: _containers.RepeatedCompositeFieldContainer[_data_pb2.SegmentInfo]
     forget_segment_ids: _containers.RepeatedScalarFieldContainer[int]
     reason: str
-    def __init__(self, missing_segments: _Optional[_Iterable[_Union[_data_pb2.SegmentInfo, _Mapping]]] = ..., release_segments: _Optional[_Iterable[_Union[NodeSegments, _Mapping]]] = ..., rewatch: _Optional[_Iterable[_Union[_data_pb2.DmChannelWatchInfo, _Mapping]]] = ..., release_collection_on_nodes: _Optional[_Iterable[int]] = ..., adopt: _Optional[_Iterable[_Union[_data_pb2.SegmentInfo, _Mapping]]] = ..., forget_segment_ids: _Optional[_Iterable[int]] = ..., reason: _Optional[str] = ...) -> None: ...
+    release_dm_channels: _containers.RepeatedCompositeFieldContainer[NodeChannels]
+    adopt_dm_channels: _containers.RepeatedCompositeFieldContainer[_data_pb2.DmChannelWatchInfo]
+    def __init__(self, missing_segments: _Optional[_Iterable[_Union[_data_pb2.SegmentInfo, _Mapping]]] = ..., release_segments: _Optional[_Iterable[_Union[NodeSegments, _Mapping]]] = ..., rewatch: _Optional[_Iterable[_Union[_data_pb2.DmChannelWatchInfo, _Mapping]]] = ..., release_collection_on_nodes: _Optional[_Iterable[int]] = ..., adopt: _Optional[_Iterable[_Union[_data_pb2.SegmentInfo, _Mapping]]] = ..., forget_segment_ids: _Optional[_Iterable[int]] = ..., reason: _Optional[str] = ..., release_dm_channels: _Optional[_Iterable[_Union[NodeChannels, _Mapping]]] = ..., adopt_dm_channels: _Optional[_Iterable[_Union[_data_pb2.DmChannelWatchInfo, _Mapping]]] = ...) -> None: ...
 
 class NodeSegments(_message.Message):
     __slots__ = ("node_id", "segment_ids")
@@ -42,8 +46,16 @@ class NodeSegments(_message.Message):
     segment_ids: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, node_id: _Optional[int] = ..., segment_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
+class NodeChannels(_message.Message):
+    __slots__ = ("node_id", "channel_names")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    CHANNEL_NAMES_FIELD_NUMBER: _ClassVar[int]
+    node_id: int
+    channel_names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node_id: _Optional[int] = ..., channel_names: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class TaskRecord(_message.Message):
-    __slots__ = ("id", "kind", "parent_id", "state", "retry_count", "trigger_condition", "excluded_node_ids", "node_id", "error", "error_code", "collection_id", "created_ms", "updated_ms", "replaces_task_id", "load_collection", "release_collection", "load_partitions", "release_partitions", "load_segments", "release_segments", "watch_dm_channels", "watch_delta_channels", "add_query_channel", "handoff", "load_balance", "release_collection_on_node", "release_partitions_on_node", "repair")
+    __slots__ = ("id", "kind", "parent_id", "state", "retry_count", "trigger_condition", "excluded_node_ids", "node_id", "error", "error_code", "collection_id", "created_ms", "updated_ms", "replaces_task_id", "load_collection", "release_collection", "load_partitions", "release_partitions", "load_segments", "release_segments", "watch_dm_channels", "watch_delta_channels", "add_query_channel", "handoff", "load_balance", "release_collection_on_node", "release_partitions_on_node", "repair", "release_dm_channels")
     ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     PARENT_ID_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +84,7 @@ class TaskRecord(_message.Message):
     RELEASE_COLLECTION_ON_NODE_FIELD_NUMBER: _ClassVar[int]
     RELEASE_PARTITIONS_ON_NODE_FIELD_NUMBER: _ClassVar[int]
     REPAIR_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_DM_CHANNELS_FIELD_NUMBER: _ClassVar[int]
     id: int
     kind: _querycoord_pb2.TaskKind
     parent_id: int
@@ -100,4 +113,5 @@ class TaskRecord(_message.Message):
     release_collection_on_node: _querynode_pb2.ReleaseCollectionRequest
     release_partitions_on_node: _querynode_pb2.ReleasePartitionsRequest
     repair: RepairRequest
-    def __init__(self, id: _Optional[int] = ..., kind: _Optional[_Union[_querycoord_pb2.TaskKind, str]] = ..., parent_id: _Optional[int] = ..., state: _Optional[_Union[_querycoord_pb2.TaskState, str]] = ..., retry_count: _Optional[int] = ..., trigger_condition: _Optional[_Union[_querycoord_pb2.TriggerCondition, str]] = ..., excluded_node_ids: _Optional[_Iterable[int]] = ..., node_id: _Optional[int] = ..., error: _Optional[str] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., collection_id: _Optional[int] = ..., created_ms: _Optional[int] = ..., updated_ms: _Optional[int] = ..., replaces_task_id: _Optional[int] = ..., load_collection: _Optional[_Union[_querycoord_pb2.LoadCollectionRequest, _Mapping]] = ..., release_collection: _Optional[_Union[_querycoord_pb2.ReleaseCollectionRequest, _Mapping]] = ..., load_partitions: _Optional[_Union[_querycoord_pb2.LoadPartitionsRequest, _Mapping]] = ..., release_partitions: _Optional[_Union[_querycoord_pb2.ReleasePartitionsRequest, _Mapping]] = ..., load_segments: _Optional[_Union[_querynode_pb2.LoadSegmentsRequest, _Mapping]] = ..., release_segments: _Optional[_Union[_querynode_pb2.ReleaseSegmentsRequest, _Mapping]] = ..., watch_dm_channels: _Optional[_Union[_querynode_pb2.WatchDmChannelsRequest, _Mapping]] = ..., watch_delta_channels: _Optional[_Union[_querynode_pb2.WatchDeltaChannelsRequest, _Mapping]] = ..., add_query_channel: _Optional[_Union[_querynode_pb2.AddQueryChannelRequest, _Mapping]] = ..., handoff: _Optional[_Union[HandoffSegmentsRequest, _Mapping]] = ..., load_balance: _Optional[_Union[_querycoord_pb2.LoadBalanceRequest, _Mapping]] = ..., release_collection_on_node: _Optional[_Union[_querynode_pb2.ReleaseCollectionRequest, _Mapping]] = ..., release_partitions_on_node: _Optional[_Union[_querynode_pb2.ReleasePartitionsRequest, _Mapping]] = ..., repair: _Optional[_Union[RepairRequest, _Mapping]] = ...) -> None: ...
+    release_dm_channels: _querynode_pb2.ReleaseDmChannelsRequest
+    def __init__(self, id: _Optional[int] = ..., kind: _Optional[_Union[_querycoord_pb2.TaskKind, str]] = ..., parent_id: _Optional[int] = ..., state: _Optional[_Union[_querycoord_pb2.TaskState, str]] = ..., retry_count: _Optional[int] = ..., trigger_condition: _Optional[_Union[_querycoord_pb2.TriggerCondition, str]] = ..., excluded_node_ids: _Optional[_Iterable[int]] = ..., node_id: _Optional[int] = ..., error: _Optional[str] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., collection_id: _Optional[int] = ..., created_ms: _Optional[int] = ..., updated_ms: _Optional[int] = ..., replaces_task_id: _Optional[int] = ..., load_collection: _Optional[_Union[_querycoord_pb2.LoadCollectionRequest, _Mapping]] = ..., release_collection: _Optional[_Union[_querycoord_pb2.ReleaseCollectionRequest, _Mapping]] = ..., load_partitions: _Optional[_Union[_querycoord_pb2.LoadPartitionsRequest, _Mapping]] = ..., release_partitions: _Optional[_Union[_querycoord_pb2.ReleasePartitionsRequest, _Mapping]] = ..., load_segments: _Optional[_Union[_querynode_pb2.LoadSegmentsRequest, _Mapping]] = ..., release_segments: _Optional[_Union[_querynode_pb2.ReleaseSegmentsRequest, _Mapping]] = ..., watch_dm_channels: _Optional[_Union[_querynode_pb2.WatchDmChannelsRequest, _Mapping]] = ..., watch_delta_channels: _Optional[_Union[_querynode_pb2.WatchDeltaChannelsRequest, _Mapping]] = ..., add_query_channel: _Optional[_Union[_querynode_pb2.AddQueryChannelRequest, _Mapping]] = ..., handoff: _Optional[_Union[HandoffSegmentsRequest, _Mapping]] = ..., load_balance: _Optional[_Union[_querycoord_pb2.LoadBalanceRequest, _Mapping]] = ..., release_collection_on_node: _Optional[_Union[_querynode_pb2.ReleaseCollectionRequest, _Mapping]] = ..., release_partitions_on_node: _Optional[_Union[_querynode_pb2.ReleasePartitionsRequest, _Mapping]] = ..., repair: _Optional[_Union[RepairRequest, _Mapping]] = ..., release_dm_channels: _Optional[_Union[_querynode_pb2.ReleaseDmChannelsRequest, _Mapping]] = ...) -> None: ...

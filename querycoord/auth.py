@@ -109,6 +109,7 @@ _TABLE: dict[str, dict[str, frozenset[Role]]] = {
     },
     "QueryNode": {
         "LoadSegments": COORDINATOR, "ReleaseSegments": COORDINATOR, "WatchDmChannels": COORDINATOR,
+        "ReleaseDmChannels": COORDINATOR,
         "WatchDeltaChannels": COORDINATOR, "AddQueryChannel": COORDINATOR, "ReleaseCollection": COORDINATOR,
         "ReleasePartitions": COORDINATOR,
         "GetSegmentInfo": READ, "GetDataDistribution": READ, "GetComponentStates": READ,

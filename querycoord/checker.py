@@ -236,6 +236,38 @@ class _Releases:
             entry[1].add(sid)
 
 
+class _Sources:
+    """Held segments outside the target that may still serve a compaction result no replica holds yet.
+
+    A missing result's direct sources are known (its ``compaction_from``), their own sources are not: the catalog
+    drops a compacted segment's record in the txn that adds its result, so in a chain A -> B -> C whose B was never
+    loaded (compacted again before its handoff ran, or parked for room), nothing on record says that C holds A's
+    rows: not the catalog, not query meta (B was never recorded), not a node. Compaction stays within a partition
+    (the catalog refuses sources of another), so while a result is missing, every held segment of its partition
+    outside the target is kept: the whole chain, however long, until the result is held; the next pass releases
+    them.
+    """
+
+    __slots__ = ("ids", "partitions")
+
+    def __init__(self) -> None:
+        self.ids: set[int] = set()
+        self.partitions: set[int] = set()
+
+    def note(self, seg: TargetSegment) -> None:
+        """``seg`` is missing in some replica."""
+        if seg.compaction_from:
+            self.ids.update(seg.compaction_from)
+            self.partitions.add(seg.partition_id)
+
+    def spare(self, outside: set[int], where: dict[int, tuple[int, int]]) -> None:
+        """Take the segments to keep out of ``outside`` (held segments not in the target; ``where``: their
+        reported collection and partition)."""
+        outside.difference_update(self.ids)
+        if self.partitions and outside:
+            outside.difference_update([s for s in outside if where[s][1] in self.partitions])
+
+
 def _diff_steps(
     meta: QueryMeta,
     targets: dict[int, Target],
@@ -302,7 +334,7 @@ def _diff_steps(
             return by, strays
 
         per_replica = {r: [0, 0] for r in replicas}
-        keep_sources: set[int] = set()
+        keep_sources = _Sources()
         # The fast path (see the docstring): replica of each member node, as ``split`` finds it.
         replica_of: dict[int, int] = {}
         for r in replicas:
@@ -368,7 +400,7 @@ def _diff_steps(
                         for extra in sorted(holding - {keep}):
                             release(cid, extra, seg.segment_id)
                     elif not unknown:
-                        keep_sources.update(seg.compaction_from)  # serve the sources until the result is loaded
+                        keep_sources.note(seg)  # serve the sources until the result is loaded
                         _repair(out, cid).missing_segments.append(data_pb2.SegmentInfo(
                             segment_id=seg.segment_id, collection_id=cid, partition_id=seg.partition_id,
                             node_id=recorded, replica_id=replica, mem_size=seg.mem_size))
@@ -385,7 +417,7 @@ def _diff_steps(
         for start in range(0, len(held_here), every or len(held_here) or 1):
             yield
             outside.update(set(held_here[start:start + (every or len(held_here))]).difference(tsegs))  # in C
-        outside.difference_update(keep_sources)
+        keep_sources.spare(outside, held.segment_collection)
         if outside:  # usually not
             for sid in held_here:
                 if sid in outside:
@@ -400,22 +432,10 @@ def _diff_steps(
         for sid in sorted(unplaced):
             if sid not in holders and not silent.intersection(meta.segment_copies(sid).values()):
                 _repair(out, cid).forget_segment_ids.append(sid)
-        # DM channels: each target channel watched by a reachable node of every replica, or re-watched.
         pids = [] if meta.get_load_type(cid) == data_pb2.LOAD_TYPE_COLLECTION else sorted(loaded)
         for name in sorted(tchans):
-            by_replica, _strays = split(held.channels.get((cid, name), set()))
-            recorded_w = meta.get_dm_channel(cid, name)
-            watch_copies = copies(recorded_w) if recorded_w is not None else {}
-            for replica in replicas:
-                if by_replica.get(replica):
-                    continue
-                node = watch_copies.get(replica, 0)
-                if node in silent:
-                    continue  # its node did not report: unknown
-                _repair(out, cid).rewatch.append(data_pb2.DmChannelWatchInfo(
-                    collection_id=cid, dm_channel=name, node_id=node if node in reachable else 0,
-                    replica_id=replica,
-                    partition_ids=list(recorded_w.partition_ids) if recorded_w is not None else pids))
+            _diff_channel(out, meta, cid, name, split(held.channels.get((cid, name), set())), replicas,
+                          silent=silent, reachable=reachable, pids=pids)
         out.progress[cid] = progress
         out.replica_progress[cid] = {r: (h, t) for r, (h, t) in per_replica.items()}
     # Nodes holding anything of a collection that is not loaded at all.
@@ -435,6 +455,39 @@ def _diff_steps(
     return out
 
 
+def _diff_channel(out: Diff, meta: QueryMeta, cid: int, name: str, placed: tuple[dict[int, set[int]], set[int]],
+                  replicas: list[int], *, silent: set[int], reachable: set[int], pids: list[int]) -> None:
+    """One target DM channel (``placed``: its reachable watchers by replica, and those in no replica): watched by
+    one node of every replica, the one meta records when it watches (else the lowest id, then recorded); watched
+    again where no node of a replica watches it (unless the recorded node did not report: unknown); and no longer
+    watched by every other node, a second watcher in one replica (two nodes consuming one channel for one replica)
+    or a node in no replica of the collection."""
+    by_replica, strays = placed
+    recorded = meta.get_dm_channel(cid, name)
+    watch_copies = copies(recorded) if recorded is not None else {}
+    parts = list(recorded.partition_ids) if recorded is not None else pids
+    extra = set(strays)
+    for replica in replicas:
+        node = watch_copies.get(replica, 0)
+        holding = by_replica.get(replica)
+        if holding:
+            keep = node if node in holding else min(holding)
+            extra |= holding - {keep}
+            if keep != node:
+                _repair(out, cid).adopt_dm_channels.append(data_pb2.DmChannelWatchInfo(
+                    collection_id=cid, dm_channel=name, node_id=keep, replica_id=replica, partition_ids=parts))
+        elif node not in silent:
+            _repair(out, cid).rewatch.append(data_pb2.DmChannelWatchInfo(
+                collection_id=cid, dm_channel=name, node_id=node if node in reachable else 0, replica_id=replica,
+                partition_ids=parts))
+    for n in sorted(extra):
+        req = _repair(out, cid)
+        entry = next((e for e in req.release_dm_channels if e.node_id == n), None)
+        if entry is None:
+            entry = req.release_dm_channels.add(node_id=n)
+        entry.channel_names.append(name)
+
+
 def _copies_are(flat: tuple[int, ...], r0: int, r1: int, a: int, b: int, replica_of: dict[int, int]) -> bool:
     """True only when the record's copies (``flat``: replica, node, replica, node by replica) are ``{r0: x, r1: y}``
     with ``{x, y} == {a, b}``, x a node of replica ``r0`` and y of ``r1``. False sends the segment to the general
@@ -447,6 +500,7 @@ def _copies_are(flat: tuple[int, ...], r0: int, r1: int, a: int, b: int, replica
 
 def describe(req: task_pb2.RepairRequest) -> str:
     copies = sum(len(ns.segment_ids) for ns in req.release_segments)
+    watches = sum(len(nc.channel_names) for nc in req.release_dm_channels)
     found = [
         (req.missing_segments, f"{len(req.missing_segments)} segments held by no node"),
         (copies, f"{copies} copies to release"),
@@ -454,6 +508,8 @@ def describe(req: task_pb2.RepairRequest) -> str:
         (req.release_collection_on_nodes, f"not loaded but held on nodes {list(req.release_collection_on_nodes)}"),
         (req.adopt, f"{len(req.adopt)} segments recorded on the wrong node"),
         (req.forget_segment_ids, f"{len(req.forget_segment_ids)} stale segment records"),
+        (watches, f"{watches} DM channel watches to release"),
+        (req.adopt_dm_channels, f"{len(req.adopt_dm_channels)} DM channel watches recorded on the wrong node"),
     ]
     return "; ".join(text for present, text in found if present)
 
@@ -469,7 +525,7 @@ class CheckReport:
 
 def _has_work(req: task_pb2.RepairRequest) -> bool:
     return bool(req.missing_segments or req.release_segments or req.rewatch or req.release_collection_on_nodes
-                or req.adopt or req.forget_segment_ids)
+                or req.adopt or req.forget_segment_ids or req.release_dm_channels or req.adopt_dm_channels)
 
 
 class Checker:

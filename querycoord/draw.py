@@ -33,6 +33,7 @@ KIND_NAMES: dict[int, str] = {
     qc.TASK_KIND_HANDOFF: "Handoff",
     qc.TASK_KIND_LOAD_BALANCE: "LoadBalance",
     qc.TASK_KIND_REPAIR: "Repair",
+    qc.TASK_KIND_RELEASE_DM_CHANNEL: "ReleaseDmChannel",
 }
 
 # What users read for each state. The proto keeps Milvus's names, in which EXPIRED is a task that finished

@@ -51,6 +51,7 @@ MUTATING_METHODS: frozenset[str] = frozenset(
         "LoadSegments",
         "ReleaseSegments",
         "WatchDmChannels",
+        "ReleaseDmChannels",
         "WatchDeltaChannels",
         "AddQueryChannel",
         "ReleaseCollection",

@@ -131,7 +131,8 @@ async def forget_node(env: TaskEnv, node_id: int, *, incarnations: Incarnations,
         txns = await meta.remove_node(node_id)
         logger.info("query node {} forgotten: its copies left query meta and it left its replicas ({} txns)",
                     node_id, txns)
-    await incarnations.drop(node_id)
+    if not nodes.is_online(node_id):  # else it came back meanwhile, and the record is its new incarnation's
+        await incarnations.drop(node_id)
     await nodes.remove(node_id)
 
 

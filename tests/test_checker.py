@@ -87,6 +87,23 @@ async def test_compaction_sources_are_served_until_their_result_is_loaded(kv: Me
     assert not d.repairs[1].release_segments, "100 and 101 still serve until 103 is held"
 
 
+async def test_compaction_sources_are_served_through_chains_until_the_final_result_is_held(kv: MetaKV) -> None:
+    meta = await loaded_meta(kv)
+    # 100 was compacted into 150, and 150 into 103 before 150 was ever loaded: only 103's record names a source
+    # (150, held by no node); nothing on record links 100 to 103. 199 is a leftover of partition 11.
+    target = {1: Target(segments={101: TargetSegment(101, 10), 102: TargetSegment(102, 11),
+                                  103: TargetSegment(103, 10, (150,))})}
+    held = held_of({100: (1, 10, {1}), 101: (1, 10, {2}), 102: (1, 11, {1}), 199: (1, 11, {2})})
+    d = diff(meta, target, held, reachable={1, 2}, online={1, 2}, busy=set())
+    assert [s.segment_id for s in d.repairs[1].missing_segments] == [103]
+    release = {ns.node_id: sorted(ns.segment_ids) for ns in d.repairs[1].release_segments}
+    assert release == {2: [199]}, "100 serves 103's rows until 103 is held; partition 11 waits for nothing"
+    held = held_of({100: (1, 10, {1}), 101: (1, 10, {2}), 102: (1, 11, {1}), 103: (1, 10, {2})})
+    d = diff(meta, target, held, reachable={1, 2}, online={1, 2}, busy=set())
+    release = {ns.node_id: sorted(ns.segment_ids) for ns in d.repairs[1].release_segments}
+    assert release == {1: [100]}, "the final result is held: the chain's first source goes"
+
+
 async def test_an_unwatched_channel_is_watched_again(kv: MetaKV) -> None:
     meta = await loaded_meta(kv)
     await meta.save_dm_channel_watch([data_pb2.DmChannelWatchInfo(collection_id=1, dm_channel="dml-1-0",
@@ -95,6 +112,28 @@ async def test_an_unwatched_channel_is_watched_again(kv: MetaKV) -> None:
     held = held_of({100: (1, 10, {1}), 101: (1, 10, {2}), 102: (1, 11, {1})}, channels={(1, "dml-1-1"): {2}})
     d = diff(meta, target, held, reachable={1, 2}, online={1, 2}, busy=set())
     assert [(w.dm_channel, w.node_id) for w in d.repairs[1].rewatch] == [("dml-1-0", 1)]
+
+
+async def test_one_dm_channel_watcher_per_replica_the_recorded_one(kv: MetaKV) -> None:
+    meta = QueryMeta(kv)
+    await meta.reload()
+    await meta.add_collection(1, COLL, [10], replicas=[
+        data_pb2.ReplicaInfo(replica_id=7, collection_id=1, node_ids=[1, 2]),
+        data_pb2.ReplicaInfo(replica_id=8, collection_id=1, node_ids=[3, 4])])
+    await meta.save_dm_channel_watch([data_pb2.DmChannelWatchInfo(collection_id=1, dm_channel="dml-1-0", node_id=2,
+                                                                  replica_id=7)])
+    await meta.save_dm_channel_watch([data_pb2.DmChannelWatchInfo(collection_id=1, dm_channel="dml-1-0", node_id=9,
+                                                                  replica_id=8)])
+    target = {1: Target(channels={"dml-1-0"})}
+    # Replica 7: its recorded node 2 and node 1 watch; replica 8: nodes 3 and 4 watch, meta records node 9 (which
+    # does not); node 5 is in no replica.
+    held = held_of({}, channels={(1, "dml-1-0"): {1, 2, 3, 4, 5}})
+    d = diff(meta, target, held, reachable={1, 2, 3, 4, 5}, online={1, 2, 3, 4, 5}, busy=set())
+    req = d.repairs[1]
+    assert {nc.node_id: list(nc.channel_names) for nc in req.release_dm_channels} == {
+        1: ["dml-1-0"], 4: ["dml-1-0"], 5: ["dml-1-0"]}, "the recorded watcher stays, else the lowest id"
+    assert [(w.replica_id, w.node_id) for w in req.adopt_dm_channels] == [(8, 3)]
+    assert not req.rewatch and "3 DM channel watches to release" in req.reason
 
 
 async def test_the_checker_reloads_what_a_node_lost_and_releases_strays(etcd: EtcdCluster, root_path: str) -> None:

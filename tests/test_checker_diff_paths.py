@@ -54,7 +54,9 @@ def reference_diff(
     online: set[int],
     busy: set[int],
 ) -> Diff:
-    """``checker.diff`` as it was before its fast path (commit 3be9b23), verbatim but for names.
+    """``checker.diff`` as it was before its fast path (commit 3be9b23), verbatim but for names, with the rules
+    added since written in the same plain style (issue 24: compaction sources kept through chains, one DM channel
+    watcher per replica).
 
     ``reachable``: online nodes that reported; what meta places on an online
     node that did not report (``online - reachable``) is unknown, so it is
@@ -85,6 +87,7 @@ def reference_diff(
 
         per_replica = {r: [0, 0] for r in replicas}
         keep_sources: set[int] = set()
+        compacting: set[int] = set()  # partitions with a compaction result missing: their sources through chains
         for seg in target.segments.values():
             by_replica, strays = split(held.segments.get(seg.segment_id, set()))
             recorded_copies = meta.segment_copies(seg.segment_id)
@@ -110,12 +113,14 @@ def reference_diff(
                         _release(out, cid, extra, seg.segment_id)
                 elif not unknown:
                     keep_sources.update(seg.compaction_from)  # serve the sources until the result is loaded
+                    if seg.compaction_from:
+                        compacting.add(seg.partition_id)
                     _repair(out, cid).missing_segments.append(data_pb2.SegmentInfo(
                         segment_id=seg.segment_id, collection_id=cid, partition_id=seg.partition_id,
                         node_id=recorded, replica_id=replica))
         # Copies of this collection that are not in the target: released partitions, compacted away.
-        for sid, (scid, _pid) in held.segment_collection.items():
-            if scid != cid or sid in target.segments or sid in keep_sources:
+        for sid, (scid, spid) in held.segment_collection.items():
+            if scid != cid or sid in target.segments or sid in keep_sources or spid in compacting:
                 continue
             for node in sorted(held.segments.get(sid, ())):
                 _release(out, cid, node, sid)
@@ -126,20 +131,32 @@ def reference_diff(
                 _repair(out, cid).forget_segment_ids.append(sid)
         # DM channels: each target channel watched by a reachable node of every replica, or re-watched.
         pids = [] if meta.get_load_type(cid) == data_pb2.LOAD_TYPE_COLLECTION else sorted(loaded)
+        # One watcher per replica (the recorded one when it watches, else the lowest id, then recorded); every
+        # other watcher (a second one in a replica, one in no replica) stops watching.
         for name in sorted(target.channels):
-            by_replica, _strays = split(held.channels.get((cid, name), set()))
+            by_replica, strays = split(held.channels.get((cid, name), set()))
             recorded_w = meta.get_dm_channel(cid, name)
             watch_copies = copies(recorded_w) if recorded_w is not None else {}
+            watch_parts = list(recorded_w.partition_ids) if recorded_w is not None else pids
+            extra = set(strays)
             for replica in replicas:
-                if by_replica.get(replica):
-                    continue
                 node = watch_copies.get(replica, 0)
+                watchers = by_replica.get(replica, set())
+                if watchers:
+                    keep = node if node in watchers else min(watchers)
+                    extra |= watchers - {keep}
+                    if keep != node:
+                        _repair(out, cid).adopt_dm_channels.append(data_pb2.DmChannelWatchInfo(
+                            collection_id=cid, dm_channel=name, node_id=keep, replica_id=replica,
+                            partition_ids=watch_parts))
+                    continue
                 if node in silent:
                     continue  # its node did not report: unknown
                 _repair(out, cid).rewatch.append(data_pb2.DmChannelWatchInfo(
                     collection_id=cid, dm_channel=name, node_id=node if node in reachable else 0,
-                    replica_id=replica,
-                    partition_ids=list(recorded_w.partition_ids) if recorded_w is not None else pids))
+                    replica_id=replica, partition_ids=watch_parts))
+            for node in sorted(extra):
+                _release_channel(out, cid, node, name)
         out.progress[cid] = progress
         out.replica_progress[cid] = {r: (h, t) for r, (h, t) in per_replica.items()}
     # Nodes holding anything of a collection that is not loaded at all.
@@ -167,8 +184,18 @@ def _release(d: Diff, cid: int, node: int, sid: int) -> None:
     req.release_segments.append(task_pb2.NodeSegments(node_id=node, segment_ids=[sid]))
 
 
+def _release_channel(d: Diff, cid: int, node: int, name: str) -> None:
+    req = _repair(d, cid)
+    for nc in req.release_dm_channels:
+        if nc.node_id == node:
+            nc.channel_names.append(name)
+            return
+    req.release_dm_channels.append(task_pb2.NodeChannels(node_id=node, channel_names=[name]))
+
+
 def reference_describe(req: task_pb2.RepairRequest) -> str:
     copies = sum(len(ns.segment_ids) for ns in req.release_segments)
+    watches = sum(len(nc.channel_names) for nc in req.release_dm_channels)
     found = [
         (req.missing_segments, f"{len(req.missing_segments)} segments held by no node"),
         (copies, f"{copies} copies to release"),
@@ -176,6 +203,8 @@ def reference_describe(req: task_pb2.RepairRequest) -> str:
         (req.release_collection_on_nodes, f"not loaded but held on nodes {list(req.release_collection_on_nodes)}"),
         (req.adopt, f"{len(req.adopt)} segments recorded on the wrong node"),
         (req.forget_segment_ids, f"{len(req.forget_segment_ids)} stale segment records"),
+        (watches, f"{watches} DM channel watches to release"),
+        (req.adopt_dm_channels, f"{len(req.adopt_dm_channels)} DM channel watches recorded on the wrong node"),
     ]
     return "; ".join(text for present, text in found if present)
 

@@ -140,6 +140,31 @@ async def test_a_node_restarted_under_its_id_is_used_at_once(etcd: EtcdCluster, 
         assert not await failed_triggers(c)
 
 
+async def test_a_late_forget_of_a_node_back_under_its_id_leaves_it_online(etcd: EtcdCluster, root_path: str) -> None:
+    """Two forgets of one lost node may run at once (the node-down hook and the checker's pass); the later one ended
+    after the node was back under its fixed id and took the new incarnation out of the online nodes for good: its
+    replica stayed parked "no online node" (seen under load in the test above)."""
+    async with QueryCluster(etcd, root_path, scheduler=LONG) as c:
+        await c.start_coordinator()
+        lead = (await c.wait_leader()).coord.leadership
+        assert c.kv is not None and lead is not None
+        fixed = QueryNode(c.kv, capacity_bytes=64 * MiB, ttl=2.0, node_id=4545)
+        await fixed.start()
+        await c.wait_node_online(4545)
+        await fixed.stop()
+
+        async def forgotten() -> bool:
+            return lead.nodes.get(4545) is None
+
+        await until_true("the leader forgot the stopped node", forgotten)
+        again = QueryNode(c.kv, capacity_bytes=64 * MiB, ttl=2.0, node_id=4545)
+        await again.start()
+        c.nodes.append(again)
+        await c.wait_node_online(4545)
+        await lead.nodes.remove(4545)  # the second forget of the old incarnation, ending late
+        assert lead.nodes.is_online(4545), "the node back under its id stays online"
+
+
 async def test_a_node_restarted_while_no_leader_watched_is_not_taken_for_its_old_self(
         etcd: EtcdCluster, root_path: str) -> None:
     """Its session is a new incarnation: the new leader forgets what the old process held before anything

@@ -220,8 +220,16 @@ RECORD_CASES: list[tuple[int, str, Message]] = [
         task_pb2.RepairRequest(
             missing_segments=[data_pb2.SegmentInfo(segment_id=5001, collection_id=7, partition_id=11, node_id=3)],
             release_segments=[task_pb2.NodeSegments(node_id=4, segment_ids=[5002])],
+            release_dm_channels=[task_pb2.NodeChannels(node_id=5, channel_names=["dml-7-0"])],
+            adopt_dm_channels=[data_pb2.DmChannelWatchInfo(collection_id=7, dm_channel="dml-7-1", node_id=4,
+                                                           replica_id=2)],
             reason="1 segments held by no node",
         ),
+    ),
+    (
+        K.TASK_KIND_RELEASE_DM_CHANNEL,
+        "release_dm_channels",
+        querynode_pb2.ReleaseDmChannelsRequest(collection_id=7, channel_names=["dml-7-0"], **_fenced()),
     ),
 ]
 
@@ -262,7 +270,7 @@ def test_files_are_registered_under_proto_names() -> None:
 def test_record_cases_cover_every_kind_and_request() -> None:
     kinds = {v.number for v in querycoord_pb2.TaskKind.DESCRIPTOR.values} - {K.TASK_KIND_UNSPECIFIED}
     assert kinds == {kind for kind, _, _ in RECORD_CASES}
-    assert len(kinds) == 12
+    assert len(kinds) == 13
     oneof = task_pb2.TaskRecord.DESCRIPTOR.oneofs_by_name["request"]
     assert {f.name for f in oneof.fields} == {field for _, field, _ in RECORD_CASES}
     # each case's request is of the type its oneof field declares

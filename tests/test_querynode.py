@@ -318,6 +318,10 @@ async def test_addressing_and_bad_input_answer_illegal_argument(make_node: NodeF
         ("AddQueryChannel", qn.AddQueryChannelRequest(fence=fence(1), node_id=nid, collection_id=1)),
         ("ReleasePartitions", qn.ReleasePartitionsRequest(fence=fence(1), node_id=nid, collection_id=1)),
         ("ReleaseCollection", qn.ReleaseCollectionRequest(fence=fence(1), node_id=nid)),
+        ("ReleaseDmChannels", qn.ReleaseDmChannelsRequest(fence=fence(1), node_id=nid, collection_id=1)),
+        ("ReleaseDmChannels", qn.ReleaseDmChannelsRequest(fence=fence(1), node_id=nid, channel_names=["d"])),
+        ("ReleaseDmChannels", qn.ReleaseDmChannelsRequest(fence=fence(1), node_id=nid, collection_id=1,
+                                                          channel_names=["bad name"])),
         ("LoadSegments", load(node, 1, seg(1, 10, 1), rev=-1)),
     ]
     for method, req in bad:
@@ -352,6 +356,8 @@ async def test_failure_rate_one_fails_every_mutating_call(make_node: NodeFactory
         ("ReleaseCollection", qn.ReleaseCollectionRequest(fence=fence(1), node_id=nid, collection_id=1)),
         ("ReleasePartitions", qn.ReleasePartitionsRequest(fence=fence(1), node_id=nid, collection_id=1,
                                                           partition_ids=[10])),
+        ("ReleaseDmChannels", qn.ReleaseDmChannelsRequest(fence=fence(1), node_id=nid, collection_id=1,
+                                                          channel_names=["d"])),
     ]
     for _ in range(3):
         for method, req in calls:

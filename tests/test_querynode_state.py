@@ -237,3 +237,23 @@ def test_a_load_of_held_segments_adds_the_new_ones_and_refuses_a_move_of_partiti
         state.load_segments(moved)
     assert refusal.value.code == EC.CONFLICT
     assert sorted(state.segments) == [1, 2, 3] and state.memory_used == 300
+
+
+def test_a_dm_channel_release_drops_only_the_collections_named_watches() -> None:
+    state = QueryNodeState(10_000, node_id=3)
+    load(state, 1, [4])
+
+    def watch(coll: int, name: str) -> None:
+        state.watch_dm_channels(querynode_pb2.WatchDmChannelsRequest(collection_id=coll, infos=[
+            data_pb2.VChannelInfo(collection_id=coll, channel_name=name)]))
+
+    watch(1, "dml_0")
+    watch(1, "dml_1")
+    watch(2, "dml_2")
+    dropped = state.release_dm_channels(querynode_pb2.ReleaseDmChannelsRequest(
+        collection_id=1, channel_names=["dml_0", "dml_2", "absent"]))
+    assert dropped == 1, "another collection's watch and an absent one are not this request's to drop"
+    assert sorted(state.dm_channels) == ["dml_1", "dml_2"] and set(state.segments) == {4}
+    with pytest.raises(NodeRefusal):
+        state.release_dm_channels(querynode_pb2.ReleaseDmChannelsRequest(collection_id=1, channel_names=[""]))
+    assert sorted(state.dm_channels) == ["dml_1", "dml_2"]

@@ -239,7 +239,14 @@ class NodeManager:
         return node.client
 
     async def remove(self, node_id: int) -> None:
-        """Forget an offline node once nothing refers to it any more."""
+        """Forget an offline node once nothing refers to it any more.
+
+        A node online under that id is left alone: it came back (a new session under its fixed id) while the
+        forgetting of its old self awaited, and two forgets of one lost node may run at once (the node-down hook
+        and the checker's pass): the later one must not take the new incarnation offline for good."""
+        current = self.nodes.get(node_id)
+        if current is not None and current.online:
+            return
         node = self.nodes.pop(node_id, None)
         if node is not None:
             self.version += 1

@@ -313,6 +313,7 @@ class QueryNodeServicer(querynode_pb2_grpc.QueryNodeServicer):
     LoadSegments = _mutation("load_segments", querynode_pb2.LoadSegmentsResponse)
     ReleaseSegments = _mutation("release_segments", querynode_pb2.ReleaseSegmentsResponse)
     WatchDmChannels = _mutation("watch_dm_channels", querynode_pb2.WatchDmChannelsResponse)
+    ReleaseDmChannels = _mutation("release_dm_channels", querynode_pb2.ReleaseDmChannelsResponse)
     WatchDeltaChannels = _mutation("watch_delta_channels", querynode_pb2.WatchDeltaChannelsResponse)
     AddQueryChannel = _mutation("add_query_channel", querynode_pb2.AddQueryChannelResponse)
     ReleaseCollection = _mutation("release_collection", querynode_pb2.ReleaseCollectionResponse)

@@ -179,6 +179,10 @@ def check_node_request(kind: str, request: Any, limits: Limits = DEFAULT_LIMITS,
     elif isinstance(request, querynode_pb2.WatchDmChannelsRequest):
         _check_channels("infos", request.infos, limits)
         check_enum("load_type", request.load_type, data_pb2.LoadType)
+    elif isinstance(request, querynode_pb2.ReleaseDmChannelsRequest):
+        check_count("channel_names", request.channel_names, limits.max_dm_channels)
+        for name in request.channel_names:
+            check_name("channel_names", name, limits.max_name_length)
     elif isinstance(request, querynode_pb2.WatchDeltaChannelsRequest):
         _check_channels("infos", request.infos, limits)
     elif isinstance(request, querynode_pb2.AddQueryChannelRequest):

@@ -382,6 +382,22 @@ class QueryNodeState:
                 # Either side serves the whole collection: so does the watch.
                 held.partition_ids = set()
 
+    def release_dm_channels(self, request: querynode_pb2.ReleaseDmChannelsRequest) -> int:
+        """Stop watching the named DM channels of the collection; one not watched, or watched for another
+        collection (not this request's to drop), is fine. Returns how many watches were dropped."""
+        coll = request.collection_id
+        _positive("collection_id", coll)
+        names = list(request.channel_names)
+        if not names or not all(names):
+            raise NodeRefusal(EC.ILLEGAL_ARGUMENT, "ReleaseDmChannels: name at least one channel, none empty")
+        dropped = 0
+        for name in names:
+            held = self.dm_channels.get(name)
+            if held is not None and held.collection_id == coll:
+                del self.dm_channels[name]
+                dropped += 1
+        return dropped
+
     def watch_delta_channels(self, request: querynode_pb2.WatchDeltaChannelsRequest) -> None:
         coll = request.collection_id
         _positive("collection_id", coll)

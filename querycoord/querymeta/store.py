@@ -1057,6 +1057,24 @@ class QueryMeta:
 
         return await self._guarded(lambda: [collection_id], body)
 
+    async def remove_dm_channel_copies(self, node_id: int, collection_id: int, channels: Iterable[str]) -> int:
+        """Remove the node's copy from the collection's named DM channel watches (a watch left with no copy goes;
+        unknown names and watches without a copy there are ignored); return the txns used."""
+        names = list(dict.fromkeys(channels))
+
+        async def body() -> int:
+            known = self._index.dm_channels.get(collection_id, {})
+            mutations = []
+            for name in names:
+                watch = known.get(name)
+                if watch is None or node_id not in copies(watch).values():
+                    continue
+                left = without_node(watch, node_id)
+                mutations.append(self._put_dm_channel(left) if left is not None else self._drop_dm_channel(watch))
+            return await self._commit("remove_dm_channel_copies", mutations, atomic=False)
+
+        return await self._guarded(lambda: [collection_id], body)
+
     # ===== delta and query channels ==================================================
     def get_delta_channels(self, collection_id: int) -> list[VChannelInfo]:
         """Delta channels of a collection, by name (as stored: stripped)."""

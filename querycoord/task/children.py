@@ -28,6 +28,7 @@ from querycoord.task.assign import (
     strip_channel,
 )
 from querycoord.task.model import Task, TaskEnv, TaskError
+from querycoord.task.release_guard import dm_channels_to_keep, segments_to_keep
 from querycoord.task.units import place_unit, usage_of
 
 QUERYNODE = querynode_pb2.DESCRIPTOR.services_by_name["QueryNode"]
@@ -143,7 +144,8 @@ class LoadSegmentsTask(ChildTask, kind=qc.TASK_KIND_LOAD_SEGMENT, request="load_
         """A balance move releases the source copy; a handoff releases ``replaced``, the compaction sources.
 
         Best effort: a copy left behind on a node is released by the checker; the
-        segment is already served by its new node, which is what matters.
+        segment is already served by its new node, which is what matters. A source
+        whose release failed stays recorded on its node: it is still held there.
         """
         releases: dict[int, list[int]] = {}
         if req.source_node_id and req.source_node_id != self.node_id:
@@ -166,6 +168,7 @@ class LoadSegmentsTask(ChildTask, kind=qc.TASK_KIND_LOAD_SEGMENT, request="load_
                 )
             except NodeError as exc:
                 logger.warning("{}: releasing {} on node {} failed: {}", self.describe(), seg_ids, node_id, exc)
+                forget.pop(node_id, None)  # still held there: meta says so, and the checker releases it later
         for node_id, seg_ids in forget.items():
             await self.env.meta.remove_segment_copies(node_id, seg_ids)
 
@@ -191,8 +194,8 @@ class WatchDmChannelsTask(ChildTask, kind=qc.TASK_KIND_WATCH_DM_CHANNEL, request
     """Watch DM channels on a node; retried there while the node is online, moved only when it is gone.
 
     A watch that failed may still be in place on the node (a reply lost on a cut link, or the node
-    already watching the channel for an earlier load), and no call undoes a watch: moving it to
-    another node while this one lives would leave the channel watched twice.
+    already watching the channel for an earlier load): moving it to another node while this one
+    lives would leave the channel watched twice (until the checker releases the second watcher).
     """
 
     RETRY_WHILE_NODE_ONLINE = True
@@ -291,13 +294,53 @@ class _ReleaseChild(ChildTask):
 
 
 class ReleaseSegmentsTask(_ReleaseChild, kind=qc.TASK_KIND_RELEASE_SEGMENT, request="release_segments"):
+    """The checker's release of copies (``task.repair``), weighed again when it runs (``release_guard``)."""
+
     def summary(self) -> str:
         return f"release {len(self.request.segment_ids)} segments"
 
     async def execute(self) -> None:
-        await super().execute()
+        env, req = self.env, self.request
+        ids = list(req.segment_ids)
+        if env.nodes.is_online(self.node_id):
+            keep = await segments_to_keep(env, req.collection_id, self.node_id, ids)
+            if keep:
+                logger.info("{}: kept {} on node {}: now the only copy its replica holds", self.describe(),
+                            sorted(keep), self.node_id)
+                ids = [s for s in ids if s not in keep]
+            if not ids:
+                return
+            sent = self._copy()
+            sent.segment_ids[:] = ids
+            await self.call(sent)
         # Only the copies on this node: releasing a duplicate (or one replica's copy) must not forget the others.
-        await self.env.meta.remove_segment_copies(self.node_id, self.request.segment_ids)
+        # Recorded only once the node said it let them go (a failed call raised above); an offline node holds none.
+        await env.meta.remove_segment_copies(self.node_id, ids)
+
+
+class ReleaseDmChannelsTask(_ReleaseChild, kind=qc.TASK_KIND_RELEASE_DM_CHANNEL, request="release_dm_channels"):
+    """The checker's release of DM channel watches (a second watcher in a replica, a watcher in no replica),
+    weighed again when it runs (``release_guard``)."""
+
+    def summary(self) -> str:
+        return "release dm " + ", ".join(self.request.channel_names)
+
+    async def execute(self) -> None:
+        env, req = self.env, self.request
+        names = list(req.channel_names)
+        if env.nodes.is_online(self.node_id):
+            keep = dm_channels_to_keep(env, req.collection_id, self.node_id, names)
+            if keep:
+                logger.info("{}: kept {} on node {}: now its replica's only watcher", self.describe(), sorted(keep),
+                            self.node_id)
+                names = [n for n in names if n not in keep]
+            if not names:
+                return
+            sent = self._copy()
+            sent.channel_names[:] = names
+            await self.call(sent)
+        # As for segments: recorded only once the node stopped watching (or is gone).
+        await env.meta.remove_dm_channel_copies(self.node_id, req.collection_id, names)
 
 
 class ReleaseCollectionOnNodeTask(_ReleaseChild, kind=qc.TASK_KIND_RELEASE_COLLECTION,

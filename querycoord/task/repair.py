@@ -7,7 +7,8 @@ of the collection, and resumed by a new leader like any other tree.
 
 Planning re-checks against current meta (the world may have moved between
 the check and the run): a segment someone else loaded meanwhile is not loaded
-again, a release of a segment meta now places on that node is dropped. What
+again, and each release child weighs its copies once more when it runs
+(``task.release_guard``): a copy that became its replica's only one stays. What
 each replica lacks is planned as one unit: replicas left with no online node
 get a spare first (``units.give_spares``), and a unit that cannot be placed is
 parked (``task.parking``) while the others go on.
@@ -18,7 +19,12 @@ from __future__ import annotations
 from proto import data_pb2, querynode_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.cluster.allocator import NoAvailableNode
-from querycoord.task.children import ReleaseCollectionOnNodeTask, ReleaseSegmentsTask, plan_children
+from querycoord.task.children import (
+    ReleaseCollectionOnNodeTask,
+    ReleaseDmChannelsTask,
+    ReleaseSegmentsTask,
+    plan_children,
+)
 from querycoord.task.model import Task
 from querycoord.task.triggers import TriggerTask, segment_load_info
 from querycoord.task.units import give_spares, park_unplaced
@@ -36,6 +42,9 @@ class RepairTask(TriggerTask, kind=qc.TASK_KIND_REPAIR, request="repair"):
         forget = [s for s in req.forget_segment_ids if meta.get_segment(s) is not None]
         if forget:
             await meta.remove_segments(forget)
+        adopt = self._adoptable_watches()
+        if adopt:
+            await meta.save_dm_channel_watch(adopt)
         children: list[Task] = []
         cond = self.rec.trigger_condition
         for node_id in req.release_collection_on_nodes:
@@ -49,10 +58,30 @@ class RepairTask(TriggerTask, kind=qc.TASK_KIND_REPAIR, request="repair"):
             children.append(ReleaseSegmentsTask.new(
                 env, querynode_pb2.ReleaseSegmentsRequest(collection_id=cid, segment_ids=list(ns.segment_ids)),
                 trigger_condition=cond, collection_id=cid, node_id=ns.node_id, parent=self))
+        for nc in req.release_dm_channels:
+            if env.nodes.is_online(nc.node_id) and meta.has_collection(cid):
+                unwatch = querynode_pb2.ReleaseDmChannelsRequest(collection_id=cid, channel_names=nc.channel_names)
+                children.append(ReleaseDmChannelsTask.new(env, unwatch, trigger_condition=cond, collection_id=cid,
+                                                          node_id=nc.node_id, parent=self))
         if meta.has_collection(cid):
             await give_spares(env, cid)
             children += await self._plan_units()
         self.children = children
+
+    def _adoptable_watches(self) -> list[data_pb2.DmChannelWatchInfo]:
+        """The DM channel watches to record on the replica watcher the checker kept, still valid now: its replica
+        exists, its node is online, and it serves a partition that is still loaded (or the whole collection)."""
+        env, cid, meta = self.env, self.collection_id, self.env.meta
+        replicas = set(meta.replica_ids(cid))
+        out = []
+        for w in self.request.adopt_dm_channels:
+            parts = [p for p in w.partition_ids if meta.has_partition(cid, p)]
+            if w.replica_id in replicas and env.nodes.is_online(w.node_id) and (parts or not w.partition_ids):
+                watch = data_pb2.DmChannelWatchInfo()
+                watch.CopyFrom(w)
+                watch.partition_ids[:] = parts
+                out.append(watch)
+        return out
 
     async def _plan_units(self) -> list[Task]:
         """Load what each replica lacks and watch its unwatched DM channels, one replica (a unit) at a time: a
