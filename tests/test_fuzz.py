@@ -16,7 +16,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from meta.etcd_server import EtcdCluster
 from proto import catalog_pb2, common_pb2, querycoord_pb2, querynode_pb2, stream_pb2
 from tests.fuzz_cluster import FuzzOptions, run_fuzz
-from tests.fuzzing import COORDINATOR, QUERY_NODE, CaseStrategies, Outcome, World, classify, generate, rpcs
+from tests.fuzzing import COORDINATOR, QUERY_NODE, Case, CaseStrategies, Outcome, World, classify, generate, rpcs
 
 CI_REQUESTS = int(os.environ.get("QUERYCOORD_FUZZ_REQUESTS", "1000"))
 CI_SEED = 20251102
@@ -44,26 +44,29 @@ def test_every_field_of_every_request_is_drawn_and_the_same_seed_draws_the_same_
     """Strategies come from the descriptors: each field of each request type is set by some case, hostile
     values and garbage included, so a new field is fuzzed without a change here."""
     strategies = CaseStrategies(rpcs(), _world(), targets={COORDINATOR: ["leader"], QUERY_NODE: ["node0"]})
-    # As a run draws them: batches of 100, each with its own seed.
-    # 20 batches: with 15, GetReplicas shifted the seeded draws and no hostile GetDataDistribution set node_id.
-    cases = [c for batch in range(20) for c in generate(strategies, 100, 7 + batch)]
-    assert len(cases) == 2000
+    # As a run draws them: batches of 100, each with its own seed, until every field was set by a hostile case.
+    # The budget grows with the RPCs: each new RPC takes its share of the picks (47 RPCs needed 26 batches).
+    wanted = {r.request.DESCRIPTOR.full_name: {f.name for f in r.request.DESCRIPTOR.fields} for r in rpcs()
+              if r.request.DESCRIPTOR.fields and r.method not in ("Switchover", "StepBack")}  # those rare on purpose
+    set_fields: dict[str, set[str]] = {}
+    cases: list[Case] = []
+    for batch in range(max(20, 2 * len(rpcs()))):
+        drawn = generate(strategies, 100, 7 + batch)
+        cases += drawn
+        for c in drawn:
+            if c.kind == "hostile":
+                msg = c.rpc.request.FromString(c.payload)
+                set_fields.setdefault(c.rpc.request.DESCRIPTOR.full_name, set()).update(
+                    f.name for f, _ in msg.ListFields())
+        if batch >= 19 and all(names <= set_fields.get(name, set()) for name, names in wanted.items()):
+            break
     assert [c.payload for c in cases[:100]] == [c.payload for c in generate(strategies, 100, 7)]
     kinds = Counter(c.kind.split(":")[0] for c in cases)
     assert kinds["hostile"] and kinds["valid"] and kinds["garbage"], kinds
     assert len({c.kind for c in cases if c.kind.startswith("garbage")}) >= 7
-    set_fields: dict[str, set[str]] = {}
-    for c in cases:
-        if c.kind != "hostile":
-            continue
-        msg = c.rpc.request.FromString(c.payload)
-        set_fields.setdefault(c.rpc.request.DESCRIPTOR.full_name, set()).update(f.name for f, _ in msg.ListFields())
-    for r in rpcs():
-        desc = r.request.DESCRIPTOR
-        if not desc.fields or r.method in ("Switchover", "StepBack"):
-            continue  # rare on purpose
-        missing = {f.name for f in desc.fields} - set_fields.get(desc.full_name, set())
-        assert not missing, f"{r.label}: fields never drawn: {missing}"
+    for name, names in wanted.items():
+        missing = names - set_fields.get(name, set())
+        assert not missing, f"{name}: fields never drawn in {len(cases)} cases: {missing}"
     ints = [v for c in cases if c.kind == "hostile" for f, v in c.rpc.request.FromString(c.payload).ListFields()
             if f.cpp_type == FieldDescriptor.CPPTYPE_INT64 and not f.is_repeated]
     assert {-1, 2**31 - 1, 2**63 - 1, -(2**63), 5} <= set(ints)  # boundaries and real ids (0 is never "set")
