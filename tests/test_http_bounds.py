@@ -4,7 +4,7 @@ byte a second, over loopback. ``/healthz``, ``/readyz`` and ``/metrics`` keep an
 every connection that does not deliver its request head in time, so its file descriptors come back. Run once with
 the default limits and once under a low file limit (``ulimit -n``), where the connection cap is below the number of
 clients and the oldest waiting connections are closed to let new ones in. Also, in-process: a head too large, a
-request body, a method other than GET and HEAD, and kept-alive connections."""
+request body, a method other than GET and HEAD, kept-alive connections, and a TLS handshake that never comes."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import http.client
 import os
 import resource
 import socket
+import ssl
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -23,8 +24,11 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from meta.etcd_server import EtcdCluster
+from querycoord.grpc_channels import GrpcSecurity
+from querycoord.http_access import tls_context
 from querycoord.http_server import HttpLimits, HttpServer, Page, Probe
 from querycoord.tooling.harness import coord_argv
+from tests.certs import make_authority
 from tests.spawn import Spawned, spawn_ready
 
 IDLE = 1000
@@ -167,7 +171,7 @@ async def test_probes_answer_beside_a_thousand_idle_and_slow_connections(
         assert still_open == [], f"{len(still_open)} idle connections were never closed by the server"
         stop.set()
         await asyncio.wait_for(asyncio.gather(*slow), HEAD_TIMEOUT + 60)
-        await until("the coordinator's file descriptors back", lambda: fds(coord.pid) <= before + 10, 60)
+        await until("the coordinator's file descriptors back", lambda: fds(coord.pid) <= before + 20, 60)
         status, text = await get(address, "/metrics")
         reasons = shed(text)
         assert reasons.get("head_timeout", 0) >= 1, reasons
@@ -248,3 +252,34 @@ async def test_the_oldest_waiting_connection_makes_room_for_a_new_one() -> None:
         for sock in socks:
             sock.close()
         await s.stop()
+
+
+async def test_a_tls_handshake_that_never_comes_is_closed_too(tmp_path: Path) -> None:
+    """Over HTTPS the head timeout covers the handshake: a client that connects and sends nothing is closed, while
+    a real HTTPS client is answered."""
+    ca = make_authority(tmp_path / "ca")
+    served = ca.issue("querycoord-coordinator")
+    tls = tls_context(GrpcSecurity(ca_file=ca.ca_file, cert_file=served.cert, key_file=served.key, http_tls=True))
+    s = HttpServer("127.0.0.1:0", _Process(), tls=tls, limits=HttpLimits(head_timeout=1.0)).start()
+    socks: list[socket.socket] = []
+    try:
+        socks = await connect_idle(s.address, 10)
+        assert all(await asyncio.gather(*(closed_by_server(sock, 30) for sock in socks)))
+        client = ssl.create_default_context(cafile=str(ca.ca_file))
+        status, body = await asyncio.to_thread(_get_tls, s.address, client)
+        assert status == 200 and '"status": "ok"' in body, body
+    finally:
+        for sock in socks:
+            sock.close()
+        await s.stop()
+
+
+def _get_tls(address: str, context: ssl.SSLContext) -> tuple[int, str]:
+    host, port = address.rsplit(":", 1)
+    conn = http.client.HTTPSConnection(host, int(port), timeout=30, context=context)
+    try:
+        conn.request("GET", "/healthz")
+        resp = conn.getresponse()
+        return resp.status, resp.read().decode()
+    finally:
+        conn.close()
