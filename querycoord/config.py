@@ -106,6 +106,9 @@ class CoordConfig:
     stream_refresh: float = 30.0
     # Where /metrics, /healthz and /readyz are served over HTTP (host:port, port 0: any free port); "" serves none.
     http_listen: str = ""
+    # With security on, the status page answers only requests whose Host is an IP address, localhost, this
+    # machine's name, the host of listen or http_listen, or one of these names (comma-separated).
+    http_allowed_hosts: str = ""
     # Bounds on what one request may ask for (querycoord/limits.py): checked before anything is queued or written.
     limits: Limits = field(default_factory=Limits)
     # A standby keeps the query meta in memory, followed by a watch, so that taking over needs no reload

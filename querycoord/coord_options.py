@@ -45,6 +45,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("--warm-standby", "warm_standby", int,
            "1: a standby keeps the query meta in memory, followed by a watch, so a takeover needs no reload "
            "(as much memory as the leader's meta); 0: a new leader reads it from etcd"),
+    Option("--http-allowed-hosts", "http_allowed_hosts", str,
+           "with security on, the status page answers only a Host that is an IP address, localhost, this machine's "
+           "name, the host of --listen or --http-listen, or one of these comma-separated names (DNS rebinding)"),
     # Scheduler knobs: drills and the demo change them; production keeps the defaults.
     Option("--max-request-bytes", "scheduler.max_request_bytes", int),
     Option("--max-concurrent-children", "scheduler.max_concurrent_children", int),
@@ -154,6 +157,10 @@ def config_from_args(args: argparse.Namespace) -> CoordConfig:
         raise ValueError(f"--ttl must be at least 2 seconds, got {config.session_ttl:g}")
     if config.warm_standby not in (0, 1):
         raise ValueError(f"--warm-standby must be 0 or 1, got {config.warm_standby}")
+    for name in config.http_allowed_hosts.split(","):
+        if name.strip() and (any(c.isspace() or c in "/\\@?#[]" for c in name.strip()) or name.count(":") > 1):
+            raise ValueError(f"--http-allowed-hosts: {name.strip()!r} is not a host name (give names separated by "
+                             f"commas, such as querycoord.prod.svc,status.example.com)")
     if config.checker_interval <= 0:
         raise ValueError(f"--checker-interval must be > 0, got {config.checker_interval:g}")
     sched = config.scheduler

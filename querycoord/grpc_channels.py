@@ -68,6 +68,8 @@ class GrpcSecurity:
     tokens_file: Path | None = None
     insecure: bool = False
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    # --tls-http: the HTTP side (--http-listen) serves HTTPS with this process's certificate.
+    http_tls: bool = False
 
     def __post_init__(self) -> None:
         if self.max_message_bytes <= 0:
@@ -78,6 +80,9 @@ class GrpcSecurity:
             raise SecurityConfigError("--tls-cert needs --tls-ca: the CA that signed the peers' certificates")
         if self.client_auth and self.ca_file is None:
             raise SecurityConfigError("--tls-client-auth needs --tls-ca (client certificates are checked against it)")
+        if self.http_tls and self.cert_file is None:
+            raise SecurityConfigError("--tls-http needs --tls-ca, --tls-cert and --tls-key: HTTPS serves this "
+                                      "process's certificate")
         if self.server_name is not None and self.ca_file is None:
             raise SecurityConfigError("--tls-server-name needs --tls-ca (it names the certificate TLS expects)")
         if self.insecure and (self.ca_file or self.token or self.tokens_file):

@@ -32,13 +32,15 @@ restarting it would not give etcd any room.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client.metrics_core import Metric
 
 from meta.errors import MetaError
 from meta.session import Session
+from querycoord.grpc_channels import current as current_security
+from querycoord.http_access import page_access, page_hosts, tls_context
 from querycoord.http_server import Endpoints, HttpServer, Page, Probe
 from querycoord.metrics import coordinator_families, install
 from querycoord.status_page import answer as status_page
@@ -159,14 +161,22 @@ class NodeEndpoints:
         return Probe(True, detail)
 
 
-def bind_http(listen: str, endpoints: Endpoints) -> HttpServer | None:
+def bind_http(listen: str, endpoints: Endpoints, *, pages: bool = False, addresses: Iterable[str] = (),
+              allowed_hosts: Iterable[str] = ()) -> HttpServer | None:
     """The HTTP server of ``--http-listen`` (None when empty), bound but not serving yet; from now on meta's
-    events are counted (no one would read them without it)."""
+    events are counted (no one would read them without it).
+
+    Under the process's security settings: HTTPS with ``--tls-http``, and with security on its ``pages`` (a
+    coordinator's status page) guarded (``querycoord.http_access``: Host among ``addresses``' hosts,
+    ``allowed_hosts`` and the local names; the reader role with a principals file)."""
     if not listen:
         return None
+    security = current_security()
     try:
-        server = HttpServer(listen, endpoints)
-    except ValueError as exc:  # a malformed address: as unusable as a busy one, reported the same way
+        tls = tls_context(security)
+        guard = page_access(security, page_hosts([listen, *addresses], allowed_hosts)) if pages else None
+        server = HttpServer(listen, endpoints, guard=guard, tls=tls)
+    except ValueError as exc:  # a malformed address or unusable TLS files: reported as a busy port is
         raise OSError(str(exc)) from exc
     install()
     return server

@@ -60,7 +60,9 @@ class CoordinatorProcess:
         self.health = GrpcHealth()
         self._health_task: asyncio.Task[None] | None = None
         # /metrics, /healthz and /readyz (--http-listen): bound now, as the gRPC port is; served from start() on.
-        self.http = bind_http(config.http_listen, CoordinatorEndpoints(self.coord))
+        self.http = bind_http(config.http_listen, CoordinatorEndpoints(self.coord), pages=True,
+                              addresses=[self.address],
+                              allowed_hosts=[h.strip() for h in config.http_allowed_hosts.split(",") if h.strip()])
 
     async def start(self) -> None:
         if self.http is not None:

@@ -55,6 +55,9 @@ OPTIONS: tuple[SecurityOption, ...] = (
                    "name to check the servers' certificates against (default: the address's host)"),
     SecurityOption("--tls-client-auth", "tls_client_auth", bool, "tls",
                    "this server requires client certificates signed by --tls-ca (mutual TLS)"),
+    SecurityOption("--tls-http", "tls_http", bool, "tls",
+                   "serve --http-listen over HTTPS with --tls-cert (client certificates optional, checked against "
+                   "--tls-ca)"),
     SecurityOption("--auth-token-file", "auth_token_file", str, "auth",
                    f"file holding the bearer token this process presents (or ${TOKEN_ENV})"),
     SecurityOption("--auth-tokens-file", "auth_tokens_file", str, "auth",
@@ -130,7 +133,7 @@ def security_from_args(args: argparse.Namespace) -> GrpcSecurity:
     return GrpcSecurity(ca_file=path("tls_ca"), cert_file=path("tls_cert"), key_file=path("tls_key"),
                         server_name=str(server_name) if server_name else None,
                         client_auth=bool(v["tls_client_auth"]), token=token, tokens_file=path("auth_tokens_file"),
-                        insecure=bool(v["insecure"]), max_message_bytes=max_bytes)
+                        insecure=bool(v["insecure"]), max_message_bytes=max_bytes, http_tls=bool(v["tls_http"]))
 
 
 def configure_from_args(args: argparse.Namespace) -> GrpcSecurity:

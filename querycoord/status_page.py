@@ -16,8 +16,10 @@ Every value is escaped. The snapshot is embedded as JSON inside a
 written as ``\\u003c``-style escapes, so no value can end that element; the
 script builds the page with ``createElement`` and text nodes only (never
 ``innerHTML``), so a collection named ``<script>...`` is shown as those
-characters. The page is read-only and, like ``/metrics``, unauthenticated:
-serve ``--http-listen`` where only operators reach it.
+characters. The page is read-only. With security on it shows only to the
+reader role and to requests for one of the coordinator's names
+(``querycoord.http_access``); in development mode, like ``/metrics``, to
+anyone who reaches ``--http-listen``.
 """
 
 from __future__ import annotations

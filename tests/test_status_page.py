@@ -29,11 +29,9 @@ from querycoord.actions import create_snode, create_stream
 from querycoord.catalog.store import CatalogStore, collection_key
 from querycoord.client import QueryCoordClient
 from querycoord.status_page import script_json
-from tests import test_grpc_security as secured
 from tests.spawn import MID_LOAD_FLAGS, Processes, Spawned, spawn_snode_host
 
 HTTP = ("--http-listen", "127.0.0.1:0")
-pki = secured.pki  # the certificates and tokens of test_grpc_security (a module-scoped fixture)
 HOSTILE = "<script>alert(1)</script>"
 # Node calls of a second, two children at a time, a few segments each: the load runs for about twenty seconds,
 # long past the time the browser needs to draw the page.
@@ -153,16 +151,16 @@ class Dom(HTMLParser):
 
 
 # ----- HTTP --------------------------------------------------------------------------------------------------------
-def _get(url: str) -> tuple[int, dict[str, str], str]:
+def _get(url: str, headers: dict[str, str]) -> tuple[int, dict[str, str], str]:
     try:
-        with urllib.request.urlopen(url, timeout=15) as resp:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=15) as resp:
             return resp.status, dict(resp.headers), resp.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, dict(exc.headers), exc.read().decode()
 
 
-async def get(proc: Spawned, path: str) -> tuple[int, dict[str, str], str]:
-    return await asyncio.to_thread(_get, f"http://{proc.ready['http_address']}{path}")
+async def get(proc: Spawned, path: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], str]:
+    return await asyncio.to_thread(_get, f"http://{proc.ready['http_address']}{path}", headers or {})
 
 
 async def status_json(proc: Spawned) -> dict[str, Any]:
@@ -366,6 +364,9 @@ async def test_status_json_on_leader_and_standby_and_escaping(etcd: EtcdCluster,
             assert code == 400 and body.startswith("error: refresh=") and len(body.splitlines()) == 1, body
         code, _, body = await get(leader, "/nothing")
         assert code == 404 and "/status.json" in body
+        # Development mode (no security setting): the page asks for no credential and answers any Host, as before.
+        code, _, body = await get(leader, "/status.json", {"Host": "rebound.example"})
+        assert code == 200 and json.loads(body)["leader"] == leader.address
 
 
 async def _stream_running(proc: Spawned) -> bool:
@@ -380,19 +381,6 @@ async def _snode_live(proc: Spawned) -> bool:
 
 async def _has_node(proc: Spawned, node: Spawned) -> bool:
     return any(n["id"] == node.node_id and n["segments"] is not None for n in (await status_json(proc))["query_nodes"])
-
-
-async def test_status_page_of_a_secured_coordinator(etcd: EtcdCluster, root_path: str, pki: secured.Pki,
-                                                    tmp_path: Path) -> None:
-    """With mutual TLS and roles, the page's calls go out as the coordinator (its certificate), which may read."""
-    config = secured.write_config(tmp_path / "coord.toml", etcd, pki, pki.coordinator)
-    async with Processes(etcd, root_path, tmp_path) as procs:
-        coord = await procs.coordinator("--config", str(config), *HTTP, name="coord")
-        await coord.next_event("leader", timeout=60)
-        s = await status_json(coord)
-        assert s["errors"] == {}, s["errors"]
-        assert [(c["address"], c["health"]) for c in s["coordinators"]] == [(coord.address, "SERVING")]
-        assert s["leader"] == coord.address and s["tasks"] == {"running": [], "running_more": False, "history": []}
 
 
 @given(st.text())
