@@ -133,6 +133,7 @@ class Scheduler:
         self._prune_kick = asyncio.Event()  # enough trees finished since the last pruning of the history
         self._finished_since_prune = 0
         self._pruner: asyncio.Task[None] | None = None
+        self._history = TaskHistory(env.store.kv)  # kept: it remembers the finish times it has read
         self._wake = asyncio.Event()
         self._loop: asyncio.Task[None] | None = None
         self._tiebreak = itertools.count()
@@ -676,7 +677,7 @@ class Scheduler:
         records were deleted. With ``history_keep`` 0 no history is written, and whatever an earlier
         configuration left is pruned away."""
         self._finished_since_prune = 0
-        return await TaskHistory(self.env.store.kv).prune(
+        return await self._history.prune(
             keep=self.cfg.history_keep, max_age_s=self.cfg.history_max_age, now_ms=now_ms())
 
     async def _prune_loop(self) -> None:
