@@ -32,6 +32,7 @@ from loguru import logger
 
 from meta.client import NOSPACE_WAIT
 from meta.errors import MetaError, MetaNoSpace, NotLeader
+from meta.loops import keep_running, loop_failed
 from proto import common_pb2, task_pb2
 from proto import querycoord_pb2 as qc
 from querycoord import metrics
@@ -146,8 +147,11 @@ class Scheduler:
     async def start(self, *, reload: bool = True) -> int:
         """Reload persisted trees (returns how many triggers were queued), then start dispatching."""
         n = await self.reload() if reload else 0
-        self._loop = asyncio.create_task(self._dispatch_loop(), name="scheduler")
-        self._pruner = asyncio.create_task(self._prune_loop(), name="task-history-pruner")
+        client = self.env.store.kv.client
+        self._loop = asyncio.create_task(keep_running("scheduler", self._dispatch_loop, client=client),
+                                         name="scheduler")
+        self._pruner = asyncio.create_task(keep_running("task history pruner", self._prune_loop, client=client),
+                                           name="task-history-pruner")
         return n
 
     async def stop(self) -> None:
@@ -297,6 +301,7 @@ class Scheduler:
         self._finish(t, err)
 
     async def _dispatch_loop(self) -> None:
+        self._wake.set()  # (re)started by ``keep_running``: look at the queue at once
         while not self.stopped:
             await self._wake.wait()
             self._wake.clear()
@@ -688,8 +693,9 @@ class Scheduler:
             except NotLeader as exc:
                 self._leadership_lost(exc)
                 return
-            except Exception as exc:  # etcd trouble: never let the sweep die
-                logger.warning("task history: pruning failed ({}); the next sweep tries again", exc)
+            except Exception as exc:  # etcd trouble or a bug: never let the sweep die
+                if loop_failed("task history pruner", exc, self.env.store.kv.client):
+                    return
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._prune_kick.wait(), self.cfg.history_sweep_interval)
             self._prune_kick.clear()
