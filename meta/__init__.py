@@ -21,6 +21,7 @@ from meta.client import EtcdClient, connect  # noqa: E402  (after disable: impor
 from meta.config import EtcdConfig  # noqa: E402
 from meta.election import Election, LeaderInfo, SessionLost, current_leader, election_prefix  # noqa: E402
 from meta.errors import (  # noqa: E402
+    ClientClosed,
     InvalidKey,
     MetaAuthError,
     MetaError,
@@ -47,6 +48,7 @@ from meta.txn import KeyValue, TxnResult, absent, created_at, delete, delete_pre
 from meta.watch import EventType, Resync, WatchBatch, WatchCancelled, WatchEvent, watch_prefix  # noqa: E402
 
 __all__ = [
+    "ClientClosed",
     "Election",
     "EtcdClient",
     "EtcdCluster",

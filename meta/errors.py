@@ -29,6 +29,17 @@ class MetaUnavailable(MetaError):
         )
 
 
+class ClientClosed(MetaError):
+    """The etcd client was closed (its process is stopping): nothing more can be asked through it.
+
+    Background loops take it as a clean stop, not as etcd trouble to retry (``meta.loops``).
+    """
+
+    def __init__(self, operation: str):
+        self.operation = operation
+        super().__init__(f"{operation}: the etcd client is closed (this process is stopping)")
+
+
 class MetaAuthError(MetaError):
     """etcd refused the credentials: wrong user or password, none given, or no permission.
 

@@ -22,6 +22,7 @@ from loguru import logger
 
 from meta.errors import MetaError
 from meta.kv import MetaKV
+from meta.loops import loop_failed
 from meta.watch import Resync, WatchBatch, watch_prefix
 
 # How often ``catch_up`` asks for a progress notification again while it waits (one can be lost on a reconnect).
@@ -121,9 +122,11 @@ class RangeFollower:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                # A broken copy is dropped, never used; it is read again after a pause.
-                logger.opt(exception=None if isinstance(exc, MetaError) else exc).warning(
-                    "following {}: {}; reading it again", self.name, exc)
+                # A broken copy is dropped, never used; it is read again after a pause (logged and counted).
+                if loop_failed(f"follow {self.name}", exc, self._kv.client):
+                    self.revision = 0
+                    self.drop()
+                    return
             self.revision = 0
             self.drop()
             await asyncio.sleep(RESTART_DELAY)

@@ -38,7 +38,7 @@ from etcd3aio.maintenance import AlarmType, MaintenanceService
 
 from meta.client import EtcdClient, connect
 from meta.config import EtcdConfig
-from meta.errors import MetaError
+from meta.errors import ClientClosed, MetaError
 
 MIB = 1 << 20
 # Revisions kept by `maintain` and by the embedded etcd's auto compaction: watchers up to this far behind resume
@@ -103,8 +103,7 @@ async def member_status(config: EtcdConfig, endpoint: str) -> MemberStatus:
     except MetaError as exc:
         return MemberStatus(endpoint, error=str(exc).splitlines()[0])
     try:
-        maintenance = client.raw.maintenance
-        assert maintenance is not None
+        maintenance = _maintenance(client, "Maintenance.Status")
         resp = await client.call("Maintenance.Status", lambda t: maintenance.status(timeout=t))
         status = MemberStatus(endpoint, member_id=resp.header.member_id, version=resp.version, db_size=resp.dbSize,
                               db_size_in_use=resp.dbSizeInUse, revision=resp.header.revision,
@@ -124,10 +123,17 @@ async def member_status(config: EtcdConfig, endpoint: str) -> MemberStatus:
         await client.close()
 
 
+def _maintenance(client: EtcdClient, operation: str) -> MaintenanceService:
+    """The client's maintenance stub; ``ClientClosed`` once the client is closed (its stubs are gone then)."""
+    maintenance = client.raw.maintenance
+    if maintenance is None or client.closed:
+        raise ClientClosed(operation)
+    return maintenance
+
+
 async def alarms(client: EtcdClient) -> list[tuple[int, str]]:
     """Active alarms as (member id, name)."""
-    maintenance = client.raw.maintenance
-    assert maintenance is not None
+    maintenance = _maintenance(client, "Maintenance.Alarm")
     resp = await client.call("Maintenance.Alarm", lambda t: maintenance.alarms(timeout=t))
     names = {t.value: t.name for t in AlarmType}
     return [(a.memberID, names.get(a.alarm, str(a.alarm))) for a in resp.alarms]
@@ -191,8 +197,7 @@ async def space_status(client: EtcdClient) -> SpaceStatus:
     """One ``Maintenance.Status`` call: sizes, quota and alarms. A member's status lists the cluster's alarms
     (replicated to every member) among its errors, so this is one cheap local read where ``Maintenance.Alarm``
     would be a raft round (and a WAL write) each time; for a poll every few seconds."""
-    maintenance = client.raw.maintenance
-    assert maintenance is not None
+    maintenance = _maintenance(client, "Maintenance.Status")
     status = await client.call("Maintenance.Status", lambda t: maintenance.status(timeout=t))
     found = [(int(m[1]), m[2]) for e in status.errors if (m := _ALARM_IN_ERRORS.search(e))]
     return SpaceStatus(status.dbSize, status.dbSizeInUse, status.dbSizeQuota, found)
@@ -286,8 +291,7 @@ async def _disarm_nospace(config: EtcdConfig, say: Callable[[str], None]) -> Non
             for m in full) + "; delete data or raise etcd's --quota-backend-bytes, then run maintain again")
         return
     async with await connect(config) as client:
-        maintenance = client.raw.maintenance
-        assert maintenance is not None
+        maintenance = _maintenance(client, "Maintenance.Alarm")
         for member_id in [m for m, name in now.alarms if name == "NOSPACE"]:
             await client.call("Maintenance.Alarm", functools.partial(_deactivate_nospace, maintenance, member_id))
     say("alarm: NOSPACE disarmed")
@@ -302,8 +306,7 @@ async def _defragment(config: EtcdConfig, endpoint: str) -> None:
     member = dataclasses.replace(_member_config(config, endpoint), call_timeout=max(config.call_timeout, 60.0),
                                  deadline=max(config.deadline, 60.0))
     async with await connect(member) as client:
-        maintenance = client.raw.maintenance
-        assert maintenance is not None
+        maintenance = _maintenance(client, "Maintenance.Defragment")
         await client.call("Maintenance.Defragment", lambda t: maintenance.defragment(timeout=t))
 
 

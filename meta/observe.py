@@ -25,6 +25,8 @@ etcd_retry: Callable[[str], None] = _ignore
 etcd_unavailable: Callable[[str], None] = _ignore
 # (): etcd refused a fenced write because the fence is gone (``NotLeader``).
 fenced_write_refused: Callable[[], None] = _ignore
+# (loop,): a background loop met an exception and goes on (``meta.loops``); the application's loops report too.
+loop_error: Callable[[str], None] = _ignore
 
 
 def set_observers(
@@ -33,9 +35,10 @@ def set_observers(
     on_etcd_retry: Callable[[str], None] | None = None,
     on_etcd_unavailable: Callable[[str], None] | None = None,
     on_fenced_write_refused: Callable[[], None] | None = None,
+    on_loop_error: Callable[[str], None] | None = None,
 ) -> None:
     """Install the given observers (None: keep the current one)."""
-    global etcd_call, etcd_retry, etcd_unavailable, fenced_write_refused
+    global etcd_call, etcd_retry, etcd_unavailable, fenced_write_refused, loop_error
     if on_etcd_call is not None:
         etcd_call = on_etcd_call
     if on_etcd_retry is not None:
@@ -44,13 +47,15 @@ def set_observers(
         etcd_unavailable = on_etcd_unavailable
     if on_fenced_write_refused is not None:
         fenced_write_refused = on_fenced_write_refused
+    if on_loop_error is not None:
+        loop_error = on_loop_error
 
 
 def reset_observers() -> None:
     """Back to the no-op defaults (tests)."""
-    global etcd_call, etcd_retry, etcd_unavailable, fenced_write_refused
-    etcd_call = etcd_retry = etcd_unavailable = fenced_write_refused = _ignore
+    global etcd_call, etcd_retry, etcd_unavailable, fenced_write_refused, loop_error
+    etcd_call = etcd_retry = etcd_unavailable = fenced_write_refused = loop_error = _ignore
 
 
-__all__ = ["etcd_call", "etcd_retry", "etcd_unavailable", "fenced_write_refused", "reset_observers",
+__all__ = ["etcd_call", "etcd_retry", "etcd_unavailable", "fenced_write_refused", "loop_error", "reset_observers",
            "set_observers"]

@@ -18,7 +18,7 @@ import json
 import math
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +40,7 @@ from meta.client import is_transient
 from meta.errors import MetaError
 from meta.idalloc import IdAllocator
 from meta.kv import MetaKV
+from meta.loops import keep_running
 from meta.watch import EventType, Resync, watch_prefix
 
 SESSION_PREFIX = "session/"
@@ -252,12 +253,20 @@ class Session:
         self.create_revision = resp.header.revision
         self.info = info
         self._tasks = [
-            asyncio.create_task(self._keepalive(), name=f"session-keepalive-{info.key}"),
-            asyncio.create_task(self._watch_key(), name=f"session-watch-{info.key}"),
+            asyncio.create_task(self._guarded("session keepalive", self._keepalive),
+                                name=f"session-keepalive-{info.key}"),
+            asyncio.create_task(self._guarded("session watch", self._watch_key), name=f"session-watch-{info.key}"),
         ]
         logger.info("session {} registered (lease {:x}, ttl {}s, address {})", info.key, self.lease_id, self.ttl,
                     self.address)
         return info
+
+    async def _guarded(self, loop: str, body: Callable[[], Awaitable[None]]) -> None:
+        """``body`` run again whatever it raises (``meta.loops``: a keepalive loop that died would leave a session
+        this process believes alive while its lease expires); a closed client ends the session."""
+        await keep_running(loop, body, client=self.kv.client, first_pause=0.1, max_pause=1.0)
+        if self.kv.client.closed:
+            self._mark_lost("the etcd client was closed")
 
     async def _register_once(self, info: SessionInfo) -> Any:
         """Grant a lease and create the key under it if absent; a failed attempt revokes its lease."""

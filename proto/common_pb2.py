@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12proto/common.proto\x12\x11querycoord.common\"J\n\x06Status\x12\x30\n\nerror_code\x18\x01 \x01(\x0e\x32\x1c.querycoord.common.ErrorCode\x12\x0e\n\x06reason\x18\x02 \x01(\t\"`\n\rComponentInfo\x12\x0f\n\x07node_id\x18\x01 \x01(\x03\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x30\n\nstate_code\x18\x03 \x01(\x0e\x32\x1c.querycoord.common.StateCode\"m\n\x0f\x43omponentStates\x12/\n\x05state\x18\x01 \x01(\x0b\x32 .querycoord.common.ComponentInfo\x12)\n\x06status\x18\x02 \x01(\x0b\x32\x19.querycoord.common.Status*\x8a\x02\n\tErrorCode\x12\x0b\n\x07SUCCESS\x10\x00\x12\x14\n\x10UNEXPECTED_ERROR\x10\x01\x12\x14\n\x10ILLEGAL_ARGUMENT\x10\x02\x12\r\n\tNOT_FOUND\x10\x03\x12\x0c\n\x08\x43ONFLICT\x10\x04\x12\x0e\n\nNOT_LEADER\x10\x05\x12\x14\n\x10META_UNAVAILABLE\x10\x06\x12\x15\n\x11REQUEST_TOO_LARGE\x10\x07\x12\r\n\tNOT_READY\x10\x08\x12\r\n\tCANCELLED\x10\t\x12\x15\n\x11NO_AVAILABLE_NODE\x10\n\x12\x10\n\x0cSTALE_LEADER\x10\x0b\x12\x0b\n\x07TIMEOUT\x10\x0c\x12\x16\n\x12RESOURCE_EXHAUSTED\x10\r*E\n\tStateCode\x12\x10\n\x0cINITIALIZING\x10\x00\x12\x0b\n\x07HEALTHY\x10\x01\x12\x0c\n\x08\x41\x42NORMAL\x10\x02\x12\x0b\n\x07STANDBY\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12proto/common.proto\x12\x11querycoord.common\"J\n\x06Status\x12\x30\n\nerror_code\x18\x01 \x01(\x0e\x32\x1c.querycoord.common.ErrorCode\x12\x0e\n\x06reason\x18\x02 \x01(\t\"`\n\rComponentInfo\x12\x0f\n\x07node_id\x18\x01 \x01(\x03\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x30\n\nstate_code\x18\x03 \x01(\x0e\x32\x1c.querycoord.common.StateCode\"m\n\x0f\x43omponentStates\x12/\n\x05state\x18\x01 \x01(\x0b\x32 .querycoord.common.ComponentInfo\x12)\n\x06status\x18\x02 \x01(\x0b\x32\x19.querycoord.common.Status*\x9e\x02\n\tErrorCode\x12\x0b\n\x07SUCCESS\x10\x00\x12\x14\n\x10UNEXPECTED_ERROR\x10\x01\x12\x14\n\x10ILLEGAL_ARGUMENT\x10\x02\x12\r\n\tNOT_FOUND\x10\x03\x12\x0c\n\x08\x43ONFLICT\x10\x04\x12\x0e\n\nNOT_LEADER\x10\x05\x12\x14\n\x10META_UNAVAILABLE\x10\x06\x12\x15\n\x11REQUEST_TOO_LARGE\x10\x07\x12\r\n\tNOT_READY\x10\x08\x12\r\n\tCANCELLED\x10\t\x12\x15\n\x11NO_AVAILABLE_NODE\x10\n\x12\x10\n\x0cSTALE_LEADER\x10\x0b\x12\x0b\n\x07TIMEOUT\x10\x0c\x12\x16\n\x12RESOURCE_EXHAUSTED\x10\r\x12\x12\n\x0e\x41LREADY_EXISTS\x10\x0e*E\n\tStateCode\x12\x10\n\x0cINITIALIZING\x10\x00\x12\x0b\n\x07HEALTHY\x10\x01\x12\x0c\n\x08\x41\x42NORMAL\x10\x02\x12\x0b\n\x07STANDBY\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,9 +32,9 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'proto.common_pb2', _globals
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_ERRORCODE']._serialized_start=327
-  _globals['_ERRORCODE']._serialized_end=593
-  _globals['_STATECODE']._serialized_start=595
-  _globals['_STATECODE']._serialized_end=664
+  _globals['_ERRORCODE']._serialized_end=613
+  _globals['_STATECODE']._serialized_start=615
+  _globals['_STATECODE']._serialized_end=684
   _globals['_STATUS']._serialized_start=41
   _globals['_STATUS']._serialized_end=115
   _globals['_COMPONENTINFO']._serialized_start=117

@@ -22,6 +22,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     STALE_LEADER: _ClassVar[ErrorCode]
     TIMEOUT: _ClassVar[ErrorCode]
     RESOURCE_EXHAUSTED: _ClassVar[ErrorCode]
+    ALREADY_EXISTS: _ClassVar[ErrorCode]
 
 class StateCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -43,6 +44,7 @@ NO_AVAILABLE_NODE: ErrorCode
 STALE_LEADER: ErrorCode
 TIMEOUT: ErrorCode
 RESOURCE_EXHAUSTED: ErrorCode
+ALREADY_EXISTS: ErrorCode
 INITIALIZING: StateCode
 HEALTHY: StateCode
 ABNORMAL: StateCode

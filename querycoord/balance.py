@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from loguru import logger
 
+from meta.loops import loop_failed
 from proto import querycoord_pb2 as qc
 from querycoord.querymeta import QueryMeta
 from querycoord.task.scheduler import Scheduler
@@ -70,7 +71,8 @@ async def auto_balance_loop(scheduler: Scheduler, interval: float, spread: float
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            logger.opt(exception=exc).warning("auto balance failed this round: {}", exc)
+            if loop_failed("auto balance", exc, scheduler.env.store.kv.client):
+                return
 
 
 async def auto_balance_once(scheduler: Scheduler, spread: float) -> None:

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from loguru import logger
 
 from meta.errors import MetaError
+from meta.loops import loop_failed
 from proto import data_pb2, querynode_pb2, task_pb2
 from proto import querycoord_pb2 as qc
 from querycoord import memory
@@ -571,7 +572,8 @@ class Checker:
                 raise
             except Exception as exc:
                 self.errors += 1
-                logger.opt(exception=exc).warning("checker: a check failed ({}); the next one tries again", exc)
+                if loop_failed("checker", exc, self.scheduler.env.store.kv.client):
+                    return
 
     def _busy(self) -> set[int]:
         out: set[int] = set()

@@ -23,6 +23,7 @@ from meta.errors import MetaError, MetaNoSpace
 from meta.fence import Fence
 from meta.idalloc import IdAllocator
 from meta.kv import MetaKV
+from meta.loops import keep_running
 from meta.session import Session
 from proto import querynode_pb2
 from querycoord import metrics
@@ -385,17 +386,21 @@ class Coordinator:
                 t.cancel()
 
         started.append(cancel_tasks)
-        tasks.append(asyncio.create_task(run_handoff(self.broker, self.kv, scheduler, meta, checker), name="handoff"))
-        tasks.append(asyncio.create_task(checker.run_forever(), name="checker"))
+        broker, kv, client, cfg = self.broker, self.kv, self.client, self.config
+
+        def loop(name: str, body: Callable[[], Awaitable[None]]) -> None:
+            """One of the leader's loops, for the leadership's life: each guards its rounds itself, and
+            ``keep_running`` runs it again whatever escapes (``meta.loops``)."""
+            tasks.append(asyncio.create_task(keep_running(name, body, client=client), name=name))
+
+        loop("handoff", lambda: run_handoff(broker, kv, scheduler, meta, checker))
+        loop("checker", checker.run_forever)
         checker.kick()  # the first check right after takeover
-        tasks.append(asyncio.create_task(kick_on_node_changes(nodes, checker), name="checker-kicks"))
-        if self.config.auto_balance_interval > 0:
-            tasks.append(asyncio.create_task(
-                auto_balance_loop(scheduler, self.config.auto_balance_interval, self.config.balance_spread),
-                name="auto-balance"))
-        tasks.append(asyncio.create_task(follow_stream_nodes(self.kv, streams), name="stream-nodes"))
-        tasks.append(asyncio.create_task(
-            tick_streams(streams, self.config.stream_tick, self.config.stream_refresh), name="stream-tick"))
+        loop("checker kicks", lambda: kick_on_node_changes(nodes, checker))
+        if cfg.auto_balance_interval > 0:
+            loop("auto balance", lambda: auto_balance_loop(scheduler, cfg.auto_balance_interval, cfg.balance_spread))
+        loop("stream node sessions", lambda: follow_stream_nodes(kv, streams))
+        loop("stream tick", lambda: tick_streams(streams, cfg.stream_tick, cfg.stream_refresh))
         self.leadership = Leadership(fence, fenced, meta, nodes, scheduler, env, tasks, stream_store, streams,
                                      checker, served)
         logger.info("coordinator {} leads with fence {} ({} persisted triggers resumed)", self.server_id, fence,

@@ -57,6 +57,12 @@ class Conflict(CoordError):
     code = common_pb2.CONFLICT
 
 
+class AlreadyExists(CoordError):
+    """What the request would create is held already by another owner; the reason names the holder."""
+
+    code = common_pb2.ALREADY_EXISTS
+
+
 class NotLeading(CoordError):
     """This coordinator cannot serve the call as leader; the reason names the leader (``protocol.leader_is_at``)."""
 
@@ -100,6 +106,7 @@ def status_for(source: str) -> Callable[[BaseException], common_pb2.Status]:
 
 __all__ = [
     "TIMEOUT_REASON",
+    "AlreadyExists",
     "Conflict",
     "CoordError",
     "DeadlinePassed",

@@ -21,7 +21,8 @@ import time
 from loguru import logger
 
 from meta.client import EtcdClient
-from meta.errors import MetaError, MetaNoSpace
+from meta.errors import ClientClosed, MetaError, MetaNoSpace
+from meta.loops import keep_running
 from meta.maintenance import MIB, backend_quota, space_status
 from proto import common_pb2
 from querycoord.errors import CoordError
@@ -73,7 +74,10 @@ class SpaceMonitor:
     # ----- life cycle -------------------------------------------------------------------------------------------
     def start(self) -> None:
         if self._task is None:
-            self._task = asyncio.create_task(self._poll_forever(), name="etcd-space")
+            # Never dies: a poll that raises anything but etcd trouble (kept in ``poll_error``) is logged, counted
+            # and polled again (``meta.loops``); a closed client ends it (the process is stopping).
+            self._task = asyncio.create_task(keep_running("etcd space monitor", self._poll_forever, client=self.client),
+                                             name="etcd-space")
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -101,6 +105,8 @@ class SpaceMonitor:
             client = self.client
             try:
                 status = await space_status(client)
+            except ClientClosed:
+                raise
             except MetaError as exc:
                 self.poll_error = str(exc).splitlines()[0]
                 return

@@ -89,6 +89,9 @@ ETCD_RETRIES = Counter(
     ["operation"])
 ETCD_UNAVAILABLE = Counter(
     "querycoord_etcd_unavailable_total", "etcd calls that gave up (MetaUnavailable), by operation", ["operation"])
+LOOP_ERRORS = Counter(
+    "querycoord_background_loop_errors_total", "Exceptions a background loop met and went on after (meta.loops), "
+    "by loop", ["loop"])
 
 _WORD = re.compile(r"[A-Za-z][A-Za-z_.]*")
 _operations: set[str] = set()
@@ -126,10 +129,14 @@ def _fenced_write_refused() -> None:
     FENCED_WRITES_REFUSED.inc()
 
 
+def _loop_error(loop: str) -> None:
+    LOOP_ERRORS.labels(loop).inc()
+
+
 def install() -> None:
     """Count meta's events here (each process calls this once at start)."""
     observe.set_observers(on_etcd_call=_etcd_call, on_etcd_retry=_etcd_retry, on_etcd_unavailable=_etcd_unavailable,
-                          on_fenced_write_refused=_fenced_write_refused)
+                          on_fenced_write_refused=_fenced_write_refused, on_loop_error=_loop_error)
 
 
 # ----- the scheduler's events -----------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from loguru import logger
 
+from meta.loops import keep_running
 from proto import catalog_pb2, catalog_pb2_grpc, querycoord_pb2, stream_pb2
 from querycoord.catalog.service import CatalogServicer
 from querycoord.config import CoordConfig
@@ -86,7 +87,8 @@ class CoordinatorProcess:
         reflection.enable_server_reflection(names, self.server)
         await self._set_health(False)
         await self.server.start()
-        self._health_task = asyncio.create_task(self._follow_leadership())
+        self._health_task = asyncio.create_task(
+            keep_running("health", self._follow_leadership, client=self.coord.client), name="health")
 
     async def _set_health(self, serving: bool) -> None:
         st = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING

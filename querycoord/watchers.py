@@ -17,6 +17,7 @@ from loguru import logger
 
 from meta.errors import NotLeader
 from meta.kv import MetaKV
+from meta.loops import loop_failed
 from proto import data_pb2, task_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.catalog.broker import Broker
@@ -51,8 +52,8 @@ async def run_handoff(broker: Broker, kv: MetaKV, scheduler: Scheduler, meta: Qu
             return  # the scheduler has already been told
         except Exception as exc:
             errors += 1
-            logger.opt(exception=exc).warning("handoff: the catalog watch failed ({} so far): {}; restarting",
-                                              errors, exc)
+            if loop_failed("handoff", exc, kv.client):
+                return
         await asyncio.sleep(RESTART_DELAY)
 
 

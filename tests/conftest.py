@@ -1,7 +1,8 @@
 """Shared fixtures: one real etcd for the whole session, a fresh root path per test.
 
 Tests never replace etcd: isolation comes from a unique root path, so tests
-can share one member without seeing each other's keys.
+can share one member without seeing each other's keys. Every test fails if it
+leaves an asyncio exception unretrieved (``tests/unretrieved.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from meta.client import EtcdClient, connect
 from meta.etcd_server import EtcdCluster
 from meta.kv import MetaKV
 from tests.certs import CertFiles, make_certs
+from tests.unretrieved import no_unretrieved_exceptions  # noqa: F401  (autouse: see tests/unretrieved.py)
 
 # The tests are meta's application: they read its logs (as a library it is silent until enabled).
 logger.enable("meta")

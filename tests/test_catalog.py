@@ -36,6 +36,7 @@ from querycoord.catalog import (
     NotFound,
     PartitionNotFound,
     SegmentChange,
+    SegmentIdTaken,
     start_catalog_server,
 )
 from querycoord.catalog.store import (
@@ -234,8 +235,10 @@ async def test_add_segments_validation_writes_nothing(store: CatalogStore, kv: M
         await store.add_segments([mem], collection_id=cid)
     assert (await kv.load_prefix(SEGMENTS_PREFIX)).as_dict() == before.as_dict(), "a refused request writes nothing"
 
-    with pytest.raises(Conflict, match="already exist"):
+    with pytest.raises(SegmentIdTaken, match=f"segment id {existing} is already held by partition {pid} "
+                                             r"\(with other binlogs\)") as taken:
         await store.add_segments([seg(pid, 5, sid=existing)], collection_id=cid)
+    assert taken.value.code == common_pb2.ALREADY_EXISTS
     # Re-sending exactly what is stored (an explicit id) is an idempotent no-op, not a conflict.
     assert await store.add_segments([seg(pid, sid=existing)], collection_id=cid) == [existing]
 
@@ -309,12 +312,13 @@ async def test_large_batch_is_chunked_and_compaction_groups_stay_whole(store: Ca
         return await real(operation, compares, ops)
 
     store._txn = counting  # type: ignore[method-assign]
-    # 60 new segments, each replacing 5 of the old ones (6 ops per group): 360 ops, several txns.
+    # 60 new segments, each replacing 5 of the old ones (12 ops per group: each segment's key and its id's index
+    # key): 720 ops, several txns.
     new = await store.add_segments(
         [seg(pid, sources=tuple(olds[5 * i : 5 * i + 5])) for i in range(60)], collection_id=cid
     )
     store._txn = real  # type: ignore[method-assign]
-    assert len(calls) == 3 and all(n <= 128 and n % 6 == 0 for n in calls), calls
+    assert len(calls) == 6 and all(n <= 128 and n % 12 == 0 for n in calls), calls
     _, binlogs = await store.get_recovery_info(cid, pid)
     assert sorted(b.segment_id for b in binlogs) == sorted(new)
 

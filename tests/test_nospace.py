@@ -15,8 +15,10 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 from meta.client import NOSPACE_WAIT, connect
 from meta.errors import MetaNoSpace
@@ -26,6 +28,7 @@ from meta.maintenance import MIB, maintain
 from meta.session import list_sessions
 from proto import common_pb2
 from proto import querycoord_pb2 as qc
+from querycoord import etcd_space, metrics
 from querycoord.catalog.store import CatalogStore
 from querycoord.client import QueryCoordClient
 from querycoord.etcd_space import SpaceMonitor
@@ -94,6 +97,48 @@ async def test_space_monitor_follows_the_alarm(tiny: EtcdCluster) -> None:
             assert not monitor.nospace and monitor.raised == 1
         finally:
             await monitor.stop()
+
+
+def loop_errors(loop: str) -> float:
+    return REGISTRY.get_sample_value("querycoord_background_loop_errors_total", {"loop": loop}) or 0.0
+
+
+async def test_the_space_monitor_goes_on_after_a_failed_poll_and_stops_with_its_client(
+        tiny: EtcdCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A poll that raises something other than etcd trouble (the model run's AssertionError) is logged, counted and
+    polled again: NOSPACE is still seen afterwards. Closing the client ends the loop cleanly (no error, nothing left
+    unretrieved)."""
+    metrics.install()
+    real = etcd_space.space_status
+    failures: list[str] = []
+
+    async def fails_once(client: Any) -> Any:
+        if not failures:
+            failures.append("raised")
+            raise AssertionError("no maintenance stub")
+        return await real(client)
+
+    monkeypatch.setattr(etcd_space, "space_status", fails_once)
+    before = loop_errors("etcd space monitor")
+    client = await connect(tiny.config())
+    monitor = SpaceMonitor(client, interval=0.2, nospace_interval=0.2, min_interval=0.1)
+    monitor.start()
+    try:
+        await until("a poll after the failed one", lambda: monitor.checked_at > 0)
+        assert failures == ["raised"] and loop_errors("etcd space monitor") == before + 1
+        await fill_history(MetaKV(client, "junk"))
+        await until("the alarm seen", lambda: monitor.nospace)
+        await maintain(tiny.config(), keep=10, say=lambda _: None)
+        await until("the alarm gone", lambda: not monitor.nospace)
+        task = monitor._task
+        assert task is not None and not task.done()
+        await client.close()
+        await until("the loop stopped", task.done)
+        assert not task.cancelled() and task.exception() is None, "a closed client is a clean stop"
+        assert loop_errors("etcd space monitor") == before + 1, "and not an error"
+    finally:
+        await monitor.stop()
+        await client.close()
 
 
 async def test_a_service_answers_a_refused_write_with_resource_exhausted(tiny: EtcdCluster) -> None:

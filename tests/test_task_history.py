@@ -178,6 +178,39 @@ async def test_the_leader_prunes_records_older_than_the_max_age(etcd: EtcdCluste
         await until("the old record pruned", lambda: _equal(history_ids(kv), [fresh]))
 
 
+async def _write_record(kv: MetaKV, task_id: int, finished_ms: int) -> None:
+    info = qc.TaskInfo(task_id=task_id, kind=qc.TASK_KIND_LOAD_COLLECTION, state=qc.TASK_STATE_EXPIRED)
+    tree = summarize(info, [], started_ms=finished_ms - 10, finished_ms=finished_ms, max_children=10)
+    await kv.save(history_key(task_id), tree.SerializeToString())
+
+
+async def test_pruning_by_count_keeps_the_records_that_finished_last_not_the_highest_ids(kv: MetaKV) -> None:
+    """A long load with a low id finishes after later triggers: its record is the newest and must stay."""
+    now = now_ms()
+    for task_id, finished in ((10, now), (20, now - 3000), (30, now - 2000), (40, now - 1000)):
+        await _write_record(kv, task_id, finished)
+    history = TaskHistory(kv)
+    assert await history.prune(keep=2, max_age_s=0, now_ms=now) == 2
+    assert await history_ids(kv) == [10, 40]
+    await _write_record(kv, 5, now + 1000)  # the same pruner again: it reads only the new record's time
+    assert await history.prune(keep=2, max_age_s=0, now_ms=now) == 1
+    assert await history_ids(kv) == [5, 10]
+
+
+async def test_pruning_by_age_finds_an_old_record_behind_many_young_ones(kv: MetaKV) -> None:
+    """Age goes by finish time over every record, not from the lowest id until some young ones in a row."""
+    now = now_ms()
+    for task_id in range(1, 81):
+        await _write_record(kv, task_id, now - 1000)
+    await _write_record(kv, 81, now - 2 * 3600 * 1000)  # the highest id, finished long ago
+    await kv.save(history_key(82), b"\xff not a task tree")  # an outside hand's value: counts as oldest
+    history = TaskHistory(kv)
+    assert await history.prune(keep=1000, max_age_s=3600, now_ms=now) == 1
+    assert await history_ids(kv) == [*range(1, 81), 82]
+    assert await history.prune(keep=80, max_age_s=3600, now_ms=now) == 1
+    assert await history_ids(kv) == list(range(1, 81))
+
+
 # ----- the commit txn ---------------------------------------------------------------------------------------------
 async def test_a_tree_larger_than_a_txn_writes_its_history_once_in_the_commit_txn(kv: MetaKV) -> None:
     store = TaskStore(kv)

@@ -8,6 +8,7 @@ coordinator needs. Everything lives under ``catalog/`` of the root path::
     catalog/collections/<cid>                     CollectionDescription (protobuf bytes)
     catalog/collection-names/<name>               "<cid>": the name index, unique by a create-revision compare
     catalog/segments/<cid>/<pid>/<sid:019d>       SegmentBinlogs (protobuf bytes)
+    catalog/sid-index/<cid>/<sid:019d>            "<pid>": which partition holds the id (``segment_ids``)
 
 Segment ids are zero-padded in keys so that etcd's key order is id order:
 paging by segment id (``after_segment_id``) is then one range read.
@@ -20,11 +21,14 @@ Consistency rules, each enforced by etcd compares in the same txn as the write
   of two concurrent creates exactly one wins.
 * A segment is only added to a collection that still exists (compare on the
   collection key's create revision), so a drop racing an add leaves no orphan.
+* A segment id is used at most once in its collection, across partitions: its
+  index key is created with a ``create_revision == 0`` compare in the txn that
+  adds the segment, and deleted with it (``segment_ids``).
 * A segment and the compaction sources it replaces never both exist: the
   sources are deleted in the txn that adds it, guarded by compares that they
   still exist, so two compactions cannot consume the same source.
-* Dropping a collection removes its record, its name and all its segments in
-  one txn (two key deletes and one range delete), guarded by the absence of
+* Dropping a collection removes its record, its name, all its segments and
+  their id index in one txn (two key deletes and two range deletes), guarded by the absence of
   the query coordinator's load record of it under the same root: a loaded
   collection is released first (Milvus's RootCoord asks QueryCoord to
   release before it drops), and a load committing at the same moment either
@@ -56,8 +60,20 @@ from meta.kv import Batch, FencedKV, MetaKV
 from meta.txn import Compare, Op, Put, Unit, absent, created_at, delete, delete_prefix, put
 from meta.watch import EventType, Resync, watch_prefix
 from proto import catalog_pb2, data_pb2
-from querycoord import errors
-from querycoord.errors import CoordError, status_for
+from querycoord.catalog import segment_ids
+from querycoord.catalog.errors import (
+    STATUS_SOURCE,
+    AddSegmentsIncomplete,
+    CatalogError,
+    CollectionExists,
+    CollectionNotFound,
+    Conflict,
+    InvalidArgument,
+    NotFound,
+    PartitionNotFound,
+    SegmentIdTaken,
+    status_of,
+)
 from querycoord.limits import DEFAULT_LIMITS, Limits
 from querycoord.querymeta.keys import collection_key as load_record_key
 
@@ -86,63 +102,6 @@ _MAX_POINT_READS = 1024
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _VECTOR_TYPES = (catalog_pb2.DATA_TYPE_FLOAT_VECTOR, catalog_pb2.DATA_TYPE_BINARY_VECTOR)
-
-
-# ----- errors -------------------------------------------------------------------------------------------------------
-# How the catalog is named in reasons of errors without context of their own (etcd failures, bugs).
-STATUS_SOURCE = "the catalog"
-
-
-class CatalogError(CoordError):
-    """A refused catalog request; ``code`` is the common.ErrorCode a caller sees, ``reason`` says what was wrong."""
-
-
-# Each refusal is also the ``querycoord.errors`` class of its code (ILLEGAL_ARGUMENT, NOT_FOUND, CONFLICT).
-class InvalidArgument(CatalogError, errors.IllegalArgument):
-    """The request itself is malformed (bad name, negative size, unknown channel, ...)."""
-
-
-class NotFound(CatalogError, errors.NotFound):
-    """A collection, partition or segment named by the request is not in the catalog."""
-
-
-class CollectionNotFound(NotFound):
-    pass
-
-
-class PartitionNotFound(NotFound):
-    pass
-
-
-class Conflict(CatalogError, errors.Conflict):
-    """The request conflicts with the catalog's current state (name taken, source already compacted, ...)."""
-
-
-class CollectionExists(Conflict):
-    pass
-
-
-class AddSegmentsIncomplete(CatalogError):
-    """A multi-txn ``add_segments`` failed after some of its txns were written.
-
-    Each txn is atomic (and holds whole compaction groups), so the catalog is
-    consistent, but only ``written_ids`` were added. ``code`` is the cause's.
-    """
-
-    def __init__(self, cause: BaseException, written_ids: list[int], total: int):
-        status = status_of(cause)
-        shown = ", ".join(map(str, written_ids[:20])) + (" ..." if len(written_ids) > 20 else "")
-        super().__init__(
-            f"only {len(written_ids)} of {total} segments were added (ids {shown}) before a txn failed: "
-            f"{status.reason}. The added segments stay; re-send only the others.",
-            code=status.error_code,
-        )
-        self.cause = cause
-        self.written_ids = written_ids
-
-
-# The Status a caller should see for an exception (``querycoord.errors.status_of``, naming the catalog).
-status_of = status_for(STATUS_SOURCE)
 
 
 # ----- keys -----------------------------------------------------------------------------------------------------------
@@ -335,7 +294,6 @@ class _Unit:
 
     segments: list[data_pb2.SegmentBinlogs] = field(default_factory=list)
     sources: dict[str, int] = field(default_factory=dict)  # source key -> create revision read at validation
-    new_keys: list[str] = field(default_factory=list)  # explicit ids: must not exist yet
 
 
 def _segment_ids(batch: Batch) -> list[int]:
@@ -378,6 +336,7 @@ class CatalogStore:
         # against the same limits before they get here.
         self.limits = limits
         self._ids = IdAllocator(kv, ID_KEY)
+        self._indexed: set[tuple[int, int]] = set()  # (collection, create revision) whose id index is complete
 
     # ----- low-level etcd access ------------------------------------------------------------------------------------
     async def _txn(self, operation: str, compares: Sequence[Compare], ops: Sequence[Op]) -> bool:
@@ -459,7 +418,8 @@ class CatalogStore:
             created_ms=now,
         )
         nkey, ckey = name_key(name), collection_key(cid)
-        ops = [put(nkey, str(cid)), put(ckey, desc.SerializeToString())]
+        # A new collection's segment id index is complete from the start (``segment_ids``: its marker).
+        ops = [put(nkey, str(cid)), put(ckey, desc.SerializeToString()), put(segment_ids.marker_key(cid), b"")]
         if await self._txn(f"create collection {name}", [absent(nkey)], ops):
             return desc
         owner = await self.kv.get(nkey)
@@ -603,7 +563,8 @@ class CatalogStore:
         """Remove a collection, its name and all its segments in one txn; returns what was dropped."""
         desc, create_rev = await self._load_collection(ref)
         cid = desc.collection_id
-        ops: list[Op] = [delete(collection_key(cid)), delete(name_key(desc.name)), delete_prefix(segment_prefix(cid))]
+        ops: list[Op] = [delete(collection_key(cid)), delete(name_key(desc.name)), delete_prefix(segment_prefix(cid)),
+                         delete_prefix(segment_ids.index_prefix(cid))]
         guards = [created_at(collection_key(cid), create_rev), absent(load_record_key(cid))]
         if not await self._txn(f"drop collection {cid}", guards, ops):
             if await self.kv.get_kv(load_record_key(cid)) is not None:
@@ -626,8 +587,10 @@ class CatalogStore:
         segments per txn, a compaction group never split), several at once.
         A txn failing after others were written raises ``AddSegmentsIncomplete``.
 
-        Explicit segment ids are checked against their own partition only:
-        let the catalog allocate every id, or none.
+        A segment id is unique within its collection, across partitions (``segment_ids``): an explicit id
+        held already raises ``SegmentIdTaken`` (ALREADY_EXISTS, naming the partition that holds it) before
+        anything is written; one held with exactly the binlogs sent (a re-sent request) is left as it is.
+        Two concurrent requests adding one id: one wins, the other is refused the same way.
         """
         if not segments:
             raise InvalidArgument("no segments to add")
@@ -635,7 +598,9 @@ class CatalogStore:
         for seg, given in zip(segs, segments, strict=True):
             seg.CopyFrom(given)
         colls = await self._validate_segments(segs, collection_id)
-
+        for cid, (_, rev) in colls.items():
+            await self._ensure_index(cid, rev)
+        requested = segs  # the ids are returned in this order (those to allocate are set on these very messages)
         explicit = {s.segment_id for s in segs if s.segment_id}
         missing = len(segs) - len(explicit)
         new_ids = iter(await self._ids.allocate(missing) if missing else ())
@@ -646,12 +611,57 @@ class CatalogStore:
                 channels = colls[seg.collection_id][0].dm_channels
                 seg.insert_channel = channels[seg.segment_id % len(channels)]
 
+        segs = await self._without_resent(segs, explicit)  # after the channels are assigned: compared as stored
+        if not segs:
+            return [s.segment_id for s in requested]  # every segment is stored already, exactly as sent
         sources = await self._read_sources(segs)
-        units = self._units(segs, sources, explicit)
+        units = self._units(segs, sources)
         coll_revs = {cid: rev for cid, (_, rev) in colls.items()}
         chunks = self.kv.pack([self._txn_unit(u, coll_revs) for u in units])
         await self._write_chunks(chunks, len(segs), coll_revs)
-        return [s.segment_id for s in segs]
+        return [s.segment_id for s in requested]
+
+    async def _ensure_index(self, collection_id: int, revision: int) -> None:
+        """``segment_ids.ensure_index`` once per collection and process (a marker never goes while its
+        collection stays: a drop removes both, and ids are never reused)."""
+        if (collection_id, revision) in self._indexed:
+            return
+        await segment_ids.ensure_index(self.kv, collection_id, collection_key=collection_key(collection_id),
+                                       collection_revision=revision, segment_prefix=segment_prefix(collection_id))
+        if len(self._indexed) >= 1 << 16:
+            self._indexed.clear()
+        self._indexed.add((collection_id, revision))
+
+    async def _without_resent(self, segs: list[data_pb2.SegmentBinlogs],
+                              explicit_ids: set[int]) -> list[data_pb2.SegmentBinlogs]:
+        """``segs`` less those stored already exactly as sent; ``SegmentIdTaken`` if an id the request names
+        (``explicit_ids``) is held otherwise (another partition, or other binlogs). Read before anything is
+        written, so a clash refuses the whole request, however many txns it would take. Allocated ids are
+        fresh and not read: the txn's compares still guard them."""
+        explicit = [s for s in segs if s.segment_id in explicit_ids]
+        if not explicit:
+            return segs
+        held: dict[tuple[int, int], int] = {}
+        for cid in sorted({s.collection_id for s in explicit}):
+            ids = [s.segment_id for s in explicit if s.collection_id == cid]
+            found = await segment_ids.held(self.kv, cid, ids, read_keys=self._get_many)
+            held.update(((cid, sid), pid) for sid, pid in found.items())
+        if not held:
+            return segs
+        mine = [s for s in explicit if held.get((s.collection_id, s.segment_id)) == s.partition_id]
+        stored = await self._get_many([segment_key(s.collection_id, s.partition_id, s.segment_id) for s in mine])
+        resent = {(s.collection_id, s.segment_id) for s in mine
+                  if stored.get(segment_key(s.collection_id, s.partition_id, s.segment_id), (b"", 0))[0]
+                  == s.SerializeToString()}
+        clashes: dict[int, list[tuple[int, int, int]]] = {}
+        for s in explicit:
+            where = held.get((s.collection_id, s.segment_id))
+            if where is not None and (s.collection_id, s.segment_id) not in resent:
+                clashes.setdefault(s.collection_id, []).append((s.segment_id, s.partition_id, where))
+        if clashes:
+            raise SegmentIdTaken("; ".join(segment_ids.taken_reason(cid, items) for cid, items in
+                                           sorted(clashes.items())) + "; nothing of this request was written")
+        return [s for s in segs if (s.collection_id, s.segment_id) not in resent]
 
     async def _validate_segments(
         self, segs: list[data_pb2.SegmentBinlogs], collection_id: int
@@ -736,7 +746,7 @@ class CatalogStore:
         return {k: rev for k, (_, rev) in found.items()}
 
     @staticmethod
-    def _units(segs: list[data_pb2.SegmentBinlogs], sources: dict[str, int], explicit: set[int]) -> list[_Unit]:
+    def _units(segs: list[data_pb2.SegmentBinlogs], sources: dict[str, int]) -> list[_Unit]:
         """Group segments sharing a compaction source (union-find): each group must land in one txn."""
         parent = list(range(len(segs)))
 
@@ -761,21 +771,24 @@ class CatalogStore:
             for src in seg.compaction_from:
                 key = segment_key(seg.collection_id, seg.partition_id, src)
                 unit.sources[key] = sources[key]
-            if seg.segment_id in explicit:
-                unit.new_keys.append(segment_key(seg.collection_id, seg.partition_id, seg.segment_id))
         return list(groups.values())
 
     @staticmethod
     def _txn_unit(unit: _Unit, coll_revs: dict[int, int]) -> Unit:
-        """The ops and compares of one group: its segments' puts and its sources' deletes, guarded by the
-        sources still being the ones read, explicit ids being free and (once per txn) its collections existing."""
-        ops: list[Op] = [
-            put(segment_key(seg.collection_id, seg.partition_id, seg.segment_id), seg.SerializeToString())
-            for seg in unit.segments
-        ]
-        ops.extend(delete(k) for k in unit.sources)
-        compares = [created_at(k, rev) for k, rev in unit.sources.items()]
-        compares.extend(absent(k) for k in unit.new_keys)
+        """The ops and compares of one group: its segments' puts and its sources' deletes (each with its id's
+        index key), guarded by the sources still being the ones read, every id being free in its collection
+        (its index key absent) and (once per txn) its collections existing."""
+        ops: list[Op] = []
+        compares: list[Compare] = []
+        for seg in unit.segments:
+            ops.append(put(segment_key(seg.collection_id, seg.partition_id, seg.segment_id), seg.SerializeToString()))
+            index_put, free = segment_ids.add_ops(seg.collection_id, seg.partition_id, seg.segment_id)
+            ops.append(index_put)
+            compares.append(free)
+        for key, rev in unit.sources.items():
+            src = parse_segment_key(key)
+            ops += [delete(key), segment_ids.remove_op(src.collection_id, src.segment_id)]
+            compares.append(created_at(key, rev))
         cids = sorted({s.collection_id for s in unit.segments})
         shared = [created_at(collection_key(cid), coll_revs[cid]) for cid in cids]
         return Unit(ops, compares, shared, payload=unit)
@@ -813,9 +826,25 @@ class CatalogStore:
             kvx = await self.kv.get_kv(collection_key(cid))
             if kvx is None or kvx.create_revision != coll_revs[cid]:
                 raise CollectionNotFound(f"collection {cid} was dropped while its segments were being added")
-        taken = sorted(parse_segment_key(k).segment_id for k in current)
-        if taken:
-            raise Conflict(f"segment ids {_short_list(taken)} already exist in the catalog; allocate new ids (send 0)")
+        clashes: dict[int, list[tuple[int, int, int]]] = {}
+        same: list[int] = []  # added meanwhile by another request, exactly as this one sends them
+        for seg in (seg for unit in chunk.payloads for seg in unit.segments):
+            held = current.get(segment_ids.index_key(seg.collection_id, seg.segment_id))
+            if held is None:
+                continue
+            where = segment_ids.holder(held[0])
+            skey = segment_key(seg.collection_id, seg.partition_id, seg.segment_id)
+            if where == seg.partition_id and skey in current and current[skey][0] == puts[skey]:
+                same.append(seg.segment_id)
+            else:
+                clashes.setdefault(seg.collection_id, []).append((seg.segment_id, seg.partition_id, where))
+        if clashes:
+            raise SegmentIdTaken("; ".join(segment_ids.taken_reason(cid, items) for cid, items in
+                                           sorted(clashes.items())) + "; nothing of this txn was written")
+        if same:
+            raise Conflict(f"segments {_short_list(sorted(same))} were added meanwhile by another request, with the "
+                           f"same binlogs; nothing of this txn was written: re-send the request (what is stored "
+                           f"stays)")
         raise Conflict(
             "compaction sources of this request were removed concurrently (another compaction replaced them); "
             "nothing of this txn was written"
@@ -980,6 +1009,7 @@ __all__ = [
     "ID_KEY",
     "NAMES_PREFIX",
     "SEGMENTS_PREFIX",
+    "STATUS_SOURCE",
     "AddSegmentsIncomplete",
     "CatalogError",
     "CatalogStore",
@@ -991,6 +1021,7 @@ __all__ = [
     "PartitionNotFound",
     "RecoveryPage",
     "SegmentChange",
+    "SegmentIdTaken",
     "SegmentRef",
     "SegmentResync",
     "SegmentWatchItem",

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from loguru import logger
 
 from meta.kv import MetaKV
+from meta.loops import loop_failed
 from meta.session import SessionEvent, SessionInfo, SessionSnapshot, watch_sessions
 from meta.watch import EventType
 from proto import common_pb2, querynode_pb2
@@ -166,9 +167,10 @@ class NodeManager:
                 await self._follow()
             except asyncio.CancelledError:
                 raise
-            except Exception:
+            except Exception as exc:
                 self.watch_errors += 1
-                logger.exception("query node session watch failed; restarting it")
+                if loop_failed("query node sessions", exc, self.kv.client):
+                    return
             await asyncio.sleep(0.5)
 
     def _try_add(self, info: SessionInfo) -> None:

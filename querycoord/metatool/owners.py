@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from meta.election import ELECTION_PREFIX
 from meta.session import SESSION_PREFIX
+from querycoord.catalog.segment_ids import INDEX_PREFIX as SEGMENT_ID_INDEX_PREFIX
 from querycoord.catalog.store import COLLECTIONS_PREFIX, ID_KEY, NAMES_PREFIX, SEGMENTS_PREFIX
 from querycoord.cluster.incarnations import PREFIX as INCARNATION_PREFIX
 from querycoord.querymeta import keys as qkeys
@@ -22,6 +23,7 @@ OWNED: tuple[tuple[str, bool, str], ...] = (
     (COLLECTIONS_PREFIX, True, "catalog"),
     (NAMES_PREFIX, True, "catalog"),
     (SEGMENTS_PREFIX, True, "catalog"),
+    (SEGMENT_ID_INDEX_PREFIX, True, "catalog"),
     (ID_KEY, False, "catalog"),
     (qkeys.COLLECTION_PREFIX, True, "query meta"),
     (qkeys.SEGMENT_PREFIX, True, "query meta"),

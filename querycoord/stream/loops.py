@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import asyncio
 
-from loguru import logger
-
 from meta.kv import MetaKV
+from meta.loops import loop_failed
 from meta.session import SessionEvent, SessionSnapshot, watch_sessions
 from meta.watch import EventType
 from querycoord.protocol import STREAMNODE_ROLE
@@ -39,8 +38,9 @@ async def follow_stream_nodes(kv: MetaKV, streams: StreamManager) -> None:
                 streams.set_live_nodes(live)
         except asyncio.CancelledError:
             raise
-        except Exception:
-            logger.exception("watching stream node sessions failed; retrying")
+        except Exception as exc:
+            if loop_failed("stream node sessions", exc, kv.client):
+                return
         await asyncio.sleep(1)
 
 
@@ -58,5 +58,6 @@ async def tick_streams(streams: StreamManager, tick: float, refresh: float) -> N
                 await streams.refresh()
         except asyncio.CancelledError:
             raise
-        except Exception:
-            logger.exception("stream tick failed")
+        except Exception as exc:
+            if loop_failed("stream tick", exc, streams.store.kv.client):
+                return

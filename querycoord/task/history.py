@@ -9,12 +9,16 @@ history record appears exactly when the tree is gone, never twice, never for
 a tree a new leader will resume. A record is kept well below etcd's value
 limit (``MAX_RECORD_BYTES``), dropping listed children if need be.
 
-Retention: the leader prunes the oldest records by count (``history_keep``)
-and by age (``history_max_age``) in batched deletes (``prune``). Readers (a
-standby, a new leader) use ``TaskHistory`` with a plain, unfenced view.
+Retention: the leader keeps the ``history_keep`` records that finished last
+and drops those finished more than ``history_max_age`` ago, in batched deletes
+(``prune``). Both go by the record's finish time, not its id: a trigger with a
+low id can finish last. The leader reads each record's finish time once and
+keeps it (records never change), so a sweep costs a keys-only read plus the
+records written since the last one. Readers (a standby, a new leader) use
+``TaskHistory`` with a plain, unfenced view.
 
 Keys are zero-padded so that etcd's key order is id order: a page of history
-is one range read, and pruning by count deletes the first keys.
+is one range read.
 """
 
 from __future__ import annotations
@@ -40,9 +44,6 @@ _CHILD_FRAMING = 4
 _READ_CHUNK = 64
 #: Keys deleted per txn while pruning (etcd allows 128 ops; one is the fence's).
 _PRUNE_BATCH = 100
-#: Pruning by age reads records oldest id first and stops after this many younger ones in a row
-#: (trees finish roughly in id order; one that finished late is pruned by a later sweep).
-_AGE_STREAK = 64
 
 _SUCCESS = (qc.TASK_STATE_DONE, qc.TASK_STATE_EXPIRED)
 _COUNT_NAMES = {qc.TASK_STATE_UNDO: "undo", qc.TASK_STATE_DOING: "doing", qc.TASK_STATE_DONE: "done",
@@ -109,6 +110,7 @@ class TaskHistory:
 
     def __init__(self, kv: MetaKV):
         self.kv = kv
+        self._finish_ms: dict[int, int] = {}  # finish times read so far (``finish_times``)
 
     async def ids(self) -> list[int]:
         """Every trigger id in the history, ascending (a keys-only read)."""
@@ -123,9 +125,9 @@ class TaskHistory:
         raw = await self.kv.get(history_key(task_id))
         return None if raw is None else _decode(history_key(task_id), raw)
 
-    async def _span(self, lo: int, hi: int) -> dict[int, qc.TaskTree]:
-        """Records of ids ``lo..hi``, read in pages from ``lo``'s key until past ``hi``'s."""
-        out: dict[int, qc.TaskTree] = {}
+    async def _span_raw(self, lo: int, hi: int) -> dict[int, bytes]:
+        """Stored values of ids ``lo..hi``, read in pages from ``lo``'s key until past ``hi``'s."""
+        out: dict[int, bytes] = {}
         start = history_key(lo)
         while True:
             kvs, more = await self.kv.range_page(HISTORY_PREFIX, start=start, limit=_READ_CHUNK)
@@ -133,12 +135,20 @@ class TaskHistory:
                 i = key_id(kv.key)
                 if i > hi:
                     return out
-                tree = _decode(kv.key, kv.value) if i >= 0 else None
-                if tree is not None:
-                    out[i] = tree
+                if i >= 0:
+                    out[i] = kv.value
             if not more or not kvs:
                 return out
             start = kvs[-1].key + "\x00"
+
+    async def _span(self, lo: int, hi: int) -> dict[int, qc.TaskTree]:
+        """Records of ids ``lo..hi`` (values that are not task trees left out)."""
+        out: dict[int, qc.TaskTree] = {}
+        for i, raw in (await self._span_raw(lo, hi)).items():
+            tree = _decode(history_key(i), raw)
+            if tree is not None:
+                out[i] = tree
+        return out
 
     async def page(self, *, after: int = 0, newest_first: bool = False, want: int,
                    keep: Callable[[qc.TaskTree], bool] = lambda _t: True) -> list[qc.TaskTree]:
@@ -175,34 +185,62 @@ class TaskHistory:
                     return t
         return None
 
-    async def prune(self, *, keep: int, max_age_s: float, now_ms: int) -> int:
-        """Delete the oldest records past ``keep`` and those finished more than ``max_age_s`` ago (0: no age
-        limit), in txns of ``_PRUNE_BATCH`` deletes. Returns how many were deleted."""
+    async def finish_times(self) -> dict[int, int]:
+        """The finish time (ms) of every record, by trigger id: a keys-only read, then the values of records
+        not seen before (a record never changes once written, so a time read once holds for this object's life;
+        the leader's pruner reads each record once, not at every sweep). A value that is not a task tree counts
+        as finished at 0: the oldest, first to go."""
         ids = await self.ids()
-        doomed = ids[: max(0, len(ids) - keep)]
+        present = set(ids)
+        for gone in [i for i in self._finish_ms if i not in present]:
+            del self._finish_ms[gone]
+        missing = [i for i in ids if i not in self._finish_ms]
+        for run in _runs(ids, set(missing)):
+            for chunk in _chunks(run, _READ_CHUNK):
+                got = await self._span_raw(min(chunk), max(chunk))
+                for i in chunk:
+                    raw = got.get(i)
+                    if raw is None:
+                        continue  # deleted since the keys were read
+                    tree = _decode(history_key(i), raw)
+                    self._finish_ms[i] = tree.trigger.finished_ms if tree is not None else 0
+        return {i: self._finish_ms[i] for i in ids if i in self._finish_ms}
+
+    async def prune(self, *, keep: int, max_age_s: float, now_ms: int) -> int:
+        """Delete the records past the ``keep`` newest by finish time, and those finished more than
+        ``max_age_s`` ago (0: no age limit), in txns of ``_PRUNE_BATCH`` deletes. Returns how many were deleted.
+
+        By finish time, not id: a trigger with a low id can finish last (a long load), and it is the newest
+        record, the one an operator asks about. Ties go by id."""
+        finished = await self.finish_times()
+        oldest_first = sorted(finished, key=lambda i: (finished[i], i))
+        doomed = set(oldest_first[: max(0, len(oldest_first) - keep)])
         if max_age_s > 0:
             cutoff = now_ms - int(max_age_s * 1000)
-            young = 0
-            for chunk in _chunks(ids[len(doomed):], _READ_CHUNK):
-                got = await self._span(min(chunk), max(chunk))
-                for i in chunk:
-                    tree = got.get(i)
-                    if tree is None:
-                        continue
-                    if tree.trigger.finished_ms and tree.trigger.finished_ms < cutoff:
-                        doomed.append(i)
-                        young = 0
-                    else:
-                        young += 1
-                if young >= _AGE_STREAK:
-                    break
+            doomed.update(i for i, ms in finished.items() if ms and ms < cutoff)
         if not doomed:
             return 0
-        for chunk in _chunks(doomed, _PRUNE_BATCH):
+        for chunk in _chunks(sorted(doomed), _PRUNE_BATCH):
             batches = self.kv.pack([Unit([Delete(history_key(i)) for i in chunk])])
             await self.kv.write_packed(batches, operation="task history prune")
+            for i in chunk:
+                self._finish_ms.pop(i, None)
         logger.info("task history: pruned {} records (keep {}, max age {:g}s)", len(doomed), keep, max_age_s)
         return len(doomed)
+
+
+def _runs(ids: Sequence[int], wanted: set[int]) -> Iterator[list[int]]:
+    """The maximal runs of consecutive ``ids`` (in key order) that are all ``wanted``: each is one range read
+    that fetches nothing else."""
+    run: list[int] = []
+    for i in ids:
+        if i in wanted:
+            run.append(i)
+        elif run:
+            yield run
+            run = []
+    if run:
+        yield run
 
 
 def _decode(key: str, raw: bytes) -> qc.TaskTree | None:

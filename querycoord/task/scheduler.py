@@ -32,6 +32,7 @@ from loguru import logger
 
 from meta.client import NOSPACE_WAIT
 from meta.errors import MetaError, MetaNoSpace, NotLeader
+from meta.loops import keep_running, loop_failed
 from proto import common_pb2, task_pb2
 from proto import querycoord_pb2 as qc
 from querycoord import metrics
@@ -134,6 +135,7 @@ class Scheduler:
         self._prune_kick = asyncio.Event()  # enough trees finished since the last pruning of the history
         self._finished_since_prune = 0
         self._pruner: asyncio.Task[None] | None = None
+        self._history = TaskHistory(env.store.kv)  # kept: it remembers the finish times it has read
         self._wake = asyncio.Event()
         self._loop: asyncio.Task[None] | None = None
         self._tiebreak = itertools.count()
@@ -147,8 +149,11 @@ class Scheduler:
     async def start(self, *, reload: bool = True) -> int:
         """Reload persisted trees (returns how many triggers were queued), then start dispatching."""
         n = await self.reload() if reload else 0
-        self._loop = asyncio.create_task(self._dispatch_loop(), name="scheduler")
-        self._pruner = asyncio.create_task(self._prune_loop(), name="task-history-pruner")
+        client = self.env.store.kv.client
+        self._loop = asyncio.create_task(keep_running("scheduler", self._dispatch_loop, client=client),
+                                         name="scheduler")
+        self._pruner = asyncio.create_task(keep_running("task history pruner", self._prune_loop, client=client),
+                                           name="task-history-pruner")
         return n
 
     async def stop(self) -> None:
@@ -298,6 +303,7 @@ class Scheduler:
         self._finish(t, err)
 
     async def _dispatch_loop(self) -> None:
+        self._wake.set()  # (re)started by ``keep_running``: look at the queue at once
         while not self.stopped:
             await self._wake.wait()
             self._wake.clear()
@@ -696,7 +702,7 @@ class Scheduler:
         records were deleted. With ``history_keep`` 0 no history is written, and whatever an earlier
         configuration left is pruned away."""
         self._finished_since_prune = 0
-        return await TaskHistory(self.env.store.kv).prune(
+        return await self._history.prune(
             keep=self.cfg.history_keep, max_age_s=self.cfg.history_max_age, now_ms=now_ms())
 
     async def _prune_loop(self) -> None:
@@ -707,8 +713,9 @@ class Scheduler:
             except NotLeader as exc:
                 self._leadership_lost(exc)
                 return
-            except Exception as exc:  # etcd trouble: never let the sweep die
-                logger.warning("task history: pruning failed ({}); the next sweep tries again", exc)
+            except Exception as exc:  # etcd trouble or a bug: never let the sweep die
+                if loop_failed("task history pruner", exc, self.env.store.kv.client):
+                    return
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._prune_kick.wait(), self.cfg.history_sweep_interval)
             self._prune_kick.clear()

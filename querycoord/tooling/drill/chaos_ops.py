@@ -280,7 +280,8 @@ Effect = Literal["yes", "no", "maybe"]
 INF = float("inf")
 
 #: Answers that say a request changed nothing, per kind of request.
-NO_EFFECT_ANY = frozenset({"CONFLICT", "NOT_FOUND", "ILLEGAL_ARGUMENT", "REQUEST_TOO_LARGE", "NOT_READY"})
+NO_EFFECT_ANY = frozenset({"CONFLICT", "NOT_FOUND", "ILLEGAL_ARGUMENT", "REQUEST_TOO_LARGE", "NOT_READY",
+                           "ALREADY_EXISTS"})
 NO_EFFECT_LOAD = NO_EFFECT_ANY | {"NO_AVAILABLE_NODE", "CANCELLED"}
 
 
