@@ -8,6 +8,7 @@ for that deadline. What is asserted is what the in-process nodes themselves hold
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 
 from meta.etcd_server import EtcdCluster
@@ -265,3 +266,56 @@ async def test_a_resumed_load_waits_for_nodes_to_register(etcd: EtcdCluster, roo
 
 async def _some_loaded(c: QueryCluster) -> bool:
     return any(n.state.segments for n in c.nodes)
+
+
+async def test_a_node_whose_session_outlived_it_counts_nothing_at_takeover(etcd: EtcdCluster,
+                                                                          root_path: str) -> None:
+    """The restart drill's finding: etcd renews every lease it recovers when it restarts, so a node that died with
+    the cluster keeps its session for a TTL, and a leader elected meanwhile showed that node's replica at 100 %.
+    Here a SIGKILLed node's session outlives it the same way (a long TTL): the new leader counts nothing of it,
+    and counts at once what the node that answers holds."""
+    async with QueryCluster(etcd, root_path, scheduler=LONG) as c:
+        await c.start_coordinator()
+        await c.wait_leader()
+        dead, _ = await c.start_node_process("--ttl", "30")
+        alive = await c.add_node()
+        cid = await c.create_collection("outlived", partitions=1, segments=20)
+        await load(c, cid, 2)  # one replica on each node
+        await c.coords[0].stop()
+        await dead.kill()  # SIGKILL: its session lives on for 30 s
+        await c.start_coordinator()
+        await c.wait_leader()
+        assert c.client is not None
+        show = await c.client.query("ShowCollections", qc.ShowCollectionsRequest(collection_ids=[cid]))
+        reps = await c.client.query("GetReplicas", qc.GetReplicasRequest(collection_id=cid))
+        assert show.status.error_code == reps.status.error_code == common_pb2.SUCCESS
+        by_node = {n: r.in_memory_percentage for r in reps.replicas for n in r.node_ids}
+        assert by_node == {dead.node_id: 0, alive.node_id: 100}, reps
+        assert show.collections[0].in_memory_percentage < 100, show
+
+
+async def test_a_node_silent_at_takeover_counts_once_it_answers_the_checker(etcd: EtcdCluster,
+                                                                           root_path: str) -> None:
+    """A node that does not answer the new leader in time (SIGSTOPped here) is not counted, and is counted again
+    once it answers the checker: unheard is a state it leaves, not a verdict."""
+    async with QueryCluster(etcd, root_path, scheduler=LONG) as c:
+        await c.start_coordinator()
+        await c.wait_leader()
+        frozen, _ = await c.start_node_process("--ttl", "30")
+        cid = await c.create_collection("frozen", partitions=1, segments=20)
+        await load(c, cid, 1)
+        await c.coords[0].stop()
+        frozen.signal(signal.SIGSTOP)
+        try:
+            await c.start_coordinator()
+            await c.wait_leader()
+            assert c.client is not None
+            show = await c.client.query("ShowCollections", qc.ShowCollectionsRequest(collection_ids=[cid]))
+            assert show.collections[0].in_memory_percentage < 100, show
+        finally:
+            frozen.signal(signal.SIGCONT)
+        await c.wait_loaded(cid, timeout=60)
+        lead = (await c.wait_leader()).coord.leadership
+        assert lead is not None and not lead.nodes.unheard
+        assert lead.meta.segments_on_node(frozen.node_id), "its copies were kept, not loaded elsewhere"
+

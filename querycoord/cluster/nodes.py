@@ -10,6 +10,16 @@ is taken as a new node as soon as its old incarnation is forgotten, which
 the callback does at once; ``Node.created`` (its session key's create
 revision) tells the incarnations apart.
 
+The nodes a leadership finds online when it takes over are **unheard** until they answer it
+(``hear_inherited`` at takeover, then every answer to the checker): what an
+earlier leader recorded on them counts (``serving_ids``) only from then on.
+Why: etcd renews every lease it recovers when it restarts, so after a whole
+cluster restart the session of a node that died with it lives on for a TTL
+with nobody behind it, and a new leader elected meanwhile would show that
+node's copies as served (the restart drill saw 100 % for replicas whose nodes
+were dead). A node that registers during the leadership is heard: it is a new
+incarnation and holds nothing the records place on it.
+
 Session values are input: ``meta.session`` drops values that are not
 sessions, and a session whose capacity or address a query node cannot have
 is logged once and ignored here. Nothing a session says stops the watch.
@@ -103,6 +113,8 @@ class NodeManager:
         self.watch_errors = 0
         # Nodes with a fixed id (--node-id) back under it while their previous incarnation is still offline.
         self._returning: dict[int, SessionInfo] = {}
+        # Online at takeover and not heard from since (see module docstring).
+        self.unheard: set[int] = set()
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._watch(), name="querynode-sessions")
@@ -193,6 +205,8 @@ class NodeManager:
                 if self.ready.is_set():  # a re-read after a compaction or a restarted watch: who joined meanwhile
                     for nid in joined:
                         await self._joined(nid)
+                else:
+                    self.unheard = self.online_ids()
                 self.ready.set()
             elif isinstance(item, SessionEvent):
                 if item.type is EventType.PUT:
@@ -223,6 +237,38 @@ class NodeManager:
     def online_ids(self) -> set[int]:
         return {n.node_id for n in self.nodes.values() if n.online}
 
+    def serving_ids(self) -> set[int]:
+        """The online nodes whose recorded copies count as served: not those still unheard."""
+        return self.online_ids() - self.unheard
+
+    def heard(self, node_id: int) -> None:
+        """``node_id`` answered this leader: what the records place on it counts from now on."""
+        if node_id in self.unheard:
+            self.unheard.discard(node_id)
+            self.version += 1
+            logger.debug("query node {} answered: what it holds counts", node_id)
+
+    async def hear_inherited(self, timeout: float) -> set[int]:
+        """At takeover: ask every unheard node whether it runs (GetComponentStates, bounded by ``timeout``: a
+        dead one refuses the connection at once); returns those still unheard, which count once they answer
+        the checker or are forgotten once their session ends."""
+
+        async def ask(node: Node) -> None:
+            try:
+                resp = await node.client.call("GetComponentStates", querynode_pb2.GetComponentStatesRequest(),
+                                              timeout=timeout)
+            except NodeError as exc:
+                logger.info("query node {} did not answer at takeover: {}", node.node_id, exc)
+                return
+            if resp.state.state_code == common_pb2.HEALTHY:
+                self.heard(node.node_id)
+            else:
+                logger.info("query node {} is not healthy at takeover ({})", node.node_id,
+                            common_pb2.StateCode.Name(resp.state.state_code))
+
+        await asyncio.gather(*(ask(n) for n in self.online() if n.node_id in self.unheard))
+        return self.unheard & self.online_ids()
+
     def is_online(self, node_id: int) -> bool:
         n = self.nodes.get(node_id)
         return n is not None and n.online
@@ -241,6 +287,7 @@ class NodeManager:
     async def remove(self, node_id: int) -> None:
         """Forget an offline node once nothing refers to it any more."""
         node = self.nodes.pop(node_id, None)
+        self.unheard.discard(node_id)
         if node is not None:
             self.version += 1
             await node.client.close()
