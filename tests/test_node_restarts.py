@@ -10,14 +10,21 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
+from types import SimpleNamespace
 
 from meta.etcd_server import EtcdCluster
+from meta.kv import MetaKV
 from proto import common_pb2, data_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.catalog.store import CatalogStore
+from querycoord.cluster.incarnations import Incarnations
+from querycoord.cluster.nodes import Node, NodeManager
 from querycoord.nodes.querynode import FaultConfig, QueryNode
+from querycoord.querymeta import QueryMeta
 from querycoord.task.history import TaskHistory
+from querycoord.watchers import forget_node
 from tests.cluster import MiB, QueryCluster, fast_scheduler
+from tests.leader import leader_fence
 from tests.truth import false_full, held_by, target_of, until_true
 
 LONG = fast_scheduler(trigger_timeout=600.0)
@@ -319,3 +326,44 @@ async def test_a_node_silent_at_takeover_counts_once_it_answers_the_checker(etcd
         assert lead is not None and not lead.nodes.unheard
         assert lead.meta.segments_on_node(frozen.node_id), "its copies were kept, not loaded elsewhere"
 
+
+async def test_a_node_back_under_its_id_while_its_old_self_is_forgotten_stays_known(kv: MetaKV) -> None:
+    """The restart drill's second finding: a new leader forgets a node no session names (its records are an
+    earlier process's) while that node registers again under its fixed id. The forget removed the node that had
+    just joined from the node manager (and dropped its incarnation record): a live node the leader never used
+    again. Here the node registers while the forget is removing its old copies."""
+    meta = QueryMeta(kv.fenced(await leader_fence(kv)))
+    replica = data_pb2.ReplicaInfo(replica_id=7, collection_id=1, node_ids=[4545])
+    await meta.add_collection(1, data_pb2.LOAD_TYPE_COLLECTION, [10], replicas=[replica], replica_number=1)
+    await meta.save_segments([data_pb2.SegmentInfo(segment_id=100, collection_id=1, partition_id=10, node_id=4545,
+                                                   replica_id=7, mem_size=100)])
+    incarnations = Incarnations(meta.kv)
+
+    async def joined(node: Node) -> None:
+        await incarnations.save(node.node_id, node.created)
+
+    nodes = NodeManager(kv, on_node_up=joined)
+    await nodes.start()
+    node = QueryNode(kv, capacity_bytes=1024 * MiB, ttl=2.0, node_id=4545)
+    remove_node = meta.remove_node
+
+    async def remove_while_it_comes_back(node_id: int) -> int:
+        await node.start()
+        await until_true("the node is online again", lambda: _online(nodes, node_id), timeout=30)
+        return await remove_node(node_id)
+
+    meta.remove_node = remove_while_it_comes_back  # type: ignore[method-assign]
+    try:
+        env = SimpleNamespace(meta=meta, nodes=nodes)
+        await forget_node(env, 4545, incarnations=incarnations)  # type: ignore[arg-type]
+        assert not meta.segments_on_node(4545), "the old process's copies are forgotten"
+        assert nodes.is_online(4545), "the process that came back is still known"
+        created = nodes.nodes[4545].created
+        assert (await incarnations.load()).get(4545) == created, "and so is its incarnation"
+    finally:
+        await node.stop()
+        await nodes.stop()
+
+
+async def _online(nodes: NodeManager, node_id: int) -> bool:
+    return nodes.is_online(node_id)

@@ -285,7 +285,10 @@ class NodeManager:
         return node.client
 
     async def remove(self, node_id: int) -> None:
-        """Forget an offline node once nothing refers to it any more."""
+        """Forget an offline node once nothing refers to it any more (an online one is a later incarnation of a
+        fixed id and stays)."""
+        if self.is_online(node_id):
+            return
         node = self.nodes.pop(node_id, None)
         self.unheard.discard(node_id)
         if node is not None:
