@@ -1,7 +1,7 @@
 """Drills: real processes, real faults, invariants checked at the end (``querycoord drill ...``).
 
 ``add_drill_parser(subparsers)`` registers ``drill`` (with its ``failover``,
-``streams`` and ``chaos`` sub-commands) on the ``querycoord`` CLI; ``main(argv)`` is the same command
+``streams``, ``chaos`` and ``restart`` sub-commands) on the ``querycoord`` CLI; ``main(argv)`` is the same command
 line without the CLI: ``python -m querycoord.tooling.drill failover ...``. Each sub-command's options are the
 fields of its options dataclass (``options``); the drill modules are imported lazily so that
 ``querycoord --help`` stays fast.
@@ -21,6 +21,7 @@ from typing import Any
 from querycoord.tooling.drill.options import (
     ChaosOptions,
     DrillOptions,
+    RestartOptions,
     RunOptions,
     StreamDrillOptions,
     cli_help,
@@ -66,6 +67,17 @@ DRILLS: dict[str, Drill] = {
                     "the links heal and the drill waits until quiescent and checks the invariants. Prints a table "
                     "and one JSON line; exits 1 when a call went unanswered, an invariant failed or a trigger "
                     "stuck."),
+    "restart": Drill(
+        RestartOptions,
+        help="stop the whole cluster (etcd, coordinators, query nodes) and start it again, several times",
+        description="Start etcd, coordinators (querycoord coord) and query nodes (querycoord querynode, fixed "
+                    "--node-id) as processes, load collections with 2 replicas and with 1, then stop every process "
+                    "with SIGTERM or SIGKILL (alternating; seeded orders) and start them again on their data dirs, "
+                    "--restarts times. All along, sample the leader's ShowCollections and GetReplicas against what "
+                    "the nodes themselves report. Prints a table and one JSON line; exits 1 when a sample showed "
+                    "100 % that the nodes did not hold, a trigger FAILED, or a restart was not whole again within "
+                    "the session TTL + 10 s.",
+        verbose_help="print every sample excused, role change and restart step"),
 }
 
 
@@ -122,7 +134,7 @@ def add_drill_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m querycoord.tooling.drill failover|streams|chaos ...``."""
+    """``python -m querycoord.tooling.drill failover|streams|chaos|restart ...``."""
     parser = argparse.ArgumentParser(prog="python -m querycoord.tooling.drill", description="failure drills")
     parser.add_argument("--log-level", default=None, help="log level of the drill process (default WARNING)")
     _add_drills(parser.add_subparsers(dest="drill", required=True, metavar="DRILL"))
