@@ -353,7 +353,7 @@ class Coordinator:
             await forget_node(env, node_id, incarnations=incarnations, served=served)
 
         async def on_node_up(node: Node) -> None:
-            await record_joined(node, incarnations=incarnations, checker=checker)
+            await record_joined(node, env=env, incarnations=incarnations, checker=checker, served=served)
 
         nodes = NodeManager(self.kv, fence=coord_fence, rpc_timeout=self.config.rpc_timeout,
                             on_node_down=on_node_down, on_node_up=on_node_up)

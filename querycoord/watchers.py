@@ -166,9 +166,23 @@ async def forget_restarted(env: TaskEnv, *, incarnations: Incarnations, targets:
     return restarted
 
 
-async def record_joined(node: Node, *, incarnations: Incarnations, checker: Checker) -> None:
-    """A node came online during this leadership: record its incarnation, and check at once (it may be the
-    spare a replica waits for)."""
+async def record_joined(node: Node, *, env: TaskEnv, incarnations: Incarnations, checker: Checker,
+                        served: ServedView | None = None) -> None:
+    """A node came online during this leadership: forget what query meta still places on its id, record its
+    incarnation, and check at once (it may be the spare a replica waits for).
+
+    A session created now is a new process, which holds nothing; records on its id are an earlier process's, one
+    whose session ended before this leader looked and that no forget has reached yet (a node back under its fixed
+    id during a takeover: the restart drill saw them counted, and a repair then spent seconds on them). The node
+    counts (``NodeManager.serving_ids``) only once this is done.
+    """
+    meta = env.meta
+    if node.node_id in meta.known_node_ids():
+        logger.warning("query node {} joined while query meta still places copies on it: they are an earlier "
+                       "process's and are forgotten", node.node_id)
+        if served is not None:
+            await persist_lowered(meta, meta.collection_ids(), served.collection)
+        await meta.remove_node(node.node_id)
     if node.created:
         await incarnations.save(node.node_id, node.created)
     checker.kick()

@@ -22,7 +22,7 @@ from querycoord.cluster.nodes import Node, NodeManager
 from querycoord.nodes.querynode import FaultConfig, QueryNode
 from querycoord.querymeta import QueryMeta
 from querycoord.task.history import TaskHistory
-from querycoord.watchers import forget_node
+from querycoord.watchers import forget_node, record_joined
 from tests.cluster import MiB, QueryCluster, fast_scheduler
 from tests.leader import leader_fence
 from tests.truth import false_full, held_by, target_of, until_true
@@ -367,3 +367,43 @@ async def test_a_node_back_under_its_id_while_its_old_self_is_forgotten_stays_kn
 
 async def _online(nodes: NodeManager, node_id: int) -> bool:
     return nodes.is_online(node_id)
+
+
+async def test_a_node_joining_under_an_id_meta_still_places_copies_on_counts_none_of_them(kv: MetaKV) -> None:
+    """The restart drill's third finding: a node back under its fixed id while a new leader took over joined
+    before the takeover's forget reached it, so its previous process's copies stayed in query meta and counted as
+    served (and a repair then spent a txn per segment on them). A session that appears during the leadership is a
+    new process: what meta places on its id is forgotten before the node counts at all."""
+    meta = QueryMeta(kv.fenced(await leader_fence(kv)))
+    replica = data_pb2.ReplicaInfo(replica_id=7, collection_id=1, node_ids=[4747])
+    await meta.add_collection(1, data_pb2.LOAD_TYPE_COLLECTION, [10], replicas=[replica], replica_number=1)
+    await meta.save_segments([data_pb2.SegmentInfo(segment_id=100 + i, collection_id=1, partition_id=10,
+                                                   node_id=4747, replica_id=7, mem_size=100) for i in range(5)])
+    incarnations = Incarnations(meta.kv)
+    counted_while_stale: list[bool] = []
+    env = SimpleNamespace(meta=meta)
+    nodes = NodeManager(kv, on_node_up=lambda node: record_joined(
+        node, env=env, incarnations=incarnations, checker=SimpleNamespace(kick=lambda: None)))  # type: ignore[arg-type]
+    env.nodes = nodes
+    remove_node = meta.remove_node
+
+    async def remove_and_look(node_id: int) -> int:
+        counted_while_stale.append(node_id in nodes.serving_ids())
+        return await remove_node(node_id)
+
+    meta.remove_node = remove_and_look  # type: ignore[method-assign]
+    await nodes.start()  # no session yet: nothing is inherited
+    node = QueryNode(kv, capacity_bytes=1024 * MiB, ttl=2.0, node_id=4747)
+    await node.start()
+    try:
+        await until_true("the node counts", lambda: _serving(nodes, 4747), timeout=30)
+        assert counted_while_stale == [False], "forgotten before it counted"
+        assert not meta.segments_on_node(4747) and 4747 not in meta.known_node_ids()
+        assert (await incarnations.load()).get(4747) == nodes.nodes[4747].created
+    finally:
+        await node.stop()
+        await nodes.stop()
+
+
+async def _serving(nodes: NodeManager, node_id: int) -> bool:
+    return node_id in nodes.serving_ids()

@@ -17,8 +17,9 @@ Why: etcd renews every lease it recovers when it restarts, so after a whole
 cluster restart the session of a node that died with it lives on for a TTL
 with nobody behind it, and a new leader elected meanwhile would show that
 node's copies as served (the restart drill saw 100 % for replicas whose nodes
-were dead). A node that registers during the leadership is heard: it is a new
-incarnation and holds nothing the records place on it.
+were dead). A node that registers during the leadership is a new incarnation:
+it is heard once ``on_node_up`` has taken it in (forgotten what the records
+still place on its id, an earlier process's, and recorded it).
 
 Session values are input: ``meta.session`` drops values that are not
 sessions, and a session whose capacity or address a query node cannot have
@@ -113,8 +114,10 @@ class NodeManager:
         self.watch_errors = 0
         # Nodes with a fixed id (--node-id) back under it while their previous incarnation is still offline.
         self._returning: dict[int, SessionInfo] = {}
-        # Online at takeover and not heard from since (see module docstring).
+        # Online at takeover and not heard from since, and joined since but not yet taken in by ``on_node_up``
+        # (see module docstring): neither counts.
         self.unheard: set[int] = set()
+        self.joining: set[int] = set()
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._watch(), name="querynode-sessions")
@@ -149,6 +152,8 @@ class NodeManager:
         client = QueryNodeClient(info.server_id, info.address, timeout=self.rpc_timeout)
         client.fence = self.fence
         self.nodes[info.server_id] = Node(info.server_id, info.address, cap, NodeState.ONLINE, client, info.created)
+        if self.ready.is_set():
+            self.joining.add(info.server_id)  # until ``on_node_up`` has taken it in (``_joined``)
         self.version += 1
         logger.info("query node {} online at {} (capacity {} MiB)", info.server_id, info.address, cap >> 20)
         self.changed.set()
@@ -223,6 +228,7 @@ class NodeManager:
         takeover handles them); its failure is logged, never the watch's end."""
         node = self.nodes.get(node_id)
         if node is None or not node.online or self.on_node_up is None:
+            self._taken_in(node_id)
             return
         try:
             await self.on_node_up(node)
@@ -230,6 +236,13 @@ class NodeManager:
             raise
         except Exception as exc:
             logger.warning("query node {} joined, but recording it failed: {}; the checker tries again", node_id, exc)
+            self.unheard.add(node_id)  # counts once it answers the checker, whose repair handles stale records
+        self._taken_in(node_id)
+
+    def _taken_in(self, node_id: int) -> None:
+        if node_id in self.joining:
+            self.joining.discard(node_id)
+            self.version += 1
 
     def online(self) -> list[Node]:
         return [n for n in self.nodes.values() if n.online]
@@ -238,8 +251,8 @@ class NodeManager:
         return {n.node_id for n in self.nodes.values() if n.online}
 
     def serving_ids(self) -> set[int]:
-        """The online nodes whose recorded copies count as served: not those still unheard."""
-        return self.online_ids() - self.unheard
+        """The online nodes whose recorded copies count as served: not those unheard or joining."""
+        return self.online_ids() - self.unheard - self.joining
 
     def heard(self, node_id: int) -> None:
         """``node_id`` answered this leader: what the records place on it counts from now on."""
@@ -291,6 +304,7 @@ class NodeManager:
             return
         node = self.nodes.pop(node_id, None)
         self.unheard.discard(node_id)
+        self.joining.discard(node_id)
         if node is not None:
             self.version += 1
             await node.client.close()
