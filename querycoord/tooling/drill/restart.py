@@ -82,6 +82,7 @@ class RestartResult:
     escalated: list[str] = field(default_factory=list)  # SIGTERMed processes that had to be SIGKILLed
     load_s: float | None = None
     duration_s: float = 0.0
+    drill_cpu_s: float = 0.0  # this process's own CPU (sampling and judging), beside the cluster on the same cores
 
     def summary(self) -> dict[str, Any]:
         o = self.opts
@@ -93,7 +94,7 @@ class RestartResult:
                   "exited_on_their_own": len(self.exited), "unfinished_triggers": len(self.unfinished_triggers),
                   "nodes_not_online": len(self.unknown_nodes),
                   "load_s": None if self.load_s is None else round(self.load_s, 2),
-                  "duration_s": round(self.duration_s, 1)})
+                  "duration_s": round(self.duration_s, 1), "drill_cpu_s": round(self.drill_cpu_s, 1)})
         return s
 
     def failures(self) -> list[str]:
@@ -369,6 +370,7 @@ class RestartDrill(ProcessDrill[RestartOptions, RestartResult]):
     async def _final(self) -> None:
         """Wait (bounded) until no trigger runs, then count the FAILED triggers of the task history."""
         assert self.client is not None
+        self.result.drill_cpu_s = time.process_time()
         self._check_exits()
         deadline = time.monotonic() + self.opts.whole_timeout
         running: list[str] = []
