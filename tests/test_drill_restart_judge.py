@@ -8,6 +8,7 @@ import math
 
 import pytest
 
+from querycoord.tooling.drill import _run
 from querycoord.tooling.drill.options import RestartOptions
 from querycoord.tooling.drill.restart_judge import (
     CollectionShown,
@@ -165,3 +166,18 @@ def test_options_split_the_segments_and_refuse_what_cannot_run() -> None:
         with pytest.raises(ValueError):
             RestartOptions(**bad).validate()  # type: ignore[arg-type]
     o.validate()
+
+
+def test_json_only_prints_the_json_line_alone(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every drill's --json-only: the table and progress lines are dropped, the exit code is the drill's."""
+
+    async def drill(opts: RestartOptions) -> int:
+        print("[   0.00s] progress")
+        print("table")
+        print('{"restarts": 3}')
+        return 1
+
+    assert _run(RestartOptions(json_only=True), drill) == 1
+    assert capsys.readouterr().out == '{"restarts": 3}\n'
+    assert _run(RestartOptions(), drill) == 1
+    assert capsys.readouterr().out.splitlines() == ["[   0.00s] progress", "table", '{"restarts": 3}']

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
+import io
 import os
 import sys
 from collections.abc import Callable, Coroutine
@@ -97,6 +99,8 @@ def _add_run_options(p: argparse.ArgumentParser, verbose_help: str) -> None:
                                                     "when the drill passes)")
     p.add_argument("--keep", action="store_true", help="keep the temp work dir even when the drill passes")
     p.add_argument("-v", "--verbose", action="store_true", help=verbose_help)
+    p.add_argument("--json-only", action="store_true", help="print only the final JSON line (errors still go to "
+                                                             "stderr)")
 
 
 def run_drill(args: argparse.Namespace) -> int:
@@ -107,7 +111,7 @@ def run_drill(args: argparse.Namespace) -> int:
     # The drill's own process logs little: its output is the table; children log to files.
     setup_logging(getattr(args, "log_level", None) or os.environ.get("QUERYCOORD_DRILL_LOG_LEVEL") or "WARNING")
     opts = options(**{f.name: getattr(args, f.name) for f in cli_options(options)}, work_dir=args.work_dir,
-                   keep=args.keep, verbose=args.verbose)
+                   keep=args.keep, verbose=args.verbose, json_only=args.json_only)
     runner = getattr(importlib.import_module(f"{__name__}.{args.drill}"), f"run_{args.drill}")
     return _run(opts, runner)
 
@@ -120,7 +124,16 @@ def _run(opts: RunOptions, runner: Callable[[Any], Coroutine[Any, Any, int]]) ->
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
-        return asyncio.run(runner(opts))
+        if not opts.json_only:
+            return asyncio.run(runner(opts))
+        # The drills print to sys.stdout as it is when they start: the table and progress go to a buffer.
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            code = asyncio.run(runner(opts))
+        lines = printed.getvalue().strip().splitlines()
+        if lines and lines[-1].startswith("{"):
+            print(lines[-1], flush=True)
+        return code
     except KeyboardInterrupt:
         print("\ninterrupted: every process of the drill was stopped", file=sys.stderr)
         return 130

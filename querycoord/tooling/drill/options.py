@@ -42,6 +42,7 @@ class RunOptions:
     work_dir: str | None = None
     keep: bool = False
     verbose: bool = False
+    json_only: bool = False
 
     def validate(self) -> None:
         """ValueError naming the first option out of range (each drill checks its own options first)."""
