@@ -609,6 +609,7 @@ class Checker:
             if dist is None:
                 continue
             reachable.add(node_id)
+            nodes.heard(node_id)
             for g in dist.segment_groups:
                 if g.collection_id in skipped:
                     continue

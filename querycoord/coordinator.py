@@ -52,6 +52,9 @@ from querycoord.watchers import forget_node, forget_restarted, kick_on_node_chan
 LEADER_LOOKUP_TIMEOUT = 1.0
 # A campaign still waiting after this long stands by (one that wins at once never says so).
 STANDBY_LINE_DELAY = 0.5
+# How long a new leader waits for the nodes it finds online to say they run, before it serves (a dead node refuses
+# the connection at once; a hung one costs the takeover this much, and counts once it answers the checker).
+TAKEOVER_PROBE_S = 1.0
 
 
 @dataclass
@@ -351,7 +354,7 @@ class Coordinator:
             await forget_node(env, node_id, incarnations=incarnations, served=served)
 
         async def on_node_up(node: Node) -> None:
-            await record_joined(node, incarnations=incarnations, checker=checker)
+            await record_joined(node, env=env, incarnations=incarnations, checker=checker, served=served)
 
         nodes = NodeManager(self.kv, fence=coord_fence, rpc_timeout=self.config.rpc_timeout,
                             on_node_down=on_node_down, on_node_up=on_node_up)
@@ -372,6 +375,11 @@ class Coordinator:
         await forget_restarted(env, incarnations=incarnations, targets=self.targets)
         for node_id in sorted(meta.known_node_ids() - nodes.online_ids()):
             await on_node_down(node_id)
+        # And nodes whose session outlived them (etcd restarted and renewed it): they count once they answer.
+        silent = await nodes.hear_inherited(min(TAKEOVER_PROBE_S, self.config.rpc_timeout))
+        if silent:
+            logger.warning("query nodes {} did not answer at takeover: what they hold counts once they answer",
+                           sorted(silent))
         started.append(scheduler.stop)
         queued = await scheduler.reload()
         await scheduler.start(reload=False)

@@ -132,8 +132,13 @@ async def forget_node(env: TaskEnv, node_id: int, *, incarnations: Incarnations,
         txns = await meta.remove_node(node_id)
         logger.info("query node {} forgotten: its copies left query meta and it left its replicas ({} txns)",
                     node_id, txns)
-    if not nodes.is_online(node_id):  # else it came back meanwhile, and the record is its new incarnation's
-        await incarnations.drop(node_id)
+    if nodes.is_online(node_id):
+        # Back under its fixed id while its copies were being forgotten, and unknown to the node manager before
+        # (a takeover, or the checker, forgetting a node no session names): that is its next incarnation, which
+        # recorded itself when it joined. Dropping it now would leave a live node unknown to the leader for good.
+        logger.info("query node {} came back while its previous process was forgotten: the new one stays", node_id)
+        return
+    await incarnations.drop(node_id)
     await nodes.remove(node_id)
 
 
@@ -162,9 +167,23 @@ async def forget_restarted(env: TaskEnv, *, incarnations: Incarnations, targets:
     return restarted
 
 
-async def record_joined(node: Node, *, incarnations: Incarnations, checker: Checker) -> None:
-    """A node came online during this leadership: record its incarnation, and check at once (it may be the
-    spare a replica waits for)."""
+async def record_joined(node: Node, *, env: TaskEnv, incarnations: Incarnations, checker: Checker,
+                        served: ServedView | None = None) -> None:
+    """A node came online during this leadership: forget what query meta still places on its id, record its
+    incarnation, and check at once (it may be the spare a replica waits for).
+
+    A session created now is a new process, which holds nothing; records on its id are an earlier process's, one
+    whose session ended before this leader looked and that no forget has reached yet (a node back under its fixed
+    id during a takeover: the restart drill saw them counted, and a repair then spent seconds on them). The node
+    counts (``NodeManager.serving_ids``) only once this is done.
+    """
+    meta = env.meta
+    if node.node_id in meta.known_node_ids():
+        logger.warning("query node {} joined while query meta still places copies on it: they are an earlier "
+                       "process's and are forgotten", node.node_id)
+        if served is not None:
+            await persist_lowered(meta, meta.collection_ids(), served.collection)
+        await meta.remove_node(node.node_id)
     if node.created:
         await incarnations.save(node.node_id, node.created)
     checker.kick()

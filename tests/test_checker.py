@@ -11,7 +11,7 @@ from proto import common_pb2, data_pb2, querynode_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.checker import Held, Target, TargetSegment, diff
 from querycoord.querymeta import QueryMeta
-from tests.cluster import QueryCluster, fast_scheduler
+from tests.cluster import MiB, QueryCluster, fast_scheduler
 
 COLL = data_pb2.LOAD_TYPE_COLLECTION
 
@@ -175,3 +175,28 @@ async def test_the_checker_reloads_what_a_node_lost_and_releases_strays(etcd: Et
         assert all(v == 0 for v in keys.values()), keys
     finally:
         await c.__aexit__(None, None, None)
+
+
+async def test_a_repair_forgets_a_nodes_stale_copies_in_few_txns(etcd: EtcdCluster, root_path: str) -> None:
+    """A node that lost everything it held (its memory, not its session) while meta still records it: the
+    repair forgets those copies before loading them again, by node and in as few txns as the limits allow. It
+    once spent a txn per segment: 8 s before 9,500 segments were loaded again in the restart drill."""
+    async with QueryCluster(etcd, root_path, scheduler=fast_scheduler()) as c:
+        c.config.checker_interval = 0.3
+        await c.start_coordinator()
+        await c.wait_leader()
+        node = await c.add_node(capacity=8192 * MiB)  # 600 segments of about 5 MB
+        cid = await c.create_collection("forgot", partitions=2, segments=600)
+        await c.load_collection(cid)
+        await c.wait_idle()
+        lead = (await c.wait_leader()).coord.leadership
+        assert lead is not None
+        before = lead.kv.writes
+        node.state.release_collection(querynode_pb2.ReleaseCollectionRequest(collection_id=cid))
+        deadline = time.monotonic() + 60
+        while len(node.state.segments) < 600:
+            assert time.monotonic() < deadline, "the checker did not load the lost segments again"
+            await asyncio.sleep(0.1)
+        await c.wait_idle()
+        writes = lead.kv.writes - before
+        assert writes < 100, f"{writes} txns to repair 600 segments"

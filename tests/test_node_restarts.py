@@ -8,15 +8,23 @@ for that deadline. What is asserted is what the in-process nodes themselves hold
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
+from types import SimpleNamespace
 
 from meta.etcd_server import EtcdCluster
+from meta.kv import MetaKV
 from proto import common_pb2, data_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.catalog.store import CatalogStore
+from querycoord.cluster.incarnations import Incarnations
+from querycoord.cluster.nodes import Node, NodeManager
 from querycoord.nodes.querynode import FaultConfig, QueryNode
+from querycoord.querymeta import QueryMeta
 from querycoord.task.history import TaskHistory
+from querycoord.watchers import forget_node, record_joined
 from tests.cluster import MiB, QueryCluster, fast_scheduler
+from tests.leader import leader_fence
 from tests.truth import false_full, held_by, target_of, until_true
 
 LONG = fast_scheduler(trigger_timeout=600.0)
@@ -290,3 +298,137 @@ async def test_a_resumed_load_waits_for_nodes_to_register(etcd: EtcdCluster, roo
 
 async def _some_loaded(c: QueryCluster) -> bool:
     return any(n.state.segments for n in c.nodes)
+
+
+async def test_a_node_whose_session_outlived_it_counts_nothing_at_takeover(etcd: EtcdCluster,
+                                                                          root_path: str) -> None:
+    """The restart drill's finding: etcd renews every lease it recovers when it restarts, so a node that died with
+    the cluster keeps its session for a TTL, and a leader elected meanwhile showed that node's replica at 100 %.
+    Here a SIGKILLed node's session outlives it the same way (a long TTL): the new leader counts nothing of it,
+    and counts at once what the node that answers holds."""
+    async with QueryCluster(etcd, root_path, scheduler=LONG) as c:
+        await c.start_coordinator()
+        await c.wait_leader()
+        dead, _ = await c.start_node_process("--ttl", "30")
+        alive = await c.add_node()
+        cid = await c.create_collection("outlived", partitions=1, segments=20)
+        await load(c, cid, 2)  # one replica on each node
+        await c.coords[0].stop()
+        await dead.kill()  # SIGKILL: its session lives on for 30 s
+        await c.start_coordinator()
+        await c.wait_leader()
+        assert c.client is not None
+        show = await c.client.query("ShowCollections", qc.ShowCollectionsRequest(collection_ids=[cid]))
+        reps = await c.client.query("GetReplicas", qc.GetReplicasRequest(collection_id=cid))
+        assert show.status.error_code == reps.status.error_code == common_pb2.SUCCESS
+        by_node = {n: r.in_memory_percentage for r in reps.replicas for n in r.node_ids}
+        assert by_node == {dead.node_id: 0, alive.node_id: 100}, reps
+        assert show.collections[0].in_memory_percentage < 100, show
+
+
+async def test_a_node_silent_at_takeover_counts_once_it_answers_the_checker(etcd: EtcdCluster,
+                                                                           root_path: str) -> None:
+    """A node that does not answer the new leader in time (SIGSTOPped here) is not counted, and is counted again
+    once it answers the checker: unheard is a state it leaves, not a verdict."""
+    async with QueryCluster(etcd, root_path, scheduler=LONG) as c:
+        await c.start_coordinator()
+        await c.wait_leader()
+        frozen, _ = await c.start_node_process("--ttl", "30")
+        cid = await c.create_collection("frozen", partitions=1, segments=20)
+        await load(c, cid, 1)
+        await c.coords[0].stop()
+        frozen.signal(signal.SIGSTOP)
+        try:
+            await c.start_coordinator()
+            await c.wait_leader()
+            assert c.client is not None
+            show = await c.client.query("ShowCollections", qc.ShowCollectionsRequest(collection_ids=[cid]))
+            assert show.collections[0].in_memory_percentage < 100, show
+        finally:
+            frozen.signal(signal.SIGCONT)
+        await c.wait_loaded(cid, timeout=60)
+        lead = (await c.wait_leader()).coord.leadership
+        assert lead is not None and not lead.nodes.unheard
+        assert lead.meta.segments_on_node(frozen.node_id), "its copies were kept, not loaded elsewhere"
+
+
+async def test_a_node_back_under_its_id_while_its_old_self_is_forgotten_stays_known(kv: MetaKV) -> None:
+    """The restart drill's second finding: a new leader forgets a node no session names (its records are an
+    earlier process's) while that node registers again under its fixed id. The forget removed the node that had
+    just joined from the node manager (and dropped its incarnation record): a live node the leader never used
+    again. Here the node registers while the forget is removing its old copies."""
+    meta = QueryMeta(kv.fenced(await leader_fence(kv)))
+    replica = data_pb2.ReplicaInfo(replica_id=7, collection_id=1, node_ids=[4545])
+    await meta.add_collection(1, data_pb2.LOAD_TYPE_COLLECTION, [10], replicas=[replica], replica_number=1)
+    await meta.save_segments([data_pb2.SegmentInfo(segment_id=100, collection_id=1, partition_id=10, node_id=4545,
+                                                   replica_id=7, mem_size=100)])
+    incarnations = Incarnations(meta.kv)
+
+    async def joined(node: Node) -> None:
+        await incarnations.save(node.node_id, node.created)
+
+    nodes = NodeManager(kv, on_node_up=joined)
+    await nodes.start()
+    node = QueryNode(kv, capacity_bytes=1024 * MiB, ttl=2.0, node_id=4545)
+    remove_node = meta.remove_node
+
+    async def remove_while_it_comes_back(node_id: int) -> int:
+        await node.start()
+        await until_true("the node is online again", lambda: _online(nodes, node_id), timeout=30)
+        return await remove_node(node_id)
+
+    meta.remove_node = remove_while_it_comes_back  # type: ignore[method-assign]
+    try:
+        env = SimpleNamespace(meta=meta, nodes=nodes)
+        await forget_node(env, 4545, incarnations=incarnations)  # type: ignore[arg-type]
+        assert not meta.segments_on_node(4545), "the old process's copies are forgotten"
+        assert nodes.is_online(4545), "the process that came back is still known"
+        created = nodes.nodes[4545].created
+        assert (await incarnations.load()).get(4545) == created, "and so is its incarnation"
+    finally:
+        await node.stop()
+        await nodes.stop()
+
+
+async def _online(nodes: NodeManager, node_id: int) -> bool:
+    return nodes.is_online(node_id)
+
+
+async def test_a_node_joining_under_an_id_meta_still_places_copies_on_counts_none_of_them(kv: MetaKV) -> None:
+    """The restart drill's third finding: a node back under its fixed id while a new leader took over joined
+    before the takeover's forget reached it, so its previous process's copies stayed in query meta and counted as
+    served (and a repair then spent a txn per segment on them). A session that appears during the leadership is a
+    new process: what meta places on its id is forgotten before the node counts at all."""
+    meta = QueryMeta(kv.fenced(await leader_fence(kv)))
+    replica = data_pb2.ReplicaInfo(replica_id=7, collection_id=1, node_ids=[4747])
+    await meta.add_collection(1, data_pb2.LOAD_TYPE_COLLECTION, [10], replicas=[replica], replica_number=1)
+    await meta.save_segments([data_pb2.SegmentInfo(segment_id=100 + i, collection_id=1, partition_id=10,
+                                                   node_id=4747, replica_id=7, mem_size=100) for i in range(5)])
+    incarnations = Incarnations(meta.kv)
+    counted_while_stale: list[bool] = []
+    env = SimpleNamespace(meta=meta)
+    nodes = NodeManager(kv, on_node_up=lambda node: record_joined(
+        node, env=env, incarnations=incarnations, checker=SimpleNamespace(kick=lambda: None)))  # type: ignore[arg-type]
+    env.nodes = nodes
+    remove_node = meta.remove_node
+
+    async def remove_and_look(node_id: int) -> int:
+        counted_while_stale.append(node_id in nodes.serving_ids())
+        return await remove_node(node_id)
+
+    meta.remove_node = remove_and_look  # type: ignore[method-assign]
+    await nodes.start()  # no session yet: nothing is inherited
+    node = QueryNode(kv, capacity_bytes=1024 * MiB, ttl=2.0, node_id=4747)
+    await node.start()
+    try:
+        await until_true("the node counts", lambda: _serving(nodes, 4747), timeout=30)
+        assert counted_while_stale == [False], "forgotten before it counted"
+        assert not meta.segments_on_node(4747) and 4747 not in meta.known_node_ids()
+        assert (await incarnations.load()).get(4747) == nodes.nodes[4747].created
+    finally:
+        await node.stop()
+        await nodes.stop()
+
+
+async def _serving(nodes: NodeManager, node_id: int) -> bool:
+    return node_id in nodes.serving_ids()

@@ -27,7 +27,7 @@ class FixedNodes:
     online: set[int] = field(default_factory=set)
     version: int = 0
 
-    def online_ids(self) -> set[int]:
+    def serving_ids(self) -> set[int]:
         return set(self.online)
 
     def set(self, *ids: int) -> None:

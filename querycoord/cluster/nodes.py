@@ -10,6 +10,17 @@ is taken as a new node as soon as its old incarnation is forgotten, which
 the callback does at once; ``Node.created`` (its session key's create
 revision) tells the incarnations apart.
 
+The nodes a leadership finds online when it takes over are **unheard** until they answer it
+(``hear_inherited`` at takeover, then every answer to the checker): what an
+earlier leader recorded on them counts (``serving_ids``) only from then on.
+Why: etcd renews every lease it recovers when it restarts, so after a whole
+cluster restart the session of a node that died with it lives on for a TTL
+with nobody behind it, and a new leader elected meanwhile would show that
+node's copies as served (the restart drill saw 100 % for replicas whose nodes
+were dead). A node that registers during the leadership is a new incarnation:
+it is heard once ``on_node_up`` has taken it in (forgotten what the records
+still place on its id, an earlier process's, and recorded it).
+
 Session values are input: ``meta.session`` drops values that are not
 sessions, and a session whose capacity or address a query node cannot have
 is logged once and ignored here. Nothing a session says stops the watch.
@@ -104,6 +115,10 @@ class NodeManager:
         self.watch_errors = 0
         # Nodes with a fixed id (--node-id) back under it while their previous incarnation is still offline.
         self._returning: dict[int, SessionInfo] = {}
+        # Online at takeover and not heard from since, and joined since but not yet taken in by ``on_node_up``
+        # (see module docstring): neither counts.
+        self.unheard: set[int] = set()
+        self.joining: set[int] = set()
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._watch(), name="querynode-sessions")
@@ -138,6 +153,8 @@ class NodeManager:
         client = QueryNodeClient(info.server_id, info.address, timeout=self.rpc_timeout)
         client.fence = self.fence
         self.nodes[info.server_id] = Node(info.server_id, info.address, cap, NodeState.ONLINE, client, info.created)
+        if self.ready.is_set():
+            self.joining.add(info.server_id)  # until ``on_node_up`` has taken it in (``_joined``)
         self.version += 1
         logger.info("query node {} online at {} (capacity {} MiB)", info.server_id, info.address, cap >> 20)
         self.changed.set()
@@ -195,6 +212,8 @@ class NodeManager:
                 if self.ready.is_set():  # a re-read after a compaction or a restarted watch: who joined meanwhile
                     for nid in joined:
                         await self._joined(nid)
+                else:
+                    self.unheard = self.online_ids()
                 self.ready.set()
             elif isinstance(item, SessionEvent):
                 if item.type is EventType.PUT:
@@ -211,6 +230,7 @@ class NodeManager:
         takeover handles them); its failure is logged, never the watch's end."""
         node = self.nodes.get(node_id)
         if node is None or not node.online or self.on_node_up is None:
+            self._taken_in(node_id)
             return
         try:
             await self.on_node_up(node)
@@ -218,12 +238,51 @@ class NodeManager:
             raise
         except Exception as exc:
             logger.warning("query node {} joined, but recording it failed: {}; the checker tries again", node_id, exc)
+            self.unheard.add(node_id)  # counts once it answers the checker, whose repair handles stale records
+        self._taken_in(node_id)
+
+    def _taken_in(self, node_id: int) -> None:
+        if node_id in self.joining:
+            self.joining.discard(node_id)
+            self.version += 1
 
     def online(self) -> list[Node]:
         return [n for n in self.nodes.values() if n.online]
 
     def online_ids(self) -> set[int]:
         return {n.node_id for n in self.nodes.values() if n.online}
+
+    def serving_ids(self) -> set[int]:
+        """The online nodes whose recorded copies count as served: not those unheard or joining."""
+        return self.online_ids() - self.unheard - self.joining
+
+    def heard(self, node_id: int) -> None:
+        """``node_id`` answered this leader: what the records place on it counts from now on."""
+        if node_id in self.unheard:
+            self.unheard.discard(node_id)
+            self.version += 1
+            logger.debug("query node {} answered: what it holds counts", node_id)
+
+    async def hear_inherited(self, timeout: float) -> set[int]:
+        """At takeover: ask every unheard node whether it runs (GetComponentStates, bounded by ``timeout``: a
+        dead one refuses the connection at once); returns those still unheard, which count once they answer
+        the checker or are forgotten once their session ends."""
+
+        async def ask(node: Node) -> None:
+            try:
+                resp = await node.client.call("GetComponentStates", querynode_pb2.GetComponentStatesRequest(),
+                                              timeout=timeout)
+            except NodeError as exc:
+                logger.info("query node {} did not answer at takeover: {}", node.node_id, exc)
+                return
+            if resp.state.state_code == common_pb2.HEALTHY:
+                self.heard(node.node_id)
+            else:
+                logger.info("query node {} is not healthy at takeover ({})", node.node_id,
+                            common_pb2.StateCode.Name(resp.state.state_code))
+
+        await asyncio.gather(*(ask(n) for n in self.online() if n.node_id in self.unheard))
+        return self.unheard & self.online_ids()
 
     def is_online(self, node_id: int) -> bool:
         n = self.nodes.get(node_id)
@@ -246,10 +305,11 @@ class NodeManager:
         A node online under that id is left alone: it came back (a new session under its fixed id) while the
         forgetting of its old self awaited, and two forgets of one lost node may run at once (the node-down hook
         and the checker's pass): the later one must not take the new incarnation offline for good."""
-        current = self.nodes.get(node_id)
-        if current is not None and current.online:
+        if self.is_online(node_id):
             return
         node = self.nodes.pop(node_id, None)
+        self.unheard.discard(node_id)
+        self.joining.discard(node_id)
         if node is not None:
             self.version += 1
             await node.client.close()

@@ -1,7 +1,8 @@
 """How much of each loaded collection online query nodes serve, per partition and per replica.
 
-A copy counts only when query meta records it on a node that is online now and serves that copy's replica (any
-node for a collection loaded before replicas). Meta records a copy once its node answered the load, and a lost
+A copy counts only when query meta records it on a node that is online now (and, for a node that was online when
+this leader took over, has answered it: ``cluster.nodes``) and serves that copy's replica (any node for a
+collection loaded before replicas). Meta records a copy once its node answered the load, and a lost
 node's copies stop counting the moment its session is gone (the node is offline at once, before any write), so
 what is derived here is what nodes hold, give or take a reply in flight. The target is the catalog's: every
 sealed segment of the loaded partitions and every DM channel of the collection (the followed catalog copy,
@@ -111,11 +112,12 @@ class CollectionServed:
 
 
 class Nodes(Protocol):
-    """What the view needs of the node manager: the online ids and a counter of their changes."""
+    """What the view needs of the node manager: the nodes whose copies count (online, and heard from by this
+    leader: ``cluster.nodes``) and a counter of their changes."""
 
     version: int
 
-    def online_ids(self) -> set[int]: ...
+    def serving_ids(self) -> set[int]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,7 +245,7 @@ class ServedView:
         hit = self._cache.get(collection_id)
         if hit is not None and hit[0] == key:
             return hit[1]
-        served = collection_served(self.meta, collection_id, self.nodes.online_ids(), self.targets)
+        served = collection_served(self.meta, collection_id, self.nodes.serving_ids(), self.targets)
         self.computed += 1
         if served is None:
             self._cache.pop(collection_id, None)

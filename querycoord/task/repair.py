@@ -88,11 +88,15 @@ class RepairTask(TriggerTask, kind=qc.TASK_KIND_REPAIR, request="repair"):
         unit that cannot be placed now is parked with its reason (``task.parking``) and the others go on."""
         env, cid, meta = self.env, self.collection_id, self.env.meta
         # A copy still recorded on the node the checker saw without the segment (or on an offline one) is stale;
-        # one on another online node means somebody loaded it since: leave it.
+        # one on another online node means somebody loaded it since: leave it. Removed by node, in as few txns as
+        # the limits allow (one txn per segment cost 8 s before 9,500 segments of a restarted node were loaded).
+        stale: dict[int, list[int]] = {}
         for s in self.request.missing_segments:
             node = meta.segment_copies(s.segment_id).get(s.replica_id, 0)
             if node and (node == s.node_id or not env.nodes.is_online(node)):
-                await meta.remove_segment_copies(node, [s.segment_id])
+                stale.setdefault(node, []).append(s.segment_id)
+        for node, ids in sorted(stale.items()):
+            await meta.remove_segment_copies(node, ids)
         replicas = set(meta.replica_ids(cid))
         missing: dict[int, dict[int, list[int]]] = {}
         for s in self.request.missing_segments:

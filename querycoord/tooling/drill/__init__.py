@@ -1,7 +1,7 @@
 """Drills: real processes, real faults, invariants checked at the end (``querycoord drill ...``).
 
 ``add_drill_parser(subparsers)`` registers ``drill`` (with its ``failover``,
-``streams`` and ``chaos`` sub-commands) on the ``querycoord`` CLI; ``main(argv)`` is the same command
+``streams``, ``chaos`` and ``restart`` sub-commands) on the ``querycoord`` CLI; ``main(argv)`` is the same command
 line without the CLI: ``python -m querycoord.tooling.drill failover ...``. Each sub-command's options are the
 fields of its options dataclass (``options``); the drill modules are imported lazily so that
 ``querycoord --help`` stays fast.
@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
+import io
 import os
 import sys
 from collections.abc import Callable, Coroutine
@@ -21,6 +23,7 @@ from typing import Any
 from querycoord.tooling.drill.options import (
     ChaosOptions,
     DrillOptions,
+    RestartOptions,
     RunOptions,
     StreamDrillOptions,
     cli_help,
@@ -66,6 +69,17 @@ DRILLS: dict[str, Drill] = {
                     "the links heal and the drill waits until quiescent and checks the invariants. Prints a table "
                     "and one JSON line; exits 1 when a call went unanswered, an invariant failed or a trigger "
                     "stuck."),
+    "restart": Drill(
+        RestartOptions,
+        help="stop the whole cluster (etcd, coordinators, query nodes) and start it again, several times",
+        description="Start etcd, coordinators (querycoord coord) and query nodes (querycoord querynode, fixed "
+                    "--node-id) as processes, load collections with 2 replicas and with 1, then stop every process "
+                    "with SIGTERM or SIGKILL (alternating; seeded orders) and start them again on their data dirs, "
+                    "--restarts times. All along, sample the leader's ShowCollections and GetReplicas against what "
+                    "the nodes themselves report. Prints a table and one JSON line; exits 1 when a sample showed "
+                    "100 % that the nodes did not hold, a trigger FAILED, or a restart was not whole again within "
+                    "the session TTL + 10 s.",
+        verbose_help="print every sample excused, role change and restart step"),
 }
 
 
@@ -85,6 +99,8 @@ def _add_run_options(p: argparse.ArgumentParser, verbose_help: str) -> None:
                                                     "when the drill passes)")
     p.add_argument("--keep", action="store_true", help="keep the temp work dir even when the drill passes")
     p.add_argument("-v", "--verbose", action="store_true", help=verbose_help)
+    p.add_argument("--json-only", action="store_true", help="print only the final JSON line (errors still go to "
+                                                             "stderr)")
 
 
 def run_drill(args: argparse.Namespace) -> int:
@@ -95,7 +111,7 @@ def run_drill(args: argparse.Namespace) -> int:
     # The drill's own process logs little: its output is the table; children log to files.
     setup_logging(getattr(args, "log_level", None) or os.environ.get("QUERYCOORD_DRILL_LOG_LEVEL") or "WARNING")
     opts = options(**{f.name: getattr(args, f.name) for f in cli_options(options)}, work_dir=args.work_dir,
-                   keep=args.keep, verbose=args.verbose)
+                   keep=args.keep, verbose=args.verbose, json_only=args.json_only)
     runner = getattr(importlib.import_module(f"{__name__}.{args.drill}"), f"run_{args.drill}")
     return _run(opts, runner)
 
@@ -108,7 +124,16 @@ def _run(opts: RunOptions, runner: Callable[[Any], Coroutine[Any, Any, int]]) ->
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
-        return asyncio.run(runner(opts))
+        if not opts.json_only:
+            return asyncio.run(runner(opts))
+        # The drills print to sys.stdout as it is when they start: the table and progress go to a buffer.
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            code = asyncio.run(runner(opts))
+        lines = printed.getvalue().strip().splitlines()
+        if lines and lines[-1].startswith("{"):
+            print(lines[-1], flush=True)
+        return code
     except KeyboardInterrupt:
         print("\ninterrupted: every process of the drill was stopped", file=sys.stderr)
         return 130
@@ -122,7 +147,7 @@ def add_drill_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m querycoord.tooling.drill failover|streams|chaos ...``."""
+    """``python -m querycoord.tooling.drill failover|streams|chaos|restart ...``."""
     parser = argparse.ArgumentParser(prog="python -m querycoord.tooling.drill", description="failure drills")
     parser.add_argument("--log-level", default=None, help="log level of the drill process (default WARNING)")
     _add_drills(parser.add_subparsers(dest="drill", required=True, metavar="DRILL"))

@@ -42,6 +42,7 @@ class RunOptions:
     work_dir: str | None = None
     keep: bool = False
     verbose: bool = False
+    json_only: bool = False
 
     def validate(self) -> None:
         """ValueError naming the first option out of range (each drill checks its own options first)."""
@@ -227,4 +228,63 @@ class ChaosOptions(RunOptions):
         return "querycoord drill chaos " + " ".join(flags)
 
 
-__all__ = ["ChaosOptions", "DrillOptions", "RunOptions", "StreamDrillOptions", "cli_help", "cli_options", "option"]
+@dataclass
+class RestartOptions(RunOptions):
+    """``drill restart``; ``restart_plan.plan_rounds`` draws each restart's signal and orders from them."""
+
+    restarts: int = option(3, "whole-cluster restarts: etcd, coordinators and query nodes stopped and started again")
+    segments: int = option(20000, "sealed segments in all collections together")
+    collections: int = option(3, "loaded collections: the first with --replicas replicas, the others with one")
+    replicated_segments: int = option(1000, "segments of the first collection (the one with --replicas replicas)")
+    replicas: int = option(2, "replica_number of the first collection")
+    nodes: int = option(4, "query node processes, each under a fixed --node-id across restarts")
+    coordinators: int = option(2, "coordinator processes")
+    partitions: int = option(4, "partitions per collection")
+    channels: int = 2
+    sample_interval: float = option(0.3, "seconds between samples of the leader's figures and the nodes' holdings")
+    whole_timeout: float = option(120.0, "a restart after which some collection is not whole within this many "
+                                         "seconds counts as never whole")
+    # A node's loss is not a lie until the leader could have seen it: its figures are excused this long after.
+    grace_s: float = 1.0
+    stop_timeout: float = 10.0  # SIGTERM rounds: a process still running after this is SIGKILLed (and counted)
+
+    def validate(self) -> None:
+        if self.restarts < 1:
+            raise ValueError("--restarts must be >= 1")
+        if self.collections < 2:
+            raise ValueError("--collections must be >= 2 (one with --replicas replicas, at least one with one)")
+        if self.replicas < 1 or self.replicas > self.nodes:
+            raise ValueError("--replicas must be >= 1 and at most --nodes (each replica needs its own nodes)")
+        if self.nodes < 1 or self.coordinators < 1:
+            raise ValueError("--nodes and --coordinators must be >= 1")
+        if self.partitions < 1:
+            raise ValueError("--partitions must be >= 1")
+        if not 0 < self.replicated_segments < self.segments:
+            raise ValueError("--replicated-segments must be > 0 and below --segments (the other collections hold "
+                             "the rest)")
+        if self.segments - self.replicated_segments < self.collections - 1:
+            raise ValueError("--segments leaves fewer than one segment for some collection")
+        if self.sample_interval <= 0 or self.whole_timeout <= 0:
+            raise ValueError("--sample-interval and --whole-timeout must be > 0")
+        super().validate()
+
+    def segments_of(self) -> list[int]:
+        """Segments per collection: the replicated one first, then the rest split as evenly as possible."""
+        rest, n = self.segments - self.replicated_segments, self.collections - 1
+        return [self.replicated_segments] + [rest // n + (1 if i < rest % n else 0) for i in range(n)]
+
+    def replicas_of(self) -> list[int]:
+        return [self.replicas] + [1] * (self.collections - 1)
+
+    def command(self) -> str:
+        """The command line that replays this run's plan."""
+        d = RestartOptions()
+        names = ("restarts", "seed", "segments", "collections", "replicated_segments", "replicas", "nodes",
+                 "coordinators", "partitions", "ttl", "sample_interval", "whole_timeout")
+        flags = [f"--{n.replace('_', '-')} {getattr(self, n):g}" for n in names
+                 if n in ("restarts", "seed") or getattr(self, n) != getattr(d, n)]
+        return "querycoord drill restart " + " ".join(flags)
+
+
+__all__ = ["ChaosOptions", "DrillOptions", "RestartOptions", "RunOptions", "StreamDrillOptions", "cli_help",
+           "cli_options", "option"]
