@@ -22,7 +22,7 @@ from querycoord.metrics import READS_REFUSED
 
 # Per kind: reads running at once, callers waiting beyond them, and how long one waits at most.
 READ_SLOTS = 4
-READ_QUEUE = 32
+READ_QUEUE = 64
 READ_WAIT = 5.0
 
 
