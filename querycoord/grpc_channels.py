@@ -11,6 +11,8 @@ channels to query nodes, to the catalog and to other coordinators) by
   ``grpc.max_receive_message_length`` are set on both ends
   (``GrpcSecurity.max_message_bytes``, default 16 MiB), never gRPC's implicit
   4 MiB receive / unlimited send.
+* **Bounds**: calls at once, streams per connection, and a small message
+  limit and stream count for the methods open to anyone (``grpc_bounds``).
 * **TLS**: with a CA (``--tls-ca``) clients verify servers against it and
   present ``--tls-cert``/``--tls-key`` when given; servers serve that
   certificate and, with ``--tls-client-auth``, require client certificates
@@ -38,6 +40,7 @@ import grpc
 from loguru import logger
 
 from querycoord.auth import Authenticator, SecurityInterceptor
+from querycoord.grpc_bounds import MAX_CONCURRENT_RPCS, OpenCallBounds, server_options
 
 MIB = 1 << 20
 DEFAULT_MAX_MESSAGE_BYTES = 16 * MIB
@@ -169,7 +172,9 @@ def make_server(security: GrpcSecurity | None = None, *, options: ChannelOptions
     INVALID_ARGUMENT for undecodable requests); bind it with ``add_port``."""
     security = security or _current
     interceptor = SecurityInterceptor(security.authenticator())
-    return grpc.aio.server(options=[*_message_options(security), *options], interceptors=[interceptor])
+    # OpenCallBounds first: it sees the raw bytes of open methods before the security interceptor decodes them.
+    return grpc.aio.server(options=[*_message_options(security), *server_options(), *options],
+                           interceptors=[OpenCallBounds(), interceptor], maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS)
 
 
 def add_port(server: grpc.aio.Server, address: str, security: GrpcSecurity | None = None) -> int:

@@ -92,6 +92,13 @@ ETCD_UNAVAILABLE = Counter(
 LOOP_ERRORS = Counter(
     "querycoord_background_loop_errors_total", "Exceptions a background loop met and went on after (meta.loops), "
     "by loop", ["loop"])
+# ----- events: bounds on what callers may cost (querycoord/read_slots.py, querycoord/grpc_bounds.py) ---------------
+READS_REFUSED = Counter(
+    "querycoord_reads_refused_total", "Heavy reads (GetSegmentInfo, ListTasks, GetReplicas) refused with "
+    "RESOURCE_EXHAUSTED because too many of their kind ran or waited, by read", ["read"])
+OPEN_CALLS_REFUSED = Counter(
+    "querycoord_open_calls_refused_total", "Calls of methods open to anyone (the gRPC health service) refused: "
+    "request too large, or too many Watch streams, by reason", ["reason"])
 
 _WORD = re.compile(r"[A-Za-z][A-Za-z_.]*")
 _operations: set[str] = set()

@@ -6,7 +6,9 @@ answered here from the leader's meta, nodes and scheduler. Every answer
 carries a Status (``querycoord.gate``). While this coordinator is not the
 leader, every call but GetComponentStates, ShowCollections, GetReplicas,
 ListTasks and GetTask (answered from etcd: the query meta, task records and
-the task history) aborts UNAVAILABLE naming the leader: CheckHealth and
+the task history; the query meta from the warm standby's copy or one shared
+reload, never one per call: ``querycoord.standby_reads``) aborts UNAVAILABLE
+naming the leader: CheckHealth and
 Explain too, since only the leader knows which nodes are online now, what is
 parked and what its triggers wait for (``querycoord.health_rpc``).
 
@@ -15,6 +17,10 @@ Every request is checked against the configured ``Limits`` first
 one is answered ILLEGAL_ARGUMENT naming the field, its value and the limit,
 before anything is queued or written. Id lists that only filter a read drop
 repeated ids.
+
+The heavy reads (GetSegmentInfo, GetReplicas, ListTasks) run a few at a time
+per kind (``querycoord.read_slots``): a caller beyond the bound waits a
+little, then gets RESOURCE_EXHAUSTED.
 """
 
 from __future__ import annotations
@@ -42,12 +48,12 @@ from querycoord.jobs import (
 )
 from querycoord.limits import Limits
 from querycoord.protocol import QUERYCOORD_ROLE
-from querycoord.querymeta import QueryMeta
+from querycoord.read_slots import ReadSlots
 from querycoord.served.missing import SEGMENT_LIMIT_MAX
+from querycoord.standby_reads import StandbyReads
 from querycoord.switchover import coordinator_state, step_back, switch_over
 from querycoord.task.history import TaskHistory
 from querycoord.task.model import record_info
-from querycoord.task.store import TaskStore
 from querycoord.validate import check_enums, check_id, check_ids, check_name, check_range
 
 OK = common_pb2.Status(error_code=common_pb2.SUCCESS)
@@ -71,13 +77,8 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
         self.gate = LeaderGate(coord)
         self.limits: Limits = coord.config.limits
         self.names = CollectionNames()  # collection names for CheckHealth, looked up once each
-
-    async def _standby_meta(self) -> QueryMeta:
-        """A standby answers reads from etcd: a fresh, read-only query meta."""
-        assert self.coord.kv is not None
-        meta = QueryMeta(self.coord.kv)
-        await meta.reload()
-        return meta
+        self.standby = StandbyReads(coord)  # what a standby reads: the warm copy, or one shared reload
+        self.slots = ReadSlots()  # the heavy reads: a few at a time per kind
 
     # ----- mutating calls ---------------------------------------------------------------------------------------
     LoadCollection = _job_call(LoadCollectionJob, qc.LoadCollectionResponse)
@@ -92,7 +93,8 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
         wanted = check_ids("collection_ids", request.collection_ids, self.limits.max_ids_per_request,
                            duplicates="drop")
         lead = self.gate.leadership()
-        meta = lead.meta if lead is not None else await self._standby_meta()
+        meta = lead.meta if lead is not None else await self.standby.meta()
+        # From here on no await: a standby's meta is the warm copy, which changes between awaits.
         ids = wanted or sorted(c.collection_id for c in meta.collections())
         out = []
         for cid in ids:
@@ -107,14 +109,16 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
         """The replicas of a loaded collection (nodes, progress, segment count), by replica id; a standby answers
         from etcd as ShowCollections does."""
         cid = check_id("collection_id", request.collection_id)
-        lead = self.gate.leadership()
-        meta = lead.meta if lead is not None else await self._standby_meta()
-        if meta.get_collection(cid) is None:
-            raise NotFound(f"collection {cid} has not been loaded")
-        replicas = meta.replicas_of(cid)
-        if lead is not None and lead.served is not None:
-            replicas = lead.served.shown_replicas(replicas)
-        return qc.GetReplicasResponse(status=OK, replicas=replicas)
+        async with self.slots.hold("GetReplicas", budget(context)):
+            lead = self.gate.leadership()
+            meta = lead.meta if lead is not None else await self.standby.meta()
+            # From here on no await: a standby's meta is the warm copy, which changes between awaits.
+            if meta.get_collection(cid) is None:
+                raise NotFound(f"collection {cid} has not been loaded")
+            replicas = meta.replicas_of(cid)
+            if lead is not None and lead.served is not None:
+                replicas = lead.served.shown_replicas(replicas)
+            return qc.GetReplicasResponse(status=OK, replicas=replicas)
 
     async def _partition_states(self, request, context) -> list[data_pb2.PartitionLoadInfo]:
         """The asked (or all) loaded partitions; NOT_FOUND naming those that are not loaded."""
@@ -148,11 +152,15 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
         wanted = set(check_ids("segment_ids", request.segment_ids, self.limits.max_ids_per_request,
                                duplicates="drop"))
         lead = await self.gate.lead(context)
+        async with self.slots.hold("GetSegmentInfo", budget(context)):
+            return await self._segment_info(lead, wanted, request.collection_id)
+
+    async def _segment_info(self, lead: Leadership, wanted: set[int], collection_id: int) -> Any:
         out: list[data_pb2.SegmentInfo] = []
         for node in lead.nodes.online():
             try:
                 resp = await node.client.call("GetSegmentInfo", querynode_pb2.GetSegmentInfoRequest(
-                    segment_ids=list(wanted), collection_id=request.collection_id))
+                    segment_ids=list(wanted), collection_id=collection_id))
             except NodeError as exc:
                 logger.warning("GetSegmentInfo: {}", exc)
                 continue
@@ -196,6 +204,10 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
     async def ListTasks(self, request, context):
         """Running trees (the leader's memory, or a standby's read of etcd) and, with ``include_finished``, the
         task history in etcd; ordered by trigger id (``newest_first``: descending), paged."""
+        async with self.slots.hold("ListTasks", budget(context)):
+            return await self._list_tasks(request)
+
+    async def _list_tasks(self, request: qc.ListTasksRequest) -> qc.ListTasksResponse:
         check_id("collection_id", request.collection_id, optional=True)
         states = set(check_enums("states", request.states, qc.TaskState, self.limits.max_ids_per_request))
         # A larger page than the limit is capped (as the proto says); a negative one is refused.
@@ -225,7 +237,7 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
         # The same id in several sources (a tree finishing while we read): its history record wins.
         by_id = {tr.trigger.task_id: tr for tr in [*trees, *finished] if wanted(tr)}
         ordered = [by_id[i] for i in sorted(by_id, reverse=desc)]
-        page = []
+        page: list[qc.TaskTree] = []
         size = 0
         for tr in ordered[:limit]:
             tr = _shaped(tr, request.include_children, request.children_limit)
@@ -266,8 +278,8 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
         return self.coord.kv
 
     async def _task_records(self) -> list:
-        """The persisted task records (what a standby knows of running trees)."""
-        return await TaskStore(self._kv()).load_all()
+        """The persisted task records (what a standby knows of running trees), read once for concurrent callers."""
+        return await self.standby.task_records()
 
     @answered(qc.ShowNodesResponse)
     async def ShowNodes(self, request, context):

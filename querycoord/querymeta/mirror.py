@@ -80,6 +80,12 @@ class MetaMirror(RangeFollower):
         finally:
             await self.stop()
 
+    @property
+    def index(self) -> MetaIndex | None:
+        """The copy as far as the watch got (None: none yet, or taken); ``catch_up`` first to be current. A standby
+        reads it (``querycoord.standby_reads``) in place: it changes between awaits, never during a read."""
+        return self._index
+
     def drop(self) -> None:
         self._index = None
         self._corrupt = {}

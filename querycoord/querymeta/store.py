@@ -286,6 +286,15 @@ class QueryMeta:
             len(corrupt),
         )
 
+    @classmethod
+    def reading(cls, kv: MetaKV, index: MetaIndex) -> QueryMeta:
+        """A read-only view of ``index``, which another owner keeps current (the warm standby's mirror): a
+        standby answers reads from it without a reload. Its getters copy what they return; use it between two
+        awaits (the owner changes the index in place as etcd changes) and never write through it."""
+        meta = cls(kv)
+        meta._index = index
+        return meta
+
     async def drain(self) -> None:
         """Wait for writes still in flight (also those whose callers were cancelled)."""
         while self._inflight:
