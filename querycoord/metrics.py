@@ -29,7 +29,7 @@ import re
 import time
 from typing import TYPE_CHECKING
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
@@ -89,6 +89,13 @@ ETCD_RETRIES = Counter(
     ["operation"])
 ETCD_UNAVAILABLE = Counter(
     "querycoord_etcd_unavailable_total", "etcd calls that gave up (MetaUnavailable), by operation", ["operation"])
+# ----- events: the principals file (querycoord/auth.py) ---------------------------------------------------------------
+AUTH_RELOAD_ERRORS = Counter(
+    "querycoord_auth_reload_errors_total", "Changes of a principals file (or a token file it names) that could not be "
+    "used: the previous table stayed in force")
+AUTH_CONFIG_STALE = Gauge(
+    "querycoord_auth_config_stale", "Principals tables in force that are older than their files, because the last "
+    "change could not be used (0: every table is what its files say)")
 
 _WORD = re.compile(r"[A-Za-z][A-Za-z_.]*")
 _operations: set[str] = set()
