@@ -150,11 +150,15 @@ def _checked(s: Setting, value: Any, where: str) -> Any:
 
 
 def _from_env(s: Setting, text: str) -> Any:
+    """A variable's text as the setting's type. Set but empty is a value like any other (a string setting's
+    rule refuses it where one is expected), never "not set": unset the variable for that."""
     if s.kind is bool:
         lowered = text.strip().lower()
-        if lowered not in ("1", "true", "yes", "on", "0", "false", "no", "off", ""):
+        if lowered not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
             raise ConfigError(f"${s.env}: expected true or false, got {text!r}")
         return lowered in ("1", "true", "yes", "on")
+    if s.kind is str:
+        return _checked(s, text, f"${s.env}")
     try:
         value = s.kind(text)
     except ValueError:
@@ -178,30 +182,46 @@ def _given(value: Any) -> bool:
 def apply_layers(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> argparse.Namespace:
     """Fill the options not given as flags from the environment, else the file; record each source.
 
-    Sets ``args.config_file`` (the file read, or None) and
-    ``args.config_sources`` (setting name -> ``Source``). A value left at its
-    default stays None in ``args``: the command applies its own default, as
-    without a configuration. ``ConfigError`` names a bad file, key or variable.
+    Sets ``args.config_file`` (the file read, or None),
+    ``args.config_sources`` (setting name -> ``Source``) and
+    ``args.config_origins`` (namespace attribute -> how an error names the
+    value's source: ``--ttl``, ``$QUERYCOORD_COORD_TTL``, ``configuration file
+    F: [coord] ttl``; ``setting_rules`` reads it). A value left at its default
+    stays None in ``args``: the command applies its own default, as without a
+    configuration. A variable set to an empty value is taken as given (and
+    refused by the setting's rule where a value is expected), so that an empty
+    value never turns a setting off. ``ConfigError`` names a bad file, key or
+    variable.
     """
     env = os.environ if environ is None else environ
-    path = getattr(args, "config", None) or env.get(CONFIG_ENV) or None
+    if CONFIG_ENV in env and not env[CONFIG_ENV] and getattr(args, "config", None) is None:
+        raise ConfigError(f"${CONFIG_ENV} is empty: name the configuration file or unset the variable")
+    path = getattr(args, "config", None)
+    if path == "":
+        raise ConfigError("--config is empty: name the configuration file or leave the option out")
+    path = path or env.get(CONFIG_ENV) or None
     file = load_file(path) if path else {}
     sources: dict[str, Source] = {}
+    origins: dict[str, str] = {}
     for s in applicable(args):
         if _given(getattr(args, s.dest)):
             sources[s.name] = Source.FLAG
-        elif env.get(s.env):
+            origins[s.dest] = s.flag
+        elif s.env in env:
             setattr(args, s.dest, _from_env(s, env[s.env]))
             sources[s.name] = Source.ENV
+            origins[s.dest] = f"${s.env}"
         elif s.key in file.get(s.section, {}):
             setattr(args, s.dest, file[s.section][s.key])
             sources[s.name] = Source.FILE
+            origins[s.dest] = f"configuration file {path}: [{s.section}] {s.key}"
         else:
             sources[s.name] = Source.DEFAULT
     if "etcd.password_file" in sources:
         _layer_password(args, env, sources)
     args.config_file = path
     args.config_sources = sources
+    args.config_origins = origins
     return args
 
 

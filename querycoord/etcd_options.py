@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 
 from meta.config import EtcdConfig
+from querycoord.setting_rules import FILE, TEXT, Rule, check, origin
 
 ENV_PREFIX = "QUERYCOORD_ETCD_"
 # flag -> (namespace attribute, help); the variable is ENV_PREFIX + the flag's rest, the file key [etcd] that rest.
@@ -33,6 +34,14 @@ OPTIONS = (
     ("--etcd-user", "etcd_user", f"etcd user (with the password from --etcd-password-file or ${ENV_PREFIX}PASSWORD)"),
     ("--etcd-password-file", "etcd_password_file", "file holding the etcd user's password"),
 )
+
+
+# What each value must be (``setting_rules``): files readable now, names not empty; an empty ``cacert`` must not
+# quietly mean plaintext, nor an empty ``user`` no authentication.
+RULES: dict[str, Rule] = {
+    "etcd_endpoints": TEXT, "etcd_cacert": FILE, "etcd_cert": FILE, "etcd_key": FILE, "etcd_server_name": TEXT,
+    "etcd_user": TEXT, "etcd_password_file": FILE,
+}
 
 
 def env_name(flag: str) -> str:
@@ -56,11 +65,20 @@ def add_etcd_options(p: argparse.ArgumentParser, *, required: bool = True) -> No
 
 
 def _value(args: argparse.Namespace, flag: str, dest: str) -> str | None:
-    return getattr(args, dest, None) or os.environ.get(env_name(flag)) or None
+    """The option's value, checked by its rule: given (an empty string too), else its variable when set (when
+    ``config_file.apply_layers`` did not run), else None."""
+    given = getattr(args, dest, None)
+    if given is not None:
+        return str(check(origin(args, dest, flag), given, RULES[dest]))
+    name = env_name(flag)
+    if name in os.environ:
+        return str(check(f"${name}", os.environ[name], RULES[dest]))
+    return None
 
 
 def etcd_config_from_args(args: argparse.Namespace, **kwargs: object) -> EtcdConfig:
-    """The ``EtcdConfig`` the options describe; ``ValueError`` names the option that is wrong."""
+    """The ``EtcdConfig`` the options describe; ``ValueError`` names the option that is wrong, and where it was
+    set."""
     values = {dest: _value(args, flag, dest) for flag, dest, _ in OPTIONS}
     if not values["etcd_endpoints"]:
         raise ValueError(f"no etcd endpoints: give --etcd-endpoints, ${ENV_PREFIX}ENDPOINTS or [etcd] endpoints in "
@@ -86,4 +104,4 @@ def etcd_config_from_args(args: argparse.Namespace, **kwargs: object) -> EtcdCon
                                      password=password if user else None, **kwargs)
 
 
-__all__ = ["ENV_PREFIX", "OPTIONS", "add_etcd_options", "env_name", "etcd_config_from_args"]
+__all__ = ["ENV_PREFIX", "OPTIONS", "RULES", "add_etcd_options", "env_name", "etcd_config_from_args"]

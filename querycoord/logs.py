@@ -10,6 +10,8 @@ module that logged), message, and the ids the code bound where it logged
 (``node``, ``task``, ``collection``, ``fence_revision``...), so lines can be
 filtered by id without parsing messages. ``meta`` is a library and is
 silent until an application turns its logs on; ``setup_logging`` does.
+A traceback never shows local values (every sink has loguru's ``diagnose``
+and ``backtrace`` off): a secret held in a variable stays out of the log.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ DEFAULT_FORMAT = "text"
 DEFAULT_LEVEL = "INFO"
 LEVELS = ("TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL")
 TEXT_FORMAT = "<green>{time:HH:mm:ss.SSS}</green> <level>{level: <7}</level> <cyan>{name}</cyan> {message}"
+# Every sink is added with ``diagnose=False, backtrace=False``: loguru's defaults print the value of the variables
+# of every frame of a traceback, so a token, a password or a key held in a local would be in the log.
 # The format of the last setup_logging call: a later call that only changes the level (a drill) keeps it.
 _current_format = DEFAULT_FORMAT
 
@@ -99,9 +103,9 @@ def setup_logging(level: str | None = None, fmt: str | None = None) -> None:
         raise ValueError(f"unknown log format {form!r} (text or json)")
     logger.remove()
     if form == "json":
-        logger.add(_json_sink(sys.stderr), level=chosen, format="{message}")
+        logger.add(_json_sink(sys.stderr), level=chosen, format="{message}", diagnose=False, backtrace=False)
     else:
-        logger.add(sys.stderr, level=chosen, format=TEXT_FORMAT)
+        logger.add(sys.stderr, level=chosen, format=TEXT_FORMAT, diagnose=False, backtrace=False)
     _current_format = form
     logger.enable("meta")
     logging.basicConfig(handlers=[_ToLoguru()], level=chosen, force=True)

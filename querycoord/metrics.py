@@ -29,7 +29,7 @@ import re
 import time
 from typing import TYPE_CHECKING
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
@@ -99,6 +99,13 @@ READS_REFUSED = Counter(
 OPEN_CALLS_REFUSED = Counter(
     "querycoord_open_calls_refused_total", "Calls of methods open to anyone (the gRPC health service) refused: "
     "request too large, or too many Watch streams, by reason", ["reason"])
+# ----- events: the principals file (querycoord/auth.py) ---------------------------------------------------------------
+AUTH_RELOAD_ERRORS = Counter(
+    "querycoord_auth_reload_errors_total", "Changes of a principals file (or a token file it names) that could not be "
+    "used: the previous table stayed in force")
+AUTH_CONFIG_STALE = Gauge(
+    "querycoord_auth_config_stale", "Principals tables in force that are older than their files, because the last "
+    "change could not be used (0: every table is what its files say)")
 
 _WORD = re.compile(r"[A-Za-z][A-Za-z_.]*")
 _operations: set[str] = set()

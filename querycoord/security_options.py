@@ -30,6 +30,7 @@ from querycoord.grpc_channels import (
     SecurityConfigError,
     configure,
 )
+from querycoord.setting_rules import FILE, TEXT, Rule, check, origin
 
 TOKEN_ENV = "QUERYCOORD_AUTH_TOKEN"
 
@@ -43,14 +44,17 @@ class SecurityOption:
     kind: type
     section: str
     help: str
+    # What a value must be (``setting_rules``): a path names a file readable now, and an empty one is an error,
+    # never "off" (``[auth] tokens_file = ""`` once turned authentication off without a word).
+    rule: Rule = TEXT
 
 
 OPTIONS: tuple[SecurityOption, ...] = (
     SecurityOption("--tls-ca", "tls_ca", str, "tls",
-                   "CA that signed the servers' and clients' certificates (turns TLS on for gRPC)"),
+                   "CA that signed the servers' and clients' certificates (turns TLS on for gRPC)", FILE),
     SecurityOption("--tls-cert", "tls_cert", str, "tls",
-                   "this process's certificate: served by its gRPC server, presented as client certificate"),
-    SecurityOption("--tls-key", "tls_key", str, "tls", "private key of --tls-cert"),
+                   "this process's certificate: served by its gRPC server, presented as client certificate", FILE),
+    SecurityOption("--tls-key", "tls_key", str, "tls", "private key of --tls-cert", FILE),
     SecurityOption("--tls-server-name", "tls_server_name", str, "tls",
                    "name to check the servers' certificates against (default: the address's host)"),
     SecurityOption("--tls-client-auth", "tls_client_auth", bool, "tls",
@@ -59,14 +63,15 @@ OPTIONS: tuple[SecurityOption, ...] = (
                    "serve --http-listen over HTTPS with --tls-cert (client certificates optional, checked against "
                    "--tls-ca)"),
     SecurityOption("--auth-token-file", "auth_token_file", str, "auth",
-                   f"file holding the bearer token this process presents (or ${TOKEN_ENV})"),
+                   f"file holding the bearer token this process presents (or ${TOKEN_ENV})", FILE),
     SecurityOption("--auth-tokens-file", "auth_tokens_file", str, "auth",
                    "principals file of this server: accepted tokens and certificate names, their roles "
-                   "(turns authentication on)"),
+                   "(turns authentication on; re-read when it or a token file it names changes)", FILE),
     SecurityOption("--insecure", "insecure", bool, "grpc",
                    "development mode, said explicitly: plaintext gRPC, no authentication"),
     SecurityOption("--grpc-max-message-mb", "grpc_max_message_mb", float, "grpc",
-                   f"largest gRPC message sent or received, MiB (default {DEFAULT_MAX_MESSAGE_BYTES // MIB})"),
+                   f"largest gRPC message sent or received, MiB (default {DEFAULT_MAX_MESSAGE_BYTES // MIB})",
+                   Rule(0.01, 2047)),
 )
 
 
@@ -93,42 +98,52 @@ def add_security_options(p: argparse.ArgumentParser, *, suppress: bool = False) 
 
 
 def _value(args: argparse.Namespace, o: SecurityOption) -> object:
+    """The option's value checked by its rule: given (an empty string too), else its variable when set (when
+    ``config_file.apply_layers`` did not run), else None."""
     given = getattr(args, o.dest, None)
     if given is not None and given is not False:
-        return given
-    text = os.environ.get(env_name(o))
-    if not text:
+        return check(origin(args, o.dest, o.flag), given, o.rule)
+    name = env_name(o)
+    if name not in os.environ:
         return None
+    text = os.environ[name]
     if o.kind is bool:
-        return text.strip().lower() in ("1", "true", "yes", "on")
+        lowered = text.strip().lower()
+        if lowered not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            raise SecurityConfigError(f"${name}: expected true or false, got {text!r}")
+        return lowered in ("1", "true", "yes", "on")
     try:
-        return o.kind(text)
+        value = o.kind(text)
     except ValueError:
-        raise SecurityConfigError(f"${env_name(o)}: expected a number, got {text!r}") from None
+        raise SecurityConfigError(f"${name}: expected a number, got {text!r}") from None
+    return check(f"${name}", value, o.rule)
 
 
 def security_from_args(args: argparse.Namespace) -> GrpcSecurity:
     """The ``GrpcSecurity`` the options describe (variables as fallback when ``config_file.apply_layers`` did not
-    run); ``SecurityConfigError`` (a ``ValueError``) names the option that is wrong."""
+    run); a ``ValueError`` names the option that is wrong and where it was set."""
     v = {o.dest: _value(args, o) for o in OPTIONS}
 
     def path(dest: str) -> Path | None:
         value = v[dest]
         return Path(str(value)) if value else None
 
-    token = os.environ.get(TOKEN_ENV) or None
     token_file = path("auth_token_file")
+    token = None
     if token_file is not None:
         try:
             token = token_file.read_text().strip()
-        except OSError as exc:
-            raise SecurityConfigError(f"--auth-token-file {token_file}: {exc.strerror or exc}") from None
+        except (OSError, ValueError) as exc:
+            raise SecurityConfigError(f"--auth-token-file {token_file}: "
+                                      f"{getattr(exc, 'strerror', None) or exc}") from None
         if not token:
             raise SecurityConfigError(f"--auth-token-file {token_file} is empty")
+    elif TOKEN_ENV in os.environ:
+        token = os.environ[TOKEN_ENV].strip()
+        if not token:
+            raise SecurityConfigError(f"${TOKEN_ENV} is empty: give the token or unset the variable")
     mb = v["grpc_max_message_mb"]
     max_bytes = DEFAULT_MAX_MESSAGE_BYTES if mb is None else int(float(str(mb)) * MIB)
-    if mb is not None and not 0 < max_bytes <= 2047 * MIB:
-        raise SecurityConfigError(f"--grpc-max-message-mb must be more than 0 and at most 2047, got {mb}")
     server_name = v["tls_server_name"]
     return GrpcSecurity(ca_file=path("tls_ca"), cert_file=path("tls_cert"), key_file=path("tls_key"),
                         server_name=str(server_name) if server_name else None,

@@ -162,3 +162,39 @@ async def test_processes_log_json_with_their_ids(etcd: EtcdCluster, root_path: s
     assert isinstance(leads[0]["fence_revision"], int) and leads[0]["fence_revision"] > 0
     node_lines = json_lines((tmp_path / "querynode.log").read_text())
     assert any(r.get("node") == node.node_id and "started" in r["message"] for r in node_lines), node_lines
+
+
+def _refuse(token: str) -> None:
+    raise RuntimeError("the call failed")
+
+
+def _fails_holding_a_secret() -> None:
+    secret_token = "tok-" + "7f3a9c" * 4  # a local that a traceback with diagnose shows on the failing line
+    _refuse(secret_token)
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_a_traceback_never_prints_local_values(restore_logging: None, capsys: pytest.CaptureFixture[str],
+                                               fmt: str) -> None:
+    """loguru's defaults (diagnose, backtrace) annotate every frame of a traceback with its variables' values: a
+    token or password held in a local would be written to the log (issue 25, point 9)."""
+    setup_logging("INFO", fmt)
+    try:
+        _fails_holding_a_secret()
+    except RuntimeError:
+        logger.exception("it failed")
+    err = capsys.readouterr().err
+    assert "RuntimeError: the call failed" in err and "_fails_holding_a_secret" in err
+    assert "7f3a9c" not in err, err
+
+
+def test_every_sink_of_the_package_is_added_without_local_values(project_root: Path) -> None:
+    """Every ``logger.add`` in the package turns loguru's ``diagnose`` and ``backtrace`` off."""
+    import re
+
+    calls = {path: re.findall(r"logger\.add\(((?:[^()]|\([^()]*\))*)\)", path.read_text())
+             for path in (project_root / "querycoord").rglob("*.py")}
+    found = {path: lines for path, lines in calls.items() if lines}
+    assert found, "no logger.add in the package?"
+    for path, lines in found.items():
+        assert all("diagnose=False" in call and "backtrace=False" in call for call in lines), (path, lines)

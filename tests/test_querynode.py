@@ -425,9 +425,14 @@ def test_cli_parser_and_bad_options() -> None:
     assert args.func is cmd_querynode
     assert (args.capacity_mb, args.failure_rate, args.crash_after, args.seed) == (2, 0.25, 3, 9)
     assert args.listen == "127.0.0.1:0" and args.latency_ms == 0
-    for flag, value in (("--failure-rate", "2"), ("--fail-kinds", "Nope"), ("--capacity-mb", "0"), ("--ttl", "1")):
+    for flag, value in (("--fail-kinds", "Nope"), ("--capacity-mb", "0")):
         bad = parser.parse_args(["querynode", "--etcd-endpoints", "127.0.0.1:1", "--root", "r", flag, value])
         assert cmd_querynode(bad) == 2, flag
+    # Numbers out of their rule (querycoord.setting_rules) are usage errors: argparse names the flag, exit 2.
+    for flag, value in (("--failure-rate", "2"), ("--ttl", "1"), ("--ttl", "nan"), ("--latency-ms", "inf")):
+        with pytest.raises(SystemExit) as e:
+            parser.parse_args(["querynode", "--etcd-endpoints", "127.0.0.1:1", "--root", "r", flag, value])
+        assert e.value.code == 2, flag
 
 
 # ----- the node as a process --------------------------------------------------

@@ -25,6 +25,7 @@ from querycoord.client import CoordinatorUnavailable, QueryCoordClient
 from querycoord.config_file import add_config_option
 from querycoord.logs import add_log_options
 from querycoord.security_options import add_security_options, configure_from_args
+from querycoord.setting_rules import INT64_MAX, Rule, flag_type
 
 DEFAULT_ADDRESS = "127.0.0.1:19531"
 OUTPUTS = ("table", "json")
@@ -73,51 +74,16 @@ def spread_global_options(parser: argparse.ArgumentParser) -> None:
 
 
 # ----- argument checks (argparse ``type=``): a bad value is a usage error naming the option -------------------------
-def _number(kind: Callable[[str], Any], text: str) -> Any:
-    try:
-        return kind(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+# The same rules as every configured value (``setting_rules``): a number is finite, then within its bounds.
+positive_float = flag_type(float, Rule(0, above=True))
+non_negative_float = flag_type(float, Rule(0))
+positive_int = flag_type(int, Rule(1, INT64_MAX))
+non_negative_int = flag_type(int, Rule(0, INT64_MAX))
 
 
-def positive_float(text: str) -> float:
-    value = _number(float, text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return float(value)
-
-
-def non_negative_float(text: str) -> float:
-    value = _number(float, text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return float(value)
-
-
-def positive_int(text: str) -> int:
-    value = _number(int, text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
-    return int(value)
-
-
-def non_negative_int(text: str) -> int:
-    value = _number(int, text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return int(value)
-
-
-def at_least(minimum: float) -> Callable[[str], float]:
-    """A ``type=`` for a float of at least ``minimum`` (e.g. a session TTL)."""
-
-    def check(text: str) -> float:
-        value = _number(float, text)
-        if not value >= minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum:g}, got {text}")
-        return float(value)
-
-    return check
+def at_least(minimum: float, maximum: float | None = None) -> Callable[[str], float]:
+    """A ``type=`` for a finite float from ``minimum`` to ``maximum`` (e.g. a session TTL)."""
+    return flag_type(float, Rule(minimum, maximum))
 
 
 def host_port(text: str) -> str:

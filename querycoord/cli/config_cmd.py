@@ -1,8 +1,11 @@
 """``querycoord config show``: the configuration ``coord`` would run with, and where each value comes from.
 
 It takes ``coord``'s options, so ``querycoord config show --config F --ttl 5``
-answers "what would ``querycoord coord --config F --ttl 5`` use?". The etcd
-password is never printed, only whether one is set and from where.
+answers "what would ``querycoord coord --config F --ttl 5`` use?", and fails
+(exit 2, one line) where ``coord`` would refuse to start: a number out of
+its bounds, an empty or unreadable path, a principals file that does not
+parse. The etcd password is never printed, only whether one is set and
+from where.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from querycoord.config import CoordConfig, scaled_config
 from querycoord.config_file import PASSWORD_ENV, SETTINGS, Setting, Source, applicable
 from querycoord.coord_options import OPTIONS, add_coord_options, config_from_args, option_value
 from querycoord.logs import DEFAULT_FORMAT, DEFAULT_LEVEL
+from querycoord.security_options import security_from_args
 
 HIDDEN = "(hidden)"
 _PATHS = {o.flag: o.path for o in OPTIONS}
@@ -38,6 +42,7 @@ def settings(args: argparse.Namespace) -> tuple[list[dict[str, Any]], str | None
     error = None
     try:
         built: CoordConfig | None = config_from_args(args)
+        security_from_args(args).check()  # TLS files readable, principals file usable: as `coord` checks them
     except ValueError as exc:
         built, error = None, str(exc)
     base = built or (scaled_config(listen=CoordConfig.listen) if args.scaled else CoordConfig())

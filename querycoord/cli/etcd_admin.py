@@ -33,6 +33,7 @@ from meta.session import role_prefix
 from querycoord import draw
 from querycoord.etcd_options import ENV_PREFIX, add_etcd_options, etcd_config_from_args
 from querycoord.protocol import QUERYCOORD_ELECTION, QUERYCOORD_ROLE, QUERYNODE_ROLE, SNODES_PREFIX, STREAMNODE_ROLE
+from querycoord.setting_rules import COUNT, Rule, flag_type
 
 STATUS_HEADERS = ["ENDPOINT", "MEMBER", "VERSION", "DB", "IN USE", "QUOTA", "REVISION", "COMPACTED", "LEADER",
                   "ALARMS"]
@@ -43,10 +44,10 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=None,
                    help="client port of the first member (the others take the next ones); default: the ports of "
                         "the last run with this --data-dir, else free ones")
-    p.add_argument("--quota-mb", type=int, default=DEFAULT_QUOTA_BYTES // MIB,
+    p.add_argument("--quota-mb", type=flag_type(int, Rule(1, 1 << 20)), default=DEFAULT_QUOTA_BYTES // MIB,
                    help=f"backend quota in MiB: etcd refuses writes (NOSPACE) beyond it "
                         f"(default {DEFAULT_QUOTA_BYTES // MIB})")
-    p.add_argument("--keep-revisions", type=int, default=DEFAULT_KEEP_REVISIONS,
+    p.add_argument("--keep-revisions", type=flag_type(int, COUNT), default=DEFAULT_KEEP_REVISIONS,
                    help="auto compaction every 5 minutes keeps this many revisions (0: no auto compaction; "
                         f"default {DEFAULT_KEEP_REVISIONS})")
 
@@ -74,7 +75,7 @@ def add_subcommands(p: argparse.ArgumentParser) -> None:
     s.set_defaults(func=cmd_status)
     m = sub.add_parser("maintain", help="compact to a safe revision, defragment member by member, disarm NOSPACE")
     add_etcd_options(m)
-    m.add_argument("--keep", type=int, default=DEFAULT_KEEP_REVISIONS,
+    m.add_argument("--keep", type=flag_type(int, COUNT), default=DEFAULT_KEEP_REVISIONS,
                    help=f"revisions kept by the compaction (watchers that far behind resume; default "
                         f"{DEFAULT_KEEP_REVISIONS})")
     m.add_argument("--dry-run", action="store_true", help="only say what it would do")

@@ -244,7 +244,7 @@ def add_parsers(sub: Any) -> None:
                    help=f"coordinator address (default {DEFAULT_ADDRESS}; port 0: any free port)")
     p.add_argument("--data-dir", default=None, help="keep etcd data and logs here (default: a temp dir whose etcd "
                                                     "data is removed on exit and whose logs are kept)")
-    p.add_argument("--ttl", type=at_least(2), default=10.0,
+    p.add_argument("--ttl", type=at_least(2, 3600), default=10.0,
                    help="session TTL of the coordinator and nodes, at least 2 (default 10)")
     p.add_argument("--root", default="querycoord", help="meta root path in etcd (default querycoord)")
     p.add_argument("--node-capacity-mb", type=positive_float, default=1024,

@@ -33,6 +33,7 @@ from querycoord.etcd_options import add_etcd_options, etcd_config_from_args
 from querycoord.health import NodeEndpoints, bind_http
 from querycoord.http_server import HttpServer, split_listen
 from querycoord.security_options import add_security_options, configure_from_args
+from querycoord.setting_rules import INT64_MAX, Rule, flag_type
 
 # The exit status of a SIGKILL-ed process: a crashed node must look like a killed one.
 CRASH_EXIT_CODE = 137
@@ -189,7 +190,7 @@ class NodeCommand:
         p.add_argument("--http-listen", default="", metavar="HOST:PORT",
                        help="serve /metrics (Prometheus), /healthz and /readyz over HTTP here (port 0: any free "
                             "port; default: none)")
-        p.add_argument("--node-id", type=int, default=None, metavar="N",
+        p.add_argument("--node-id", type=flag_type(int, Rule(1, INT64_MAX)), default=None, metavar="N",
                        help="register under this fixed id instead of taking one from etcd (needed when the node's "
                             "etcd role may write only its own session key; `querycoord etcd roles`)")
         self.add_options(p)

@@ -43,6 +43,7 @@ from querycoord.nodes.querynode_checks import load_columns, refused
 from querycoord.nodes.querynode_faults import INJECTED_FAILURE, CrashAction, CrashMode, FaultConfig, FaultInjector
 from querycoord.nodes.querynode_state import EC, NodeRefusal, QueryNodeState, ok_status
 from querycoord.protocol import MUTATING_METHODS, QUERYCOORD_ELECTION, QUERYNODE_ROLE
+from querycoord.setting_rules import COUNT, Rule, flag_type, seconds
 
 DEFAULT_LISTEN = "127.0.0.1:0"
 DEFAULT_CAPACITY_MB = 1024
@@ -390,16 +391,18 @@ def _add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--advertise", default=None, metavar="ADDR",
                    help="host:port to advertise in the session instead of the bound address (e.g. a proxy or NAT "
                         "in front of the node; the drills put a partitionable proxy there)")
-    p.add_argument("--capacity-mb", type=float, default=DEFAULT_CAPACITY_MB,
+    p.add_argument("--capacity-mb", type=flag_type(float, Rule(0, 1 << 30)), default=DEFAULT_CAPACITY_MB,
                    help="memory capacity in MiB, accounted from segment mem_size")
-    p.add_argument("--ttl", type=float, default=DEFAULT_TTL, help="session lease TTL in seconds (>= 2)")
+    p.add_argument("--ttl", type=flag_type(float, seconds(2, 3600)), default=DEFAULT_TTL,
+                   help="session lease TTL in seconds (>= 2)")
     f = p.add_argument_group("fault injection")
-    f.add_argument("--failure-rate", type=float, default=0.0,
+    f.add_argument("--failure-rate", type=flag_type(float, Rule(0, 1)), default=0.0,
                    help="probability (0..1) that a mutating call answers 'injected failure'")
     f.add_argument("--fail-kinds", default="",
                    help="comma-separated RPC names the failure rate applies to (default: every mutating call)")
-    f.add_argument("--latency-ms", type=float, default=0.0, help="latency added to every call")
-    f.add_argument("--crash-after", type=int, default=0,
+    f.add_argument("--latency-ms", type=flag_type(float, Rule(0, 3_600_000)), default=0.0,
+                   help="latency added to every call")
+    f.add_argument("--crash-after", type=flag_type(int, COUNT), default=0,
                    help="exit with status 137 after the Nth mutating call (0: never)")
     f.add_argument("--crash-mode", choices=[m.value for m in CrashMode], default=CrashMode.AFTER_REPLY.value,
                    help="after-reply: the Nth call is answered, then the node dies; mid-call: it dies on the Nth call")

@@ -60,6 +60,7 @@ from querycoord.nodes.streamnode_state import (
     StreamNodeState,
 )
 from querycoord.protocol import QUERYCOORD_ROLE, SNODES_PREFIX, STREAMNODE_ADDRESS, STREAMNODE_ROLE
+from querycoord.setting_rules import INT64_MAX, POSITIVE_COUNT, Rule, flag_type, seconds
 
 DEFAULT_HEARTBEAT_MS = 600.0
 
@@ -290,13 +291,18 @@ def _add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vgroups", default="", help="comma-separated vgroup ids this node leads at start")
     p.add_argument("--snode", action="store_true",
                    help="host the snode created for this node (read from stream/snodes/ every second)")
-    p.add_argument("--snode-id", type=int, default=0, help="host this snode id (fixed; overrides --snode)")
-    p.add_argument("--heartbeat-ms", type=float, default=DEFAULT_HEARTBEAT_MS, help="heartbeat tick (default 600)")
-    p.add_argument("--groups", type=int, default=DEFAULT_GROUPS, help="stream groups, one reported per tick")
-    p.add_argument("--init-delay-ms", type=float, default=DEFAULT_INIT_DELAY_S * 1000,
+    p.add_argument("--snode-id", type=flag_type(int, Rule(0, INT64_MAX)), default=0,
+                   help="host this snode id (fixed; overrides --snode)")
+    p.add_argument("--heartbeat-ms", type=flag_type(float, Rule(0, 3_600_000, above=True)),
+                   default=DEFAULT_HEARTBEAT_MS,
+                   help="heartbeat tick (default 600)")
+    p.add_argument("--groups", type=flag_type(int, POSITIVE_COUNT), default=DEFAULT_GROUPS,
+                   help="stream groups, one reported per tick")
+    p.add_argument("--init-delay-ms", type=flag_type(float, Rule(0, 3_600_000)), default=DEFAULT_INIT_DELAY_S * 1000,
                    help="how long a deployed reader or runner stays INIT before RUNNING")
-    p.add_argument("--runner-threads", type=int, default=DEFAULT_RUNNER_THREADS)
-    p.add_argument("--ttl", type=float, default=DEFAULT_TTL, help="session lease TTL in seconds (>= 2)")
+    p.add_argument("--runner-threads", type=flag_type(int, Rule(1, 1024)), default=DEFAULT_RUNNER_THREADS)
+    p.add_argument("--ttl", type=flag_type(float, seconds(2, 3600)), default=DEFAULT_TTL,
+                   help="session lease TTL in seconds (>= 2)")
 
 
 def cmd_streamnode(args: argparse.Namespace) -> int:

@@ -114,7 +114,8 @@ async def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     logger.remove()
-    logger.add(sys.stderr, level=os.environ.get("QUERYCOORD_LOG_LEVEL", "INFO").upper())
+    logger.add(sys.stderr, level=os.environ.get("QUERYCOORD_LOG_LEVEL", "INFO").upper(), diagnose=False,
+               backtrace=False)
     p = argparse.ArgumentParser(prog="python -m querycoord.tooling.campaign", description=__doc__.splitlines()[0])
     p.add_argument("--endpoints", required=True, help="etcd endpoints, comma separated")
     p.add_argument("--root", required=True, help="root path in etcd")
