@@ -357,7 +357,8 @@ class Session:
         assert self.info is not None
         key = self.info.key
         try:
-            async for item in watch_prefix(self.kv, key, self.create_revision + 1, reconnect_deadline=None):
+            async for item in watch_prefix(self.kv, key, self.create_revision + 1, reconnect_deadline=None,
+                                           exact=True):
                 if isinstance(item, Resync):
                     if key not in item.snapshot.as_dict():
                         self._mark_lost("session key deleted")

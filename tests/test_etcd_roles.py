@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from etcd3aio.auth import PermissionType
+from etcd3aio.kv import prefix_range_end
 
 from meta.child import child_env
 from meta.client import EtcdClient, connect
@@ -166,6 +168,38 @@ async def test_a_node_credential_cannot_write_a_task_key(secured: Secured, admin
     finally:
         await client.close()
     assert await MetaKV(admin, ROOT).get("task/1001") is None
+
+
+async def test_a_node_reads_only_its_own_session_key_not_those_it_prefixes(secured: Secured,
+                                                                             admin: EtcdClient) -> None:
+    """querynode-7's grant is its key alone: querynode-70 (whose key it prefixes) stays unreadable to it."""
+    await MetaKV(admin, ROOT).save("session/querynode-70", b'{"secret": "node 70"}')
+    client = await as_user(secured, "querynode-7")
+    try:
+        kv = MetaKV(client, ROOT)
+        await refused(kv.get("session/querynode-70"), "querynode-7")
+        await refused(kv.load_prefix("session/querynode-7"), "querynode-7")
+        await refused(kv.load_prefix("session/querynode-"), "querynode-7")
+        await kv.save("session/querynode-7", b"{}")
+        assert await kv.get("session/querynode-7") == b"{}"
+        await kv.remove("session/querynode-7")
+    finally:
+        await client.close()
+        await MetaKV(admin, ROOT).remove("session/querynode-70")
+
+
+async def test_a_rerun_migrates_an_old_prefix_grant_away(secured: Secured, admin: EtcdClient) -> None:
+    """Roles made by an older version also read their key as a prefix: re-running the command revokes that."""
+    auth = admin.raw.auth
+    assert auth is not None
+    old = "prod/session/querynode-8"
+    await auth.role_grant_permission("querynode-8", old, prefix_range_end(old.encode()), perm_type=PermissionType.READ)
+    r = await asyncio.to_thread(subprocess.run, roles_command(secured.cluster, secured.admin_file, secured.passwords),
+                                capture_output=True, text=True, env=child_env(), timeout=120)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert f"role querynode-8: revoked read {old} .. " in r.stdout, r.stdout
+    held = {(p.key.decode(), p.range_end) for p in (await auth.role_get("querynode-8")).perm}
+    assert (old, b"") in held and all(k != old or not end for k, end in held), held
 
 
 async def test_a_node_registers_its_session_under_its_fixed_id_only(secured: Secured) -> None:
