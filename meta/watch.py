@@ -47,6 +47,7 @@ class WatchEvent:
     mod_revision: int
     create_revision: int
     prev_value: bytes | None = None
+    lease: int = 0  # the lease the key was written under (0: none, and for a DELETE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,5 +210,6 @@ def _event(kv: MetaKV, e: object) -> WatchEvent:
     raw = e.kv  # type: ignore[attr-defined]
     prev = e.prev_kv.value if e.HasField("prev_kv") else None  # type: ignore[attr-defined]
     if e.type == _PUT:  # type: ignore[attr-defined]
-        return WatchEvent(EventType.PUT, kv.rel_key(raw.key), raw.value, raw.mod_revision, raw.create_revision, prev)
+        return WatchEvent(EventType.PUT, kv.rel_key(raw.key), raw.value, raw.mod_revision, raw.create_revision, prev,
+                          raw.lease)
     return WatchEvent(EventType.DELETE, kv.rel_key(raw.key), b"", raw.mod_revision, raw.create_revision, prev)

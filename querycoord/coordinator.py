@@ -23,7 +23,8 @@ from meta.errors import MetaError, MetaNoSpace
 from meta.fence import Fence
 from meta.idalloc import IdAllocator
 from meta.kv import MetaKV
-from meta.session import Session
+from meta.session import Session, session_key
+from meta.session_guard import GuardLimits, SessionGuard
 from proto import querynode_pb2
 from querycoord import metrics
 from querycoord.balance import auto_balance_loop
@@ -35,7 +36,13 @@ from querycoord.cluster.incarnations import Incarnations
 from querycoord.cluster.nodes import Node, NodeManager
 from querycoord.config import CoordConfig
 from querycoord.etcd_space import SpaceMonitor
-from querycoord.protocol import QUERYCOORD_ELECTION, QUERYCOORD_ROLE, leader_is_at
+from querycoord.protocol import (
+    QUERYCOORD_ELECTION,
+    QUERYCOORD_ROLE,
+    QUERYNODE_ROLE,
+    STREAMNODE_ROLE,
+    leader_is_at,
+)
 from querycoord.querymeta import QueryMeta
 from querycoord.querymeta.mirror import MetaMirror
 from querycoord.served.state import ServedView
@@ -352,8 +359,12 @@ class Coordinator:
         async def on_node_up(node: Node) -> None:
             await record_joined(node, incarnations=incarnations, checker=checker)
 
+        guard = SessionGuard(fenced, (QUERYNODE_ROLE, STREAMNODE_ROLE), GuardLimits(
+            max_value_bytes=self.config.node_session_max_bytes, max_writes=self.config.node_session_max_writes),
+            on_fence=lambda _key, reason: metrics.node_fenced(reason))
         nodes = NodeManager(self.kv, fence=coord_fence, rpc_timeout=self.config.rpc_timeout,
-                            on_node_down=on_node_down, on_node_up=on_node_up)
+                            on_node_down=on_node_down, on_node_up=on_node_up,
+                            refuse=lambda node_id: guard.refused(session_key(QUERYNODE_ROLE, node_id)))
         store = TaskStore(fenced)
         ids = IdAllocator(fenced, "idalloc/task")
         env = TaskEnv(meta=meta, nodes=nodes, broker=self.broker, store=store, ids=ids,
@@ -385,6 +396,7 @@ class Coordinator:
                 t.cancel()
 
         started.append(cancel_tasks)
+        tasks.append(asyncio.create_task(guard.run(), name="session-guard"))
         tasks.append(asyncio.create_task(run_handoff(self.broker, self.kv, scheduler, meta, checker), name="handoff"))
         tasks.append(asyncio.create_task(checker.run_forever(), name="checker"))
         checker.kick()  # the first check right after takeover

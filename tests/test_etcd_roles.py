@@ -31,6 +31,7 @@ from meta.etcd_roles import enable_auth, plan_roles
 from meta.etcd_server import EtcdCluster
 from meta.kv import MetaKV
 from meta.session import Session, SessionIdTaken, list_sessions
+from meta.session_guard import SessionGuard
 from querycoord.cli.etcd_admin import NODE_READS
 from tests.spawn import Spawned, spawn_coordinator, spawn_query_node, spawn_ready
 
@@ -217,6 +218,26 @@ async def test_a_node_registers_its_session_under_its_fixed_id_only(secured: Sec
             await Session(kv, "querynode", "127.0.0.1:1", ttl=2, server_id=8).start()
     finally:
         await client.close()
+
+
+async def test_a_node_filling_its_session_key_is_fenced_by_the_coordinator_user(secured: Secured) -> None:
+    """What querynode-8's credential may write (its own key, under its own lease) cannot grow without bound: the
+    guard, running as the coordinator, revokes the lease; the coordinator keeps writing."""
+    coord = await as_user(secured, "coordinator")
+    node = await as_user(secured, "querynode-8")
+    try:
+        coord_kv, node_kv = MetaKV(coord, ROOT), MetaKV(node, ROOT)
+        async with SessionGuard(coord_kv, ["querynode", "streamnode"]) as guard:
+            async with Session(node_kv, "querynode", "127.0.0.1:1", ttl=2, server_id=8) as session:
+                await asyncio.sleep(0.3)  # the guard has read what is there; the next write comes as an event
+                await node_kv.save("session/querynode-8", b"x" * 1_000_000, lease=session.lease_id)
+                await asyncio.wait_for(session.lost.wait(), 30)
+            assert guard.fenced == {"value_size": 1, "write_rate": 0} and guard.revoked == 1
+            assert await coord_kv.get("session/querynode-8") is None
+            await coord_kv.save("collection/6", b"still writing")
+    finally:
+        await node.close()
+        await coord.close()
 
 
 async def test_stream_node_reads_what_it_needs_and_writes_only_its_session(secured: Secured,
