@@ -7,9 +7,9 @@ deployments share one etcd):
 =================  ===========================================================
 ``coordinator``    readwrite on ``R/`` (every key of the deployment)
 ``reader``         read on ``R/`` (status commands, dashboards)
-``querynode-<n>``  readwrite on exactly ``R/session/querynode-<n>``; read on
-                   that key's prefix (its session watch is a prefix watch)
-                   and on the prefixes ``node_reads`` names for the role
+``querynode-<n>``  readwrite on exactly the key ``R/session/querynode-<n>``
+                   (no range: ``querynode-1`` cannot read ``querynode-12``);
+                   read on the prefixes ``node_reads`` names for the role
 ``streamnode-<n>`` the same for ``R/session/streamnode-<n>``
 =================  ===========================================================
 
@@ -21,7 +21,8 @@ every key attached to it, which for a node is its own session key.
 
 ``apply_roles`` makes etcd match the plan and is idempotent: an existing
 role keeps its name and gets exactly the plan's permissions (extra ones
-are revoked), an existing user whose password already works is left alone,
+are revoked, so a re-run also removes the own-key prefix read older versions
+granted), an existing user whose password already works is left alone,
 and a re-run changes nothing. ``enable_auth`` then turns authentication on
 (etcd requires a ``root`` user holding its built-in ``root`` role first).
 Passwords never travel on a command line: ``password_files`` reads each
@@ -147,7 +148,7 @@ def plan_roles(
     for role, ids in (("querynode", querynodes), ("streamnode", streamnodes)):
         for n in node_ids(ids, role):
             own = f"{top}{SESSION_PREFIX}{role}-{n}"
-            grants = [Grant(own, prefix=False, write=True), Grant(own, prefix=True, write=False)]
+            grants = [Grant(own, prefix=False, write=True)]
             grants += [Grant(top + p, prefix=True, write=False) for p in reads.get(role, ())]
             roles.append(RoleSpec(f"{pre}{role}-{n}", tuple(dict.fromkeys(grants))))
     return RolePlan(base, tuple(roles))

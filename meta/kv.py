@@ -176,6 +176,12 @@ class MetaKV:
         resp = await self._range(req, f"range_page {start or prefix}")
         return [self._kv(raw) for raw in resp.kvs], bool(resp.more)  # type: ignore[attr-defined]
 
+    async def load_key(self, key: str) -> PrefixSnapshot:
+        """``key`` alone as a snapshot (empty if absent): what a watch of one key re-reads after a compaction,
+        for a user whose role may read that key and nothing beside it."""
+        resp = await self._range(RangeRequest(key=self.abs_key(key)), f"load_key {key}")
+        return PrefixSnapshot(list(resp.kvs), resp.header.revision, len(self._root_prefix.encode()))  # type: ignore[attr-defined]
+
     async def get(self, key: str) -> bytes | None:
         kv = await self.get_kv(key)
         return kv.value if kv is not None else None

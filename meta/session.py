@@ -103,6 +103,8 @@ class SessionInfo:
         """``from_json`` of the value at ``key``, or None for a value that is not the session its key names:
         one bad value must never stop a watcher. Logged in one short line, once per key and value."""
         try:
+            if len(raw) > MAX_SESSION_VALUE_BYTES:  # never parsed: a node could make every watcher chew on MiBs
+                raise ValueError(f"{len(raw)} bytes, more than {MAX_SESSION_VALUE_BYTES}")
             info = cls.from_json(raw)
             if not key.endswith(info.key):  # session/<role>-<id>: a value claiming another key's identity
                 raise ValueError(f"it claims to be {info.key}")
@@ -116,6 +118,8 @@ class SessionInfo:
 _HOLDER_EXPIRY_SLACK = 30.0
 # A session value is input: these bound what is accepted (see ``SessionInfo.from_json``).
 MAX_ADDRESS_LENGTH = 1024
+# A session value is about 200 bytes; one larger than this is not parsed (``meta.session_guard`` fences it).
+MAX_SESSION_VALUE_BYTES = 64 * 1024
 _INT64_MAX = (1 << 63) - 1
 # Keys whose bad value was already logged (key -> hash of the value), so a watcher that re-reads a snapshot does
 # not log the same garbage again; bounded, cleared when full.
@@ -366,7 +370,8 @@ class Session:
         assert self.info is not None
         key = self.info.key
         try:
-            async for item in watch_prefix(self.kv, key, self.create_revision + 1, reconnect_deadline=None):
+            async for item in watch_prefix(self.kv, key, self.create_revision + 1, reconnect_deadline=None,
+                                           exact=True):
                 if isinstance(item, Resync):
                     if key not in item.snapshot.as_dict():
                         self._mark_lost("session key deleted")

@@ -47,6 +47,7 @@ class WatchEvent:
     mod_revision: int
     create_revision: int
     prev_value: bytes | None = None
+    lease: int = 0  # the lease the key was written under (0: none, and for a DELETE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +89,7 @@ async def watch_prefix(
     progress_notify: bool = False,
     through: str | None = None,
     progress_wanted: asyncio.Event | None = None,
+    exact: bool = False,
 ) -> AsyncGenerator[WatchItem, None]:
     """Yield every change under ``prefix`` from ``start_revision`` on (0: from now).
 
@@ -104,10 +106,15 @@ async def watch_prefix(
     (etcd >= 3.4); etcd answers once the stream has sent everything up to its current revision, and the watch
     yields an empty ``WatchBatch`` with that revision. Why: an idle watch cannot otherwise tell "nothing
     happened" from "not there yet" (a standby taking over waits on this).
+
+    ``exact``: watch the key ``prefix`` alone, not the keys it prefixes (a node's role may read its own session
+    key and not ``session/querynode-12`` beside ``session/querynode-1``); a resync then re-reads that one key.
     """
+    if exact and through is not None:
+        raise ValueError("an exact watch covers one key: through= does not apply")
     client = kv.client
     start = kv.abs_prefix(prefix)
-    end = prefix_range_end(kv.abs_prefix(through if through is not None else prefix))
+    end = b"" if exact else prefix_range_end(kv.abs_prefix(through if through is not None else prefix))
     next_rev = start_revision if start_revision > 0 else await kv.revision() + 1
     backoff = 0.05
     disconnected_since: float | None = None
@@ -176,7 +183,7 @@ async def watch_prefix(
             call.cancel()
 
         if compacted:
-            snapshot = await kv.load_prefix(prefix, through=through)
+            snapshot = await kv.load_key(prefix) if exact else await kv.load_prefix(prefix, through=through)
             logger.info(
                 "watch on {!r}: revision {} was compacted; resynced at revision {} ({} keys)",
                 prefix, next_rev, snapshot.revision, len(snapshot.kvs),
@@ -203,5 +210,6 @@ def _event(kv: MetaKV, e: object) -> WatchEvent:
     raw = e.kv  # type: ignore[attr-defined]
     prev = e.prev_kv.value if e.HasField("prev_kv") else None  # type: ignore[attr-defined]
     if e.type == _PUT:  # type: ignore[attr-defined]
-        return WatchEvent(EventType.PUT, kv.rel_key(raw.key), raw.value, raw.mod_revision, raw.create_revision, prev)
+        return WatchEvent(EventType.PUT, kv.rel_key(raw.key), raw.value, raw.mod_revision, raw.create_revision, prev,
+                          raw.lease)
     return WatchEvent(EventType.DELETE, kv.rel_key(raw.key), b"", raw.mod_revision, raw.create_revision, prev)

@@ -114,6 +114,10 @@ class CoordConfig:
     # A standby keeps the query meta in memory, followed by a watch, so that taking over needs no reload
     # (querycoord/querymeta/mirror.py); 0 reads everything from etcd when it takes over (less memory).
     warm_standby: int = 1
+    # The leader fences a node whose session value is larger than this many bytes or that rewrites its session
+    # more than ``node_session_max_writes`` times a minute (meta/session_guard.py): a node credential cannot fill etcd.
+    node_session_max_bytes: int = 64 * 1024
+    node_session_max_writes: int = 30
 
 
 # The scaled preset: the same behaviour as production with short durations. A session TTL of 2 s notices a crash

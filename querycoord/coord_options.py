@@ -16,6 +16,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from meta.session_guard import GuardLimits
 from querycoord.config import CoordConfig, scaled_config
 from querycoord.etcd_options import add_etcd_options, etcd_config_from_args
 from querycoord.setting_rules import (
@@ -69,6 +70,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("--http-allowed-hosts", "http_allowed_hosts", str, Rule(empty_ok=True),
            "with security on, the status page answers only a Host that is an IP address, localhost, this machine's "
            "name, the host of --listen or --http-listen, or one of these comma-separated names (DNS rebinding)"),
+    Option("--node-session-max-bytes", "node_session_max_bytes", int, Rule(256, 65536),
+           "the leader fences (revokes the lease of) a node whose session value is larger (256..65536)"),
+    Option("--node-session-max-writes", "node_session_max_writes", int, Rule(2, 100_000),
+           "the leader fences a node that rewrites its session more often than this per minute"),
     # Scheduler knobs: drills and the demo change them; production keeps the defaults.
     Option("--max-request-bytes", "scheduler.max_request_bytes", int, Rule(1, 1 << 30)),
     Option("--max-concurrent-children", "scheduler.max_concurrent_children", int, POSITIVE_COUNT),
@@ -185,6 +190,10 @@ def config_from_args(args: argparse.Namespace) -> CoordConfig:
         if name.strip() and (any(c.isspace() or c in "/\\@?#[]" for c in name.strip()) or name.count(":") > 1):
             raise ValueError(f"--http-allowed-hosts: {name.strip()!r} is not a host name (give names separated by "
                              f"commas, such as querycoord.prod.svc,status.example.com)")
+    try:
+        GuardLimits(max_value_bytes=config.node_session_max_bytes, max_writes=config.node_session_max_writes).check()
+    except ValueError as exc:
+        raise ValueError(f"--node-session-max-bytes/--node-session-max-writes: {exc}") from None
     return config
 
 

@@ -24,7 +24,8 @@ from meta.fence import Fence
 from meta.idalloc import IdAllocator
 from meta.kv import MetaKV
 from meta.loops import keep_running
-from meta.session import Session
+from meta.session import Session, session_key
+from meta.session_guard import GuardLimits, SessionGuard
 from proto import querynode_pb2
 from querycoord import metrics
 from querycoord.balance import auto_balance_loop
@@ -36,7 +37,13 @@ from querycoord.cluster.incarnations import Incarnations
 from querycoord.cluster.nodes import Node, NodeManager
 from querycoord.config import CoordConfig
 from querycoord.etcd_space import SpaceMonitor
-from querycoord.protocol import QUERYCOORD_ELECTION, QUERYCOORD_ROLE, leader_is_at
+from querycoord.protocol import (
+    QUERYCOORD_ELECTION,
+    QUERYCOORD_ROLE,
+    QUERYNODE_ROLE,
+    STREAMNODE_ROLE,
+    leader_is_at,
+)
 from querycoord.querymeta import QueryMeta
 from querycoord.querymeta.mirror import MetaMirror
 from querycoord.served.state import ServedView
@@ -356,8 +363,12 @@ class Coordinator:
         async def on_node_up(node: Node) -> None:
             await record_joined(node, env=env, incarnations=incarnations, checker=checker, served=served)
 
+        guard = SessionGuard(fenced, (QUERYNODE_ROLE, STREAMNODE_ROLE), GuardLimits(
+            max_value_bytes=self.config.node_session_max_bytes, max_writes=self.config.node_session_max_writes),
+            on_fence=lambda _key, reason: metrics.node_fenced(reason))
         nodes = NodeManager(self.kv, fence=coord_fence, rpc_timeout=self.config.rpc_timeout,
-                            on_node_down=on_node_down, on_node_up=on_node_up)
+                            on_node_down=on_node_down, on_node_up=on_node_up,
+                            refuse=lambda node_id: guard.refused(session_key(QUERYNODE_ROLE, node_id)))
         store = TaskStore(fenced)
         ids = IdAllocator(fenced, "idalloc/task")
         env = TaskEnv(meta=meta, nodes=nodes, broker=self.broker, store=store, ids=ids,
@@ -401,6 +412,7 @@ class Coordinator:
             ``keep_running`` runs it again whatever escapes (``meta.loops``)."""
             tasks.append(asyncio.create_task(keep_running(name, body, client=client), name=name))
 
+        loop("session-guard", guard.run)
         loop("handoff", lambda: run_handoff(broker, kv, scheduler, meta, checker))
         loop("checker", checker.run_forever)
         checker.kick()  # the first check right after takeover

@@ -78,6 +78,9 @@ TAKEOVER_SECONDS = Histogram(
 HEARTBEAT_DURATION = Histogram(
     "querycoord_stream_heartbeat_duration_seconds", "Stream node heartbeats handled by the leader's stream manager",
     buckets=HEARTBEAT_BUCKETS)
+NODES_FENCED = Counter(
+    "querycoord_nodes_fenced_total", "Node sessions the leader fenced (lease revoked) for a value too large or "
+    "written too often, by reason", ["reason"])
 # ----- events: meta (through meta.observe) ----------------------------------------------------------------------------
 FENCED_WRITES_REFUSED = Counter(
     "querycoord_fenced_writes_refused_total", "Writes etcd refused because this process's leader fence was gone")
@@ -198,6 +201,10 @@ def leader_acquired(takeover_seconds: float) -> None:
 
 def leader_lost() -> None:
     LEADER_CHANGES.labels("lost").inc()
+
+
+def node_fenced(reason: str) -> None:
+    NODES_FENCED.labels(reason).inc()
 
 
 def heartbeat_handled(seconds: float) -> None:

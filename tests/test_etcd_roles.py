@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from etcd3aio.auth import PermissionType
+from etcd3aio.kv import prefix_range_end
 
 from meta.child import child_env
 from meta.client import EtcdClient, connect
@@ -29,6 +31,7 @@ from meta.etcd_roles import enable_auth, plan_roles
 from meta.etcd_server import EtcdCluster
 from meta.kv import MetaKV
 from meta.session import Session, SessionIdTaken, list_sessions
+from meta.session_guard import SessionGuard
 from querycoord.cli.etcd_admin import NODE_READS
 from tests.spawn import Spawned, spawn_coordinator, spawn_query_node, spawn_ready
 
@@ -168,6 +171,38 @@ async def test_a_node_credential_cannot_write_a_task_key(secured: Secured, admin
     assert await MetaKV(admin, ROOT).get("task/1001") is None
 
 
+async def test_a_node_reads_only_its_own_session_key_not_those_it_prefixes(secured: Secured,
+                                                                             admin: EtcdClient) -> None:
+    """querynode-7's grant is its key alone: querynode-70 (whose key it prefixes) stays unreadable to it."""
+    await MetaKV(admin, ROOT).save("session/querynode-70", b'{"secret": "node 70"}')
+    client = await as_user(secured, "querynode-7")
+    try:
+        kv = MetaKV(client, ROOT)
+        await refused(kv.get("session/querynode-70"), "querynode-7")
+        await refused(kv.load_prefix("session/querynode-7"), "querynode-7")
+        await refused(kv.load_prefix("session/querynode-"), "querynode-7")
+        await kv.save("session/querynode-7", b"{}")
+        assert await kv.get("session/querynode-7") == b"{}"
+        await kv.remove("session/querynode-7")
+    finally:
+        await client.close()
+        await MetaKV(admin, ROOT).remove("session/querynode-70")
+
+
+async def test_a_rerun_migrates_an_old_prefix_grant_away(secured: Secured, admin: EtcdClient) -> None:
+    """Roles made by an older version also read their key as a prefix: re-running the command revokes that."""
+    auth = admin.raw.auth
+    assert auth is not None
+    old = "prod/session/querynode-8"
+    await auth.role_grant_permission("querynode-8", old, prefix_range_end(old.encode()), perm_type=PermissionType.READ)
+    r = await asyncio.to_thread(subprocess.run, roles_command(secured.cluster, secured.admin_file, secured.passwords),
+                                capture_output=True, text=True, env=child_env(), timeout=120)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert f"role querynode-8: revoked read {old} .. " in r.stdout, r.stdout
+    held = {(p.key.decode(), p.range_end) for p in (await auth.role_get("querynode-8")).perm}
+    assert (old, b"") in held and all(k != old or not end for k, end in held), held
+
+
 async def test_a_node_registers_its_session_under_its_fixed_id_only(secured: Secured) -> None:
     client = await as_user(secured, "querynode-7")
     try:
@@ -183,6 +218,26 @@ async def test_a_node_registers_its_session_under_its_fixed_id_only(secured: Sec
             await Session(kv, "querynode", "127.0.0.1:1", ttl=2, server_id=8).start()
     finally:
         await client.close()
+
+
+async def test_a_node_filling_its_session_key_is_fenced_by_the_coordinator_user(secured: Secured) -> None:
+    """What querynode-8's credential may write (its own key, under its own lease) cannot grow without bound: the
+    guard, running as the coordinator, revokes the lease; the coordinator keeps writing."""
+    coord = await as_user(secured, "coordinator")
+    node = await as_user(secured, "querynode-8")
+    try:
+        coord_kv, node_kv = MetaKV(coord, ROOT), MetaKV(node, ROOT)
+        async with SessionGuard(coord_kv, ["querynode", "streamnode"]) as guard:
+            async with Session(node_kv, "querynode", "127.0.0.1:1", ttl=2, server_id=8) as session:
+                await asyncio.sleep(0.3)  # the guard has read what is there; the next write comes as an event
+                await node_kv.save("session/querynode-8", b"x" * 1_000_000, lease=session.lease_id)
+                await asyncio.wait_for(session.lost.wait(), 30)
+            assert guard.fenced == {"value_size": 1, "write_rate": 0} and guard.revoked == 1
+            assert await coord_kv.get("session/querynode-8") is None
+            await coord_kv.save("collection/6", b"still writing")
+    finally:
+        await node.close()
+        await coord.close()
 
 
 async def test_stream_node_reads_what_it_needs_and_writes_only_its_session(secured: Secured,

@@ -98,12 +98,15 @@ class NodeManager:
         rpc_timeout: float = 10.0,
         on_node_down: Callable[[int], Awaitable[None]] | None = None,
         on_node_up: Callable[[Node], Awaitable[None]] | None = None,
+        refuse: Callable[[int], bool] | None = None,
     ):
+        """``refuse``: whether a node id is fenced (``meta.session_guard``): its sessions are not taken online."""
         self.kv = kv
         self.fence = fence
         self.rpc_timeout = rpc_timeout
         self.on_node_down = on_node_down
         self.on_node_up = on_node_up  # a node joined (or came back) after the first snapshot was taken
+        self.refuse = refuse
         self.nodes: dict[int, Node] = {}
         # Bumped whenever a node comes online, goes offline or is forgotten: readers that derive something from
         # the online nodes (``querycoord.served``) recompute only when it moved.
@@ -133,6 +136,9 @@ class NodeManager:
             await n.client.close()
 
     def _add(self, info: SessionInfo) -> None:
+        if self.refuse is not None and self.refuse(info.server_id):
+            self.rejected += 1  # the guard logged the fencing; its sessions end as soon as they appear
+            return
         if info.server_id in self.nodes:
             if not self.nodes[info.server_id].online:
                 # A fixed-id node restarted while its old incarnation is handled as down: it joins, as a new
