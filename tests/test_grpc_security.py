@@ -524,3 +524,26 @@ async def test_development_mode_is_the_default_and_warns_once(etcd: EtcdCluster,
 def test_no_secret_in_the_environment_of_this_module() -> None:
     """The tests above pass tokens by file or variable to children; nothing leaks into this process's environment."""
     assert not any(k.startswith("QUERYCOORD_AUTH") for k in os.environ)
+
+
+async def test_an_ip_address_in_a_certificate_names_no_principal(kv: MetaKV, pki: Pki, tmp_path: Path) -> None:
+    """A principals file naming ``127.0.0.1`` must not match every certificate whose SANs hold that IP (all of
+    this CA's do): only DNS names and the common name count. The same file's DNS entry still matches."""
+    principals = tmp_path / "principals.toml"
+    principals.write_text('[[certificate]]\nname = "127.0.0.1"\nrole = "admin"\n\n'
+                          '[[certificate]]\nname = "cli-user"\nrole = "reader"\n')
+    security = GrpcSecurity(ca_file=pki.ca.ca_file, cert_file=pki.query_node.cert, key_file=pki.query_node.key,
+                            client_auth=True, tokens_file=principals)
+    server, port = await start_catalog_server(CatalogStore(kv), security=security)
+    try:
+        create = catalog_pb2.CreateCollectionRequest(collection_name="by_ip", num_partitions=1)
+        show = catalog_pb2.ShowCollectionsRequest()
+        for cert, expect in ((pki.stream_node, grpc.StatusCode.UNAUTHENTICATED),
+                             (pki.user, grpc.StatusCode.PERMISSION_DENIED)):
+            async with make_channel(f"127.0.0.1:{port}", identity(pki, cert)) as ch:
+                stub = catalog_pb2_grpc.CatalogStub(ch)
+                assert await code_of(stub.CreateCollection(create, timeout=5)) == expect, cert
+                if cert is pki.user:  # known by its common name: a reader
+                    assert await code_of(stub.ShowCollections(show, timeout=5)) == grpc.StatusCode.OK
+    finally:
+        await server.stop(None)
