@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -23,11 +24,12 @@ from loguru import logger
 
 from meta.errors import MetaError, NotLeader
 from meta.fence import Fence
-from meta.kv import MetaKV
+from meta.kv import FencedKV, MetaKV
 from meta.session import Session
 from meta.watch import EventType, Resync, watch_prefix
 
 ELECTION_PREFIX = "election/"
+LEADER_RECORD_PREFIX = "leader-record/"
 _ASCEND, _DESCEND = 1, 2
 _SORT_CREATE = 2
 
@@ -211,3 +213,42 @@ async def observe_leader(kv: MetaKV, prefix: str) -> AsyncIterator[LeaderInfo | 
 
 def election_prefix(name: str) -> str:
     return f"{ELECTION_PREFIX}{name}/"
+
+
+# ----- the leader record: what others may read of an election -------------------------------------------------------
+# The election's keys name the candidates' leases (in the key, and in etcd's lease field of every read), and etcd
+# lets anyone who knows a lease id renew it: whoever may read ``election/`` can keep a dead leader's key alive, and
+# nobody leads while it does. So only the candidates read the election; everyone else (nodes checking a fence,
+# readers) reads the leader record, a key without a lease that the leader writes through its fence on taking over.
+@dataclass(frozen=True)
+class LeaderRecord:
+    revision: int  # the fence revision of the leader that wrote it
+    value: str  # what it campaigned with (an address)
+
+
+def leader_record_key(name: str) -> str:
+    return f"{LEADER_RECORD_PREFIX}{name}"
+
+
+async def publish_leader_record(kv: FencedKV, name: str, value: str) -> None:
+    """Write the record of election ``name`` as its leader (fenced: a deposed leader's write is refused)."""
+    body = json.dumps({"revision": kv.fence.revision, "value": value}, sort_keys=True)
+    await kv.save(leader_record_key(name), body)
+
+
+async def read_leader_record(kv: MetaKV, name: str) -> LeaderRecord | None:
+    """The last leader's record, or None if no leader wrote one (or it does not parse: only a leader writes it).
+
+    A leader that died leaves its record until the next one writes its own: the record says who led last, not
+    that it lives; its revision only ever rises, which is what a fence check needs."""
+    raw = await kv.get(leader_record_key(name))
+    if raw is None:
+        return None
+    try:
+        d = json.loads(raw)
+        revision, value = d["revision"], d["value"]
+    except (ValueError, TypeError, KeyError):
+        return None
+    if isinstance(revision, bool) or not isinstance(revision, int) or revision <= 0 or not isinstance(value, str):
+        return None
+    return LeaderRecord(revision, value)

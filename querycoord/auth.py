@@ -50,6 +50,7 @@ import contextvars
 import enum
 import hashlib
 import inspect
+import ipaddress
 import os
 import re
 import time
@@ -438,9 +439,7 @@ class Authenticator:
             if found is None:
                 raise Refused(grpc.StatusCode.UNAUTHENTICATED, "the bearer token is not known to this server")
             return found
-        peer = auth_context()
-        names = [n.decode(errors="replace") for key in ("x509_common_name", "x509_subject_alternative_name")
-                 for n in peer.get(key, ())]
+        names = certificate_names(auth_context())
         for name in names:
             for rule in self._certs:
                 m = rule.pattern.fullmatch(name)
@@ -453,6 +452,24 @@ class Authenticator:
                           f"the client certificate ({', '.join(sorted(set(names)))}) names no known principal")
         raise Refused(grpc.StatusCode.UNAUTHENTICATED,
                       "no credential: send 'authorization: Bearer <token>' metadata or a client certificate")
+
+
+def _is_dns_name(name: str) -> bool:
+    """A DNS name, not an IP address, URI or e-mail address (gRPC lists every SAN kind under one property)."""
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return bool(name) and not any(c in name for c in ":/@")
+    return False
+
+
+def certificate_names(peer: Mapping[str, Iterable[bytes]]) -> list[str]:
+    """The names a client certificate is known by: its common name and its DNS subject alternative names only.
+    An IP address is where a certificate may be used, not who holds it: a file naming ``10.0.0.5`` would
+    otherwise admit every certificate issued for that host, whatever its common name."""
+    common = [n.decode(errors="replace") for n in peer.get("x509_common_name", ())]
+    sans = [n.decode(errors="replace") for n in peer.get("x509_subject_alternative_name", ())]
+    return common + [n for n in sans if _is_dns_name(n)]
 
 
 def authorize(principal: Principal, method: str) -> None:
@@ -615,6 +632,25 @@ class SecurityInterceptor(grpc.aio.ServerInterceptor):
         return call
 
 
-__all__ = ["ADMIN", "ANYONE", "COORDINATOR", "NODE", "OPEN", "READ", "RULES", "SERVICES", "Authenticator",
-           "Principal", "PrincipalsError", "Refused", "Role", "SecurityInterceptor", "authorize", "caller",
-           "missing_rules", "require_node", "token_digest"]
+__all__ = [
+    "ADMIN",
+    "ANYONE",
+    "COORDINATOR",
+    "NODE",
+    "OPEN",
+    "READ",
+    "RULES",
+    "SERVICES",
+    "Authenticator",
+    "Principal",
+    "PrincipalsError",
+    "Refused",
+    "Role",
+    "SecurityInterceptor",
+    "authorize",
+    "caller",
+    "certificate_names",
+    "missing_rules",
+    "require_node",
+    "token_digest",
+]

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from loguru import logger
 
 from meta.client import EtcdClient, connect
-from meta.election import Election, current_leader, election_prefix, observe_leader
+from meta.election import Election, current_leader, election_prefix, observe_leader, publish_leader_record
 from meta.errors import MetaError, MetaNoSpace
 from meta.fence import Fence
 from meta.idalloc import IdAllocator
@@ -352,6 +352,9 @@ class Coordinator:
     async def _take_over(self, fence: Fence, term: int, started: list[Callable[[], Awaitable[None]]]) -> None:
         assert self.kv is not None and self.broker is not None
         fenced = self.kv.fenced(fence)
+        # Before any node hears this fence: nodes adopt it only once the record shows it (they may not read
+        # the election, whose keys name the leases).
+        await publish_leader_record(fenced, QUERYCOORD_ELECTION, self.address)
         meta = QueryMeta(fenced)
         await self._load_meta(meta)
         coord_fence = querynode_pb2.CoordFence(leader_revision=fence.revision, coordinator_id=self.server_id)

@@ -249,12 +249,18 @@ _TOKEN_INTERCEPTORS = (_UnaryUnaryToken, _UnaryStreamToken, _StreamUnaryToken, _
 
 
 def make_channel(address: str, security: GrpcSecurity | None = None, *,
-                 options: ChannelOptions = ()) -> grpc.aio.Channel:
+                 options: ChannelOptions = (), bearer: bool = True) -> grpc.aio.Channel:
     """A grpc.aio channel to ``address``: TLS when configured (verifying the server against the CA, presenting
-    this process's certificate), this process's bearer token on every call, explicit message size limits."""
+    this process's certificate), this process's bearer token on every call (unless ``bearer`` is False),
+    explicit message size limits.
+
+    ``bearer=False`` is for peers that are not trusted with the token: a query node found in etcd could replay
+    it to the coordinators and to other nodes as this process. Such a peer authenticates this process by its
+    client certificate, which a TLS handshake proves without handing over anything replayable."""
     security = security or _current
     opts: list[tuple[str, Any]] = [*_message_options(security), *options]
-    interceptors: Sequence[Any] = [kind(security.token) for kind in _TOKEN_INTERCEPTORS] if security.token else ()
+    interceptors: Sequence[Any] = (
+        [kind(security.token) for kind in _TOKEN_INTERCEPTORS] if security.token and bearer else ())
     if not security.tls:
         return grpc.aio.insecure_channel(address, options=opts, interceptors=interceptors)
     assert security.ca_file is not None

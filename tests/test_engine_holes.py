@@ -13,7 +13,7 @@ import time
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
-from meta.election import Election
+from meta.election import Election, publish_leader_record
 from meta.errors import MetaUnavailable
 from meta.etcd_server import EtcdCluster
 from meta.idalloc import IdAllocator
@@ -287,6 +287,8 @@ async def test_a_read_by_the_new_leader_fences_off_the_old_one(etcd: EtcdCluster
         await asyncio.sleep(0.2)  # the new candidate's key is queued behind the old leader's
         await old_e.resign()
         new_fence = await asyncio.wait_for(campaign, 10)
+        assert c.kv is not None
+        await publish_leader_record(c.kv.fenced(new_fence), QUERYCOORD_ELECTION, "new")  # as a leader does first
         new = QueryNodeClient(node.node_id, node.address)
         new.fence = querynode_pb2.CoordFence(leader_revision=new_fence.revision, coordinator_id=2)
         old = QueryNodeClient(node.node_id, node.address)

@@ -13,6 +13,7 @@ node with the same id exits with one ``error:`` line.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import sys
 import time
@@ -21,11 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from etcd3aio._protobuf import LeaseKeepAliveRequest
 from etcd3aio.auth import PermissionType
 from etcd3aio.kv import prefix_range_end
 
 from meta.child import child_env
 from meta.client import EtcdClient, connect
+from meta.election import read_leader_record
 from meta.errors import MetaAuthError
 from meta.etcd_roles import enable_auth, plan_roles
 from meta.etcd_server import EtcdCluster
@@ -33,6 +36,7 @@ from meta.kv import MetaKV
 from meta.session import Session, SessionIdTaken, list_sessions
 from meta.session_guard import SessionGuard
 from querycoord.cli.etcd_admin import NODE_READS
+from querycoord.protocol import QUERYCOORD_ELECTION
 from tests.spawn import Spawned, spawn_coordinator, spawn_query_node, spawn_ready
 
 ROOT = "prod"
@@ -388,3 +392,74 @@ async def test_a_fixed_id_held_by_a_live_session_is_refused_and_free_again_after
 async def test_a_fixed_id_must_be_a_positive_int64(kv: MetaKV, bad: int) -> None:
     with pytest.raises(ValueError, match="positive 64-bit"):
         Session(kv, "querynode", "x", server_id=bad)
+
+
+# ----- the leader's lease is no node's to renew ---------------------------------------------------------------------
+async def _renew(client: EtcdClient, lease_id: int) -> None:
+    """One keepalive of ``lease_id``: etcd checks no permission for it, only that the lease exists."""
+    async def requests() -> AsyncIterator[LeaseKeepAliveRequest]:
+        yield LeaseKeepAliveRequest(ID=lease_id)
+
+    call = client.lease.LeaseKeepAlive(requests(), metadata=client.metadata, timeout=2)
+    try:
+        async for _ in call:
+            return
+    finally:
+        call.cancel()
+
+
+async def _renew_every_lease_it_can_learn(client: EtcdClient, stop: asyncio.Event) -> set[int]:
+    """What a hostile node does: read every key it may (the election above all) and renew each lease it sees."""
+    kv = MetaKV(client, ROOT)
+    learned: set[int] = set()
+    while not stop.is_set():
+        for prefix in ("election/querycoord/", "leader-record/querycoord", "session/querynode-7"):
+            with contextlib.suppress(MetaAuthError):
+                for item in (await kv.load_prefix(prefix)).kvs:
+                    learned |= {item.lease} - {0}
+                    tail = item.key.rsplit("/", 1)[-1]
+                    with contextlib.suppress(ValueError):
+                        learned.add(int(tail, 16))
+        for lease in learned:
+            with contextlib.suppress(Exception):
+                await _renew(client, lease)
+        await asyncio.sleep(0.3)
+    return learned
+
+
+async def test_a_node_credential_cannot_keep_a_dead_leader_leading(secured: Secured, tmp_path: Path) -> None:
+    root = ROOT
+    started: list[Spawned] = []
+    attacker = await as_user(secured, "querynode-7")
+    stop = asyncio.Event()
+    try:
+        first = await spawn_coordinator(secured.cluster, root, tmp_path, env=secured.env("coordinator"), name="c1")
+        started.append(first)
+        await first.wait_event("leader", 60)
+        second = await spawn_coordinator(secured.cluster, root, tmp_path, env=secured.env("coordinator"), name="c2")
+        started.append(second)
+        coord = await as_user(secured, "coordinator")
+        try:
+            deadline = time.monotonic() + 60
+            while await MetaKV(coord, root).count_prefix("election/querycoord/") < 2:  # the standby queued
+                assert time.monotonic() < deadline, second.tail()
+                await asyncio.sleep(0.2)
+        finally:
+            await coord.close()
+        kv = MetaKV(attacker, root)
+        await refused(kv.load_prefix("election/"), "querynode-7")  # the election names the leases
+        record = await read_leader_record(kv, QUERYCOORD_ELECTION)
+        assert record is not None and record.value == first.address
+        hostile = asyncio.create_task(_renew_every_lease_it_can_learn(attacker, stop))
+        await asyncio.sleep(1.0)
+        await first.kill()
+        await second.wait_event("leader", 45)  # TTL 2 s: well within, unless someone renews the dead lease
+        newer = await read_leader_record(kv, QUERYCOORD_ELECTION)
+        assert newer is not None and newer.value == second.address and newer.revision > record.revision
+        stop.set()
+        await hostile
+    finally:
+        stop.set()
+        for p in started:
+            await p.stop()
+        await attacker.close()

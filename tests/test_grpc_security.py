@@ -21,6 +21,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -28,6 +29,7 @@ import pytest
 from meta.child import child_env
 from meta.etcd_server import EtcdCluster
 from meta.kv import MetaKV
+from meta.session import Session
 from proto import (
     catalog_pb2,
     catalog_pb2_grpc,
@@ -524,3 +526,106 @@ async def test_development_mode_is_the_default_and_warns_once(etcd: EtcdCluster,
 def test_no_secret_in_the_environment_of_this_module() -> None:
     """The tests above pass tokens by file or variable to children; nothing leaks into this process's environment."""
     assert not any(k.startswith("QUERYCOORD_AUTH") for k in os.environ)
+
+
+async def test_an_ip_address_in_a_certificate_names_no_principal(kv: MetaKV, pki: Pki, tmp_path: Path) -> None:
+    """A principals file naming ``127.0.0.1`` must not match every certificate whose SANs hold that IP (all of
+    this CA's do): only DNS names and the common name count. The same file's DNS entry still matches."""
+    principals = tmp_path / "principals.toml"
+    principals.write_text('[[certificate]]\nname = "127.0.0.1"\nrole = "admin"\n\n'
+                          '[[certificate]]\nname = "cli-user"\nrole = "reader"\n')
+    security = GrpcSecurity(ca_file=pki.ca.ca_file, cert_file=pki.query_node.cert, key_file=pki.query_node.key,
+                            client_auth=True, tokens_file=principals)
+    server, port = await start_catalog_server(CatalogStore(kv), security=security)
+    try:
+        create = catalog_pb2.CreateCollectionRequest(collection_name="by_ip", num_partitions=1)
+        show = catalog_pb2.ShowCollectionsRequest()
+        for cert, expect in ((pki.stream_node, grpc.StatusCode.UNAUTHENTICATED),
+                             (pki.user, grpc.StatusCode.PERMISSION_DENIED)):
+            async with make_channel(f"127.0.0.1:{port}", identity(pki, cert)) as ch:
+                stub = catalog_pb2_grpc.CatalogStub(ch)
+                assert await code_of(stub.CreateCollection(create, timeout=5)) == expect, cert
+                if cert is pki.user:  # known by its common name: a reader
+                    assert await code_of(stub.ShowCollections(show, timeout=5)) == grpc.StatusCode.OK
+    finally:
+        await server.stop(None)
+
+
+class _Recorder(grpc.GenericRpcHandler):
+    """A fake query node's server: records the metadata of every call it gets, answers none (UNIMPLEMENTED)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple[tuple[str, Any], ...]]] = []
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> None:
+        self.calls.append((handler_call_details.method, tuple(handler_call_details.invocation_metadata)))
+        return None
+
+
+async def test_a_fake_node_gets_nothing_it_can_replay_as_the_coordinator(etcd: EtcdCluster, kv: MetaKV,
+                                                                         root_path: str, pki: Pki,
+                                                                         tmp_path: Path) -> None:
+    """The coordinator holds a token of the coordinator role besides its certificate (for a remote catalog, say).
+    A node registered as nodes register (its own session, its own CA certificate) gets the coordinator's calls:
+    whatever credential they carry, replayed to the coordinator and to another node, is refused, and the other
+    node's collection stays loaded."""
+    coord_cfg = write_config(tmp_path / "coord.toml", etcd, pki, pki.coordinator)
+    node_cfg = write_config(tmp_path / "querynode.toml", etcd, pki, pki.query_node)
+    user_cfg = write_config(tmp_path / "user.toml", etcd, pki, pki.user, principals=False)
+    fake_cert = pki.ca.issue("querynode-9")
+    recorder = _Recorder()
+    fake_security = GrpcSecurity(ca_file=pki.ca.ca_file, cert_file=fake_cert.cert, key_file=fake_cert.key)
+    fake = make_server(fake_security)
+    fake.add_generic_rpc_handlers((recorder,))
+    fake_port = add_port(fake, "127.0.0.1:0", fake_security)
+    await fake.start()
+    procs: list[Spawned] = []
+    session: Session | None = None
+    try:
+        coord_env = {**child_env(), "QUERYCOORD_AUTH_TOKEN_FILE": str(pki.token_files["coord"])}
+        coord = await spawn_coordinator(etcd, root_path, tmp_path, "--config", str(coord_cfg), log_level="INFO",
+                                        env=coord_env)
+        procs.append(coord)
+        await coord.wait_event("leader", 60)
+        node = await spawn_query_node(etcd, root_path, tmp_path, "--config", str(node_cfg), "--listen",
+                                      "127.0.0.1:0", "--ttl", "2", "--node-id", str(QUERY_NODE_ID))
+        procs.append(node)
+        admin_env = {**child_env(), "QUERYCOORD_CONFIG": str(user_cfg),
+                     "QUERYCOORD_AUTH_TOKEN_FILE": str(pki.token_files["admin"])}
+        at = ("--address", coord.address, "--timeout", "30")
+        code, out, err = await querycoord("collection", "create", "c1", "--segments", "6", *at, env=admin_env)
+        assert code == 0, out + err
+        code, out, err = await querycoord("collection", "load", "c1", *at, env=admin_env)
+        assert code == 0, out + err + coord.tail() + node.tail()
+
+        session = Session(kv, "querynode", f"127.0.0.1:{fake_port}", ttl=2, server_id=9,
+                          extra={"capacity_bytes": 1 << 30})
+        await session.start()
+
+        async def called() -> bool:
+            return bool(recorder.calls)
+
+        await poll("the coordinator calls the fake node", called, timeout=60)
+        replay = tuple({k: v for _, md in recorder.calls for k, v in md
+                        if k != "user-agent" and not k.startswith(("grpc-", ":"))}.items())
+        as_fake = identity(pki, fake_cert)
+        async with make_channel(node.address, as_fake) as ch:
+            code = await code_of(querynode_pb2_grpc.QueryNodeStub(ch).ReleaseCollection(
+                querynode_pb2.ReleaseCollectionRequest(node_id=QUERY_NODE_ID, collection_id=1), metadata=replay,
+                timeout=5))
+            assert code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED), code
+        async with make_channel(node.address, identity(pki, pki.user, pki.tokens["reader"])) as ch:
+            dist = await querynode_pb2_grpc.QueryNodeStub(ch).GetDataDistribution(
+                querynode_pb2.GetDataDistributionRequest(), timeout=5)
+            assert len(dist.segments) == 6  # still loaded
+        async with make_channel(coord.address, as_fake) as ch:
+            code = await code_of(qc_grpc.QueryCoordStub(ch).StepBack(querycoord_pb2.StepBackRequest(),
+                                                                    metadata=replay, timeout=5))
+            assert code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED), code
+        assert not [k for _, md in recorder.calls for k, _v in md if k == "authorization"]
+    finally:
+        if session is not None:
+            await session.close()
+        for p in reversed(procs):
+            await p.stop()
+        await fake.stop(None)

@@ -24,7 +24,7 @@ from typing import Any
 
 from meta.client import connect
 from meta.config import EtcdConfig
-from meta.election import election_prefix
+from meta.election import leader_record_key
 from meta.errors import MetaError
 from meta.etcd_roles import RolePlan, apply_roles, auth_enabled, enable_auth, password_files, plan_roles
 from meta.etcd_server import DEFAULT_QUOTA_BYTES
@@ -159,9 +159,10 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     return 0
 
 
-# What a node reads besides its own session key: a query node reads the election, to check a new leader's fence
-# before adopting it; a stream node finds the coordinators by their sessions and its snode under stream/snodes/.
-NODE_READS = {QUERYNODE_ROLE: (election_prefix(QUERYCOORD_ELECTION),),
+# What a node reads besides its own session key: a query node reads the leader record (never the election, whose
+# keys name the coordinators' leases), to check a new leader's fence before adopting it; a stream node finds the
+# coordinators by their sessions and its snode under stream/snodes/.
+NODE_READS = {QUERYNODE_ROLE: (leader_record_key(QUERYCOORD_ELECTION),),
               STREAMNODE_ROLE: (role_prefix(QUERYCOORD_ROLE), SNODES_PREFIX)}
 
 

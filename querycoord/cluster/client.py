@@ -38,7 +38,10 @@ class QueryNodeClient:
     """One channel per node; ``fence`` is stamped on mutating requests by ``call``.
 
     The channel is this process's (``grpc_channels``): with TLS it presents the coordinator's certificate (mutual
-    TLS), and its token, so the node knows a coordinator calls.
+    TLS), so the node knows a coordinator calls. It never carries the coordinator's bearer token: a node is
+    whatever registered a session in etcd, and a token it received would let it call the coordinators and the
+    other nodes as the coordinator; a certificate proves itself in the handshake and gives the node nothing to
+    replay.
     """
 
     def __init__(self, node_id: int, address: str, *, timeout: float = 10.0, security: GrpcSecurity | None = None):
@@ -48,6 +51,7 @@ class QueryNodeClient:
         self._channel = make_channel(
             address,
             security,
+            bearer=False,
             options=[
                 ("grpc.initial_reconnect_backoff_ms", 100),
                 ("grpc.max_reconnect_backoff_ms", 1000),

@@ -30,7 +30,7 @@ import grpc
 from loguru import logger
 
 from meta.config import EtcdConfig
-from meta.election import current_leader, election_prefix
+from meta.election import read_leader_record
 from meta.errors import MetaError
 from meta.kv import MetaKV
 from meta.session import DEFAULT_TTL, Session
@@ -258,19 +258,20 @@ class QueryNode(SessionNode):
         The mark only rises, and every lower fence is refused from then on: one request with a made-up revision
         (2**63-1, or a standby's election key) would make the node refuse every real leader, each of which would
         take STALE_LEADER for lost leadership and resign, for ever. So before adopting a higher revision the node
-        reads the election: the revision must be the create revision of its lowest key, the leader's. One etcd
-        read per leader change; a deposed leader's older revision is refused as stale.
+        reads the leader record (``meta.election``), which only a leader can write (through its fence): the
+        revision must be the record's. One etcd read per leader change; a deposed leader's older revision is
+        refused as stale. The node never reads the election itself: its keys name the coordinators' leases.
         """
         fence = request.fence if request.HasField("fence") else None
         if not self.verify_fences or fence is None or fence.leader_revision <= self.state.fence.leader_revision:
             return None
         revision = fence.leader_revision
         try:
-            leader = await current_leader(self.kv, election_prefix(QUERYCOORD_ELECTION))
+            record = await read_leader_record(self.kv, QUERYCOORD_ELECTION)
         except MetaError as exc:
-            return NodeRefusal(EC.NOT_READY, f"{kind}: cannot check fence revision {revision} against the election "
-                                             f"in etcd ({exc}); retry")
-        held = leader.create_revision if leader is not None else 0
+            return NodeRefusal(EC.NOT_READY, f"{kind}: cannot check fence revision {revision} against the leader "
+                                             f"record in etcd ({exc}); retry")
+        held = record.revision if record is not None else 0
         if revision == held:
             return None
         if revision < held:
