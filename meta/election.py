@@ -71,15 +71,15 @@ class Election:
         wait is cancelled or fails, the candidate's key is removed so that it
         does not block the candidates behind it.
         """
-        if self.session.lease_id == 0:
+        if self.session.campaign_lease_id == 0:
             raise RuntimeError("start the session before campaigning")
         val = value.encode() if isinstance(value, str) else value
         client = self.kv.client
-        key = f"{self.prefix}{self.session.lease_id:x}"
+        key = f"{self.prefix}{self.session.campaign_lease_id:x}"
         abs_key = self.kv.abs_key(key)
         txn = TxnRequest(
             compare=[Compare(result=Compare.EQUAL, target=Compare.CREATE, key=abs_key, create_revision=0)],
-            success=[RequestOp(request_put=PutRequest(key=abs_key, value=val, lease=self.session.lease_id))],
+            success=[RequestOp(request_put=PutRequest(key=abs_key, value=val, lease=self.session.campaign_lease_id))],
             failure=[RequestOp(request_range=RangeRequest(key=abs_key))],
         )
         resp = await client.call(f"campaign {key}", lambda t: client.kv.Txn(txn, metadata=client.metadata, timeout=t))
@@ -154,7 +154,7 @@ class Election:
         abs_key = self.kv.abs_key(self._key)
         txn = TxnRequest(
             compare=[Compare(result=Compare.EQUAL, target=Compare.CREATE, key=abs_key, create_revision=self._rev)],
-            success=[RequestOp(request_put=PutRequest(key=abs_key, value=val, lease=self.session.lease_id))],
+            success=[RequestOp(request_put=PutRequest(key=abs_key, value=val, lease=self.session.campaign_lease_id))],
         )
         resp = await client.call("proclaim", lambda t: client.kv.Txn(txn, metadata=client.metadata, timeout=t))
         if not resp.succeeded:

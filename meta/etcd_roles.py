@@ -6,7 +6,8 @@ deployments share one etcd):
 
 =================  ===========================================================
 ``coordinator``    readwrite on ``R/`` (every key of the deployment)
-``reader``         read on ``R/`` (status commands, dashboards)
+``reader``         read on ``R/`` except ``R/election/`` (status commands,
+                   dashboards): two ranges, since etcd cannot subtract
 ``querynode-<n>``  readwrite on exactly the key ``R/session/querynode-<n>``
                    (no range: ``querynode-1`` cannot read ``querynode-12``);
                    read on the prefixes ``node_reads`` names for the role
@@ -44,6 +45,7 @@ from etcd3aio.kv import prefix_range_end
 from loguru import logger
 
 from meta.client import EtcdClient
+from meta.election import ELECTION_PREFIX
 from meta.errors import InvalidKey, MetaAuthError
 
 ROOT = "root"
@@ -51,6 +53,8 @@ COORDINATOR = "coordinator"
 READER = "reader"
 NODE_ROLES = ("querynode", "streamnode")
 SESSION_PREFIX = "session/"
+# What the reader may not read: the election (meta.election), whose keys carry the candidates' private leases.
+READER_HIDDEN = (ELECTION_PREFIX,)
 _NAME = re.compile(r"^[A-Za-z0-9_.-]*$")
 
 Say = Callable[[str], None]
@@ -58,11 +62,13 @@ Say = Callable[[str], None]
 
 @dataclass(frozen=True)
 class Grant:
-    """One permission: ``write`` adds write to read; ``prefix`` covers every key starting with ``key``."""
+    """One permission: ``write`` adds write to read; ``prefix`` covers every key starting with ``key``; ``end``
+    (instead) covers the keys from ``key`` up to, not including, ``end``."""
 
     key: str
     prefix: bool
     write: bool
+    end: str = ""
 
     @property
     def perm_type(self) -> PermissionType:
@@ -70,11 +76,27 @@ class Grant:
 
     @property
     def range_end(self) -> bytes:
+        if self.end:
+            return self.end.encode()
         return prefix_range_end(self.key.encode()) if self.prefix else b""
 
     def describe(self) -> str:
-        what = "prefix" if self.prefix else "key"
-        return f"{'readwrite' if self.write else 'read'} {what} {self.key}"
+        what = f"range [{self.key}, {self.end})" if self.end else \
+            f"{'prefix' if self.prefix else 'key'} {self.key}"
+        return f"{'readwrite' if self.write else 'read'} {what}"
+
+
+def read_all_but(top: str, hidden: Sequence[str]) -> tuple[Grant, ...]:
+    """Read grants covering every key under ``top`` except those under each of ``hidden`` (etcd grants cannot
+    subtract: the complement of the hidden prefixes, as ranges)."""
+    cuts = sorted(top + h for h in hidden)
+    grants, start = [], top
+    for cut in cuts:
+        if cut > start:
+            grants.append(Grant(start, prefix=False, write=False, end=cut))
+        start = max(start, prefix_range_end(cut.encode()).decode())
+    grants.append(Grant(start, prefix=False, write=False, end=prefix_range_end(top.encode()).decode()))
+    return tuple(grants)
 
 
 @dataclass(frozen=True)
@@ -143,7 +165,8 @@ def plan_roles(
         raise ValueError(f"node_reads names unknown node roles {sorted(unknown)}; known: {list(NODE_ROLES)}")
     roles = [
         RoleSpec(pre + COORDINATOR, (Grant(top, prefix=True, write=True),)),
-        RoleSpec(pre + READER, (Grant(top, prefix=True, write=False),)),
+        # Not the election: its keys carry the candidates' leases, which whoever learns one can renew.
+        RoleSpec(pre + READER, read_all_but(top, READER_HIDDEN)),
     ]
     for role, ids in (("querynode", querynodes), ("streamnode", streamnodes)):
         for n in node_ids(ids, role):

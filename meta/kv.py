@@ -199,7 +199,8 @@ class MetaKV:
         return resp.count  # type: ignore[attr-defined]
 
     async def load_prefix(
-        self, prefix: str, *, page_size: int = DEFAULT_PAGE_SIZE, keys_only: bool = False, through: str | None = None
+        self, prefix: str, *, page_size: int = DEFAULT_PAGE_SIZE, keys_only: bool = False, through: str | None = None,
+        until: str | None = None, revision: int = 0,
     ) -> PrefixSnapshot:
         """Every key under ``prefix``, read page by page at one revision.
 
@@ -209,19 +210,23 @@ class MetaKV:
         If the revision is compacted mid-way the load starts over.
 
         ``through``: read every key from ``prefix`` up to and including the keys under ``through`` (several
-        neighbouring prefixes as one snapshot at one revision).
+        neighbouring prefixes as one snapshot at one revision). ``until``: read from ``prefix`` up to, not including,
+        the key ``until`` (a credential that may read around a prefix but not it). ``revision``: read as of it (to
+        join several loads into one snapshot; a compacted one is then an error).
         """
         start = self.abs_prefix(prefix)
-        end = prefix_range_end(self.abs_prefix(through if through is not None else prefix))
+        end = self.abs_key(until) if until is not None else \
+            prefix_range_end(self.abs_prefix(through if through is not None else prefix))
         while True:
             try:
-                return await self._load_pages(start, end, page_size, keys_only)
+                return await self._load_pages(start, end, page_size, keys_only, revision)
             except grpc.aio.AioRpcError as exc:
-                if exc.code() == grpc.StatusCode.OUT_OF_RANGE and "compacted" in (exc.details() or ""):
+                if not revision and exc.code() == grpc.StatusCode.OUT_OF_RANGE and "compacted" in (exc.details() or ""):
                     continue
                 raise
 
-    async def _load_pages(self, start: bytes, end: bytes, page_size: int, keys_only: bool) -> PrefixSnapshot:
+    async def _load_pages(self, start: bytes, end: bytes, page_size: int, keys_only: bool,
+                          revision: int = 0) -> PrefixSnapshot:
         """Pages of ``page_size`` keys at first, each next page twice as large up to ``MAX_PAGE_SIZE``.
 
         Why growing: etcd answers every page with the count of the whole rest of the range, which it finds by
@@ -230,7 +235,6 @@ class MetaKV:
         answer exceeds the gRPC receive limit is halved, and pages stay below that size from then on.
         """
         kvs: list[object] = []
-        revision = 0
         key = start
         limit = page_size
         ceiling = max(page_size, MAX_PAGE_SIZE)

@@ -187,9 +187,15 @@ class Session:
         ttl: float = DEFAULT_TTL,
         extra: dict[str, Any] | None = None,
         server_id: int | None = None,
+        private_lease: bool = False,
     ):
         """``server_id``: register under this fixed id instead of allocating one from ``SERVER_ID_KEY`` (a node
-        whose etcd role may write only its own session key cannot write the shared counter)."""
+        whose etcd role may write only its own session key cannot write the shared counter).
+
+        ``private_lease``: also keep a second lease, ``campaign_lease_id``, that no key others read carries: etcd
+        returns a key's lease id on every read and lets anyone renew a lease whose id they know, so a candidate
+        whose election key shared the session key's lease could be kept leading after death by whoever may read
+        its session. Losing either lease loses the session."""
         if ttl < MIN_TTL:
             raise ValueError(f"session TTL must be at least {MIN_TTL:g}s, got {ttl:g}s")
         self.kv = kv
@@ -202,10 +208,17 @@ class Session:
         self.lost = asyncio.Event()
         self.lost_reason: str | None = None
         self.lease_id = 0
+        self.private_lease = private_lease
+        self.private_lease_id = 0
         self.info: SessionInfo | None = None
         self.create_revision = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._last_keepalive = 0.0
+
+    @property
+    def campaign_lease_id(self) -> int:
+        """The lease an election key of this session carries: the private one if the session keeps one."""
+        return self.private_lease_id if self.private_lease else self.lease_id
 
     @property
     def server_id(self) -> int:
@@ -256,6 +269,12 @@ class Session:
             await asyncio.sleep(0.5)
         self.create_revision = resp.header.revision
         self.info = info
+        if self.private_lease:
+            try:
+                self.private_lease_id = await self._grant("Lease.Grant (private)")
+            except BaseException:
+                await self._revoke()
+                raise
         self._tasks = [
             asyncio.create_task(self._guarded("session keepalive", self._keepalive),
                                 name=f"session-keepalive-{info.key}"),
@@ -275,11 +294,7 @@ class Session:
     async def _register_once(self, info: SessionInfo) -> Any:
         """Grant a lease and create the key under it if absent; a failed attempt revokes its lease."""
         client = self.kv.client
-        lease = await client.call(
-            "Lease.Grant",
-            lambda t: client.lease.LeaseGrant(LeaseGrantRequest(TTL=self.ttl), metadata=client.metadata, timeout=t),
-        )
-        self.lease_id = lease.ID
+        self.lease_id = await self._grant("Lease.Grant")
         self._last_keepalive = time.monotonic()
         key = self.kv.abs_key(info.key)
         txn = TxnRequest(
@@ -297,6 +312,14 @@ class Session:
         if not resp.succeeded:
             await self._revoke()
         return resp
+
+    async def _grant(self, operation: str) -> int:
+        client = self.kv.client
+        lease = await client.call(
+            operation,
+            lambda t: client.lease.LeaseGrant(LeaseGrantRequest(TTL=self.ttl), metadata=client.metadata, timeout=t),
+        )
+        return int(lease.ID)
 
     async def _holder_ttl(self, lease_id: int) -> float:
         """Seconds the lease holding our key has left (our own TTL if etcd does not say)."""
@@ -330,11 +353,17 @@ class Session:
             logger.log(level, "session {} ended: {}", self.info.key if self.info else "?", reason)
 
     async def _keepalive_once(self, timeout: float) -> int:
-        """One keepalive round trip; returns the TTL etcd reports (<= 0: the lease is gone)."""
+        """One keepalive round trip of each lease; the lowest TTL etcd reports (<= 0: a lease is gone)."""
+        ttl = await self._keepalive_lease(self.lease_id, timeout)
+        if self.private_lease_id and ttl > 0:
+            ttl = min(ttl, await self._keepalive_lease(self.private_lease_id, timeout))
+        return ttl
+
+    async def _keepalive_lease(self, lease_id: int, timeout: float) -> int:
         client = self.kv.client
 
         async def requests():
-            yield LeaseKeepAliveRequest(ID=self.lease_id)
+            yield LeaseKeepAliveRequest(ID=lease_id)
 
         call = client.lease.LeaseKeepAlive(requests(), metadata=client.metadata, timeout=timeout)
         try:
@@ -385,14 +414,17 @@ class Session:
 
     async def _revoke(self) -> None:
         client = self.kv.client
-        with contextlib.suppress(Exception):
-            await client.call(
-                "Lease.Revoke",
-                lambda t: client.lease.LeaseRevoke(
-                    LeaseRevokeRequest(ID=self.lease_id), metadata=client.metadata, timeout=t
-                ),
-                deadline=2.0,
-            )
+        for lease_id in (self.private_lease_id, self.lease_id):
+            if not lease_id:
+                continue
+            with contextlib.suppress(Exception):
+                await client.call(
+                    "Lease.Revoke",
+                    lambda t, i=lease_id: client.lease.LeaseRevoke(  # type: ignore[misc]
+                        LeaseRevokeRequest(ID=i), metadata=client.metadata, timeout=t
+                    ),
+                    deadline=2.0,
+                )
 
     async def close(self, *, revoke: bool = True) -> None:
         """Stop keepalive; with ``revoke`` the key disappears at once instead of after the TTL."""

@@ -179,7 +179,8 @@ class Coordinator:
         assert self.kv is not None
         while not self._stopping:
             try:
-                self.session = Session(self.kv, QUERYCOORD_ROLE, self.address, ttl=self.config.session_ttl)
+                self.session = Session(self.kv, QUERYCOORD_ROLE, self.address, ttl=self.config.session_ttl,
+                                       private_lease=True)
                 await self.session.start()
                 election = Election(self.kv, self.session, QUERYCOORD_ELECTION)
                 self.election = election

@@ -4,8 +4,9 @@ Two readers, one gathering:
 
 * ``gather_status`` is ``querycoord status``: it reads etcd, not a
   coordinator, so it works with no leader at all. The coordinators are the
-  live coordinator sessions joined (by lease) with their election keys, whose
-  order says who leads and who is next; each is then asked for its gRPC
+  live coordinator sessions joined (by address) with their election keys, whose
+  order says who leads and who is next (or, for a credential that may not read
+  the election, with what each coordinator says of its own place); each is then asked for its gRPC
   health and its own view (``GetCoordinatorState``), and one that does not
   answer is shown as such, not as an error. The nodes are the live node
   sessions; the etcd members come from ``meta.maintenance.cluster_status``.
@@ -40,6 +41,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from meta.client import connect
 from meta.config import EtcdConfig
+from meta.errors import MetaAuthError
 from meta.kv import MetaKV
 from meta.maintenance import cluster_status
 from meta.session import SessionInfo, list_sessions, role_prefix
@@ -50,7 +52,7 @@ from querycoord.client import CoordinatorUnavailable, QueryCoordClient
 from querycoord.draw_health import health_record
 from querycoord.grpc_channels import make_channel
 from querycoord.protocol import QUERYCOORD_ROLE, QUERYNODE_ROLE, STREAMNODE_ROLE
-from querycoord.switchover import call_coordinator, candidates, switchover_holder
+from querycoord.switchover import Candidate, call_coordinator, candidates, switchover_holder
 
 if TYPE_CHECKING:
     from querycoord.coordinator import Coordinator
@@ -98,35 +100,51 @@ async def _self_view(address: str, timeout: float) -> qc.GetCoordinatorStateResp
 
 async def coordinator_rows(kv: MetaKV, probe_timeout: float) -> list[dict[str, Any]]:
     """One row per coordinator address: the session that is queued in the election wins over a stale one (a
-    coordinator that lost its leadership starts a new session; the old one lives until its lease expires)."""
+    coordinator that lost its leadership starts a new session; the old one lives until its lease expires).
+
+    Sessions and election keys are matched by address (their leases differ: a candidate's election key carries a
+    private lease). A credential that may not read the election (only coordinators may: its keys carry the leases
+    that keep a leader leading) gets the queue from the coordinators themselves: each says its own election revision
+    (``GetCoordinatorState``), so one that does not answer has no place in it."""
     sessions = (await kv.load_prefix(role_prefix(QUERYCOORD_ROLE))).kvs
-    queue = await candidates(kv)
-    place = {c.lease: (i, c) for i, c in enumerate(queue)}
+    queue: list[Candidate] | None
+    try:
+        queue = await candidates(kv)
+    except MetaAuthError:
+        queue = None
+    place = {c.address: (i, c) for i, c in enumerate(queue or [])}
     rows: dict[str, dict[str, Any]] = {}
     for item in sorted(sessions, key=lambda s: s.create_revision):
         info = SessionInfo.parse(item.key, item.value)
         if info is None:
             continue
-        queued = place.get(item.lease)
-        row = {"address": info.address, "server_id": info.server_id,
-               "role": "starting" if queued is None else "leader" if queued[0] == 0 else "standby",
-               "queue_position": None if queued is None else queued[0],
-               "election_revision": None if queued is None else queued[1].create_revision}
-        if queued is not None or info.address not in rows or rows[info.address]["queue_position"] is None:
-            rows[info.address] = row
-    for i, c in enumerate(queue):  # a candidate without a session: only while its lease expires
+        queued = place.get(info.address)
+        role = "unknown" if queue is None else "starting" if queued is None else "leader" if queued[0] == 0 \
+            else "standby"
+        rows[info.address] = {"address": info.address, "server_id": info.server_id, "role": role,
+                              "queue_position": None if queued is None else queued[0],
+                              "election_revision": None if queued is None else queued[1].create_revision}
+    for i, c in enumerate(queue or []):  # a candidate without a session: only while its lease expires
         rows.setdefault(c.address, {"address": c.address, "server_id": 0, "role": "leader" if i == 0 else "standby",
                                     "queue_position": i, "election_revision": c.create_revision})
-    out = sorted(rows.values(), key=lambda r: (r["queue_position"] is None, r["queue_position"] or 0, r["address"]))
+    out = list(rows.values())
 
     async def probe(row: dict[str, Any]) -> None:
         row["health"], own = await asyncio.gather(coordinator_health(row["address"], probe_timeout),
                                                   _self_view(row["address"], probe_timeout))
-        row["fence_revision"] = row["election_revision"] if row["role"] == "leader" else None
         row["since"] = own.since_ms / 1000 if own is not None and own.since_ms else None
+        if queue is None and own is not None and own.election_revision > 0:
+            row["election_revision"] = own.election_revision
+            row["role"] = "leader" if own.leader else "standby"
 
     await asyncio.gather(*(probe(r) for r in out))
-    return out
+    if queue is None:
+        said = sorted((r for r in out if r["election_revision"] is not None), key=lambda r: r["election_revision"])
+        for i, r in enumerate(said):
+            r["queue_position"] = i
+    for r in out:
+        r["fence_revision"] = r["election_revision"] if r["role"] == "leader" else None
+    return sorted(out, key=lambda r: (r["queue_position"] is None, r["queue_position"] or 0, r["address"]))
 
 
 def node_rows(sessions: dict[int, SessionInfo], role: str) -> list[dict[str, Any]]:

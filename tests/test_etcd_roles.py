@@ -20,9 +20,10 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
-from etcd3aio._protobuf import LeaseKeepAliveRequest
+from etcd3aio._protobuf import LeaseKeepAliveRequest, RangeRequest
 from etcd3aio.auth import PermissionType
 from etcd3aio.kv import prefix_range_end
 
@@ -126,8 +127,8 @@ async def test_the_roles_hold_exactly_the_plan(secured: Secured, admin: EtcdClie
     plan = plan_roles(ROOT, querynodes=QUERYNODES, streamnodes=STREAMNODES, node_reads=NODE_READS)
     for role in plan.roles:
         resp = await auth.role_get(role.name)
-        held = {(p.key.decode(), p.range_end != b"", p.permType) for p in resp.perm}
-        assert held == {(g.key, g.prefix, int(g.perm_type)) for g in role.grants}, role.name
+        held = {(p.key.decode(), bytes(p.range_end), p.permType) for p in resp.perm}
+        assert held == {(g.key, g.range_end, int(g.perm_type)) for g in role.grants}, role.name
     node = next(r for r in plan.roles if r.name == "querynode-7")
     assert [g.key for g in node.grants if g.write] == ["prod/session/querynode-7"]
     assert all(not g.prefix for g in node.grants if g.write)
@@ -408,18 +409,32 @@ async def _renew(client: EtcdClient, lease_id: int) -> None:
         call.cancel()
 
 
-async def _renew_every_lease_it_can_learn(client: EtcdClient, stop: asyncio.Event) -> set[int]:
-    """What a hostile node does: read every key it may (the election above all) and renew each lease it sees."""
+async def _readable(client: EtcdClient, user: str) -> list[Any]:
+    """Every key ``user`` may read, as etcd returns them (with their lease field): each range its role grants."""
+    role = next(r for r in _PLAN.roles if r.name == user)
+    out: list[Any] = []
+    for grant in role.grants:
+        req = RangeRequest(key=grant.key.encode(), range_end=grant.range_end)
+        resp = await client.call("read", lambda t, r=req: client.kv.Range(r, metadata=client.metadata, timeout=t))
+        out.extend(resp.kvs)
+    return out
+
+
+async def _renew_every_lease_it_can_learn(client: EtcdClient, user: str, stop: asyncio.Event) -> set[int]:
+    """What a hostile node or reader does: read every key it may (and the election, should it be let) and renew
+    each lease it sees, in a key's lease field or named by a key."""
     kv = MetaKV(client, ROOT)
     learned: set[int] = set()
     while not stop.is_set():
-        for prefix in ("election/querycoord/", "leader-record/querycoord", "session/querynode-7"):
-            with contextlib.suppress(MetaAuthError):
-                for item in (await kv.load_prefix(prefix)).kvs:
-                    learned |= {item.lease} - {0}
-                    tail = item.key.rsplit("/", 1)[-1]
-                    with contextlib.suppress(ValueError):
-                        learned.add(int(tail, 16))
+        items: list[Any] = []
+        with contextlib.suppress(MetaAuthError):
+            items += [(x.key.encode(), x.lease) for x in (await kv.load_prefix("election/querycoord/")).kvs]
+        with contextlib.suppress(MetaAuthError):
+            items += [(x.key, x.lease) for x in await _readable(client, user)]
+        for key, lease in items:
+            learned |= {lease} - {0}
+            with contextlib.suppress(ValueError):
+                learned.add(int(key.rsplit(b"/", 1)[-1], 16))
         for lease in learned:
             with contextlib.suppress(Exception):
                 await _renew(client, lease)
@@ -427,39 +442,92 @@ async def _renew_every_lease_it_can_learn(client: EtcdClient, stop: asyncio.Even
     return learned
 
 
-async def test_a_node_credential_cannot_keep_a_dead_leader_leading(secured: Secured, tmp_path: Path) -> None:
-    root = ROOT
+_PLAN = plan_roles(ROOT, querynodes=QUERYNODES, streamnodes=STREAMNODES, node_reads=NODE_READS)
+
+
+async def _leader_and_standby(secured: Secured, tmp_path: Path, started: list[Spawned]) -> tuple[Spawned, Spawned]:
+    first = await spawn_coordinator(secured.cluster, ROOT, tmp_path, env=secured.env("coordinator"), name="c1")
+    started.append(first)
+    await first.wait_event("leader", 60)
+    second = await spawn_coordinator(secured.cluster, ROOT, tmp_path, env=secured.env("coordinator"), name="c2")
+    started.append(second)
+    coord = await as_user(secured, "coordinator")
+    try:
+        deadline = time.monotonic() + 60
+        while await MetaKV(coord, ROOT).count_prefix("election/querycoord/") < 2:  # the standby queued
+            assert time.monotonic() < deadline, second.tail()
+            await asyncio.sleep(0.2)
+    finally:
+        await coord.close()
+    return first, second
+
+
+@pytest.mark.parametrize("user", ["querynode-7", "reader", "streamnode-10"])
+async def test_no_other_credential_can_keep_a_dead_leader_leading(secured: Secured, tmp_path: Path,
+                                                                  user: str) -> None:
+    """Whatever it may read (a node the leader record, a stream node the coordinators' sessions, the reader all
+    but the election), renewing every lease it learns keeps no dead leader leading: the standby takes over."""
     started: list[Spawned] = []
-    attacker = await as_user(secured, "querynode-7")
+    attacker = await as_user(secured, user)
     stop = asyncio.Event()
     try:
-        first = await spawn_coordinator(secured.cluster, root, tmp_path, env=secured.env("coordinator"), name="c1")
-        started.append(first)
-        await first.wait_event("leader", 60)
-        second = await spawn_coordinator(secured.cluster, root, tmp_path, env=secured.env("coordinator"), name="c2")
-        started.append(second)
-        coord = await as_user(secured, "coordinator")
-        try:
-            deadline = time.monotonic() + 60
-            while await MetaKV(coord, root).count_prefix("election/querycoord/") < 2:  # the standby queued
-                assert time.monotonic() < deadline, second.tail()
-                await asyncio.sleep(0.2)
-        finally:
-            await coord.close()
-        kv = MetaKV(attacker, root)
-        await refused(kv.load_prefix("election/"), "querynode-7")  # the election names the leases
-        record = await read_leader_record(kv, QUERYCOORD_ELECTION)
-        assert record is not None and record.value == first.address
-        hostile = asyncio.create_task(_renew_every_lease_it_can_learn(attacker, stop))
+        first, second = await _leader_and_standby(secured, tmp_path, started)
+        kv = MetaKV(attacker, ROOT)
+        await refused(kv.load_prefix("election/"), user)  # the election's keys carry the leases
+        record = await read_leader_record(kv, QUERYCOORD_ELECTION) if user != "streamnode-10" else None
+        assert user == "streamnode-10" or (record is not None and record.value == first.address)
+        hostile = asyncio.create_task(_renew_every_lease_it_can_learn(attacker, user, stop))
         await asyncio.sleep(1.0)
         await first.kill()
         await second.wait_event("leader", 45)  # TTL 2 s: well within, unless someone renews the dead lease
-        newer = await read_leader_record(kv, QUERYCOORD_ELECTION)
-        assert newer is not None and newer.value == second.address and newer.revision > record.revision
+        if record is not None:
+            newer = await read_leader_record(kv, QUERYCOORD_ELECTION)
+            assert newer is not None and newer.value == second.address and newer.revision > record.revision
         stop.set()
-        await hostile
+        learned = await hostile
+        # The reader and a stream node read the coordinators' sessions, and so learn (and renew) their leases.
+        assert learned or user == "querynode-7", "the attacker learned no lease at all: the test proves nothing"
     finally:
         stop.set()
         for p in started:
             await p.stop()
         await attacker.close()
+
+
+async def test_no_key_another_credential_reads_carries_or_names_an_election_lease(secured: Secured,
+                                                                                   tmp_path: Path) -> None:
+    """The audit: with a leader, a standby and a query node running, every key each non-coordinator role may read
+    is read, and no election lease is in its lease field, its name or its value."""
+    started: list[Spawned] = []
+    coord = await as_user(secured, "coordinator")
+    try:
+        first, _ = await _leader_and_standby(secured, tmp_path, started)
+        node = await spawn_query_node(secured.cluster, ROOT, tmp_path, "--node-id", "7", "--ttl", "2",
+                                      "--listen", "127.0.0.1:0", env=secured.env("querynode-7"))
+        started.append(node)
+        election = (await MetaKV(coord, ROOT).load_prefix("election/querycoord/")).kvs
+        leases = {x.lease for x in election}
+        assert len(leases) == 2 and 0 not in leases
+        spelled = {f"{lease:x}".encode() for lease in leases} | {str(lease).encode() for lease in leases}
+        coord_sessions = (await MetaKV(coord, ROOT).load_prefix("session/querycoord-")).kvs
+        assert len(coord_sessions) == 2 and not {x.lease for x in coord_sessions} & leases
+        for role in _PLAN.roles:
+            if role.name == "coordinator":
+                continue
+            client = await as_user(secured, role.name)
+            try:
+                seen = await _readable(client, role.name)
+            finally:
+                await client.close()
+            for item in seen:
+                assert item.lease not in leases, (role.name, item.key)
+                assert not any(s in item.key or s in item.value for s in spelled), (role.name, item.key)
+            if role.name == "reader":  # it reads the rest: the sessions, the leader record
+                keys = {bytes(x.key) for x in seen}
+                assert {b"prod/session/querynode-7", b"prod/leader-record/querycoord"} <= keys, keys
+                assert not any(k.startswith(b"prod/election/") for k in keys)
+        assert first.proc.returncode is None
+    finally:
+        for p in started:
+            await p.stop()
+        await coord.close()

@@ -6,7 +6,7 @@ and ``querycoord meta verify`` does not report its keys as unknown.
 
 from __future__ import annotations
 
-from meta.election import ELECTION_PREFIX
+from meta.election import ELECTION_PREFIX, LEADER_RECORD_PREFIX
 from meta.session import SESSION_PREFIX
 from querycoord.catalog.segment_ids import INDEX_PREFIX as SEGMENT_ID_INDEX_PREFIX
 from querycoord.catalog.store import COLLECTIONS_PREFIX, ID_KEY, NAMES_PREFIX, SEGMENTS_PREFIX
@@ -42,6 +42,7 @@ OWNED: tuple[tuple[str, bool, str], ...] = (
     ("idalloc/", True, "id allocators"),
     (SESSION_PREFIX, True, "sessions"),
     (ELECTION_PREFIX, True, "elections"),
+    (LEADER_RECORD_PREFIX, True, "elections (the leader record)"),
     (SWITCHOVER_KEY, False, "switchover"),
 )
 

@@ -111,7 +111,7 @@ async def apply(kv: MetaKV, *, campaign_timeout: float = CAMPAIGN_TIMEOUT) -> Re
     leader = await _leader(kv)
     if leader is not None:
         raise LeaderLive(*leader)
-    session = Session(kv, REPAIR_ROLE, REPAIR_ADDRESS, ttl=REPAIR_TTL, server_id=REPAIR_SERVER_ID,
+    session = Session(kv, REPAIR_ROLE, REPAIR_ADDRESS, ttl=REPAIR_TTL, server_id=REPAIR_SERVER_ID, private_lease=True,
                       extra={"host": socket.gethostname(), "pid": os.getpid()})
     try:
         await session.start()

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from etcd3aio.kv import prefix_range_end
+
+from meta.election import ELECTION_PREFIX
+from meta.errors import MetaAuthError
 from meta.kv import KeyValue, MetaKV
 
 
@@ -30,8 +34,17 @@ class Snapshot:
 
 
 async def take(kv: MetaKV) -> Snapshot:
-    """Read every key under ``kv``'s root, paged, at one revision."""
-    snap = await kv.load_prefix("")
+    """Read every key under ``kv``'s root, paged, at one revision.
+
+    A credential that may read all but the election (the reader: ``meta.etcd_roles``) reads around it, both
+    parts at one revision; the snapshot then has no election keys."""
+    try:
+        snap = await kv.load_prefix("")
+    except MetaAuthError:
+        before = await kv.load_prefix("", until=ELECTION_PREFIX)
+        after = await kv.load_prefix(prefix_range_end(ELECTION_PREFIX.encode()).decode(), through="",
+                                     revision=before.revision)
+        return Snapshot(kv.root, before.revision, {item.key: item for item in before.kvs + after.kvs})
     return Snapshot(kv.root, snap.revision, {item.key: item for item in snap.kvs})
 
 
