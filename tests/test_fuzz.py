@@ -5,6 +5,7 @@ field of every request drawn, answers classified) are checked without a cluster 
 
 from __future__ import annotations
 
+import json
 import os
 from collections import Counter
 from pathlib import Path
@@ -108,3 +109,11 @@ async def test_fuzz_a_running_cluster(etcd: EtcdCluster, root_path: str, tmp_pat
     assert not report.tracebacks, text
     assert report.leftover_keys == 0, text
     assert not report.violations, text
+    # The resource-exhaustion phase ran (a small one) and every count is 0: the leader kept leading, /healthz
+    # answered, nothing died or grew past its bound, every refusal was clean.
+    assert report.exhaustion is not None, text
+    assert report.exhaustion.sent["http idle"] and report.exhaustion.sent["read status.json"], text
+    assert report.exhaustion.refused["grpc watch RESOURCE_EXHAUSTED"], text  # more streams than the bound
+    assert report.exhaustion.refused["status.json no token 401"] == 1, text
+    assert not report.exhaustion.failed, text
+    assert json.loads(report.json_line())["exhaustion"] == report.exhaustion.counts(), text
