@@ -47,10 +47,12 @@ from querycoord.stream import store as stream_store
 from querycoord.task.store import TASK_PREFIXES
 from querycoord.tooling.drill.invariants import CatalogColl, MetaColl, MetaView, NodeView, check, node_view
 from querycoord.tooling.harness import QUERY_NODE, STREAM_NODE, Harness, Member
+from tests.exhaustion import Exhaustion, ExhaustionOptions, exhaust, target, write_principals
 from tests.fuzzing import COORDINATOR, CaseStrategies, Fuzzer, Stats, World, generate, rpcs, tracebacks
 from tests.fuzzing import QUERY_NODE as QUERY_NODE_SURFACE
 
 EC = common_pb2
+HTTP = ("--http-listen", "127.0.0.1:0")
 
 
 @dataclass
@@ -65,6 +67,8 @@ class FuzzOptions:
     ttl: float = 3.0
     idle_timeout: float = 45.0  # how long task keys may take to drain once the fuzzing stopped
     failover: bool = True
+    # The resource-exhaustion phase (``tests.exhaustion``) after the hostile requests; None: skipped.
+    exhaustion: ExhaustionOptions | None = field(default_factory=ExhaustionOptions.small)
 
 
 @dataclass
@@ -75,18 +79,24 @@ class FuzzReport:
     leftover_keys: int = 0
     leftover_detail: dict[str, int] = field(default_factory=dict)
     violations: list[str] = field(default_factory=list)
+    exhaustion: Exhaustion | None = None
     work: Path | None = None
     elapsed: float = 0.0
 
     def summary(self) -> dict[str, Any]:
-        return {"requests": self.stats.requests, "crashes": self.stats.crashes, "tracebacks": len(self.tracebacks),
-                "unanswered": self.stats.unanswered, "leftover_keys": self.leftover_keys,
-                "violations": len(self.violations), "seed": self.seed}
+        out: dict[str, Any] = {
+            "requests": self.stats.requests, "crashes": self.stats.crashes, "tracebacks": len(self.tracebacks),
+            "unanswered": self.stats.unanswered, "leftover_keys": self.leftover_keys,
+            "violations": len(self.violations)}
+        if self.exhaustion is not None:
+            out["exhaustion"] = self.exhaustion.counts()
+        return out | {"seed": self.seed}
 
     @property
     def failed(self) -> bool:
         s = self.summary()
-        return any(v for k, v in s.items() if k not in ("requests", "seed"))
+        counts = any(v for k, v in s.items() if k not in ("requests", "seed", "exhaustion"))
+        return counts or (self.exhaustion is not None and self.exhaustion.failed)
 
     def render(self) -> str:
         """The table, the distinct failures, tracebacks and violations: what a person reads after a run."""
@@ -104,6 +114,8 @@ class FuzzReport:
                 seen.add(last)
                 out += [f"--- {name}", excerpt]
             out.append("")
+        if self.exhaustion is not None:
+            out.append(self.exhaustion.render())
         if self.leftover_keys:
             out.append(f"task keys left once idle: {self.leftover_detail}")
         for v in self.violations:
@@ -130,7 +142,7 @@ class FuzzCluster:
     # ----- life cycle -------------------------------------------------------------------------------------------
     async def start(self) -> None:
         h = self.harness
-        coords = await asyncio.gather(*(h.start_coordinator(i, "127.0.0.1:0", "--scaled") for i in range(2)))
+        coords = await asyncio.gather(*(h.start_coordinator(i, "127.0.0.1:0", "--scaled", *HTTP) for i in range(2)))
         self.client = QueryCoordClient([c.address for c in coords], deadline=30.0, call_timeout=10.0)
         await h.wait_leader(60)
         self.query_nodes = list(await asyncio.gather(*(
@@ -450,6 +462,10 @@ async def run_fuzz(etcd: EtcdCluster, root: str, work: Path, opts: FuzzOptions,
         report.leftover_keys, report.leftover_detail = sum(left.values()), left
         report.violations += await consistency(cluster, "after fuzzing")
 
+        if opts.exhaustion is not None:
+            report.exhaustion = await exhaustion(cluster, world, opts.exhaustion, say)
+            report.violations += await consistency(cluster, "after exhaustion")
+
         if opts.failover:
             report.violations += await failover(cluster, opts, report, say)
         report.tracebacks = tracebacks(await asyncio.to_thread(cluster.logs))
@@ -457,6 +473,31 @@ async def run_fuzz(etcd: EtcdCluster, root: str, work: Path, opts: FuzzOptions,
         await cluster.stop()
         report.elapsed = time.monotonic() - started
     return report
+
+
+async def exhaustion(cluster: FuzzCluster, world: World, opts: ExhaustionOptions,
+                     say: Callable[[str], None]) -> Exhaustion:
+    """The resource-exhaustion phase against the leader, the standby and a third coordinator started with a
+    principals file (so reads present the reader role's token and its status page is guarded); the third one is
+    stopped afterwards, before the failover, since the nodes of this cluster hold no credential for it."""
+    h = cluster.harness
+    leader = await h.wait_leader(30)
+    principals, reader = await asyncio.to_thread(write_principals, cluster.work)
+    secured = await h.start_coordinator(len(h.coordinators), "127.0.0.1:0", "--scaled", *HTTP,
+                                        "--auth-tokens-file", str(principals))
+    try:
+        others = [target(m, f"standby {m.label}", None) for m in h.coordinators
+                  if m.running and m is not leader and m is not secured]
+        found = await exhaust(h, target(leader, f"leader {leader.label}", None),
+                              [*others, target(secured, f"secured standby {secured.label}", reader)],
+                              next(iter(world.collections)), opts, say)
+    finally:
+        await h.kill(secured, signal.SIGTERM)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(15):
+                await secured.child.proc.wait()
+    say(f"exhaustion: {found.counts()}")
+    return found
 
 
 async def failover(cluster: FuzzCluster, opts: FuzzOptions, report: FuzzReport,
@@ -487,4 +528,4 @@ async def failover(cluster: FuzzCluster, opts: FuzzOptions, report: FuzzReport,
     return out
 
 
-__all__ = ["FuzzCluster", "FuzzOptions", "FuzzReport", "consistency", "failover", "run_fuzz"]
+__all__ = ["FuzzCluster", "FuzzOptions", "FuzzReport", "consistency", "exhaustion", "failover", "run_fuzz"]

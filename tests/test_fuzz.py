@@ -5,6 +5,8 @@ field of every request drawn, answers classified) are checked without a cluster 
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 from collections import Counter
 from pathlib import Path
@@ -15,7 +17,8 @@ from google.protobuf.descriptor import FieldDescriptor
 
 from meta.etcd_server import EtcdCluster
 from proto import catalog_pb2, common_pb2, querycoord_pb2, querynode_pb2, stream_pb2
-from tests.fuzz_cluster import FuzzOptions, run_fuzz
+from tests.exhaustion import Exhaustion, Target, big_heads
+from tests.fuzz_cluster import FuzzOptions, FuzzReport, run_fuzz
 from tests.fuzzing import COORDINATOR, QUERY_NODE, Case, CaseStrategies, Outcome, World, classify, generate, rpcs
 
 CI_REQUESTS = int(os.environ.get("QUERYCOORD_FUZZ_REQUESTS", "1000"))
@@ -94,6 +97,30 @@ def test_answers_are_classified() -> None:
     assert classify(show, None, err(grpc.StatusCode.INTERNAL, "boom")).kind == "crash"
 
 
+async def test_the_exhaustion_phase_counts_an_answer_that_is_no_clean_refusal() -> None:
+    """Its checks can fail: a server that serves a 64 KiB request head (no bound) is counted, and a count fails
+    the run and shows in the JSON line."""
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0, limit=1 << 20)
+    try:
+        port = server.sockets[0].getsockname()[1]
+        found = Exhaustion()
+        await big_heads(Target("unbounded", "127.0.0.1:1", f"127.0.0.1:{port}", None, 0), 2, found)
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert found.unclean_refusals == 2 and found.failed, found.render()
+    report = FuzzReport(seed=1, exhaustion=found)
+    assert report.failed
+    assert json.loads(report.json_line())["exhaustion"]["unclean_refusals"] == 2
+    assert not FuzzReport(seed=1, exhaustion=Exhaustion(rss_growth_mib=12.0)).failed  # a figure, not a count
+
+
 @pytest.mark.timeout(300)
 async def test_fuzz_a_running_cluster(etcd: EtcdCluster, root_path: str, tmp_path: Path) -> None:
     """Hostile input to every RPC of the coordinators (leader and standby), the query nodes and the stream
@@ -108,3 +135,11 @@ async def test_fuzz_a_running_cluster(etcd: EtcdCluster, root_path: str, tmp_pat
     assert not report.tracebacks, text
     assert report.leftover_keys == 0, text
     assert not report.violations, text
+    # The resource-exhaustion phase ran (a small one) and every count is 0: the leader kept leading, /healthz
+    # answered, nothing died or grew past its bound, every refusal was clean.
+    assert report.exhaustion is not None, text
+    assert report.exhaustion.sent["http idle"] and report.exhaustion.sent["read status.json"], text
+    assert report.exhaustion.refused["grpc watch RESOURCE_EXHAUSTED"], text  # more streams than the bound
+    assert report.exhaustion.refused["status.json no token 401"] == 1, text
+    assert not report.exhaustion.failed, text
+    assert json.loads(report.json_line())["exhaustion"] == report.exhaustion.counts(), text
