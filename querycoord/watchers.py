@@ -131,6 +131,11 @@ async def forget_node(env: TaskEnv, node_id: int, *, incarnations: Incarnations,
         txns = await meta.remove_node(node_id)
         logger.info("query node {} forgotten: its copies left query meta and it left its replicas ({} txns)",
                     node_id, txns)
+    # Two forgets of one node may run at once (the session watch's, a checker pass's): the first one's
+    # ``nodes.remove`` lets a node back under its fixed id join, and this one must then leave that incarnation be
+    # (its record and its place in the node map), or the leader would never see it again.
+    if nodes.is_online(node_id):
+        return
     await incarnations.drop(node_id)
     await nodes.remove(node_id)
 

@@ -239,7 +239,10 @@ class NodeManager:
         return node.client
 
     async def remove(self, node_id: int) -> None:
-        """Forget an offline node once nothing refers to it any more."""
+        """Forget an offline node once nothing refers to it any more; an online one (a new incarnation that took
+        the id meanwhile) stays."""
+        if self.is_online(node_id):
+            return
         node = self.nodes.pop(node_id, None)
         if node is not None:
             self.version += 1

@@ -26,7 +26,7 @@ import itertools
 import time
 from collections import deque
 from collections.abc import Callable, Collection
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from loguru import logger
 
@@ -540,6 +540,7 @@ class Scheduler:
 
     async def _run_child(self, t: TriggerTask, child: Task) -> None:
         budget = self.cfg.retry_budget
+        cause: BaseException | None = None
         while child.is_valid():
             child.rec.retry_count += 1
             try:
@@ -547,6 +548,7 @@ class Scheduler:
             except _CHILD_FAILURES as exc:
                 if isinstance(exc, NotLeader) or _is_stale_leader(exc):
                     raise LeadershipLost(str(exc)) from exc
+                cause = exc
                 child.set_error(exc)
                 logger.info("{} attempt {}/{} failed: {}", child.describe(), child.rec.retry_count, budget, exc)
                 exhausted = child.rec.retry_count >= budget and not child.RETRY_WHILE_NODE_ONLINE
@@ -561,16 +563,22 @@ class Scheduler:
             t.on_child_done(child)
             metrics.child_done(child)
             return
-        await self._reschedule(t, child)
+        await self._reschedule(t, child, cause)
 
-    async def _reschedule(self, t: TriggerTask, child: Task) -> None:
+    async def _reschedule(self, t: TriggerTask, child: Task, cause: BaseException | None = None) -> None:
         try:
             new = await self._replacements(t, child)
-        except (TaskError, NoAvailableNode, NodeError) as exc:
+        except NoAvailableNode as exc:
+            if not await t.park_unplaced_child(child, cause, exc):
+                self._unplaceable(child, exc)
             child.set_state(FAILED)
-            last = child.rec.error or "its node went offline"
-            raise TaskError(f"{child.describe()} failed ({last}) and could not be rescheduled: {exc}",
-                            getattr(exc, "code", common_pb2.NO_AVAILABLE_NODE)) from exc
+            logger.info("{} could not be rescheduled ({}); its unit is parked, {} goes on", child.describe(), exc,
+                        t.describe())
+            await self.env.store.replace_child(child.rec, [])
+            t.children = [c for c in t.children if c is not child]
+            return
+        except (TaskError, NodeError) as exc:
+            self._unplaceable(child, exc)
         if new:
             ids = await self.env.ids.allocate(len(new))
             for c, i in zip(new, ids, strict=True):
@@ -583,6 +591,13 @@ class Scheduler:
         await self.env.store.replace_child(child.rec, [c.rec for c in new])
         t.children = [c for c in t.children if c is not child] + new
         await self._run_children(t, new)
+
+    @staticmethod
+    def _unplaceable(child: Task, exc: Exception) -> NoReturn:
+        child.set_state(FAILED)
+        last = child.rec.error or "its node went offline"
+        raise TaskError(f"{child.describe()} failed ({last}) and could not be rescheduled: {exc}",
+                        getattr(exc, "code", common_pb2.NO_AVAILABLE_NODE)) from exc
 
     async def _replacements(self, t: TriggerTask, child: Task) -> list[Task]:
         """``child.reschedule()``; for a tree this leader resumed (a restart, a failover), no online node is not an

@@ -21,12 +21,15 @@ from proto import common_pb2, data_pb2, querynode_pb2, task_pb2
 from proto import querycoord_pb2 as qc
 from querycoord import memory
 from querycoord.cluster.allocator import NoAvailableNode
+from querycoord.cluster.client import NodeError
+from querycoord.messages import load_items
 from querycoord.querymeta.copies import copies
 from querycoord.task.assign import Planned, segment_load_info
 from querycoord.task.children import (
     LoadSegmentsTask,
     ReleaseCollectionOnNodeTask,
     ReleasePartitionsOnNodeTask,
+    WatchDmChannelsTask,
     plan_children,
 )
 from querycoord.task.model import Task, TaskEnv, TaskError, mark_retrieved
@@ -116,6 +119,11 @@ class TriggerTask(Task):
     async def after_failure(self) -> None:
         """Undo query meta written by a failed trigger (after ``roll_back``'s children ran)."""
 
+    async def park_unplaced_child(self, child: Task, cause: BaseException | None, error: NoAvailableNode) -> bool:
+        """A child could not be rescheduled (``error``) after failing with ``cause``: park its unit instead of
+        failing this trigger? True when parked (the scheduler then drops the child). No by default."""
+        return False
+
     def _release_everywhere(self, partition_ids: Iterable[int] = ()) -> list[Task]:
         """Milvus's brute-force rollback: release on every online node."""
         out: list[Task] = []
@@ -133,6 +141,14 @@ class TriggerTask(Task):
                                                            collection_id=self.collection_id, node_id=node.node_id,
                                                            parent=self))
         return out
+
+
+def _lost_or_full(env: TaskEnv, child: Task, cause: BaseException | None) -> bool:
+    """Whether a child failed for want of its node (offline when its turn came, offline now, not reachable) or of
+    room on it; not when its node answered and refused the work."""
+    if cause is None or not env.nodes.is_online(child.node_id):
+        return True
+    return isinstance(cause, NodeError) and (cause.transport or cause.code == common_pb2.NO_AVAILABLE_NODE)
 
 
 class _Touched:
@@ -294,6 +310,25 @@ class _LoadTrigger(TriggerTask):
         node = self.env.meta.segment_copies(segment_id).get(replica_id, 0)
         return bool(node) and self.env.nodes.is_online(node)
 
+    async def park_unplaced_child(self, child: Task, cause: BaseException | None, error: NoAvailableNode) -> bool:
+        """A load answered SUCCESS (its plan persisted) whose child's node was lost, cut off or full, and whose
+        replica has no room (or no node) left for that work: the unit is parked (DESIGN rule 9) and the load goes
+        on, instead of failing and rolling back the whole collection, every other replica included, after its
+        caller was told it succeeded. The checker places the unit when a node joins or memory frees; until then
+        the collection shows what its nodes hold. A node that answers and refuses (anything but "no room") still
+        fails the load, as before: the work fails there, not for want of a place."""
+        replica = getattr(child.request, "replica_id", 0)
+        if not replica or not _lost_or_full(self.env, child, cause):
+            return False
+        if isinstance(child, LoadSegmentsTask):
+            segments, channels = list(load_items(await child.filled_request())), []
+        elif isinstance(child, WatchDmChannelsTask):
+            segments, channels = [], [i.channel_name for i in child.request.infos]
+        else:
+            return False
+        park_unplaced(self.env, self.collection_id, replica, segments, channels, by=self.describe(), error=error)
+        return True
+
     def roll_back(self) -> list[Task]:
         """Undo only what this trigger added: its own partitions, or the whole collection if it created it."""
         if not self.new_partitions:
@@ -371,6 +406,33 @@ class LoadPartitionsTask(_LoadTrigger, kind=qc.TASK_KIND_LOAD_PARTITION, request
         await self._plan(list(self.request.partition_ids))
 
 
+async def show_releasing(env: TaskEnv, collection_id: int, partition_ids: Iterable[int] | None = None) -> None:
+    """Lower the persisted percentages of what a release is about to drop: the partitions to 0 %, each replica to
+    the share of the collection's segments that stays (0 % for the whole collection).
+
+    Why: what users see is the lower of the persisted percentages and what online nodes serve by query meta's
+    copies (``querycoord.served``), and meta forgets the released copies only when the release ends. A release
+    whose child waits for a node that died (until its session lapses) would otherwise show the collection whole
+    for that long while its nodes hold nothing of it (DESIGN rule 8). Two puts, whatever the collection's size;
+    if the release never commits (its leader died first), the checker's next pass sets them from the nodes."""
+    meta = env.meta
+    info = meta.get_collection(collection_id)
+    if info is None:
+        return
+    loaded = {p.partition_id for p in info.partitions}
+    going = loaded if partition_ids is None else loaded & set(partition_ids)
+    if not going:
+        return
+    await meta.set_partition_states(collection_id, {pid: (PARTIAL, 0) for pid in sorted(going)})
+    stays = 0
+    if going != loaded:
+        counts = {pid: len(meta.segment_ids_of(collection_id, pid)) for pid in loaded}
+        total = sum(counts.values())
+        stays = sum(n for pid, n in counts.items() if pid not in going) * 100 // total if total else 100
+    await meta.set_replica_percentages(collection_id, {r.replica_id: min(r.in_memory_percentage, stays)
+                                                       for r in info.replicas})
+
+
 class ReleaseCollectionTask(TriggerTask, kind=qc.TASK_KIND_RELEASE_COLLECTION, request="release_collection"):
     def summary(self) -> str:
         return f"release collection {self.collection_id}"
@@ -378,6 +440,7 @@ class ReleaseCollectionTask(TriggerTask, kind=qc.TASK_KIND_RELEASE_COLLECTION, r
     async def execute(self) -> None:
         self.touched.segments = len(self.env.meta.segment_ids_of(self.collection_id))
         self.children = self._release_everywhere()
+        await show_releasing(self.env, self.collection_id)
 
     async def post_execute(self) -> None:
         await self.env.meta.release_collection(self.collection_id)
@@ -404,6 +467,7 @@ class ReleasePartitionsTask(TriggerTask, kind=qc.TASK_KIND_RELEASE_PARTITION, re
             self.children = self._release_everywhere()
         else:
             self.children = self._release_everywhere(self.request.partition_ids)
+        await show_releasing(self.env, self.collection_id, self.request.partition_ids)
 
     async def post_execute(self) -> None:
         await self.env.meta.release_partitions(self.collection_id, list(self.request.partition_ids))
