@@ -13,6 +13,7 @@ import time
 from meta.etcd_server import EtcdCluster
 from proto import common_pb2
 from proto import querycoord_pb2 as qc
+from querycoord.catalog.store import CatalogStore
 from querycoord.cluster.incarnations import Incarnations
 from querycoord.nodes.querynode import FaultConfig, QueryNode
 from querycoord.tooling.drill.sampler import Sampler
@@ -94,6 +95,34 @@ async def test_a_load_whose_node_is_lost_midway_keeps_its_collection_and_parks_w
 
         await until_true("the parked unit loaded on the node that joined", whole, timeout=60)
         await c.wait_loaded(cid)
+
+
+async def test_a_release_meeting_a_failed_load_in_its_rollback_leaves_the_load_its_own_answer(
+        etcd: EtcdCluster, root_path: str) -> None:
+    """A LoadPartitions with no room fails at once and rolls back on every node (slow nodes: a second); a release
+    of the same partition arrives meanwhile and cancels the load. The cancellation used to cut the rollback short:
+    the load's caller got UNEXPECTED_ERROR ("internal error: CancelledError()"). Now the rollback ends and the
+    caller gets the load's own answer."""
+    slow = FaultConfig(latency_ms=1000)
+    async with QueryCluster(etcd, root_path) as c:
+        await c.start_coordinator()
+        await c.wait_leader()
+        for _ in range(2):
+            await c.add_node(capacity=16 * MiB, faults=slow)  # a partition's 10 segments need 52 MB
+        cid = await c.create_collection("big", partitions=3, segments=30)
+        assert c.client is not None and c.kv is not None
+        pid = (await CatalogStore(c.kv).show_partitions(cid))[0].partition_id
+        load = asyncio.create_task(c.client.query("LoadPartitions", qc.LoadPartitionsRequest(
+            collection_id=cid, partition_ids=[pid])))
+        await asyncio.sleep(0.3)  # the load failed at its plan and rolls back (a second on each node)
+        rel = await c.client.query("ReleasePartitions", qc.ReleasePartitionsRequest(collection_id=cid,
+                                                                                    partition_ids=[pid]))
+        got = await load
+        assert got.status.error_code in (common_pb2.NO_AVAILABLE_NODE, common_pb2.CANCELLED), got.status
+        assert rel.status.error_code == common_pb2.SUCCESS, rel.status
+        await c.wait_idle()
+        show = await c.client.query("ShowCollections", qc.ShowCollectionsRequest(collection_ids=[cid]))
+        assert show.status.error_code == common_pb2.NOT_FOUND, "nothing of the failed load is left in meta"
 
 
 async def test_a_late_forget_of_a_node_back_under_its_id_leaves_it_online(etcd: EtcdCluster, root_path: str) -> None:

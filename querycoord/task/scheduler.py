@@ -120,6 +120,7 @@ class Scheduler:
         self._started: set[int] = set()  # dispatched triggers whose task has begun running (cancel only those)
         self._busy: dict[int, int] = {}  # collection -> trigger id
         self._cancel_reason: dict[int, str] = {}
+        self._failing: set[int] = set()  # triggers rolling back their failure (``_fail_safely``): not cancelled
         # The highest id of a release queued per collection, and per (collection, partition) for partition
         # releases: a load persisted before a release but queued after it (its etcd write answered later) is
         # older than the release and must not run after it (``_cancel_if_released``).
@@ -263,7 +264,9 @@ class Scheduler:
             self._cancel_reason[t.id] = reason
             running = self._running.get(t.id)
             if running is not None:
-                if t.id in self._started:
+                if t.id in self._started and t.id not in self._failing:
+                    # A load rolling back its own failure is left to finish that: cancelled half-way, it left
+                    # partitions in meta that nothing loads, and its callers an internal error instead of its own.
                     running.cancel()
                 # else: dispatched but its task has not taken a step. Cancelled now, its body would never run and
                 # nothing would finish it (it would hold the collection's lock forever); it sees the reason first.
@@ -414,6 +417,7 @@ class Scheduler:
 
     async def _fail_safely(self, t: TriggerTask, error: BaseException) -> None:
         """Roll back within a bound; a rollback that itself fails is logged, never left hanging."""
+        self._failing.add(t.id)
         try:
             await asyncio.wait_for(self._fail(t, error), self.cfg.rollback_timeout)
         except (NotLeader, LeadershipLost) as exc:
@@ -431,6 +435,8 @@ class Scheduler:
                                             t.describe(), exc)
             t.set_error(error)
             t.set_state(FAILED)
+        finally:
+            self._failing.discard(t.id)
 
     async def _wait_for_space(self, trigger_id: int, exc: MetaNoSpace) -> None:
         """A write of trigger ``trigger_id`` was refused for NOSPACE: wait until etcd has space again (then the
