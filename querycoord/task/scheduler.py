@@ -262,6 +262,8 @@ class Scheduler:
             ):
                 continue
             self._cancel_reason[t.id] = reason
+            if partition_ids is not None:
+                t.cancelled_partitions = frozenset(partition_ids)
             running = self._running.get(t.id)
             if running is not None:
                 if t.id in self._started and t.id not in self._failing:
