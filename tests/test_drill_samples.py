@@ -7,6 +7,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from proto import data_pb2
+from proto import querycoord_pb2 as qc
 from querycoord.cluster.allocator import NoAvailableNode, Usage, allocate_segments
 from querycoord.cluster.nodes import Node, NodeState
 from querycoord.tooling.drill.invariants import (
@@ -29,6 +31,7 @@ from querycoord.tooling.drill.placement import (
     units_of,
     weigh,
 )
+from querycoord.tooling.drill.sampler import leader_answers, merged, target_of
 from querycoord.tooling.drill.samples import (
     Disturbances,
     ReleaseCall,
@@ -193,3 +196,37 @@ def test_replica_changes_accept_a_node_reborn_under_its_id() -> None:
     problems, suspects = replica_changes(before, after, live={1, 2, 3})
     assert problems and suspects
     assert replica_changes(before, after, live={1, 2, 3}, reborn={2}) == ([], {})
+
+
+# ----- one sample's reads ------------------------------------------------------------------------------------------
+def _info(cid: int, parts: tuple[int, ...], pct: int = 100) -> data_pb2.CollectionLoadInfo:
+    return data_pb2.CollectionLoadInfo(
+        collection_id=cid, in_memory_percentage=pct,
+        partitions=[data_pb2.PartitionLoadInfo(partition_id=p) for p in parts],
+        replicas=[data_pb2.ReplicaInfo(replica_id=1, node_ids=[1], in_memory_percentage=pct)])
+
+
+async def test_a_getreplicas_answer_is_judged_only_when_both_showcollections_agree_on_its_partitions() -> None:
+    shows = [[_info(7, (1,)), _info(8, (1,))], [_info(7, (1,)), _info(8, (1, 2))]]
+
+    async def ask(method: str, request: object) -> object:
+        if method == "ShowCollections":
+            return qc.ShowCollectionsResponse(collections=shows.pop(0))
+        return qc.GetReplicasResponse(replicas=[data_pb2.ReplicaInfo(replica_id=1, node_ids=[1],
+                                                                     in_memory_percentage=100)])
+
+    answers = await leader_answers(ask)
+    assert answers is not None
+    assert [(a.collection_id, a.surface) for a in answers if a.surface == "GetReplicas"] == [(7, "GetReplicas")]
+    assert len([a for a in answers if a.surface == "ShowCollections"]) == 4
+
+
+def test_a_target_is_what_both_catalog_reads_have_of_the_loaded_partitions_and_copies_held_in_either_read() -> None:
+    before = {CID: ({1: (10, MB), 2: (10, MB), 3: (11, MB)}, frozenset({"a", "b"}))}
+    after = {CID: ({2: (10, MB), 3: (11, MB), 4: (10, 2 * MB)}, frozenset({"a"}))}  # 1 compacted into 4
+    assert target_of(CID, frozenset({10}), before, after) == TargetView({2: MB}, frozenset({"a"}))
+    assert target_of(CID + 1, frozenset({10}), before, after) is None
+    views, rooms = merged({1: (_view(1), Room(1, 8))}, {1: (_view(2), Room(2, 8)), 2: (_view(3), Room(0, 8))})
+    v1 = views[1]
+    assert v1 is not None and set(v1.segments) == {1, 2}
+    assert rooms == {1: Room(2, 8), 2: Room(0, 8)}

@@ -235,11 +235,12 @@ class Sampler:
         what = {u.key: u.lack.describe() for u in units}
         for detail in self.clock.observe(t1, verdicts, self.disturbances.calm_since(t0), what):
             self.say(f"BLOCKED UNIT {detail}")
-        for key, verdict in sorted(verdicts.items()):
-            if verdict == NO_ROOM:
-                self.stats.room_units.add(key)
-                self.waits.add(t1, f"replica {key[1]} of collection {key[0]} lacks {what[key]}")
-                break
+        waiting = sorted(key for key, verdict in verdicts.items() if verdict == NO_ROOM)
+        self.stats.room_units.update(waiting)
+        if waiting:  # one wait per sample is enough to tell a release that waited on one
+            cid, rid = waiting[0]
+            self.waits.add(t1, f"replica {rid} of collection {cid} lacks {what[(cid, rid)]}"
+                               + (f" (and {len(waiting) - 1} more units)" if len(waiting) > 1 else ""))
         return found
 
     async def unplaceable(self, loaded: Mapping[int, tuple[AbstractSet[int], Mapping[int, AbstractSet[int]]]]
