@@ -132,10 +132,10 @@ async def forget_node(env: TaskEnv, node_id: int, *, incarnations: Incarnations,
         txns = await meta.remove_node(node_id)
         logger.info("query node {} forgotten: its copies left query meta and it left its replicas ({} txns)",
                     node_id, txns)
+    # Two forgets of one node may run at once (the session watch's, a checker pass's): the first one's
+    # ``nodes.remove`` lets a node back under its fixed id join, and this one must then leave that incarnation be
+    # (its record and its place in the node map), or the leader would never see it again.
     if nodes.is_online(node_id):
-        # Back under its fixed id while its copies were being forgotten, and unknown to the node manager before
-        # (a takeover, or the checker, forgetting a node no session names): that is its next incarnation, which
-        # recorded itself when it joined. Dropping it now would leave a live node unknown to the leader for good.
         logger.info("query node {} came back while its previous process was forgotten: the new one stays", node_id)
         return
     await incarnations.drop(node_id)

@@ -1,13 +1,15 @@
 """The chaos drill: its TCP proxy cuts, stalls and heals a link over loopback; its oracle accepts exactly the
-final states some order of the concurrent requests explains; a short run against real processes (3
-coordinators, 5 query nodes, 2 replicas, partitions, leader kills) ends with zero unanswered calls, invariant
-violations and stuck triggers."""
+final states some order of the concurrent requests explains; short runs against real processes (3
+coordinators, 5 query nodes, 2 replicas, partitions, leader kills; with ``--capacity tight`` nodes too small for
+every replica, node and whole-cluster restarts) end with zero unanswered calls, invariant violations, stuck
+triggers and sampled false full answers, blocked units and blocked releases."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+import re
 import subprocess
 import sys
 import time
@@ -25,7 +27,7 @@ from querycoord.tooling.drill.chaos_ops import (
     make_plan,
 )
 from querycoord.tooling.drill.invariants import CatalogColl, Expected, MetaColl, MetaView, NodeView, check
-from querycoord.tooling.drill.options import ChaosOptions
+from querycoord.tooling.drill.options import SEGMENT_BYTES, ChaosOptions
 from querycoord.tooling.drill.proxy import TcpProxy
 
 
@@ -130,6 +132,24 @@ def test_same_seed_same_plan_and_the_first_phases_cover_the_key_faults() -> None
     assert patterns == {"plain", "duplicate", "retry", "conflict"}
 
 
+def test_a_tight_plan_restarts_nodes_and_the_cluster_first_and_chains_compactions() -> None:
+    ample, tight = ChaosOptions(ops=300), ChaosOptions(ops=300, capacity="tight")
+    assert make_plan(13, ample).digest() != make_plan(13, tight).digest()
+    kinds = [f.kind for p in make_plan(13, tight).phases for f in p.faults]
+    assert kinds[:3] == ["node_kill", "node_restart", "cluster_restart"], kinds
+    ops = {op.kind for p in make_plan(13, tight).phases for w in p.workers for item in w for op in item.ops}
+    assert "compact_chain" in ops
+    assert not {"node_restart", "cluster_restart"} & {f.kind for p in make_plan(13, ample).phases for f in p.faults}
+    # Tight nodes: every replica of every collection would need twice their room under the 90 % limit.
+    demand = 12 * 2 * 30 * SEGMENT_BYTES
+    assert tight.node_memory * 5 * 0.9 < demand < 2.1 * tight.node_memory * 5 * 0.9
+    assert ample.node_memory == 4096 << 20 and ChaosOptions(node_memory_mb=64).node_memory == 64 << 20
+    with pytest.raises(ValueError, match="--capacity"):
+        ChaosOptions(capacity="roomy").validate()
+    with pytest.raises(ValueError, match="cannot hold even one segment"):
+        ChaosOptions(node_memory_mb=0.5).validate()
+
+
 EVERY = frozenset({1, 2, 3})
 
 
@@ -203,28 +223,52 @@ def test_a_compacted_away_segment_still_held_is_a_violation() -> None:
 CHAOS_BUDGET_S = 300
 
 
-@pytest.mark.timeout(CHAOS_BUDGET_S + 60)
-def test_short_chaos_run_answers_everything_and_keeps_every_invariant(subprocess_env: dict[str, str],
-                                                                       tmp_path: Path) -> None:
-    """40 requests in 4 phases, every load with 2 replicas: the leader cut off from etcd, SIGKILLed, the
-    coordinators cut off from a node, the leader SIGSTOPped past its TTL; every count 0."""
-    started = time.monotonic()
+def _run_drill(tmp_path: Path, env: dict[str, str], *args: str) -> tuple[dict[str, object], str, subprocess.Popen[str]]:
+    """``querycoord drill chaos`` with ``args``: its JSON line, the end of its table, the finished process."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "querycoord.cli", "drill", "chaos", "--ops", "40", "--seed", "1", "--replicas", "2",
-         "-v", "--time-budget", str(CHAOS_BUDGET_S - 60), "--work-dir", str(tmp_path / "chaos")],
-        env=subprocess_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [sys.executable, "-m", "querycoord.cli", "drill", "chaos", *args, "-v",
+         "--time-budget", str(CHAOS_BUDGET_S - 60), "--work-dir", str(tmp_path / "chaos")],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         out, err = proc.communicate(timeout=CHAOS_BUDGET_S)
     except subprocess.TimeoutExpired:
         proc.kill()  # its children die with it (pdeathsig)
         out, err = proc.communicate()
         pytest.fail(f"the drill did not finish within {CHAOS_BUDGET_S}s; its last lines:\n{out[-6000:]}\n{err[-3000:]}")
-    elapsed = time.monotonic() - started
     summary = json.loads(out.strip().splitlines()[-1])
+    tail = out[out.find("\nphases\n"):][-8000:] + "\n" + err[-3000:]
+    for key in ("unanswered", "invariant_violations", "stuck_triggers", "false_full_samples", "blocked_units",
+                "blocked_releases"):
+        assert summary[key] == 0, (key, tail)
+    assert summary["samples"] > 0, summary
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{tail}"
+    return summary, tail, proc
+
+
+@pytest.mark.timeout(CHAOS_BUDGET_S + 60)
+def test_short_chaos_run_answers_everything_and_keeps_every_invariant(subprocess_env: dict[str, str],
+                                                                       tmp_path: Path) -> None:
+    """40 requests in 4 phases, every load with 2 replicas: the leader cut off from etcd, SIGKILLed, the
+    coordinators cut off from a node, the leader SIGSTOPped past its TTL; every count 0."""
+    started = time.monotonic()
+    summary, _tail, _proc = _run_drill(tmp_path, subprocess_env, "--ops", "40", "--seed", "1", "--replicas", "2")
     assert summary["ops"] == 40 and summary["seed"] == 1 and summary["replicas"] == 2
     assert summary["partitions"] >= 1 and summary["leader_kills"] >= 1, summary
-    tail = out[out.find("\nphases\n"):][-8000:]
-    for key in ("unanswered", "invariant_violations", "stuck_triggers"):
-        assert summary[key] == 0, (key, tail)
-    assert proc.returncode == 0, f"exit {proc.returncode}\n{tail}\n{err[-3000:]}"
-    print(f"chaos drill took {elapsed:.1f}s: {summary}")
+    print(f"chaos drill took {time.monotonic() - started:.1f}s: {summary}")
+
+
+@pytest.mark.timeout(CHAOS_BUDGET_S + 60)
+def test_short_tight_chaos_run_restarts_nodes_and_the_cluster_and_keeps_every_invariant(
+        subprocess_env: dict[str, str], tmp_path: Path, project_root: Path) -> None:
+    """``--capacity tight``: a node killed for good, one restarted under its fixed id, the whole cluster (etcd
+    too) restarted, a leader cut off from etcd; loads meet NO_AVAILABLE_NODE; every count 0. The JSON line has
+    every key the README shows."""
+    summary, tail, _proc = _run_drill(tmp_path, subprocess_env, "--ops", "40", "--seed", "1", "--replicas", "2",
+                                      "--capacity", "tight")
+    assert summary["capacity"] == "tight", summary
+    assert summary["node_kills"] >= 1 and summary["node_restarts"] >= 1 and summary["cluster_restarts"] == 1, tail
+    readme = (project_root / "README.md").read_text()
+    shown = readme[readme.index('It ends with `{"ops": ..., "capacity"'):]
+    shown = shown[:shown.index("}`")]
+    keys = re.findall(r'"(\w+)": ', shown)
+    assert len(keys) > 10 and set(keys) <= set(summary), set(keys) - set(summary)

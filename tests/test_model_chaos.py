@@ -12,8 +12,9 @@ catalog in the same etcd. Its rules interleave, at random:
 * LoadBalance, handoff (new sealed segments in the catalog) and compaction
   (a segment that replaces others of its partition);
 * a query node crashed (its gRPC server stopped at once; its session left
-  to lapse after the TTL, or its lease revoked) or added, with requests in
-  flight;
+  to lapse after the TTL, or its lease revoked), restarted under its id, or
+  added, with requests in flight; compaction chains (a segment compacted
+  from one that was itself compacted, handed off at once);
 * the leader crashed without resigning (the standby takes over once its
   lease lapses; a new standby is started), with requests in flight.
 
@@ -27,6 +28,17 @@ memory and the distribution the nodes report; each segment is held exactly
 once and only if its partition is loaded and it is in the catalog; every
 segment and DM channel of a loaded partition is held; nothing of a released
 collection is held; no task key is left in etcd and no trigger in memory.
+
+Capacity (drawn per example): ample, or tight (nodes with room for about
+two of the three replicas: collection 0 asks for two replicas, collection 1
+for one), so that loads meet NO_AVAILABLE_NODE (no effect) and a lost
+node's copies may have nowhere to go, as in a replica with no spare. Such a
+(collection, replica) unit is excused from "every segment held" when it
+cannot be placed (``querycoord.tooling.drill.placement``), never shown whole.
+All along, a sampler (``tests.truth.InProcessSources``) compares what the
+leader shows with what the nodes hold: no sample may show a replica or a
+collection at 100 % while a copy it needs is on no online node of it
+(``false full``), and no release may wait on a unit that waits for room.
 
 The model: each collection is released, loaded as a whole, or loaded as a
 set of partitions; a request's answer and effect follow from that state
@@ -69,7 +81,14 @@ import pytest
 from hypothesis import HealthCheck, Phase, note, settings
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 from loguru import logger
 
 from meta.etcd_server import EtcdCluster
@@ -80,6 +99,7 @@ from querycoord.client import CoordinatorUnavailable
 from querycoord.nodes.querynode import FaultConfig, QueryNode
 from querycoord.process import CoordinatorProcess
 from querycoord.querymeta import QueryMeta
+from querycoord.querymeta.copies import copies
 from querycoord.tooling.drill.invariants import (
     UNCLEAR_CODES,
     CatalogColl,
@@ -89,7 +109,10 @@ from querycoord.tooling.drill.invariants import (
     check,
     node_view,
 )
+from querycoord.tooling.drill.sampler import Sampler
+from querycoord.tooling.drill.samples import Disturbances, ReleaseCall, blocked_releases
 from tests.cluster import QueryCluster, fast_scheduler
+from tests.truth import InProcessSources
 
 T = TypeVar("T")
 
@@ -114,7 +137,11 @@ SETTINGS = settings(
 
 # ----- the cluster's shape and bounds ---------------------------------------------------------------------------------
 N_COLLS, N_PARTS, N_SEGMENTS, N_CHANNELS = 2, 3, 9, 2
-MIN_NODES, MAX_NODES = 1, 4
+REPLICAS = (2, 1)  # replica_number of every load of collection 0, 1
+MIN_NODES, MAX_NODES, START_NODES = 1, 4, 3
+AMPLE, TIGHT = 1 << 30, 64 << 20  # node capacity; tight: a 9-segment replica (45 MiB) fits on one node, not two
+SAMPLE_EVERY = 0.2  # seconds between two samples of what the leader shows while a step runs
+RELEASE_BOUND = 15.0  # seconds beyond leader crashes a release may take while a unit waits for room
 LEADER_KILLS = max(2, STEPS // 4)  # per run: each costs a TTL
 TTL = 2.0  # sessions of coordinators and nodes (etcd's minimum lease)
 NODE_FAULTS = FaultConfig(latency_ms=30)  # loads take a little while, so later requests meet them in flight
@@ -123,6 +150,8 @@ TAKEOVER_BOUND = 30.0
 SETTLE_BOUND = 45.0  # quiescence plus invariants, repairs included
 
 LOADS = frozenset({"LoadCollection", "LoadPartitions"})
+# A load refused for want of nodes (more replicas than nodes) or of room: it changed nothing.
+NO_ROOM_CODES = frozenset({"NO_AVAILABLE_NODE", "ILLEGAL_ARGUMENT"})
 RELEASES = frozenset({"ReleaseCollection", "ReleasePartitions"})
 REQUESTS = LOADS | RELEASES
 
@@ -145,7 +174,7 @@ class Act:
     def __repr__(self) -> str:
         if self.kind in ("LoadCollection", "ReleaseCollection", "ShowCollections"):
             args = f"coll={self.coll}"
-        elif self.kind in ("LoadPartitions", "ReleasePartitions", "AddSegments", "Compact"):
+        elif self.kind in ("LoadPartitions", "ReleasePartitions", "AddSegments", "Compact", "CompactChain"):
             args = f"coll={self.coll}, parts={self.parts}"
         else:
             args = f"node={self.node}, flag={self.flag}"
@@ -227,6 +256,8 @@ def explain(start: State, calls: list[Call], *, hidden_attempts: bool = False) -
                 elif c.code == "CANCELLED" and c.act.kind in LOADS and any(
                         later.code in (None, "SUCCESS") and cancels(later.act, c.act) for later in seq[k + 1:]):
                     continue  # cancelled before it took effect
+                elif c.code in NO_ROOM_CODES and c.act.kind in LOADS:
+                    continue  # no node or no room for it: refused, nothing changed
                 else:
                     state = None
                     break
@@ -327,6 +358,7 @@ def _side_acts_on(colls: st.SearchStrategy[int], waits: st.SearchStrategy[float]
     return st.one_of(
         st.builds(Act, st.just("AddSegments"), colls, _one_part, wait=waits),
         st.builds(Act, st.just("Compact"), colls, _one_part, wait=waits),
+        st.builds(Act, st.just("CompactChain"), colls, _one_part, wait=waits),
         st.builds(Act, st.just("LoadBalance"), node=st.integers(0, MAX_NODES - 1), flag=st.booleans(), wait=waits),
         st.builds(Act, st.just("ShowCollections"), colls, wait=waits),
     )
@@ -363,6 +395,11 @@ class ChaosMachine(RuleBasedStateMachine):
         self.last: dict[int, str] = {}
         self.killed: set[int] = set()
         self.leader_kills = 0
+        self.capacity = AMPLE
+        self.sampler: Sampler | None = None
+        self.leader_crashes = Disturbances()  # a release is not timed while its leader is down
+        self.false_full: list[str] = []  # what the samples found since the last check
+        self.releases: list[ReleaseCall] = []
         _TRACE.clear()
         try:
             self.run(self._setup(), 60)
@@ -388,14 +425,27 @@ class ChaosMachine(RuleBasedStateMachine):
         await c.start_coordinator()
         assert c.client is not None
         c.client.deadline, c.client.call_timeout = 40.0, 20.0
-        for _ in range(2):
-            await self._add_node()
         for i in range(N_COLLS):
             desc, _ = await self.catalog.create_bulk_collection(
                 f"chaos{i}", num_partitions=N_PARTS, num_segments=N_SEGMENTS, num_channels=N_CHANNELS)
             self.cids.append(desc.collection_id)
             self.pids[desc.collection_id] = sorted(p.partition_id for p in desc.partitions)
             self.model[desc.collection_id] = {RELEASED}
+        self.sampler = Sampler(InProcessSources(c, self.cids), now=time.monotonic,
+                               disturbances=self.leader_crashes)
+
+    @initialize(tight=st.booleans())
+    @traced
+    def nodes_with_capacity(self, tight: bool) -> None:
+        """The query nodes, with room for every replica or (``tight``) about two of the three."""
+        self.capacity = TIGHT if tight else AMPLE
+
+        async def start() -> None:
+            for _ in range(START_NODES):
+                await self._add_node()
+
+        self.run(start(), 60)
+        _note(f"  nodes {[n.node_id for n in self.cluster.nodes]} with {self.capacity >> 20} MiB each")
 
     def teardown(self) -> None:
         async def close() -> None:
@@ -417,7 +467,7 @@ class ChaosMachine(RuleBasedStateMachine):
 
     async def _add_node(self) -> QueryNode:
         assert self.cluster.kv is not None
-        n = QueryNode(self.cluster.kv, capacity_bytes=1 << 30, ttl=TTL, faults=NODE_FAULTS)
+        n = QueryNode(self.cluster.kv, capacity_bytes=self.capacity, ttl=TTL, faults=NODE_FAULTS)
         await n.start()
         self.cluster.nodes.append(n)
         return n
@@ -431,11 +481,12 @@ class ChaosMachine(RuleBasedStateMachine):
         cid = self.cids[act.coll]
         pids = [self.pids[cid][p] for p in act.parts]
         if act.kind == "LoadCollection":
-            return act.kind, qc.LoadCollectionRequest(collection_id=cid)
+            return act.kind, qc.LoadCollectionRequest(collection_id=cid, replica_number=REPLICAS[act.coll])
         if act.kind == "ReleaseCollection":
             return act.kind, qc.ReleaseCollectionRequest(collection_id=cid)
         if act.kind == "LoadPartitions":
-            return act.kind, qc.LoadPartitionsRequest(collection_id=cid, partition_ids=pids)
+            return act.kind, qc.LoadPartitionsRequest(collection_id=cid, partition_ids=pids,
+                                                      replica_number=REPLICAS[act.coll])
         if act.kind == "ReleasePartitions":
             return act.kind, qc.ReleasePartitionsRequest(collection_id=cid, partition_ids=pids)
         if act.kind == "ShowCollections":
@@ -463,6 +514,8 @@ class ChaosMachine(RuleBasedStateMachine):
         if act.kind in REQUESTS:
             sent = time.monotonic()
             code, _ = await self._call(*self._request(act))
+            if act.kind in RELEASES:
+                self.releases.append(ReleaseCall(f"{act!r}", sent, time.monotonic(), code))
             return Call(act, code, sent, time.monotonic())
         if act.kind == "ShowCollections":
             code, _ = await self._call(*self._request(act))
@@ -481,7 +534,10 @@ class ChaosMachine(RuleBasedStateMachine):
         code, reason = await self._call("LoadBalance", qc.LoadBalanceRequest(source_node_ids=[src],
                                                                              dst_node_ids=dst))
         gone = {src, *dst} & self.killed
-        allowed = {"SUCCESS", "NOT_FOUND"} if gone else {"SUCCESS"}
+        # Clear refusals: no room for the moved copies (tight nodes); a named destination that serves another
+        # replica of a collection the source holds (copies move within their replica).
+        allowed = {"SUCCESS", "NO_AVAILABLE_NODE", *(("NOT_FOUND",) if gone else ()),
+                   *(("ILLEGAL_ARGUMENT",) if dst else ())}
         assert code in allowed, f"LoadBalance from {src} to {dst} answered {code}: {reason}"
 
     async def _catalog_change(self, act: Act) -> None:
@@ -491,6 +547,9 @@ class ChaosMachine(RuleBasedStateMachine):
         pid = self.pids[cid][act.parts[0]]
         seg = data_pb2.SegmentBinlogs(collection_id=cid, partition_id=pid, num_rows=1000, mem_size=1 << 20,
                                       binlog_paths=[f"insert_log/{cid}/{pid}/chaos-{uuid.uuid4().hex[:8]}"])
+        if act.kind == "CompactChain":
+            await self._compact_chain(cid, pid)
+            return
         if act.kind == "Compact":
             _, binlogs = await self.catalog.get_recovery_info(cid, pid)
             sources = sorted(b.segment_id for b in binlogs)[:2]
@@ -506,9 +565,50 @@ class ChaosMachine(RuleBasedStateMachine):
         sources = f" from {list(seg.compaction_from)}" if seg.compaction_from else ""
         _note(f"  {act.kind} {cid}/{pid}: segment {ids[0]}{sources}")
 
+    async def _compact_chain(self, cid: int, pid: int) -> None:
+        """Two segments compacted into one, which is compacted at once with a third: the second handoff names a
+        source that was itself a compaction result (handed off, or not yet)."""
+        assert self.catalog is not None
+        _, binlogs = await self.catalog.get_recovery_info(cid, pid)
+        size = {b.segment_id: b.mem_size for b in binlogs}
+        sources = sorted(size)[:3]
+        if len(sources) < 3:
+            _note(f"  CompactChain {cid}/{pid}: nothing to compact")
+            return
+        made: list[int] = []
+        for step_sources in (sources[:2], None):
+            srcs = step_sources if step_sources is not None else [made[0], sources[2]]
+            seg = data_pb2.SegmentBinlogs(collection_id=cid, partition_id=pid, num_rows=1000,
+                                          mem_size=sum(size[s] for s in srcs), compaction_from=srcs,
+                                          binlog_paths=[f"insert_log/{cid}/{pid}/chain-{uuid.uuid4().hex[:8]}"])
+            try:
+                made += await self.catalog.add_segments([seg])
+            except CatalogError as exc:  # a concurrent compaction took a source: the catalog refuses, fine
+                _note(f"  CompactChain {cid}/{pid}: catalog refused: {exc}")
+                return
+            size[made[-1]] = seg.mem_size
+        _note(f"  CompactChain {cid}/{pid}: {sources[:2]} -> {made[0]}, then {[made[0], sources[2]]} -> {made[1]}")
+
     async def _together(self, acts: Iterable[Act], *extra: Awaitable[Any]) -> list[Call]:
-        results = await asyncio.gather(*(self._act(a) for a in acts), *extra)
+        """The acts (and ``extra``) at once, while the sampler compares what the leader shows with what the nodes
+        hold (``tests.truth``)."""
+        work = asyncio.gather(*(self._act(a) for a in acts), *extra)
+        sampling = asyncio.create_task(self._sample_while(work))
+        try:
+            results = await work
+        finally:
+            await sampling
         return [r for r in results if isinstance(r, Call)]
+
+    async def _sample_while(self, work: asyncio.Future[Any]) -> None:
+        assert self.sampler is not None
+        while not work.done():
+            with contextlib.suppress(Exception):  # a sample that cannot be taken (a leader crash) is no verdict
+                found = await self.sampler.sample_once()
+                for f in found:
+                    _note(f"  FALSE FULL: {f}")
+                self.false_full += found
+            await asyncio.sleep(SAMPLE_EVERY)
 
     def _account(self, calls: list[Call], what: str, *, hidden_attempts: bool = False) -> None:
         """Fold answered requests into the model; answers no serial order explains fail the step."""
@@ -581,6 +681,7 @@ class ChaosMachine(RuleBasedStateMachine):
         async def go() -> list[Call]:
             leader = await self.cluster.wait_leader()
             _note(f"  crash leader {leader.address}")
+            window = self.leader_crashes.open(time.monotonic())
 
             async def kill() -> None:
                 await asyncio.sleep(0.02)
@@ -594,10 +695,34 @@ class ChaosMachine(RuleBasedStateMachine):
             new = await self.cluster.wait_leader(TAKEOVER_BOUND)
             _note(f"  {new.address} took over")
             await self.cluster.start_coordinator()
+            self.leader_crashes.close(window, time.monotonic() + TTL)
             return calls
 
         calls = self.run(go(), CALL_BOUND + TAKEOVER_BOUND + 20)
         self._account(calls, f"kill_leader with {during}", hidden_attempts=True)
+
+    @precondition(lambda self: len(self.cluster.nodes) > MIN_NODES)
+    @rule(index=st.integers(0, MAX_NODES - 1), revoke=st.booleans(), during=in_flight)
+    @traced
+    def restart_node(self, index: int, revoke: bool, during: list[Act]) -> None:
+        """A query node crashes and starts again under its id: unless its lease was revoked, the new process
+        waits for the old session to lapse; it holds nothing of what the old one held."""
+        node = self.cluster.nodes[index % len(self.cluster.nodes)]
+        _note(f"  restart node {node.node_id} ({'lease revoked' if revoke else 'session left to lapse'})")
+
+        async def restart() -> None:
+            await asyncio.sleep(0.02)
+            self.killed.add(node.node_id)  # a balance naming it meanwhile may find it gone
+            self.cluster.nodes.remove(node)
+            await crash_node(node, revoke=revoke)
+            assert self.cluster.kv is not None
+            back = QueryNode(self.cluster.kv, capacity_bytes=self.capacity, ttl=TTL, faults=NODE_FAULTS,
+                             node_id=node.node_id)
+            await back.start()
+            self.cluster.nodes.append(back)
+
+        calls = self.run(self._together(during, restart()), CALL_BOUND + 10)
+        self._account(calls, f"restart_node with {during}")
 
     # ----- invariants -------------------------------------------------------------------------------------------
     @invariant()
@@ -609,6 +734,8 @@ class ChaosMachine(RuleBasedStateMachine):
             while True:
                 found = await self._problems()
                 if not found or time.monotonic() > deadline:
+                    if not found and self.sampler is not None:  # and what it shows once settled
+                        self.false_full += await self.sampler.sample_once()
                     return found
                 await asyncio.sleep(0.2)
 
@@ -617,6 +744,13 @@ class ChaosMachine(RuleBasedStateMachine):
             detail = "\n  ".join(problems[:40])
             raise AssertionError(f"not quiescent and consistent after {SETTLE_BOUND:.0f}s:\n  {detail}\n"
                                  f"model: {self._model_text()}")
+        false_full, self.false_full = self.false_full, []
+        assert not false_full, "the leader showed whole what the nodes did not hold:\n  " + "\n  ".join(
+            false_full[:20])
+        assert self.sampler is not None
+        blocked = blocked_releases(self.releases, self.sampler.waits, self.leader_crashes, bound=RELEASE_BOUND)
+        self.releases = []
+        assert not blocked, "releases waited on units waiting for room:\n  " + "\n  ".join(blocked)
 
     async def _problems(self) -> list[str]:
         """Everything wrong now (empty: quiescent and every invariant holds)."""
@@ -657,7 +791,11 @@ class ChaosMachine(RuleBasedStateMachine):
         meta = _meta_view(fresh, self.cids)
         nodes = {n.node_id: node_view(n.state.distribution()) for n in c.nodes}
         expected, unexplained = self._expected(meta)
-        res = check(expected, catalog, meta, nodes, task_keys=keys, unanswered=[])
+        assert self.sampler is not None
+        # A (collection, replica) that cannot be placed now (no node, no room) may lack copies; never be shown whole.
+        unplaceable = await self.sampler.unplaceable({cid: (m.partitions, m.replicas)
+                                                      for cid, m in meta.collections.items()})
+        res = check(expected, catalog, meta, nodes, task_keys=keys, unanswered=[], unplaceable=unplaceable)
         problems += unexplained + res.details
         in_catalog = {sid for cc in catalog.values() for sids in cc.partitions.values() for sid in sids}
         for nid, nv in sorted(nodes.items()):
@@ -715,12 +853,13 @@ def _meta_view(meta: QueryMeta, cids: list[int]) -> MetaView:
     for info in meta.collections():
         kind = "collection" if info.load_type == data_pb2.LOAD_TYPE_COLLECTION else "partitions"
         view.collections[info.collection_id] = MetaColl(kind, int(info.in_memory_percentage),
-                                                        frozenset(p.partition_id for p in info.partitions))
+                                                        frozenset(p.partition_id for p in info.partitions),
+                                                        {r.replica_id: frozenset(r.node_ids) for r in info.replicas})
     for cid in {*cids, *view.collections}:
         for s in meta.segments_of(cid):
-            view.segments[s.segment_id] = (s.collection_id, s.partition_id, s.node_id)
+            view.segments[s.segment_id] = (s.collection_id, s.partition_id, copies(s))
         for w in meta.dm_channels_of(cid):
-            view.channels[(cid, w.dm_channel)] = w.node_id
+            view.channels[(cid, w.dm_channel)] = copies(w)
     return view
 
 
@@ -771,6 +910,10 @@ REPRODUCTIONS: dict[str, list[tuple[str, dict[str, Any]]]] = {
     # helper retried there), stayed at 0 % with nothing loaded: the dead leader had written the collection
     # to meta before its plan's commit point, and the new leader took that as loaded.
     "load_in_flight_at_leader_crash": [("kill_leader", {"during": [Act("LoadCollection", coll=0)]})],
+    # A LoadPartitions answered SUCCESS, then a ReleasePartitions naming one of its partitions and another:
+    # the release cancelled the load, whose roll-back released the partition the release did not name too.
+    "overlapping_release_cancels_answered_load": [("together", {"acts": [
+        Act("LoadPartitions", coll=1, parts=(0, 2)), Act("ReleasePartitions", coll=1, parts=(1, 2), wait=0.05)]})],
 }
 
 
@@ -778,6 +921,7 @@ def replay(etcd: EtcdCluster, steps: list[tuple[str, dict[str, Any]]]) -> None:
     ChaosMachine.etcd = etcd
     machine = ChaosMachine()
     try:
+        machine.nodes_with_capacity(tight=False)
         machine.settled_and_consistent()
         for name, kwargs in steps:
             getattr(machine, name)(**kwargs)

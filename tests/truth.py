@@ -3,16 +3,31 @@
 A sample is false when the leader shows a collection at 100 %, or a replica at 100 %, while some segment of
 the catalog's target or some DM channel of the collection is held by no online node of (each, or that)
 replica, as the in-process nodes' own state says.
+
+``false_full`` counts the healthy in-process nodes as the online ones. ``InProcessSources`` feeds the chaos
+drill's sampler (``querycoord.tooling.drill.sampler``) from an in-process cluster instead: online is what etcd's
+sessions say (a node's lost session counts for a second more, the time the leader may take to see it), and a
+node whose session is registered but that the test no longer runs (crashed, its lease not lapsed) holds what
+nobody can know, so its replicas are not judged (``samples.false_full``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
 
+import grpc
+
+from meta.errors import MetaError
 from proto import querycoord_pb2 as qc
-from querycoord.catalog.store import CatalogStore
+from querycoord.catalog.store import CatalogError, CatalogStore
+from querycoord.client import CoordinatorUnavailable
+from querycoord.nodes.querynode import QueryNode
+from querycoord.tooling.drill.invariants import node_view
+from querycoord.tooling.drill.placement import Room
+from querycoord.tooling.drill.sampler import Catalog, Reports, registered_sessions
 from tests.cluster import QueryCluster
 
 
@@ -66,3 +81,55 @@ async def until_true(what: str, check: Callable[[], Awaitable[bool]], timeout: f
     while not await check():
         assert time.monotonic() < deadline, f"never: {what}"
         await asyncio.sleep(every)
+
+
+class InProcessSources:
+    """``sampler.Sources`` of an in-process cluster (module docstring): sessions from etcd, the nodes' own state
+    (``nodes``: the ones the test runs, by default ``c.nodes``), the catalog as stored, the leader through the
+    cluster's client."""
+
+    def __init__(self, c: QueryCluster, cids: Iterable[int], nodes: Callable[[], Iterable[QueryNode]] | None = None):
+        self.c = c
+        self.cids = list(cids)
+        self.nodes = nodes or (lambda: list(c.nodes))
+
+    def leader(self) -> str | None:
+        leaders = [x.address for x in self.c.coords if x.coord.is_leader]
+        return leaders[0] if len(leaders) == 1 else None
+
+    async def sessions(self) -> dict[int, int]:
+        assert self.c.kv is not None
+        return await registered_sessions(self.c.kv)
+
+    async def reports(self) -> Reports:
+        out: Reports = {}
+        for n in self.nodes():
+            if n.state.node_id:
+                d = n.state.distribution()
+                out[n.node_id] = (node_view(d), Room(d.memory_used, d.memory_capacity))
+        return out
+
+    async def catalog(self) -> Catalog:
+        assert self.c.kv is not None
+        cat = CatalogStore(self.c.kv)
+        out: Catalog = {}
+        for cid in self.cids:
+            try:
+                desc = await cat.describe_collection(cid)
+                segs: dict[int, tuple[int, int]] = {}
+                for p in desc.partitions:
+                    _, binlogs = await cat.get_recovery_info(cid, p.partition_id)
+                    segs.update({b.segment_id: (p.partition_id, b.mem_size) for b in binlogs})
+            except (CatalogError, MetaError):
+                continue
+            out[cid] = (segs, frozenset(desc.dm_channels))
+        return out
+
+    async def ask(self, method: str, request: Any) -> Any:
+        if self.c.client is None:
+            return None
+        try:
+            r = await asyncio.wait_for(self.c.client.query(method, request), 5.0)
+        except (CoordinatorUnavailable, grpc.aio.AioRpcError, TimeoutError):
+            return None
+        return r if r.status.error_code == 0 else None

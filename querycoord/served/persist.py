@@ -1,4 +1,4 @@
-"""Lower the percentages persisted in query meta to what online nodes serve.
+"""Lower the percentages persisted in query meta to what online nodes serve (and to what a release is dropping).
 
 The leader shows the lower of the persisted and the derived figures (``state.shown_collection``), so for its own
 answers this is not needed; it is for whoever reads etcd instead (a standby, ``querycoord meta show``, the next
@@ -43,3 +43,29 @@ async def persist_lowered(meta: QueryMeta, collection_ids: Iterable[int],
             await meta.set_replica_percentages(cid, replicas)
         written += bool(states or replicas)
     return written
+
+
+async def persist_releasing(meta: QueryMeta, collection_id: int, partition_ids: Iterable[int] | None = None) -> None:
+    """Lower the persisted percentages of what a release is about to drop: the partitions to 0 %, each replica to
+    the share of the collection's segments that stays (0 % for the whole collection).
+
+    Why: the leader shows the lower of these and what online nodes serve by query meta's copies, and meta forgets
+    the released copies only when the release ends. A release whose child waits for a node that died (until its
+    session lapses) would otherwise show the collection whole for that long while its nodes hold nothing of it
+    (DESIGN rule 8). Two puts, whatever the collection's size; if the release never commits (its leader died
+    first), the checker's next pass sets them from the nodes."""
+    info = meta.get_collection(collection_id)
+    if info is None:
+        return
+    loaded = {p.partition_id for p in info.partitions}
+    going = loaded if partition_ids is None else loaded & set(partition_ids)
+    if not going:
+        return
+    await meta.set_partition_states(collection_id, {pid: (PARTIAL, 0) for pid in sorted(going)})
+    stays = 0
+    if going != loaded:
+        counts = {pid: len(meta.segment_ids_of(collection_id, pid)) for pid in loaded}
+        total = sum(counts.values())
+        stays = sum(n for pid, n in counts.items() if pid not in going) * 100 // total if total else 100
+    await meta.set_replica_percentages(collection_id, {r.replica_id: min(r.in_memory_percentage, stays)
+                                                       for r in info.replicas})

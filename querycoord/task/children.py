@@ -75,6 +75,10 @@ class LoadSegmentsTask(ChildTask, kind=qc.TASK_KIND_LOAD_SEGMENT, request="load_
         req = self.request
         return len(req.planned.segment_ids) if req.HasField("planned") else len(req.infos)
 
+    async def filled_request(self) -> querynode_pb2.LoadSegmentsRequest:
+        """The request as it is (or would be) sent: its segments' load infos (a trigger parking it reads them)."""
+        return await self._filled()
+
     async def _filled(self) -> querynode_pb2.LoadSegmentsRequest:
         """The request to send: what was planned, or after a reload (a new leader has the record's references
         only) the catalog's records of the referenced segments, asked again (``sent_request``).

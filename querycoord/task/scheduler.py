@@ -26,7 +26,7 @@ import itertools
 import time
 from collections import deque
 from collections.abc import Callable, Collection
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from loguru import logger
 
@@ -122,6 +122,7 @@ class Scheduler:
         self._started: set[int] = set()  # dispatched triggers whose task has begun running (cancel only those)
         self._busy: dict[int, int] = {}  # collection -> trigger id
         self._cancel_reason: dict[int, str] = {}
+        self._failing: set[int] = set()  # triggers rolling back their failure (``_fail_safely``): not cancelled
         # The highest id of a release queued per collection, and per (collection, partition) for partition
         # releases: a load persisted before a release but queued after it (its etcd write answered later) is
         # older than the release and must not run after it (``_cancel_if_released``).
@@ -268,9 +269,13 @@ class Scheduler:
             ):
                 continue
             self._cancel_reason[t.id] = reason
+            if partition_ids is not None:
+                t.cancelled_partitions = frozenset(partition_ids)
             running = self._running.get(t.id)
             if running is not None:
-                if t.id in self._started:
+                if t.id in self._started and t.id not in self._failing:
+                    # A load rolling back its own failure is left to finish that: cancelled half-way, it left
+                    # partitions in meta that nothing loads, and its callers an internal error instead of its own.
                     running.cancel()
                 # else: dispatched but its task has not taken a step. Cancelled now, its body would never run and
                 # nothing would finish it (it would hold the collection's lock forever); it sees the reason first.
@@ -422,6 +427,7 @@ class Scheduler:
 
     async def _fail_safely(self, t: TriggerTask, error: BaseException) -> None:
         """Roll back within a bound; a rollback that itself fails is logged, never left hanging."""
+        self._failing.add(t.id)
         try:
             await asyncio.wait_for(self._fail(t, error), self.cfg.rollback_timeout)
         except (NotLeader, LeadershipLost) as exc:
@@ -439,6 +445,8 @@ class Scheduler:
                                             t.describe(), exc)
             t.set_error(error)
             t.set_state(FAILED)
+        finally:
+            self._failing.discard(t.id)
 
     async def _wait_for_space(self, trigger_id: int, exc: MetaNoSpace) -> None:
         """A write of trigger ``trigger_id`` was refused for NOSPACE: wait until etcd has space again (then the
@@ -548,15 +556,17 @@ class Scheduler:
 
     async def _run_child(self, t: TriggerTask, child: Task) -> None:
         try:
-            done = await self._run_on_node(t, child)
+            done, cause = await self._run_on_node(t, child)
         finally:
             self.waits.ended(t.id, child.id)
         if not done:
-            await self._reschedule(t, child)
+            await self._reschedule(t, child, cause)
 
-    async def _run_on_node(self, t: TriggerTask, child: Task) -> bool:
-        """Attempts of ``child`` on its node: True once done, False when it must be rescheduled."""
+    async def _run_on_node(self, t: TriggerTask, child: Task) -> tuple[bool, BaseException | None]:
+        """Attempts of ``child`` on its node: (True, None) once done, (False, the last failure) when it must be
+        rescheduled."""
         budget = self.cfg.retry_budget
+        cause: BaseException | None = None
         while child.is_valid():
             child.rec.retry_count += 1
             self.waits.calling(t.id, child)
@@ -565,6 +575,7 @@ class Scheduler:
             except _CHILD_FAILURES as exc:
                 if isinstance(exc, NotLeader) or _is_stale_leader(exc):
                     raise LeadershipLost(str(exc)) from exc
+                cause = exc
                 child.set_error(exc)
                 logger.info("{} attempt {}/{} failed: {}", child.describe(), child.rec.retry_count, budget, exc)
                 exhausted = child.rec.retry_count >= budget and not child.RETRY_WHILE_NODE_ONLINE
@@ -579,17 +590,23 @@ class Scheduler:
             await self.env.store.save_state(child.rec)  # a child's request never changes: its info alone
             t.on_child_done(child)
             metrics.child_done(child)
-            return True
-        return False
+            return True, None
+        return False, cause
 
-    async def _reschedule(self, t: TriggerTask, child: Task) -> None:
+    async def _reschedule(self, t: TriggerTask, child: Task, cause: BaseException | None = None) -> None:
         try:
             new = await self._replacements(t, child)
-        except (TaskError, NoAvailableNode, NodeError) as exc:
+        except NoAvailableNode as exc:
+            if not await t.park_unplaced_child(child, cause, exc):
+                self._unplaceable(child, exc)
             child.set_state(FAILED)
-            last = child.rec.error or "its node went offline"
-            raise TaskError(f"{child.describe()} failed ({last}) and could not be rescheduled: {exc}",
-                            getattr(exc, "code", common_pb2.NO_AVAILABLE_NODE)) from exc
+            logger.info("{} could not be rescheduled ({}); its unit is parked, {} goes on", child.describe(), exc,
+                        t.describe())
+            await self.env.store.replace_child(child.rec, [])
+            t.children = [c for c in t.children if c is not child]
+            return
+        except (TaskError, NodeError) as exc:
+            self._unplaceable(child, exc)
         if new:
             ids = await self.env.ids.allocate(len(new))
             for c, i in zip(new, ids, strict=True):
@@ -602,6 +619,13 @@ class Scheduler:
         await self.env.store.replace_child(child.rec, [c.rec for c in new])
         t.children = [c for c in t.children if c is not child] + new
         await self._run_children(t, new)
+
+    @staticmethod
+    def _unplaceable(child: Task, exc: Exception) -> NoReturn:
+        child.set_state(FAILED)
+        last = child.rec.error or "its node went offline"
+        raise TaskError(f"{child.describe()} failed ({last}) and could not be rescheduled: {exc}",
+                        getattr(exc, "code", common_pb2.NO_AVAILABLE_NODE)) from exc
 
     async def _replacements(self, t: TriggerTask, child: Task) -> list[Task]:
         """``child.reschedule()``; for a tree this leader resumed (a restart, a failover), no online node is not an

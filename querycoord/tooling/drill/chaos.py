@@ -11,21 +11,27 @@ partitions, duplicates, retries of abandoned requests, concurrent conflicting re
 the catalog gains sealed segments and compactions (handoffs); meanwhile one or two faults hit: the leader
 SIGKILLed or SIGSTOPped past its session TTL, the leader cut off from etcd (reset, blackholed or stalled)
 while it still reaches the nodes, which is the case fencing exists for, a standby cut off, query nodes
-killed, added, cut off from etcd or from the coordinators.
+killed, added, cut off from etcd or from the coordinators (``chaos_cluster``). With ``--capacity tight`` the
+nodes have room for about half the replicas (loads meet NO_AVAILABLE_NODE, a lost node's copies may have nowhere
+to go: a replica with no spare), nodes restart under fixed ids, the whole cluster restarts, and compactions chain.
 
 After each phase every link is healed and the drill waits until the cluster is quiescent (the leader's
 ListTasks empty, no task key, the leader sees exactly the live nodes), then checks: every call answered
 (success or a clear error) within its deadline; identical requests (duplicates, retries) not answered
 SUCCESS and CONFLICT; each collection in a state some order of its requests explains (``chaos_ops``'s
 oracle), which then feeds the failover drill's pure checker (``invariants``: meta equals the nodes'
-distribution copy by copy, each segment and DM channel held once in each replica, replicas on disjoint nodes
+distribution copy by copy, each segment and DM channel held once in each replica unless the replica cannot be
+placed now (``placement``: no node, no room) and meta does not show it whole, replicas on disjoint nodes
 keeping their ids and nodes unless one died, nothing of released collections held, no task key left). Triggers
-still queued or running on the leader when quiescence times out are *stuck*. The run ends with one JSON line;
-its exit status is 1 when a call went unanswered, an invariant failed or a trigger stuck.
+still queued or running on the leader when quiescence times out are *stuck*. All along, a sampler
+(``sampler``) compares what the leader shows with what the nodes hold and judges three more invariants
+(``samples``): false full answers, blocked units, blocked releases. The run ends with one JSON line; its exit
+status is 1 when a call went unanswered, an invariant failed, a trigger stuck or a sampled count is not 0.
 
 The processes are the cluster harness's (``querycoord.tooling.harness``), driven as in the failover drill
 (``FailoverDrill``: leader kills with restart, the supervisor that replaces nodes exiting on their own, the
-views the checker reads); this module adds the proxies, the concurrent clients, the faults and the oracle.
+views the checker reads); ``chaos_cluster`` adds the proxies and the faults, this module the concurrent clients,
+the oracle and the checks.
 """
 
 from __future__ import annotations
@@ -33,9 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import signal
 import sys
-import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -51,10 +55,10 @@ from proto import common_pb2, data_pb2, querycoord_pb2_grpc
 from proto import querycoord_pb2 as qc
 from querycoord.catalog.store import CatalogError, CatalogStore, status_of
 from querycoord.client import CoordinatorUnavailable, QueryCoordClient
-from querycoord.config import SchedulerConfig
 from querycoord.grpc_channels import make_channel
 from querycoord.task.store import TASK_PREFIXES, TaskStore
 from querycoord.tooling.drill.base import DrillSetupError, run_and_report
+from querycoord.tooling.drill.chaos_cluster import ChaosCluster, FaultCounts
 from querycoord.tooling.drill.chaos_ops import (
     INF,
     LOAD_STATE_KINDS,
@@ -62,7 +66,6 @@ from querycoord.tooling.drill.chaos_ops import (
     Attempt,
     ChaosOp,
     ChaosPlan,
-    Fault,
     Item,
     Phase,
     State,
@@ -73,18 +76,13 @@ from querycoord.tooling.drill.chaos_ops import (
     make_plan,
     state_name,
 )
-from querycoord.tooling.drill.failover import (
-    FailoverDrill,
-    FaultRecord,
-    ReplicaObservation,
-    direct_address,
-    render_activity,
-)
+from querycoord.tooling.drill.failover import FaultRecord, ReplicaObservation, direct_address, render_activity
 from querycoord.tooling.drill.invariants import UNCLEAR_CODES, Expected, MetaView, check
-from querycoord.tooling.drill.options import ChaosOptions, DrillOptions
-from querycoord.tooling.drill.proxy import TcpProxy
+from querycoord.tooling.drill.options import SEGMENT_BYTES, ChaosOptions
+from querycoord.tooling.drill.sampler import DrillSources, NodeHandle, Sampler
+from querycoord.tooling.drill.samples import ReleaseCall, blocked_releases
 from querycoord.tooling.drill.stale import count_refusals
-from querycoord.tooling.harness import QUERY_NODE, Harness, Member, StartError
+from querycoord.tooling.harness import Harness
 
 EC = common_pb2
 
@@ -141,9 +139,7 @@ class ChaosResult:
     calls: list[ChaosCall] = field(default_factory=list)
     phases: list[PhaseReport] = field(default_factory=list)
     faults: list[FaultRecord] = field(default_factory=list)
-    leader_kills: int = 0
-    node_kills: int = 0
-    partitions: int = 0
+    counts: FaultCounts = field(default_factory=FaultCounts)
     checker_repairs: int = 0
     stuck_ids: set[int] = field(default_factory=set)
     violations: list[str] = field(default_factory=list)  # unique details, in the order found
@@ -153,6 +149,13 @@ class ChaosResult:
     duration_s: float = 0.0
     ops_run: int = 0
     fenced_refusals: int = 0  # lines of deposed leaders' logs showing a refused write or node call
+    # The continuous invariants (``samples``): samples judged, and what they found.
+    samples: int = 0
+    false_full_samples: int = 0
+    false_full: list[str] = field(default_factory=list)
+    blocked_units: list[str] = field(default_factory=list)
+    blocked_releases: list[str] = field(default_factory=list)
+    units_waiting_for_room: int = 0  # distinct (collection, replica) units seen waiting for room
 
     @property
     def unanswered(self) -> list[ChaosCall]:
@@ -162,13 +165,22 @@ class ChaosResult:
         return {
             "ops": self.ops_run,
             "replicas": self.options.replicas,
-            "leader_kills": self.leader_kills,
-            "node_kills": self.node_kills,
-            "partitions": self.partitions,
+            "capacity": self.options.capacity,
+            "leader_kills": self.counts.leader_kills,
+            "node_kills": self.counts.node_kills,
+            "node_restarts": self.counts.node_restarts,
+            "cluster_restarts": self.counts.cluster_restarts,
+            "partitions": self.counts.partitions,
             "checker_repairs": self.checker_repairs,
+            "no_room_loads": sum(c.code == "NO_AVAILABLE_NODE" for c in self.calls),
+            "units_waiting_for_room": self.units_waiting_for_room,
             "unanswered": len(self.unanswered),
             "invariant_violations": len(self.violations),
             "stuck_triggers": len(self.stuck_ids),
+            "false_full_samples": self.false_full_samples,
+            "blocked_units": len(self.blocked_units),
+            "blocked_releases": len(self.blocked_releases),
+            "samples": self.samples,
             "seed": self.options.seed,
             "phases": len(self.phases),
             "calls": len(self.calls),
@@ -179,7 +191,8 @@ class ChaosResult:
 
     @property
     def failed(self) -> bool:
-        return bool(self.unanswered or self.violations or self.stuck_ids)
+        return bool(self.unanswered or self.violations or self.stuck_ids or self.false_full_samples
+                    or self.blocked_units or self.blocked_releases)
 
 
 def _actual_state(meta: MetaView, cid: int, every: frozenset[int]) -> State:
@@ -228,31 +241,18 @@ def idempotence_violations(calls: list[ChaosCall], every_call: list[ChaosCall]) 
 
 
 # ----- the drill --------------------------------------------------------------------------------------------------
-class ChaosDrill(FailoverDrill):
+class ChaosDrill(ChaosCluster):
     """One run (see module docstring). ``run`` returns the result; every process is stopped before it returns."""
 
     def __init__(self, opts: ChaosOptions, out: Any = None):
-        opts.validate()
-        self.copts = opts
-        work = opts.work_dir or tempfile.mkdtemp(prefix="querycoord-chaos-")
-        super().__init__(DrillOptions(
-            coordinators=opts.coordinators, nodes=opts.nodes, replicas=opts.replicas, collections=opts.collections,
-            kills=0, seed=opts.seed,
-            ttl=opts.ttl, segments_per_collection=opts.segments_per_collection, partitions=opts.partitions,
-            pauses=0, node_kills=0, ops=1, node_latency_ms=opts.node_latency_ms,
-            client_deadline=opts.client_deadline, quiesce_timeout=opts.quiesce_timeout, work_dir=work,
-            keep=opts.keep, verbose=opts.verbose), out)
-        self.root = f"chaos-{opts.seed}"
+        super().__init__(opts, out)
         self.plan = make_plan(opts.seed, opts)
-        self.cres = ChaosResult(opts, self.plan, faults=self.result.faults)
-        self.clients: list[QueryCoordClient] = []
-        self.coord_proxies: dict[int, TcpProxy] = {}
-        self.node_proxies: dict[int, tuple[TcpProxy, TcpProxy]] = {}  # node id -> (to etcd, from coordinators)
-        self._next_node_index = opts.nodes
+        self.cres = ChaosResult(opts, self.plan, faults=self.result.faults, counts=self.counts)
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._poller: asyncio.Task[None] | None = None
+        self.sampler: Sampler | None = None
+        self.sources: DrillSources | None = None
         self._group = 0
-        self._phase = -1
         # The oracle: per collection, the states it may be in at the last check, and the requests since.
         self._states: dict[int, set[State]] = {}
         self._attempts: dict[int, list[Attempt]] = {}
@@ -296,78 +296,19 @@ class ChaosDrill(FailoverDrill):
         self.say(f"cluster up: leader {leader.label if leader else '?'}, nodes {[n.node_id for n in self.nodes]}, "
                  f"collections {self.coll_ids[0]}..{self.coll_ids[-1]}; every etcd and node link through a proxy")
 
-    def _coordinator_flags(self) -> list[str]:
-        # The scheduler's own wait interval (not the preset's): the chaos drill was tuned with it.
-        return [*super()._coordinator_flags(), "--rpc-timeout", f"{self.copts.rpc_timeout:g}",
-                "--wait-interval", f"{SchedulerConfig.wait_interval:g}",
-                "--checker-interval", f"{self.copts.checker_interval:g}"]
-
-    async def _coordinator_etcd(self, index: int) -> str:
-        """The coordinator's own proxy to etcd, kept across its restarts."""
-        assert self.etcd is not None
-        proxy = self.coord_proxies.get(index)
-        if proxy is None:
-            proxy = self.coord_proxies[index] = await TcpProxy(self.etcd.endpoints[0], name=f"c{index}-etcd").start()
-        return proxy.address
-
-    async def _start_node(self, index: int, member: Member | None = None) -> Member:
-        """``querycoord querynode`` behind two proxies: its etcd endpoint, and the address it advertises."""
-        assert self.etcd is not None
-        generation = 0 if member is None else member.generation + 1
-        to_etcd = await TcpProxy(self.etcd.endpoints[0], name=f"n{index}.{generation}-etcd").start()
-        link = await TcpProxy(name=f"n{index}.{generation}-link").start()  # target known once the node listens
-        try:
-            node = await self.cluster.start_node(
-                QUERY_NODE, index, "--capacity-mb", "4096", "--latency-ms", f"{self.opts.node_latency_ms:g}",
-                "--advertise", link.address, member=member, etcd=to_etcd.address)
-        except StartError:
-            await to_etcd.close()
-            await link.close()
-            raise
-        # The drill itself reads the node's distribution directly (``direct_address``), never through the proxy
-        # it may cut.
-        link.set_target(direct_address(node))
-        self.node_proxies[node.node_id] = (to_etcd, link)
-        return node
-
-    async def _restart_coordinator(self, member: Member) -> None:
-        await super()._restart_coordinator(member)
-        for c in self.clients:
-            if member.address not in c.addresses:
-                c.addresses.append(member.address)
-
     async def _stop_cluster(self) -> None:
         if self._poller is not None:
             self._poller.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._poller
-        for p in self._all_proxies():
-            p.heal()  # coordinators resign and nodes revoke their sessions on SIGTERM: through their links
-        for c in self.clients:
-            with contextlib.suppress(Exception):
-                await c.close()
+        if self.sampler is not None:
+            await self.sampler.stop()
+        if self.sources is not None:
+            await self.sources.stop()
         for ch in self._channels.values():
             with contextlib.suppress(Exception):
                 await ch.close()
-        try:
-            await super()._stop_cluster()
-        finally:
-            for p in self._all_proxies():
-                with contextlib.suppress(Exception):
-                    await p.close()
-
-    def _all_proxies(self) -> list[TcpProxy]:
-        return [*self.coord_proxies.values(), *(p for pair in self.node_proxies.values() for p in pair)]
-
-    async def _close_dead_proxies(self) -> None:
-        live = {n.node_id for n in self.nodes}
-        for nid in [nid for nid in self.node_proxies if nid not in live]:
-            for p in self.node_proxies.pop(nid):
-                await p.close()
-
-    def _heal_all(self) -> None:
-        for p in self._all_proxies():
-            p.heal()
+        await super()._stop_cluster()
 
     # ----- run --------------------------------------------------------------------------------------------------
     async def run(self) -> ChaosResult:  # type: ignore[override]
@@ -376,6 +317,7 @@ class ChaosDrill(FailoverDrill):
             await self._start_cluster()
             self._supervisor = asyncio.create_task(self._supervise(), name="supervisor")
             self._poller = asyncio.create_task(self._poll_history_forever(), name="history")
+            self._start_sampler()
             try:
                 async with asyncio.timeout(self.copts.time_budget):
                     for phase in self.plan.phases:
@@ -387,11 +329,43 @@ class ChaosDrill(FailoverDrill):
                 self._new_problems(None, [f"violation: {what}"])
         finally:
             self.cres.duration_s = time.monotonic() - started
+            self._collect_samples()
             await self._stop_cluster()
             for log in sorted(self.work.glob("coord-*.log")):
                 with contextlib.suppress(OSError):
                     self.cres.fenced_refusals += count_refusals(log.read_text(errors="replace"))
         return self.cres
+
+    def _start_sampler(self) -> None:
+        assert self.kv is not None
+
+        def leader() -> str | None:
+            m = self.cluster.leader
+            return m.address if m is not None else None
+
+        def nodes() -> list[NodeHandle]:
+            return [NodeHandle(n.node_id, direct_address(n), n.running) for n in self.nodes if n.ready]
+
+        self.sources = DrillSources(self.kv, self.part_ids, leader=leader, nodes=nodes)
+        self.sources.start()
+        self.sampler = Sampler(self.sources, now=self.now, disturbances=self.disturbances,
+                               interval=self.copts.sample_interval, leader_tail=self.tail, say=self.say)
+        self.sampler.start()
+
+    def _collect_samples(self) -> None:
+        """The continuous invariants' counts into the result (``samples``)."""
+        s = self.sampler
+        if s is None:
+            return
+        r = self.cres
+        r.samples, r.false_full_samples = s.stats.judged, s.stats.false_full_samples
+        r.false_full = list(s.stats.false_full)
+        r.blocked_units = list(s.clock.blocked)
+        r.units_waiting_for_room = len(s.stats.room_units)
+        releases = [ReleaseCall(c.label(), c.sent, c.answered if c.outcome in ("success", "error") else None,
+                                c.code) for c in r.calls
+                    if c.method in ("ReleaseCollection", "ReleasePartitions") and c.outcome != "abandoned"]
+        r.blocked_releases = blocked_releases(releases, s.waits, self.disturbances, now=self.now())
 
     async def _run_phase(self, phase: Phase) -> None:
         self._phase = phase.index
@@ -444,7 +418,7 @@ class ChaosDrill(FailoverDrill):
         return call
 
     async def _send(self, op: ChaosOp, w: int, group: int, pattern: str, abandon_s: float = 0.0) -> ChaosCall:
-        if op.kind in ("add_segments", "compact"):
+        if op.kind in ("add_segments", "compact", "compact_chain"):
             return await self._catalog_change(op, w, group, pattern)
         method, req, target = self._request(op)
         cid = getattr(req, "collection_id", 0) if op.kind != "balance" else 0
@@ -483,32 +457,24 @@ class ChaosDrill(FailoverDrill):
 
     async def _catalog_change(self, op: ChaosOp, w: int, group: int, pattern: str) -> ChaosCall:
         """New sealed segments, or two compacted into one, through the catalog API (the coordinator hands them
-        off when the partition is loaded)."""
+        off when the partition is loaded). A compaction chain compacts the result at once with a third segment:
+        the second handoff names a source that was itself a compaction result, maybe not loaded anywhere yet."""
         assert self.kv is not None
         cid = self.coll_ids[op.coll % len(self.coll_ids)]
         parts = self.part_ids[cid]
         pid = parts[op.parts[0] % len(parts)] if op.parts else parts[0]
-        method = "AddSegments" if op.kind == "add_segments" else "Compact"
+        method = {"add_segments": "AddSegments", "compact": "Compact"}.get(op.kind, "CompactChain")
         call = self._new_call(op, w, group, pattern, method, f"coll {cid} partition {pid}", cid, (pid,))
         store = CatalogStore(self.kv)
-        mem = 1000 * (128 * 4 + 8)
         try:
-            if op.kind == "compact":
-                _, binlogs = await store.get_recovery_info(cid, pid)
-                if len(binlogs) < 2:
-                    raise CatalogError(f"partition {pid} has {len(binlogs)} segments: nothing to compact",
-                                       code=EC.NOT_FOUND)
-                rng = random.Random(f"{self.copts.seed}-{call.seq}")
-                sources = rng.sample(sorted(b.segment_id for b in binlogs), 2)
-                segs = [data_pb2.SegmentBinlogs(
-                    collection_id=cid, partition_id=pid, num_rows=2000, mem_size=2 * mem,
-                    binlog_paths=[f"insert_log/{cid}/{pid}/compacted-{call.seq}"], compaction_from=sources)]
-                call.target += f" {sources} -> 1"
+            if op.kind in ("compact", "compact_chain"):
+                ids = await self._compact(store, cid, pid, call, chain=op.kind == "compact_chain")
             else:
-                segs = [data_pb2.SegmentBinlogs(collection_id=cid, partition_id=pid, num_rows=1000, mem_size=mem,
+                segs = [data_pb2.SegmentBinlogs(collection_id=cid, partition_id=pid, num_rows=1000,
+                                                mem_size=SEGMENT_BYTES,
                                                 binlog_paths=[f"insert_log/{cid}/{pid}/chaos-{call.seq}-{k}"])
                         for k in range(op.count)]
-            ids = await store.add_segments(segs, collection_id=cid)
+                ids = await store.add_segments(segs, collection_id=cid)
             call.outcome, call.code, call.reason = "success", "SUCCESS", f"segments {ids}"
         except (CatalogError, MetaError) as exc:
             st = status_of(exc)
@@ -517,108 +483,34 @@ class ChaosDrill(FailoverDrill):
         self.note(f"call {call.label()}: {call.code} {call.reason[:100]}")
         return call
 
-    # ----- faults -----------------------------------------------------------------------------------------------
-    async def _inject(self, f: Fault, t0: float) -> None:
-        await asyncio.sleep(max(0.0, t0 + f.at_s - time.monotonic()))
-        try:
-            await self._fault(f)
-        except TimeoutError:
-            self.say(f"fault {f.kind}: no leader to hit within 30s; skipped")
-        except StartError as exc:  # a node to add did not start: the drill's trouble, not the cluster's
-            self.say(f"fault {f.kind}: could not be injected: {str(exc).splitlines()[0]}")
+    async def _compact(self, store: CatalogStore, cid: int, pid: int, call: ChaosCall, *, chain: bool) -> list[int]:
+        """Two segments into one (sized as both), and with ``chain`` that one and a third into another."""
+        _, binlogs = await store.get_recovery_info(cid, pid)
+        need = 3 if chain else 2
+        if len(binlogs) < need:
+            raise CatalogError(f"partition {pid} has {len(binlogs)} segments: nothing to compact", code=EC.NOT_FOUND)
+        rng = random.Random(f"{self.copts.seed}-{call.seq}")
+        size = {b.segment_id: (b.mem_size, b.num_rows) for b in binlogs}
+        sources = rng.sample(sorted(size), need)
 
-    def _record_fault(self, what: str) -> FaultRecord:
-        rec = FaultRecord(self.now(), what)
-        self.result.faults.append(rec)
-        self.say(what)
-        return rec
+        def compacted(srcs: list[int], step: int) -> data_pb2.SegmentBinlogs:
+            return data_pb2.SegmentBinlogs(
+                collection_id=cid, partition_id=pid, num_rows=sum(size[s][1] for s in srcs),
+                mem_size=sum(size[s][0] for s in srcs), compaction_from=srcs,
+                binlog_paths=[f"insert_log/{cid}/{pid}/compacted-{call.seq}-{step}"])
 
-    def _partition(self, proxy: TcpProxy, f: Fault, what: str) -> None:
-        if f.kind.endswith("_stall"):
-            proxy.stall()
-        else:
-            proxy.cut(blackhole=f.blackhole)
-        self.cres.partitions += 1
-        self._record_fault(f"{f.kind}: {what} ({proxy.name} {proxy.mode}{' blackhole' if f.blackhole else ''}) "
-                           f"for {f.hold_s:.2f}s")
-
-    async def _fault(self, f: Fault) -> None:
-        kind = f.kind
-        if kind == "leader_kill":
-            await self._settle_kill()
-            before = len(self.result.kills)
-            await self._kill_leader(f"phase {self._phase}")
-            self.cres.leader_kills += len(self.result.kills) - before
-        elif kind == "leader_pause":
-            leader = await self._wait_leader(timeout=30)
-            leader.child.signal(signal.SIGSTOP)
-            rec = self._record_fault(f"leader_pause: SIGSTOP leader {leader.label} for {f.hold_s:.2f}s "
-                                     f"(TTL {self.opts.ttl:g}s)")
-            try:
-                await asyncio.sleep(f.hold_s)
-            finally:
-                leader.child.signal(signal.SIGCONT)
-            rec.note = "SIGCONT"
-        elif kind in ("leader_etcd_cut", "leader_etcd_stall"):
-            leader = await self._wait_leader(timeout=30)
-            proxy = self.coord_proxies[leader.index]
-            self._partition(proxy, f, f"leader {leader.label} cut off from etcd, still reaching the nodes")
-            await self._hold(proxy, f.hold_s)
-        elif kind == "standby_etcd_cut":
-            current = self.cluster.leader
-            standbys = [c for c in self.coords if c is not current and c.running]
-            if not standbys:
-                return
-            standby = standbys[f.slot % len(standbys)]
-            proxy = self.coord_proxies[standby.index]
-            self._partition(proxy, f, f"standby {standby.label} cut off from etcd")
-            await self._hold(proxy, f.hold_s)
-        elif kind == "node_kill" and len(self.nodes) > self.copts.min_nodes:
-            await self._kill_node_for_good(f.slot)
-        elif kind in ("node_kill", "node_add"):
-            if len(self.nodes) < self.copts.max_nodes:
-                await self._add_node()
-        elif kind == "node_etcd_cut":
-            node = self.nodes[f.slot % len(self.nodes)]
-            proxy = self.node_proxies[node.node_id][0]
-            self._partition(proxy, f, f"node {node.node_id} cut off from etcd")
-            await self._hold(proxy, f.hold_s)
-        elif kind in ("node_link_cut", "node_link_stall"):
-            node = self.nodes[f.slot % len(self.nodes)]
-            proxy = self.node_proxies[node.node_id][1]
-            self._partition(proxy, f, f"coordinators cut off from node {node.node_id}")
-            await self._hold(proxy, f.hold_s)
-
-    @staticmethod
-    async def _hold(proxy: TcpProxy, hold_s: float) -> None:
-        try:
-            await asyncio.sleep(hold_s)
-        finally:
-            proxy.heal()
-
-    async def _kill_node_for_good(self, slot_index: int) -> None:
-        """SIGKILL a query node without replacing it: the leader must move its work (NodeDown balance)."""
-        node = self.nodes[slot_index % len(self.nodes)]
-        while node.index in self._replacing:  # the supervisor is replacing it: kill the replacement
-            await asyncio.sleep(0.1)
-            node = self.nodes[slot_index % len(self.nodes)]
-        await self._observe_replicas(f"node {node.node_id} kill")
-        self.nodes.remove(node)
-        await self.cluster.kill(node)
-        self.cres.node_kills += 1
-        self._record_fault(f"node_kill: SIGKILL node {node.node_id} ({node.label}); {len(self.nodes)} nodes left")
-
-    async def _add_node(self) -> None:
-        index = self._next_node_index
-        self._next_node_index += 1
-        node = await self._start_node(index)
-        self.nodes.append(node)
-        self._record_fault(f"node_add: node {node.node_id} (n{index}) started; {len(self.nodes)} nodes")
+        ids = await store.add_segments([compacted(sources[:2], 0)], collection_id=cid)
+        call.target += f" {sources[:2]} -> {ids[0]}"
+        if chain:
+            first = compacted(sources[:2], 0)
+            size[ids[0]] = (first.mem_size, first.num_rows)
+            await asyncio.sleep(rng.uniform(0.0, 0.5))  # its handoff may have started, or not
+            second = [ids[0], sources[2]]
+            ids += await store.add_segments([compacted(second, 1)], collection_id=cid)
+            call.target += f", {second} -> {ids[-1]}"
+        return ids
 
     # ----- replicas over time (``FailoverDrill._judge_replicas``) -------------------------------------------------
-    def _current_phase(self) -> int:
-        return self._phase
-
     def _requests_between(self, a: ReplicaObservation, b: ReplicaObservation) -> list[tuple[int, str]]:
         """As the failover drill's; an open-ended call (abandoned, unanswered, TIMEOUT...: ``effect_of`` says
         "maybe") may take effect until its phase is quiescent."""
@@ -825,9 +717,13 @@ class ChaosDrill(FailoverDrill):
         unclear = [f"{c.label()}: {c.code} {c.reason[:200]}" for c in calls
                    if c.outcome == "error" and c.code in UNCLEAR_CODES]
         mechanics, self._extra_violations = self._extra_violations, []
+        # Units that cannot be placed now (no node, no room) are excused from "every copy in each replica".
+        unplaceable = await self.sampler.unplaceable({cid: (m.partitions, m.replicas)
+                                                      for cid, m in meta.collections.items()}) if self.sampler else {}
         res = check(expected, catalog, meta, nodes, task_keys=keys, unanswered=[], unclear=unclear,
                     extra_violations=mechanics + not_quiet, replica_number=self.copts.replicas,
-                    replica_history=history, replica_comparisons=comparisons)
+                    replica_history=history, replica_comparisons=comparisons, unplaceable=unplaceable)
+        rep.notes += res.notes
         details = [*res.details, *idempotence_violations(calls, self.cres.calls),
                    *(f"violation: unanswered call {c.label()}: {c.reason[:200]}" for c in calls
                      if c.outcome == "unanswered")]
@@ -869,6 +765,12 @@ def render(result: ChaosResult) -> str:
         lines.append(f"  [{span}{still}] {v[:500]}")
     if len(result.violations) > 60:
         lines.append(f"  ... and {len(result.violations) - 60} more")
+    lines += ["", f"continuous invariants over {result.samples} samples: false full samples "
+                  f"{result.false_full_samples}, blocked units {len(result.blocked_units)}, blocked releases "
+                  f"{len(result.blocked_releases)} (units seen waiting for room: {result.units_waiting_for_room})"]
+    lines += [f"  false full {f[:400]}" for f in result.false_full[:20]]
+    lines += [f"  blocked unit: {b[:400]}" for b in result.blocked_units[:20]]
+    lines += [f"  blocked release: {b[:400]}" for b in result.blocked_releases[:20]]
     notes = [n for p in result.phases for n in p.notes]
     if notes:
         lines += ["", "oracle notes"]

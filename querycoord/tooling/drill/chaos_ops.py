@@ -10,7 +10,11 @@ different clients: the same request twice (a duplicate), two requests that
 conflict (load vs release of one collection, partitions loaded vs released),
 or one request abandoned by its client after a few milliseconds and sent
 again, twice (a retry). Catalog changes (new sealed segments, a compaction of
-two segments into one) become handoffs in the coordinator.
+two segments into one) become handoffs in the coordinator. With ``--capacity
+tight`` the plan also has compaction chains (two segments compacted into one,
+which is at once compacted with a third: its handoff names a source that was
+itself a compaction result), query nodes restarted under their fixed ids and
+whole-cluster restarts.
 
 **The oracle** (``admissible_states``): with concurrent clients there is no
 single expected final state. Every request that took effect did so at one
@@ -37,11 +41,12 @@ from querycoord.tooling.drill.options import ChaosOptions
 from querycoord.tooling.drill.schedule import Request
 
 # ----- the plan ---------------------------------------------------------------------------------------------------
-OpKind = Literal["load", "release", "load_partitions", "release_partitions", "balance", "add_segments", "compact"]
+OpKind = Literal["load", "release", "load_partitions", "release_partitions", "balance", "add_segments", "compact",
+                 "compact_chain"]
 Pattern = Literal["plain", "duplicate", "retry", "conflict"]
 FaultKind = Literal[
     "none", "leader_kill", "leader_pause", "leader_etcd_cut", "leader_etcd_stall", "standby_etcd_cut",
-    "node_kill", "node_add", "node_etcd_cut", "node_link_cut", "node_link_stall",
+    "node_kill", "node_add", "node_etcd_cut", "node_link_cut", "node_link_stall", "node_restart", "cluster_restart",
 ]
 #: Faults that partition a link through a proxy (the JSON line's ``partitions``).
 PARTITION_FAULTS: frozenset[str] = frozenset({"leader_etcd_cut", "leader_etcd_stall", "standby_etcd_cut",
@@ -115,6 +120,13 @@ _FAULTS: tuple[FaultKind, ...] = ("leader_kill", "leader_pause", "leader_etcd_cu
                                   "node_link_stall", "none")
 _FAULT_WEIGHTS = (12, 8, 14, 8, 4, 8, 8, 8, 10, 6, 4)
 _SECOND_FAULTS: tuple[FaultKind, ...] = ("node_kill", "node_add", "node_link_cut", "node_etcd_cut", "leader_kill")
+# ``--capacity tight``: nodes restarted under their fixed ids and whole-cluster restarts join the faults, first of
+# all (a short run drills each), and compaction chains the catalog changes.
+_TIGHT_FIRST: tuple[FaultKind, ...] = ("node_kill", "node_restart", "cluster_restart", "leader_etcd_cut", "node_add",
+                                       "leader_kill", "node_restart", "node_link_cut")
+_TIGHT_FAULTS: tuple[FaultKind, ...] = (*_FAULTS, "node_restart", "cluster_restart")
+_TIGHT_WEIGHTS = (*_FAULT_WEIGHTS, 12, 3)
+_TIGHT_SECOND: tuple[FaultKind, ...] = (*_SECOND_FAULTS, "node_restart")
 
 
 def make_plan(seed: int, opts: ChaosOptions) -> ChaosPlan:
@@ -124,6 +136,8 @@ def make_plan(seed: int, opts: ChaosOptions) -> ChaosPlan:
     rng = random.Random(seed)
     gen = _OpGen(rng, opts)
     plan = ChaosPlan(seed)
+    first, kinds, weights, second = ((_TIGHT_FIRST, _TIGHT_FAULTS, _TIGHT_WEIGHTS, _TIGHT_SECOND) if opts.tight
+                                     else (_FIRST_FAULTS, _FAULTS, _FAULT_WEIGHTS, _SECOND_FAULTS))
     left = opts.ops
     while left > 0:
         index = len(plan.phases)
@@ -134,10 +148,10 @@ def make_plan(seed: int, opts: ChaosOptions) -> ChaosPlan:
             item = gen.item(budget - n)
             workers[rng.randrange(opts.clients)].append(item)
             n += len(item.ops)
-        kind = _FIRST_FAULTS[index] if index < len(_FIRST_FAULTS) else rng.choices(_FAULTS, _FAULT_WEIGHTS)[0]
+        kind = first[index] if index < len(first) else rng.choices(kinds, weights)[0]
         faults = [_fault(rng, kind, opts.ttl)]
-        if index >= len(_FIRST_FAULTS) and rng.random() < 0.25:
-            faults.append(_fault(rng, rng.choice(_SECOND_FAULTS), opts.ttl))
+        if index >= len(first) and rng.random() < 0.25:
+            faults.append(_fault(rng, rng.choice(second), opts.ttl))
         plan.phases.append(Phase(index, tuple(tuple(w) for w in workers), tuple(f for f in faults
                                                                                  if f.kind != "none")))
         left -= n
@@ -157,6 +171,10 @@ def _fault(rng: random.Random, kind: FaultKind, ttl: float) -> Fault:
     if kind in ("node_link_cut", "node_link_stall"):
         return Fault(kind, at, round(rng.uniform(1.0, 5.0), 3), slot, blackhole=kind == "node_link_cut"
                      and rng.random() < 0.3)
+    if kind == "node_restart":  # down for a moment or past its session TTL, then back under its id
+        return Fault(kind, at, round(rng.choice((0.0, rng.uniform(0.2, ttl + 1.0))), 3), slot)
+    if kind == "cluster_restart":  # everything down (etcd too) for a moment, then back on its data dirs
+        return Fault(kind, at, round(rng.uniform(0.5, 2.0), 3), slot)
     return Fault(kind, at, 0.0, slot)
 
 
@@ -255,6 +273,8 @@ class _OpGen:
         part = rng.randrange(self.opts.partitions)
         if rng.random() < 0.5:
             return ChaosOp("add_segments", coll, (part,), count=rng.randint(1, 3))
+        if self.opts.tight and rng.random() < 0.5:
+            return ChaosOp("compact_chain", coll, (part,))
         return ChaosOp("compact", coll, (part,))
 
 

@@ -450,8 +450,10 @@ class FailoverDrill(ProcessDrill[DrillOptions, DrillResult]):
             return ("LoadPartitions", qc.LoadPartitionsRequest(collection_id=cid, partition_ids=pids,
                                                                replica_number=self.opts.replicas),
                     f"coll {cid} partitions {pids}")
-        return ("ReleasePartitions", qc.ReleasePartitionsRequest(collection_id=cid, partition_ids=pids),
-                f"coll {cid} partitions {pids}")
+        if op.kind == "release_partitions":
+            return ("ReleasePartitions", qc.ReleasePartitionsRequest(collection_id=cid, partition_ids=pids),
+                    f"coll {cid} partitions {pids}")
+        raise ValueError(f"{op.kind!r} is not a QueryCoord request")
 
     async def _call_op(self, op: Op, client: QueryCoordClient | None = None) -> CallRecord:
         method, req, target = self._request(op)
@@ -802,6 +804,11 @@ class FailoverDrill(ProcessDrill[DrillOptions, DrillResult]):
                 out.append((r.cid, r.method))
         return out
 
+    def _reborn_between(self, a: ReplicaObservation, b: ReplicaObservation) -> set[int]:
+        """Nodes that died and came back under their id between two observations (none here: replaced nodes get
+        new ids; the chaos drill restarts nodes under fixed ids)."""
+        return set()
+
     def _judge_replicas(self, now: ReplicaObservation) -> None:
         """At a quiescent check: compare every observation since the last check with the next one
         (``replica_changes``); a node that left its replica while running must be dead by now."""
@@ -811,7 +818,8 @@ class FailoverDrill(ProcessDrill[DrillOptions, DrillResult]):
             released = {c for c, m in requests if m in ("ReleaseCollection", "ReleasePartitions")}
             problems, suspects = replica_changes(
                 a.collections, b.collections, live=b.live, released=released,
-                loading={c for c, m in requests if m in ("LoadCollection", "LoadPartitions")})
+                loading={c for c, m in requests if m in ("LoadCollection", "LoadPartitions")},
+                reborn=self._reborn_between(a, b))
             self._replica_comparisons += len((a.collections.keys() & b.collections.keys()) - released)
             self._replica_history += [f"replicas from {a.what} to {b.what}: {p}" for p in problems]
             for n, what in suspects.items():

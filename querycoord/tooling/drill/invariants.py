@@ -35,6 +35,7 @@ not one: it counts as a violation.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Literal
@@ -163,6 +164,7 @@ class CheckResult:
     duplicate_segments: int = 0
     invariant_violations: int = 0
     details: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # not violations: units excused as unplaceable
     # name -> (passed, one-line summary), in a fixed order for the table
     checks: dict[str, tuple[bool, str]] = field(default_factory=dict)
 
@@ -184,11 +186,13 @@ def check(expected: dict[int, Expected], catalog: dict[int, CatalogColl], meta: 
           nodes: dict[int, NodeView], *, task_keys: dict[str, int], unanswered: list[str],
           unclear: list[str] | None = None, extra_violations: list[str] | None = None,
           replica_number: int | None = None, replica_history: list[str] | None = None,
-          replica_comparisons: int = 0) -> CheckResult:
+          replica_comparisons: int = 0, unplaceable: Mapping[tuple[int, int], str] | None = None) -> CheckResult:
     """Every invariant of the drill (see module docstring); ``nodes`` are the online nodes only;
     ``replica_number``: how many replicas every collection in meta must have (None: not checked);
     ``replica_history``: what ``replica_changes`` found over the run, in ``replica_comparisons`` comparisons of a
-    collection's replicas at two observations."""
+    collection's replicas at two observations; ``unplaceable``: (collection, replica) units that cannot be placed
+    now (``placement.weigh``: no node, no room), with why: what they lack is a note, not a lost task, provided
+    meta does not show their collection at 100 %."""
     res = CheckResult()
     reps = _Replicas(meta)
     holders: dict[int, set[int]] = {}
@@ -274,10 +278,11 @@ def check(expected: dict[int, Expected], catalog: dict[int, CatalogColl], meta: 
         n_loaded += 1
         problems: list[str] = []
         m = meta.collections.get(cid)
+        parked = {r: why for (c, r), why in (unplaceable or {}).items() if c == cid}
         if m is None:
             problems.append("not in query meta")
         else:
-            if m.percentage != 100:
+            if m.percentage != 100 and not parked:
                 problems.append(f"at {m.percentage} %")
             if m.partitions != want_parts:
                 problems.append(f"meta has partitions {sorted(m.partitions)}, expected {sorted(want_parts)}")
@@ -285,15 +290,23 @@ def check(expected: dict[int, Expected], catalog: dict[int, CatalogColl], meta: 
                 problems.append(f"loaded as {m.load_type}, expected {exp.state}")
         recorded = reps.recorded(cid)
         wanted = [sid for p in want_parts for sid in cat.partitions.get(p, ())]
+        lacking = False
         for rid in reps.ids(cid):
             of = f" of replica {rid}" if recorded else ""
             missing = [sid for sid in wanted if not reps.split(cid, holders.get(sid, set()))[0].get(rid)]
-            if missing:
-                problems.append(f"segments on no online node{of}: {_short(missing)}")
             unwatched = [ch for ch in cat.channels
                          if not reps.split(cid, watchers.get((cid, ch), set()))[0].get(rid)]
+            lacking = lacking or bool(missing or unwatched)
+            if (missing or unwatched) and rid in parked:
+                res.notes.append(f"collection {cid}: replica {rid} lacks {len(missing)} segments and "
+                                 f"{len(unwatched)} DM channels and cannot be placed: {parked[rid]}")
+                continue
+            if missing:
+                problems.append(f"segments on no online node{of}: {_short(missing)}")
             if unwatched:
                 problems.append(f"DM channels watched by no online node{of}: {sorted(unwatched)}")
+        if lacking and m is not None and m.percentage == 100:
+            problems.append("at 100 % in meta while a replica lacks copies")
         if problems:
             res.lost_tasks += 1
             res.details.append(f"lost: collection {cid} (last answered: {exp.last_success}): {'; '.join(problems)}")
@@ -410,8 +423,8 @@ def check(expected: dict[int, Expected], catalog: dict[int, CatalogColl], meta: 
 
 
 def replica_changes(before: dict[int, MetaColl], after: dict[int, MetaColl], *, live: AbstractSet[int],
-                    released: AbstractSet[int] = frozenset(), loading: AbstractSet[int] = frozenset()
-                    ) -> tuple[list[str], dict[int, str]]:
+                    released: AbstractSet[int] = frozenset(), loading: AbstractSet[int] = frozenset(),
+                    reborn: AbstractSet[int] = frozenset()) -> tuple[list[str], dict[int, str]]:
     """What changed in the replicas of the collections in meta at two observations that nothing explains.
 
     Replicas keep their ids while the collection stays loaded; a node leaves its replica only when it dies, and
@@ -419,7 +432,9 @@ def replica_changes(before: dict[int, MetaColl], after: dict[int, MetaColl], *, 
     replica, and the replicas a dead node was not in keep their nodes. Not compared: collections that a request
     may have released (and loaded again) in between (``released``), and those that were still being loaded at
     the first observation while a load request ran (``loading``: a failed first load is rolled back, and a retry
-    creates new replicas). ``live``: the nodes running at the second observation.
+    creates new replicas). ``live``: the nodes running at the second observation; ``reborn``: nodes that died and
+    came back under their fixed id in between (the leader forgot the dead one: the new one may join any replica
+    as a spare).
 
     Returns (violations, suspects): a node that left its replica while still running is a suspect (node id ->
     what happened) until a quiescent observation tells: dead by then (its session had lapsed), or still serving.
@@ -433,10 +448,10 @@ def replica_changes(before: dict[int, MetaColl], after: dict[int, MetaColl], *, 
         if sorted(a) != sorted(b):
             problems.append(f"collection {cid}: replicas {sorted(a)} became {sorted(b)} with no release in between")
             continue
-        owner = {n: r for r, ns in a.items() for n in ns}
+        owner = {n: r for r, ns in a.items() for n in ns if n not in reborn}
         for rid in sorted(a):
             for n in sorted(a[rid] - b[rid]):
-                if n in live:
+                if n in live and n not in reborn:
                     suspects[n] = f"node {n} left replica {rid} of collection {cid} while running"
             for n in sorted(b[rid] - a[rid]):
                 if n in owner:

@@ -14,6 +14,10 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
+MIB = 1 << 20
+#: Bytes accounted for one segment the chaos and failover drills create (1,000 rows of a 128-dim vector and a pk).
+SEGMENT_BYTES = 1000 * (128 * 4 + 8)
+
 
 def option(default: T, text: str, *, shown: str | None = None, kind: type | None = None,
            choices: tuple[Any, ...] | None = None) -> T:
@@ -169,6 +173,14 @@ class ChaosOptions(RunOptions):
     settle: float | None = option(None, "seconds the leader must stay idle to be quiescent", kind=float,
                                   shown="one checker interval + 1 s; 1.5 without a checker")  # see ``settle_s``
     time_budget: float = option(900.0, "bound of the whole run in seconds; phases left are skipped")
+    capacity: str = option("ample", "ample: every node has room for every replica; tight: room for about half "
+                                    "the replicas, nodes under fixed ids restarted, whole-cluster restarts and "
+                                    "compaction chains join the plan", shown="ample", kind=str,
+                           choices=("ample", "tight"))
+    node_memory_mb: float = option(0.0, "memory capacity of each query node in MiB",
+                                   shown="4096, or with --capacity tight room for about half the replicas")
+    sample_interval: float = option(1.0, "seconds between two samples of the continuous invariants (false "
+                                         "full answers, blocked units and releases)")
     # The plan's phases: requests per phase, and the longest wait before one.
     min_phase_ops: int = 8
     max_phase_ops: int = 14
@@ -189,6 +201,13 @@ class ChaosOptions(RunOptions):
         super().validate()
         if self.call_deadline < 10 or self.time_budget <= 0 or self.quiesce_timeout <= 0:
             raise ValueError("--call-deadline must be >= 10, --time-budget and --quiesce-timeout > 0")
+        if self.capacity not in ("ample", "tight"):
+            raise ValueError(f"--capacity must be ample or tight, got {self.capacity!r}")
+        if self.node_memory_mb < 0 or self.sample_interval <= 0:
+            raise ValueError("--node-memory-mb must be >= 0 (0: derived) and --sample-interval > 0")
+        if self.node_memory_mb and self.node_memory_mb * MIB < 2 * SEGMENT_BYTES:
+            raise ValueError(f"--node-memory-mb {self.node_memory_mb:g} cannot hold even one segment "
+                             f"({SEGMENT_BYTES / MIB:.2f} MiB) under the memory limit")
 
     @property
     def min_nodes(self) -> int:
@@ -209,6 +228,22 @@ class ChaosOptions(RunOptions):
         return self.checker_interval + 1.0
 
     @property
+    def tight(self) -> bool:
+        return self.capacity == "tight"
+
+    @property
+    def node_memory(self) -> int:
+        """Bytes of each query node (``--node-memory-mb``; derived when 0). Tight: every replica of every
+        collection, at its initial size, would need twice what the nodes have under the 90 % memory limit, so
+        loads meet NO_AVAILABLE_NODE and a lost node's copies often have nowhere to go (parked for room)."""
+        if self.node_memory_mb:
+            return int(self.node_memory_mb * MIB)
+        if not self.tight:
+            return 4096 * MIB
+        demand = self.collections * self.replicas * self.segments_per_collection * SEGMENT_BYTES
+        return max(2 * SEGMENT_BYTES, int(demand / 2 / self.nodes / 0.9))
+
+    @property
     def client_deadline(self) -> float:
         """The leader-following client's own deadline: its last attempt still ends within the call deadline."""
         return max(5.0, self.call_deadline - self.call_timeout - 3.0)
@@ -222,10 +257,15 @@ class ChaosOptions(RunOptions):
         """The command line that replays this run's plan."""
         d = ChaosOptions()
         names = ("ops", "seed", "coordinators", "nodes", "replicas", "clients", "collections", "partitions",
-                 "segments_per_collection", "ttl", "node_latency_ms", "call_deadline", "quiesce_timeout")
-        flags = [f"--{n.replace('_', '-')} {getattr(self, n):g}" for n in names
+                 "segments_per_collection", "ttl", "node_latency_ms", "call_deadline", "quiesce_timeout",
+                 "capacity", "node_memory_mb")
+        flags = [f"--{n.replace('_', '-')} {_flag(getattr(self, n))}" for n in names
                  if n in ("ops", "seed") or getattr(self, n) != getattr(d, n)]
         return "querycoord drill chaos " + " ".join(flags)
+
+
+def _flag(value: Any) -> str:
+    return value if isinstance(value, str) else f"{value:g}"
 
 
 @dataclass
@@ -286,5 +326,5 @@ class RestartOptions(RunOptions):
         return "querycoord drill restart " + " ".join(flags)
 
 
-__all__ = ["ChaosOptions", "DrillOptions", "RestartOptions", "RunOptions", "StreamDrillOptions", "cli_help",
-           "cli_options", "option"]
+__all__ = ["MIB", "SEGMENT_BYTES", "ChaosOptions", "DrillOptions", "RestartOptions", "RunOptions",
+           "StreamDrillOptions", "cli_help", "cli_options", "option"]
