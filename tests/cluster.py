@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,18 @@ MiB = 1 << 20
 def fast_scheduler(**kw: Any) -> SchedulerConfig:
     """The scaled preset's scheduler with ``kw`` changed."""
     return dataclasses.replace(SCALED_SCHEDULER, **kw)
+
+
+async def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    """Until ``predicate()`` holds; AssertionError naming ``what`` after ``timeout`` seconds.
+
+    Tests wait on a fact the nodes report, never on a sleep: the time it takes
+    is the machine's business, the fact is the test's.
+    """
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"not within {timeout:.0f}s: {what}"
+        await asyncio.sleep(0.1)
 
 
 async def wait_in_memory(client: QueryCoordClient, cid: int, timeout: float = 60.0) -> qc.ShowCollectionsResponse:

@@ -6,8 +6,6 @@ What nodes hold is read from the nodes themselves (``node.state``), never from w
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
 
 from meta.etcd_server import EtcdCluster
 from proto import common_pb2, data_pb2, querynode_pb2, task_pb2
@@ -17,14 +15,7 @@ from querycoord.nodes.querynode import FaultConfig, QueryNode
 from querycoord.nodes.querynode_faults import FaultInjector
 from querycoord.querymeta import QueryMeta
 from querycoord.task.repair import RepairTask
-from tests.cluster import MiB, QueryCluster, running_cluster
-
-
-async def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"not within {timeout:.0f}s: {what}"
-        await asyncio.sleep(0.1)
+from tests.cluster import MiB, QueryCluster, running_cluster, wait_until
 
 
 async def replica_nodes_shown(c: QueryCluster, cid: int) -> set[int]:

@@ -8,7 +8,7 @@ from meta.etcd_server import EtcdCluster
 from proto import common_pb2, data_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.nodes.querynode import FaultConfig
-from tests.cluster import running_cluster
+from tests.cluster import running_cluster, wait_until
 
 
 def no_keys(keys: dict[str, int]) -> bool:
@@ -89,14 +89,17 @@ async def test_node_down_moves_segments_and_channels_to_survivors(etcd: EtcdClus
         on_dead = {s.segment_id for s in meta.segments_on_node(dead)}
         assert on_dead, "the node process got segments"
         await proc.kill()  # SIGKILL, and reaped
-        # Its session expires after the TTL; a NodeDown balance then moves everything.
-        for _ in range(200):
-            if not meta.segments_on_node(dead) and not meta.channels_on_node(dead):
-                break
-            await asyncio.sleep(0.1)
+        # Its session expires after the TTL; the coordinator forgets its copies at once and the
+        # checker's next pass repairs them on the survivors (the nodes' own state is the fact).
+        await wait_until(lambda: not meta.segments_on_node(dead) and not meta.channels_on_node(dead),
+                         "the coordinator forgot the dead node's copies")
+
+        def survivors_hold_everything() -> bool:
+            held = set(c.nodes[0].state.segments) | set(c.nodes[1].state.segments)
+            return on_dead <= held and len(held) == 90 and sum(len(n.state.dm_channels) for n in c.nodes) >= 3
+
+        await wait_until(survivors_hold_everything, "the survivors hold every segment and channel")
         await c.wait_idle()
-        held = set(c.nodes[0].state.segments) | set(c.nodes[1].state.segments)
-        assert on_dead <= held and len(held) == 90
         watched = [ch for n in c.nodes for ch in n.state.dm_channels]
         assert len(watched) == 3, f"every DM channel watched by exactly one survivor: {watched}"
         assert no_keys(await c.task_keys())

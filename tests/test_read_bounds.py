@@ -113,8 +113,10 @@ async def test_open_health_calls_take_small_requests_and_few_streams(etcd: EtcdC
                 assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, refused.value
                 assert "at most 1024" in (refused.value.details() or "")
             rss.append(_kib(coord.pid, "VmRSS"))
-        # A refused request costs its size once, briefly (gRPC receives it whole): the second round reuses that.
-        assert rss[0] - baseline < 160 * 1024 and rss[1] - rss[0] < 32 * 1024, (baseline, rss)
+        # A refused request costs its size once, briefly (gRPC receives it whole): the second round reuses
+        # that. Pinned, each open stream held about 64 MiB, so a round of four grew by about 256 MiB; the
+        # bound leaves the allocator its slack (a round was seen to grow 33 MiB on a loaded machine).
+        assert rss[0] - baseline < 160 * 1024 and rss[1] - rss[0] < 96 * 1024, (baseline, rss)
         # Many small Watch streams: a bounded number is kept, the rest refused.
         answers = []
         for i in range(MAX_OPEN_STREAMS + 8):

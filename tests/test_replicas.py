@@ -10,7 +10,6 @@ import asyncio
 import itertools
 import time
 from collections import Counter
-from typing import Any
 
 from meta.etcd_server import EtcdCluster
 from meta.kv import MetaKV
@@ -19,7 +18,7 @@ from proto import querycoord_pb2 as qc
 from querycoord.balance import plan_move
 from querycoord.nodes.querynode import FaultConfig, QueryNode
 from querycoord.querymeta import QueryMeta
-from tests.cluster import QueryCluster, fast_scheduler, running_cluster
+from tests.cluster import QueryCluster, fast_scheduler, running_cluster, wait_until
 
 
 async def snapshot(kv: MetaKV) -> dict[str, bytes]:
@@ -47,13 +46,6 @@ def whole(nodes: list[QueryNode], members: set[int], segments: int, channels: in
     held = {s for m in members if m in by_id for s in by_id[m].state.segments}
     watched = {ch for m in members if m in by_id for ch in by_id[m].state.dm_channels}
     return len(held) == segments and len(watched) == channels
-
-
-async def wait_until(predicate: Any, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"not within {timeout:.0f}s: {what}"
-        await asyncio.sleep(0.1)
 
 
 async def load(c: QueryCluster, cid: int, replicas_asked: int) -> qc.LoadCollectionResponse:
