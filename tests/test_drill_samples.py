@@ -124,7 +124,9 @@ def test_sessions_count_as_online_for_the_grace() -> None:
     s.observe(5.0, {1: 10})
     assert s.online_at(5.5) == {1, 2} and s.online_at(6.0) == {1}
     s.observe(7.0, {1: 10, 2: 12})  # back (a new incarnation)
-    assert s.online_at(20.0) == {1, 2}
+    assert s.online_at(20.0) == {1, 2} and s.unsure_at(7.5) == {2} and s.unsure_at(8.0) == set()
+    s.observe(9.0, {1: 11, 2: 12})  # node 1 restarted between two reads: its id never looked gone
+    assert s.unsure_at(9.5) == {1}
 
 
 # ----- blocked units ---------------------------------------------------------------------------------------------
