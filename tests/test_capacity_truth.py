@@ -45,7 +45,8 @@ async def test_a_release_waiting_on_a_lost_node_never_shows_its_collection_whole
         cid = await c.create_collection("going", partitions=1, segments=20)
         await c.load_collection(cid)
         assert a.state.segments and b.state.segments
-        sampler = Sampler(InProcessSources(c, [cid], nodes=lambda: [a, b]), now=time.monotonic)
+        sources = InProcessSources(c, [cid], nodes=lambda: [a, b])
+        sampler = Sampler(sources, now=time.monotonic)
         await stop_serving(b)  # b still holds its copies; its session stays for its TTL
         assert c.client is not None
         release = asyncio.create_task(c.client.query("ReleaseCollection", qc.ReleaseCollectionRequest(
@@ -54,6 +55,7 @@ async def test_a_release_waiting_on_a_lost_node_never_shows_its_collection_whole
         while not release.done():
             found += await sampler.sample_once()
             await asyncio.sleep(0.05)
+        await sources.close()
         assert (await release).status.error_code == common_pb2.SUCCESS
         assert not a.state.segments, "node a released at once"
         assert sampler.stats.judged > 0

@@ -397,6 +397,7 @@ class ChaosMachine(RuleBasedStateMachine):
         self.leader_kills = 0
         self.capacity = AMPLE
         self.sampler: Sampler | None = None
+        self.sources: InProcessSources | None = None
         self.leader_crashes = Disturbances()  # a release is not timed while its leader is down
         self.false_full: list[str] = []  # what the samples found since the last check
         self.releases: list[ReleaseCall] = []
@@ -431,8 +432,8 @@ class ChaosMachine(RuleBasedStateMachine):
             self.cids.append(desc.collection_id)
             self.pids[desc.collection_id] = sorted(p.partition_id for p in desc.partitions)
             self.model[desc.collection_id] = {RELEASED}
-        self.sampler = Sampler(InProcessSources(c, self.cids), now=time.monotonic,
-                               disturbances=self.leader_crashes)
+        self.sources = InProcessSources(c, self.cids)
+        self.sampler = Sampler(self.sources, now=time.monotonic, disturbances=self.leader_crashes)
 
     @initialize(tight=st.booleans())
     @traced
@@ -449,6 +450,9 @@ class ChaosMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         async def close() -> None:
+            if self.sources is not None:
+                with contextlib.suppress(Exception):
+                    await self.sources.close()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.cluster.__aexit__(None, None, None), 30)
 
