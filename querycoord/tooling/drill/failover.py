@@ -749,10 +749,12 @@ class FailoverDrill(ProcessDrill[DrillOptions, DrillResult]):
         for cid in self.coll_ids:
             desc = await store.describe_collection(cid)
             parts: dict[int, frozenset[int]] = {}
+            sources: dict[int, tuple[int, ...]] = {}
             for p in desc.partitions:
                 _, binlogs = await store.get_recovery_info(cid, p.partition_id)
                 parts[p.partition_id] = frozenset(b.segment_id for b in binlogs)
-            out[cid] = CatalogColl(parts, frozenset(desc.dm_channels))
+                sources.update((b.segment_id, tuple(b.compaction_from)) for b in binlogs if b.compaction_from)
+            out[cid] = CatalogColl(parts, frozenset(desc.dm_channels), sources)
         return out
 
     async def _meta_view(self) -> MetaView:
