@@ -16,6 +16,7 @@ from proto import querycoord_pb2 as qc
 from querycoord.catalog.store import CatalogStore
 from querycoord.cluster.incarnations import Incarnations
 from querycoord.nodes.querynode import FaultConfig, QueryNode
+from querycoord.querymeta.copies import copies
 from querycoord.tooling.drill.sampler import Sampler
 from querycoord.watchers import forget_node
 from tests.cluster import MiB, QueryCluster, fast_scheduler
@@ -44,7 +45,8 @@ async def test_a_release_waiting_on_a_lost_node_never_shows_its_collection_whole
         cid = await c.create_collection("going", partitions=1, segments=20)
         await c.load_collection(cid)
         assert a.state.segments and b.state.segments
-        sampler = Sampler(InProcessSources(c, [cid], nodes=lambda: [a, b]), now=time.monotonic)
+        sources = InProcessSources(c, [cid], nodes=lambda: [a, b])
+        sampler = Sampler(sources, now=time.monotonic)
         await stop_serving(b)  # b still holds its copies; its session stays for its TTL
         assert c.client is not None
         release = asyncio.create_task(c.client.query("ReleaseCollection", qc.ReleaseCollectionRequest(
@@ -53,6 +55,7 @@ async def test_a_release_waiting_on_a_lost_node_never_shows_its_collection_whole
         while not release.done():
             found += await sampler.sample_once()
             await asyncio.sleep(0.05)
+        await sources.close()
         assert (await release).status.error_code == common_pb2.SUCCESS
         assert not a.state.segments, "node a released at once"
         assert sampler.stats.judged > 0
@@ -123,6 +126,38 @@ async def test_a_release_meeting_a_failed_load_in_its_rollback_leaves_the_load_i
         await c.wait_idle()
         show = await c.client.query("ShowCollections", qc.ShowCollectionsRequest(collection_ids=[cid]))
         assert show.status.error_code == common_pb2.NOT_FOUND, "nothing of the failed load is left in meta"
+
+
+async def test_a_watch_retried_through_its_nodes_restart_is_not_done_on_the_new_incarnation(
+        etcd: EtcdCluster, root_path: str) -> None:
+    """Node 5151 stops answering just before a load that plans DM channel watches on it; the watches retry while
+    it is online, and it comes back under its id as soon as its old session lapses. A watch used to succeed on
+    the new process and be recorded for the replica the old one served, which the new one is not in (found by
+    the chaos drill: a channel watched twice in a replica, for good). Retries two seconds apart, as on a slow
+    machine: the one after the old session lapsed usually finds the new process there."""
+    async with QueryCluster(etcd, root_path, scheduler=fast_scheduler(retry_backoff=0.5, retry_backoff_max=2.0)) as c:
+        await c.start_coordinator()
+        leader = await c.wait_leader()
+        assert c.kv is not None and c.client is not None
+        old = QueryNode(c.kv, capacity_bytes=1024 * MiB, ttl=2.0, node_id=5151)
+        await old.start()
+        c.nodes.append(old)
+        await c.add_node()
+        cid = await c.create_collection("watched", partitions=1, segments=4, channels=4)
+        await stop_serving(old)  # gone; its session lapses after its TTL
+        c.nodes.remove(old)
+        r = await c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid))
+        assert r.status.error_code == common_pb2.SUCCESS, r.status
+        back = QueryNode(c.kv, capacity_bytes=1024 * MiB, ttl=2.0, node_id=5151)
+        await back.start()  # registers as soon as the old session lapsed
+        c.nodes.append(back)
+        await c.wait_idle()
+        lead = leader.coord.leadership
+        assert lead is not None
+        wrong = [(w.dm_channel, r_, n) for w in lead.meta.dm_channels_of(cid) for r_, n in copies(w).items()
+                 if n not in lead.meta.replica_nodes(cid, r_)]
+        assert not wrong, f"watches recorded on nodes outside their replica: {wrong}"
+        await c.wait_loaded(cid)
 
 
 async def test_a_late_forget_of_a_node_back_under_its_id_leaves_it_online(etcd: EtcdCluster, root_path: str) -> None:

@@ -124,7 +124,9 @@ def test_sessions_count_as_online_for_the_grace() -> None:
     s.observe(5.0, {1: 10})
     assert s.online_at(5.5) == {1, 2} and s.online_at(6.0) == {1}
     s.observe(7.0, {1: 10, 2: 12})  # back (a new incarnation)
-    assert s.online_at(20.0) == {1, 2}
+    assert s.online_at(20.0) == {1, 2} and s.unsure_at(7.5) == {2} and s.unsure_at(8.0) == set()
+    s.observe(9.0, {1: 11, 2: 12})  # node 1 restarted between two reads: its id never looked gone
+    assert s.unsure_at(9.5) == {1}
 
 
 # ----- blocked units ---------------------------------------------------------------------------------------------
@@ -230,3 +232,20 @@ def test_a_target_is_what_both_catalog_reads_have_of_the_loaded_partitions_and_c
     v1 = views[1]
     assert v1 is not None and set(v1.segments) == {1, 2}
     assert rooms == {1: Room(2, 8), 2: Room(0, 8)}
+
+
+def test_compaction_sources_may_stay_held_while_what_they_became_is_held_nowhere_in_a_replica() -> None:
+    """Segment 4 was compacted from 1 and 2; replica 2 has no room for it (parked): 1 and 2 still serve there."""
+    expected = {CID: Expected("collection", frozenset({1}), "#1 LoadCollection")}
+    catalog = {CID: CatalogColl({1: frozenset({3, 4})}, frozenset({"ch1"}), sources={4: (1, 2)})}
+    nodes = {1: _view(3, 4), 2: _view(1, 2, 3)}
+    meta = MetaView(collections={CID: MetaColl("collection", 50, frozenset({1}), {1: frozenset({1}),
+                                                                                   2: frozenset({2})})},
+                    segments={3: (CID, 1, {1: 1, 2: 2}), 4: (CID, 1, {1: 1}), 1: (CID, 1, {2: 2}),
+                              2: (CID, 1, {2: 2})}, channels={(CID, "ch1"): {1: 1, 2: 2}})
+    res = check(expected, catalog, meta, nodes, task_keys={}, unanswered=[], unplaceable={(CID, 2): "no_room"})
+    assert res.invariant_violations == 0 and res.lost_tasks == 0 and res.kept_sources == {1, 2}, res.details
+    nodes[2].segments[4] = (CID, 1)  # loaded there too: the sources are stale now
+    meta.segments[4] = (CID, 1, {1: 1, 2: 2})
+    res = check(expected, catalog, meta, nodes, task_keys={}, unanswered=[])
+    assert any("compacted away" in d for d in res.details), res.details

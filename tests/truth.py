@@ -5,7 +5,8 @@ the catalog's target or some DM channel of the collection is held by no online n
 replica, as the in-process nodes' own state says.
 
 ``false_full`` counts the healthy in-process nodes as the online ones. ``InProcessSources`` feeds the chaos
-drill's sampler (``querycoord.tooling.drill.sampler``) from an in-process cluster instead: online is what etcd's
+drill's sampler (``querycoord.tooling.drill.sampler``) from an in-process cluster instead (the leader's answers,
+asked of the leader itself): online is what etcd's
 sessions say (a node's lost session counts for a second more, the time the leader may take to see it), and a
 node whose session is registered but that the test no longer runs (crashed, its lease not lapsed) holds what
 nobody can know, so its replicas are not judged (``samples.false_full``).
@@ -22,8 +23,9 @@ import grpc
 
 from meta.errors import MetaError
 from proto import querycoord_pb2 as qc
+from proto import querycoord_pb2_grpc
 from querycoord.catalog.store import CatalogError, CatalogStore
-from querycoord.client import CoordinatorUnavailable
+from querycoord.grpc_channels import make_channel
 from querycoord.nodes.querynode import QueryNode
 from querycoord.tooling.drill.invariants import node_view
 from querycoord.tooling.drill.placement import Room
@@ -92,6 +94,7 @@ class InProcessSources:
         self.c = c
         self.cids = list(cids)
         self.nodes = nodes or (lambda: list(c.nodes))
+        self._channels: dict[str, grpc.aio.Channel] = {}
 
     def leader(self) -> str | None:
         leaders = [x.address for x in self.c.coords if x.coord.is_leader]
@@ -126,10 +129,21 @@ class InProcessSources:
         return out
 
     async def ask(self, method: str, request: Any) -> Any:
-        if self.c.client is None:
+        """The leader's own answer (a standby answers reads from etcd's persisted percentages: not what is
+        judged here); None when no coordinator leads or it did not answer SUCCESS."""
+        address = self.leader()
+        if address is None:
             return None
+        ch = self._channels.get(address)
+        if ch is None:
+            ch = self._channels[address] = make_channel(address)
         try:
-            r = await asyncio.wait_for(self.c.client.query(method, request), 5.0)
-        except (CoordinatorUnavailable, grpc.aio.AioRpcError, TimeoutError):
+            r = await getattr(querycoord_pb2_grpc.QueryCoordStub(ch), method)(request, timeout=5.0)
+        except grpc.aio.AioRpcError:
             return None
         return r if r.status.error_code == 0 else None
+
+    async def close(self) -> None:
+        for ch in self._channels.values():
+            await ch.close()
+        self._channels.clear()

@@ -36,10 +36,25 @@ _COMPACTION_FROM = attrgetter("compaction_from")  # read in C: every info of eve
 
 
 class ChildTask(Task):
-    """A call to ``node_id`` (the QueryNode method that takes its request); valid while that node is online."""
+    """A call to ``node_id`` (the QueryNode method that takes its request); valid while that node is online, as the
+    incarnation it first found there.
+
+    Why the incarnation: a node restarted under its fixed id holds nothing of what its previous process held and
+    is forgotten as that one (``watchers.forget_node``). A child that kept retrying through the restart (a DM
+    channel watch retries while its node is online) then succeeded on the new process and recorded the watch
+    for a replica the new node was not in (it had joined another as a spare): a channel watched twice in that
+    one, and the chaos drill's replicas check failing for good. Such a child is rescheduled instead.
+    """
+
+    _incarnation: int | None = None  # the create revision of the node's session when the child first ran
 
     def is_valid(self) -> bool:
-        return self.env.nodes.is_online(self.node_id)
+        node = self.env.nodes.get(self.node_id)
+        if node is None or not node.online:
+            return False
+        if self._incarnation is None:
+            self._incarnation = node.created
+        return node.created == self._incarnation
 
     async def call(self, request: Any) -> Any:
         client = self.env.nodes.client(self.node_id)

@@ -218,7 +218,7 @@ class FailoverDrill(ProcessDrill[DrillOptions, DrillResult]):
         self._etcd_down: set[int] = set()  # members the drill killed (or is restarting) on purpose
         # Replicas over time: observed around leader kills and at every quiescent check (``_judge_replicas``).
         self._replica_obs: list[ReplicaObservation] = []
-        self._replica_suspects: dict[int, str] = {}
+        self._replica_suspects: dict[int, tuple[str, ReplicaObservation]] = {}  # node -> (what, since when)
         self._replica_history: list[str] = []
         self._replica_comparisons = 0  # collections compared at two observations
 
@@ -749,10 +749,12 @@ class FailoverDrill(ProcessDrill[DrillOptions, DrillResult]):
         for cid in self.coll_ids:
             desc = await store.describe_collection(cid)
             parts: dict[int, frozenset[int]] = {}
+            sources: dict[int, tuple[int, ...]] = {}
             for p in desc.partitions:
                 _, binlogs = await store.get_recovery_info(cid, p.partition_id)
                 parts[p.partition_id] = frozenset(b.segment_id for b in binlogs)
-            out[cid] = CatalogColl(parts, frozenset(desc.dm_channels))
+                sources.update((b.segment_id, tuple(b.compaction_from)) for b in binlogs if b.compaction_from)
+            out[cid] = CatalogColl(parts, frozenset(desc.dm_channels), sources)
         return out
 
     async def _meta_view(self) -> MetaView:
@@ -823,9 +825,10 @@ class FailoverDrill(ProcessDrill[DrillOptions, DrillResult]):
             self._replica_comparisons += len((a.collections.keys() & b.collections.keys()) - released)
             self._replica_history += [f"replicas from {a.what} to {b.what}: {p}" for p in problems]
             for n, what in suspects.items():
-                self._replica_suspects.setdefault(n, f"from {a.what} to {b.what}: {what}")
-        for n, what in sorted(self._replica_suspects.items()):
-            if n in now.live:
+                self._replica_suspects.setdefault(n, (f"from {a.what} to {b.what}: {what}", a))
+        for n, (what, since) in sorted(self._replica_suspects.items()):
+            # Died since and back under its id (a fixed-id restart): not the process that left, which is dead.
+            if n in now.live and n not in self._reborn_between(since, now):
                 self._replica_history.append(f"replicas {what}, and still runs at {now.what}")
         self._replica_suspects = {}
         self._replica_obs = [now]

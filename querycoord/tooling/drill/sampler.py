@@ -210,6 +210,7 @@ class Sampler:
                held: tuple[dict[int, NodeView | None], dict[int, Room]], cat_before: Catalog,
                cat_after: Catalog) -> list[str]:
         views, rooms = held
+        views = {**views, **dict.fromkeys(self.sessions.unsure_at(t1))}  # new incarnations: not yet judged
         online = self.sessions.online_at(t1)
         found: list[str] = []
         units: list[Unit] = []

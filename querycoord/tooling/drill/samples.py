@@ -90,18 +90,27 @@ class Sessions:
         self.grace = grace
         self.present: dict[int, int] = {}  # node -> create revision of its session, as last read
         self.gone_since: dict[int, float] = {}  # node -> when its session was first read as gone
+        self.reborn_since: dict[int, float] = {}  # node -> when a new incarnation (create revision) was first read
 
     def observe(self, t: float, registered: Mapping[int, int]) -> None:
         """A read of the registered sessions at ``t``: node -> create revision."""
         for n in set(self.present) - set(registered):
             self.gone_since.setdefault(n, t)
-        for n in registered:
+        for n, revision in registered.items():
+            was = self.present.get(n)
+            if (was is not None and was != revision) or n in self.gone_since:
+                self.reborn_since[n] = t  # back under its id: the old incarnation's session was lost meanwhile
             self.gone_since.pop(n, None)
         self.present = dict(registered)
 
     def online_at(self, t: float) -> set[int]:
         """Registered at the last read, or read as gone less than ``grace`` before ``t``."""
         return set(self.present) | {n for n, since in self.gone_since.items() if t - since < self.grace}
+
+    def unsure_at(self, t: float) -> set[int]:
+        """Nodes back under their id less than ``grace`` before ``t``: the leader may not have seen the old
+        incarnation go yet, and what that one held is not knowable, so nothing of theirs is judged."""
+        return {n for n, since in self.reborn_since.items() if t - since < self.grace}
 
 
 # ----- blocked units -----------------------------------------------------------------------------------------------
