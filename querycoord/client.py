@@ -212,7 +212,13 @@ class LeaderFollowingClient:
 
     def prefer(self, leader: str) -> None:
         """Send the next calls to ``leader`` (learnt elsewhere, e.g. from a coordinator's own events): a
-        standby answers some reads itself, so a client left on one would not notice a new leader."""
+        standby answers some reads itself, so a client left on one would not notice a new leader.
+
+        Already on ``leader``: it stays (moving on, as a call that failed does, sent every other poll of a
+        caller that prefers the leader each time to the standby: ``make fuzz`` judged its answers).
+        """
+        if leader and leader == self._current:
+            return
         self._follow(self._current, leader)
 
     def _follow(self, address: str, leader: str | None, problems: dict[str, str] | None = None) -> None:

@@ -356,6 +356,11 @@ class QueryMeta:
         info = self._index.collections.get(collection_id)
         if info is None:
             return []
+        view = self._index.view("replicas", collection_id, lambda: self._replicas_of(info))
+        return [copy_message(r) for r in view]
+
+    def _replicas_of(self, info: CollectionLoadInfo) -> list[data_pb2.ReplicaInfo]:
+        collection_id = info.collection_id
         replicas = [copy_message(r) for r in info.replicas] or [data_pb2.ReplicaInfo(
             replica_id=0, collection_id=collection_id, in_memory_percentage=info.in_memory_percentage)]
         held: dict[int, int] = {}
