@@ -28,7 +28,8 @@ from querycoord.catalog.service import CatalogServicer
 from querycoord.config import CoordConfig
 from querycoord.coordinator import Coordinator
 from querycoord.grpc_channels import add_port, make_server
-from querycoord.health import CoordinatorEndpoints, bind_http
+from querycoord.health import CoordinatorEndpoints
+from querycoord.probes import bind_http
 from querycoord.protocol import QUERYCOORD_SERVICE
 from querycoord.server import add_to_server
 from querycoord.stream.service import add_stream_service

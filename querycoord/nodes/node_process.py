@@ -30,8 +30,8 @@ from meta.errors import MetaError
 from meta.kv import MetaKV
 from meta.session import Session
 from querycoord.etcd_options import add_etcd_options, etcd_config_from_args
-from querycoord.health import NodeEndpoints, bind_http
 from querycoord.http_server import HttpServer, split_listen
+from querycoord.probes import NodeEndpoints, bind_http
 from querycoord.security_options import add_security_options, configure_from_args
 from querycoord.setting_rules import INT64_MAX, Rule, flag_type
 
