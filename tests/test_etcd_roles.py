@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import subprocess
 import sys
 import time
@@ -531,3 +532,47 @@ async def test_no_key_another_credential_reads_carries_or_names_an_election_leas
         for p in started:
             await p.stop()
         await coord.close()
+
+
+async def etcd_command(secured: Secured, user: str, *args: str, timeout: float = 90.0) -> tuple[int, str, str]:
+    """``querycoord ARGS`` reaching etcd as ``user`` (its password from the file the roles command wrote)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "querycoord.cli", *args, "--etcd-endpoints", ",".join(secured.cluster.endpoints),
+        "--root", ROOT, env=secured.env(user), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    return proc.returncode or 0, out.decode(), err.decode()
+
+
+async def test_the_reader_credential_runs_every_read_command_and_no_repair(secured: Secured, tmp_path: Path) -> None:
+    """The reader's etcd role may not read the election prefix (it would learn the leader's lease), yet an
+    operator with it sees the cluster: status names the leader, meta show and verify read every kind; an
+    applied repair is refused in one line and writes nothing."""
+    coord = await spawn_coordinator(secured.cluster, ROOT, tmp_path, env=secured.env("coordinator"))
+    try:
+        await coord.wait_event("leader", 60)
+        code, out, err = await querycoord(coord.address, "collection", "create", "readme", "--partitions", "1",
+                                          "--segments", "4")
+        assert code == 0, (out, err)
+        code, out, err = await etcd_command(secured, "reader", "status", "-o", "json")
+        assert code == 0, (out, err)
+        status = json.loads(out)
+        assert status["leader"] == coord.address, status
+        for kind in ("collections", "partitions", "segments", "channels", "tasks", "sessions", "streams", "snodes"):
+            code, out, err = await etcd_command(secured, "reader", "meta", "show", kind, "-o", "json")
+            assert code == 0 and "Traceback" not in err, (kind, out, err)
+        code, out, err = await etcd_command(secured, "reader", "meta", "verify")
+        assert code == 0, (out, err)
+        before = await secured_revision(secured)
+        code, out, err = await etcd_command(secured, "reader", "meta", "repair", "--apply")
+        assert code != 0 and "Traceback" not in err and len(err.strip().splitlines()) == 1, (out, err)
+        assert await secured_revision(secured) == before, "a refused repair wrote something"
+    finally:
+        await coord.stop()
+
+
+async def secured_revision(secured: Secured) -> int:
+    client = await connect(secured.cluster.config(user=ADMIN, password=ADMIN_PASSWORD))
+    try:
+        return await MetaKV(client, ROOT).revision()
+    finally:
+        await client.close()
