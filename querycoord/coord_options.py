@@ -127,6 +127,10 @@ OPTIONS: tuple[Option, ...] = (
            "stream groups a stream node reports in"),
     Option("--max-streams-per-request", "limits.max_streams_per_request", int, POSITIVE_COUNT,
            "stream refs in one ShowStreams"),
+    Option("--max-heavy-reads", "limits.max_heavy_reads", int, POSITIVE_COUNT,
+           "heavy reads (GetSegmentInfo, GetReplicas, ListTasks) running at once, per kind"),
+    Option("--max-heavy-reads-waiting", "limits.max_heavy_reads_waiting", int, POSITIVE_COUNT,
+           "heavy reads waiting for a slot, per kind (the next is refused)"),
 )
 # The options that choose the base configuration rather than a field of it (flag, type); configurable like the rest.
 PRESET_OPTIONS: tuple[tuple[str, type], ...] = (("--scaled", bool), ("--stream-scale", float))

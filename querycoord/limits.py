@@ -61,6 +61,10 @@ class Limits:
     max_tasks_per_heartbeat: int = 20_000
     max_stream_groups: int = 1024
     max_streams_per_request: int = 4096
+    # Heavy reads (GetSegmentInfo, GetReplicas, ListTasks) per kind on one coordinator: running at once, and
+    # callers waiting beyond them (``querycoord.read_slots``); the next gets RESOURCE_EXHAUSTED.
+    max_heavy_reads: int = 4
+    max_heavy_reads_waiting: int = 64
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

@@ -18,11 +18,13 @@ from collections.abc import AsyncIterator
 
 from proto import common_pb2
 from querycoord.errors import CoordError
+from querycoord.limits import DEFAULT_LIMITS
 from querycoord.metrics import READS_REFUSED
 
-# Per kind: reads running at once, callers waiting beyond them, and how long one waits at most.
-READ_SLOTS = 4
-READ_QUEUE = 64
+# Per kind: reads running at once and callers waiting beyond them (defaults of ``Limits.max_heavy_reads*``,
+# configurable), and how long one waits at most (also bounded by the caller's deadline).
+READ_SLOTS = DEFAULT_LIMITS.max_heavy_reads
+READ_QUEUE = DEFAULT_LIMITS.max_heavy_reads_waiting
 READ_WAIT = 5.0
 
 

@@ -78,7 +78,7 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
         self.limits: Limits = coord.config.limits
         self.names = CollectionNames()  # collection names for CheckHealth, looked up once each
         self.standby = StandbyReads(coord)  # what a standby reads: the warm copy, or one shared reload
-        self.slots = ReadSlots()  # the heavy reads: a few at a time per kind
+        self.slots = ReadSlots(self.limits.max_heavy_reads, self.limits.max_heavy_reads_waiting)
 
     # ----- mutating calls ---------------------------------------------------------------------------------------
     LoadCollection = _job_call(LoadCollectionJob, qc.LoadCollectionResponse)

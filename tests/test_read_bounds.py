@@ -57,7 +57,9 @@ async def test_a_standby_answers_many_concurrent_reads_from_one_copy_and_still_t
     await session.start()
     fence = await Election(kv, session, QUERYCOORD_ELECTION).campaign("127.0.0.1:1")
     await _fill(kv, fence)
-    standby = await spawn_coordinator(etcd, root_path, tmp_path, name="standby", log_level="INFO")
+    # One heavy read at a time and one waiting: 48 concurrent GetReplicas are refused beyond that bound.
+    standby = await spawn_coordinator(etcd, root_path, tmp_path, "--max-heavy-reads", "1",
+                                      "--max-heavy-reads-waiting", "1", name="standby", log_level="INFO")
     try:
         channel = make_channel(standby.address)
         stub = querycoord_pb2_grpc.QueryCoordStub(channel)
@@ -66,7 +68,7 @@ async def test_a_standby_answers_many_concurrent_reads_from_one_copy_and_still_t
         assert sum(r.segment_count for r in first.replicas) == SEGMENTS
         baseline = _kib(standby.pid, "VmRSS")
 
-        async def reads() -> list[common_pb2.Status]:
+        async def reads() -> list[common_pb2.Status]:  # ShowCollections is no heavy read: never refused
             calls = [stub.ShowCollections(qc.ShowCollectionsRequest(), timeout=120) for _ in range(48)]
             calls += [stub.GetReplicas(qc.GetReplicasRequest(collection_id=1), timeout=120) for _ in range(48)]
             return [r.status for r in await asyncio.gather(*calls)]
@@ -76,6 +78,8 @@ async def test_a_standby_answers_many_concurrent_reads_from_one_copy_and_still_t
             # Every read is answered: its result, or (GetReplicas over its bound) RESOURCE_EXHAUSTED.
             assert {s.error_code for s in statuses} <= {common_pb2.SUCCESS, common_pb2.RESOURCE_EXHAUSTED}, statuses
             assert sum(s.error_code == common_pb2.SUCCESS for s in statuses) >= 48
+            refusals = [s.reason for s in statuses if s.error_code == common_pb2.RESOURCE_EXHAUSTED]
+            assert all(("(1 running" in r and "at most 1)" in r) or "within" in r for r in refusals), refusals
         peak = _kib(standby.pid, "VmHWM")
         assert peak < 2 * baseline + 50 * 1024, f"standby peaked at {peak} KiB from {baseline} KiB\n{standby.tail()}"
         assert standby.proc.returncode is None
