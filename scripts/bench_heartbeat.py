@@ -62,8 +62,9 @@ from meta.kv import MetaKV
 from proto import stream_pb2
 from querycoord.config import StreamConfig
 from querycoord.messages import copy_fields
-from querycoord.stream.manager import ManagerState, StreamManager
+from querycoord.stream.manager import StreamManager
 from querycoord.stream.plan import expected_counts
+from querycoord.stream.runtime import ManagerState
 from querycoord.stream.store import StreamStore
 
 STREAM_GROUPS = 5  # streamGid = streamId % 5 (TDengine)

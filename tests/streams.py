@@ -16,7 +16,8 @@ from meta.kv import MetaKV
 from proto import stream_pb2
 from querycoord.config import StreamConfig
 from querycoord.messages import copy_fields
-from querycoord.stream.manager import ManagerState, StreamManager
+from querycoord.stream.manager import StreamManager
+from querycoord.stream.runtime import ManagerState
 from querycoord.stream.store import StreamStore
 from tests.leader import leader_fence
 

@@ -99,7 +99,7 @@ async def test_stream_that_should_run_but_has_nothing_planned_is_planned_again(
         repairs = getattr(mgr, "checker_repairs", 0)
         # The leader's task map of one stream is lost (a bug): nothing would ever deploy it again.
         rt = mgr.streams[sdefs[0].id]
-        mgr._clear_tasks(rt)
+        mgr.shared.clear_tasks(rt)
 
         def replaced() -> bool:  # running on fresh task ids, the old instances undeployed as unknown
             held = {k[1] for n in nodes for k in n.held() if k[0] == sdefs[0].id}
@@ -205,14 +205,14 @@ async def test_tick_parts_survive_an_error(
         def broken(*_: object) -> None:
             raise RuntimeError("bug in the health check")
 
-        monkeypatch.setattr(mgr, "_health_check", broken)
-        mgr._clear_tasks(mgr.streams[sdefs[1].id])
-        mgr._stop_by_error(mgr.streams[sdefs[0].id], 7, "test", clock() - 1000)  # retry due long ago
+        monkeypatch.setattr(mgr.liveness, "health_check", broken)
+        mgr.shared.clear_tasks(mgr.streams[sdefs[1].id])
+        mgr.shared.stop_by_error(mgr.streams[sdefs[0].id], 7, "test", clock() - 1000)  # retry due long ago
         caplog.set_level(logging.ERROR, MANAGER_LOG)
         for _ in range(3):
             clock.advance(CONFIG.health_interval)
             mgr.tick()
         assert mgr.errors == 3 and len([r for r in caplog.records if "health check failed" in r.getMessage()]) == 3
         # The checker and the retries still ran: both streams are queued for a plan, and deploy again.
-        assert {sdefs[0].id, sdefs[1].id} <= mgr._to_plan
+        assert {sdefs[0].id, sdefs[1].id} <= mgr.shared.to_plan
         await run_until(mgr, nodes, clock, lambda: running(mgr))

@@ -186,9 +186,9 @@ async def test_leader_killed_while_50_streams_run_standby_adopts_all_without_red
 async def test_concurrent_heartbeats_plan_a_new_stream_once(kv: MetaKV) -> None:
     """Found by the failover test above: two heartbeats in flight both plan the same pending stream.
 
-    ``_plan_pending`` snapshots ``_to_plan``, awaits the id allocator and only then discards the stream, so a second
-    heartbeat arriving during the await plans it again: fresh task ids, ``deploy_times`` 2, and whichever plan lands
-    first may already have been handed out (then undeployed as unknown tasks).
+    ``Deploy.plan_pending`` snapshots the plan queue, awaits the id allocator and only then discards the stream, so a
+    second heartbeat arriving during the await plans it again: fresh task ids, ``deploy_times`` 2, and whichever plan
+    lands first may already have been handed out (then undeployed as unknown tasks).
     """
     await kv.save("election/leader", "me")
     item = await kv.get_kv("election/leader")

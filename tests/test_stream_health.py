@@ -17,12 +17,8 @@ import pytest
 
 from meta.kv import MetaKV
 from proto import stream_pb2
-from querycoord.stream.manager import (
-    STOP_SNODE_LOST,
-    STOP_VGROUP_LOST,
-    ManagerState,
-    StreamManager,
-)
+from querycoord.stream.manager import StreamManager
+from querycoord.stream.runtime import STOP_SNODE_LOST, STOP_VGROUP_LOST, ManagerState
 from querycoord.stream.store import StreamStore
 from tests.streams import (
     HEALTH_CONFIG,

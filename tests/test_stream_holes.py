@@ -35,8 +35,9 @@ from meta.session import Session, list_sessions
 from proto import common_pb2, stream_pb2
 from querycoord.nodes.streamnode import StreamNode
 from querycoord.nodes.streamnode_state import StreamNodeState
-from querycoord.stream.manager import ManagerState, StreamManager
+from querycoord.stream.manager import StreamManager
 from querycoord.stream.plan import Slot, expected_counts, plan_stream, task_layout
+from querycoord.stream.runtime import ManagerState
 from querycoord.stream.store import TASK_ID_KEY, StreamStore, status_of
 from tests import streams
 from tests.stream_client import stub_for, wait_for

@@ -21,12 +21,8 @@ import pytest
 
 from meta.kv import MetaKV
 from proto import stream_pb2
-from querycoord.stream.manager import (
-    STOP_TASK_FAILED,
-    STOP_TASK_LOST,
-    ManagerState,
-    StreamManager,
-)
+from querycoord.stream.adoption import Adoption
+from querycoord.stream.runtime import STOP_TASK_FAILED, STOP_TASK_LOST, ManagerState
 from querycoord.stream.store import StreamStore
 from tests.streams import (
     CONFIG,
@@ -206,17 +202,17 @@ async def test_error_backoff_grows_and_resets(store: StreamStore) -> None:
     delays = []
     rt.retries = 0
     for _ in range(12):
-        mgr._stop_by_error(rt, 7, "test", clock())
+        mgr.shared.stop_by_error(rt, 7, "test", clock())
         assert rt.next_retry is not None
         delays.append(rt.next_retry - clock())
     assert delays == [CONFIG.error_retry_delay] * 10 + [CONFIG.max_retry_delay] * 2
     # A stream whose trigger ran reset_after before failing starts counting again.
     rt.stop_code, rt.next_retry = 0, None
-    mgr._to_plan.add(rt.sdef.id)
+    mgr.shared.to_plan.add(rt.sdef.id)
     await run_until_running(mgr, nodes, clock)
     clock.advance(CONFIG.reset_after)
     await round_(mgr, nodes)
-    mgr._stop_by_error(rt, 7, "test", clock())
+    mgr.shared.stop_by_error(rt, 7, "test", clock())
     assert rt.retries == 1 and rt.next_retry == clock() + CONFIG.error_retry_delay
 
 
@@ -373,7 +369,7 @@ async def test_watch_error_falls_back_to_redeploying_everything(
     def broken(*_: object) -> bool:
         raise RuntimeError("bug in the completeness check")
 
-    monkeypatch.setattr(StreamManager, "_complete", staticmethod(broken))
+    monkeypatch.setattr(Adoption, "complete", staticmethod(broken))
     mgr.set_live_nodes([n.node_id for n in nodes])
     await round_(mgr, nodes)
     assert mgr.state is ManagerState.NORMAL and mgr.adopted == 0

@@ -2,11 +2,10 @@
 
 TDengine's placement (``mndStreamMgmt.c``), expressed once and used both to
 deploy a stream and to check, after WATCH, that what nodes report is
-complete. Using the same functions for both is the point: the seed's WATCH
-expected one calc reader per scan plan while deployment created one per
-(scan plan, vgroup), so every stream with calc readers on several vgroups was
-redeployed after each failover (seed bug 4), and streams triggered by one
-table were miscounted too.
+complete. Using the same functions for both is the point: if the two
+counted differently (say, one calc reader per scan plan against one per
+(scan plan, vgroup)), every stream they disagree on would be redeployed
+after each failover instead of adopted.
 
 Tasks of a stream:
 
@@ -21,8 +20,8 @@ Tasks of a stream:
 ``task_layout`` is the same set as slots (kind, deploy, index) with everything
 a slot fixes (vgroup, scan plan, top); ``plan_stream`` fills exactly these
 slots. A new leader uses it to check and to restore adopted tasks field by
-field (seed hole 12: adopted calc readers lost their scan plan, and readers
-redeployed later kept the wrong one).
+field, so an adopted calc reader keeps its scan plan (and a reader
+redeployed later does not carry a wrong one).
 
 The static snode is the stream's main snode when live, else its replica when
 live; with neither there is no placement (``NoSnodeAvailable``), as in
@@ -212,8 +211,8 @@ def place_runner_deploys(
     """The snode of each runner deploy: deploy 0 on the static snode, the others on random live snodes.
 
     The candidates are sorted before drawing so that a seeded ``rng`` gives
-    the same placement whatever the order of ``live_snode_ids``. Also used to
-    place runners again after an snode is lost.
+    the same placement whatever the order of ``live_snode_ids``. It also
+    places runners again after an snode is lost.
     """
     if deploys <= 0:
         return []

@@ -2,8 +2,8 @@
 
 Writes (create, drop, stop, start, snode add and drop) go through the
 leader's ``StreamStore`` on its FENCED kv, so a deposed leader changes
-nothing; the manager is told only AFTER the store's txn committed (seed bug 6:
-never post a deploy for a write that may not have happened). A standby answers
+nothing; the manager is told only AFTER the store's txn committed (a deploy
+must never go out for a write that may not have happened). A standby answers
 gRPC UNAVAILABLE naming the leader ("the leader is at X"), which is what the
 stream nodes' heartbeat client and the query clients follow; a fenced write
 refused (this leader was deposed) answers NOT_LEADER naming the new one. Both
@@ -178,7 +178,7 @@ class StreamMgmtServicer(stream_pb2_grpc.StreamMgmtServicer):
         check_create_stream(request, self.limits)
         streams, store = await self._lead(context)
         sdef = await store.create_stream(request, live_snode_ids(streams))
-        # Committed: only now may the manager plan and hand out its deploy (seed bug 6).
+        # Committed: only now may the manager plan and hand out its deploy.
         streams.put_stream(sdef)
         return stream_pb2.CreateStreamResponse(status=OK, stream=sdef)
 

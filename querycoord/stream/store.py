@@ -300,7 +300,7 @@ class StreamStore:
         being dropped and are in ``live_snode_ids`` (the store does not know
         liveness; the manager does). With ``if_not_exists`` an existing stream
         of that name is returned unchanged. The manager posts the deploy only
-        after this returns (the txn has committed), not before (seed bug 6).
+        after this returns (the txn has committed), not before.
         """
         deploys = _validate(req)
         stream_id = 0
