@@ -336,9 +336,9 @@ class EtcdClient:
         once. Retried writes must be idempotent: an attempt whose answer was
         lost may have been applied (all writes of ``meta`` are).
 
-        The first attempt runs outside tenacity: building its retry state costs
-        about 15 µs, which showed as a 30 % loss with 64 concurrent puts
-        (scripts/bench_meta.py); only a failed first attempt pays for it.
+        The first attempt runs outside tenacity: building its retry state is a
+        real share of a small call's client time, so only a failed first
+        attempt pays for it.
 
         Where ``NOSPACE_WAIT`` is set, a write refused for NOSPACE waits and is tried again. A closed client
         raises ``ClientClosed`` at once (its stubs are gone: what they would raise says nothing).

@@ -242,9 +242,9 @@ class MetaKV:
         """Pages of ``page_size`` keys at first, each next page twice as large up to ``MAX_PAGE_SIZE``.
 
         Why growing: etcd answers every page with the count of the whole rest of the range, which it finds by
-        walking its index, so n keys in pages of p cost O(n^2 / p) on etcd (a 1,000-key page of a million-key
-        prefix took half a second). Small prefixes stay one small read; large ones take few pages. A page whose
-        answer exceeds the gRPC receive limit is halved, and pages stay below that size from then on.
+        walking its index, so n keys in pages of p cost O(n^2 / p) on etcd. Small prefixes stay one small read;
+        large ones take few pages. A page whose answer exceeds the gRPC receive limit is halved, and pages stay
+        below that size from then on.
         """
         kvs: list[object] = []
         key = start
@@ -292,8 +292,8 @@ class MetaKV:
         return resp.header.revision  # type: ignore[attr-defined]
 
     def _fill(self, request: TxnRequest, saves: Saves, removals: Iterable[str]) -> TxnRequest:
-        """Add puts and deletes to ``request`` in place: building each op and copying it in cost a
-        tenth of a 128-op txn's client time (scripts/bench_meta.py)."""
+        """Add puts and deletes to ``request`` in place: building each op and then copying it into the
+        request doubles the protobuf work of a large txn."""
         items = saves.items() if isinstance(saves, Mapping) else saves
         for key, value in items:
             pb_put = request.success.add().request_put
