@@ -1,11 +1,22 @@
 """The etcd meta layer as a library: ``from meta import MetaKV, Session, Election, ...``.
 
-What an application needs is importable from ``meta`` itself (``__all__``):
+The library is what an application links against to keep state in etcd:
 connecting (``EtcdConfig``, ``connect``), keys under a root path (``MetaKV``,
-the fenced view ``FencedKV``, the txn vocabulary), sessions, elections and
-the ``Fence`` they return, resumable watches, id allocation, an embedded etcd
-for tests (``EtcdCluster``) and the errors. The submodules stay importable
-for everything else.
+the fenced view ``FencedKV``, the txn vocabulary of ``meta.txn``), sessions,
+elections and the ``Fence`` they return, resumable watches and followed
+ranges, id allocation, the background-loop guard, the observation hooks and
+the errors. All of it is importable from ``meta`` itself (``__all__``); the
+submodules stay importable for everything else. ``etcd3aio`` stays behind
+it: its generated protobufs are built in the module that owns each etcd
+service (``kv`` for keys and txns, ``client`` for leases, ``watch`` for
+watches), so election, session and the rest speak ``MetaKV``'s API.
+
+``meta.ops`` is the operations tooling beside it: the embedded etcd launcher
+(``EtcdCluster``, for development, tests, drills and the demo), child
+processes, etcd roles and users, maintenance (status, alarms, compaction,
+defragmentation). It builds on the library; the library never imports it
+(``scripts/check_imports.py`` enforces that), so an application that only
+stores state pulls in no launcher or process tooling.
 
 A library is silent until the application turns its logs on:
 ``logger.enable("meta")`` does (``querycoord.logs.setup_logging`` calls it),
@@ -30,7 +41,6 @@ from meta.errors import (  # noqa: E402
     NotLeader,
     RequestTooLarge,
 )
-from meta.etcd_server import EtcdCluster, EtcdNotFound, EtcdStartError  # noqa: E402
 from meta.fence import Fence  # noqa: E402
 from meta.idalloc import IdAllocator  # noqa: E402
 from meta.kv import FencedKV, MetaKV, PrefixSnapshot  # noqa: E402
@@ -51,10 +61,7 @@ __all__ = [
     "ClientClosed",
     "Election",
     "EtcdClient",
-    "EtcdCluster",
     "EtcdConfig",
-    "EtcdNotFound",
-    "EtcdStartError",
     "EventType",
     "Fence",
     "FencedKV",

@@ -16,22 +16,18 @@ import contextlib
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
 
-from etcd3aio._protobuf import Compare, DeleteRangeRequest, PutRequest, RangeRequest, RequestOp, TxnRequest
-from etcd3aio.kv import prefix_range_end
 from loguru import logger
 
 from meta.errors import MetaError, NotLeader
 from meta.fence import Fence
 from meta.kv import FencedKV, MetaKV
 from meta.session import Session
+from meta.txn import absent, created_at, delete, get, put
 from meta.watch import EventType, Resync, watch_prefix
 
 ELECTION_PREFIX = "election/"
 LEADER_RECORD_PREFIX = "leader-record/"
-_ASCEND, _DESCEND = 1, 2
-_SORT_CREATE = 2
 
 
 class SessionLost(MetaError):
@@ -52,6 +48,9 @@ class Election:
         if not name or "/" in name:
             raise ValueError(f"election name {name!r} must be a non-empty word without '/'")
         self.kv = kv
+        # The candidate reads and writes the election through a plain view whatever view it was given: a fence
+        # guards a leader's writes, and campaigning is how one becomes the leader.
+        self._own = kv if type(kv) is MetaKV else MetaKV(kv.client, kv.root)
         self.session = session
         self.prefix = f"{ELECTION_PREFIX}{name}/"
         self._key: str | None = None
@@ -74,22 +73,18 @@ class Election:
         if self.session.campaign_lease_id == 0:
             raise RuntimeError("start the session before campaigning")
         val = value.encode() if isinstance(value, str) else value
-        client = self.kv.client
         key = f"{self.prefix}{self.session.campaign_lease_id:x}"
-        abs_key = self.kv.abs_key(key)
-        txn = TxnRequest(
-            compare=[Compare(result=Compare.EQUAL, target=Compare.CREATE, key=abs_key, create_revision=0)],
-            success=[RequestOp(request_put=PutRequest(key=abs_key, value=val, lease=self.session.campaign_lease_id))],
-            failure=[RequestOp(request_range=RangeRequest(key=abs_key))],
-        )
-        resp = await client.call(f"campaign {key}", lambda t: client.kv.Txn(txn, metadata=client.metadata, timeout=t))
+        result = await self._own.txn([absent(key)], [put(key, val, self.session.campaign_lease_id)],
+                                     on_failure_ops=[get(key)], operation=f"campaign {key}")
         self._key = key
-        if resp.succeeded:
-            self._rev = resp.header.revision
+        if result.succeeded:
+            self._rev = result.revision
         else:
             # Same lease campaigned before (a retried call): keep our place in the queue.
-            self._rev = resp.responses[0].response_range.kvs[0].create_revision
-            if resp.responses[0].response_range.kvs[0].value != val:
+            mine = result.responses[0]
+            assert mine is not None  # the compare failed: the key exists, and the txn read it at that revision
+            self._rev = mine.create_revision
+            if mine.value != val:
                 await self.proclaim(val)
         try:
             await self._wait_for_predecessors()
@@ -103,28 +98,14 @@ class Election:
         return fence
 
     async def _wait_for_predecessors(self) -> None:
-        client = self.kv.client
-        start = self.kv.abs_prefix(self.prefix)
         while True:
             if self.session.lost.is_set():
                 raise SessionLost(f"session lost while campaigning: {self.session.lost_reason}")
-            req = RangeRequest(
-                key=start,
-                range_end=prefix_range_end(start),
-                sort_order=_DESCEND,
-                sort_target=_SORT_CREATE,
-                limit=1,
-                max_create_revision=self._rev - 1,
-            )
-
-            def predecessors(t: float, req: RangeRequest = req) -> Any:
-                return client.kv.Range(req, metadata=client.metadata, timeout=t)
-
-            resp = await client.call("election predecessors", predecessors)
-            if not resp.kvs:
+            pred, revision = await self._own.first_created(
+                self.prefix, newest=True, max_create_revision=self._rev - 1, operation="election predecessors")
+            if pred is None:
                 return
-            pred = self.kv.rel_key(resp.kvs[0].key)
-            waiter = asyncio.create_task(self._wait_deleted(pred, resp.header.revision + 1))
+            waiter = asyncio.create_task(self._wait_deleted(pred.key, revision + 1))
             lost = asyncio.create_task(self.session.lost.wait())
             try:
                 await asyncio.wait({waiter, lost}, return_when=asyncio.FIRST_COMPLETED)
@@ -150,27 +131,17 @@ class Election:
         if self._key is None:
             raise NotLeader(self.prefix, 0, 0)
         val = value.encode() if isinstance(value, str) else value
-        client = self.kv.client
-        abs_key = self.kv.abs_key(self._key)
-        txn = TxnRequest(
-            compare=[Compare(result=Compare.EQUAL, target=Compare.CREATE, key=abs_key, create_revision=self._rev)],
-            success=[RequestOp(request_put=PutRequest(key=abs_key, value=val, lease=self.session.campaign_lease_id))],
-        )
-        resp = await client.call("proclaim", lambda t: client.kv.Txn(txn, metadata=client.metadata, timeout=t))
-        if not resp.succeeded:
-            raise NotLeader(abs_key.decode(), self._rev, 0)
+        key = self._key
+        result = await self._own.txn([created_at(key, self._rev)], [put(key, val, self.session.campaign_lease_id)],
+                                     operation="proclaim")
+        if not result.succeeded:
+            raise NotLeader(self.kv.abs_key(key).decode(), self._rev, 0)
 
     async def resign(self) -> None:
         """Give up leadership (or a place in the queue) now, without waiting for the lease to expire."""
         if self._key is None:
             return
-        client = self.kv.client
-        abs_key = self.kv.abs_key(self._key)
-        txn = TxnRequest(
-            compare=[Compare(result=Compare.EQUAL, target=Compare.CREATE, key=abs_key, create_revision=self._rev)],
-            success=[RequestOp(request_delete_range=DeleteRangeRequest(key=abs_key))],
-        )
-        await client.call("resign", lambda t: client.kv.Txn(txn, metadata=client.metadata, timeout=t), deadline=5.0)
+        await self._own.txn([created_at(self._key, self._rev)], [delete(self._key)], operation="resign", deadline=5.0)
         logger.info("election {}: resigned {}", self.prefix, self._key)
         self._key = None
         self._rev = 0
@@ -183,16 +154,10 @@ class Election:
 
 
 async def _leader_at(kv: MetaKV, prefix: str) -> tuple[LeaderInfo | None, int]:
-    client = kv.client
-    start = kv.abs_prefix(prefix)
-    req = RangeRequest(
-        key=start, range_end=prefix_range_end(start), sort_order=_ASCEND, sort_target=_SORT_CREATE, limit=1
-    )
-    resp = await client.call("election leader", lambda t: client.kv.Range(req, metadata=client.metadata, timeout=t))
-    if not resp.kvs:
-        return None, resp.header.revision
-    kv0 = resp.kvs[0]
-    return LeaderInfo(kv.rel_key(kv0.key), kv0.value, kv0.create_revision), resp.header.revision
+    first, revision = await kv.first_created(prefix, operation="election leader")
+    if first is None:
+        return None, revision
+    return LeaderInfo(first.key, first.value, first.create_revision), revision
 
 
 async def current_leader(kv: MetaKV, prefix: str) -> LeaderInfo | None:

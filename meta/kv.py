@@ -182,6 +182,18 @@ class MetaKV:
         resp = await self._range(RangeRequest(key=self.abs_key(key)), f"load_key {key}")
         return PrefixSnapshot(list(resp.kvs), resp.header.revision, len(self._root_prefix.encode()))  # type: ignore[attr-defined]
 
+    async def first_created(
+        self, prefix: str, *, newest: bool = False, max_create_revision: int = 0, operation: str = "first_created"
+    ) -> tuple[KeyValue | None, int]:
+        """The key under ``prefix`` created first (``newest``: last, at most at ``max_create_revision`` when not
+        0), and the revision read at: the queue order of an election."""
+        start = self.abs_prefix(prefix)
+        req = RangeRequest(key=start, range_end=prefix_range_end(start), limit=1,
+                           sort_order=RangeRequest.DESCEND if newest else RangeRequest.ASCEND,
+                           sort_target=RangeRequest.CREATE, max_create_revision=max_create_revision)
+        resp = await self._range(req, operation)
+        return (self._kv(resp.kvs[0]) if resp.kvs else None), resp.header.revision  # type: ignore[attr-defined]
+
     async def get(self, key: str) -> bytes | None:
         kv = await self.get_kv(key)
         return kv.value if kv is not None else None
@@ -230,9 +242,9 @@ class MetaKV:
         """Pages of ``page_size`` keys at first, each next page twice as large up to ``MAX_PAGE_SIZE``.
 
         Why growing: etcd answers every page with the count of the whole rest of the range, which it finds by
-        walking its index, so n keys in pages of p cost O(n^2 / p) on etcd (a 1,000-key page of a million-key
-        prefix took half a second). Small prefixes stay one small read; large ones take few pages. A page whose
-        answer exceeds the gRPC receive limit is halved, and pages stay below that size from then on.
+        walking its index, so n keys in pages of p cost O(n^2 / p) on etcd. Small prefixes stay one small read;
+        large ones take few pages. A page whose answer exceeds the gRPC receive limit is halved, and pages stay
+        below that size from then on.
         """
         kvs: list[object] = []
         key = start
@@ -261,14 +273,15 @@ class MetaKV:
         """An empty write txn; the fenced view adds its guard."""
         return TxnRequest()
 
-    async def _send(self, operation: str, request: TxnRequest) -> object:
+    async def _send(self, operation: str, request: TxnRequest, deadline: float | None = None) -> object:
         """Send one txn after checking it against etcd's limits (``RequestTooLarge``: nothing sent)."""
         n_ops = max(len(request.success), len(request.failure), len(request.compare))
         size = request.ByteSize()
         if n_ops > MAX_TXN_OPS or size > MAX_TXN_BYTES:
             raise RequestTooLarge(n_ops, size, MAX_TXN_OPS, MAX_TXN_BYTES)
         return await self.client.call(
-            operation, lambda t: self.client.kv.Txn(request, metadata=self.client.metadata, timeout=t)
+            operation, lambda t: self.client.kv.Txn(request, metadata=self.client.metadata, timeout=t),
+            deadline=deadline,
         )
 
     async def _commit(self, operation: str, request: TxnRequest) -> int:
@@ -279,8 +292,8 @@ class MetaKV:
         return resp.header.revision  # type: ignore[attr-defined]
 
     def _fill(self, request: TxnRequest, saves: Saves, removals: Iterable[str]) -> TxnRequest:
-        """Add puts and deletes to ``request`` in place: building each op and copying it in cost a
-        tenth of a 128-op txn's client time (scripts/bench_meta.py)."""
+        """Add puts and deletes to ``request`` in place: building each op and then copying it into the
+        request doubles the protobuf work of a large txn."""
         items = saves.items() if isinstance(saves, Mapping) else saves
         for key, value in items:
             pb_put = request.success.add().request_put
@@ -377,6 +390,7 @@ class MetaKV:
         *,
         on_failure_ops: Sequence[Op] = (),
         operation: str = "txn",
+        deadline: float | None = None,
     ) -> TxnResult:
         """One etcd txn: if every compare holds, ``ops`` run, else ``on_failure_ops``; all at one revision.
 
@@ -384,7 +398,8 @@ class MetaKV:
         sent). A failed compare is an ordinary answer (``succeeded=False``),
         not an error. The fenced view adds its fence: there ``NotLeader`` is
         raised when the fence is gone, whatever the caller's compares did.
-        ``operation`` names the txn in errors and logs. A txn without writes
+        ``operation`` names the txn in errors and logs; ``deadline`` bounds its
+        retries (default: the client's). A txn without writes
         is a read-only txn, which etcd before 3.5.5 panics on when the caller
         cancels it (etcd-io/etcd#14110): read with ``get_kv`` instead.
         """
@@ -392,7 +407,7 @@ class MetaKV:
         self._fill_compares(request, compares)
         gets = self._fill_ops(request.success, ops)
         gets |= self._fill_ops(request.failure, on_failure_ops)
-        resp = await self._send(operation, request)
+        resp = await self._send(operation, request, deadline)
         succeeded = self._judge(resp)
         branch = ops if succeeded else on_failure_ops
         revision: int = resp.header.revision  # type: ignore[attr-defined]

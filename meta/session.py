@@ -23,17 +23,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
-from etcd3aio._protobuf import (
-    Compare,
-    LeaseGrantRequest,
-    LeaseKeepAliveRequest,
-    LeaseRevokeRequest,
-    LeaseTimeToLiveRequest,
-    PutRequest,
-    RangeRequest,
-    RequestOp,
-    TxnRequest,
-)
 from loguru import logger
 
 from meta.client import is_transient
@@ -41,6 +30,7 @@ from meta.errors import MetaError
 from meta.idalloc import IdAllocator
 from meta.kv import MetaKV
 from meta.loops import keep_running
+from meta.txn import KeyValue, TxnResult, absent, get, put
 from meta.watch import EventType, Resync, watch_prefix
 
 SESSION_PREFIX = "session/"
@@ -242,16 +232,16 @@ class Session:
         info = SessionInfo(server_id, self.role, self.address, self.extra)
         held: tuple[int, float, float] | None = None  # the holder's lease, its TTL when first seen, and when
         while True:
-            resp = await self._register_once(info)
-            if resp.succeeded:
+            result = await self._register_once(info)
+            if result.succeeded:
                 break
             if self.fixed_id is None:
                 raise SessionError(
                     f"session key {info.key} already exists; ServerID counter {SERVER_ID_KEY} was reset?")
-            kvs = resp.responses[0].response_range.kvs if resp.responses else []
-            lease = kvs[0].lease if kvs else 0
-            if kvs and not lease:
-                raise SessionIdTaken(self._taken_message(info, kvs))
+            holder = result.responses[0] if result.responses else None
+            lease = holder.lease if holder is not None else 0
+            if holder is not None and not lease:
+                raise SessionIdTaken(self._taken_message(info, holder))
             if lease:
                 ttl = await self._holder_ttl(lease)
                 now = time.monotonic()
@@ -265,9 +255,9 @@ class Session:
                     # Renewed (its TTL went back up): a live process holds this id. Not renewed, the lease expires,
                     # however late etcd gets to it on a loaded machine; a bound keeps a stuck etcd from hanging us.
                     if ttl > expected + 1.5 or now - held[2] > held[1] + _HOLDER_EXPIRY_SLACK:
-                        raise SessionIdTaken(self._taken_message(info, kvs))
+                        raise SessionIdTaken(self._taken_message(info, holder))
             await asyncio.sleep(0.5)
-        self.create_revision = resp.header.revision
+        self.create_revision = result.revision
         self.info = info
         if self.private_lease:
             try:
@@ -291,56 +281,40 @@ class Session:
         if self.kv.client.closed:
             self._mark_lost("the etcd client was closed")
 
-    async def _register_once(self, info: SessionInfo) -> Any:
-        """Grant a lease and create the key under it if absent; a failed attempt revokes its lease."""
-        client = self.kv.client
+    async def _register_once(self, info: SessionInfo) -> TxnResult:
+        """Grant a lease and create the key under it if absent (else read who holds it); a failed attempt revokes
+        its lease."""
         self.lease_id = await self._grant("Lease.Grant")
         self._last_keepalive = time.monotonic()
-        key = self.kv.abs_key(info.key)
-        txn = TxnRequest(
-            compare=[Compare(result=Compare.EQUAL, target=Compare.CREATE, key=key, create_revision=0)],
-            success=[RequestOp(request_put=PutRequest(key=key, value=info.to_json(), lease=self.lease_id))],
-            failure=[RequestOp(request_range=RangeRequest(key=key))],
-        )
+        key = info.key
         try:
-            resp = await client.call(
-                f"register session {info.key}", lambda t: client.kv.Txn(txn, metadata=client.metadata, timeout=t)
-            )
+            result = await self.kv.txn([absent(key)], [put(key, info.to_json(), self.lease_id)],
+                                       on_failure_ops=[get(key)], operation=f"register session {key}")
         except BaseException:
             await self._revoke()  # e.g. a user without permission on the key: leave no lease behind
             raise
-        if not resp.succeeded:
+        if not result.succeeded:
             await self._revoke()
-        return resp
+        return result
 
     async def _grant(self, operation: str) -> int:
-        client = self.kv.client
-        lease = await client.call(
-            operation,
-            lambda t: client.lease.LeaseGrant(LeaseGrantRequest(TTL=self.ttl), metadata=client.metadata, timeout=t),
-        )
-        return int(lease.ID)
+        return await self.kv.client.grant_lease(self.ttl, operation)
 
     async def _holder_ttl(self, lease_id: int) -> float:
         """Seconds the lease holding our key has left (our own TTL if etcd does not say)."""
-        client = self.kv.client
         try:
-            resp = await client.call(
-                "Lease.TimeToLive",
-                lambda t: client.lease.LeaseTimeToLive(LeaseTimeToLiveRequest(ID=lease_id), metadata=client.metadata,
-                                                       timeout=t),
-            )
+            ttl = await self.kv.client.lease_time_to_live(lease_id)
         except MetaError:
             return float(self.ttl)
-        return float(max(resp.TTL, 0))
+        return float(max(ttl, 0))
 
-    def _taken_message(self, info: SessionInfo, kvs: Any) -> str:
+    def _taken_message(self, info: SessionInfo, kv: KeyValue | None) -> str:
         """Who holds the fixed id (its address, from the failed txn's read), and what to do."""
         holder = ""
-        if kvs:
-            other = SessionInfo.parse(info.key, kvs[0].value)
+        if kv is not None:
+            other = SessionInfo.parse(info.key, kv.value)
             holder = f" (at {other.address})" if other is not None else ""
-            if kvs[0].lease == 0:
+            if kv.lease == 0:
                 holder += ", a key without a lease: delete it by hand"
         return (f"server id {info.server_id} is taken: a live {self.role} session {info.key} exists{holder}; "
                 f"another {self.role} runs with this id: give each one its own id")
@@ -360,18 +334,7 @@ class Session:
         return ttl
 
     async def _keepalive_lease(self, lease_id: int, timeout: float) -> int:
-        client = self.kv.client
-
-        async def requests():
-            yield LeaseKeepAliveRequest(ID=lease_id)
-
-        call = client.lease.LeaseKeepAlive(requests(), metadata=client.metadata, timeout=timeout)
-        try:
-            async for resp in call:
-                return resp.TTL
-            raise TimeoutError("lease keepalive stream closed without an answer")
-        finally:
-            call.cancel()
+        return await self.kv.client.keepalive_lease_once(lease_id, timeout)
 
     async def _keepalive(self) -> None:
         interval = self.ttl / 3
@@ -418,13 +381,7 @@ class Session:
             if not lease_id:
                 continue
             with contextlib.suppress(Exception):
-                await client.call(
-                    "Lease.Revoke",
-                    lambda t, i=lease_id: client.lease.LeaseRevoke(  # type: ignore[misc]
-                        LeaseRevokeRequest(ID=i), metadata=client.metadata, timeout=t
-                    ),
-                    deadline=2.0,
-                )
+                await client.revoke_lease(lease_id, deadline=2.0)
 
     async def close(self, *, revoke: bool = True) -> None:
         """Stop keepalive; with ``revoke`` the key disappears at once instead of after the TTL."""

@@ -34,7 +34,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from etcd3aio._protobuf import LeaseRevokeRequest
 from loguru import logger
 
 from meta.kv import MetaKV
@@ -166,9 +165,7 @@ class SessionGuard:
                 self.on_fence(key, reason)
         try:
             if lease:
-                client = self.kv.client
-                await client.call("Lease.Revoke (session guard)", lambda t: client.lease.LeaseRevoke(
-                    LeaseRevokeRequest(ID=lease), metadata=client.metadata, timeout=t), deadline=5.0)
+                await self.kv.client.revoke_lease(lease, operation="Lease.Revoke (session guard)", deadline=5.0)
             else:
                 await self.kv.remove(key)
             self.revoked += 1

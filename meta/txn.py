@@ -227,7 +227,7 @@ class Unit:
     shared: Sequence[Compare] = ()
     payload: Any = None
     #: Bytes of ``ops`` in a txn (key prefix included) when the caller measured them already (``split_puts``);
-    #: -1: ``pack`` measures them (a 100,000-segment load measured every put twice).
+    #: -1: ``pack`` measures them (a large load then need not measure every put twice).
     ops_size: int = -1
 
 
@@ -302,8 +302,8 @@ def split_puts(
     """Ranges ``[start, end)`` of ``puts`` that each fit one txn, with their bytes, greedy and in order: what
     ``pack`` makes of one unit per put, without building a unit per put.
 
-    Why: a big load saves 100,000s of independent records; packing them one unit each was a fifth of the
-    coordinator's time per segment. A caller turns each range into one unit whose ``ops_size`` is the bytes
+    Why: a big load saves 100,000s of independent records, and a unit per record would make packing a large
+    share of the coordinator's time per segment. A caller turns each range into one unit whose ``ops_size`` is the bytes
     given here (see ``TxnWriter.independent_puts``). A put too large even alone raises ``RequestTooLarge``
     before anything is sent, as ``pack`` does.
     """

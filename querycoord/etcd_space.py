@@ -23,7 +23,7 @@ from loguru import logger
 from meta.client import EtcdClient
 from meta.errors import ClientClosed, MetaError, MetaNoSpace
 from meta.loops import keep_running
-from meta.maintenance import MIB, backend_quota, space_status
+from meta.ops.maintenance import MIB, backend_quota, space_status
 from proto import common_pb2
 from querycoord.errors import CoordError
 

@@ -9,7 +9,7 @@ Two readers, one gathering:
   the election, with what each coordinator says of its own place); each is then asked for its gRPC
   health and its own view (``GetCoordinatorState``), and one that does not
   answer is shown as such, not as an error. The nodes are the live node
-  sessions; the etcd members come from ``meta.maintenance.cluster_status``.
+  sessions; the etcd members come from ``meta.ops.maintenance.cluster_status``.
   Only etcd itself being unreachable is an error.
 * ``StatusSource`` is what a coordinator's status page shows
   (``querycoord.status_page``, served on ``--http-listen``): the same
@@ -43,7 +43,7 @@ from meta.client import connect
 from meta.config import EtcdConfig
 from meta.errors import MetaAuthError
 from meta.kv import MetaKV
-from meta.maintenance import cluster_status
+from meta.ops.maintenance import cluster_status
 from meta.session import SessionInfo, list_sessions, role_prefix
 from proto import querycoord_pb2 as qc
 from querycoord import draw

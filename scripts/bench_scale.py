@@ -94,8 +94,8 @@ from loguru import logger
 from meta.client import connect
 from meta.config import EtcdConfig
 from meta.election import current_leader, election_prefix
-from meta.etcd_server import EtcdCluster
 from meta.kv import MetaKV
+from meta.ops.etcd_server import EtcdCluster
 from proto import querycoord_pb2 as qc
 from proto import querycoord_pb2_grpc
 from querycoord.catalog.store import CatalogStore

@@ -45,9 +45,9 @@ from loguru import logger
 
 from meta.client import EtcdClient, connect
 from meta.config import EtcdConfig
-from meta.etcd_server import DEFAULT_QUOTA_BYTES, EtcdCluster
 from meta.kv import MetaKV
-from meta.maintenance import DEFAULT_KEEP_REVISIONS, MIB, compacted_revision
+from meta.ops.etcd_server import DEFAULT_QUOTA_BYTES, EtcdCluster
+from meta.ops.maintenance import DEFAULT_KEEP_REVISIONS, MIB, compacted_revision
 from proto import common_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.actions import Refusal, check, create_collection, load, release

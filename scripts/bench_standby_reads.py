@@ -24,11 +24,11 @@ from typing import Any
 
 from benchlib import BenchError, arg_parser, report, run_on_etcd
 
-from meta.child import ChildProcess, child_env
 from meta.client import connect
 from meta.config import EtcdConfig
 from meta.election import Election
 from meta.kv import MetaKV
+from meta.ops.child import ChildProcess, child_env
 from meta.session import Session
 from proto import common_pb2, data_pb2, querycoord_pb2_grpc
 from proto import querycoord_pb2 as qc

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from loguru import logger
 
 from meta.config import EtcdConfig
-from meta.etcd_server import EtcdCluster
+from meta.ops.etcd_server import EtcdCluster
 
 T = TypeVar("T")
 

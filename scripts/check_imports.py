@@ -6,8 +6,15 @@ breaks first, and Python hides it until an import order changes. Imports
 inside functions count too (a lazy import only postpones the cycle);
 imports under ``if TYPE_CHECKING:`` do not (they never run).
 
-Prints each cycle as ``a -> b -> a`` and exits 1 if there is any; with
-``--graph`` prints every edge instead.
+The core of ``meta`` (every module but ``meta.ops``) is a library: it imports
+nothing of ``meta.ops`` (the operations tooling built on it) and nothing of
+``querycoord``. That rule counts every import, those under ``if
+TYPE_CHECKING:`` and inside functions included: a type-only import still ties
+the library to what it names.
+
+Prints each cycle as ``a -> b -> a`` and each forbidden import of the core as
+``core: a imports b``, and exits 1 if there is any; with ``--graph`` prints
+every edge instead.
 """
 
 from __future__ import annotations
@@ -69,6 +76,44 @@ def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
                 elif base in modules:
                     found.add(base)
     found.discard(name)
+    return found
+
+
+def all_imports(name: str, path: Path) -> set[str]:
+    """Every module name ``name`` imports, anywhere in the file (``if TYPE_CHECKING:`` bodies and functions too);
+    ``from pkg import x`` yields both ``pkg`` and ``pkg.x`` (``x`` may be a module)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return found
+
+
+CORE = "meta"
+FORBIDDEN_TO_CORE = ("meta.ops", "querycoord")
+
+
+def _within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def core_violations(modules: dict[str, Path]) -> list[tuple[str, str]]:
+    """(module, import) for each import of ``meta.ops`` or ``querycoord`` by a core ``meta`` module."""
+    found = []
+    for name, path in sorted(modules.items()):
+        if not _within(name, CORE) or _within(name, "meta.ops"):
+            continue
+        bad = {t for t in all_imports(name, path) if any(_within(t, b) for b in FORBIDDEN_TO_CORE)}
+        # ``from meta.ops.child import X`` names ``meta.ops.child`` once, not also ``meta.ops.child.X``.
+        found.extend((name, t) for t in sorted(bad) if t.rpartition(".")[0] not in bad)
     return found
 
 
@@ -140,9 +185,12 @@ def main(argv: list[str] | None = None) -> int:
     found = cycles(graph)
     for cycle in found:
         print("import cycle: " + " -> ".join(cycle))
-    if found:
+    forbidden = core_violations(modules)
+    for name, target in forbidden:
+        print(f"core: {name} imports {target} (the meta library imports nothing of meta.ops or querycoord)")
+    if found or forbidden:
         return 1
-    print(f"imports: no cycle among {len(modules)} modules")
+    print(f"imports: no cycle among {len(modules)} modules; the meta core imports nothing of meta.ops or querycoord")
     return 0
 
 

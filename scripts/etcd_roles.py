@@ -6,7 +6,7 @@
 
 Passwords come from files (``--password-dir``, ``--etcd-password-file``) or
 ``$QUERYCOORD_ETCD_PASSWORD``, never from the command line. See README,
-"etcd least privilege", and ``meta/etcd_roles.py`` for the roles.
+"etcd least privilege", and ``meta/ops/etcd_roles.py`` for the roles.
 """
 
 from __future__ import annotations

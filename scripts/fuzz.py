@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # tests/ is not an installed package
 
-from meta.etcd_server import EtcdCluster  # noqa: E402
+from meta.ops.etcd_server import EtcdCluster  # noqa: E402
 from tests.exhaustion import ExhaustionOptions  # noqa: E402
 from tests.fuzz_cluster import FuzzOptions, run_fuzz  # noqa: E402
 

@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from meta.etcd_server import TlsFiles
+from meta.ops.etcd_server import TlsFiles
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from meta.client import connect
-from meta.etcd_server import EtcdCluster
 from meta.kv import MetaKV
+from meta.ops.etcd_server import EtcdCluster
 from proto import common_pb2, querynode_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.client import QueryCoordClient

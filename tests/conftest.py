@@ -19,8 +19,8 @@ import pytest
 from loguru import logger
 
 from meta.client import EtcdClient, connect
-from meta.etcd_server import EtcdCluster
 from meta.kv import MetaKV
+from meta.ops.etcd_server import EtcdCluster
 from tests.certs import CertFiles, make_certs
 from tests.unretrieved import no_unretrieved_exceptions  # noqa: F401  (autouse: see tests/unretrieved.py)
 

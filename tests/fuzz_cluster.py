@@ -36,8 +36,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from meta.client import connect
-from meta.etcd_server import EtcdCluster
 from meta.kv import MetaKV
+from meta.ops.etcd_server import EtcdCluster
 from proto import catalog_pb2, common_pb2, data_pb2, querycoord_pb2, querynode_pb2, stream_pb2
 from querycoord.catalog import store as catalog_store
 from querycoord.client import CoordinatorUnavailable, QueryCoordClient

@@ -1,4 +1,4 @@
-"""One way for the tests to start each kind of process: a ``meta.child.ChildProcess`` whose ready event has arrived.
+"""One way for the tests to start each kind of process: a ``meta.ops.child.ChildProcess`` whose ready event has arrived.
 
 Processes start as the cluster harness starts them (``querycoord.tooling.harness``): coordinators as ``querycoord
 coord`` with its flags (``coord_argv``), nodes as ``querycoord querynode`` / ``streamnode`` (``node_argv``).
@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from meta.child import ChildProcess, child_env
-from meta.etcd_server import EtcdCluster
+from meta.ops.child import ChildProcess, child_env
+from meta.ops.etcd_server import EtcdCluster
 from querycoord.tooling.harness import QUERY_NODE, STREAM_NODE, coord_argv, node_argv
 
 # Small merged requests, two children at a time and short back-offs: a load of a few hundred segments is still

@@ -30,8 +30,8 @@ from hypothesis import strategies as st
 from loguru import logger
 from prometheus_client import REGISTRY
 
-from meta.child import child_env
-from meta.etcd_server import EtcdCluster
+from meta.ops.child import child_env
+from meta.ops.etcd_server import EtcdCluster
 from proto import querycoord_pb2
 from proto import querycoord_pb2_grpc as qc_grpc
 from querycoord.auth import Authenticator, PrincipalsError, Refused

@@ -8,7 +8,7 @@ import gc
 import weakref
 from pathlib import Path
 
-from meta.etcd_server import EtcdCluster
+from meta.ops.etcd_server import EtcdCluster
 from proto import querycoord_pb2 as qc
 from querycoord.nodes.querynode import FaultConfig
 from tests.bench import assert_etcd_cleaned_up, report, run_bench

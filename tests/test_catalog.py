@@ -503,7 +503,7 @@ async def test_grpc_service_reports_etcd_outage_as_meta_unavailable(monkeypatch:
     """A catalog whose etcd is unreachable (nothing listens on its port) answers META_UNAVAILABLE naming it."""
     from meta.client import EtcdClient
     from meta.config import EtcdConfig
-    from meta.etcd_server import free_port
+    from meta.ops.etcd_server import free_port
 
     endpoint = f"127.0.0.1:{free_port()}"
     client = EtcdClient(EtcdConfig(endpoints=(endpoint,), call_timeout=0.3, deadline=1.0))

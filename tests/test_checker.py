@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from meta.etcd_server import EtcdCluster
 from meta.kv import MetaKV
+from meta.ops.etcd_server import EtcdCluster
 from proto import common_pb2, data_pb2, querynode_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.checker import Held, Target, TargetSegment, diff

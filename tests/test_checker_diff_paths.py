@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from meta.client import EtcdClient, connect
-from meta.etcd_server import EtcdCluster
 from meta.kv import MetaKV
+from meta.ops.etcd_server import EtcdCluster
 from proto import data_pb2, task_pb2
 from querycoord.checker import Diff, Held, Holders, Target, TargetSegment, diff, diff_async
 from querycoord.querymeta import QueryMeta

@@ -1,4 +1,4 @@
-"""meta.child: the one way tooling starts a child process (events, stdin commands, log, signals, environment)."""
+"""meta.ops.child: the one way tooling starts a child process (events, stdin commands, log, signals, environment)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from meta.child import PROJECT_ROOT, ChildProcess, child_env, log_tail
+from meta.ops.child import PROJECT_ROOT, ChildProcess, child_env, log_tail
 
 ECHO = r"""
 import json, sys

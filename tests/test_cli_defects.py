@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from meta.child import ChildProcess, child_env
 from meta.election import Election
-from meta.etcd_server import EtcdCluster
+from meta.ops.child import ChildProcess, child_env
+from meta.ops.etcd_server import EtcdCluster
 from meta.session import Session
 from proto import querycoord_pb2 as qc
 from querycoord import draw

@@ -3,7 +3,7 @@ figures), so a caller that names the leader before each read must get the leader
 
 from __future__ import annotations
 
-from meta.etcd_server import EtcdCluster
+from meta.ops.etcd_server import EtcdCluster
 from proto import common_pb2, stream_pb2
 from tests.cluster import QueryCluster
 

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from loguru import logger
 
-from meta.child import child_env
+from meta.ops.child import child_env
 from querycoord.cli import build_parser
 from querycoord.cli.config_cmd import settings as config_rows
 from querycoord.config import CoordConfig

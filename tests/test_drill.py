@@ -14,7 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from meta.etcd_server import EtcdCluster
+from meta.ops.etcd_server import EtcdCluster
 from proto import common_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.tooling.drill.invariants import (

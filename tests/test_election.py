@@ -9,11 +9,11 @@ import uuid
 
 import pytest
 
-from meta.child import ChildProcess
 from meta.election import Election, current_leader, election_prefix
 from meta.errors import NotLeader
-from meta.etcd_server import EtcdCluster
 from meta.kv import MetaKV
+from meta.ops.child import ChildProcess
+from meta.ops.etcd_server import EtcdCluster
 from meta.session import Session
 from meta.watch import EventType, WatchBatch, watch_prefix
 from querycoord.tooling.campaign import EXIT_NOT_LEADER, spawn_candidate

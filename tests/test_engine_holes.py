@@ -15,8 +15,8 @@ from typing import Any
 
 from meta.election import Election, publish_leader_record
 from meta.errors import MetaUnavailable
-from meta.etcd_server import EtcdCluster
 from meta.idalloc import IdAllocator
+from meta.ops.etcd_server import EtcdCluster
 from meta.session import Session
 from proto import common_pb2, data_pb2, querynode_pb2, task_pb2
 from proto import querycoord_pb2 as qc

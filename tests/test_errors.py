@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from meta.errors import MetaUnavailable, NotLeader, RequestTooLarge
-from meta.etcd_server import EtcdCluster
+from meta.ops.etcd_server import EtcdCluster
 from proto import common_pb2, data_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.catalog.broker import BrokerError

@@ -20,8 +20,8 @@ from etcd3aio.kv import prefix_range_end
 from meta.client import EtcdClient
 from meta.config import EtcdConfig
 from meta.errors import MetaUnavailable
-from meta.etcd_server import EtcdCluster
 from meta.kv import MetaKV
+from meta.ops.etcd_server import EtcdCluster
 
 T = TypeVar("T")
 GENEROUS = 60.0

@@ -9,7 +9,7 @@ from pathlib import Path
 import grpc
 
 from meta.client import EtcdClient, is_transient
-from meta.etcd_server import EtcdCluster
+from meta.ops.etcd_server import EtcdCluster
 from proto import common_pb2, querycoord_pb2_grpc
 from proto import querycoord_pb2 as qc
 from querycoord.config import CoordConfig, scaled_config

@@ -28,13 +28,13 @@ from etcd3aio._protobuf import LeaseKeepAliveRequest, RangeRequest
 from etcd3aio.auth import PermissionType
 from etcd3aio.kv import prefix_range_end
 
-from meta.child import child_env
 from meta.client import EtcdClient, connect
 from meta.election import read_leader_record
 from meta.errors import MetaAuthError
-from meta.etcd_roles import enable_auth, plan_roles
-from meta.etcd_server import EtcdCluster
 from meta.kv import MetaKV
+from meta.ops.child import child_env
+from meta.ops.etcd_roles import enable_auth, plan_roles
+from meta.ops.etcd_server import EtcdCluster
 from meta.session import Session, SessionIdTaken, list_sessions
 from meta.session_guard import SessionGuard
 from querycoord.cli.etcd_admin import NODE_READS

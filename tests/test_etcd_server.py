@@ -20,9 +20,10 @@ from pathlib import Path
 import pytest
 from loguru import logger
 
-from meta import etcd_server
 from meta.client import connect
-from meta.etcd_server import (
+from meta.kv import MetaKV
+from meta.ops import etcd_server
+from meta.ops.etcd_server import (
     MIN_VERSION,
     EtcdCluster,
     EtcdNotFound,
@@ -30,7 +31,6 @@ from meta.etcd_server import (
     _version_of,
     find_etcd_binary,
 )
-from meta.kv import MetaKV
 
 GENEROUS = 30.0
 
@@ -263,7 +263,7 @@ def test_stopping_a_healthy_three_member_cluster_needs_no_sigkill(tmp_path: Path
 CHILD = textwrap.dedent(
     """
     import sys, threading, time
-    from meta.etcd_server import EtcdCluster
+    from meta.ops.etcd_server import EtcdCluster
 
     clusters = []
     # Started from a short-lived thread: the member must outlive the thread, not the process.

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from meta.election import ELECTION_PREFIX
-from meta.etcd_server import EtcdCluster
+from meta.ops.etcd_server import EtcdCluster
 from meta.watch import EventType, WatchBatch, watch_prefix
 from proto import common_pb2
 from proto import querycoord_pb2 as qc

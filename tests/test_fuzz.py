@@ -15,7 +15,7 @@ import grpc
 import pytest
 from google.protobuf.descriptor import FieldDescriptor
 
-from meta.etcd_server import EtcdCluster
+from meta.ops.etcd_server import EtcdCluster
 from proto import catalog_pb2, common_pb2, querycoord_pb2, querynode_pb2, stream_pb2
 from tests.exhaustion import Exhaustion, Target, big_heads
 from tests.fuzz_cluster import FuzzOptions, FuzzReport, run_fuzz

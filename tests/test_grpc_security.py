@@ -26,9 +26,9 @@ from typing import Any
 import grpc
 import pytest
 
-from meta.child import child_env
-from meta.etcd_server import EtcdCluster
 from meta.kv import MetaKV
+from meta.ops.child import child_env
+from meta.ops.etcd_server import EtcdCluster
 from meta.session import Session
 from proto import (
     catalog_pb2,

@@ -14,7 +14,7 @@ from typing import Any
 
 import grpc
 
-from meta.etcd_server import EtcdCluster
+from meta.ops.etcd_server import EtcdCluster
 from proto import common_pb2, querycoord_pb2_grpc
 from proto import querycoord_pb2 as qc
 from querycoord.grpc_channels import make_channel

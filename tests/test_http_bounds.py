@@ -23,7 +23,7 @@ import pytest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from meta.etcd_server import EtcdCluster
+from meta.ops.etcd_server import EtcdCluster
 from querycoord.grpc_channels import GrpcSecurity
 from querycoord.http_access import tls_context
 from querycoord.http_server import HttpLimits, HttpServer, Page, Probe

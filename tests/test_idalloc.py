@@ -10,10 +10,10 @@ import pytest
 
 from meta.client import EtcdClient, connect
 from meta.errors import MetaError, NotLeader
-from meta.etcd_server import EtcdCluster
 from meta.fence import Fence
 from meta.idalloc import IdAllocator
 from meta.kv import MetaKV, Value
+from meta.ops.etcd_server import EtcdCluster
 
 KEY = "idalloc/task"
 

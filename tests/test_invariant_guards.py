@@ -23,10 +23,10 @@ import pytest
 from meta.client import EtcdClient
 from meta.election import Election, current_leader, election_prefix
 from meta.errors import NotLeader
-from meta.etcd_server import EtcdCluster
 from meta.fence import Fence
 from meta.idalloc import IdAllocator
 from meta.kv import FencedKV, MetaKV, TxnResult
+from meta.ops.etcd_server import EtcdCluster
 from meta.session import Session
 from meta.txn import put
 from meta.watch import WatchBatch, watch_prefix

@@ -9,9 +9,9 @@ import pytest
 from meta.client import EtcdClient, connect
 from meta.config import EtcdConfig
 from meta.errors import InvalidKey, MetaUnavailable, NotLeader, RequestTooLarge
-from meta.etcd_server import free_port
 from meta.fence import Fence
 from meta.kv import MAX_TXN_OPS, MetaKV
+from meta.ops.etcd_server import free_port
 
 
 async def test_basic_ops_stay_under_root(kv: MetaKV, client: EtcdClient) -> None:

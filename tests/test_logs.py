@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from loguru import logger
 
-from meta.child import child_env
-from meta.etcd_server import EtcdCluster
+from meta.ops.child import child_env
+from meta.ops.etcd_server import EtcdCluster
 from querycoord.logs import json_line, setup_logging
 from querycoord.nodes.querynode import FaultConfig
 from tests.cluster import running_cluster

@@ -9,9 +9,9 @@ from prometheus_client import REGISTRY
 
 from meta.client import connect
 from meta.errors import ClientClosed
-from meta.etcd_server import EtcdCluster
 from meta.kv import MetaKV
 from meta.loops import keep_running
+from meta.ops.etcd_server import EtcdCluster
 from meta.session import Session
 from querycoord import metrics
 

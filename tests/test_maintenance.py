@@ -20,9 +20,9 @@ from etcd3aio._protobuf import RangeRequest
 
 from meta.client import EtcdClient, connect
 from meta.errors import MetaError, MetaNoSpace
-from meta.etcd_server import EtcdCluster, free_port
 from meta.kv import MetaKV
-from meta.maintenance import MIB, backend_quota, cluster_status, maintain
+from meta.ops.etcd_server import EtcdCluster, free_port
+from meta.ops.maintenance import MIB, backend_quota, cluster_status, maintain
 from tests import procs
 
 QUOTA = 16 * MIB

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from meta.etcd_server import EtcdCluster
+from meta.ops.etcd_server import EtcdCluster
 from proto import common_pb2
 from proto import querycoord_pb2 as qc
 from querycoord import memory

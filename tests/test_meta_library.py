@@ -21,12 +21,12 @@ import pytest
 
 import meta
 from meta.election import current_leader, election_prefix
-from meta.etcd_server import EtcdCluster
+from meta.ops.etcd_server import EtcdCluster
 
 pytestmark = pytest.mark.timeout(120)
 
 PUBLIC = ("EtcdConfig", "MetaKV", "FencedKV", "Session", "Election", "Fence", "watch_prefix", "Resync",
-          "IdAllocator", "EtcdCluster", "connect", "MetaError", "MetaUnavailable", "MetaAuthError", "MetaNoSpace",
+          "IdAllocator", "connect", "MetaError", "MetaUnavailable", "MetaAuthError", "MetaNoSpace",
           "NotLeader", "RequestTooLarge", "InvalidKey", "SessionLost", "SessionIdTaken", "WatchCancelled")
 
 
@@ -58,6 +58,13 @@ def test_the_public_api_is_importable_from_meta_itself(project_root: Path) -> No
     assert (Path(meta.__file__).parent / "py.typed").is_file()
     pyproject = tomllib.loads((project_root / "pyproject.toml").read_text())
     assert "py.typed" in pyproject["tool"]["setuptools"]["package-data"]["meta"]
+
+
+def test_the_library_loads_none_of_the_operations_tooling() -> None:
+    """``import meta`` (and every name of ``meta.__all__``) leaves ``meta.ops`` unloaded: the launcher is apart."""
+    code = "import sys, meta; sys.exit(sorted(m for m in sys.modules if m.startswith('meta.ops')) or None)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r
 
 
 SILENT = """

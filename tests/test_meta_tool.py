@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from meta.election import current_leader, election_prefix
-from meta.etcd_server import EtcdCluster
 from meta.kv import MetaKV
+from meta.ops.etcd_server import EtcdCluster
 from meta.session import Session
 from proto import data_pb2, stream_pb2, task_pb2
 from proto import querycoord_pb2 as qc

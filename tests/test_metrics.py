@@ -18,9 +18,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from meta.client import connect
 from meta.config import EtcdConfig
 from meta.errors import MetaUnavailable, NotLeader
-from meta.etcd_server import EtcdCluster
 from meta.fence import Fence
 from meta.kv import MetaKV
+from meta.ops.etcd_server import EtcdCluster
 from proto import common_pb2
 from proto import querycoord_pb2 as qc
 from querycoord import metrics

@@ -91,7 +91,7 @@ from hypothesis.stateful import (
 )
 from loguru import logger
 
-from meta.etcd_server import EtcdCluster
+from meta.ops.etcd_server import EtcdCluster
 from proto import common_pb2, data_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.catalog.store import CatalogError, CatalogStore

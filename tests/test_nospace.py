@@ -22,9 +22,9 @@ from prometheus_client import REGISTRY
 
 from meta.client import NOSPACE_WAIT, connect
 from meta.errors import MetaNoSpace
-from meta.etcd_server import EtcdCluster
 from meta.kv import MetaKV
-from meta.maintenance import MIB, maintain
+from meta.ops.etcd_server import EtcdCluster
+from meta.ops.maintenance import MIB, maintain
 from meta.session import list_sessions
 from proto import common_pb2
 from proto import querycoord_pb2 as qc

@@ -6,8 +6,8 @@ import asyncio
 import time
 from pathlib import Path
 
-from meta.etcd_server import EtcdCluster
 from meta.idalloc import IdAllocator
+from meta.ops.etcd_server import EtcdCluster
 from proto import common_pb2, task_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.balance import plan_move

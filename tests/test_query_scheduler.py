@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from meta.errors import RequestTooLarge
-from meta.etcd_server import EtcdCluster
+from meta.ops.etcd_server import EtcdCluster
 from proto import common_pb2, data_pb2, querynode_pb2, task_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.nodes.querynode import FaultConfig

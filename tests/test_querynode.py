@@ -12,8 +12,8 @@ from typing import Any
 import grpc
 import pytest
 
-from meta.etcd_server import EtcdCluster
 from meta.kv import MetaKV
+from meta.ops.etcd_server import EtcdCluster
 from meta.session import list_sessions, session_key
 from proto import common_pb2, data_pb2, querynode_pb2, querynode_pb2_grpc
 from querycoord.nodes.querynode import QueryNode, add_querynode_parser, cmd_querynode

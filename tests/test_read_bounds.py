@@ -15,8 +15,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from meta.election import Election
-from meta.etcd_server import EtcdCluster
 from meta.kv import MetaKV
+from meta.ops.etcd_server import EtcdCluster
 from meta.session import Session
 from proto import common_pb2, querycoord_pb2_grpc
 from proto import querycoord_pb2 as qc

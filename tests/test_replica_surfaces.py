@@ -13,7 +13,7 @@ from collections import Counter
 
 import grpc
 
-from meta.etcd_server import EtcdCluster
+from meta.ops.etcd_server import EtcdCluster
 from proto import common_pb2, querycoord_pb2_grpc
 from proto import querycoord_pb2 as qc
 from tests.cluster import running_cluster

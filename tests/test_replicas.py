@@ -11,8 +11,8 @@ import itertools
 import time
 from collections import Counter
 
-from meta.etcd_server import EtcdCluster
 from meta.kv import MetaKV
+from meta.ops.etcd_server import EtcdCluster
 from proto import common_pb2, data_pb2, querynode_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.balance import plan_move

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from meta.client import connect
-from meta.etcd_server import EtcdCluster
 from meta.kv import MetaKV
+from meta.ops.etcd_server import EtcdCluster
 from meta.session import Session, SessionEvent, SessionInfo, SessionSnapshot, list_sessions, watch_sessions
 from meta.watch import EventType
 

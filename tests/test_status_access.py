@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from meta.etcd_server import EtcdCluster
+from meta.ops.etcd_server import EtcdCluster
 from querycoord.cli import main
 from tests import test_grpc_security as secured
 from tests.certs import Issued

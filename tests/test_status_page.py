@@ -21,8 +21,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from meta.etcd_server import EtcdCluster
 from meta.kv import MetaKV
+from meta.ops.etcd_server import EtcdCluster
 from proto import catalog_pb2, common_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.actions import create_snode, create_stream

@@ -13,10 +13,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from meta.child import child_env
 from meta.election import Election
-from meta.etcd_server import EtcdCluster
 from meta.kv import MetaKV
+from meta.ops.child import child_env
+from meta.ops.etcd_server import EtcdCluster
 from meta.session import Session
 from proto import common_pb2
 from proto import querycoord_pb2 as qc

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from meta.etcd_server import EtcdCluster
+from meta.ops.etcd_server import EtcdCluster
 from proto import stream_pb2 as sp
 from querycoord import draw
 from querycoord.actions import parse_vgroups

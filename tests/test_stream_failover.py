@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from meta.etcd_server import EtcdCluster
 from meta.fence import Fence
 from meta.kv import MetaKV
+from meta.ops.etcd_server import EtcdCluster
 from proto import common_pb2, stream_pb2
 from querycoord.config import StreamConfig
 from querycoord.stream.manager import StreamManager

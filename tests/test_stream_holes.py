@@ -28,9 +28,9 @@ from typing import Any
 
 import pytest
 
-from meta.etcd_server import EtcdCluster
 from meta.idalloc import IdAllocator
 from meta.kv import MetaKV
+from meta.ops.etcd_server import EtcdCluster
 from meta.session import Session, list_sessions
 from proto import common_pb2, stream_pb2
 from querycoord.nodes.streamnode import StreamNode

@@ -17,8 +17,8 @@ from typing import Any
 import grpc
 import pytest
 
-from meta.etcd_server import EtcdCluster
 from meta.kv import MetaKV
+from meta.ops.etcd_server import EtcdCluster
 from meta.session import Session
 from proto import common_pb2, stream_pb2
 from querycoord.config import CoordConfig, StreamConfig, scaled_config

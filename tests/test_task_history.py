@@ -10,8 +10,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from meta.etcd_server import EtcdCluster
 from meta.kv import MetaKV
+from meta.ops.etcd_server import EtcdCluster
 from proto import common_pb2, task_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.client import QueryCoordClient

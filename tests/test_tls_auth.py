@@ -21,8 +21,8 @@ from etcd3aio._protobuf import RangeRequest
 from meta.client import EtcdClient, connect
 from meta.config import EtcdConfig
 from meta.errors import MetaAuthError, MetaUnavailable
-from meta.etcd_server import EtcdCluster
 from meta.kv import MetaKV
+from meta.ops.etcd_server import EtcdCluster
 from tests.certs import CertFiles, server_tls
 from tests.etcd_auth import enable_auth
 

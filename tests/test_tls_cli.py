@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from meta.child import child_env
 from meta.client import EtcdClient
-from meta.etcd_server import EtcdCluster
+from meta.ops.child import child_env
+from meta.ops.etcd_server import EtcdCluster
 from tests.certs import CertFiles, server_tls
 from tests.etcd_auth import enable_auth
 from tests.spawn import Spawned, spawn_ready

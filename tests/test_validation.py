@@ -23,8 +23,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meta.etcd_server import EtcdCluster
 from meta.kv import MetaKV
+from meta.ops.etcd_server import EtcdCluster
 from meta.session import Session, SessionInfo
 from proto import (
     catalog_pb2,

@@ -12,8 +12,8 @@ import pytest
 
 from meta.client import connect
 from meta.config import EtcdConfig
-from meta.etcd_server import EtcdCluster
 from meta.kv import MetaKV
+from meta.ops.etcd_server import EtcdCluster
 from meta.watch import EventType, Resync, WatchBatch, WatchEvent, watch_prefix
 
 

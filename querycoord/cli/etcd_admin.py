@@ -4,9 +4,9 @@
 compacted revision, raft leader, alarms) as a table or ``-o json``; it exits
 1 when a member does not answer or an alarm is raised, so it can serve as a
 check. ``maintain`` compacts to a safe revision, defragments the members one
-at a time and disarms NOSPACE (``meta.maintenance.maintain``); ``--dry-run``
+at a time and disarms NOSPACE (``meta.ops.maintenance.maintain``); ``--dry-run``
 says what it would do. ``roles`` creates the users and roles of least
-privilege (``meta.etcd_roles``: coordinator, reader, one per node id) and
+privilege (``meta.ops.etcd_roles``: coordinator, reader, one per node id) and
 enables auth; ``--dry-run`` prints the plan without touching etcd. All reach
 etcd through the common etcd options
 (``querycoord.etcd_options``). The bare ``querycoord etcd`` still runs the
@@ -26,9 +26,9 @@ from meta.client import connect
 from meta.config import EtcdConfig
 from meta.election import leader_record_key
 from meta.errors import MetaError
-from meta.etcd_roles import RolePlan, apply_roles, auth_enabled, enable_auth, password_files, plan_roles
-from meta.etcd_server import DEFAULT_QUOTA_BYTES
-from meta.maintenance import DEFAULT_KEEP_REVISIONS, MIB, ClusterStatus, cluster_status, maintain
+from meta.ops.etcd_roles import RolePlan, apply_roles, auth_enabled, enable_auth, password_files, plan_roles
+from meta.ops.etcd_server import DEFAULT_QUOTA_BYTES
+from meta.ops.maintenance import DEFAULT_KEEP_REVISIONS, MIB, ClusterStatus, cluster_status, maintain
 from meta.session import role_prefix
 from querycoord import draw
 from querycoord.etcd_options import ENV_PREFIX, add_etcd_options, etcd_config_from_args

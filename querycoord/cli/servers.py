@@ -54,7 +54,7 @@ class TermFlag:
 
 def cmd_etcd(args: argparse.Namespace) -> int:
     """Run the embedded etcd in the foreground until Ctrl-C or SIGTERM."""
-    from meta.etcd_server import EtcdCluster, EtcdNotFound, EtcdStartError
+    from meta.ops.etcd_server import EtcdCluster, EtcdNotFound, EtcdStartError
     from querycoord.cli.etcd_admin import cluster_options
 
     if args.data_dir and _data_dir_problem(args.data_dir):

@@ -21,7 +21,7 @@ from typing import Any
 from loguru import logger
 
 from meta.errors import MetaError
-from meta.maintenance import MIB
+from meta.ops.maintenance import MIB
 from proto import querycoord_pb2 as qc
 from querycoord import draw
 from querycoord.actions import check

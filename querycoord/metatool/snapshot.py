@@ -36,7 +36,7 @@ class Snapshot:
 async def take(kv: MetaKV) -> Snapshot:
     """Read every key under ``kv``'s root, paged, at one revision.
 
-    A credential that may read all but the election (the reader: ``meta.etcd_roles``) reads around it, both
+    A credential that may read all but the election (the reader: ``meta.ops.etcd_roles``) reads around it, both
     parts at one revision; the snapshot then has no election keys."""
     try:
         snap = await kv.load_prefix("")

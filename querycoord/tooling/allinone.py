@@ -10,7 +10,7 @@ started, followed and stopped by one ``querycoord.tooling.harness.Harness``
 
 No process is left behind, whatever happens to us:
 
-* every child is a ``meta.child.ChildProcess``: started through
+* every child is a ``meta.ops.child.ChildProcess``: started through
   ``setpriv --pdeathsig KILL`` (as the etcd launcher does), so the kernel SIGKILLs it when we die, even by SIGKILL;
   the signal is tied to the thread that forked, and ``asyncio`` forks on the
   event-loop thread, which lives as long as we run;
@@ -53,8 +53,8 @@ from collections.abc import Awaitable, Sequence
 from pathlib import Path
 from typing import Any
 
-from meta.child import log_tail
-from meta.etcd_server import EtcdCluster
+from meta.ops.child import log_tail
+from meta.ops.etcd_server import EtcdCluster
 from proto import common_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.client import CoordinatorUnavailable, QueryCoordClient

@@ -24,12 +24,12 @@ import time
 
 from loguru import logger
 
-from meta.child import ChildProcess
 from meta.client import connect
 from meta.config import EtcdConfig
 from meta.election import Election, SessionLost
 from meta.errors import MetaError, NotLeader
 from meta.kv import MetaKV
+from meta.ops.child import ChildProcess
 from meta.session import Session
 
 EXIT_NOT_LEADER = 3

@@ -59,12 +59,12 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-from meta.child import ChildProcess
 from meta.client import connect
 from meta.errors import NotLeader
-from meta.etcd_server import EtcdCluster
 from meta.fence import Fence
 from meta.kv import MetaKV
+from meta.ops.child import ChildProcess
+from meta.ops.etcd_server import EtcdCluster
 from proto import querycoord_pb2 as qc
 from proto import stream_pb2
 from querycoord import actions, draw

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from meta.child import ChildProcess, child_env, log_tail
+from meta.ops.child import ChildProcess, child_env, log_tail
 
 COORDINATOR = "coordinator"
 QUERY_NODE = "query node"

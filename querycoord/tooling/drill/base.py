@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
-from meta.etcd_server import EtcdCluster
+from meta.ops.etcd_server import EtcdCluster
 from querycoord.tooling.drill.leaders import wait_until
 from querycoord.tooling.drill.options import RunOptions
 from querycoord.tooling.harness import Harness, Member, StartError

@@ -49,8 +49,8 @@ import grpc
 
 from meta.client import connect
 from meta.errors import MetaError
-from meta.etcd_server import EtcdCluster
 from meta.kv import MetaKV
+from meta.ops.etcd_server import EtcdCluster
 from proto import common_pb2, data_pb2, querycoord_pb2_grpc
 from proto import querycoord_pb2 as qc
 from querycoord.catalog.store import CatalogError, CatalogStore, status_of

@@ -33,11 +33,11 @@ from typing import Any, Protocol, TypeVar
 
 import grpc
 
-from meta.child import ChildProcess, log_tail
 from meta.client import connect
 from meta.election import current_leader, election_prefix
-from meta.etcd_server import EtcdCluster
 from meta.kv import MetaKV
+from meta.ops.child import ChildProcess, log_tail
+from meta.ops.etcd_server import EtcdCluster
 from proto import common_pb2, data_pb2, querynode_pb2, querynode_pb2_grpc
 from proto import querycoord_pb2 as qc
 from querycoord.catalog.store import CatalogStore

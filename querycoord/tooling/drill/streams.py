@@ -35,7 +35,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from meta.etcd_server import EtcdCluster
+from meta.ops.etcd_server import EtcdCluster
 from proto import common_pb2, stream_pb2
 from querycoord.client import CoordinatorUnavailable, QueryCoordClient
 from querycoord.stream.plan import expected_counts

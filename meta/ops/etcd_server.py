@@ -50,10 +50,10 @@ from typing import TypeVar
 
 from loguru import logger
 
-from meta.child import pdeathsig_prefix
 from meta.config import EtcdConfig
 from meta.errors import MetaError
-from meta.maintenance import DEFAULT_KEEP_REVISIONS
+from meta.ops.child import pdeathsig_prefix
+from meta.ops.maintenance import DEFAULT_KEEP_REVISIONS
 
 T = TypeVar("T")
 

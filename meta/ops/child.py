@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 
 from loguru import logger
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 C = TypeVar("C", bound="ChildProcess")
 

@@ -22,8 +22,8 @@ every key attached to it, which for a node is its own session key.
 
 ``apply_roles`` makes etcd match the plan and is idempotent: an existing
 role keeps its name and gets exactly the plan's permissions (extra ones
-are revoked, so a re-run also removes the own-key prefix read older versions
-granted), an existing user whose password already works is left alone,
+are revoked, so a re-run also removes any permission the plan no longer
+holds), an existing user whose password already works is left alone,
 and a re-run changes nothing. ``enable_auth`` then turns authentication on
 (etcd requires a ``root`` user holding its built-in ``root`` role first).
 Passwords never travel on a command line: ``password_files`` reads each

@@ -1,0 +1,57 @@
+"""scripts/check_imports.py: the core of ``meta`` imports nothing of ``meta.ops`` or ``querycoord``, however it
+imports it (top level, inside a function, under ``if TYPE_CHECKING:``, ``from meta import ops``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+
+@pytest.fixture
+def check_imports(project_root: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location("check_imports", project_root / "scripts" / "check_imports.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _tree(tmp_path: Path, files: dict[str, str]) -> dict[str, Path]:
+    modules = {}
+    for name, text in files.items():
+        path = tmp_path / (name.replace(".", "/") + ".py")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        modules[name] = path
+    return modules
+
+
+def test_every_kind_of_import_of_ops_or_querycoord_by_the_core_is_refused(check_imports, tmp_path: Path) -> None:
+    modules = _tree(tmp_path, {
+        "meta.kv": "from meta.ops.child import ChildProcess\n",
+        "meta.fence": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from meta.ops import etcd_server\n",
+        "meta.loops": "def f():\n    import querycoord.config\n",
+        "meta.watch": "from meta import ops\n",
+        "meta.idalloc": "from . import ops\n",
+        "meta.ops.child": "from meta.kv import MetaKV\nimport querycoord\n",  # ops may import anything
+        "meta.txn": "from meta.errors import MetaError\nimport meta.observe\n",  # the core importing the core
+    })
+    assert check_imports.core_violations(modules) == [
+        ("meta.fence", "meta.ops"),
+        ("meta.idalloc", "meta.ops"),
+        ("meta.kv", "meta.ops.child"),
+        ("meta.loops", "querycoord.config"),
+        ("meta.watch", "meta.ops"),
+    ]
+
+
+def test_the_project_passes(project_root: Path) -> None:
+    r = subprocess.run([sys.executable, str(project_root / "scripts" / "check_imports.py")], capture_output=True,
+                       text=True, timeout=60, cwd=project_root)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "the meta core imports nothing of meta.ops or querycoord" in r.stdout
