@@ -560,8 +560,9 @@ async def test_the_reader_credential_runs_every_read_command_and_no_repair(secur
         for kind in ("collections", "partitions", "segments", "channels", "tasks", "sessions", "streams", "snodes"):
             code, out, err = await etcd_command(secured, "reader", "meta", "show", kind, "-o", "json")
             assert code == 0 and "Traceback" not in err, (kind, out, err)
+        # Other tests of this module left odd keys under the root: verify lists them (exit 1), read as the reader.
         code, out, err = await etcd_command(secured, "reader", "meta", "verify")
-        assert code == 0, (out, err)
+        assert code in (0, 1) and f"root {ROOT} at revision" in out and "Traceback" not in err, (out, err)
         before = await secured_revision(secured)
         code, out, err = await etcd_command(secured, "reader", "meta", "repair", "--apply")
         assert code != 0 and "Traceback" not in err and len(err.strip().splitlines()) == 1, (out, err)
