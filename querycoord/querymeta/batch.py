@@ -89,8 +89,8 @@ class TxnWriter:
         """Puts no txn needs together, as one mutation per range that fits a txn; ``apply(index, start, end)``
         is the memory effect of ``puts[start:end]``.
 
-        Why: a mutation per record made packing and applying a 100,000-segment load cost more than building
-        the records. Each range still goes to etcd before memory shows it.
+        Why: a mutation per record makes packing and applying a big load cost more than building the records.
+        Each range still goes to etcd before memory shows it.
         """
         return [
             Mutation(list(puts[a:b]), lambda index, a=a, b=b: apply(index, a, b), size)  # type: ignore[misc]
@@ -115,7 +115,7 @@ class TxnWriter:
         txns = self.kv.pack([Unit(m.ops, payload=m, ops_size=m.ops_size) for m in mutations], atomic=atomic)
         applied = self._applier(index)
         if not atomic and len(txns) > 1 and all(type(op) is Put for t in txns for op in t.ops):
-            # Independent puts (rule 5 allows several txns): keep a few in flight instead of
+            # Independent puts (rule 5 of ``core`` allows several txns): keep a few in flight instead of
             # waiting for each round trip; a 100,000-segment load spends most of its time here.
             await self._send_concurrently(operation, txns, applied)
             return len(txns)

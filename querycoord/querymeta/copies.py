@@ -3,7 +3,7 @@
 A persisted ``SegmentInfo`` / ``DmChannelWatchInfo`` lists every copy in its parallel ``replica_ids`` /
 ``node_ids``; ``node_id`` / ``replica_id`` name one copy (in a view handed to a reader: the copy on a node; in
 the record: the lowest replica's). Replicas of one collection have disjoint nodes, so a node holds at most one
-copy of a segment and (segment, node) names a copy. Pure functions: ``index``, ``records`` and ``store`` share
+copy of a segment and (segment, node) names a copy. Pure functions: ``index``, ``records`` and the managers share
 them.
 """
 

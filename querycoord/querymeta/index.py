@@ -49,7 +49,7 @@ class SegmentTable(Mapping[int, SegmentInfo]):
     """Segment records by id, kept serialized; each read parses a fresh message (the caller's own).
 
     Why: a parsed protobuf record costs about 500 bytes (the message object and its arena) for 40 bytes of data,
-    and a coordinator holds one per loaded segment: a million segments were half a GB. Serialized, a record is
+    and a coordinator holds one per loaded segment: a million segments would be half a GB. Serialized, a record is
     about 70 bytes; what the hot paths need without parsing (collection, partition, copies) is kept beside it in
     a tuple shared by every segment with the same values (few distinct ones: partitions x copy placements).
     """
@@ -140,9 +140,9 @@ class MetaIndex:
         # collection -> a counter bumped by every change to its records: readers that derive something costly
         # from a collection (what online nodes serve of it, ``querycoord.served``) recompute only when it moved.
         self.changes: dict[int, int] = {}
-        # collection -> (its ``changes`` mark, a view derived from its records): GetReplicas walks every segment
-        # of a collection, which at 100k segments and 48 readers of a standby was seconds per call; now once
-        # per change. Owned by ``QueryMeta``'s readers, dropped with the index.
+        # collection -> (its ``changes`` mark, a view derived from its records): a view that walks every segment
+        # of a collection (GetReplicas' ``replicas.Replicas.replicas_of``) is derived once per change, not per
+        # call. Owned by the managers' readers, dropped with the index.
         self.views: dict[tuple[str, int], tuple[int, Any]] = {}
 
     def view(self, name: str, collection_id: int, derive: Callable[[], Any]) -> Any:

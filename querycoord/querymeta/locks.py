@@ -1,12 +1,11 @@
 """The locks ``QueryMeta``'s writes hold: per collection, shared or exclusive, and claims on segment ids.
 
-Why two modes: every write of a collection once held one exclusive lock, so the saves of a big load (one per
-child, each a few etcd round trips) ran one after another, and the coordinator sat idle waiting for etcd between
-them (a 100,000-segment load took 3.2-3.3 s, against 2.5-2.6 s with the saves overlapping). Saves of different segments
-or DM channel watches do not read or change each other's records, so they may overlap; everything else (a release,
-partition states, a node's removal, progress) still writes alone. A channel watch's save once wrote alone too: waiting
-for the segment saves in flight, it held back every save queued behind it (at 10,000 segments, four of a load's eight
-saves waited about 30 ms so).
+Why two modes: with one exclusive lock per collection, the saves of a big load (one per child, each a few etcd
+round trips) would run one after another, and the coordinator would sit idle waiting for etcd between them. Saves
+of different segments or DM channel watches do not read or change each other's records, so they may overlap;
+everything else (a release, partition states, a node's removal, progress) writes alone. A channel watch's save is
+a shared holder too: writing alone, it would wait for the segment saves in flight and hold back every save queued
+behind it.
 
 - ``CollectionLock.shared``: any number of holders at once (segment and DM channel watch saves, segment removals).
 - ``CollectionLock.exclusive``: one holder, no shared holder. Both kinds queue in one FIFO (an ``asyncio.Lock``

@@ -1,8 +1,8 @@
 """A standby's copy of the query meta, kept current by one etcd watch: the warm standby.
 
-Why: a takeover used to start with ``QueryMeta.reload``, a read of every
-record (a million segments: tens of seconds of etcd paging and decoding)
-after the old leader's lease had already expired. Users feel that as
+Why: a takeover that starts with ``QueryMeta.reload`` reads every record
+(a million segments: tens of seconds of etcd paging and decoding) after the
+old leader's lease has already expired. Users feel that as
 downtime on top of the TTL. A standby has nothing to do while it waits for
 the election, so it reads the same records once, then follows one watch
 over the four query meta prefixes (``COLLECTION_PREFIX`` through
@@ -14,7 +14,7 @@ written after that revision by anyone but the new leader: the old leader's
 writes are fenced on its election key, which is gone once this one won.
 
 Anything unusual (the copy not built yet, the watch broken, etcd slow to
-answer) makes ``take`` return None and the caller reloads as before: the
+answer) makes ``take`` return None and the caller reloads instead: the
 mirror makes a takeover fast, never different.
 """
 

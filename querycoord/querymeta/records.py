@@ -1,8 +1,8 @@
 """Query meta records: how they are stored (stripped), read back (checked against their key), and derived.
 
-Pure functions on the protobuf records, no I/O, so that ``store`` keeps to
-the write protocol and ``reload`` and the writers agree on one definition
-of a valid record.
+Pure functions on the protobuf records, no I/O, so that the managers keep to
+the write protocol (``core``) and ``reload`` and the writers agree on one
+definition of a valid record.
 """
 
 from __future__ import annotations
