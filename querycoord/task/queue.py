@@ -154,7 +154,7 @@ class TriggerQueue:
             running = self.running.get(t.id)
             if running is not None:
                 if t.id in self.started and t.id not in self.failing:
-                    # A load rolling back its own failure is left to finish that: cancelled half-way, it left
+                    # A load rolling back its own failure is left to finish that: cancelled half-way, it would leave
                     # partitions in meta that nothing loads, and its callers an internal error instead of its own.
                     running.cancel()
                 # else: dispatched but its task has not taken a step. Cancelled now, its body would never run and
