@@ -32,7 +32,7 @@ from querycoord.balance import auto_balance_loop
 from querycoord.catalog.broker import Broker, GrpcBroker, LocalBroker
 from querycoord.catalog.store import CatalogStore
 from querycoord.catalog.targets import CatalogTargets
-from querycoord.checker import Checker
+from querycoord.checkers import Checker
 from querycoord.cluster.incarnations import Incarnations
 from querycoord.cluster.nodes import Node, NodeManager
 from querycoord.config import CoordConfig

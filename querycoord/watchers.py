@@ -23,7 +23,7 @@ from proto import querycoord_pb2 as qc
 from querycoord.catalog.broker import Broker
 from querycoord.catalog.store import SegmentResync
 from querycoord.catalog.targets import CatalogTargets
-from querycoord.checker import Checker
+from querycoord.checkers import Checker
 from querycoord.cluster.incarnations import Incarnations
 from querycoord.cluster.nodes import Node, NodeManager
 from querycoord.querymeta import QueryMeta

@@ -1,5 +1,5 @@
-"""Micro benchmark of the checker pass's CPU part: ``Checker._distribution`` (building ``Held`` from every node's
-answer) and ``diff``, on a consistent query meta of 100k / 1M segments.
+"""Micro benchmark of the checker pass's CPU part: ``checkers.distribution.collect`` (building ``Held`` from every
+node's answer) and ``diff``, on a consistent query meta of 100k / 1M segments.
 
 No etcd, no nodes: the query meta's in-memory index is filled directly (``MetaIndex.put_collection`` /
 ``put_segment`` / ``put_dm_channel``), and the nodes are stubs that answer ``GetDataDistribution`` with a response
@@ -7,11 +7,11 @@ built beforehand (what gRPC would hand the checker after parsing). The state is 
 exactly its recorded copies), which is the takeover's common case: the pass should find nothing to repair.
 
 Times are CPU seconds of this process (the work is single-threaded Python on one event loop), best of
-``--rounds``: on a shared machine wall time varies twice as much. It measures whatever ``querycoord.checker`` is
+``--rounds``: on a shared machine wall time varies twice as much. It measures whatever ``querycoord.checkers`` is
 importable: run it once on a clone of the old code
 (``PYTHONPATH=/path/to/old``) for "before". Prints a table, then one JSON line:
 ``{"segments": [...], "replicas": [...], "diff_s": [...], "distribution_s": [...], "longest_turn_s": [...]}``
-(``longest_turn_s``: the longest the event loop went without a turn during ``_distribution`` + ``diff_async``,
+(``longest_turn_s``: the longest the event loop went without a turn during ``collect`` + ``diff_async``,
 wall seconds; null for code without ``diff_async``).
 
     python scripts/bench_diff.py --sizes 100000 1000000 --replicas 1 2
@@ -29,9 +29,11 @@ from typing import Any, cast
 
 from meta.kv import MetaKV
 from proto import data_pb2, querynode_pb2
-from querycoord import checker
+from querycoord import checkers
+from querycoord.checkers.distribution import collect
 from querycoord.querymeta import QueryMeta
 from querycoord.querymeta.copies import set_copies
+from querycoord.target import Target, TargetSegment
 
 CID = 1
 PARTITIONS = 16
@@ -75,21 +77,11 @@ class _Nodes:
     def client(self, node_id: int) -> _Client:
         return self.clients[node_id]
 
-
-class _Env:
-    def __init__(self, meta: QueryMeta, nodes: _Nodes):
-        self.meta = meta
-        self.nodes = nodes
+    def heard(self, node_id: int) -> None:
+        pass
 
 
-class _Scheduler:
-    def __init__(self, env: _Env):
-        self.env = env
-        self.triggers: dict[int, Any] = {}
-        self.stopped = False
-
-
-def build(segments: int, replicas: int, nodes: int) -> tuple[QueryMeta, dict[int, checker.Target], _Nodes]:
+def build(segments: int, replicas: int, nodes: int) -> tuple[QueryMeta, dict[int, Target], _Nodes]:
     """One collection of ``segments`` segments in ``replicas`` replicas over ``nodes`` nodes, all consistent."""
     meta = QueryMeta(cast(MetaKV, None))  # never written: only the in-memory index is used
     index = meta._core.index
@@ -104,14 +96,14 @@ def build(segments: int, replicas: int, nodes: int) -> tuple[QueryMeta, dict[int
         info.replicas.add(replica_id=r, collection_id=CID, node_ids=members)
     index.put_collection(info)
     answers = {n: querynode_pb2.GetDataDistributionResponse(node_id=n) for n in range(1, nodes + 1)}
-    target = checker.Target()
+    target = Target()
     for i in range(segments):
         sid, pid = 10_000_000 + i, 100 + i % PARTITIONS
         by_replica = {r: members[i % len(members)] for r, members in groups.items()}
         rec = set_copies(data_pb2.SegmentInfo(segment_id=sid, collection_id=CID, partition_id=pid, num_rows=1000,
                                               mem_size=1 << 20, state=data_pb2.SEGMENT_STATE_SEALED), by_replica)
         index.put_segment(rec)
-        target.segments[sid] = checker.TargetSegment(sid, pid)
+        target.segments[sid] = TargetSegment(sid, pid)
         for node in by_replica.values():
             answers[node].segments.add(segment_id=sid, collection_id=CID, partition_id=pid, node_id=node)
     for c in range(CHANNELS):
@@ -138,27 +130,26 @@ def best(rounds: int, run: Any) -> tuple[float, Any]:
 def measure(size: int, replicas: int, nodes: int, rounds: int) -> tuple[float, float, float | None]:
     """(distribution_s, diff_s, longest_turn_s): best of ``rounds`` each, on one freshly built state."""
     meta, targets, answers = build(size, replicas, nodes)
-    chk = checker.Checker(cast(Any, _Scheduler(_Env(meta, answers))))
     online = {n.node_id for n in answers.online()}
     loop = asyncio.new_event_loop()
     try:
         dist_s, (held, reachable) = best(rounds, lambda: loop.run_until_complete(
-            chk._distribution(checker.CheckReport())))
+            collect(cast(Any, answers), set(), [])))
     finally:
         loop.close()
-    diff_s, d = best(rounds, lambda: checker.diff(meta, targets, held, reachable=reachable, online=online,
+    diff_s, d = best(rounds, lambda: checkers.diff(meta, targets, held, reachable=reachable, online=online,
                                                   busy=set()))
     assert not d.repairs, f"a consistent state needs no repair: {d.repairs}"
     per_partition = size // PARTITIONS * replicas
     assert d.progress[CID] == {100 + p: (per_partition, per_partition) for p in range(PARTITIONS)}, "all counted"
-    return dist_s, diff_s, asyncio.run(longest_turn(chk, meta, targets, online))
+    return dist_s, diff_s, asyncio.run(longest_turn(answers, meta, targets, online))
 
 
-async def longest_turn(chk: checker.Checker, meta: QueryMeta, targets: dict[int, checker.Target],
+async def longest_turn(nodes: _Nodes, meta: QueryMeta, targets: dict[int, Target],
                        online: set[int]) -> float | None:
-    """The longest the event loop waited for a turn (wall seconds) during ``_distribution`` and ``diff_async``;
+    """The longest the event loop waited for a turn (wall seconds) during ``collect`` and ``diff_async``;
     None where ``diff_async`` does not exist (the old code: one pass is one turn)."""
-    diff_async = getattr(checker, "diff_async", None)
+    diff_async = getattr(checkers, "diff_async", None)
     if diff_async is None:
         return None
     gaps: list[float] = []
@@ -174,7 +165,7 @@ async def longest_turn(chk: checker.Checker, meta: QueryMeta, targets: dict[int,
 
     ticker = asyncio.create_task(tick())
     await asyncio.sleep(0)
-    held, reachable = await chk._distribution(checker.CheckReport())
+    held, reachable = await collect(cast(Any, nodes), set(), [])
     await diff_async(meta, targets, held, reachable=reachable, online=online, busy=set())
     done = True
     await ticker

@@ -1,4 +1,4 @@
-"""``checker.diff``'s fast path and turns change nothing: on random small states, ``diff`` and ``diff_async``
+"""``checkers.diff``'s fast path and turns change nothing: on random small states, ``diff`` and ``diff_async``
 give what the rules written once give (``reference_diff``: the diff of before the fast path, copied verbatim).
 
 States are written through a real query meta on the suite's etcd (no mock of etcd or the KV layer): collections
@@ -23,9 +23,10 @@ from meta.client import EtcdClient, connect
 from meta.kv import MetaKV
 from meta.ops.etcd_server import EtcdCluster
 from proto import data_pb2, task_pb2
-from querycoord.checker import Diff, Held, Holders, Target, TargetSegment, diff, diff_async
+from querycoord.checkers import Diff, Held, Holders, diff, diff_async
 from querycoord.querymeta import QueryMeta
 from querycoord.querymeta.copies import copies
+from querycoord.target import Target, TargetSegment
 
 NODES = list(range(1, 5))  # few nodes: holders and records often meet
 FOREIGN_REPLICA = 9  # a replica id no collection has: a copy recorded beside the collection's replicas
@@ -327,7 +328,7 @@ def states(draw: st.DrawFn) -> State:
 
 
 def held_both(state: State) -> tuple[Held, RefHeld]:
-    """The same reports as the new ``Held`` (built as ``_distribution`` builds it: ``Holders.add`` in report
+    """The same reports as the new ``Held`` (built as ``distribution.collect`` builds it: ``Holders.add`` in report
     order) and as the reference's sets."""
     new, ref = Held(channels={k: set(v) for k, v in state.held_channels.items()}), RefHeld(
         channels={k: set(v) for k, v in state.held_channels.items()})
@@ -384,7 +385,7 @@ def test_the_fast_diff_gives_what_the_rules_give(on_etcd: tuple[asyncio.Abstract
         expected = flat(reference_diff(meta, state.targets, ref, **args))
         assert flat(diff(meta, state.targets, new, **args)) == expected
         assert flat(await diff_async(meta, state.targets, new, every=every, **args)) == expected
-        # The checker leaves busy collections' segments out of what it collects (Checker._distribution): the
+        # The checker leaves busy collections' segments out of what it collects (checkers.distribution.collect): the
         # same diff.
         unbusy, _ = held_both(replace(state, reports=[r for r in state.reports if r[2] not in state.busy]))
         assert flat(await diff_async(meta, state.targets, unbusy, every=every, **args)) == expected

@@ -570,7 +570,7 @@ async def test_a_load_cancelled_after_dispatch_but_before_it_ran_is_finished(
         # (it is scheduled behind this one): the window a release's enqueue hit in the full suite.
         while not (load.id and sched.is_running(load.id)):
             await asyncio.sleep(0)
-        sched._cancel_loads(cid, "cancelled by release (test)")  # what the release's enqueue does at that moment
+        sched.queue.cancel_loads(cid, "cancelled by release (test)")  # what the release's enqueue does at that moment
         await enqueued
         release = await sched.enqueue(ReleaseCollectionTask.new(
             env, qc.ReleaseCollectionRequest(collection_id=cid), trigger_condition=qc.TRIGGER_CONDITION_GRPC_REQUEST,

@@ -296,7 +296,7 @@ async def test_queue_order_is_priority_then_fifo(etcd: EtcdCluster, root_path: s
             made.append(t)
         import heapq
 
-        order = [heapq.heappop(sched._heap)[1] for _ in range(len(made))]
+        order = [heapq.heappop(sched.queue._heap)[1] for _ in range(len(made))]
         by_id = {t.id: t for t in made}
         assert [by_id[i].rec.trigger_condition for i in order] == [
             qc.TRIGGER_CONDITION_NODE_DOWN, qc.TRIGGER_CONDITION_GRPC_REQUEST, qc.TRIGGER_CONDITION_GRPC_REQUEST,

@@ -1,6 +1,6 @@
 """The checker's releases, weighed again when they run: never drop what has become a replica's only copy.
 
-A repair is planned from one pass's view (``checker.diff``) and runs later: behind other triggers of its
+A repair is planned from one pass's view (``checkers.diff``) and runs later: behind other triggers of its
 collection, or after a failover from its persisted record. Meanwhile the node that made a copy redundant may have
 died (its copies are forgotten at once: ``watchers.forget_node``), or the node holding the copy may have joined
 the replica as a spare. Releasing then would drop the last copy a replica holds of a segment it still serves,

@@ -1,6 +1,6 @@
 """The checker's trigger: close one collection's difference between target and distribution.
 
-The checker (``querycoord.checker``) only observes; everything it wants done
+The checker (``querycoord.checkers``) only observes; everything it wants done
 goes through the scheduler as a REPAIR trigger, so it is persisted, shown by
 ListTasks with trigger condition CHECKER, serialised with every other trigger
 of the collection, and resumed by a new leader like any other tree.

@@ -254,7 +254,7 @@ def check(expected: dict[int, Expected], catalog: dict[int, CatalogColl], meta: 
     # A segment of a known collection that the catalog no longer lists (a compaction replaced it) must be
     # released by the handoff; meta and the nodes could agree on keeping it, so the checks below miss it. Except
     # while a segment compacted from it is held by no node of some replica (no room for it yet: its unit is
-    # parked): the sources serve meanwhile, and the checker keeps them (``checker.diff``'s ``keep_sources``).
+    # parked): the sources serve meanwhile, and the checker keeps them (``checkers.releases.Sources``).
     listed = {sid for cat in catalog.values() for sids in cat.partitions.values() for sid in sids}
     for cid, cc in catalog.items():
         for made, srcs in cc.sources.items():

@@ -1,0 +1,151 @@
+"""The checker's driver: when a pass runs, and what one pass does with the comparison.
+
+On the leader, every ``interval`` seconds and whenever kicked (node join or leave, takeover, handoff, a
+release or repair ending), a pass forgets offline nodes, gathers the distribution, reads the targets,
+compares them (``diff``), corrects load percentages, weighs parked units and enqueues one REPAIR trigger per
+collection that differs (``task.repair``). It never touches a collection that has a trigger queued or
+running (the trigger owns it until it ends) and never writes except through the scheduler, whose writes are
+fenced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from loguru import logger
+
+from meta.loops import loop_failed
+from proto import querycoord_pb2 as qc
+from querycoord import memory
+from querycoord.catalog.targets import CatalogTargets
+from querycoord.checkers.diff import diff_async
+from querycoord.checkers.distribution import collect
+from querycoord.checkers.parked import weigh_units
+from querycoord.checkers.progress import set_progress
+from querycoord.checkers.replicas import forget_offline
+from querycoord.checkers.scan import Diff, has_work
+from querycoord.checkers.targets import TargetReader
+from querycoord.task.repair import RepairTask
+from querycoord.task.scheduler import Scheduler
+from querycoord.task.triggers import TriggerTask
+from querycoord.task.units import usage_of
+
+# Trigger kinds whose end kicks a pass (``Checker.after_trigger``).
+_KICKED_BY = frozenset({qc.TASK_KIND_RELEASE_COLLECTION, qc.TASK_KIND_RELEASE_PARTITION, qc.TASK_KIND_REPAIR,
+                        qc.TASK_KIND_LOAD_BALANCE})
+
+
+@dataclass
+class CheckReport:
+    repairs: dict[int, str] = field(default_factory=dict)  # collection -> what differed
+    unreachable: list[int] = field(default_factory=list)
+    progress_updates: int = 0
+    parked: dict[tuple[int, int], str] = field(default_factory=dict)  # (collection, replica) -> why
+    forgotten: list[int] = field(default_factory=list)  # offline nodes forgotten by this pass
+
+
+class Checker:
+    """Runs ``check_once`` every ``interval`` seconds or when kicked; never dies on one error."""
+
+    def __init__(self, scheduler: Scheduler, *, interval: float = 5.0, targets: CatalogTargets | None = None,
+                 forget: Callable[[int], Awaitable[None]] | None = None):
+        """``forget``: what a lost node gets (``watchers.forget_node``; see ``replicas.forget_offline``).
+        ``targets``: the followed copy of a local catalog (``catalog.targets``): a pass reads targets from
+        memory."""
+        self.scheduler = scheduler
+        self.interval = interval
+        self.forget = forget
+        self.targets = targets
+        self._reader = TargetReader(scheduler.env, targets)
+        self._kick = asyncio.Event()
+        self.runs = 0
+        self.repairs = 0  # repair triggers enqueued
+        self.errors = 0
+
+    def kick(self) -> None:
+        self._kick.set()
+
+    def after_trigger(self, trigger: TriggerTask) -> None:
+        """A trigger finished (``Scheduler.finish_hooks``): check at once when it may have changed what can be
+        placed or what is held (a release freed memory, a repair or a balance moved copies), or while units are
+        parked; not after every load or handoff, which at a million segments would keep a pass always running."""
+        if trigger.KIND in _KICKED_BY or len(self.scheduler.env.parked):
+            self.kick()
+
+    async def run_forever(self) -> None:
+        while not self.scheduler.stopped:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._kick.wait(), self.interval)
+            self._kick.clear()
+            if self.scheduler.stopped:
+                return
+            try:
+                await self.check_once()
+                await self.scheduler.sweep_unremoved()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.errors += 1
+                if loop_failed("checker", exc, self.scheduler.env.store.kv.client):
+                    return
+
+    def _busy(self) -> set[int]:
+        out: set[int] = set()
+        for t in self.scheduler.triggers.values():
+            out |= t.collections()
+            if t.collection_id:
+                out.add(t.collection_id)
+        return out
+
+    async def check_once(self) -> CheckReport:
+        """One comparison; enqueues the repairs and corrects load percentages."""
+        env = self.scheduler.env
+        report = CheckReport()
+        self.runs += 1
+        if self.forget is not None:
+            await forget_offline(env, self.forget, report.forgotten)
+        # Collections a trigger is working on are left to it: their segments are not even collected from the
+        # nodes' answers (a million-segment load would pay for every one of them at every pass).
+        skipped = self._busy()
+        held, reachable = await collect(env.nodes, skipped, report.unreachable)
+        busy = skipped | self._busy()
+        targets = await self._reader.read([c for c in env.meta.collection_ids() if c not in busy])
+        # The catalog reads awaited: triggers may have started meanwhile.
+        busy |= self._busy()
+        online = {n.node_id for n in env.nodes.online()}
+        d = await diff_async(env.meta, targets, held, reachable=reachable, online=online, busy=busy)
+        large = len(held.segment_collection) >= memory.LARGE_TASK_SEGMENTS
+        del held, targets  # a million segments' worth: freed now, and handed back to the OS below
+        if large:
+            memory.trim()
+        for cid, parts in d.progress.items():
+            if cid not in self._busy():
+                report.progress_updates += await set_progress(env.meta, cid, parts, d.replica_progress.get(cid, {}))
+        await self._queue_repairs(d, report)
+        return report
+
+    async def _queue_repairs(self, d: Diff, report: CheckReport) -> None:
+        """Enqueue the repairs of collections still not busy, with only the units that can be placed now; then
+        unpark what a collection checked whole no longer lacks."""
+        sched = self.scheduler
+        env = sched.env
+        usage = usage_of(env)  # shared by the pass's units: two units are not both given the same free room
+        unwhole: dict[int, set[int]] = {}
+        for cid, req in sorted(d.repairs.items()):
+            if cid in self._busy() or sched.stopped:
+                continue
+            unwhole[cid] = weigh_units(env, cid, req, usage, report.parked)
+            if not has_work(req):
+                continue
+            task = RepairTask.new(env, req, trigger_condition=qc.TRIGGER_CONDITION_CHECKER, collection_id=cid)
+            await sched.enqueue(task)
+            self.repairs += 1
+            report.repairs[cid] = req.reason
+            logger.info("checker: collection {}: {}; repair task {} queued", cid, req.reason, task.id)
+        for cid in d.progress:  # checked whole this pass: a unit it does not lack any more is not parked
+            if cid not in self._busy():
+                env.parked.keep_only(cid, unwhole.get(cid, set()))
+        env.parked.drop_collections(set(env.meta.collection_ids()))
