@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from meta.address import address_problem
+
 INT32_MAX = (1 << 31) - 1
 INT64_MAX = (1 << 63) - 1
 DAY = 24 * 3600.0
@@ -96,8 +98,7 @@ class Rule:
             except OSError as exc:
                 return f"cannot be read ({value}: {exc.strerror or exc})"
         if self.address:
-            _host, sep, port = value.rpartition(":")
-            if not sep or not port.isdigit() or int(port) > 65535:
+            if address_problem(value, any_host=True):
                 return f"{value!r} is not HOST:PORT with a port in 0..65535 (port 0: any free port)"
         return None
 

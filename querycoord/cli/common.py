@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 
 import grpc
 
+from meta.address import address_problem
 from querycoord.actions import Refusal
 from querycoord.client import CoordinatorUnavailable, QueryCoordClient
 from querycoord.config_file import add_config_option
@@ -88,8 +89,6 @@ def at_least(minimum: float, maximum: float | None = None) -> Callable[[str], fl
 
 def host_port(text: str) -> str:
     """A ``type=`` for HOST:PORT with a port from 0 to 65535 (0: any free port)."""
-    from querycoord.tooling.allinone import address_problem
-
     problem = address_problem(text)
     if problem:
         raise argparse.ArgumentTypeError(problem)
