@@ -4,7 +4,7 @@ the pages a process adds (a coordinator's status page, ``querycoord.status_page`
 The coordinator, the query node and the stream node all serve these on
 ``--http-listen HOST:PORT`` beside their gRPC port. The server runs on the
 process's event loop, one small coroutine per connection (no thread per
-connection, which 400 idle half-requests used to exhaust), with h11 parsing
+connection: a few hundred idle half-requests would exhaust a thread pool), with h11 parsing
 HTTP/1.1 (no hand-written parser). What any caller costs is bounded
 (``HttpLimits``):
 

@@ -68,7 +68,7 @@ class CoordinatorProcess:
         if self.http is not None:
             self.http.start()  # before etcd is reached: the process is live (not ready) while it waits
         # A leader holds a protobuf per segment (100,000s): with the default thresholds the
-        # cyclic GC rescans them all over and over (7 % of a large load); they are not cyclic.
+        # cyclic GC rescans them all over and over (a noticeable share of a large load); they are not cyclic.
         gc.set_threshold(100_000, 50, 1000)
         await self.coord.start()
         add_to_server(self.server, self.coord)

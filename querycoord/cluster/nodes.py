@@ -59,7 +59,7 @@ def valid_address(address: str) -> bool:
 def session_capacity(info: SessionInfo) -> int | None:
     """The memory a node offers, from its session; None when the value is not a positive integer.
 
-    A capacity of 0 once divided the allocator by zero inside a trigger.
+    A capacity of 0 would divide the allocator by zero inside a trigger.
     """
     raw = info.extra.get("capacity_bytes", DEFAULT_CAPACITY)
     if isinstance(raw, bool):
