@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from meta.address import split_address
+
 
 @dataclass(frozen=True)
 class EtcdConfig:
@@ -31,9 +33,10 @@ class EtcdConfig:
         if not self.endpoints:
             raise ValueError("at least one etcd endpoint is required")
         for ep in self.endpoints:
-            host, sep, port = ep.rpartition(":")
-            if not sep or not host or not port.isdigit():
-                raise ValueError(f"etcd endpoint {ep!r} is not host:port")
+            try:
+                split_address(ep)
+            except ValueError:
+                raise ValueError(f"etcd endpoint {ep!r} is not host:port") from None
         if (self.cert_file is None) != (self.key_file is None):
             raise ValueError("TLS client cert_file and key_file must be given together")
         if self.cert_file is not None and self.ca_file is None:

@@ -4,7 +4,7 @@ the pages a process adds (a coordinator's status page, ``querycoord.status_page`
 The coordinator, the query node and the stream node all serve these on
 ``--http-listen HOST:PORT`` beside their gRPC port. The server runs on the
 process's event loop, one small coroutine per connection (no thread per
-connection, which 400 idle half-requests used to exhaust), with h11 parsing
+connection: a few hundred idle half-requests would exhaust a thread pool), with h11 parsing
 HTTP/1.1 (no hand-written parser). What any caller costs is bounded
 (``HttpLimits``):
 
@@ -57,6 +57,8 @@ from loguru import logger
 from prometheus_client import REGISTRY, Counter, Gauge
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
+
+from meta.address import split_address
 
 DEFAULT_TIMEOUT = 5.0
 # File descriptors left to the rest of the process (etcd, gRPC, logs) when the connection cap follows a low limit.
@@ -149,10 +151,12 @@ class Endpoints(Protocol):
 def split_listen(listen: str, flag: str = "--http-listen") -> tuple[str, int]:
     """``HOST:PORT`` (``[::]:9090`` for IPv6, empty host: every interface) as (host, port); a ``ValueError``
     names ``flag``."""
-    host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
-        raise ValueError(f"{flag} {listen!r} is not HOST:PORT with a port in 0..65535 (port 0: any free port)")
-    return host.strip("[]"), int(port)
+    try:
+        host, port = split_address(listen, any_host=True)
+    except ValueError:
+        raise ValueError(f"{flag} {listen!r} is not HOST:PORT with a port in 0..65535 "
+                         "(port 0: any free port)") from None
+    return host.strip("[]"), port
 
 
 def connection_cap(limits: HttpLimits) -> int:

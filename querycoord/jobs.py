@@ -27,6 +27,7 @@ from proto import querycoord_pb2 as qc
 from querycoord.balance import may_serve
 from querycoord.errors import TIMEOUT_REASON, Conflict, DeadlinePassed, IllegalArgument, NotFound
 from querycoord.limits import Limits
+from querycoord.replica_number import asked_replicas, check_replicas, loaded_replicas, replica_number
 from querycoord.task.model import TaskEnv
 from querycoord.task.scheduler import Scheduler
 from querycoord.task.triggers import (
@@ -37,7 +38,7 @@ from querycoord.task.triggers import (
     ReleasePartitionsTask,
     TriggerTask,
 )
-from querycoord.validate import InvalidField, check_enum, check_id, check_ids, check_range
+from querycoord.validate import InvalidField, check_enum, check_id, check_ids
 
 COLLECTION, PARTITION = data_pb2.LOAD_TYPE_COLLECTION, data_pb2.LOAD_TYPE_PARTITION
 RELEASE_KINDS = (qc.TASK_KIND_RELEASE_COLLECTION, qc.TASK_KIND_RELEASE_PARTITION)
@@ -54,14 +55,6 @@ def partition_ids(call: str, request: qc.LoadPartitionsRequest | qc.ReleaseParti
     if not pids:
         raise IllegalArgument(f"{call} needs at least one partition id")
     return pids
-
-
-def check_replicas(request: qc.LoadCollectionRequest | qc.LoadPartitionsRequest, limits: Limits) -> None:
-    """``replica_number``: omitted means 1 (or the loaded collection's number); below 1 or above the limit is
-    refused. Whether the online nodes can hold that many is ``Job._check_replica_number``'s (it needs the
-    cluster)."""
-    if request.HasField("replica_number"):
-        check_range("replica_number", request.replica_number, 1, limits.max_replicas)
 
 
 def check_partitions_request(request: qc.LoadPartitionsRequest | qc.ReleasePartitionsRequest, limits: Limits) -> None:
@@ -130,16 +123,15 @@ class Job(Generic[R]):
         """Milvus's refusals: another number than the collection is loaded (or being loaded) with, or more
         replicas than there are online nodes to give each its own."""
         cid = request.collection_id
-        asked = request.replica_number if request.HasField("replica_number") else 0
+        asked = asked_replicas(request) or 0
         if self._releasing(cid):
             current = 0  # a new load follows the release: it starts afresh
         else:
-            info = self.meta.get_collection(cid)
-            current = max(1, info.replica_number) if info is not None else 0
+            current = loaded_replicas(self.meta.get_collection(cid))
             for t in self.scheduler.pending(cid, (qc.TASK_KIND_LOAD_COLLECTION, qc.TASK_KIND_LOAD_PARTITION),
                                             cancelled=False):
                 if not current:
-                    current = t.request.replica_number if t.request.HasField("replica_number") else 1
+                    current = replica_number(t.request, None)
         if current:
             if asked and asked != current:
                 raise InvalidField("replica_number", asked,
@@ -319,6 +311,5 @@ __all__ = [
     "ReleasePartitionsJob",
     "Until",
     "check_partitions_request",
-    "check_replicas",
     "same_balance",
 ]

@@ -22,6 +22,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from loguru import logger
 
+from meta.address import local_host, split_address
 from meta.loops import keep_running
 from proto import catalog_pb2, catalog_pb2_grpc, querycoord_pb2, stream_pb2
 from querycoord.catalog.service import CatalogServicer
@@ -55,9 +56,7 @@ class CoordinatorProcess:
         self.port = add_port(self.server, config.listen)
         if self.port == 0:
             raise OSError(f"cannot listen on {config.listen}")
-        host = config.listen.rsplit(":", 1)[0]
-        host = "127.0.0.1" if host in ("", "0.0.0.0", "[::]") else host
-        self.address = f"{host}:{self.port}"
+        self.address = f"{local_host(split_address(config.listen, any_host=True)[0])}:{self.port}"
         self.coord = Coordinator(config, self.address)
         self.health = GrpcHealth()
         self._health_task: asyncio.Task[None] | None = None
@@ -70,7 +69,7 @@ class CoordinatorProcess:
         if self.http is not None:
             self.http.start()  # before etcd is reached: the process is live (not ready) while it waits
         # A leader holds a protobuf per segment (100,000s): with the default thresholds the
-        # cyclic GC rescans them all over and over (7 % of a large load); they are not cyclic.
+        # cyclic GC rescans them all over and over (a noticeable share of a large load); they are not cyclic.
         gc.set_threshold(100_000, 50, 1000)
         await self.coord.start()
         add_to_server(self.server, self.coord)

@@ -3,11 +3,11 @@
 Why one rule rather than a check per option: values come from three layers
 (flag, ``QUERYCOORD_*`` variable, TOML file) and several tables of options
 (``coord_options``, ``etcd_options``, ``security_options``, the nodes'
-flags), and a check written per option is the one someone forgets. Two
-forgotten checks did harm (issue 25): TOML and ``float()`` both accept
-``nan`` and ``inf``, and ``ttl = nan`` passed every ``ttl < 2`` test, so the
-coordinator never led; and ``[auth] tokens_file = ""`` read as "not set",
-which turned authentication off without a word. So every option table
+flags), and a check written per option is the one someone forgets. A
+forgotten check does harm: TOML and ``float()`` both accept ``nan`` and
+``inf``, and ``ttl = nan`` passes every ``ttl < 2`` test, so the coordinator
+would never lead; ``[auth] tokens_file = ""`` read as "not set" would turn
+authentication off without a word. So every option table
 declares a ``Rule`` per option (or gets its kind's default), and the same
 ``Rule.problem`` judges every value whatever its source: a number must be
 finite and within bounds, a string must not be empty (an empty value never
@@ -29,6 +29,8 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
+
+from meta.address import address_problem
 
 INT32_MAX = (1 << 31) - 1
 INT64_MAX = (1 << 63) - 1
@@ -96,8 +98,7 @@ class Rule:
             except OSError as exc:
                 return f"cannot be read ({value}: {exc.strerror or exc})"
         if self.address:
-            _host, sep, port = value.rpartition(":")
-            if not sep or not port.isdigit() or int(port) > 65535:
+            if address_problem(value, any_host=True):
                 return f"{value!r} is not HOST:PORT with a port in 0..65535 (port 0: any free port)"
         return None
 

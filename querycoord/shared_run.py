@@ -1,9 +1,9 @@
 """One run of a costly read shared by every caller that asked while it had not started yet (single flight).
 
-Why: a standby used to rebuild the whole query meta for every ShowCollections
-or GetReplicas (at 100k segments 0.9 s and hundreds of MiB per call), so 48
-concurrent readers took it to a MemoryError. Shared, the cost is one run at a
-time whatever the number of callers.
+Why: a read such as a standby's rebuild of the whole query meta costs hundreds
+of MiB at 100k segments; one run per caller would let a few dozen concurrent
+readers exhaust the process's memory. Shared, the cost is one run at a time
+whatever the number of callers.
 
 A caller never gets the result of a run that started before it called (that
 run may have read etcd before the caller's own write was acknowledged): it

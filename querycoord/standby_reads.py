@@ -1,11 +1,10 @@
 """What a standby answers reads (ShowCollections, GetReplicas, ListTasks, GetTask) from: never one rebuild per call.
 
-Why: each such call on a standby used to reload the whole query meta from
-etcd (at 100k segments 0.9 s and hundreds of MiB per call); 16 concurrent
-readers took a standby from 117 MiB to 1.46 GiB, 48 crashed it with a
-MemoryError, and then nobody took over when the leader died.
+Why: a reload of the whole query meta from etcd per call costs hundreds of
+MiB at 100k segments, so a few dozen concurrent readers would exhaust a
+standby's memory, and then nobody would take over when the leader died.
 
-Now the query meta comes from the warm standby's copy (``querymeta.mirror``,
+The query meta comes from the warm standby's copy (``querymeta.mirror``,
 followed by a watch) once it has caught up with etcd's current revision, so
 an answer is as current as a reload would have been; the catch-up is shared
 by the callers that ask together. Without a usable copy (``warm_standby =

@@ -1,7 +1,7 @@
 """The stream manager tests' harness: a fake clock, a leader's store in the real etcd, and simulated stream nodes.
 
 The simulated nodes (``Node``) are in-process stand-ins that obey the manager's replies: the manager's rules are
-under test, not the transport (tests/test_stream_holes.py drives the reference node's real state machine instead).
+under test, not the transport (tests/real_stream_nodes.py drives the reference node's real state machine instead).
 Time is a fake monotonic clock, so durations are exact and nothing sleeps.
 """
 

@@ -34,7 +34,7 @@ async def make_node(kv: MetaKV) -> AsyncIterator[NodeFactory]:
 
     async def factory(**kwargs: Any) -> tuple[QueryNode, querynode_pb2_grpc.QueryNodeStub]:
         # These tests drive the fence ordering rules with made-up revisions (no election runs): fences are not
-        # checked against etcd here; test_engine_holes checks that with real elections.
+        # checked against etcd here; test_trigger_rules checks that with real elections.
         kwargs.setdefault("verify_fences", False)
         node = QueryNode(kv, **kwargs)
         await node.start()
@@ -437,7 +437,7 @@ def test_cli_parser_and_bad_options() -> None:
 
 # ----- the node as a process --------------------------------------------------
 # No election runs here, so these calls carry no fence (accepted while the node has seen none); a process
-# checks a fence against the election (test_engine_holes, test_fuzz).
+# checks a fence against the election (test_trigger_rules, test_fuzz).
 async def wait_gone(kv: MetaKV, key: str, timeout: float) -> bool:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout

@@ -1,14 +1,13 @@
-"""Issue 8 section 3 (streams): the stream checker compares what should run with what runs, and repairs.
+"""The stream checker compares what should run with what runs, and repairs.
 
-What it covers that nothing else did before: a task handed to a node whose deploy reply was lost (or that the node
-lost) sat there until task silence, 30 s by default, and a trigger or runner then stopped its whole stream for an
-error back-off; now the first report of the task's stream group without it has it redeployed. Missed definition
-changes (create, drop, stop, start) were reconciled by ``refresh()`` silently, and a read racing a notification
-could resurrect a dropped stream or drop a new one; now every repair is counted in ``checker_repairs`` and logged
-with what differed, and streams notified during the read are left alone. Undeploys were already level-triggered;
-one that had to be sent again is now counted and logged too. And no error in one periodic part stops the others.
+A task handed to a node whose deploy reply was lost (or that the node lost) is redeployed at the first report of
+the task's stream group without it, not left until task silence stops its whole stream for an error back-off.
+Missed definition changes (create, drop, stop, start) are reconciled, each repair counted in ``checker_repairs``
+and logged with what differed; streams notified while the checker reads are left alone (a read racing a
+notification must not resurrect a dropped stream or drop a new one). An undeploy sent again is counted and logged
+too, and no error in one periodic part stops the others.
 
-Same harness as tests/test_stream_holes.py: the reference node's state machine under real sessions in real etcd.
+The harness is tests/real_stream_nodes.py: the reference node's state machine under real sessions in real etcd.
 """
 
 from __future__ import annotations
@@ -21,15 +20,13 @@ import pytest
 from meta.kv import MetaKV
 from proto import stream_pb2
 from querycoord.stream.store import StreamStore
-from tests.streams import Clock
-from tests.test_stream_holes import (
+from tests.real_stream_nodes import (
     CONFIG,
     MANAGER_LOG,
     TWO_NODES,
     RealNode,
     create_req,
     create_streams,
-    fenced_store,
     manager,
     real_nodes,
     round_,
@@ -39,6 +36,7 @@ from tests.test_stream_holes import (
     summary,
     tasks_of,
 )
+from tests.streams import Clock, fenced_store
 
 sp = stream_pb2
 

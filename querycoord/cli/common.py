@@ -20,9 +20,12 @@ from typing import Any, NoReturn
 
 import grpc
 
+from meta.address import address_problem
 from querycoord.actions import Refusal
 from querycoord.client import CoordinatorUnavailable, QueryCoordClient
+from querycoord.config import CoordConfig
 from querycoord.config_file import add_config_option
+from querycoord.etcd_options import add_etcd_options
 from querycoord.logs import add_log_options
 from querycoord.security_options import add_security_options, configure_from_args
 from querycoord.setting_rules import INT64_MAX, Rule, flag_type
@@ -88,8 +91,6 @@ def at_least(minimum: float, maximum: float | None = None) -> Callable[[str], fl
 
 def host_port(text: str) -> str:
     """A ``type=`` for HOST:PORT with a port from 0 to 65535 (0: any free port)."""
-    from querycoord.tooling.allinone import address_problem
-
     problem = address_problem(text)
     if problem:
         raise argparse.ArgumentTypeError(problem)
@@ -101,6 +102,17 @@ def add_output_option(p: argparse.ArgumentParser) -> None:
     """``-o/--output table|json`` on a show or list command; print through ``emit``."""
     p.add_argument("-o", "--output", choices=OUTPUTS, default="table",
                    help="table (default), or json: one JSON document on stdout, for scripts")
+
+
+def add_etcd_read_options(p: argparse.ArgumentParser) -> None:
+    """What a command reading a deployment straight from etcd takes: the etcd options, ``--root``, ``-o`` and
+    ``--timeout``."""
+    add_etcd_options(p)
+    p.add_argument("--root", default=os.environ.get("QUERYCOORD_ROOT", CoordConfig.root),
+                   help=f"meta root path in etcd (default $QUERYCOORD_ROOT or {CoordConfig.root})")
+    add_output_option(p)
+    p.add_argument("--timeout", type=positive_float, default=argparse.SUPPRESS,
+                   help="seconds to wait for etcd before giving up (default 15)")
 
 
 def emit(args: argparse.Namespace, data: Any, render: Callable[[], Iterable[str]]) -> None:

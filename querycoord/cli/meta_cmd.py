@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -23,9 +22,8 @@ from meta.client import connect
 from meta.config import EtcdConfig
 from meta.errors import MetaError, MetaUnavailable
 from meta.kv import MetaKV
-from querycoord.cli.common import add_output_option, emit, positive_float
-from querycoord.config import CoordConfig
-from querycoord.etcd_options import add_etcd_options, etcd_config_from_args
+from querycoord.cli.common import add_etcd_read_options, emit
+from querycoord.etcd_options import etcd_config_from_args
 from querycoord.metatool import repair, show, snapshot
 from querycoord.metatool.problems import Problem
 from querycoord.metatool.verify import summary, verify
@@ -118,29 +116,20 @@ def cmd_repair(args: argparse.Namespace) -> int:
     return 0 if report.complete else 1
 
 
-def _common(p: argparse.ArgumentParser) -> None:
-    add_etcd_options(p)
-    p.add_argument("--root", default=os.environ.get("QUERYCOORD_ROOT", CoordConfig.root),
-                   help=f"meta root path in etcd (default $QUERYCOORD_ROOT or {CoordConfig.root})")
-    add_output_option(p)
-    p.add_argument("--timeout", type=positive_float, default=argparse.SUPPRESS,
-                   help="seconds to wait for etcd before giving up (default 15)")
-
-
 def add_parsers(sub: Any) -> None:
     p = sub.add_parser("meta", help="inspect, verify and repair what is in etcd, with or without a leader")
     msub = p.add_subparsers(dest="meta_command", required=True, metavar="{show,verify,repair}")
     s = msub.add_parser("show", help="decoded records of one kind, read from etcd")
     s.add_argument("kind", choices=list(show.KINDS), metavar="KIND", help=", ".join(show.KINDS))
-    _common(s)
+    add_etcd_read_options(s)
     s.set_defaults(func=cmd_show)
     v = msub.add_parser("verify", help="list each problem with its keys (exit 1 when there is one)")
-    _common(v)
+    add_etcd_read_options(v)
     v.set_defaults(func=cmd_verify)
     r = msub.add_parser("repair", help="fix what verify finds: dry run unless --apply; never beside a live leader")
     r.add_argument("--apply", action="store_true",
                    help="write the fixes (under the repair's own fence; refused while a coordinator leads)")
-    _common(r)
+    add_etcd_read_options(r)
     r.set_defaults(func=cmd_repair)
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 import time
 from typing import Any
@@ -25,10 +24,9 @@ from meta.ops.maintenance import MIB
 from proto import querycoord_pb2 as qc
 from querycoord import draw
 from querycoord.actions import check
-from querycoord.cli.common import add_output_option, client_command, emit, positive_float
+from querycoord.cli.common import add_etcd_read_options, add_output_option, client_command, emit
 from querycoord.client import QueryCoordClient
-from querycoord.config import CoordConfig
-from querycoord.etcd_options import add_etcd_options, etcd_config_from_args
+from querycoord.etcd_options import etcd_config_from_args
 from querycoord.security_options import configure_from_args
 from querycoord.status_view import PROBE_TIMEOUT, coordinator_health, gather_status
 from querycoord.switchover import call_coordinator
@@ -135,12 +133,7 @@ async def _switchover(c: QueryCoordClient, args: argparse.Namespace) -> int:
 
 def add_parsers(sub: Any, client: list[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("status", help="coordinators (role, since, fence, health), nodes and etcd members, from etcd")
-    add_etcd_options(p)
-    p.add_argument("--root", default=os.environ.get("QUERYCOORD_ROOT", CoordConfig.root),
-                   help=f"meta root path in etcd (default $QUERYCOORD_ROOT or {CoordConfig.root})")
-    add_output_option(p)
-    p.add_argument("--timeout", type=positive_float, default=argparse.SUPPRESS,
-                   help="seconds to wait for etcd before giving up (default 15)")
+    add_etcd_read_options(p)
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("switchover", parents=client,

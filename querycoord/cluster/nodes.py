@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 from loguru import logger
 
+from meta.address import split_address
 from meta.kv import MetaKV
 from meta.loops import loop_failed
 from meta.session import SessionEvent, SessionInfo, SessionSnapshot, watch_sessions
@@ -49,14 +50,16 @@ DEFAULT_CAPACITY = 1 << 30
 
 def valid_address(address: str) -> bool:
     """``host:port`` with a port in 1..65535: what a query node's session must advertise to be called."""
-    host, sep, port = address.rpartition(":")
-    return bool(sep and host and port.isdigit() and len(port) <= 5 and 0 < int(port) < 65536)
+    try:
+        return split_address(address)[1] > 0
+    except ValueError:
+        return False
 
 
 def session_capacity(info: SessionInfo) -> int | None:
     """The memory a node offers, from its session; None when the value is not a positive integer.
 
-    A capacity of 0 once divided the allocator by zero inside a trigger.
+    A capacity of 0 would divide the allocator by zero inside a trigger.
     """
     raw = info.extra.get("capacity_bytes", DEFAULT_CAPACITY)
     if isinstance(raw, bool):

@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 import grpc
 from loguru import logger
 
+from meta.address import local_host, split_address
 from meta.config import EtcdConfig
 from meta.election import read_leader_record
 from meta.errors import MetaError
@@ -57,10 +58,10 @@ def _crash_process(node_id: int, kind: str, calls: int) -> None:
 
 
 def _split_listen(listen: str) -> tuple[str, int]:
-    host, sep, port = listen.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ValueError(f"listen address {listen!r} is not host:port (e.g. 127.0.0.1:0 for any free port)")
-    return host, int(port)
+    try:
+        return split_address(listen)
+    except ValueError as exc:
+        raise ValueError(f"listen address {exc}") from None
 
 
 class QueryNode(SessionNode):
@@ -120,8 +121,7 @@ class QueryNode(SessionNode):
     @property
     def bound_address(self) -> str:
         """Where the gRPC server really listens."""
-        host = "127.0.0.1" if self._host in ("0.0.0.0", "[::]", "::") else self._host
-        return f"{host}:{self.port}"
+        return f"{local_host(self._host)}:{self.port}"
 
     @property
     def healthy(self) -> bool:

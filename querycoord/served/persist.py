@@ -11,13 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from proto import data_pb2
+from querycoord.partition_state import PARTIAL, PartitionState
 from querycoord.served.state import CollectionServed
 
 if TYPE_CHECKING:
     from querycoord.querymeta import QueryMeta
 
-PARTIAL = data_pb2.PARTITION_STATE_PARTIAL_IN_MEMORY
 
 
 async def persist_lowered(meta: QueryMeta, collection_ids: Iterable[int],
@@ -30,7 +29,7 @@ async def persist_lowered(meta: QueryMeta, collection_ids: Iterable[int],
         now = served(cid)
         if info is None or now is None:
             continue
-        states: dict[int, tuple[data_pb2.PartitionState, int]] = {}
+        states: dict[int, tuple[PartitionState, int]] = {}
         for p in info.partitions:
             live = now.partition_percentage(p.partition_id)
             if live < p.in_memory_percentage:

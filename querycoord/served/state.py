@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from proto import data_pb2
+from querycoord.partition_state import IN_MEMORY, PARTIAL
 from querycoord.querymeta.copies import copy_message
 from querycoord.querymeta.records import collection_percentage
 
@@ -31,8 +32,6 @@ if TYPE_CHECKING:
     from querycoord.catalog.targets import CatalogTargets
     from querycoord.querymeta import QueryMeta
 
-IN_MEMORY = data_pb2.PARTITION_STATE_IN_MEMORY
-PARTIAL = data_pb2.PARTITION_STATE_PARTIAL_IN_MEMORY
 
 GREEN, YELLOW, RED = "green", "yellow", "red"
 HEALTH_STATES = (GREEN, YELLOW, RED)

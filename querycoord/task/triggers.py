@@ -23,7 +23,9 @@ from querycoord import memory
 from querycoord.cluster.allocator import NoAvailableNode
 from querycoord.cluster.client import NodeError
 from querycoord.messages import load_items
+from querycoord.partition_state import IN_MEMORY, NOT_PRESENT
 from querycoord.querymeta.copies import copies
+from querycoord.replica_number import replica_number
 from querycoord.served.persist import persist_releasing
 from querycoord.task.assign import Planned, segment_load_info
 from querycoord.task.children import (
@@ -37,9 +39,6 @@ from querycoord.task.model import Task, TaskEnv, TaskError, mark_retrieved
 from querycoord.task.units import give_spares, park_unplaced
 from querycoord.yielding import TURN_EVERY
 
-IN_MEMORY = data_pb2.PARTITION_STATE_IN_MEMORY
-NOT_PRESENT = data_pb2.PARTITION_STATE_NOT_PRESENT
-PARTIAL = data_pb2.PARTITION_STATE_PARTIAL_IN_MEMORY
 _SEGMENT_ID = attrgetter("segment_id")
 # How a load of the other load type is refused, by how the collection is loaded.
 _LOADED_AS = {
@@ -194,10 +193,7 @@ class _LoadTrigger(TriggerTask):
 
     def replica_number(self) -> int:
         """How many replicas the request asks for: its number, else the loaded collection's, else 1."""
-        if self.request.HasField("replica_number"):
-            return self.request.replica_number
-        info = self.env.meta.get_collection(self.collection_id)
-        return max(1, info.replica_number) if info is not None else 1
+        return replica_number(self.request, self.env.meta.get_collection(self.collection_id))
 
     async def _replicas(self) -> list[int]:
         """The collection's replica ids; on its first load, creates them (see ``split_nodes``)."""

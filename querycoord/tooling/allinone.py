@@ -53,6 +53,7 @@ from collections.abc import Awaitable, Sequence
 from pathlib import Path
 from typing import Any
 
+from meta.address import on_port, split_address
 from meta.ops.child import log_tail
 from meta.ops.etcd_server import EtcdCluster
 from proto import common_pb2
@@ -64,17 +65,6 @@ DEFAULT_LISTEN = "127.0.0.1:19531"
 DEFAULT_ROOT = "querycoord"
 
 
-def address_problem(address: str) -> str | None:
-    """Why ``address`` is not HOST:PORT with a port from 0 to 65535 (0: any free port), or None."""
-    host, _, port = address.rpartition(":")
-    host = host.strip("[]")
-    if not port.isdigit() or not host:
-        return f"{address!r} is not host:port (e.g. 127.0.0.1:19531, or port 0 for any free port)"
-    if int(port) > 65535:
-        return f"{address!r}: port {port} is out of range (0 to 65535; 0: any free port)"
-    return None
-
-
 def listen_problem(listen: str) -> str | None:
     """Why a coordinator cannot take ``listen`` (malformed, or someone listens there now), or None.
 
@@ -83,18 +73,18 @@ def listen_problem(listen: str) -> str | None:
     clients would be spread over two unrelated clusters. A plain bind
     (SO_REUSEADDR, not SO_REUSEPORT) fails only if someone listens there now.
     """
-    problem = address_problem(listen)
-    if problem:
-        return f"listen address {problem}"
-    host, _, port = listen.rpartition(":")
+    try:
+        host, port = split_address(listen)
+    except ValueError as exc:
+        return f"listen address {exc}"
     host = host.strip("[]")
-    if int(port) == 0:
+    if port == 0:
         return None
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a recently closed port (TIME_WAIT) is free
         try:
-            s.bind((host, int(port)))
+            s.bind((host, port))
         except OSError as exc:
             why = exc.strerror or str(exc)
             if exc.errno == errno.EADDRINUSE:
@@ -327,10 +317,9 @@ class AllInOne:
     async def add_coordinators(self, n: int) -> list[Member]:
         """Start ``n`` more coordinators and wait until each is ready (listens); they campaign on their own."""
         harness = self._harness()
-        host = self.listen.rpartition(":")[0]
         # The first takes ``listen``; the others any free port of that host.
         return await _all_started([
-            harness.start_coordinator(i, self.listen if i == 0 else f"{host}:0", *self.coord_args)
+            harness.start_coordinator(i, self.listen if i == 0 else on_port(self.listen, 0), *self.coord_args)
             for i in self._indices(COORDINATOR, n)])
 
     async def add_nodes(self, n: int) -> list[Member]:
@@ -442,5 +431,5 @@ class AllInOne:
 # The name ``querycoord up`` and the demo knew; a failed start is the harness's error.
 ClusterStartError = StartError
 
-__all__ = ["DEFAULT_LISTEN", "DEFAULT_ROOT", "AllInOne", "ClusterStartError", "address_problem", "data_dir_problem",
+__all__ = ["DEFAULT_LISTEN", "DEFAULT_ROOT", "AllInOne", "ClusterStartError", "data_dir_problem",
            "listen_problem", "member_label"]

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from meta.address import on_port
 from meta.ops.child import ChildProcess, child_env, log_tail
 
 COORDINATOR = "coordinator"
@@ -199,7 +200,7 @@ class Harness:
         """
         old = member.address
         for attempt in range(1, attempts + 1):
-            listen = old if attempt <= attempts // 2 and old else old.rpartition(":")[0] + ":0"
+            listen = old if attempt <= attempts // 2 and old else on_port(old, 0)
             try:
                 return await self.start_coordinator(member.index, listen, *flags, member=member, etcd=etcd)
             except StartError as exc:

@@ -1,4 +1,6 @@
-"""The defects a new user hit with the command line (issue 10 §5), each pinned by a test that failed before its fix.
+"""What the command line tells a user: conventions (--version, completion, --log-level after the sub-command), one
+error line naming the flag for bad input, a timeout honoured and said, what an address is (nothing listening, no
+coordinator, no leader yet, a standby), which node `up` lost, and `-o json` output.
 
 Real processes throughout: the CLI as a subprocess, coordinators and query nodes as processes on a real etcd.
 """

@@ -1,4 +1,5 @@
-"""The holes between the happy paths (issue 8): each test failed on the engine before its fix.
+"""The rules every trigger keeps off the happy path: races between loads, releases and balances, retries,
+rollbacks, leader changes and nodes that fail or vanish mid-call.
 
 Real etcd, real coordinators and real query nodes (in-process gRPC servers
 with real sessions). Every test ends by checking the rules every trigger
