@@ -5,11 +5,8 @@ from __future__ import annotations
 
 from loguru import logger
 
-from proto import data_pb2
+from querycoord.partition_state import IN_MEMORY, PARTIAL
 from querycoord.querymeta import QueryMeta
-
-IN_MEMORY = data_pb2.PARTITION_STATE_IN_MEMORY
-PARTIAL = data_pb2.PARTITION_STATE_PARTIAL_IN_MEMORY
 
 
 def _pct(held: int, total: int) -> int:

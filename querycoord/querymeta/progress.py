@@ -11,13 +11,11 @@ import asyncio
 
 from loguru import logger
 
-from proto import data_pb2
+from querycoord.partition_state import IN_MEMORY, PARTIAL
 
 from .copies import copy_message
 from .core import MetaCore, check_id, check_percentage
 from .records import collection_percentage
-
-IN_MEMORY = data_pb2.PARTITION_STATE_IN_MEMORY
 
 
 class Progress:
@@ -89,7 +87,7 @@ class Progress:
                         if want is None or want <= p.in_memory_percentage or p.state == IN_MEMORY:
                             continue
                         p.in_memory_percentage = want
-                        p.state = IN_MEMORY if want == 100 else data_pb2.PARTITION_STATE_PARTIAL_IN_MEMORY
+                        p.state = IN_MEMORY if want == 100 else PARTIAL
                     info.in_memory_percentage = collection_percentage(info)
                     if info != current:
                         await core.commit("set_progress", [core.put_collection(info)], atomic=True)
