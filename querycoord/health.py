@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING
 from prometheus_client.metrics_core import Metric
 
 from meta.errors import MetaError
+from querycoord.coordinator_metrics import coordinator_families
 from querycoord.http_server import Page, Probe
-from querycoord.metrics import coordinator_families
 from querycoord.status_page import answer as status_page
 from querycoord.status_view import StatusSource
 

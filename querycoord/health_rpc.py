@@ -1,5 +1,5 @@
 """CheckHealth and Explain on the leader: its served view, parked units and scheduler, read into the pure
-derivations of ``served.health`` and ``served.explain``.
+derivations of ``served.health`` and ``querycoord.explain``.
 
 Only the leader answers (``server.py`` admits these calls through the gate): the figures are live (which nodes
 are online now), the parked units and the triggers live in the leader's memory, and a standby reading etcd could
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from proto import querycoord_pb2 as qc
 from querycoord.catalog.broker import Broker, BrokerError
 from querycoord.errors import IllegalArgument, NotFound
-from querycoord.served.explain import Facts, TriggerFacts, explain_units
+from querycoord.explain import Facts, TriggerFacts, explain_units
 from querycoord.served.health import STATES, collection_health, worst
 from querycoord.served.missing import SEGMENT_LIMIT, missing_by_replica
 from querycoord.served.state import CollectionServed, collection_served
@@ -124,7 +124,7 @@ async def resolve(lead: Leadership, request: qc.ExplainRequest) -> tuple[int, st
 
 
 async def explain(lead: Leadership, request: qc.ExplainRequest) -> qc.ExplainResponse:
-    """Why each replica of the collection lacks what it lacks (``served.explain``); the request is checked."""
+    """Why each replica of the collection lacks what it lacks (``querycoord.explain``); the request is checked."""
     limit = request.segment_limit or SEGMENT_LIMIT
     cid, name = await resolve(lead, request)
     served = served_of(lead, cid)

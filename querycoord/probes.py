@@ -36,7 +36,7 @@ class SessionNode(Protocol):
 
 class NodeEndpoints:
     """``/metrics``, ``/healthz`` and ``/readyz`` of a query node or a stream node (see module docstring);
-    ``families`` reads the node's metrics (``querycoord.metrics.querynode_families`` or ``streamnode_families``)."""
+    ``families`` reads the node's metrics (``nodes.node_metrics.querynode_families`` or ``streamnode_families``)."""
 
     def __init__(self, node: SessionNode, families: Callable[[], list[Metric]]):
         self.node = node

@@ -33,7 +33,7 @@ from querycoord.health import CoordinatorEndpoints
 from querycoord.probes import bind_http
 from querycoord.protocol import QUERYCOORD_SERVICE
 from querycoord.server import add_to_server
-from querycoord.stream.service import add_stream_service
+from querycoord.stream_service import add_stream_service
 
 
 class GrpcHealth(health.aio.HealthServicer):

@@ -1,20 +1,27 @@
-"""Fail when the project's modules import each other in a cycle (run by ``make lint``).
+"""Fail when the project's modules or packages import each other in a cycle (run by ``make lint``).
 
 Layers point one way: ``meta`` knows nothing of ``querycoord``, the
-configuration sits at the bottom, the tooling on top. A cycle is where that
-breaks first, and Python hides it until an import order changes. Imports
-inside functions count too (a lazy import only postpones the cycle);
-imports under ``if TYPE_CHECKING:`` do not (they never run).
+configuration and the shared vocabulary sit at the bottom, the engine
+(``task``, ``stream``, ``querymeta``) above them, the leader and the serving
+surfaces above that, the tooling on top. A cycle is where that breaks first.
+Every import counts: those inside functions (a lazy import only postpones
+the cycle) and those under ``if TYPE_CHECKING:`` (a type-only import still
+ties a module to what it names, and the next change turns it into a runtime
+one). The engine reports to the process through hooks (``querycoord.events``,
+``meta.observe``), never by importing it.
+
+Two graphs are checked: modules, and packages (``querycoord.task``,
+``querycoord.stream``, ...; a module directly in ``querycoord`` is its own
+package). A package cycle means two parts each need the other, even when no
+two modules do.
 
 The core of ``meta`` (every module but ``meta.ops``) is a library: it imports
 nothing of ``meta.ops`` (the operations tooling built on it) and nothing of
-``querycoord``. That rule counts every import, those under ``if
-TYPE_CHECKING:`` and inside functions included: a type-only import still ties
-the library to what it names.
+``querycoord``.
 
 Prints each cycle as ``a -> b -> a`` and each forbidden import of the core as
 ``core: a imports b``, and exits 1 if there is any; with ``--graph`` prints
-every edge instead.
+every module edge instead.
 """
 
 from __future__ import annotations
@@ -22,7 +29,6 @@ from __future__ import annotations
 import argparse
 import ast
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,28 +46,12 @@ def project_modules() -> dict[str, Path]:
     return {module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
-def _runtime_nodes(tree: ast.AST) -> Iterator[ast.AST]:
-    """Every node that can run: the bodies of ``if TYPE_CHECKING:`` are skipped (their ``else`` is kept)."""
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        yield node
-        if isinstance(node, ast.If) and _is_type_checking(node.test):
-            stack.extend(node.orelse)
-            continue
-        stack.extend(ast.iter_child_nodes(node))
-
-
 def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    """The project modules ``name`` imports; ``from pkg import mod`` names the module, not the package."""
+    """The project modules ``name`` imports anywhere in its file (functions and ``if TYPE_CHECKING:`` included);
+    ``from pkg import mod`` names the module, not the package."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
-    for node in _runtime_nodes(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name in modules)
         elif isinstance(node, ast.ImportFrom):
@@ -77,6 +67,26 @@ def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
                     found.add(base)
     found.discard(name)
     return found
+
+
+def package_of(name: str) -> str:
+    """``querycoord.task.scheduler`` is in ``querycoord.task``, ``meta.ops.child`` in ``meta.ops``, ``meta.kv`` in
+    ``meta``; a module directly in ``querycoord`` is its own package (``querycoord`` itself is only a namespace)."""
+    parts = name.split(".")
+    if parts[0] == "querycoord" and len(parts) >= 2:
+        return ".".join(parts[:2])
+    if parts[:2] == ["meta", "ops"]:
+        return "meta.ops"
+    return parts[0]
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph folded onto packages (an edge between two packages for any edge between their modules)."""
+    folded: dict[str, set[str]] = {}
+    for name, targets in graph.items():
+        source = package_of(name)
+        folded.setdefault(source, set()).update(package_of(t) for t in targets if package_of(t) != source)
+    return folded
 
 
 def all_imports(name: str, path: Path) -> set[str]:
@@ -185,12 +195,17 @@ def main(argv: list[str] | None = None) -> int:
     found = cycles(graph)
     for cycle in found:
         print("import cycle: " + " -> ".join(cycle))
+    packages = package_graph(graph)
+    package_cycles = cycles(packages)
+    for cycle in package_cycles:
+        print("package cycle: " + " -> ".join(cycle))
     forbidden = core_violations(modules)
     for name, target in forbidden:
         print(f"core: {name} imports {target} (the meta library imports nothing of meta.ops or querycoord)")
-    if found or forbidden:
+    if found or package_cycles or forbidden:
         return 1
-    print(f"imports: no cycle among {len(modules)} modules; the meta core imports nothing of meta.ops or querycoord")
+    print(f"imports: no cycle among {len(modules)} modules or {len(packages)} packages, every import counted; "
+          "the meta core imports nothing of meta.ops or querycoord")
     return 0
 
 

@@ -1,5 +1,5 @@
-"""scripts/check_imports.py: the core of ``meta`` imports nothing of ``meta.ops`` or ``querycoord``, however it
-imports it (top level, inside a function, under ``if TYPE_CHECKING:``, ``from meta import ops``)."""
+"""scripts/check_imports.py: no cycle among modules or packages, every import counted (top level, inside a
+function, under ``if TYPE_CHECKING:``), and the core of ``meta`` imports nothing of ``meta.ops`` or ``querycoord``."""
 
 from __future__ import annotations
 
@@ -50,8 +50,37 @@ def test_every_kind_of_import_of_ops_or_querycoord_by_the_core_is_refused(check_
     ]
 
 
+def test_a_cycle_through_a_type_only_or_a_function_import_is_a_cycle(check_imports, tmp_path: Path) -> None:
+    modules = _tree(tmp_path, {
+        "querycoord.a": "from querycoord.b import B\n",
+        "querycoord.b": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from querycoord.a import A\n",
+        "querycoord.c": "def f():\n    from querycoord.d import D\n",
+        "querycoord.d": "import querycoord.c\n",
+        "querycoord.e": "import querycoord.a\n",  # into a cycle, not part of one
+    })
+    graph = {n: check_imports.imports_of(n, p, modules) for n, p in modules.items()}
+    assert sorted(check_imports.cycles(graph)) == [["querycoord.a", "querycoord.b", "querycoord.a"],
+                                                   ["querycoord.c", "querycoord.d", "querycoord.c"]]
+
+
+def test_packages_that_need_each_other_are_a_cycle_though_no_two_modules_are(check_imports, tmp_path: Path) -> None:
+    modules = _tree(tmp_path, {
+        "querycoord.task.run": "from querycoord.served.persist import lower\n",
+        "querycoord.served.persist": "",
+        "querycoord.served.explain": "from querycoord.task.parking import Parked\n",
+        "querycoord.task.parking": "",
+        "querycoord.gate": "from querycoord.task.run import x\n",  # a flat module is its own package
+    })
+    graph = {n: check_imports.imports_of(n, p, modules) for n, p in modules.items()}
+    assert check_imports.cycles(graph) == []
+    packages = check_imports.package_graph(graph)
+    assert packages["querycoord.gate"] == {"querycoord.task"}
+    assert check_imports.cycles(packages) == [["querycoord.served", "querycoord.task", "querycoord.served"]]
+
+
 def test_the_project_passes(project_root: Path) -> None:
     r = subprocess.run([sys.executable, str(project_root / "scripts" / "check_imports.py")], capture_output=True,
                        text=True, timeout=60, cwd=project_root)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "the meta core imports nothing of meta.ops or querycoord" in r.stdout
+    assert "every import counted" in r.stdout

@@ -1,4 +1,4 @@
-"""Explain and health as pure functions (``querycoord.served.explain``, ``served.health``, ``task.waits``,
+"""Explain and health as pure functions (``querycoord.explain``, ``served.health``, ``task.waits``,
 ``draw_health``): every rule on plain data, no cluster; and the README's examples, drawn from the records they
 show. The real cluster's answers are tests/test_health.py's."""
 
@@ -11,9 +11,9 @@ import pytest
 
 from meta.kv import MetaKV
 from proto import querycoord_pb2 as qc
-from querycoord import draw, metrics
+from querycoord import coordinator_metrics, draw
 from querycoord.draw_health import explain_lines, explain_record, health_lines, health_record
-from querycoord.served.explain import Facts, TriggerFacts, explain_units
+from querycoord.explain import Facts, TriggerFacts, explain_units
 from querycoord.served.health import collection_health, worst
 from querycoord.served.missing import ReplicaMissing, missing_by_replica
 from querycoord.served.state import HEALTH_STATES, CollectionServed, ReplicaServed
@@ -126,7 +126,7 @@ def test_health_says_what_is_missing_and_the_worst_state_wins() -> None:
         "(node 4 offline)")
     assert worst([qc.HEALTH_STATE_GREEN, qc.HEALTH_STATE_RED, qc.HEALTH_STATE_YELLOW]) == qc.HEALTH_STATE_RED
     assert worst([]) == qc.HEALTH_STATE_GREEN
-    assert metrics.HEALTH_LABELS == HEALTH_STATES, "the gauge's labels are the served view's states"
+    assert coordinator_metrics.HEALTH_LABELS == HEALTH_STATES, "the gauge's labels are the served view's states"
 
 
 async def test_missing_lists_what_the_figures_count(kv: MetaKV) -> None:

@@ -45,7 +45,7 @@ from querycoord.config_file import apply_layers
 from querycoord.coord_options import config_from_args
 from querycoord.limits import Limits
 from querycoord.nodes.querynode import QueryNode
-from querycoord.stream.service import check_heartbeat
+from querycoord.stream_service import check_heartbeat
 from querycoord.validate import InvalidField, check_ids, check_name, shown
 from tests.cluster import MiB, QueryCluster
 from tests.stream_client import wait_for

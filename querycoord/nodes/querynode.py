@@ -28,6 +28,8 @@ from typing import Any, TypeVar
 
 import grpc
 from loguru import logger
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.metrics_core import Metric
 
 from meta.address import local_host, split_address
 from meta.config import EtcdConfig
@@ -38,7 +40,8 @@ from meta.session import DEFAULT_TTL, Session
 from proto import common_pb2, querynode_pb2, querynode_pb2_grpc
 from querycoord.errors import status_of
 from querycoord.grpc_channels import add_port, make_server
-from querycoord.metrics import querynode_families
+from querycoord.metrics import gauge as _gauge
+from querycoord.nodes.node_metrics import session_up
 from querycoord.nodes.node_process import NodeCommand, SessionNode, crash_process, meta_of, run_node
 from querycoord.nodes.querynode_checks import load_columns, refused
 from querycoord.nodes.querynode_faults import INJECTED_FAILURE, CrashAction, CrashMode, FaultConfig, FaultInjector
@@ -441,6 +444,24 @@ def cmd_querynode(args: argparse.Namespace) -> int:
 COMMAND = NodeCommand("querynode", "run a reference query node (with optional fault injection)",
                       _add_options, cmd_querynode)
 add_querynode_parser = COMMAND.add_parser
+
+
+def querynode_families(node: QueryNode) -> list[Metric]:
+    state = node.state
+    return [
+        _gauge("querycoord_querynode_session_up", "1 while the node's session is registered and alive",
+               session_up(node)),
+        _gauge("querycoord_querynode_segments", "Sealed segments this query node holds", len(state.segments)),
+        _gauge("querycoord_querynode_dm_channels", "DM channels this query node watches", len(state.dm_channels)),
+        _gauge("querycoord_querynode_memory_used_bytes", "Memory of the segments this query node holds",
+               state.memory_used),
+        _gauge("querycoord_querynode_memory_capacity_bytes", "Memory this query node offers", state.capacity_bytes),
+        _gauge("querycoord_querynode_fence_revision", "The newest leader fence revision this node has seen (calls "
+               "with an older one are refused)", state.fence.leader_revision),
+        CounterMetricFamily("querycoord_querynode_mutating_calls", "Mutating calls this query node received",
+                            value=node.injector.mutating_calls),
+    ]
+
 
 if __name__ == "__main__":
     sys.exit(COMMAND.main())

@@ -43,6 +43,8 @@ from typing import Any
 
 import grpc
 from loguru import logger
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
 
 from meta.config import EtcdConfig
 from meta.errors import MetaError
@@ -50,7 +52,8 @@ from meta.kv import MetaKV
 from meta.session import DEFAULT_TTL, Session, list_sessions
 from proto import stream_pb2, stream_pb2_grpc
 from querycoord.client import CoordinatorUnavailable, Discover, LeaderFollowingClient
-from querycoord.metrics import streamnode_families
+from querycoord.metrics import gauge as _gauge
+from querycoord.nodes.node_metrics import session_up
 from querycoord.nodes.node_process import NodeCommand, SessionNode, crash_process, meta_of, run_node
 from querycoord.nodes.streamnode_state import (
     DEFAULT_GROUPS,
@@ -329,6 +332,32 @@ def cmd_streamnode(args: argparse.Namespace) -> int:
 COMMAND = NodeCommand("streamnode", "run a reference stream node (heartbeats to StreamMgmt)",
                       _add_options, cmd_streamnode)
 add_streamnode_parser = COMMAND.add_parser
+
+
+def streamnode_families(node: StreamNode) -> list[Metric]:
+    state = node.state
+    tasks = GaugeMetricFamily("querycoord_streamnode_tasks", "Stream tasks this node holds, by status",
+                              labels=["status"])
+    by_status = {stream_pb2.TaskStatus.Name(s).removeprefix("TASK_").lower(): 0
+                 for s in stream_pb2.TaskStatus.values() if s}
+    for t in state.tasks.values():
+        name = stream_pb2.TaskStatus.Name(t.status).removeprefix("TASK_").lower()
+        by_status[name] = by_status.get(name, 0) + 1
+    for name, n in sorted(by_status.items()):
+        tasks.add_metric([name], n)
+    heartbeats = CounterMetricFamily("querycoord_streamnode_heartbeats", "Heartbeats sent, by result (replied: a "
+                                     "coordinator answered; unanswered: none did)", labels=["result"])
+    heartbeats.add_metric(["replied"], node.replies)
+    heartbeats.add_metric(["unanswered"], node.failed_heartbeats)
+    return [
+        _gauge("querycoord_streamnode_session_up", "1 while the node's session is registered and alive",
+               session_up(node)),
+        tasks,
+        heartbeats,
+        _gauge("querycoord_streamnode_vgroups", "Vgroups this node leads", len(state.vgroups)),
+        _gauge("querycoord_streamnode_snode_id", "The snode this node hosts (0: none)", state.snode_id),
+    ]
+
 
 if __name__ == "__main__":
     sys.exit(COMMAND.main())

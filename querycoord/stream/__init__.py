@@ -23,6 +23,8 @@ The leader's runtime, rebuilt on every leadership, split by phase behind the
 * ``checker``: each task against what its node last reported;
 * ``show``: ShowStreams.
 
-Around it: ``service`` (the StreamMgmt gRPC service) and ``loops`` (the
-leader's stream-node session and tick observers).
+Around it: ``loops`` (the leader's stream-node session and tick observers).
+The StreamMgmt gRPC service that fronts it is ``querycoord.stream_service``:
+a surface, which reaches the leadership as the QueryCoord service does, so
+this engine imports nothing of the coordinator.
 """

@@ -22,7 +22,7 @@ import time
 from loguru import logger
 
 from proto import stream_pb2
-from querycoord import metrics
+from querycoord import events
 from querycoord.messages import copy_fields
 from querycoord.stream.adoption import Adoption
 from querycoord.stream.checker import Checker
@@ -68,7 +68,7 @@ class Heartbeats:
         try:
             return await self._handle(req)
         finally:
-            metrics.heartbeat_handled(time.perf_counter() - began)
+            events.heartbeat_handled(time.perf_counter() - began)
 
     async def _handle(self, req: stream_pb2.HeartbeatRequest) -> stream_pb2.HeartbeatReply:
         shared = self.shared

@@ -18,7 +18,7 @@ from meta.client import NOSPACE_WAIT
 from meta.errors import NotLeader
 from proto import common_pb2
 from proto import querycoord_pb2 as qc
-from querycoord import metrics
+from querycoord import events
 from querycoord.errors import CoordError
 from querycoord.task.leadership import CHILD_FAILURES, Abandon, LeadershipLost, Lifecycle, internal, is_stale_leader
 from querycoord.task.model import DOING, DONE, EXPIRED, FAILED, UNDO, TaskCancelled, TaskEnv, TaskError, now_ms
@@ -217,7 +217,8 @@ class TreeRunner:
         q.release_locks(t)
         self.finished.append(self.tree(t))
         self.retention.finished_one()
-        metrics.trigger_finished(t, error)
+        result = "done" if error is None else "cancelled" if isinstance(error, TaskCancelled) else "failed"
+        events.trigger_finished(t.KIND, t.rec.trigger_condition, t.rec.created_ms, result)
         for hook in self.finish_hooks:
             try:
                 hook(t)

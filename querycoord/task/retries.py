@@ -19,7 +19,7 @@ from loguru import logger
 
 from meta.errors import NotLeader
 from proto import common_pb2
-from querycoord import metrics
+from querycoord import events
 from querycoord.cluster.allocator import NoAvailableNode
 from querycoord.cluster.client import NodeError
 from querycoord.task.leadership import CHILD_FAILURES, LeadershipLost, is_stale_leader
@@ -84,7 +84,7 @@ class ChildRunner:
                 exhausted = child.rec.retry_count >= budget and not child.RETRY_WHILE_NODE_ONLINE
                 if exhausted or not child.retryable_on_node():
                     break
-                metrics.child_retried(child)
+                events.child_retried(child.KIND)
                 delay = min(self.cfg.retry_backoff * 2 ** (child.rec.retry_count - 1), self.cfg.retry_backoff_max)
                 self.waits.backing_off(t.id, child, delay)
                 await asyncio.sleep(delay)
@@ -92,7 +92,7 @@ class ChildRunner:
             child.set_state(DONE)
             await self.env.store.save_state(child.rec)  # a child's request never changes: its info alone
             t.on_child_done(child)
-            metrics.child_done(child)
+            events.child_done(child.KIND, child.rec.created_ms)
             return True, None
         return False, cause
 
@@ -118,7 +118,7 @@ class ChildRunner:
                 c.rec.replaces_task_id = child.id
                 c.parent = t
         logger.info("{} rescheduled as {}", child.describe(), [c.describe() for c in new])
-        metrics.child_rescheduled(child)
+        events.child_rescheduled(child.KIND)
         await self.env.store.replace_child(child.rec, [c.rec for c in new])
         t.children = [c for c in t.children if c is not child] + new
         await self.run_children(t, new)
