@@ -30,15 +30,8 @@ class RecoveryPage:
     next_after_segment_id: int
 
 
-async def read_recovery_page(
-    access: CatalogAccess,
-    collection_id: int,
-    partition_id: int,
-    segment_ids: Iterable[int] | None = None,
-    *,
-    after_segment_id: int = 0,
-    page_size: int = 0,
-) -> RecoveryPage:
+async def read_recovery_page(access: CatalogAccess, collection_id: int, partition_id: int,
+                             segment_ids: Iterable[int] | None, after_segment_id: int, page_size: int) -> RecoveryPage:
     """DM channels and sealed segments of a partition (all of them, or those of ``segment_ids``) with segment
     ids > ``after_segment_id``, at most ``page_size`` (0: all)."""
     if after_segment_id < 0 or page_size < 0:

@@ -52,22 +52,12 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from meta.kv import FencedKV, MetaKV
 from meta.txn import Op, absent, created_at, delete, delete_prefix, put
 from proto import catalog_pb2, data_pb2
+from querycoord.catalog import errors as catalog_errors
 from querycoord.catalog import segment_ids
 from querycoord.catalog.access import DEFAULT_WRITE_CONCURRENCY, CatalogAccess
 from querycoord.catalog.checks import DEFAULT_DM_CHANNELS, check_name, checked_partition_names, checked_schema
-from querycoord.catalog.errors import (
-    STATUS_SOURCE,
-    AddSegmentsIncomplete,
-    CatalogError,
-    CollectionExists,
-    CollectionNotFound,
-    Conflict,
-    InvalidArgument,
-    NotFound,
-    PartitionNotFound,
-    SegmentIdTaken,
-    status_of,
-)
+from querycoord.catalog.errors import *  # noqa: F403  (re-exported: what a caller of the store catches)
+from querycoord.catalog.errors import CollectionExists, Conflict, InvalidArgument
 from querycoord.catalog.keys import (
     CATALOG_PREFIX,
     COLLECTIONS_PREFIX,
@@ -247,8 +237,7 @@ class CatalogStore(CatalogAccess):
         page_size: int = 0,
     ) -> RecoveryPage:
         """``get_recovery_info`` restricted to segment ids > ``after_segment_id``, at most ``page_size`` (0: all)."""
-        return await read_recovery_page(self, collection_id, partition_id, segment_ids,
-                                        after_segment_id=after_segment_id, page_size=page_size)
+        return await read_recovery_page(self, collection_id, partition_id, segment_ids, after_segment_id, page_size)
 
     # ----- watch ------------------------------------------------------------------------------------------------------
     def watch_segments(self, start_revision: int = 0) -> AsyncIterator[SegmentWatchItem]:
@@ -316,19 +305,9 @@ __all__ = [
     "ID_KEY",
     "NAMES_PREFIX",
     "SEGMENTS_PREFIX",
-    "STATUS_SOURCE",
-    "AddSegmentsIncomplete",
-    "CatalogError",
     "CatalogStore",
-    "CollectionExists",
-    "CollectionNotFound",
-    "Conflict",
-    "InvalidArgument",
-    "NotFound",
-    "PartitionNotFound",
     "RecoveryPage",
     "SegmentChange",
-    "SegmentIdTaken",
     "SegmentRef",
     "SegmentResync",
     "SegmentWatchItem",
@@ -337,5 +316,5 @@ __all__ = [
     "parse_segment_key",
     "segment_key",
     "segment_prefix",
-    "status_of",
 ]
+__all__ += catalog_errors.__all__
