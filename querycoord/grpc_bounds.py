@@ -20,12 +20,13 @@ request costs its size once, briefly; what no longer happens is keeping it.
 from __future__ import annotations
 
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
 
-from querycoord.auth import OPEN, RULES
+from querycoord.auth_rules import OPEN, RULES
+from querycoord.grpc_intercept import Behaviour, WrappingInterceptor
 from querycoord.metrics import OPEN_CALLS_REFUSED
 
 # A health request is a service name: a kilobyte is plenty.
@@ -43,38 +44,19 @@ def server_options() -> list[tuple[str, Any]]:
     return [("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION)]
 
 
-class OpenCallBounds(grpc.aio.ServerInterceptor):
+class OpenCallBounds(WrappingInterceptor):
     """Put it first among a server's interceptors: it sees the raw request bytes of open methods (the security
-    interceptor decodes them later) and refuses large ones, and counts open streams (see module docstring)."""
+    interceptor decodes them later) and refuses large ones, and counts open streams (see module docstring).
+    No open method streams its requests: those handlers are left as they are."""
 
     def __init__(self, max_bytes: int = OPEN_MESSAGE_BYTES, max_streams: int = MAX_OPEN_STREAMS):
+        super().__init__()
         self.max_bytes = max_bytes
         self.max_streams = max_streams
         self.streams = 0  # open streams of open methods now
-        self._wrapped: dict[str, tuple[Any, Any]] = {}
 
-    async def intercept_service(self, continuation: Callable[[Any], Awaitable[Any]], details: Any) -> Any:
-        handler = await continuation(details)
-        method: str = details.method
-        if handler is None or RULES.get(method) != OPEN:
-            return handler
-        cached = self._wrapped.get(method)
-        if cached is not None and cached[0] is handler:
-            return cached[1]
-        wrapped = self._wrap(method, handler)
-        self._wrapped[method] = (handler, wrapped)
-        return wrapped
-
-    def _wrap(self, method: str, handler: Any) -> Any:
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(
-                self._unary(method, handler.unary_unary, handler.request_deserializer),
-                request_deserializer=None, response_serializer=handler.response_serializer)
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(
-                self._stream(method, handler.unary_stream, handler.request_deserializer),
-                request_deserializer=None, response_serializer=handler.response_serializer)
-        return handler  # no open method streams its requests
+    def _applies(self, method: str) -> bool:
+        return RULES.get(method) == OPEN
 
     def _decoded(self, raw: Any, deserializer: Callable[[bytes], Any] | None) -> tuple[Any, int]:
         """The request and its size; None for one too large (not decoded, never kept)."""
@@ -91,7 +73,7 @@ class OpenCallBounds(grpc.aio.ServerInterceptor):
                             f"{method.rsplit('/', 1)[-1]}: a request of {size} bytes; this method, open to "
                             f"callers without a credential, takes at most {self.max_bytes}")
 
-    def _unary(self, method: str, behaviour: Any, deserializer: Any) -> Any:
+    def _wrap_unary(self, method: str, behaviour: Behaviour, deserializer: Callable[[bytes], Any] | None) -> Behaviour:
         async def call(raw: Any, context: grpc.aio.ServicerContext) -> Any:
             request, size = self._decoded(raw, deserializer)
             del raw
@@ -102,7 +84,8 @@ class OpenCallBounds(grpc.aio.ServerInterceptor):
 
         return call
 
-    def _stream(self, method: str, behaviour: Any, deserializer: Any) -> Any:
+    def _wrap_unary_stream(self, method: str, behaviour: Behaviour,
+                           deserializer: Callable[[bytes], Any] | None) -> Behaviour:
         async def admit(request: Any, size: int, context: grpc.aio.ServicerContext) -> Any:
             if request is None:
                 await self._refuse(method, size, context)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from querycoord.tooling.drill.chaos import ChaosCall, idempotence_violations
+from querycoord.tooling.drill.chaos_checks import idempotence_violations
 from querycoord.tooling.drill.chaos_ops import (
     INF,
     RELEASED,
@@ -26,6 +26,7 @@ from querycoord.tooling.drill.chaos_ops import (
     effect_of,
     make_plan,
 )
+from querycoord.tooling.drill.chaos_records import ChaosCall
 from querycoord.tooling.drill.invariants import CatalogColl, Expected, MetaColl, MetaView, NodeView, check
 from querycoord.tooling.drill.options import SEGMENT_BYTES, ChaosOptions
 from querycoord.tooling.drill.proxy import TcpProxy

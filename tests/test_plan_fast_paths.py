@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proto import data_pb2, querynode_pb2
-from querycoord.catalog import store
+from querycoord.catalog import binlogs as catalog_binlogs
 from querycoord.task import triggers
 from querycoord.task.assign import (
     Planned,
@@ -60,29 +60,29 @@ def _old_flushed(channels: list[data_pb2.VChannelInfo], binlogs: list[data_pb2.S
 def test_bulk_parse_gives_the_messages_of_parsing_each_record(binlogs: list[data_pb2.SegmentBinlogs],
                                                               chunk: int) -> None:
     values = [b.SerializeToString() for b in binlogs]
-    saved = store._PARSE_CHUNK
-    store._PARSE_CHUNK = chunk  # pages of records cross chunk boundaries
+    saved = catalog_binlogs._PARSE_CHUNK
+    catalog_binlogs._PARSE_CHUNK = chunk  # pages of records cross chunk boundaries
     try:
-        parsed = store.parse_binlogs(values)
+        parsed = catalog_binlogs.parse_binlogs(values)
     finally:
-        store._PARSE_CHUNK = saved
-    assert parsed == store._parse_each(values) == binlogs
+        catalog_binlogs._PARSE_CHUNK = saved
+    assert parsed == catalog_binlogs._parse_each(values) == binlogs
     assert [p.SerializeToString() for p in parsed] == values
 
 
 def test_a_record_over_16_kib_is_framed_with_a_three_byte_length() -> None:
     big = data_pb2.SegmentBinlogs(segment_id=1, binlog_paths=["p" * 40_000])
     values = [big.SerializeToString(), data_pb2.SegmentBinlogs(segment_id=2).SerializeToString()]
-    assert store.parse_binlogs(values) == store._parse_each(values)
+    assert catalog_binlogs.parse_binlogs(values) == catalog_binlogs._parse_each(values)
 
 
 def test_an_unreadable_record_fails_the_parse_as_it_did_alone() -> None:
     good = data_pb2.SegmentBinlogs(segment_id=1).SerializeToString()
     values = [good, b"\x0a\xff", good]
     with pytest.raises(DecodeError) as alone:
-        store._parse_each(values)
+        catalog_binlogs._parse_each(values)
     with pytest.raises(DecodeError) as bulk:
-        store.parse_binlogs(values)
+        catalog_binlogs.parse_binlogs(values)
     assert str(bulk.value) == str(alone.value)
 
 
@@ -92,7 +92,7 @@ def test_flushed_ids_per_channel_are_the_per_segment_loops(binlogs: list[data_pb
                                                            names: list[str]) -> None:
     new = [data_pb2.VChannelInfo(collection_id=1, channel_name=n) for n in names]
     old = [data_pb2.VChannelInfo(collection_id=1, channel_name=n) for n in names]
-    store._add_flushed(new, binlogs)
+    catalog_binlogs.add_flushed(new, binlogs)
     _old_flushed(old, binlogs)
     assert new == old
 

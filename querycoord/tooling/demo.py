@@ -43,8 +43,8 @@ injection flag): without it a load of thousands of segments finishes before
 anyone could kill a node in the middle of it. The coordinator splits loads
 into small requests for the same reason, so the bar moves in steps.
 
-``--election`` runs the stage-one demo instead: leader election and fencing
-with candidate processes.
+``--election`` runs the stage-one demo instead (``demo_election``): leader
+election and fencing with candidate processes.
 """
 
 from __future__ import annotations
@@ -52,40 +52,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import sys
 import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
 
-from meta.client import connect
-from meta.errors import NotLeader
-from meta.fence import Fence
-from meta.kv import MetaKV
-from meta.ops.child import ChildProcess
-from meta.ops.etcd_server import EtcdCluster
 from proto import querycoord_pb2 as qc
 from proto import stream_pb2
 from querycoord import actions, draw
 from querycoord.client import CoordinatorUnavailable, QueryCoordClient
 from querycoord.logs import setup_logging
 from querycoord.tooling.allinone import AllInOne, ClusterStartError
-from querycoord.tooling.campaign import spawn_candidate
+from querycoord.tooling.demo_election import election_main
+from querycoord.tooling.demo_timeline import TTL, Timeline
 from querycoord.tooling.harness import Member
-
-TTL = 2.0
-
-
-class Timeline:
-    def __init__(self) -> None:
-        self.t0 = time.time()
-
-    def stamp(self, at: float | None = None) -> str:
-        return f"  {(at or time.time()) - self.t0:6.1f}s  "
-
-    def say(self, what: str, at: float | None = None) -> None:
-        print(f"{self.stamp(at)}{what}", flush=True)
 
 
 # ===== the cluster demo ===============================================================================================
@@ -515,78 +496,6 @@ def cluster_main(opts: argparse.Namespace) -> int:
             return 1
     print("done: every process stopped")
     return code
-
-
-# ===== the stage-one demo: election and fencing ===================================================================
-async def first_leader(cands: list[ChildProcess]) -> tuple[ChildProcess, dict]:
-    tasks = {asyncio.create_task(c.next_event("leader", timeout=30)): c for c in cands}
-    done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    for t in pending:
-        t.cancel()
-    await asyncio.gather(*pending, return_exceptions=True)
-    task = done.pop()
-    return tasks[task], task.result()
-
-
-async def run_election(cluster: EtcdCluster) -> None:
-    """Three candidates campaign; the leader is SIGKILLed; a standby takes over; the old fence is refused."""
-    tl = Timeline()
-    root = "demo"
-    tl.say(f"embedded etcd up at {', '.join(cluster.endpoints)}")
-    names = ("alpha", "beta", "gamma")
-    cands = [await spawn_candidate(cluster.endpoints, root, name, ttl=TTL) for name in names]
-    try:
-        sessions = [(await c.next_event("session"), c) for c in cands]
-        for ev, c in sorted(sessions, key=lambda x: x[0]["t"]):
-            tl.say(f"candidate {c.name} (pid {c.pid}) registered session ServerID {ev['server_id']}", ev["t"])
-        leader, ev = await first_leader(cands)
-        old_fence = Fence(ev["key"], ev["revision"])
-        tl.say(f"{leader.name} leads with fence {old_fence}", ev["t"])
-        w = await leader.next_event("write")
-        tl.say(f"{leader.name} fenced write #{w['seq']} landed at revision {w['revision']}", w["t"])
-
-        killed_at = time.time()
-        leader.send_signal(signal.SIGKILL)
-        tl.say(f"SIGKILL {leader.name} (pid {leader.pid}); its lease expires within the TTL of {TTL:g}s", killed_at)
-        standbys = [c for c in cands if c is not leader]
-        new, ev = await first_leader(standbys)
-        takeover = ev["t"] - killed_at
-        tl.say(f"{new.name} takes over with fence {ev['key']}@{ev['revision']}", ev["t"])
-        w = await new.next_event("write")
-        tl.say(f"{new.name} fenced write #{w['seq']} landed at revision {w['revision']}", w["t"])
-
-        client = await connect(cluster.config())
-        try:
-            kv = MetaKV(client, root)
-            try:
-                await kv.fenced(old_fence).save("campaign/owner", f"{leader.name}:stale")
-                raise SystemExit("BUG: a write with the dead leader's fence landed")
-            except NotLeader as exc:
-                tl.say(f"write with {leader.name}'s old fence refused by etcd: {exc}")
-            owner = await kv.get("campaign/owner")
-            tl.say(f"campaign/owner = {owner.decode() if owner else None}")
-        finally:
-            await client.close()
-
-        for c in standbys:
-            c.send_signal(signal.SIGTERM)
-        for c in standbys:
-            await c.wait()
-        tl.say("standbys stopped (resigned on SIGTERM)")
-        print(f"\ntakeover after SIGKILL: {takeover:.2f}s (lease TTL {TTL:g}s; target <= TTL + 1s)")
-    finally:
-        for c in cands:
-            await c.kill()
-
-
-def election_main() -> int:
-    setup_logging("WARNING")
-    os.environ.setdefault("QUERYCOORD_LOG_LEVEL", "WARNING")  # for the candidate processes
-    print("querycoord demo --election: leader election and fencing on the embedded etcd\n")
-    with tempfile.TemporaryDirectory(prefix="querycoord-demo-") as tmp, EtcdCluster(tmp) as cluster:
-        asyncio.run(run_election(cluster))
-    print("done: every process stopped")
-    return 0
 
 
 # ===== entry points ===============================================================================================

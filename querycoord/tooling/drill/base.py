@@ -6,16 +6,22 @@ it (``_drive``) and stops every process (``_stop_cluster``) before ``run`` retur
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
+import grpc
+
 from meta.ops.etcd_server import EtcdCluster
+from proto import querycoord_pb2 as qc
+from querycoord.client import CoordinatorUnavailable, QueryCoordClient
 from querycoord.tooling.drill.leaders import wait_until
 from querycoord.tooling.drill.options import RunOptions
 from querycoord.tooling.harness import Harness, Member, StartError
@@ -92,6 +98,21 @@ class ProcessDrill(Generic[Opts, Res]):
         return await wait_until(lambda: self.cluster.leader, self.cluster.changed, timeout)
 
 
+async def wait_nodes_online(client: QueryCoordClient | None, nodes: Sequence[Member], timeout: float) -> None:
+    """Until the leader lists every one of ``nodes`` online; ``DrillSetupError`` after ``timeout`` seconds."""
+    assert client is not None
+    want = {n.node_id for n in nodes}
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(CoordinatorUnavailable, grpc.aio.AioRpcError):
+            resp = await client.query("ShowNodes", qc.ShowNodesRequest())
+            if want <= {n.node_id for n in resp.nodes if n.state == "online"}:
+                return
+        if time.monotonic() > deadline:
+            raise DrillSetupError(f"query nodes {sorted(want)} never all online at the leader")
+        await asyncio.sleep(0.1)
+
+
 async def run_and_report(drill: ProcessDrill[Any, Any], opts: Any, render_result: Callable[[Any], str], out: Any,
                          *, plan: str) -> int:
     """What every process drill does around ``drill.run()``: the table, how to rerun a failure, where the
@@ -114,4 +135,4 @@ async def run_and_report(drill: ProcessDrill[Any, Any], opts: Any, render_result
     return 1 if failed else 0
 
 
-__all__ = ["DrillSetupError", "ProcessDrill", "run_and_report"]
+__all__ = ["DrillSetupError", "ProcessDrill", "run_and_report", "wait_nodes_online"]

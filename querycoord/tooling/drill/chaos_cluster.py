@@ -30,8 +30,11 @@ from typing import Any
 
 from querycoord.client import QueryCoordClient
 from querycoord.config import SchedulerConfig
+from querycoord.tooling.drill.activity import FaultRecord
 from querycoord.tooling.drill.chaos_ops import Fault
-from querycoord.tooling.drill.failover import FailoverDrill, FaultRecord, ReplicaObservation, direct_address
+from querycoord.tooling.drill.failover import FailoverDrill
+from querycoord.tooling.drill.failover_base import direct_address
+from querycoord.tooling.drill.failover_records import ReplicaObservation
 from querycoord.tooling.drill.options import MIB, ChaosOptions, DrillOptions
 from querycoord.tooling.drill.proxy import TcpProxy
 from querycoord.tooling.drill.samples import Disturbances

@@ -19,47 +19,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
-import json
 import signal
-import statistics
 import sys
 import time
-from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 import grpc
 
 from meta.client import connect
 from meta.election import current_leader, election_prefix
 from meta.kv import MetaKV
-from meta.ops.child import ChildProcess, log_tail
+from meta.ops.child import ChildProcess
 from meta.ops.etcd_server import EtcdCluster
-from proto import common_pb2, data_pb2, querynode_pb2, querynode_pb2_grpc
+from proto import common_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.catalog.store import CatalogStore
 from querycoord.client import CoordinatorUnavailable, QueryCoordClient
-from querycoord.grpc_channels import make_channel
 from querycoord.protocol import QUERYCOORD_ELECTION
-from querycoord.querymeta import QueryMeta
-from querycoord.querymeta.copies import copies
-from querycoord.task.store import TASK_PREFIXES
-from querycoord.tooling.drill.base import DrillSetupError, ProcessDrill, run_and_report
-from querycoord.tooling.drill.chaos_ops import effect_of
+from querycoord.tooling.drill.base import DrillSetupError, run_and_report, wait_nodes_online
+from querycoord.tooling.drill.failover_checks import FailoverChecks
+from querycoord.tooling.drill.failover_faults import FailoverFaults
+from querycoord.tooling.drill.failover_records import CallRecord, KillRecord
+from querycoord.tooling.drill.failover_report import render
 from querycoord.tooling.drill.invariants import (
-    UNCLEAR_CODES,
-    CatalogColl,
-    CheckResult,
     Expected,
-    MetaColl,
-    MetaView,
-    NodeView,
-    check,
-    node_view,
-    replica_changes,
 )
 from querycoord.tooling.drill.leaders import wait_until
 from querycoord.tooling.drill.options import DrillOptions
@@ -70,12 +53,10 @@ from querycoord.tooling.drill.schedule import (
     Op,
     Pause,
     Request,
-    Schedule,
     describe,
-    make_schedule,
 )
 from querycoord.tooling.drill.stale import PauseReport, Window, changes_between, count_refusals, stable_revision
-from querycoord.tooling.harness import QUERY_NODE, Harness, Member, StartError
+from querycoord.tooling.harness import QUERY_NODE, Harness, Member
 
 EC = common_pb2
 
@@ -87,145 +68,13 @@ DRILL_COORD_FLAGS = ("--scaled", "--max-concurrent-children", "4", "--trigger-ti
                      "--retry-backoff-max", "0.5")
 
 
-def direct_address(node: Member) -> str:
-    """Where the drill itself reaches a query node: its bound address, never a proxy it advertises instead."""
-    return str(node.ready.get("listen_address") or node.address)
+class FailoverDrill(FailoverFaults, FailoverChecks):
+    """One run (see module docstring). ``run`` returns the result; every process is stopped before it returns.
 
-
-# ----- records --------------------------------------------------------------------------------------------------
-@dataclass
-class CallRecord:
-    seq: int
-    method: str
-    target: str
-    t: float
-    elapsed: float = 0.0
-    outcome: str = ""  # success / error / unanswered
-    code: str = ""
-    reason: str = ""
-    task_id: int = 0
-    cid: int = 0  # the collection asked about (0: a balance)
-
-
-@dataclass
-class ReplicaObservation:
-    """The replicas in etcd at one moment (read between ``t0`` and ``t1``, drill seconds), and the nodes running
-    then."""
-
-    what: str
-    t0: float
-    t1: float
-    collections: dict[int, MetaColl]
-    live: set[int]
-    quiescent: bool = False
-    phase: int = 0
-
-
-@dataclass
-class KillRecord:
-    n: int
-    t: float
-    mode: str
-    old: str
-    new: str = ""
-    takeover_s: float | None = None
-    note: str = ""
-
-
-@dataclass
-class FaultRecord:
-    t: float
-    what: str
-    note: str = ""
-
-
-@dataclass
-class DrillResult:
-    options: DrillOptions
-    schedule: Schedule
-    calls: list[CallRecord] = field(default_factory=list)
-    kills: list[KillRecord] = field(default_factory=list)
-    faults: list[FaultRecord] = field(default_factory=list)
-    pauses: list[PauseReport] = field(default_factory=list)
-    check: CheckResult | None = None
-    duration_s: float = 0.0
-    work_dir: Path | None = None
-
-    @property
-    def takeovers(self) -> list[float]:
-        return [k.takeover_s for k in self.kills if k.takeover_s is not None]
-
-    @property
-    def stale_writes(self) -> int:
-        return sum(p.stale_writes for p in self.pauses)
-
-    def summary(self) -> dict[str, Any]:
-        ts = self.takeovers
-        c = self.check or CheckResult()
-        return {
-            "kills": len(self.kills),
-            "replicas": self.options.replicas,
-            "takeover_p50_s": round(statistics.median(ts), 3) if ts else None,
-            "takeover_max_s": round(max(ts), 3) if ts else None,
-            "lost_tasks": c.lost_tasks,
-            "duplicate_segments": c.duplicate_segments,
-            "stale_writes": self.stale_writes,
-            "invariant_violations": c.invariant_violations,
-            "seed": self.options.seed,
-            "unanswered_calls": sum(r.outcome == "unanswered" for r in self.calls),
-            "unclear_errors": sum(r.outcome == "error" and r.code in UNCLEAR_CODES for r in self.calls),
-            "calls": len(self.calls),
-            "pauses": len(self.pauses),
-            "pause_takeover_s": [round(p.takeover_s, 3) if p.takeover_s is not None else None for p in self.pauses],
-            "stale_window_changes": sum(p.window_changes for p in self.pauses),
-            "fenced_refusals": sum(p.refused_in_log for p in self.pauses),
-            "node_kills": sum(f.what.startswith("node") for f in self.faults),
-            "etcd_kills": sum(f.what.startswith("etcd") for f in self.faults),
-            "schedule": self.schedule.digest(),
-            "duration_s": round(self.duration_s, 1),
-        }
-
-    @property
-    def failed(self) -> bool:
-        s = self.summary()
-        return any(s[k] for k in ("lost_tasks", "duplicate_segments", "stale_writes", "invariant_violations"))
-
-
-# ----- the drill ------------------------------------------------------------------------------------------------
-class FailoverDrill(ProcessDrill[DrillOptions, DrillResult]):
-    """One run (see module docstring). ``run`` returns the result; every process is stopped before it returns."""
-
-    def __init__(self, opts: DrillOptions, out: Any = None):
-        opts.validate()
-        super().__init__(opts, out, "querycoord-drill-")
-        self.schedule = make_schedule(opts.seed, opts)
-        self.result = DrillResult(opts, self.schedule)
-        self.root = f"drill-{opts.seed}"
-        self.result.work_dir = self.work
-        self.kv: MetaKV | None = None
-        self.client: QueryCoordClient | None = None
-        self.nodes: list[Member] = []  # the query nodes the drill keeps running, by slot
-        self.leader_log: list[tuple[Member, ChildProcess, dict[str, Any]]] = []
-        self.coll_ids: list[int] = []
-        self.part_ids: dict[int, list[int]] = {}
-        self.expected: dict[int, Expected] = {}
-        self._seq = 0
-        self._kill_task: asyncio.Task[None] | None = None
-        self._etcd_task: asyncio.Task[None] | None = None
-        self._extra_violations: list[str] = []
-        self._supervisor: asyncio.Task[None] | None = None
-        self._replacing: set[int] = set()
-        self._etcd_down: set[int] = set()  # members the drill killed (or is restarting) on purpose
-        # Replicas over time: observed around leader kills and at every quiescent check (``_judge_replicas``).
-        self._replica_obs: list[ReplicaObservation] = []
-        self._replica_suspects: dict[int, tuple[str, ReplicaObservation]] = {}  # node -> (what, since when)
-        self._replica_history: list[str] = []
-        self._replica_comparisons = 0  # collections compared at two observations
-
-    @property
-    def coords(self) -> list[Member]:
-        """By index, not by start order: seeded faults pick a coordinator by its position."""
-        return sorted(self.cluster.coordinators, key=lambda m: m.index)
+    Its parts: ``FailoverBase`` (state), ``ReplicaWatch`` (replicas over time), ``FailoverFaults`` (node and
+    etcd faults, the supervisor), ``FailoverChecks`` (quiescence and invariants); here the cluster, the
+    schedule, leader kills and the SIGSTOP round.
+    """
 
     # ----- run --------------------------------------------------------------------------------------------------
     async def _drive(self) -> None:
@@ -258,7 +107,7 @@ class FailoverDrill(ProcessDrill[DrillOptions, DrillResult]):
             raise DrillSetupError(f"no coordinator became leader within 60s; logs in {self.work}") from None
         await self._create_collections()
         self.nodes = list(await asyncio.gather(*(self._start_node(i) for i in range(o.nodes))))
-        await self._wait_nodes_online(timeout=60)
+        await wait_nodes_online(self.client, self.nodes, timeout=60)
         leader = self.cluster.leader
         self.say(f"cluster up: leader {leader.label if leader else '?'}, nodes "
                  f"{[n.node_id for n in self.nodes]}, collections {self.coll_ids[0]}..{self.coll_ids[-1]}")
@@ -312,19 +161,6 @@ class FailoverDrill(ProcessDrill[DrillOptions, DrillResult]):
 
         self.coll_ids = list(await asyncio.gather(*(one(i) for i in range(self.opts.collections))))
         self.expected = {cid: Expected() for cid in self.coll_ids}
-
-    async def _wait_nodes_online(self, timeout: float) -> None:
-        assert self.client is not None
-        want = {n.node_id for n in self.nodes}
-        deadline = time.monotonic() + timeout
-        while True:
-            with contextlib.suppress(CoordinatorUnavailable, grpc.aio.AioRpcError):
-                resp = await self.client.query("ShowNodes", qc.ShowNodesRequest())
-                if want <= {n.node_id for n in resp.nodes if n.state == "online"}:
-                    return
-            if time.monotonic() > deadline:
-                raise DrillSetupError(f"query nodes {sorted(want)} never all online at the leader")
-            await asyncio.sleep(0.1)
 
     async def _stop_cluster(self) -> None:
         if self.client is not None:
@@ -502,109 +338,6 @@ class FailoverDrill(ProcessDrill[DrillOptions, DrillResult]):
             else:
                 self.expected[cid] = Expected(exp.state, exp.partitions, label)
 
-    # ----- node and etcd faults -------------------------------------------------------------------------------
-    async def _supervise(self) -> None:
-        """Replace processes that exit without being killed by the drill, as a deployment's supervisor would.
-
-        A query node exits by design when it loses its session (an etcd fault
-        longer than its TTL): it must come back under a new id. A coordinator
-        must never exit on its own (it campaigns again instead): that is
-        recorded as a violation, and it is restarted too.
-        """
-        while True:
-            await asyncio.sleep(0.3)
-            for node in list(self.nodes):
-                if node.running or node.state == "dead" or node.index in self._replacing:
-                    continue
-                last = log_tail(node.child.log_path, 1).strip()
-                rec = FaultRecord(self.now(), f"node n{node.index}: node {node.node_id} exited on its own "
-                                              f"(code {node.child.proc.returncode}: {last[:110]})")
-                self.result.faults.append(rec)
-                self.say(rec.what)
-                await self._replace_node(node, rec)
-            await self._supervise_etcd()
-            for c in self.coords:
-                if c.running or c.state == "dead":
-                    continue
-                c.state = "dead"
-                what = (f"coordinator {c.label} exited on its own (code {c.child.proc.returncode}); "
-                        f"see {c.child.log_path}")
-                self._extra_violations.append(what)
-                self.say(what)
-                await self._restart_coordinator(c)
-
-    async def _supervise_etcd(self) -> None:
-        """An etcd member that exits on its own (a crash, not a drill fault) is a violation; restart it."""
-        etcd = self.etcd
-        assert etcd is not None
-        for i, m in enumerate(etcd.members):
-            if i in self._etcd_down or m.running or m.proc is None:
-                continue
-            what = (f"etcd member {m.name} exited on its own (code {m.proc.returncode})"
-                    f"{': ' + etcd_crash_reason(m.log_path) if etcd_crash_reason(m.log_path) else ''}")
-            self._extra_violations.append(what)
-            self.result.faults.append(FaultRecord(self.now(), what))
-            self.say(what)
-            self._etcd_down.add(i)
-            try:
-                await asyncio.to_thread(etcd.restart_member, i, 60.0)
-                self.result.faults[-1].note = "restarted by the drill"
-            except Exception as exc:  # recorded; the run goes on and its checks will show the damage
-                self._extra_violations.append(f"etcd member {m.name} did not restart: {exc}")
-            finally:
-                self._etcd_down.discard(i)
-
-    async def _replace_node(self, node: Member, rec: FaultRecord) -> None:
-        """A new process in the dead node's slot (the same ``Member``, a new node id)."""
-        self._replacing.add(node.index)
-        try:
-            for attempt in range(1, 4):  # etcd may be losing a member right now
-                try:
-                    await self._start_node(node.index, member=node)
-                    break
-                except StartError:
-                    if attempt == 3:
-                        raise
-                    await asyncio.sleep(1.0)
-            rec.note = f"replaced by node {node.node_id}"
-        finally:
-            self._replacing.discard(node.index)
-
-    async def _kill_node(self, slot_index: int) -> None:
-        node = self.nodes[slot_index % len(self.nodes)]
-        while node.index in self._replacing:  # the supervisor is replacing it already
-            await asyncio.sleep(0.1)
-            node = self.nodes[slot_index % len(self.nodes)]
-        await self._observe_replicas(f"node {node.node_id} kill")
-        await self.cluster.kill(node)
-        rec = FaultRecord(self.now(), f"node n{node.index}: SIGKILL node {node.node_id}")
-        self.result.faults.append(rec)
-        await self._replace_node(node, rec)
-        self.say(f"{rec.what}, {rec.note}")
-
-    async def _etcd_fault(self, action: EtcdKill) -> None:
-        etcd = self.etcd
-        assert etcd is not None
-        leader = await asyncio.to_thread(etcd.leader_index)
-        index = action.member if action.member is not None else (leader if leader is not None else 0)
-        name = etcd.members[index].name
-        rec = FaultRecord(self.now(), f"etcd {name}{' (raft leader)' if index == leader else ''}: SIGKILL for "
-                                      f"{action.down_s:.2f}s")
-        self.result.faults.append(rec)
-        self.say(rec.what)
-        self._etcd_down.add(index)
-        try:
-            await asyncio.to_thread(etcd.kill_member, index)
-            await asyncio.sleep(action.down_s)
-            await asyncio.to_thread(etcd.restart_member, index, 60.0)
-            rec.note = "restarted"
-        except Exception as exc:  # a member that cannot come back is a drill failure, not a crash of the drill
-            rec.note = f"restart failed: {exc}"
-            self._extra_violations.append(f"etcd member {name} did not restart: {exc}")
-        finally:
-            self._etcd_down.discard(index)
-        self.note(f"etcd {name}: {rec.note}")
-
     # ----- the SIGSTOP round ----------------------------------------------------------------------------------
     def _released_collection(self, skip: set[int]) -> int | None:
         for cid in self.coll_ids:
@@ -688,280 +421,6 @@ class FailoverDrill(ProcessDrill[DrillOptions, DrillResult]):
                  f"refusals in its log{doubt}")
         for change in stale[:10]:
             self.say(f"pause: STALE WRITE at revision {change.revision}: {change.kind} {change.key}")
-
-    # ----- invariants -----------------------------------------------------------------------------------------
-    async def _quiesce(self) -> list[str]:
-        """Until no task runs, no task key exists and the leader sees exactly the live nodes online (bounded)."""
-        assert self.client is not None and self.kv is not None
-        deadline = time.monotonic() + self.opts.quiesce_timeout
-        good = 0
-        last = ""
-        while time.monotonic() < deadline:
-            try:
-                nodes = await self.client.query("ShowNodes", qc.ShowNodesRequest())
-                tasks = await self.client.query("ListTasks", qc.ListTasksRequest(limit=1000))
-            except (CoordinatorUnavailable, grpc.aio.AioRpcError) as exc:
-                last = f"no leader answered: {exc}"
-                good = 0
-                await asyncio.sleep(0.5)
-                continue
-            live = {n.node_id for n in self.nodes}
-            online = {n.node_id for n in nodes.nodes if n.state == "online"}
-            known = {n.node_id for n in nodes.nodes}
-            keys = {p: await self.kv.count_prefix(p) for p in TASK_PREFIXES}
-            quiet = (nodes.status.error_code == EC.SUCCESS and tasks.status.error_code == EC.SUCCESS
-                     and not tasks.trees and not any(keys.values()) and online == live and known == live)
-            last = (f"{len(tasks.trees)} task trees, task keys {keys}, online nodes {sorted(online)} (known "
-                    f"{sorted(known)}), live nodes {sorted(live)}")
-            good = good + 1 if quiet else 0
-            if good >= 3:
-                return []
-            await asyncio.sleep(0.5)
-        return [f"not quiescent after {self.opts.quiesce_timeout:.0f}s: {last}"]
-
-    async def _check(self) -> None:
-        assert self.kv is not None
-        self.say("workload done; waiting until the cluster is quiescent")
-        t = time.monotonic()
-        not_quiet = await self._quiesce()
-        self.say(f"quiescent after {time.monotonic() - t:.1f}s" if not not_quiet else not_quiet[0])
-        catalog = await self._catalog_view()
-        t_meta = self.now()
-        meta = await self._meta_view()
-        self._judge_replicas(self._observation("final check", t_meta, meta.collections, quiescent=True))
-        nodes = await self._node_views()
-        keys = {p: await self.kv.count_prefix(p) for p in TASK_PREFIXES}
-        unanswered = [f"#{r.seq} {r.method} {r.target}: {r.reason}" for r in self.result.calls
-                      if r.outcome == "unanswered"]
-        unclear = [f"#{r.seq} {r.method} {r.target}: {r.code} {r.reason[:200]}" for r in self.result.calls
-                   if r.outcome == "error" and r.code in UNCLEAR_CODES]
-        inconclusive = [f"pause round {i + 1} inconclusive: {'; '.join(p.notes)}"
-                        for i, p in enumerate(self.result.pauses) if not p.conclusive]
-        self.result.check = check(self.expected, catalog, meta, nodes, task_keys=keys, unanswered=unanswered,
-                                  unclear=unclear, extra_violations=self._extra_violations + not_quiet + inconclusive,
-                                  replica_number=self.opts.replicas, replica_history=self._replica_history,
-                                  replica_comparisons=self._replica_comparisons)
-
-    async def _catalog_view(self) -> dict[int, CatalogColl]:
-        assert self.kv is not None
-        store = CatalogStore(self.kv)
-        out: dict[int, CatalogColl] = {}
-        for cid in self.coll_ids:
-            desc = await store.describe_collection(cid)
-            parts: dict[int, frozenset[int]] = {}
-            sources: dict[int, tuple[int, ...]] = {}
-            for p in desc.partitions:
-                _, binlogs = await store.get_recovery_info(cid, p.partition_id)
-                parts[p.partition_id] = frozenset(b.segment_id for b in binlogs)
-                sources.update((b.segment_id, tuple(b.compaction_from)) for b in binlogs if b.compaction_from)
-            out[cid] = CatalogColl(parts, frozenset(desc.dm_channels), sources)
-        return out
-
-    async def _meta_view(self) -> MetaView:
-        assert self.kv is not None
-        meta = QueryMeta(self.kv)  # a plain (unfenced) view, only read
-        await meta.reload()
-        view = MetaView()
-        view.collections = meta_collections(meta)
-        for cid in self.coll_ids:
-            for s in meta.segments_of(cid):
-                view.segments[s.segment_id] = (s.collection_id, s.partition_id, copies(s))
-            for w in meta.dm_channels_of(cid):
-                view.channels[(cid, w.dm_channel)] = copies(w)
-        return view
-
-    # ----- replicas over time -----------------------------------------------------------------------------------
-    def _observation(self, what: str, t0: float, collections: dict[int, MetaColl],
-                     quiescent: bool = False) -> ReplicaObservation:
-        return ReplicaObservation(what, t0, self.now(), collections, {n.node_id for n in self.nodes if n.running},
-                                  quiescent, self._current_phase())
-
-    def _current_phase(self) -> int:
-        return 0
-
-    async def _observe_replicas(self, what: str) -> None:
-        """Read the replicas from etcd now (``_judge_replicas`` compares the observations at the next check)."""
-        assert self.kv is not None
-        t0 = self.now()
-        meta = QueryMeta(self.kv)
-        try:
-            await asyncio.wait_for(meta.reload(), 15)
-        except Exception as exc:  # etcd losing a member right now: this observation is skipped, not the drill
-            self.note(f"replicas at {what}: not read ({exc!r})")
-            return
-        self._replica_obs.append(self._observation(what, t0, meta_collections(meta)))
-
-    def _requests_between(self, a: ReplicaObservation, b: ReplicaObservation) -> list[tuple[int, str]]:
-        """(collection, method) of the load and release requests that may have taken effect between two
-        observations: sent before the second, not answered before the first; an answer that leaves the effect
-        open (unanswered, TIMEOUT: "it may still complete") may take effect at any later time."""
-        out = []
-        for r in self.result.calls:
-            kind = _KIND_OF_METHOD.get(r.method)
-            if kind is None or not r.cid:
-                continue
-            open_ended = not r.outcome or effect_of(kind, r.outcome, r.code) == "maybe"
-            end = float("inf") if open_ended else r.t + r.elapsed
-            if r.t <= b.t1 and end >= a.t0:
-                out.append((r.cid, r.method))
-        return out
-
-    def _reborn_between(self, a: ReplicaObservation, b: ReplicaObservation) -> set[int]:
-        """Nodes that died and came back under their id between two observations (none here: replaced nodes get
-        new ids; the chaos drill restarts nodes under fixed ids)."""
-        return set()
-
-    def _judge_replicas(self, now: ReplicaObservation) -> None:
-        """At a quiescent check: compare every observation since the last check with the next one
-        (``replica_changes``); a node that left its replica while running must be dead by now."""
-        obs = [*sorted(self._replica_obs, key=lambda o: o.t0), now]
-        for a, b in itertools.pairwise(obs):
-            requests = self._requests_between(a, b)
-            released = {c for c, m in requests if m in ("ReleaseCollection", "ReleasePartitions")}
-            problems, suspects = replica_changes(
-                a.collections, b.collections, live=b.live, released=released,
-                loading={c for c, m in requests if m in ("LoadCollection", "LoadPartitions")},
-                reborn=self._reborn_between(a, b))
-            self._replica_comparisons += len((a.collections.keys() & b.collections.keys()) - released)
-            self._replica_history += [f"replicas from {a.what} to {b.what}: {p}" for p in problems]
-            for n, what in suspects.items():
-                self._replica_suspects.setdefault(n, (f"from {a.what} to {b.what}: {what}", a))
-        for n, (what, since) in sorted(self._replica_suspects.items()):
-            # Died since and back under its id (a fixed-id restart): not the process that left, which is dead.
-            if n in now.live and n not in self._reborn_between(since, now):
-                self._replica_history.append(f"replicas {what}, and still runs at {now.what}")
-        self._replica_suspects = {}
-        self._replica_obs = [now]
-
-    async def _node_views(self) -> dict[int, NodeView]:
-        out: dict[int, NodeView] = {}
-        for n in self.nodes:
-            async with make_channel(direct_address(n)) as ch:
-                try:
-                    d = await querynode_pb2_grpc.QueryNodeStub(ch).GetDataDistribution(
-                        querynode_pb2.GetDataDistributionRequest(), timeout=10)
-                except grpc.aio.AioRpcError as exc:
-                    self._extra_violations.append(f"node {n.node_id} did not report its distribution: {exc.code()}")
-                    continue
-            out[n.node_id] = node_view(d)
-        return out
-
-
-#: The chaos oracle's request kinds (``chaos_ops.effect_of``) of the failover drill's load-state methods.
-_KIND_OF_METHOD = {"LoadCollection": "load", "LoadPartitions": "load_partitions", "ReleaseCollection": "release",
-                   "ReleasePartitions": "release_partitions"}
-
-
-def meta_collections(meta: QueryMeta) -> dict[int, MetaColl]:
-    """Query meta's loaded collections as the checks read them, with their replicas (id -> nodes)."""
-    out = {}
-    for info in meta.collections():
-        kind = "collection" if info.load_type == data_pb2.LOAD_TYPE_COLLECTION else "partitions"
-        out[info.collection_id] = MetaColl(kind, int(info.in_memory_percentage),
-                                           frozenset(p.partition_id for p in info.partitions),
-                                           {r.replica_id: frozenset(r.node_ids) for r in info.replicas})
-    return out
-
-
-def etcd_crash_reason(log_path: Path) -> str:
-    """The panic / fatal message at the end of an etcd member's log, with a hint when it is a known etcd bug."""
-    try:
-        with open(log_path, "rb") as f:
-            f.seek(max(0, log_path.stat().st_size - 512_000))
-            lines = f.read().decode(errors="replace").splitlines()
-    except OSError:
-        return ""
-    for line in reversed(lines):
-        if '"level":"panic"' in line or '"level":"fatal"' in line:
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                return line[:200]
-            reason = f"{entry.get('level')}: {entry.get('msg')}: {entry.get('error', '')}".rstrip(": ")
-            if "unexpected error during txn" in reason and "context canceled" in reason:
-                reason += (" (etcd-io/etcd#14110, fixed in etcd 3.5.5: a read-only txn whose caller went away, "
-                           "e.g. CatalogStore._get_many's 'catalog get' txn of a coordinator killed or cancelled)")
-            return reason
-    return ""
-
-
-# ----- report ---------------------------------------------------------------------------------------------------
-def render(result: DrillResult) -> str:
-    """The table: kills, pauses, faults, calls, invariants (the JSON line is printed separately)."""
-    o = result.options
-    target = o.ttl + 1.0
-    lines = ["", f"leader kills (takeover target <= TTL + 1s = {target:g}s)",
-             f"  {'#':>3} {'at s':>7}  {'mode':<34} {'old leader':<24} {'new leader':<24} {'takeover':>9}  target"]
-    for k in result.kills:
-        took = f"{k.takeover_s:.2f}s" if k.takeover_s is not None else "-"
-        verdict = "PASS" if k.takeover_s is not None and k.takeover_s <= target else "FAIL"
-        lines.append(f"  {k.n:>3} {k.t:>7.1f}  {k.mode:<34} {k.old:<24} {k.new or '-':<24} {took:>9}  {verdict}"
-                     f"{'  ' + k.note if k.note else ''}")
-    ts = result.takeovers
-    if ts:
-        lines.append(f"  takeover p50 {statistics.median(ts):.2f}s, max {max(ts):.2f}s over {len(ts)} kills")
-    for i, p in enumerate(result.pauses, 1):
-        took = f"{p.takeover_s:.2f}s" if p.takeover_s is not None else "-"
-        lines += ["", f"pause round {i} (SIGSTOP past the TTL, then windows where only the old leader runs)",
-                  f"  old leader {p.old_leader}, new leader {p.new_leader or '-'}, takeover {took}",
-                  f"  windows (revision ranges): {[(w.start, w.end) for w in p.windows]}",
-                  f"  changes in them: {p.window_changes} (sessions/election only: "
-                  f"{p.window_changes - p.stale_writes}), stale writes: {p.stale_writes} -> "
-                  f"{'PASS' if not p.stale_writes else 'FAIL'}{'' if p.conclusive else ' (INCONCLUSIVE)'}",
-                  f"  old leader's log: {p.refused_in_log} lines of refused writes / lost leadership"]
-    lines += render_activity(result.faults, result.calls, row=lambda r: r.method, width=18,
-                             example=lambda r: f"#{r.seq} {r.target}", slow=lambda r: f"#{r.seq} {r.method}")
-    c = result.check
-    if c is not None:
-        lines += ["", "invariants"]
-        for name, (ok, summary) in c.checks.items():
-            lines.append(f"  [{'PASS' if ok else 'FAIL'}] {name}: {summary}")
-        for d in c.details[:40]:
-            lines.append(f"    {d}")
-        if len(c.details) > 40:
-            lines.append(f"    ... and {len(c.details) - 40} more")
-    return "\n".join(lines)
-
-
-class Call(Protocol):
-    """What the table reads of a client call (``CallRecord``, the chaos drill's ``ChaosCall``)."""
-
-    method: str
-    outcome: str
-    code: str
-    reason: str
-
-    @property
-    def elapsed(self) -> float: ...
-
-
-C = TypeVar("C", bound=Call)
-
-
-def render_activity(faults: list[FaultRecord], calls: Sequence[C], *, row: Callable[[C], str], width: int,
-                    example: Callable[[C], str], slow: Callable[[C], str]) -> list[str]:
-    """The faults and the client calls of a drill's table: the answers per ``row`` (``width`` wide), one
-    ``example`` of each failure, the three slowest calls."""
-    lines: list[str] = []
-    if faults:
-        lines += ["", "faults"]
-        lines += [f"  {f.t:>7.1f}  {f.what}{'; ' + f.note if f.note else ''}" for f in faults]
-    by: dict[str, Counter[str]] = {}
-    for c in calls:
-        by.setdefault(row(c), Counter())[c.code if c.outcome in ("success", "error") else c.outcome.upper()] += 1
-    lines += ["", f"client calls: {len(calls)}"]
-    for name, counts in sorted(by.items()):
-        lines.append(f"  {name:<{width}} " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
-    reasons: dict[str, str] = {}
-    for c in calls:
-        if c.outcome != "success":
-            reasons.setdefault(f"{c.method} {c.code or c.outcome.upper()}", f"{example(c)}: {c.reason[:150]}")
-    for what, text in sorted(reasons.items()):
-        lines.append(f"    e.g. {what}: {text}")
-    slowest = sorted(calls, key=lambda c: -c.elapsed)[:3]
-    if slowest:
-        lines.append("  slowest: " + "; ".join(f"{slow(c)} {c.elapsed:.1f}s" for c in slowest))
-    return lines
 
 
 async def run_failover(opts: DrillOptions, out: Any = None) -> int:

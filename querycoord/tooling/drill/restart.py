@@ -45,7 +45,7 @@ from proto import querycoord_pb2 as qc
 from querycoord.catalog.store import CatalogStore
 from querycoord.client import CoordinatorUnavailable, QueryCoordClient
 from querycoord.grpc_channels import make_channel
-from querycoord.tooling.drill.base import DrillSetupError, ProcessDrill, run_and_report
+from querycoord.tooling.drill.base import DrillSetupError, ProcessDrill, run_and_report, wait_nodes_online
 from querycoord.tooling.drill.options import RestartOptions
 from querycoord.tooling.drill.restart_judge import (
     CollectionShown,
@@ -159,7 +159,7 @@ class RestartDrill(ProcessDrill[RestartOptions, RestartResult]):
             raise DrillSetupError(f"no coordinator became leader within 60s; logs in {self.work}") from None
         await self._create_collections()
         self.nodes = list(await asyncio.gather(*(self._start_node(i) for i in range(o.nodes))))
-        await self._wait_nodes_online(60)
+        await wait_nodes_online(self.client, self.nodes, timeout=60)
         self._sampler = asyncio.create_task(self._sample_forever(), name="sampler")
         await self._load()
 
@@ -193,19 +193,6 @@ class RestartDrill(ProcessDrill[RestartOptions, RestartResult]):
         finally:
             with contextlib.suppress(Exception):
                 await kv.client.close()
-
-    async def _wait_nodes_online(self, timeout: float) -> None:
-        assert self.client is not None
-        want = {n.node_id for n in self.nodes}
-        deadline = time.monotonic() + timeout
-        while True:
-            with contextlib.suppress(CoordinatorUnavailable, grpc.aio.AioRpcError):
-                resp = await self.client.query("ShowNodes", qc.ShowNodesRequest())
-                if want <= {n.node_id for n in resp.nodes if n.state == "online"}:
-                    return
-            if time.monotonic() > deadline:
-                raise DrillSetupError(f"query nodes {sorted(want)} never all online at the leader")
-            await asyncio.sleep(0.1)
 
     async def _load(self) -> None:
         assert self.client is not None
