@@ -19,7 +19,7 @@ defragmentation). It builds on the library; the library never imports it
 stores state pulls in no launcher or process tooling.
 
 A library is silent until the application turns its logs on:
-``logger.enable("meta")`` does (``querycoord.logs.setup_logging`` calls it),
+``logger.enable("meta")`` does (``querycoord.settings.logs.setup_logging`` calls it),
 so a program that imports ``meta`` keeps control of what reaches its log.
 The package ships ``py.typed``: type checkers read its annotations.
 """

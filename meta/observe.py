@@ -2,7 +2,7 @@
 
 ``meta`` must not depend on ``querycoord`` nor on a metrics library: it calls
 these module-level functions at the few places worth counting, and an
-application replaces them with ``set_observers`` (querycoord.metrics does).
+application replaces them with ``set_observers`` (querycoord.common.metrics does).
 The defaults do nothing, so meta used as a library costs one call per etcd
 request. Observers run inline on the event loop: they must be quick and must
 not raise.

@@ -31,9 +31,9 @@ from meta.kv import MetaKV
 from proto import data_pb2, querynode_pb2
 from querycoord import checkers
 from querycoord.checkers.distribution import collect
+from querycoord.common.target import Target, TargetSegment
 from querycoord.querymeta import QueryMeta
 from querycoord.querymeta.copies import set_copies
-from querycoord.target import Target, TargetSegment
 
 CID = 1
 PARTITIONS = 16

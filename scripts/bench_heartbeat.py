@@ -60,8 +60,8 @@ from meta.client import connect
 from meta.config import EtcdConfig
 from meta.kv import MetaKV
 from proto import stream_pb2
-from querycoord.config import StreamConfig
-from querycoord.messages import copy_fields
+from querycoord.common.messages import copy_fields
+from querycoord.settings.config import StreamConfig
 from querycoord.stream.manager import StreamManager
 from querycoord.stream.plan import expected_counts
 from querycoord.stream.runtime import ManagerState

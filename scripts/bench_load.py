@@ -87,11 +87,11 @@ from meta.client import EtcdClient, connect
 from meta.config import EtcdConfig
 from meta.kv import MAX_TXN_BYTES, MAX_TXN_OPS, MetaKV
 from proto import querycoord_pb2 as qc
-from querycoord.client import QueryCoordClient
-from querycoord.config import CoordConfig, SchedulerConfig
-from querycoord.coordinator import Leadership
+from querycoord.leader.coordinator import Leadership
+from querycoord.net.client import QueryCoordClient
 from querycoord.nodes.querynode import QueryNode
-from querycoord.process import CoordinatorProcess
+from querycoord.serving.process import CoordinatorProcess
+from querycoord.settings.config import CoordConfig, SchedulerConfig
 
 MIB = 1 << 20
 # Upper bound of a bulk segment's mem_size (create_bulk_collection: 10,000 rows of a 128-dim vector = 5.2 MB);

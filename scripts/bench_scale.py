@@ -99,10 +99,10 @@ from meta.ops.etcd_server import EtcdCluster
 from proto import querycoord_pb2 as qc
 from proto import querycoord_pb2_grpc
 from querycoord.catalog.store import CatalogStore
-from querycoord.client import QueryCoordClient
-from querycoord.grpc_channels import make_channel
+from querycoord.common.protocol import QUERYCOORD_ELECTION
+from querycoord.net.client import QueryCoordClient
 from querycoord.nodes.querynode import QueryNode
-from querycoord.protocol import QUERYCOORD_ELECTION
+from querycoord.security.grpc_channels import make_channel
 from querycoord.tooling.harness import COORDINATOR, Harness, Member, coord_argv
 
 MIB = 1 << 20

@@ -50,8 +50,8 @@ from meta.ops.etcd_server import DEFAULT_QUOTA_BYTES, EtcdCluster
 from meta.ops.maintenance import DEFAULT_KEEP_REVISIONS, MIB, compacted_revision
 from proto import common_pb2
 from proto import querycoord_pb2 as qc
-from querycoord.actions import Refusal, check, create_collection, load, release
-from querycoord.client import QueryCoordClient
+from querycoord.console.actions import Refusal, check, create_collection, load, release
+from querycoord.net.client import QueryCoordClient
 from querycoord.tooling.harness import QUERY_NODE, Harness
 
 DONE_STATES = (qc.TASK_STATE_EXPIRED, qc.TASK_STATE_FAILED)

@@ -32,9 +32,9 @@ from meta.ops.child import ChildProcess, child_env
 from meta.session import Session
 from proto import common_pb2, data_pb2, querycoord_pb2_grpc
 from proto import querycoord_pb2 as qc
-from querycoord.grpc_channels import make_channel
-from querycoord.protocol import QUERYCOORD_ELECTION, QUERYCOORD_ROLE
+from querycoord.common.protocol import QUERYCOORD_ELECTION, QUERYCOORD_ROLE
 from querycoord.querymeta import QueryMeta
+from querycoord.security.grpc_channels import make_channel
 from querycoord.tooling.harness import coord_argv
 
 

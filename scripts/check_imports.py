@@ -7,7 +7,7 @@ surfaces above that, the tooling on top. A cycle is where that breaks first.
 Every import counts: those inside functions (a lazy import only postpones
 the cycle) and those under ``if TYPE_CHECKING:`` (a type-only import still
 ties a module to what it names, and the next change turns it into a runtime
-one). The engine reports to the process through hooks (``querycoord.events``,
+one). The engine reports to the process through hooks (``querycoord.common.events``,
 ``meta.observe``), never by importing it.
 
 Two graphs are checked: modules, and packages (``querycoord.task``,

@@ -20,10 +20,10 @@ from meta.kv import MetaKV
 from meta.ops.etcd_server import EtcdCluster
 from proto import common_pb2, querynode_pb2
 from proto import querycoord_pb2 as qc
-from querycoord.client import QueryCoordClient
-from querycoord.config import SCALED_SCHEDULER, SchedulerConfig, scaled_config
+from querycoord.net.client import QueryCoordClient
 from querycoord.nodes.querynode import FaultConfig, QueryNode
-from querycoord.process import CoordinatorProcess
+from querycoord.serving.process import CoordinatorProcess
+from querycoord.settings.config import SCALED_SCHEDULER, SchedulerConfig, scaled_config
 from querycoord.task.store import TASK_PREFIXES
 from tests.spawn import Spawned, spawn_query_node
 

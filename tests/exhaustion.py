@@ -44,8 +44,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from proto import common_pb2, querycoord_pb2
 from proto import querycoord_pb2_grpc as qc_grpc
-from querycoord.auth import token_digest
-from querycoord.protocol import QUERYCOORD_SERVICE
+from querycoord.common.protocol import QUERYCOORD_SERVICE
+from querycoord.security.auth import token_digest
 from querycoord.tooling.harness import Harness, Member
 
 EC = common_pb2

@@ -40,8 +40,8 @@ from meta.kv import MetaKV
 from meta.ops.etcd_server import EtcdCluster
 from proto import catalog_pb2, common_pb2, data_pb2, querycoord_pb2, querynode_pb2, stream_pb2
 from querycoord.catalog import store as catalog_store
-from querycoord.client import CoordinatorUnavailable, QueryCoordClient
-from querycoord.protocol import QUERYCOORD_SERVICE
+from querycoord.common.protocol import QUERYCOORD_SERVICE
+from querycoord.net.client import CoordinatorUnavailable, QueryCoordClient
 from querycoord.querymeta import QueryMeta
 from querycoord.stream import store as stream_store
 from querycoord.task.store import TASK_PREFIXES

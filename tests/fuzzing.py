@@ -43,7 +43,7 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
 from proto import catalog_pb2, common_pb2, data_pb2, querycoord_pb2, querynode_pb2, stream_pb2
-from querycoord.protocol import parse_leader
+from querycoord.common.protocol import parse_leader
 
 COORDINATOR = "coordinator"
 QUERY_NODE = "query node"

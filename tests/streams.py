@@ -14,8 +14,8 @@ from typing import Any
 
 from meta.kv import MetaKV
 from proto import stream_pb2
-from querycoord.config import StreamConfig
-from querycoord.messages import copy_fields
+from querycoord.common.messages import copy_fields
+from querycoord.settings.config import StreamConfig
 from querycoord.stream.manager import StreamManager
 from querycoord.stream.runtime import ManagerState
 from querycoord.stream.store import StreamStore

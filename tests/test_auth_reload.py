@@ -34,8 +34,8 @@ from meta.ops.child import child_env
 from meta.ops.etcd_server import EtcdCluster
 from proto import querycoord_pb2
 from proto import querycoord_pb2_grpc as qc_grpc
-from querycoord.auth import Authenticator, PrincipalsError, Refused
-from querycoord.grpc_channels import GrpcSecurity, add_port, make_channel, make_server
+from querycoord.security.auth import Authenticator, PrincipalsError, Refused
+from querycoord.security.grpc_channels import GrpcSecurity, add_port, make_channel, make_server
 from tests.spawn import spawn_coordinator
 
 

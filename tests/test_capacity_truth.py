@@ -15,10 +15,10 @@ from proto import common_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.catalog.store import CatalogStore
 from querycoord.cluster.incarnations import Incarnations
+from querycoord.leader.watchers import forget_node
 from querycoord.nodes.querynode import FaultConfig, QueryNode
 from querycoord.querymeta.copies import copies
 from querycoord.tooling.drill.sampler import Sampler
-from querycoord.watchers import forget_node
 from tests.cluster import MiB, QueryCluster, fast_scheduler
 from tests.truth import InProcessSources, held_by, target_of, until_true
 

@@ -17,12 +17,12 @@ import pytest
 
 from meta.kv import MetaKV
 from proto import catalog_pb2, catalog_pb2_grpc, common_pb2, data_pb2
-from querycoord.actions import Refusal, check
 from querycoord.catalog import CatalogStore, SegmentIdTaken, start_catalog_server
 from querycoord.catalog.broker import BrokerError
 from querycoord.catalog.segment_ids import INDEX_PREFIX, index_key, index_prefix, marker_key
 from querycoord.catalog.store import InvalidArgument, segment_prefix
-from querycoord.errors import status_of
+from querycoord.common.errors import status_of
+from querycoord.console.actions import Refusal, check
 from querycoord.metatool.owners import owner_of
 
 

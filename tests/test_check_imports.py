@@ -35,7 +35,7 @@ def test_every_kind_of_import_of_ops_or_querycoord_by_the_core_is_refused(check_
     modules = _tree(tmp_path, {
         "meta.kv": "from meta.ops.child import ChildProcess\n",
         "meta.fence": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from meta.ops import etcd_server\n",
-        "meta.loops": "def f():\n    import querycoord.config\n",
+        "meta.loops": "def f():\n    import querycoord.settings.config\n",
         "meta.watch": "from meta import ops\n",
         "meta.idalloc": "from . import ops\n",
         "meta.ops.child": "from meta.kv import MetaKV\nimport querycoord\n",  # ops may import anything
@@ -45,7 +45,7 @@ def test_every_kind_of_import_of_ops_or_querycoord_by_the_core_is_refused(check_
         ("meta.fence", "meta.ops"),
         ("meta.idalloc", "meta.ops"),
         ("meta.kv", "meta.ops.child"),
-        ("meta.loops", "querycoord.config"),
+        ("meta.loops", "querycoord.settings.config"),
         ("meta.watch", "meta.ops"),
     ]
 

@@ -10,8 +10,8 @@ from meta.ops.etcd_server import EtcdCluster
 from proto import common_pb2, data_pb2, querynode_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.checkers import Held, diff
+from querycoord.common.target import Target, TargetSegment
 from querycoord.querymeta import QueryMeta
-from querycoord.target import Target, TargetSegment
 from tests.cluster import MiB, QueryCluster, fast_scheduler
 
 COLL = data_pb2.LOAD_TYPE_COLLECTION

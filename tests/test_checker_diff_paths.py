@@ -24,9 +24,9 @@ from meta.kv import MetaKV
 from meta.ops.etcd_server import EtcdCluster
 from proto import data_pb2, task_pb2
 from querycoord.checkers import Diff, Held, Holders, diff, diff_async
+from querycoord.common.target import Target, TargetSegment
 from querycoord.querymeta import QueryMeta
 from querycoord.querymeta.copies import copies
-from querycoord.target import Target, TargetSegment
 
 NODES = list(range(1, 5))  # few nodes: holders and records often meet
 FOREIGN_REPLICA = 9  # a replica id no collection has: a copy recorded beside the collection's replicas

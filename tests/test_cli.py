@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 
 from proto import querycoord_pb2 as qc
-from querycoord import draw
+from querycoord.console import draw
 from tests import procs
 
 

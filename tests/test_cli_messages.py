@@ -27,8 +27,8 @@ from meta.ops.child import ChildProcess, child_env
 from meta.ops.etcd_server import EtcdCluster
 from meta.session import Session
 from proto import querycoord_pb2 as qc
-from querycoord import draw
-from querycoord.protocol import QUERYCOORD_ELECTION, QUERYCOORD_ROLE
+from querycoord.common.protocol import QUERYCOORD_ELECTION, QUERYCOORD_ROLE
+from querycoord.console import draw
 from querycoord.tooling.harness import coord_argv
 from tests.spawn import spawn_coordinator, spawn_query_node
 from tests.test_cli import Up, ok, refused

@@ -26,12 +26,12 @@ from loguru import logger
 from meta.ops.child import child_env
 from querycoord.cli import build_parser
 from querycoord.cli.config_cmd import settings as config_rows
-from querycoord.config import CoordConfig
-from querycoord.config_file import SETTINGS, Setting, apply_layers
-from querycoord.coord_options import OPTIONS, PRESET_RULES, check_numbers, config_from_args, option_value
-from querycoord.security_options import OPTIONS as SECURITY_OPTIONS
-from querycoord.security_options import security_from_args
-from querycoord.setting_rules import Rule
+from querycoord.settings.config import CoordConfig
+from querycoord.settings.config_file import SETTINGS, Setting, apply_layers
+from querycoord.settings.coord_options import OPTIONS, PRESET_RULES, check_numbers, config_from_args, option_value
+from querycoord.settings.security_options import OPTIONS as SECURITY_OPTIONS
+from querycoord.settings.security_options import security_from_args
+from querycoord.settings.setting_rules import Rule
 
 ETCD = "127.0.0.1:1"  # never dialled: every case here stops before it reaches etcd
 

@@ -18,9 +18,9 @@ import pytest
 from loguru import logger
 
 from querycoord.cli import build_parser, main
-from querycoord.config_file import SETTINGS, ConfigError, Source, apply_layers, load_file
-from querycoord.coord_options import OPTIONS, config_from_args
-from querycoord.etcd_options import etcd_config_from_args
+from querycoord.settings.config_file import SETTINGS, ConfigError, Source, apply_layers, load_file
+from querycoord.settings.coord_options import OPTIONS, config_from_args
+from querycoord.settings.etcd_options import etcd_config_from_args
 
 SECRET = "pw-never-printed-8731"
 

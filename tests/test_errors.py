@@ -22,10 +22,10 @@ from querycoord.catalog.broker import BrokerError
 from querycoord.catalog.store import CollectionNotFound
 from querycoord.cluster.allocator import NoAvailableNode
 from querycoord.cluster.client import NodeError
-from querycoord.errors import TIMEOUT_REASON, Conflict, CoordError, NotLeading, status_of
-from querycoord.gate import LeaderGate
+from querycoord.common.errors import TIMEOUT_REASON, Conflict, CoordError, NotLeading, status_of
 from querycoord.nodes.querynode_state import NodeRefusal
 from querycoord.querymeta import CorruptRecord, LoadTypeConflict, PartitionNotLoaded, QueryMetaError
+from querycoord.serving.gate import LeaderGate
 from querycoord.stream.store import NoSnodeAvailable
 from querycoord.task.model import TaskCancelled, TaskError
 from tests.cluster import QueryCluster, fast_scheduler

@@ -12,8 +12,8 @@ from meta.client import EtcdClient, is_transient
 from meta.ops.etcd_server import EtcdCluster
 from proto import common_pb2, querycoord_pb2_grpc
 from proto import querycoord_pb2 as qc
-from querycoord.config import CoordConfig, scaled_config
-from querycoord.process import CoordinatorProcess
+from querycoord.serving.process import CoordinatorProcess
+from querycoord.settings.config import CoordConfig, scaled_config
 
 
 async def test_majority_down_means_not_serving_then_leadership_returns_with_quorum(tmp_path: Path) -> None:

@@ -38,7 +38,7 @@ from meta.ops.etcd_server import EtcdCluster
 from meta.session import Session, SessionIdTaken, list_sessions
 from meta.session_guard import SessionGuard
 from querycoord.cli.etcd_admin import NODE_READS
-from querycoord.protocol import QUERYCOORD_ELECTION
+from querycoord.common.protocol import QUERYCOORD_ELECTION
 from tests.spawn import Spawned, spawn_coordinator, spawn_query_node, spawn_ready
 
 ROOT = "prod"

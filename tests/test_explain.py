@@ -1,4 +1,4 @@
-"""Explain and health as pure functions (``querycoord.explain``, ``served.health``, ``task.waits``,
+"""Explain and health as pure functions (``querycoord.serving.explain``, ``served.health``, ``task.waits``,
 ``draw_health``): every rule on plain data, no cluster; and the README's examples, drawn from the records they
 show. The real cluster's answers are tests/test_health.py's."""
 
@@ -11,12 +11,13 @@ import pytest
 
 from meta.kv import MetaKV
 from proto import querycoord_pb2 as qc
-from querycoord import coordinator_metrics, draw
-from querycoord.draw_health import explain_lines, explain_record, health_lines, health_record
-from querycoord.explain import Facts, TriggerFacts, explain_units
+from querycoord.console import draw
+from querycoord.console.draw_health import explain_lines, explain_record, health_lines, health_record
 from querycoord.served.health import collection_health, worst
 from querycoord.served.missing import ReplicaMissing, missing_by_replica
 from querycoord.served.state import HEALTH_STATES, CollectionServed, ReplicaServed
+from querycoord.serving import coordinator_metrics
+from querycoord.serving.explain import Facts, TriggerFacts, explain_units
 from querycoord.task.parking import NO_NODE, NO_ROOM, Parked
 from querycoord.task.waits import MAX_WAITS, TriggerState, Waits, trigger_waits
 from tests.test_served import two_replica_meta

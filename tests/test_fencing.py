@@ -13,7 +13,7 @@ from meta.watch import EventType, WatchBatch, watch_prefix
 from proto import common_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.catalog.store import CatalogStore
-from querycoord.client import QueryCoordClient
+from querycoord.net.client import QueryCoordClient
 from querycoord.nodes.querynode import FaultConfig
 from tests.cluster import QueryCluster, wait_in_memory
 from tests.spawn import MID_LOAD_FLAGS, Spawned, spawn_coordinator

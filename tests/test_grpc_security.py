@@ -5,7 +5,7 @@ node) configured only by TOML files, ``QUERYCOORD_*`` variables and token
 files, with throwaway certificates (``tests/certs.py``): mutual TLS
 everywhere, and one principals file naming who may call what. The clients
 are the ``querycoord`` command line (a user's certificate and token) and
-in-process channels built by ``querycoord.grpc_channels`` with a chosen
+in-process channels built by ``querycoord.security.grpc_channels`` with a chosen
 identity. The standalone catalog server is tested in-process.
 """
 
@@ -40,10 +40,10 @@ from proto import (
     stream_pb2_grpc,
 )
 from proto import querycoord_pb2_grpc as qc_grpc
-from querycoord.auth import RULES, SERVICES, Authenticator, PrincipalsError, Role, missing_rules
 from querycoord.catalog.service import start_catalog_server
 from querycoord.catalog.store import CatalogStore
-from querycoord.grpc_channels import GrpcSecurity, SecurityConfigError, add_port, make_channel, make_server
+from querycoord.security.auth import RULES, SERVICES, Authenticator, PrincipalsError, Role, missing_rules
+from querycoord.security.grpc_channels import GrpcSecurity, SecurityConfigError, add_port, make_channel, make_server
 from tests.certs import Authority, Issued, make_authority
 from tests.spawn import Spawned, spawn_coordinator, spawn_query_node, spawn_stream_node
 

@@ -17,9 +17,9 @@ import grpc
 from meta.ops.etcd_server import EtcdCluster
 from proto import common_pb2, querycoord_pb2_grpc
 from proto import querycoord_pb2 as qc
-from querycoord.coordinator_metrics import coordinator_families
-from querycoord.grpc_channels import make_channel
 from querycoord.nodes.querynode import FaultConfig
+from querycoord.security.grpc_channels import make_channel
+from querycoord.serving.coordinator_metrics import coordinator_families
 from tests.cluster import MiB, QueryCluster, fast_scheduler, running_cluster
 from tests.test_cli import cli, ok
 

@@ -24,9 +24,9 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from meta.ops.etcd_server import EtcdCluster
-from querycoord.grpc_channels import GrpcSecurity
-from querycoord.http_access import tls_context
-from querycoord.http_server import HttpLimits, HttpServer, Page, Probe
+from querycoord.net.http_access import tls_context
+from querycoord.net.http_server import HttpLimits, HttpServer, Page, Probe
+from querycoord.security.grpc_channels import GrpcSecurity
 from querycoord.tooling.harness import coord_argv
 from tests.certs import make_authority
 from tests.spawn import Spawned, spawn_ready

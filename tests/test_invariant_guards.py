@@ -34,11 +34,11 @@ from proto import data_pb2, querynode_pb2, task_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.catalog.broker import LocalBroker
 from querycoord.catalog.store import CatalogStore
-from querycoord.client import QueryCoordClient
 from querycoord.cluster.nodes import NodeManager
-from querycoord.coordinator import Leadership
+from querycoord.common.protocol import QUERYCOORD_ELECTION
+from querycoord.leader.coordinator import Leadership
+from querycoord.net.client import QueryCoordClient
 from querycoord.nodes.querynode import QueryNode
-from querycoord.protocol import QUERYCOORD_ELECTION
 from querycoord.querymeta import QueryMeta
 from querycoord.task.model import DOING, DONE, UNDO, TaskEnv
 from querycoord.task.scheduler import Scheduler

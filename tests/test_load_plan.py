@@ -9,7 +9,7 @@ from google.protobuf.message import Message
 
 from meta.kv import MetaKV
 from proto import data_pb2
-from querycoord.messages import copy_fields
+from querycoord.common.messages import copy_fields
 from querycoord.querymeta.records import loaded_record
 from querycoord.task.assign import add_refs, fill_load_info, merge_by_size, segment_load_info
 

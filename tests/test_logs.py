@@ -21,8 +21,8 @@ from loguru import logger
 
 from meta.ops.child import child_env
 from meta.ops.etcd_server import EtcdCluster
-from querycoord.logs import json_line, setup_logging
 from querycoord.nodes.querynode import FaultConfig
+from querycoord.settings.logs import json_line, setup_logging
 from tests.cluster import running_cluster
 from tests.spawn import spawn_coordinator, spawn_query_node
 
@@ -89,7 +89,7 @@ from loguru import logger
 from meta.client import connect
 from meta.config import EtcdConfig
 if sys.argv[2] == "app":
-    from querycoord.logs import setup_logging
+    from querycoord.settings.logs import setup_logging
     setup_logging("INFO")
 async def main():
     client = await connect(EtcdConfig(endpoints=(sys.argv[1],), user="someone", password="pw"))

@@ -13,7 +13,7 @@ from meta.kv import MetaKV
 from meta.loops import keep_running
 from meta.ops.etcd_server import EtcdCluster
 from meta.session import Session
-from querycoord import metrics
+from querycoord.common import metrics
 
 
 def loop_errors(loop: str) -> float:

@@ -1,5 +1,5 @@
 """Memory a finished load no longer needs: children drop their binlog paths once answered, and a large trigger
-gives the freed memory back to the OS (``querycoord.memory``). Facts about objects, never RSS or timings."""
+gives the freed memory back to the OS (``querycoord.common.memory``). Facts about objects, never RSS or timings."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from meta.ops.etcd_server import EtcdCluster
 from proto import common_pb2
 from proto import querycoord_pb2 as qc
-from querycoord import memory
+from querycoord.common import memory
 from querycoord.task.children import LoadSegmentsTask
 from tests.cluster import QueryCluster
 

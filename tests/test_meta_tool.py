@@ -23,9 +23,9 @@ from meta.ops.etcd_server import EtcdCluster
 from meta.session import Session
 from proto import data_pb2, stream_pb2, task_pb2
 from proto import querycoord_pb2 as qc
+from querycoord.common.protocol import QUERYCOORD_ELECTION
 from querycoord.metatool import repair, show, snapshot
 from querycoord.metatool.verify import verify
-from querycoord.protocol import QUERYCOORD_ELECTION
 from querycoord.querymeta import keys as qkeys
 from querycoord.stream.store import name_key as stream_name_key
 from querycoord.stream.store import snode_key, stream_key

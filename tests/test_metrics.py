@@ -23,9 +23,9 @@ from meta.kv import MetaKV
 from meta.ops.etcd_server import EtcdCluster
 from proto import common_pb2
 from proto import querycoord_pb2 as qc
-from querycoord import metrics
 from querycoord.catalog.store import CatalogStore
-from querycoord.client import QueryCoordClient
+from querycoord.common import metrics
+from querycoord.net.client import QueryCoordClient
 from tests.spawn import MID_LOAD_FLAGS, Spawned, spawn_coordinator, spawn_query_node, spawn_stream_node
 
 HTTP = ("--http-listen", "127.0.0.1:0")

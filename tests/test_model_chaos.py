@@ -95,11 +95,11 @@ from meta.ops.etcd_server import EtcdCluster
 from proto import common_pb2, data_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.catalog.store import CatalogError, CatalogStore
-from querycoord.client import CoordinatorUnavailable
+from querycoord.net.client import CoordinatorUnavailable
 from querycoord.nodes.querynode import FaultConfig, QueryNode
-from querycoord.process import CoordinatorProcess
 from querycoord.querymeta import QueryMeta
 from querycoord.querymeta.copies import copies
+from querycoord.serving.process import CoordinatorProcess
 from querycoord.tooling.drill.invariants import (
     UNCLEAR_CODES,
     CatalogColl,

@@ -11,10 +11,9 @@ import json
 import subprocess
 import sys
 
-COORDINATOR_SIDE = ("querycoord.task", "querycoord.checker", "querycoord.checkers", "querycoord.status_page",
-                    "querycoord.status_view", "querycoord.switchover", "querycoord.actions", "querycoord.coordinator",
-                    "querycoord.server", "querycoord.served", "querycoord.querymeta", "querycoord.stream",
-                    "querycoord.catalog", "querycoord.health", "querycoord.process", "querycoord.cli")
+COORDINATOR_SIDE = ("querycoord.task", "querycoord.checkers", "querycoord.console", "querycoord.leader",
+                    "querycoord.serving", "querycoord.served", "querycoord.querymeta", "querycoord.stream",
+                    "querycoord.catalog", "querycoord.cli")
 
 
 def test_node_modules_load_nothing_of_the_coordinator() -> None:

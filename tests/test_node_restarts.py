@@ -19,10 +19,10 @@ from proto import querycoord_pb2 as qc
 from querycoord.catalog.store import CatalogStore
 from querycoord.cluster.incarnations import Incarnations
 from querycoord.cluster.nodes import Node, NodeManager
+from querycoord.leader.watchers import forget_node, record_joined
 from querycoord.nodes.querynode import FaultConfig, QueryNode
 from querycoord.querymeta import QueryMeta
 from querycoord.task.history import TaskHistory
-from querycoord.watchers import forget_node, record_joined
 from tests.cluster import MiB, QueryCluster, fast_scheduler
 from tests.leader import leader_fence
 from tests.truth import false_full, held_by, target_of, until_true

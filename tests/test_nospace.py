@@ -28,14 +28,14 @@ from meta.ops.maintenance import MIB, maintain
 from meta.session import list_sessions
 from proto import common_pb2
 from proto import querycoord_pb2 as qc
-from querycoord import etcd_space, metrics
 from querycoord.catalog.store import CatalogStore
-from querycoord.client import QueryCoordClient
-from querycoord.etcd_space import SpaceMonitor
-from querycoord.gate import LeaderGate
+from querycoord.common import etcd_space, metrics
+from querycoord.common.etcd_space import SpaceMonitor
+from querycoord.common.protocol import QUERYCOORD_ROLE
+from querycoord.net.client import QueryCoordClient
 from querycoord.nodes.querynode import FaultConfig
 from querycoord.nodes.querynode_faults import FaultInjector
-from querycoord.protocol import QUERYCOORD_ROLE
+from querycoord.serving.gate import LeaderGate
 from tests.cluster import QueryCluster
 from tests.spawn import MID_LOAD_FLAGS, Spawned, spawn_coordinator
 from tests.test_metrics import probe, scrape, value

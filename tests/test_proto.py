@@ -31,7 +31,7 @@ from proto import (
     stream_pb2,  # noqa: F401  (registers proto/stream.proto, whatever else this run imported)
     task_pb2,
 )
-from querycoord.protocol import MUTATING_METHODS
+from querycoord.common.protocol import MUTATING_METHODS
 
 PROTO_FILES = ["common", "data", "querycoord", "querynode", "catalog", "task", "stream"]
 
@@ -65,7 +65,7 @@ SERVICES = {
     "QueryNode": (
         querynode_pb2,
         querynode_pb2_grpc,
-        # The calls that change what a node holds (stated once, in querycoord.protocol), and three reads.
+        # The calls that change what a node holds (stated once, in querycoord.common.protocol), and three reads.
         MUTATING_METHODS | {"GetSegmentInfo", "GetDataDistribution", "GetComponentStates"},
     ),
     "Catalog": (

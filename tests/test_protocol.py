@@ -1,11 +1,11 @@
-"""The wire contract is stated once (``querycoord.protocol``) and everyone speaks it."""
+"""The wire contract is stated once (``querycoord.common.protocol``) and everyone speaks it."""
 
 from __future__ import annotations
 
 import pytest
 
 from proto import querycoord_pb2, querynode_pb2
-from querycoord import protocol
+from querycoord.common import protocol
 from querycoord.stream import store as stream_store
 
 

@@ -10,7 +10,7 @@ from meta.idalloc import IdAllocator
 from meta.ops.etcd_server import EtcdCluster
 from proto import common_pb2, task_pb2
 from proto import querycoord_pb2 as qc
-from querycoord.balance import plan_move
+from querycoord.leader.balance import plan_move
 from querycoord.nodes.querynode import FaultConfig
 from tests.cluster import MiB, QueryCluster, fast_scheduler, wait_in_memory
 from tests.spawn import MID_LOAD_FLAGS, spawn_coordinator
@@ -27,7 +27,7 @@ async def test_coordinator_killed_mid_load_then_restarted_finishes_the_load(
         try:
             await first.next_event("leader", timeout=60)
             from querycoord.catalog.store import CatalogStore
-            from querycoord.client import QueryCoordClient
+            from querycoord.net.client import QueryCoordClient
 
             desc, _ = await CatalogStore(c.kv).create_bulk_collection("crash", num_partitions=4, num_segments=300)
             cid = desc.collection_id

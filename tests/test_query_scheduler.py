@@ -108,7 +108,7 @@ async def test_a_node_gets_one_load_call_at_a_time_and_the_load_finishes(etcd: E
 async def test_node_load_concurrency_is_an_option_of_at_least_one() -> None:
     import argparse
 
-    from querycoord.coord_options import add_coord_options, config_from_args
+    from querycoord.settings.coord_options import add_coord_options, config_from_args
 
     p = argparse.ArgumentParser()
     add_coord_options(p)
@@ -189,7 +189,7 @@ async def test_a_standby_answers_reads_from_etcd_and_sends_the_rest_to_the_leade
         import grpc
 
         from proto import querycoord_pb2_grpc
-        from querycoord.client import QueryCoordClient
+        from querycoord.net.client import QueryCoordClient
 
         async with grpc.aio.insecure_channel(standby.address) as ch:
             stub = querycoord_pb2_grpc.QueryCoordStub(ch)

@@ -428,7 +428,7 @@ def test_cli_parser_and_bad_options() -> None:
     for flag, value in (("--fail-kinds", "Nope"), ("--capacity-mb", "0")):
         bad = parser.parse_args(["querynode", "--etcd-endpoints", "127.0.0.1:1", "--root", "r", flag, value])
         assert cmd_querynode(bad) == 2, flag
-    # Numbers out of their rule (querycoord.setting_rules) are usage errors: argparse names the flag, exit 2.
+    # Numbers out of their rule (querycoord.settings.setting_rules) are usage errors: argparse names the flag, exit 2.
     for flag, value in (("--failure-rate", "2"), ("--ttl", "1"), ("--ttl", "nan"), ("--latency-ms", "inf")):
         with pytest.raises(SystemExit) as e:
             parser.parse_args(["querynode", "--etcd-endpoints", "127.0.0.1:1", "--root", "r", flag, value])

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proto import data_pb2, querynode_pb2
-from querycoord.limits import DEFAULT_LIMITS, Limits
+from querycoord.common.limits import DEFAULT_LIMITS, Limits
+from querycoord.common.validate import InvalidField, text_ok
 from querycoord.nodes import querynode_checks
 from querycoord.nodes.querynode_checks import (
     _check_load_info,
@@ -20,7 +21,6 @@ from querycoord.nodes.querynode_checks import (
     check_node_request,
 )
 from querycoord.nodes.querynode_state import EC, HeldSegment, LoadColumns, NodeRefusal, QueryNodeState
-from querycoord.validate import InvalidField, text_ok
 
 PATHS = [
     [], ["a"], ["files/insert_log/1/2/3/0", "files/insert_log/1/2/3/1"], [""], ["a", ""], ["a\nb"], ["tab\there"],

@@ -20,12 +20,12 @@ from meta.ops.etcd_server import EtcdCluster
 from meta.session import Session
 from proto import common_pb2, querycoord_pb2_grpc
 from proto import querycoord_pb2 as qc
-from querycoord.grpc_bounds import MAX_OPEN_STREAMS
-from querycoord.grpc_channels import make_channel
-from querycoord.protocol import QUERYCOORD_ELECTION, QUERYCOORD_ROLE
+from querycoord.common.protocol import QUERYCOORD_ELECTION, QUERYCOORD_ROLE
+from querycoord.common.shared_run import SharedRun
 from querycoord.querymeta import QueryMeta
-from querycoord.read_slots import Busy, ReadSlots
-from querycoord.shared_run import SharedRun
+from querycoord.security.grpc_bounds import MAX_OPEN_STREAMS
+from querycoord.security.grpc_channels import make_channel
+from querycoord.serving.read_slots import Busy, ReadSlots
 from tests.spawn import spawn_coordinator
 from tests.test_querymeta import COLL, seg
 

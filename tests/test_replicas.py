@@ -15,7 +15,7 @@ from meta.kv import MetaKV
 from meta.ops.etcd_server import EtcdCluster
 from proto import common_pb2, data_pb2, querynode_pb2
 from proto import querycoord_pb2 as qc
-from querycoord.balance import plan_move
+from querycoord.leader.balance import plan_move
 from querycoord.nodes.querynode import FaultConfig, QueryNode
 from querycoord.querymeta import QueryMeta
 from tests.cluster import QueryCluster, fast_scheduler, running_cluster, wait_until

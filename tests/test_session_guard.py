@@ -20,8 +20,8 @@ import pytest
 from meta.kv import MetaKV
 from meta.session import MAX_SESSION_VALUE_BYTES, Session, SessionInfo, session_key
 from meta.session_guard import VALUE_SIZE, WRITE_RATE, GuardLimits, SessionGuard
-from querycoord import metrics
 from querycoord.cluster.nodes import NodeManager
+from querycoord.common import metrics
 from tests.cluster import running_cluster
 
 

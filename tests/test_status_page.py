@@ -25,10 +25,10 @@ from meta.kv import MetaKV
 from meta.ops.etcd_server import EtcdCluster
 from proto import catalog_pb2, common_pb2
 from proto import querycoord_pb2 as qc
-from querycoord.actions import create_snode, create_stream
 from querycoord.catalog.store import CatalogStore, collection_key
-from querycoord.client import QueryCoordClient
-from querycoord.status_page import script_json
+from querycoord.console.actions import create_snode, create_stream
+from querycoord.console.status_page import script_json
+from querycoord.net.client import QueryCoordClient
 from tests.spawn import MID_LOAD_FLAGS, Processes, Spawned, spawn_snode_host
 
 HTTP = ("--http-listen", "127.0.0.1:0")

@@ -21,11 +21,11 @@ from meta.session import Session
 from proto import common_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.catalog.store import CatalogStore
-from querycoord.client import QueryCoordClient
-from querycoord.messages import load_items
+from querycoord.common.messages import load_items
+from querycoord.common.protocol import QUERYCOORD_ELECTION, QUERYCOORD_ROLE
+from querycoord.leader.switchover import SWITCHOVER_KEY, candidates
+from querycoord.net.client import QueryCoordClient
 from querycoord.nodes.querynode import FaultConfig, QueryNode
-from querycoord.protocol import QUERYCOORD_ELECTION, QUERYCOORD_ROLE
-from querycoord.switchover import SWITCHOVER_KEY, candidates
 from tests.cluster import QueryCluster, wait_in_memory
 from tests.spawn import MID_LOAD_FLAGS, Processes
 

@@ -16,8 +16,8 @@ import pytest
 
 from meta.ops.etcd_server import EtcdCluster
 from proto import stream_pb2 as sp
-from querycoord import draw
-from querycoord.actions import parse_vgroups
+from querycoord.console import draw
+from querycoord.console.actions import parse_vgroups
 from tests.spawn import Processes, spawn_snode_host
 from tests.stream_client import wait_for
 

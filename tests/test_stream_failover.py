@@ -24,7 +24,7 @@ from meta.fence import Fence
 from meta.kv import MetaKV
 from meta.ops.etcd_server import EtcdCluster
 from proto import common_pb2, stream_pb2
-from querycoord.config import StreamConfig
+from querycoord.settings.config import StreamConfig
 from querycoord.stream.manager import StreamManager
 from querycoord.stream.store import StreamStore
 from tests.spawn import Processes, Spawned

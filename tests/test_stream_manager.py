@@ -379,7 +379,7 @@ async def test_watch_error_falls_back_to_redeploying_everything(
 
 
 def test_stream_config_scales_durations_not_counts() -> None:
-    from querycoord.config import StreamConfig
+    from querycoord.settings.config import StreamConfig
 
     base = StreamConfig()
     fast = base.scaled(0.1)

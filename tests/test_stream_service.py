@@ -21,8 +21,8 @@ from meta.kv import MetaKV
 from meta.ops.etcd_server import EtcdCluster
 from meta.session import Session
 from proto import common_pb2, stream_pb2
-from querycoord.config import CoordConfig, StreamConfig, scaled_config
-from querycoord.process import CoordinatorProcess
+from querycoord.serving.process import CoordinatorProcess
+from querycoord.settings.config import CoordConfig, StreamConfig, scaled_config
 from querycoord.stream.store import StreamStore
 from tests.stream_client import stub_for, wait_for
 

@@ -14,9 +14,9 @@ from meta.kv import MetaKV
 from meta.ops.etcd_server import EtcdCluster
 from proto import common_pb2, task_pb2
 from proto import querycoord_pb2 as qc
-from querycoord.client import QueryCoordClient
-from querycoord.coord_options import add_coord_options, config_from_args
+from querycoord.net.client import QueryCoordClient
 from querycoord.nodes.querynode import FaultConfig
+from querycoord.settings.coord_options import add_coord_options, config_from_args
 from querycoord.task.history import HISTORY_PREFIX, MAX_RECORD_BYTES, TaskHistory, history_key, summarize
 from querycoord.task.model import now_ms
 from querycoord.task.store import TRIGGER_PREFIX, TaskStore, info_key, request_key

@@ -24,8 +24,8 @@ from proto import querycoord_pb2 as qc
 from querycoord.catalog.store import CatalogStore
 from querycoord.cluster.client import NodeError, QueryNodeClient
 from querycoord.cluster.nodes import NodeManager
+from querycoord.common.protocol import QUERYCOORD_ELECTION, QUERYCOORD_ROLE
 from querycoord.nodes.querynode import FaultConfig
-from querycoord.protocol import QUERYCOORD_ELECTION, QUERYCOORD_ROLE
 from querycoord.querymeta import QueryMeta
 from querycoord.task.store import TaskStore
 from querycoord.task.triggers import LoadPartitionsTask

@@ -41,12 +41,12 @@ from proto import querycoord_pb2 as qc
 from querycoord.catalog.service import check_create_collection
 from querycoord.catalog.store import CatalogStore, InvalidArgument
 from querycoord.cli import build_parser
-from querycoord.config_file import apply_layers
-from querycoord.coord_options import config_from_args
-from querycoord.limits import Limits
+from querycoord.common.limits import Limits
+from querycoord.common.validate import InvalidField, check_ids, check_name, shown
 from querycoord.nodes.querynode import QueryNode
-from querycoord.stream_service import check_heartbeat
-from querycoord.validate import InvalidField, check_ids, check_name, shown
+from querycoord.serving.stream_service import check_heartbeat
+from querycoord.settings.config_file import apply_layers
+from querycoord.settings.coord_options import config_from_args
 from tests.cluster import MiB, QueryCluster
 from tests.stream_client import wait_for
 

@@ -18,10 +18,10 @@ from meta.watch import watch_prefix
 from proto import data_pb2
 from querycoord.catalog.store import CatalogStore
 from querycoord.catalog.targets import CatalogTargets
+from querycoord.common.target import Target, TargetSegment
 from querycoord.querymeta import QueryMeta
 from querycoord.querymeta import keys as K
 from querycoord.querymeta.mirror import MetaMirror
-from querycoord.target import Target, TargetSegment
 from tests.cluster import QueryCluster
 from tests.leader import leader_fence
 from tests.test_querymeta import COLL, PART, seg, watch

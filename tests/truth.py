@@ -25,8 +25,8 @@ from meta.errors import MetaError
 from proto import querycoord_pb2 as qc
 from proto import querycoord_pb2_grpc
 from querycoord.catalog.store import CatalogError, CatalogStore
-from querycoord.grpc_channels import make_channel
 from querycoord.nodes.querynode import QueryNode
+from querycoord.security.grpc_channels import make_channel
 from querycoord.tooling.drill.invariants import node_view
 from querycoord.tooling.drill.placement import Room
 from querycoord.tooling.drill.sampler import Catalog, Reports, registered_sessions

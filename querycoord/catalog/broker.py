@@ -25,8 +25,8 @@ import grpc
 
 from proto import catalog_pb2, catalog_pb2_grpc, common_pb2, data_pb2
 from querycoord.catalog.store import STATUS_SOURCE, CatalogStore, SegmentWatchItem
-from querycoord.errors import CoordError, status_of
-from querycoord.grpc_channels import GrpcSecurity, make_channel
+from querycoord.common.errors import CoordError, status_of
+from querycoord.security.grpc_channels import GrpcSecurity, make_channel
 
 Channels = list[data_pb2.VChannelInfo]
 Binlogs = list[data_pb2.SegmentBinlogs]

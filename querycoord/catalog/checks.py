@@ -1,7 +1,7 @@
 """Checks of what a new collection names: its name, partitions and schema (Milvus's rules and limits).
 
 The limits are those of Milvus (proxy.maxPartitionNum, maxShardNum, maxFieldNum, maxDimension, maxNameLength);
-their defaults are ``querycoord.limits.Limits``, which a store is given (the coordinator's configuration).
+their defaults are ``querycoord.common.limits.Limits``, which a store is given (the coordinator's configuration).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 
 from proto import catalog_pb2
 from querycoord.catalog.errors import InvalidArgument
-from querycoord.limits import DEFAULT_LIMITS, Limits
+from querycoord.common.limits import DEFAULT_LIMITS, Limits
 
 MAX_PARTITIONS = DEFAULT_LIMITS.max_partitions
 MAX_DM_CHANNELS = DEFAULT_LIMITS.max_dm_channels

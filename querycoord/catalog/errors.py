@@ -1,4 +1,4 @@
-"""The catalog's refusals: each is also the ``querycoord.errors`` class of the code its caller sees.
+"""The catalog's refusals: each is also the ``querycoord.common.errors`` class of the code its caller sees.
 
 Kept apart from ``store`` so that the store's helpers (``segment_ids``) raise the same classes without
 importing the store.
@@ -6,8 +6,8 @@ importing the store.
 
 from __future__ import annotations
 
-from querycoord import errors
-from querycoord.errors import CoordError, status_for
+from querycoord.common import errors
+from querycoord.common.errors import CoordError, status_for
 
 # How the catalog is named in reasons of errors without context of their own (etcd failures, bugs).
 STATUS_SOURCE = "the catalog"
@@ -17,7 +17,7 @@ class CatalogError(CoordError):
     """A refused catalog request; ``code`` is the common.ErrorCode a caller sees, ``reason`` says what was wrong."""
 
 
-# Each refusal is also the ``querycoord.errors`` class of its code (ILLEGAL_ARGUMENT, NOT_FOUND, CONFLICT).
+# Each refusal is also the ``querycoord.common.errors`` class of its code (ILLEGAL_ARGUMENT, NOT_FOUND, CONFLICT).
 class InvalidArgument(CatalogError, errors.IllegalArgument):
     """The request itself is malformed (bad name, negative size, unknown channel, ...)."""
 
@@ -61,7 +61,7 @@ class AddSegmentsIncomplete(CatalogError):
         self.written_ids = written_ids
 
 
-# The Status a caller should see for an exception (``querycoord.errors.status_of``, naming the catalog).
+# The Status a caller should see for an exception (``querycoord.common.errors.status_of``, naming the catalog).
 status_of = status_for(STATUS_SOURCE)
 
 

@@ -6,7 +6,7 @@ Every RPC answers a ``Status``: SUCCESS, or the code of what went wrong
 tell a refused request (a Status) from a transport failure (an RpcError).
 
 Every request is checked against the store's ``Limits`` before the store is
-called (``check_*`` below, ``querycoord.validate``): counts and lists are
+called (``check_*`` below, ``querycoord.common.validate``): counts and lists are
 bounded before anything is built from them, names and paths are bounded and
 well-formed, enums known. A refusal is ILLEGAL_ARGUMENT naming the field, its
 value and the limit, and nothing is written. Duplicates: repeated partition
@@ -27,10 +27,9 @@ from loguru import logger
 from meta.errors import RequestTooLarge
 from proto import catalog_pb2, catalog_pb2_grpc, common_pb2, data_pb2
 from querycoord.catalog.store import STATUS_SOURCE, CatalogStore
-from querycoord.errors import CoordError, status_of
-from querycoord.grpc_channels import GrpcSecurity, add_port, make_server
-from querycoord.limits import Limits
-from querycoord.validate import (
+from querycoord.common.errors import CoordError, status_of
+from querycoord.common.limits import Limits
+from querycoord.common.validate import (
     InvalidField,
     check_count,
     check_enum,
@@ -43,6 +42,7 @@ from querycoord.validate import (
     name_ok,
     text_ok,
 )
+from querycoord.security.grpc_channels import GrpcSecurity, add_port, make_server
 
 # Largest GetRecoveryInfo page served over gRPC: at up to about 1 KiB per segment a page stays well under
 # the 4 MiB a client accepts. A request asking for more gets pages of this size (and a next pointer).

@@ -74,7 +74,7 @@ from querycoord.catalog.keys import (
 from querycoord.catalog.recovery import RecoveryPage, read_recovery_page
 from querycoord.catalog.segment_watch import SegmentChange, SegmentResync, SegmentWatchItem, watch_segments
 from querycoord.catalog.segment_writer import SegmentWriter
-from querycoord.limits import DEFAULT_LIMITS, Limits
+from querycoord.common.limits import DEFAULT_LIMITS, Limits
 from querycoord.querymeta.keys import collection_key as load_record_key
 
 

@@ -27,10 +27,10 @@ from meta.follow import RangeFollower
 from meta.kv import MetaKV
 from meta.watch import EventType, WatchBatch
 from proto import catalog_pb2, data_pb2
-from querycoord import memory
 from querycoord.catalog.store import COLLECTIONS_PREFIX, SEGMENTS_PREFIX
-from querycoord.target import Target, TargetSegment
-from querycoord.yielding import every_few
+from querycoord.common import memory
+from querycoord.common.target import Target, TargetSegment
+from querycoord.common.yielding import every_few
 
 
 class CatalogTargets(RangeFollower):

@@ -19,8 +19,8 @@ from querycoord.checkers.releases import Releases, Sources, forget_unplaced, rel
 from querycoord.checkers.replicas import ReplicaView
 from querycoord.checkers.scan import Diff, Scan, describe
 from querycoord.checkers.segments import Tally, check_segments
+from querycoord.common.target import Target, TargetSegment
 from querycoord.querymeta import QueryMeta
-from querycoord.target import Target, TargetSegment
 
 
 def diff(

@@ -19,7 +19,6 @@ from loguru import logger
 
 from meta.loops import loop_failed
 from proto import querycoord_pb2 as qc
-from querycoord import memory
 from querycoord.catalog.targets import CatalogTargets
 from querycoord.checkers.diff import diff_async
 from querycoord.checkers.distribution import collect
@@ -28,6 +27,7 @@ from querycoord.checkers.progress import set_progress
 from querycoord.checkers.replicas import forget_offline
 from querycoord.checkers.scan import Diff, has_work
 from querycoord.checkers.targets import TargetReader
+from querycoord.common import memory
 from querycoord.task.repair import RepairTask
 from querycoord.task.scheduler import Scheduler
 from querycoord.task.triggers import TriggerTask

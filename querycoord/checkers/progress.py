@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from loguru import logger
 
-from querycoord.partition_state import IN_MEMORY, PARTIAL
+from querycoord.common.partition_state import IN_MEMORY, PARTIAL
 from querycoord.querymeta import QueryMeta
 
 

@@ -11,7 +11,7 @@ from collections.abc import Generator, Mapping
 
 from proto import task_pb2
 from querycoord.checkers.scan import Diff, Scan, repair_of
-from querycoord.target import TargetSegment
+from querycoord.common.target import TargetSegment
 
 
 class Releases:

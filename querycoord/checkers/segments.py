@@ -19,7 +19,7 @@ from proto import data_pb2
 from querycoord.checkers.releases import Sources
 from querycoord.checkers.replicas import ReplicaView
 from querycoord.checkers.scan import Scan, repair_of
-from querycoord.target import TargetSegment
+from querycoord.common.target import TargetSegment
 
 
 class Tally:

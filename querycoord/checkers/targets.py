@@ -9,7 +9,7 @@ from loguru import logger
 
 from meta.errors import MetaError
 from querycoord.catalog.targets import CatalogTargets
-from querycoord.target import Target, TargetSegment
+from querycoord.common.target import Target, TargetSegment
 from querycoord.task.model import TaskEnv
 
 # How long a pass waits for the catalog copy to reach etcd's revision before it reads the catalog instead.

@@ -32,8 +32,8 @@ from querycoord.cli import (
     tasks,
 )
 from querycoord.cli.common import Parser, client_options, global_options, spread_global_options
-from querycoord.config_file import apply_layers
-from querycoord.logs import setup_logging
+from querycoord.settings.config_file import apply_layers
+from querycoord.settings.logs import setup_logging
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -8,8 +8,16 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from proto import catalog_pb2, common_pb2
-from querycoord import draw
-from querycoord.actions import (
+from querycoord.cli.common import (
+    add_output_option,
+    client_command,
+    emit,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
+from querycoord.console import draw
+from querycoord.console.actions import (
     COLLECTION_HEADERS,
     MIB,
     Refusal,
@@ -24,15 +32,7 @@ from querycoord.actions import (
     partition_ids,
     release,
 )
-from querycoord.cli.common import (
-    add_output_option,
-    client_command,
-    emit,
-    non_negative_int,
-    positive_float,
-    positive_int,
-)
-from querycoord.client import QueryCoordClient
+from querycoord.net.client import QueryCoordClient
 
 # ``actions.load`` / ``actions.release``: one request for a collection or some of its partitions; the task id.
 Send = Callable[[QueryCoordClient, catalog_pb2.CollectionDescription, Sequence[int]], Awaitable[int]]

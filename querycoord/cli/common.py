@@ -21,14 +21,14 @@ from typing import Any, NoReturn
 import grpc
 
 from meta.address import address_problem
-from querycoord.actions import Refusal
-from querycoord.client import CoordinatorUnavailable, QueryCoordClient
-from querycoord.config import CoordConfig
-from querycoord.config_file import add_config_option
-from querycoord.etcd_options import add_etcd_options
-from querycoord.logs import add_log_options
-from querycoord.security_options import add_security_options, configure_from_args
-from querycoord.setting_rules import INT64_MAX, Rule, flag_type
+from querycoord.console.actions import Refusal
+from querycoord.net.client import CoordinatorUnavailable, QueryCoordClient
+from querycoord.settings.config import CoordConfig
+from querycoord.settings.config_file import add_config_option
+from querycoord.settings.etcd_options import add_etcd_options
+from querycoord.settings.logs import add_log_options
+from querycoord.settings.security_options import add_security_options, configure_from_args
+from querycoord.settings.setting_rules import INT64_MAX, Rule, flag_type
 
 DEFAULT_ADDRESS = "127.0.0.1:19531"
 OUTPUTS = ("table", "json")

@@ -14,13 +14,13 @@ import argparse
 import sys
 from typing import Any
 
-from querycoord import draw
 from querycoord.cli.common import add_output_option, emit
-from querycoord.config import CoordConfig, scaled_config
-from querycoord.config_file import PASSWORD_ENV, SETTINGS, Setting, Source, applicable
-from querycoord.coord_options import OPTIONS, add_coord_options, config_from_args, option_value
-from querycoord.logs import DEFAULT_FORMAT, DEFAULT_LEVEL
-from querycoord.security_options import security_from_args
+from querycoord.console import draw
+from querycoord.settings.config import CoordConfig, scaled_config
+from querycoord.settings.config_file import PASSWORD_ENV, SETTINGS, Setting, Source, applicable
+from querycoord.settings.coord_options import OPTIONS, add_coord_options, config_from_args, option_value
+from querycoord.settings.logs import DEFAULT_FORMAT, DEFAULT_LEVEL
+from querycoord.settings.security_options import security_from_args
 
 HIDDEN = "(hidden)"
 _PATHS = {o.flag: o.path for o in OPTIONS}

@@ -9,7 +9,7 @@ says what it would do. ``roles`` creates the users and roles of least
 privilege (``meta.ops.etcd_roles``: coordinator, reader, one per node id) and
 enables auth; ``--dry-run`` prints the plan without touching etcd. All reach
 etcd through the common etcd options
-(``querycoord.etcd_options``). The bare ``querycoord etcd`` still runs the
+(``querycoord.settings.etcd_options``). The bare ``querycoord etcd`` still runs the
 embedded etcd (``cli/servers.py``); its space and port options are here.
 """
 
@@ -30,10 +30,16 @@ from meta.ops.etcd_roles import RolePlan, apply_roles, auth_enabled, enable_auth
 from meta.ops.etcd_server import DEFAULT_QUOTA_BYTES
 from meta.ops.maintenance import DEFAULT_KEEP_REVISIONS, MIB, ClusterStatus, cluster_status, maintain
 from meta.session import role_prefix
-from querycoord import draw
-from querycoord.etcd_options import ENV_PREFIX, add_etcd_options, etcd_config_from_args
-from querycoord.protocol import QUERYCOORD_ELECTION, QUERYCOORD_ROLE, QUERYNODE_ROLE, SNODES_PREFIX, STREAMNODE_ROLE
-from querycoord.setting_rules import COUNT, Rule, flag_type
+from querycoord.common.protocol import (
+    QUERYCOORD_ELECTION,
+    QUERYCOORD_ROLE,
+    QUERYNODE_ROLE,
+    SNODES_PREFIX,
+    STREAMNODE_ROLE,
+)
+from querycoord.console import draw
+from querycoord.settings.etcd_options import ENV_PREFIX, add_etcd_options, etcd_config_from_args
+from querycoord.settings.setting_rules import COUNT, Rule, flag_type
 
 STATUS_HEADERS = ["ENDPOINT", "MEMBER", "VERSION", "DB", "IN USE", "QUOTA", "REVISION", "COMPACTED", "LEADER",
                   "ALARMS"]

@@ -12,10 +12,10 @@ import time
 from typing import Any
 
 from proto import querycoord_pb2 as qc
-from querycoord.actions import check, describe
 from querycoord.cli.common import add_output_option, client_command, emit, positive_int
-from querycoord.client import QueryCoordClient
-from querycoord.draw_health import HEALTH_ORDER, explain_lines, explain_record, health_lines, health_record
+from querycoord.console.actions import check, describe
+from querycoord.console.draw_health import HEALTH_ORDER, explain_lines, explain_record, health_lines, health_record
+from querycoord.net.client import QueryCoordClient
 
 # Exit status of `health --fail-on` when the worst collection is at or past the colour asked.
 UNHEALTHY_EXIT = 3

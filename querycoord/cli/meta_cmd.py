@@ -23,10 +23,10 @@ from meta.config import EtcdConfig
 from meta.errors import MetaError, MetaUnavailable
 from meta.kv import MetaKV
 from querycoord.cli.common import add_etcd_read_options, emit
-from querycoord.etcd_options import etcd_config_from_args
 from querycoord.metatool import repair, show, snapshot
 from querycoord.metatool.problems import Problem
 from querycoord.metatool.verify import summary, verify
+from querycoord.settings.etcd_options import etcd_config_from_args
 
 
 async def _with_kv(config: EtcdConfig, root: str, fn: Callable[[MetaKV], Awaitable[Any]]) -> Any:

@@ -89,9 +89,9 @@ def cmd_etcd(args: argparse.Namespace) -> int:
 def cmd_coord(args: argparse.Namespace) -> int:
     """Run one coordinator until SIGTERM/SIGINT (it campaigns; with others running it may stand by)."""
     from meta.errors import MetaError
-    from querycoord.coord_options import config_from_args
-    from querycoord.process import run_coordinator
-    from querycoord.security_options import configure_from_args
+    from querycoord.serving.process import run_coordinator
+    from querycoord.settings.coord_options import config_from_args
+    from querycoord.settings.security_options import configure_from_args
     from querycoord.tooling.allinone import listen_problem
 
     try:
@@ -217,9 +217,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def add_parsers(sub: Any) -> None:
     from querycoord.cli import etcd_admin
-    from querycoord.coord_options import add_coord_options
     from querycoord.nodes.querynode import add_querynode_parser
     from querycoord.nodes.streamnode import add_streamnode_parser
+    from querycoord.settings.coord_options import add_coord_options
     from querycoord.tooling.demo import add_demo_arguments
     from querycoord.tooling.drill import add_drill_parser
 

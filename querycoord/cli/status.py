@@ -2,10 +2,10 @@
 leader change.
 
 ``status`` reads etcd, not a coordinator, so it works with no leader at all;
-what it reads is gathered by ``querycoord.status_view.gather_status`` (which
+what it reads is gathered by ``querycoord.console.status_view.gather_status`` (which
 the coordinators' status page shares) and drawn here.
 
-``switchover`` asks the leader (``querycoord.switchover``) and then waits for
+``switchover`` asks the leader (``querycoord.leader.switchover``) and then waits for
 the new leader's gRPC health to say SERVING, timing both.
 """
 
@@ -22,14 +22,14 @@ from loguru import logger
 from meta.errors import MetaError
 from meta.ops.maintenance import MIB
 from proto import querycoord_pb2 as qc
-from querycoord import draw
-from querycoord.actions import check
 from querycoord.cli.common import add_etcd_read_options, add_output_option, client_command, emit
-from querycoord.client import QueryCoordClient
-from querycoord.etcd_options import etcd_config_from_args
-from querycoord.security_options import configure_from_args
-from querycoord.status_view import PROBE_TIMEOUT, coordinator_health, gather_status
-from querycoord.switchover import call_coordinator
+from querycoord.console import draw
+from querycoord.console.actions import check
+from querycoord.console.status_view import PROBE_TIMEOUT, coordinator_health, gather_status
+from querycoord.leader.switchover import call_coordinator
+from querycoord.net.client import QueryCoordClient
+from querycoord.settings.etcd_options import etcd_config_from_args
+from querycoord.settings.security_options import configure_from_args
 
 
 def _since(t: float | None, now: float) -> str:

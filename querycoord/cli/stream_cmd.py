@@ -4,8 +4,8 @@ The same conventions as ``collection``: the calls go to the leading
 coordinator's StreamMgmt service (the client follows the leader), a refusal
 is one ``error: <server's reason>`` line and exit 1, a bad argument one
 ``error: ...`` line and exit 2, and ``show`` prints ``-o json`` for scripts.
-The client-side actions are ``querycoord.actions``' (shared with ``make
-demo``), the drawing ``querycoord.draw``'s.
+The client-side actions are ``querycoord.console.actions``' (shared with ``make
+demo``), the drawing ``querycoord.console.draw``'s.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ import time
 from typing import Any
 
 from proto import stream_pb2
-from querycoord import draw
-from querycoord.actions import (
+from querycoord.cli.common import add_output_option, client_command, emit, non_negative_int, positive_int
+from querycoord.console import draw
+from querycoord.console.actions import (
     answered_by_standby,
     create_snode,
     create_stream,
@@ -28,8 +29,7 @@ from querycoord.actions import (
     start_stream,
     stop_stream,
 )
-from querycoord.cli.common import add_output_option, client_command, emit, non_negative_int, positive_int
-from querycoord.client import QueryCoordClient
+from querycoord.net.client import QueryCoordClient
 
 
 def vgroup_list(text: str) -> list[int]:

@@ -9,8 +9,9 @@ from typing import Any
 
 from proto import common_pb2
 from proto import querycoord_pb2 as qc
-from querycoord import draw
-from querycoord.actions import (
+from querycoord.cli.common import add_output_option, client_command, emit, non_negative_int, positive_int
+from querycoord.console import draw
+from querycoord.console.actions import (
     NODE_HEADERS,
     Refusal,
     check,
@@ -20,8 +21,7 @@ from querycoord.actions import (
     segments_in,
     wait_task,
 )
-from querycoord.cli.common import add_output_option, client_command, emit, non_negative_int, positive_int
-from querycoord.client import QueryCoordClient
+from querycoord.net.client import QueryCoordClient
 
 
 def _ints(values: Sequence[str] | None, what: str) -> list[int]:

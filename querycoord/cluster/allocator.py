@@ -19,7 +19,7 @@ from operator import itemgetter
 
 from proto import common_pb2
 from querycoord.cluster.nodes import Node
-from querycoord.errors import CoordError
+from querycoord.common.errors import CoordError
 
 
 class NoAvailableNode(CoordError):

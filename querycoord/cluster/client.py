@@ -13,8 +13,8 @@ from typing import Any
 import grpc
 
 from proto import common_pb2, querynode_pb2, querynode_pb2_grpc
-from querycoord.errors import CoordError
-from querycoord.grpc_channels import GrpcSecurity, make_channel
+from querycoord.common.errors import CoordError
+from querycoord.security.grpc_channels import GrpcSecurity, make_channel
 
 
 class NodeError(CoordError):

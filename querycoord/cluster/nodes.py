@@ -43,7 +43,7 @@ from meta.session import SessionEvent, SessionInfo, SessionSnapshot, watch_sessi
 from meta.watch import EventType
 from proto import common_pb2, querynode_pb2
 from querycoord.cluster.client import NodeError, QueryNodeClient
-from querycoord.protocol import QUERYNODE_ROLE
+from querycoord.common.protocol import QUERYNODE_ROLE
 
 DEFAULT_CAPACITY = 1 << 30
 

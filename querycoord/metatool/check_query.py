@@ -20,7 +20,7 @@ from meta.txn import Compare, Op, absent, delete, delete_prefix, modified_at, pu
 from proto import catalog_pb2
 from querycoord.catalog.store import COLLECTIONS_PREFIX
 from querycoord.catalog.store import collection_key as catalog_key
-from querycoord.protocol import QUERYNODE_ROLE
+from querycoord.common.protocol import QUERYNODE_ROLE
 from querycoord.querymeta import keys
 from querycoord.querymeta.copies import Copyable, copies, without_node
 from querycoord.querymeta.errors import CorruptRecord

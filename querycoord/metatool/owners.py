@@ -11,12 +11,12 @@ from meta.session import SESSION_PREFIX
 from querycoord.catalog.segment_ids import INDEX_PREFIX as SEGMENT_ID_INDEX_PREFIX
 from querycoord.catalog.store import COLLECTIONS_PREFIX, ID_KEY, NAMES_PREFIX, SEGMENTS_PREFIX
 from querycoord.cluster.incarnations import PREFIX as INCARNATION_PREFIX
+from querycoord.leader.switchover import SWITCHOVER_KEY
+from querycoord.leader.watchers import HANDOFF_REVISION_KEY
 from querycoord.querymeta import keys as qkeys
 from querycoord.stream import store as sstore
-from querycoord.switchover import SWITCHOVER_KEY
 from querycoord.task.history import HISTORY_PREFIX
 from querycoord.task.store import ACTIVE_PREFIX, INFO_PREFIX, TRIGGER_PREFIX
-from querycoord.watchers import HANDOFF_REVISION_KEY
 
 # (prefix or exact key, is_prefix, owner)
 OWNED: tuple[tuple[str, bool, str], ...] = (

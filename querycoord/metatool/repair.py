@@ -27,7 +27,7 @@ from meta.election import Election, current_leader, election_prefix
 from meta.errors import MetaError, NotLeader
 from meta.kv import MetaKV
 from meta.session import Session, SessionIdTaken, session_key
-from querycoord.protocol import QUERYCOORD_ELECTION
+from querycoord.common.protocol import QUERYCOORD_ELECTION
 
 from . import snapshot
 from .problems import Problem

@@ -16,8 +16,8 @@ from google.protobuf.message import DecodeError
 from meta.session import SESSION_PREFIX, SessionInfo
 from proto import data_pb2, task_pb2
 from proto import querycoord_pb2 as qc
-from querycoord import draw
-from querycoord.protocol import STREAMNODE_ROLE
+from querycoord.common.protocol import STREAMNODE_ROLE
+from querycoord.console import draw
 from querycoord.querymeta.copies import copies
 from querycoord.querymeta.records import collection_percentage
 from querycoord.task.store import INFO_PREFIX, request_key

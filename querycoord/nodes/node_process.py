@@ -29,11 +29,11 @@ from meta.config import EtcdConfig
 from meta.errors import MetaError
 from meta.kv import MetaKV
 from meta.session import Session
-from querycoord.etcd_options import add_etcd_options, etcd_config_from_args
-from querycoord.http_server import HttpServer, split_listen
-from querycoord.probes import NodeEndpoints, bind_http
-from querycoord.security_options import add_security_options, configure_from_args
-from querycoord.setting_rules import INT64_MAX, Rule, flag_type
+from querycoord.net.http_server import HttpServer, split_listen
+from querycoord.net.probes import NodeEndpoints, bind_http
+from querycoord.settings.etcd_options import add_etcd_options, etcd_config_from_args
+from querycoord.settings.security_options import add_security_options, configure_from_args
+from querycoord.settings.setting_rules import INT64_MAX, Rule, flag_type
 
 # The exit status of a SIGKILL-ed process: a crashed node must look like a killed one.
 CRASH_EXIT_CODE = 137
@@ -205,8 +205,8 @@ class NodeCommand:
     def main(self, argv: list[str] | None = None) -> int:
         """``python -m querycoord.nodes.<role>``: the options of ``querycoord <role>``, the log options and
         ``--config``, layered as ``querycoord`` layers them."""
-        from querycoord.config_file import add_config_option, apply_layers
-        from querycoord.logs import add_log_options, setup_logging
+        from querycoord.settings.config_file import add_config_option, apply_layers
+        from querycoord.settings.logs import add_log_options, setup_logging
 
         parser = argparse.ArgumentParser(prog=f"querycoord {self.role}", description=self.summary)
         add_log_options(parser)

@@ -38,16 +38,16 @@ from meta.errors import MetaError
 from meta.kv import MetaKV
 from meta.session import DEFAULT_TTL, Session
 from proto import common_pb2, querynode_pb2, querynode_pb2_grpc
-from querycoord.errors import status_of
-from querycoord.grpc_channels import add_port, make_server
-from querycoord.metrics import gauge as _gauge
+from querycoord.common.errors import status_of
+from querycoord.common.metrics import gauge as _gauge
+from querycoord.common.protocol import MUTATING_METHODS, QUERYCOORD_ELECTION, QUERYNODE_ROLE
 from querycoord.nodes.node_metrics import session_up
 from querycoord.nodes.node_process import NodeCommand, SessionNode, crash_process, meta_of, run_node
 from querycoord.nodes.querynode_checks import load_columns, refused
 from querycoord.nodes.querynode_faults import INJECTED_FAILURE, CrashAction, CrashMode, FaultConfig, FaultInjector
 from querycoord.nodes.querynode_state import EC, NodeRefusal, QueryNodeState, ok_status
-from querycoord.protocol import MUTATING_METHODS, QUERYCOORD_ELECTION, QUERYNODE_ROLE
-from querycoord.setting_rules import COUNT, Rule, flag_type, seconds
+from querycoord.security.grpc_channels import add_port, make_server
+from querycoord.settings.setting_rules import COUNT, Rule, flag_type, seconds
 
 DEFAULT_LISTEN = "127.0.0.1:0"
 DEFAULT_CAPACITY_MB = 1024

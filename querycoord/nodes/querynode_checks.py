@@ -1,4 +1,4 @@
-"""Bounds a reference query node checks on every request before its state sees it (``querycoord.validate``).
+"""Bounds a reference query node checks on every request before its state sees it (``querycoord.common.validate``).
 
 The node's state already refuses what contradicts its rules (another node's
 id, a stale fence, a segment of another collection); these checks come first
@@ -30,11 +30,10 @@ from typing import Any
 from loguru import logger
 
 from proto import common_pb2, data_pb2, querynode_pb2
-from querycoord.errors import status_of
-from querycoord.limits import DEFAULT_LIMITS, INT64_MAX, Limits
-from querycoord.messages import LoadItem, load_items
-from querycoord.nodes.querynode_state import LoadColumns
-from querycoord.validate import (
+from querycoord.common.errors import status_of
+from querycoord.common.limits import DEFAULT_LIMITS, INT64_MAX, Limits
+from querycoord.common.messages import LoadItem, load_items
+from querycoord.common.validate import (
     InvalidField,
     check_count,
     check_enum,
@@ -45,6 +44,7 @@ from querycoord.validate import (
     check_texts,
     name_ok,
 )
+from querycoord.nodes.querynode_state import LoadColumns
 
 
 def _nonnegative_ids(field: str, values: Any) -> None:

@@ -27,8 +27,8 @@ import random
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 
+from querycoord.common.protocol import MUTATING_METHODS
 from querycoord.nodes.node_process import CRASH_EXIT_CODE as CRASH_EXIT_CODE  # where tests and drills look for it
-from querycoord.protocol import MUTATING_METHODS
 
 INJECTED_FAILURE = "injected failure"
 

@@ -39,8 +39,8 @@ from operator import attrgetter
 from typing import NamedTuple
 
 from proto import common_pb2, data_pb2, querynode_pb2
-from querycoord.errors import CoordError
-from querycoord.messages import LoadItem, load_items
+from querycoord.common.errors import CoordError
+from querycoord.common.messages import LoadItem, load_items
 
 EC = common_pb2.ErrorCode
 OUT_OF_MEMORY_CODE = EC.NO_AVAILABLE_NODE

@@ -15,7 +15,7 @@ session first so the coordinator sees the node go at once.
 Coordinators: the given addresses, or (none given) the addresses of the live
 ``querycoord`` sessions, re-read when no coordinator answers. A NOT_LEADER
 status (or UNAVAILABLE) naming the leader moves the node there: the heartbeat
-client is ``querycoord.client``'s leader-following client, but a heartbeat is
+client is ``querycoord.net.client``'s leader-following client, but a heartbeat is
 never retried past its tick: the next tick reports again.
 
 Control (stdin, one command per line; each answered by one JSON line on
@@ -51,8 +51,9 @@ from meta.errors import MetaError
 from meta.kv import MetaKV
 from meta.session import DEFAULT_TTL, Session, list_sessions
 from proto import stream_pb2, stream_pb2_grpc
-from querycoord.client import CoordinatorUnavailable, Discover, LeaderFollowingClient
-from querycoord.metrics import gauge as _gauge
+from querycoord.common.metrics import gauge as _gauge
+from querycoord.common.protocol import QUERYCOORD_ROLE, SNODES_PREFIX, STREAMNODE_ADDRESS, STREAMNODE_ROLE
+from querycoord.net.client import CoordinatorUnavailable, Discover, LeaderFollowingClient
 from querycoord.nodes.node_metrics import session_up
 from querycoord.nodes.node_process import NodeCommand, SessionNode, crash_process, meta_of, run_node
 from querycoord.nodes.streamnode_state import (
@@ -62,8 +63,7 @@ from querycoord.nodes.streamnode_state import (
     INJECTED_TASK_MESSAGE,
     StreamNodeState,
 )
-from querycoord.protocol import QUERYCOORD_ROLE, SNODES_PREFIX, STREAMNODE_ADDRESS, STREAMNODE_ROLE
-from querycoord.setting_rules import INT64_MAX, POSITIVE_COUNT, Rule, flag_type, seconds
+from querycoord.settings.setting_rules import INT64_MAX, POSITIVE_COUNT, Rule, flag_type, seconds
 
 DEFAULT_HEARTBEAT_MS = 600.0
 
@@ -75,7 +75,7 @@ def _crash_process(node_id: int, why: str) -> None:
 class HeartbeatClient(LeaderFollowingClient):
     """Sends one heartbeat to whichever coordinator leads (see module docstring).
 
-    The leader-following is ``querycoord.client``'s, limited to one round over
+    The leader-following is ``querycoord.net.client``'s, limited to one round over
     the known addresses: a heartbeat is never retried past its tick.
     ``discover`` returns coordinator addresses when none answered (None: keep
     the fixed list).

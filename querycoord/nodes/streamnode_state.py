@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proto import common_pb2, stream_pb2
-from querycoord.messages import copy_fields
+from querycoord.common.messages import copy_fields
 
 TaskKey = tuple[int, int]  # (stream_id, task_id)
 

@@ -53,7 +53,7 @@ from loguru import logger
 
 from meta.kv import DEFAULT_PAGE_SIZE, MetaKV
 from meta.txn import Op
-from querycoord.yielding import every_few
+from querycoord.common.yielding import every_few
 
 from . import keys
 from .batch import Mutation, TxnWriter

@@ -13,7 +13,7 @@ NOT_FOUND or CONFLICT it can act on, not as an internal error.
 from __future__ import annotations
 
 from proto import common_pb2, data_pb2
-from querycoord.errors import CoordError
+from querycoord.common.errors import CoordError
 
 
 class QueryMetaError(CoordError):

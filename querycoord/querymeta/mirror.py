@@ -26,8 +26,8 @@ from meta.errors import MetaError
 from meta.follow import RangeFollower
 from meta.kv import MetaKV
 from meta.watch import EventType, WatchBatch
-from querycoord import memory
-from querycoord.yielding import every_few
+from querycoord.common import memory
+from querycoord.common.yielding import every_few
 
 from . import keys
 from .errors import CorruptRecord
@@ -83,7 +83,7 @@ class MetaMirror(RangeFollower):
     @property
     def index(self) -> MetaIndex | None:
         """The copy as far as the watch got (None: none yet, or taken); ``catch_up`` first to be current. A standby
-        reads it (``querycoord.standby_reads``) in place: it changes between awaits, never during a read."""
+        reads it (``querycoord.serving.standby_reads``) in place: it changes between awaits, never during a read."""
         return self._index
 
     def drop(self) -> None:

@@ -11,7 +11,7 @@ import asyncio
 
 from loguru import logger
 
-from querycoord.partition_state import IN_MEMORY, PARTIAL
+from querycoord.common.partition_state import IN_MEMORY, PARTIAL
 
 from .copies import copy_message
 from .core import MetaCore, check_id, check_percentage

@@ -13,7 +13,7 @@ from google.protobuf.message import DecodeError, Message
 from loguru import logger
 
 from proto import data_pb2
-from querycoord.messages import LoadItem
+from querycoord.common.messages import LoadItem
 
 from . import keys
 from .copies import copy_message

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence, Set
 from types import MappingProxyType
 
 from meta.txn import Put
-from querycoord.messages import LoadItem
+from querycoord.common.messages import LoadItem
 
 from . import keys
 from .batch import Mutation

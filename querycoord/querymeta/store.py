@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence, Set
 
 from meta.kv import DEFAULT_PAGE_SIZE, MetaKV
 from proto import data_pb2
-from querycoord.messages import LoadItem
+from querycoord.common.messages import LoadItem
 
 from .channels import Channels
 from .collections import Collections, PartitionLoadInfo

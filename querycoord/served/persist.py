@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from querycoord.partition_state import PARTIAL, PartitionState
+from querycoord.common.partition_state import PARTIAL, PartitionState
 from querycoord.served.state import CollectionServed
 
 if TYPE_CHECKING:

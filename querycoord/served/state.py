@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from proto import data_pb2
-from querycoord.partition_state import IN_MEMORY, PARTIAL
+from querycoord.common.partition_state import IN_MEMORY, PARTIAL
 from querycoord.querymeta.copies import copy_message
 from querycoord.querymeta.records import collection_percentage
 

@@ -24,7 +24,7 @@ The leader's runtime, rebuilt on every leadership, split by phase behind the
 * ``show``: ShowStreams.
 
 Around it: ``loops`` (the leader's stream-node session and tick observers).
-The StreamMgmt gRPC service that fronts it is ``querycoord.stream_service``:
+The StreamMgmt gRPC service that fronts it is ``querycoord.serving.stream_service``:
 a surface, which reaches the leadership as the QueryCoord service does, so
 this engine imports nothing of the coordinator.
 """

@@ -22,8 +22,8 @@ import time
 from loguru import logger
 
 from proto import stream_pb2
-from querycoord import events
-from querycoord.messages import copy_fields
+from querycoord.common import events
+from querycoord.common.messages import copy_fields
 from querycoord.stream.adoption import Adoption
 from querycoord.stream.checker import Checker
 from querycoord.stream.claims import Claims

@@ -16,7 +16,7 @@ from meta.kv import MetaKV
 from meta.loops import loop_failed
 from meta.session import SessionEvent, SessionSnapshot, watch_sessions
 from meta.watch import EventType
-from querycoord.protocol import STREAMNODE_ROLE
+from querycoord.common.protocol import STREAMNODE_ROLE
 from querycoord.stream.manager import StreamManager
 
 

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable
 from loguru import logger
 
 from proto import stream_pb2
-from querycoord.config import StreamConfig
+from querycoord.settings.config import StreamConfig
 from querycoord.stream.adoption import Adoption
 from querycoord.stream.checker import Checker
 from querycoord.stream.claims import Claims

@@ -26,7 +26,7 @@ from enum import Enum
 from loguru import logger
 
 from proto import stream_pb2
-from querycoord.config import StreamConfig
+from querycoord.settings.config import StreamConfig
 from querycoord.stream.plan import CALC_READER, RUNNER, TRIGGER, TRIGGER_READER, PlannedTask
 from querycoord.stream.store import StreamStore
 

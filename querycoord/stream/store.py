@@ -56,8 +56,8 @@ from meta.idalloc import IdAllocator
 from meta.kv import MAX_TXN_OPS, KeyValue, MetaKV
 from meta.txn import Compare, Op, created_at, delete, modified_at, put, value_is
 from proto import common_pb2, stream_pb2
-from querycoord.errors import Conflict, CoordError, IllegalArgument, NotFound, status_for
-from querycoord.messages import copy_fields
+from querycoord.common.errors import Conflict, CoordError, IllegalArgument, NotFound, status_for
+from querycoord.common.messages import copy_fields
 
 STREAM_PREFIX = "stream/"
 STREAMS_PREFIX = "stream/streams/"
@@ -92,7 +92,7 @@ class StreamError(CoordError):
     """A refused stream request; ``code`` is the common.ErrorCode a caller sees, ``reason`` says what was wrong."""
 
 
-# Each refusal is also the ``querycoord.errors`` class of its code (ILLEGAL_ARGUMENT, NOT_FOUND, CONFLICT).
+# Each refusal is also the ``querycoord.common.errors`` class of its code (ILLEGAL_ARGUMENT, NOT_FOUND, CONFLICT).
 class InvalidStream(StreamError, IllegalArgument):
     """The request itself is malformed (bad name, negative or too large counts)."""
 
@@ -127,7 +127,7 @@ class TooMuchContention(StreamError, Conflict):
     """An optimistic txn kept losing to concurrent writers; nothing was written by the last attempt."""
 
 
-# The Status a caller should see for an exception (``querycoord.errors.status_of``, naming the stream store).
+# The Status a caller should see for an exception (``querycoord.common.errors.status_of``, naming the stream store).
 status_of = status_for(STATUS_SOURCE)
 
 

@@ -22,8 +22,8 @@ from typing import TypeVar
 from google.protobuf.message import Message
 
 from proto import data_pb2, querynode_pb2
-from querycoord.messages import LoadItem, copy_without
-from querycoord.yielding import TURN_EVERY
+from querycoord.common.messages import LoadItem, copy_without
+from querycoord.common.yielding import TURN_EVERY
 
 M = TypeVar("M", bound=Message)
 _BYTE_SIZE = methodcaller("ByteSize")

@@ -16,7 +16,7 @@ from loguru import logger
 from proto import data_pb2, querynode_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.cluster.client import NodeError
-from querycoord.messages import load_items, rpc_method
+from querycoord.common.messages import load_items, rpc_method
 from querycoord.task.assign import (
     Planned,
     add_refs,

@@ -18,8 +18,8 @@ from meta.client import NOSPACE_WAIT
 from meta.errors import NotLeader
 from proto import common_pb2
 from proto import querycoord_pb2 as qc
-from querycoord import events
-from querycoord.errors import CoordError
+from querycoord.common import events
+from querycoord.common.errors import CoordError
 from querycoord.task.leadership import CHILD_FAILURES, Abandon, LeadershipLost, Lifecycle, internal, is_stale_leader
 from querycoord.task.model import DOING, DONE, EXPIRED, FAILED, UNDO, TaskCancelled, TaskEnv, TaskError, now_ms
 from querycoord.task.nospace import SpacePauses

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self
 from meta.idalloc import IdAllocator
 from proto import common_pb2, task_pb2
 from proto import querycoord_pb2 as qc
-from querycoord.config import SchedulerConfig
-from querycoord.errors import CoordError
-from querycoord.messages import copy_fields
+from querycoord.common.errors import CoordError
+from querycoord.common.messages import copy_fields
+from querycoord.settings.config import SchedulerConfig
 from querycoord.task.parking import ParkedUnits
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from meta.errors import MetaNoSpace
 from querycoord.task.triggers import TriggerTask
 
 if TYPE_CHECKING:
-    from querycoord.etcd_space import SpaceMonitor
+    from querycoord.common.etcd_space import SpaceMonitor
 
 
 class _Pause:

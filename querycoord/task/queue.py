@@ -24,7 +24,7 @@ from querycoord.task.model import TaskEnv, TaskError, mark_retrieved
 from querycoord.task.triggers import ReleaseCollectionTask, ReleasePartitionsTask, TriggerTask
 
 if TYPE_CHECKING:
-    from querycoord.etcd_space import SpaceMonitor
+    from querycoord.common.etcd_space import SpaceMonitor
 
 LOAD_KINDS = (qc.TASK_KIND_LOAD_COLLECTION, qc.TASK_KIND_LOAD_PARTITION)
 

@@ -29,7 +29,7 @@ from loguru import logger
 
 from proto import querynode_pb2
 from querycoord.cluster.client import NodeError
-from querycoord.limits import DEFAULT_LIMITS
+from querycoord.common.limits import DEFAULT_LIMITS
 from querycoord.task.model import TaskEnv
 
 # Ids per GetSegmentInfo call: well under a node's limit (``max_ids_per_request``), so that an answer of full

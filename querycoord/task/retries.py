@@ -19,9 +19,9 @@ from loguru import logger
 
 from meta.errors import NotLeader
 from proto import common_pb2
-from querycoord import events
 from querycoord.cluster.allocator import NoAvailableNode
 from querycoord.cluster.client import NodeError
+from querycoord.common import events
 from querycoord.task.leadership import CHILD_FAILURES, LeadershipLost, is_stale_leader
 from querycoord.task.model import DONE, FAILED, Task, TaskEnv, TaskError
 from querycoord.task.triggers import TriggerTask

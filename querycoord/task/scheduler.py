@@ -36,7 +36,7 @@ from querycoord.task.triggers import TriggerTask
 from querycoord.task.waits import TriggerState, Waits, trigger_waits
 
 if TYPE_CHECKING:
-    from querycoord.etcd_space import SpaceMonitor
+    from querycoord.common.etcd_space import SpaceMonitor
 
 _STATE_NAMES = {UNDO: "undo", DOING: "doing", DONE: "done", EXPIRED: "expired", FAILED: "failed"}
 

@@ -19,13 +19,14 @@ from loguru import logger
 
 from proto import common_pb2, data_pb2, querynode_pb2, task_pb2
 from proto import querycoord_pb2 as qc
-from querycoord import memory
 from querycoord.cluster.allocator import NoAvailableNode
 from querycoord.cluster.client import NodeError
-from querycoord.messages import load_items
-from querycoord.partition_state import IN_MEMORY, NOT_PRESENT
+from querycoord.common import memory
+from querycoord.common.messages import load_items
+from querycoord.common.partition_state import IN_MEMORY, NOT_PRESENT
+from querycoord.common.replica_number import replica_number
+from querycoord.common.yielding import TURN_EVERY
 from querycoord.querymeta.copies import copies
-from querycoord.replica_number import replica_number
 from querycoord.served.persist import persist_releasing
 from querycoord.task.assign import Planned, segment_load_info
 from querycoord.task.children import (
@@ -37,7 +38,6 @@ from querycoord.task.children import (
 )
 from querycoord.task.model import Task, TaskEnv, TaskError, mark_retrieved
 from querycoord.task.units import give_spares, park_unplaced
-from querycoord.yielding import TURN_EVERY
 
 _SEGMENT_ID = attrgetter("segment_id")
 # How a load of the other load type is refused, by how the collection is loaded.

@@ -58,7 +58,7 @@ from meta.ops.child import log_tail
 from meta.ops.etcd_server import EtcdCluster
 from proto import common_pb2
 from proto import querycoord_pb2 as qc
-from querycoord.client import CoordinatorUnavailable, QueryCoordClient
+from querycoord.net.client import CoordinatorUnavailable, QueryCoordClient
 from querycoord.tooling.harness import COORDINATOR, QUERY_NODE, STREAM_NODE, Harness, Member, StartError
 
 DEFAULT_LISTEN = "127.0.0.1:19531"

@@ -33,7 +33,7 @@ What it shows, each part a real process on the embedded etcd:
    retry is 30 s away: the coordinator's stream timings are TDengine's
    defaults, with no flag to shorten them); one such stream is drawn as
    ``querycoord stream show`` draws it (the calls are the ``stream`` and
-   ``snode`` commands' own, ``querycoord.actions``); then the leading coordinator is
+   ``snode`` commands' own, ``querycoord.console.actions``); then the leading coordinator is
    SIGKILLed: the new leader watches the nodes' reports, adopts every running
    stream as it runs (same task ids, SIDs and nodes) and redeploys the
    stopped ones. The elapsed time is printed. Exit 0, no process left behind.
@@ -60,9 +60,9 @@ from collections.abc import Callable
 
 from proto import querycoord_pb2 as qc
 from proto import stream_pb2
-from querycoord import actions, draw
-from querycoord.client import CoordinatorUnavailable, QueryCoordClient
-from querycoord.logs import setup_logging
+from querycoord.console import actions, draw
+from querycoord.net.client import CoordinatorUnavailable, QueryCoordClient
+from querycoord.settings.logs import setup_logging
 from querycoord.tooling.allinone import AllInOne, ClusterStartError
 from querycoord.tooling.demo_election import election_main
 from querycoord.tooling.demo_timeline import TTL, Timeline
@@ -341,7 +341,7 @@ async def run_cluster(opts: argparse.Namespace, data_dir: str) -> int:
 
 # ===== the stream part ================================================================================================
 # The stream part drives the cluster with the client-side actions of ``querycoord stream`` / ``snode``
-# (``querycoord.actions``) and draws with ``stream show``'s drawing (``querycoord.draw``).
+# (``querycoord.console.actions``) and draws with ``stream show``'s drawing (``querycoord.console.draw``).
 
 
 def _running(info: stream_pb2.StreamStatusInfo) -> bool:

@@ -18,7 +18,7 @@ from meta.fence import Fence
 from meta.kv import MetaKV
 from meta.ops.child import ChildProcess
 from meta.ops.etcd_server import EtcdCluster
-from querycoord.logs import setup_logging
+from querycoord.settings.logs import setup_logging
 from querycoord.tooling.campaign import spawn_candidate
 from querycoord.tooling.demo_timeline import TTL, Timeline
 

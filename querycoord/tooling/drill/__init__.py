@@ -105,7 +105,7 @@ def _add_run_options(p: argparse.ArgumentParser, verbose_help: str) -> None:
 
 def run_drill(args: argparse.Namespace) -> int:
     """Handler of ``drill <name>`` (``args.func``): the drill's options from ``args``, then the drill."""
-    from querycoord.logs import setup_logging
+    from querycoord.settings.logs import setup_logging
 
     options = DRILLS[args.drill].options
     # The drill's own process logs little: its output is the table; children log to files.

@@ -21,7 +21,7 @@ import grpc
 
 from meta.ops.etcd_server import EtcdCluster
 from proto import querycoord_pb2 as qc
-from querycoord.client import CoordinatorUnavailable, QueryCoordClient
+from querycoord.net.client import CoordinatorUnavailable, QueryCoordClient
 from querycoord.tooling.drill.leaders import wait_until
 from querycoord.tooling.drill.options import RunOptions
 from querycoord.tooling.harness import Harness, Member, StartError

@@ -53,7 +53,7 @@ from meta.ops.etcd_server import EtcdCluster
 from proto import common_pb2, data_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.catalog.store import CatalogError, CatalogStore, status_of
-from querycoord.client import CoordinatorUnavailable, QueryCoordClient
+from querycoord.net.client import CoordinatorUnavailable, QueryCoordClient
 from querycoord.tooling.drill.activity import render_activity
 from querycoord.tooling.drill.base import DrillSetupError, run_and_report, wait_nodes_online
 from querycoord.tooling.drill.chaos_checks import ChaosChecks

@@ -13,7 +13,7 @@ import grpc
 
 from proto import common_pb2, querycoord_pb2_grpc
 from proto import querycoord_pb2 as qc
-from querycoord.grpc_channels import make_channel
+from querycoord.security.grpc_channels import make_channel
 from querycoord.task.store import TASK_PREFIXES, TaskStore
 from querycoord.tooling.drill.chaos_cluster import ChaosCluster
 from querycoord.tooling.drill.chaos_ops import (

@@ -28,8 +28,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from querycoord.client import QueryCoordClient
-from querycoord.config import SchedulerConfig
+from querycoord.net.client import QueryCoordClient
+from querycoord.settings.config import SchedulerConfig
 from querycoord.tooling.drill.activity import FaultRecord
 from querycoord.tooling.drill.chaos_ops import Fault
 from querycoord.tooling.drill.failover import FailoverDrill

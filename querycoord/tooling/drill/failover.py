@@ -34,8 +34,8 @@ from meta.ops.etcd_server import EtcdCluster
 from proto import common_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.catalog.store import CatalogStore
-from querycoord.client import CoordinatorUnavailable, QueryCoordClient
-from querycoord.protocol import QUERYCOORD_ELECTION
+from querycoord.common.protocol import QUERYCOORD_ELECTION
+from querycoord.net.client import CoordinatorUnavailable, QueryCoordClient
 from querycoord.tooling.drill.base import DrillSetupError, run_and_report, wait_nodes_online
 from querycoord.tooling.drill.failover_checks import FailoverChecks
 from querycoord.tooling.drill.failover_faults import FailoverFaults

@@ -7,7 +7,7 @@ from typing import Any
 
 from meta.kv import MetaKV
 from meta.ops.child import ChildProcess
-from querycoord.client import QueryCoordClient
+from querycoord.net.client import QueryCoordClient
 from querycoord.tooling.drill.base import ProcessDrill
 from querycoord.tooling.drill.failover_records import DrillResult, ReplicaObservation
 from querycoord.tooling.drill.invariants import Expected

@@ -11,10 +11,10 @@ import grpc
 from proto import common_pb2, querynode_pb2, querynode_pb2_grpc
 from proto import querycoord_pb2 as qc
 from querycoord.catalog.store import CatalogStore
-from querycoord.client import CoordinatorUnavailable
-from querycoord.grpc_channels import make_channel
+from querycoord.net.client import CoordinatorUnavailable
 from querycoord.querymeta import QueryMeta
 from querycoord.querymeta.copies import copies
+from querycoord.security.grpc_channels import make_channel
 from querycoord.task.store import TASK_PREFIXES
 from querycoord.tooling.drill.failover_base import direct_address
 from querycoord.tooling.drill.invariants import UNCLEAR_CODES, CatalogColl, MetaView, NodeView, check, node_view

@@ -43,8 +43,8 @@ from meta.ops.etcd_server import EtcdCluster
 from proto import common_pb2, querycoord_pb2_grpc, querynode_pb2, querynode_pb2_grpc
 from proto import querycoord_pb2 as qc
 from querycoord.catalog.store import CatalogStore
-from querycoord.client import CoordinatorUnavailable, QueryCoordClient
-from querycoord.grpc_channels import make_channel
+from querycoord.net.client import CoordinatorUnavailable, QueryCoordClient
+from querycoord.security.grpc_channels import make_channel
 from querycoord.tooling.drill.base import DrillSetupError, ProcessDrill, run_and_report, wait_nodes_online
 from querycoord.tooling.drill.options import RestartOptions
 from querycoord.tooling.drill.restart_judge import (

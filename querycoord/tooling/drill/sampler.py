@@ -38,8 +38,8 @@ from meta.session import role_prefix
 from proto import common_pb2, querycoord_pb2_grpc, querynode_pb2, querynode_pb2_grpc
 from proto import querycoord_pb2 as qc
 from querycoord.catalog.targets import CatalogTargets
-from querycoord.grpc_channels import make_channel
-from querycoord.protocol import QUERYNODE_ROLE
+from querycoord.common.protocol import QUERYNODE_ROLE
+from querycoord.security.grpc_channels import make_channel
 from querycoord.tooling.drill.invariants import NodeView, node_view
 from querycoord.tooling.drill.placement import NO_ROOM, PLACEABLE, Room, TargetView, Unit, units_of, weigh
 from querycoord.tooling.drill.samples import (

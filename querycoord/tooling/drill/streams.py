@@ -37,7 +37,7 @@ from typing import Any
 
 from meta.ops.etcd_server import EtcdCluster
 from proto import common_pb2, stream_pb2
-from querycoord.client import CoordinatorUnavailable, QueryCoordClient
+from querycoord.net.client import CoordinatorUnavailable, QueryCoordClient
 from querycoord.stream.plan import expected_counts
 from querycoord.tooling.drill.base import DrillSetupError, ProcessDrill, run_and_report
 from querycoord.tooling.drill.leaders import wait_until
