@@ -1,5 +1,4 @@
-"""The principals file and its token files are re-read when they change; a bad change keeps the old table (issue 25,
-point 9).
+"""The principals file and its token files are re-read when they change; a bad change keeps the old table.
 
 A rewritten token file makes the new token work and the old one refused, without a restart. A change that does
 not parse leaves the previous table in force, logs one error naming the file and line, counts it

@@ -1,6 +1,6 @@
-"""What the capacity chaos drill found (issue 24 §3), each against a real cluster: a release waiting on a lost
-node showed its collection whole; a load answered SUCCESS was rolled back whole when one replica's work had
-nowhere left to go; two forgets of one node dropped its new incarnation from the leader's view.
+"""What capacity pressure must not do, each against a real cluster: a release waiting on a lost node never
+shows its collection whole; a load answered SUCCESS is not rolled back whole when one replica's work has
+nowhere left to go; two forgets of one node keep its new incarnation in the leader's view.
 
 What is asserted is what the in-process nodes themselves hold (``tests.truth``), never timing.
 """
@@ -103,9 +103,9 @@ async def test_a_load_whose_node_is_lost_midway_keeps_its_collection_and_parks_w
 async def test_a_release_meeting_a_failed_load_in_its_rollback_leaves_the_load_its_own_answer(
         etcd: EtcdCluster, root_path: str) -> None:
     """A LoadPartitions with no room fails at once and rolls back on every node (slow nodes: a second); a release
-    of the same partition arrives meanwhile and cancels the load. The cancellation used to cut the rollback short:
-    the load's caller got UNEXPECTED_ERROR ("internal error: CancelledError()"). Now the rollback ends and the
-    caller gets the load's own answer."""
+    of the same partition arrives meanwhile and cancels the load. The cancellation does not cut the rollback short:
+    the rollback ends and the caller gets the load's own answer, not UNEXPECTED_ERROR ("internal error:
+    CancelledError()")."""
     slow = FaultConfig(latency_ms=1000)
     async with QueryCluster(etcd, root_path) as c:
         await c.start_coordinator()
@@ -131,9 +131,9 @@ async def test_a_release_meeting_a_failed_load_in_its_rollback_leaves_the_load_i
 async def test_a_watch_retried_through_its_nodes_restart_is_not_done_on_the_new_incarnation(
         etcd: EtcdCluster, root_path: str) -> None:
     """Node 5151 stops answering just before a load that plans DM channel watches on it; the watches retry while
-    it is online, and it comes back under its id as soon as its old session lapses. A watch used to succeed on
-    the new process and be recorded for the replica the old one served, which the new one is not in (found by
-    the chaos drill: a channel watched twice in a replica, for good). Retries two seconds apart, as on a slow
+    it is online, and it comes back under its id as soon as its old session lapses. A watch must not succeed on
+    the new process and be recorded for the replica the old one served, which the new one is not in: the channel
+    would stay watched twice in a replica, for good. Retries two seconds apart, as on a slow
     machine: the one after the old session lapsed usually finds the new process there."""
     async with QueryCluster(etcd, root_path, scheduler=fast_scheduler(retry_backoff=0.5, retry_backoff_max=2.0)) as c:
         await c.start_coordinator()

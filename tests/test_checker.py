@@ -180,8 +180,8 @@ async def test_the_checker_reloads_what_a_node_lost_and_releases_strays(etcd: Et
 
 async def test_a_repair_forgets_a_nodes_stale_copies_in_few_txns(etcd: EtcdCluster, root_path: str) -> None:
     """A node that lost everything it held (its memory, not its session) while meta still records it: the
-    repair forgets those copies before loading them again, by node and in as few txns as the limits allow. It
-    once spent a txn per segment: 8 s before 9,500 segments were loaded again in the restart drill."""
+    repair forgets those copies before loading them again, by node and in as few txns as the limits allow,
+    never a txn per segment (thousands of segments would wait that long to be loaded again)."""
     async with QueryCluster(etcd, root_path, scheduler=fast_scheduler()) as c:
         c.config.checker_interval = 0.3
         await c.start_coordinator()

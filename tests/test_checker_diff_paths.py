@@ -55,9 +55,8 @@ def reference_diff(
     online: set[int],
     busy: set[int],
 ) -> Diff:
-    """``checker.diff`` as it was before its fast path (commit 3be9b23), verbatim but for names, with the rules
-    added since written in the same plain style (issue 24: compaction sources kept through chains, one DM channel
-    watcher per replica).
+    """``checker.diff`` without its fast path, in the plain style of a reference: one loop per rule,
+    including compaction sources kept through chains and one DM channel watcher per replica.
 
     ``reachable``: online nodes that reported; what meta places on an online
     node that did not report (``online - reachable``) is unknown, so it is

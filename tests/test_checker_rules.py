@@ -1,4 +1,4 @@
-"""The checker's rules of issue 24 §2, on a real cluster (real etcd, real gRPC nodes in this process).
+"""The checker's rules, on a real cluster (real etcd, real gRPC nodes in this process).
 
 What nodes hold is read from the nodes themselves (``node.state``), never from what the coordinator believes.
 """

@@ -135,8 +135,8 @@ def test_data_dir_that_is_a_file_or_not_writable_is_one_error_line(subprocess_en
 
 # ----- --timeout is honoured, and what an address is said to be -----------------------------------------------------
 async def test_timeout_is_honoured_when_etcd_is_down_and_the_message_says_so(subprocess_env, tmp_path) -> None:
-    """With etcd down a coordinator took 15 s (its etcd deadline) to say it does not lead; `--timeout 2` waited
-    for it. Now the coordinator says at once that it cannot reach etcd, and no call outlives the timeout; its log
+    """With etcd down the coordinator says at once that it cannot reach etcd, rather than that it does not lead
+    after its 15 s etcd deadline, and no call outlives `--timeout 2`; its log
     says so in one line per change (down, back), without gRPC dumps."""
     etcd = EtcdCluster(tmp_path / "etcd", size=1).start()
     coord = None
@@ -162,7 +162,7 @@ async def test_timeout_is_honoured_when_etcd_is_down_and_the_message_says_so(sub
 
 
 async def test_a_coordinator_started_before_its_etcd_says_so_and_waits(subprocess_env, tmp_path) -> None:
-    """It used to say nothing, then exit after the 15 s etcd deadline."""
+    """It says at once that etcd is unreachable and keeps waiting past its 15 s etcd deadline until etcd is up."""
     etcd = EtcdCluster(tmp_path / "etcd", size=1).start()
     etcd.stop_member(0)  # its address is known, nothing listens there yet
     log = tmp_path / "coord.log"
@@ -173,7 +173,7 @@ async def test_a_coordinator_started_before_its_etcd_says_so_and_waits(subproces
         while "is unreachable" not in (log.read_text() if log.exists() else ""):
             assert child.running and time.monotonic() < deadline, log.read_text() if log.exists() else "no log"
             await asyncio.sleep(0.2)
-        await asyncio.sleep(17)  # past the etcd deadline (15 s), after which it used to exit
+        await asyncio.sleep(17)  # past the etcd deadline (15 s): it must not exit
         assert child.running, log.read_text()
         etcd.restart_member(0)
         await child.wait_event("leader", timeout=60)
@@ -190,7 +190,7 @@ def test_nothing_listening_is_told_apart(subprocess_env) -> None:
 
 
 async def test_an_address_that_is_no_coordinator_is_told_apart_at_once(subprocess_env, etcd, tmp_path) -> None:
-    """A query node's address used to give `UNIMPLEMENTED ... Method not found!`."""
+    """A query node's address is said to be no coordinator, not answered with `UNIMPLEMENTED ... Method not found!`."""
     node = await spawn_query_node(etcd, f"t-{uuid.uuid4().hex[:8]}", tmp_path, "--ttl", "10")
     try:
         # The answer is final: no waiting out the 60 s timeout.

@@ -1,4 +1,4 @@
-"""Settings fail closed (issue 25, points 3 and 10): an empty or unreadable path, a non-finite or out-of-range
+"""Settings fail closed: an empty or unreadable path, a non-finite or out-of-range
 number, from the file, a variable or a flag, is one error line naming the key and its source, never a silent
 default.
 

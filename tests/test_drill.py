@@ -228,7 +228,7 @@ def test_failover_drill_small(project_root: Path, subprocess_env: dict[str, str]
 async def test_release_right_after_a_node_crash_keeps_meta_and_nodes_in_agreement(
     etcd: EtcdCluster, root_path: str, subprocess_env: dict[str, str]
 ) -> None:
-    """The deterministic reproduction of what ``drill failover --seed 2`` found.
+    """A deterministic reproduction of the race ``drill failover --seed 2`` plays.
 
     A node process is SIGKILLed; within its TTL the collection is released, then loaded again. What
     must hold whatever the timing: the reload is accepted, every segment ends up on exactly one

@@ -144,8 +144,8 @@ async def test_a_query_meta_refusal_inside_a_trigger_reaches_the_caller_with_its
     The service and the trigger's ``pre_execute`` both check the load type
     first, so the plan only meets the conflict when the load type changes
     after those checks: here the collection is loaded as a whole while the
-    trigger reads the catalog. The caller used to get UNEXPECTED_ERROR
-    ("internal error: LoadTypeConflict(...)"), as for a bug.
+    trigger reads the catalog. The caller gets the conflict's own error, not
+    UNEXPECTED_ERROR ("internal error: LoadTypeConflict(...)") as for a bug.
     """
     c = QueryCluster(etcd, root_path, scheduler=fast_scheduler())
     await c.__aenter__()

@@ -1,4 +1,4 @@
-"""The HTTP side (``--http-listen``) stays up beside idle and slow clients (issue 25, point 6): a real coordinator
+"""The HTTP side (``--http-listen``) stays up beside idle and slow clients: a real coordinator
 process, a thousand idle connections (half of them with half a request) and slowloris clients that trickle a header
 byte a second, over loopback. ``/healthz``, ``/readyz`` and ``/metrics`` keep answering, and the server closes
 every connection that does not deliver its request head in time, so its file descriptors come back. Run once with

@@ -1,4 +1,4 @@
-"""Invariants that a mutation of the code showed no test guarded (issue 24, section 3), each against real etcd.
+"""Invariants that no other test guards against a mutation of the code, each against real etcd.
 
 1. The plan's commit point (DESIGN.md rule 2, ``task.store``): however a plan's write is cut short, a reload
    never finds a trigger committed (DONE) without all of its children.

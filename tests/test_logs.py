@@ -177,7 +177,7 @@ def _fails_holding_a_secret() -> None:
 def test_a_traceback_never_prints_local_values(restore_logging: None, capsys: pytest.CaptureFixture[str],
                                                fmt: str) -> None:
     """loguru's defaults (diagnose, backtrace) annotate every frame of a traceback with its variables' values: a
-    token or password held in a local would be written to the log (issue 25, point 9)."""
+    token or password held in a local would be written to the log."""
     setup_logging("INFO", fmt)
     try:
         _fails_holding_a_secret()

@@ -1,4 +1,4 @@
-"""``meta`` as a library (issue 12 §5): its public API, ``py.typed``, silence until enabled, and the README's recipes.
+"""``meta`` as a library: its public API, ``py.typed``, silence until enabled, and the README's recipes.
 
 The recipes are run as the README prints them: the test takes the Python block of the section "meta/ as a
 library" and runs it as a script against the suite's etcd, the election as two processes of which the leader is

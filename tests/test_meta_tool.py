@@ -1,4 +1,4 @@
-"""``querycoord meta show|verify|repair`` (issue 12 §1) on a real etcd, against records a real load wrote.
+"""``querycoord meta show|verify|repair`` on a real etcd, against records a real load wrote.
 
 Every problem is planted with a plain ``MetaKV``, as an outside hand would. Verify must find each with its keys and
 nothing on the healthy records; a dry run writes nothing; ``--apply`` removes exactly what was planted (the stream

@@ -1,8 +1,8 @@
-"""Node loss, node restarts and whole-cluster restarts (issue 24): the leader shows only what online nodes hold,
+"""Node loss, node restarts and whole-cluster restarts: the leader shows only what online nodes hold,
 and repairs whatever can be placed without waiting on what cannot.
 
-Each test gives its triggers a 600 s deadline and waits at most a minute: before these fixes, the work waited
-for that deadline. What is asserted is what the in-process nodes themselves hold (``tests.truth``).
+Each test gives its triggers a 600 s deadline and waits at most a minute: work that waited for that
+deadline fails the test. What is asserted is what the in-process nodes themselves hold (``tests.truth``).
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ class Sampler:
 
 async def test_a_whole_cluster_restarted_with_new_nodes_regains_every_replica(etcd: EtcdCluster,
                                                                              root_path: str) -> None:
-    """The first case of issue 24: a two-replica and a one-replica collection, every process stopped, three
+    """A two-replica and a one-replica collection, every process stopped, three
     fresh nodes: each replica gets a node, everything is loaded again, nothing is shown whole before it is, and
     no trigger fails."""
     async with QueryCluster(etcd, root_path, scheduler=LONG) as c:
@@ -227,9 +227,9 @@ async def test_one_collection_that_cannot_be_placed_never_holds_back_another(etc
 
 async def test_a_partition_release_never_waits_behind_a_handoff_that_needs_its_room(
         etcd: EtcdCluster, root_path: str) -> None:
-    """A segment handed off to a full node waited for room, holding the collection, while the release that would
-    free it queued behind (its caller got TIMEOUT). Now the handoff parks what it cannot place, the release runs at
-    once, and the freed room takes the new segment."""
+    """A segment handed off to a full node does not wait for room while holding the collection: the release that
+    would free that room would queue behind it and time out. The handoff parks what it cannot place, the release
+    runs at once, and the freed room takes the new segment."""
     async with QueryCluster(etcd, root_path, scheduler=LONG) as c:
         await c.start_coordinator()
         await c.wait_leader()
@@ -302,8 +302,8 @@ async def _some_loaded(c: QueryCluster) -> bool:
 
 async def test_a_node_whose_session_outlived_it_counts_nothing_at_takeover(etcd: EtcdCluster,
                                                                           root_path: str) -> None:
-    """The restart drill's finding: etcd renews every lease it recovers when it restarts, so a node that died with
-    the cluster keeps its session for a TTL, and a leader elected meanwhile showed that node's replica at 100 %.
+    """etcd renews every lease it recovers when it restarts, so a node that died with the cluster keeps its
+    session for a TTL, and a leader elected meanwhile must not show that node's replica at 100 %.
     Here a SIGKILLed node's session outlives it the same way (a long TTL): the new leader counts nothing of it,
     and counts at once what the node that answers holds."""
     async with QueryCluster(etcd, root_path, scheduler=LONG) as c:
@@ -353,10 +353,10 @@ async def test_a_node_silent_at_takeover_counts_once_it_answers_the_checker(etcd
 
 
 async def test_a_node_back_under_its_id_while_its_old_self_is_forgotten_stays_known(kv: MetaKV) -> None:
-    """The restart drill's second finding: a new leader forgets a node no session names (its records are an
-    earlier process's) while that node registers again under its fixed id. The forget removed the node that had
-    just joined from the node manager (and dropped its incarnation record): a live node the leader never used
-    again. Here the node registers while the forget is removing its old copies."""
+    """A new leader forgets a node no session names (its records are an earlier process's) while that node
+    registers again under its fixed id. The forget leaves the node that has just joined in the node manager, with
+    its incarnation record: otherwise it would be a live node the leader never used again.
+    Here the node registers while the forget is removing its old copies."""
     meta = QueryMeta(kv.fenced(await leader_fence(kv)))
     replica = data_pb2.ReplicaInfo(replica_id=7, collection_id=1, node_ids=[4545])
     await meta.add_collection(1, data_pb2.LOAD_TYPE_COLLECTION, [10], replicas=[replica], replica_number=1)
@@ -395,9 +395,9 @@ async def _online(nodes: NodeManager, node_id: int) -> bool:
 
 
 async def test_a_node_joining_under_an_id_meta_still_places_copies_on_counts_none_of_them(kv: MetaKV) -> None:
-    """The restart drill's third finding: a node back under its fixed id while a new leader took over joined
-    before the takeover's forget reached it, so its previous process's copies stayed in query meta and counted as
-    served (and a repair then spent a txn per segment on them). A session that appears during the leadership is a
+    """A node back under its fixed id while a new leader takes over may join before the takeover's forget
+    reaches it; its previous process's copies must not stay in query meta and count as served (nor cost a repair
+    a txn per segment). A session that appears during the leadership is a
     new process: what meta places on its id is forgotten before the node counts at all."""
     meta = QueryMeta(kv.fenced(await leader_fence(kv)))
     replica = data_pb2.ReplicaInfo(replica_id=7, collection_id=1, node_ids=[4747])

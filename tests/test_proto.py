@@ -1,4 +1,4 @@
-"""The protocols of issue 3: generated modules, persisted task records, services.
+"""The protocols: generated modules, persisted task records, services.
 
 No etcd needed: these tests check the wire contracts every other part relies on
 (the task store, the servicers, the reference node) and one real gRPC call on

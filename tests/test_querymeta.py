@@ -429,8 +429,8 @@ async def test_two_replicas_saving_the_same_segments_at_once_keep_both_copies(me
 
 async def test_a_channel_watch_save_runs_beside_segment_saves_and_holds_none_back(meta: QueryMeta, kv: MetaKV) -> None:
     """A load's DM channel watch is saved while its segment saves are in flight, and a segment save that comes
-    after it goes through too. The channel save once took the collection's lock exclusively: it waited for every
-    save in flight, and every save queued behind it waited with it."""
+    after it goes through too. The channel save does not take the collection's lock exclusively: it would wait for
+    every save in flight, and every save queued behind it would wait with it."""
     r1 = data_pb2.ReplicaInfo(replica_id=71, collection_id=1, node_ids=[1])
     r2 = data_pb2.ReplicaInfo(replica_id=72, collection_id=1, node_ids=[2])
     await meta.add_collection(1, COLL, [10], replica_number=2, replicas=[r1, r2])

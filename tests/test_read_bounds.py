@@ -1,5 +1,5 @@
 """What a caller may cost a coordinator: standby reads share one copy, heavy reads are bounded, open gRPC methods
-take small requests and few streams (issue 25, points 4 and 5).
+take small requests and few streams.
 
 Real etcd, real coordinator processes: the standby's memory is its process's resident set (``/proc``), its
 takeover the real election after the leader's session is revoked.
@@ -119,7 +119,7 @@ async def test_open_health_calls_take_small_requests_and_few_streams(etcd: EtcdC
             rss.append(_kib(coord.pid, "VmRSS"))
         # A refused request costs its size once, briefly (gRPC receives it whole): the second round reuses
         # that. Pinned, each open stream held about 64 MiB, so a round of four grew by about 256 MiB; the
-        # bound leaves the allocator its slack (a round was seen to grow 33 MiB on a loaded machine).
+        # bound leaves the allocator its slack (tens of MiB on a loaded machine).
         assert rss[0] - baseline < 160 * 1024 and rss[1] - rss[0] < 96 * 1024, (baseline, rss)
         # Many small Watch streams: a bounded number is kept, the rest refused.
         answers = []

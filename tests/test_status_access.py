@@ -1,4 +1,4 @@
-"""Who may read a secured coordinator's status page (issue 25, point 7): real coordinators configured as in
+"""Who may read a secured coordinator's status page: real coordinators configured as in
 production (mutual TLS, a principals file: ``test_grpc_security``'s certificates and tokens), their HTTP side over
 loopback, plain HTTP on one and HTTPS (``--tls-http``) on the other.
 

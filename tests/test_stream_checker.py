@@ -147,8 +147,8 @@ class SlowListStore(StreamStore):
 
 
 async def test_refresh_leaves_alone_streams_notified_during_its_read(store: StreamStore, kv: MetaKV) -> None:
-    """Before the fix a refresh whose read predates a create removed the new stream (its tasks were then cleaned
-    up as a dropped stream's), and one whose read predates a drop brought the dropped stream back."""
+    """A refresh whose read predates a create keeps the new stream (its tasks would otherwise be cleaned up as a
+    dropped stream's), and one whose read predates a drop does not bring the dropped stream back."""
     clock = Clock()
     async with running_streams(store, kv, clock, 1) as (nodes, (old,), mgr):
         slow = SlowListStore(store)

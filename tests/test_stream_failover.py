@@ -1,4 +1,4 @@
-"""Issue 5 §4: kill the coordinator leader while 50 streams run; the standby adopts them all in WATCH.
+"""Kill the coordinator leader while 50 streams run; the standby adopts them all in WATCH.
 
 Everything is a real process: two coordinators (``querycoord coord --scaled``) and three stream nodes
 (``querycoord streamnode``), driven through the StreamMgmt gRPC stub. After the SIGKILL the

@@ -141,7 +141,7 @@ async def test_two_claimants_of_a_vgroup_do_not_make_readers_flap(
 async def test_watch_adopts_under_the_session_verified_node_id(store: StreamStore, kv: MetaKV) -> None:
     """A node whose reports name another node (a bug, or a lie): the new leader adopts the tasks where they run.
 
-    Before the fix WATCH trusted the report's node id: the tasks were adopted on the other node, then found
+    WATCH does not trust the report's node id: the tasks would be adopted on the other node, then found
     "stale" on their real node, undeployed and redeployed."""
     clock = Clock()
     async with running_streams(store, kv, clock, 3) as (nodes, _, old):

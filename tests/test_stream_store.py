@@ -309,7 +309,7 @@ def test_plan_counts_and_placement() -> None:
     d = sdef()
     plan = P.plan_stream(d, [4, 3, 2], [1, 2, 3], RING, ids_from(), random.Random(1))
     assert len(plan.trigger_readers) == 3 and [t.vgroup_id for t in plan.trigger_readers] == [2, 3, 4]
-    # One calc reader per (scan plan, vgroup), not per scan plan (seed bug 4).
+    # One calc reader per (scan plan, vgroup), not per scan plan.
     assert [(t.scan_plan_idx, t.vgroup_id) for t in plan.calc_readers] == [(p, v) for p in (0, 1) for v in (2, 3, 4)]
     assert plan.trigger.kind == stream_pb2.TRIGGER and plan.trigger.snode_id == 1 and plan.trigger.task_id == 1000
     assert len(plan.runners) == 3 and all(len(dep) == 3 for dep in plan.runners)

@@ -93,7 +93,8 @@ async def catalog_segments(c: QueryCluster, cid: int, pid: int | None = None) ->
 
 async def test_a_second_release_during_a_cancelled_loads_rollback_answers_everyone(
         etcd: EtcdCluster, root_path: str) -> None:
-    """Hole 1: the second release used to interrupt the rollback; the load then stayed in the scheduler forever."""
+    """A second release arriving while a cancelled load rolls back waits for the rollback: both callers are
+    answered and the load leaves the scheduler, rather than staying there forever."""
     async with started(etcd, root_path, [SLOW, SLOW]) as c:
         cid = await c.create_collection("twice", partitions=2, segments=40)
         load = await c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid))
@@ -116,7 +117,7 @@ async def test_a_second_release_during_a_cancelled_loads_rollback_answers_everyo
 
 async def test_a_load_whose_leader_died_before_its_commit_point_is_done_by_the_next(
         etcd: EtcdCluster, root_path: str) -> None:
-    """Hole 2: partitions written to meta by an uncommitted trigger were taken for loaded ones."""
+    """Partitions an uncommitted trigger wrote to meta are not taken for loaded ones: the next leader does the load."""
     async with QueryCluster(etcd, root_path, scheduler=fast_scheduler()) as c:
         coord = await c.start_coordinator()
         await c.wait_leader()
@@ -145,7 +146,8 @@ async def test_a_load_whose_leader_died_before_its_commit_point_is_done_by_the_n
 
 async def test_a_node_down_balance_that_finds_no_room_forgets_the_dead_copies_and_the_checker_reloads(
         etcd: EtcdCluster, root_path: str) -> None:
-    """Hole 3: the dead node's segments stayed recorded on it, 100 % was shown and nothing retried."""
+    """A node-down balance with no room forgets the dead node's copies, so 100 % is not shown, and the checker
+    loads them again once room appears."""
     async with started(etcd, root_path, [None, None], capacity=40 * MiB, trigger_timeout=6.0) as c:
         cid = await c.create_collection("tight", partitions=1, segments=10)
         await c.load_collection(cid)
@@ -170,7 +172,7 @@ async def test_a_node_down_balance_that_finds_no_room_forgets_the_dead_copies_an
 
 
 async def test_a_session_offering_no_capacity_is_ignored_and_loads_go_on(etcd: EtcdCluster, root_path: str) -> None:
-    """Hole 4: capacity 0 divided the allocator by zero inside a trigger, which died holding its lock."""
+    """A session offering capacity 0 is ignored: the allocator never divides by it and triggers keep running."""
     async with started(etcd, root_path, [None]) as c:
         assert c.kv is not None
         bogus = Session(c.kv, "querynode", "127.0.0.1:1", ttl=2.0, extra={"capacity_bytes": 0})
@@ -189,7 +191,7 @@ async def test_a_session_offering_no_capacity_is_ignored_and_loads_go_on(etcd: E
 
 async def test_a_malformed_session_value_stops_neither_the_node_watch_nor_a_takeover(
         etcd: EtcdCluster, root_path: str) -> None:
-    """Hole 4: a garbage session value killed the node watcher; a new leader then waited forever for nodes."""
+    """A garbage session value is skipped: the node watch keeps running and a new leader still finds its nodes."""
     async with QueryCluster(etcd, root_path, scheduler=fast_scheduler()) as c:
         assert c.kv is not None
         await c.kv.save("session/querynode-999999", b"{not json")
@@ -204,7 +206,8 @@ async def test_a_malformed_session_value_stops_neither_the_node_watch_nor_a_take
 
 async def test_a_failure_inside_failure_handling_still_answers_and_unlocks(
         etcd: EtcdCluster, root_path: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """Hole 4: MetaUnavailable raised while undoing a failed trigger escaped the runner with the lock held."""
+    """MetaUnavailable raised while undoing a failed trigger stays inside the runner: the caller is answered and
+    the collection's lock released."""
     async with started(etcd, root_path, [None]) as c:
         cid = await c.create_collection("undo", partitions=2, segments=6)
 
@@ -223,7 +226,7 @@ async def test_a_failure_inside_failure_handling_still_answers_and_unlocks(
 
 
 async def test_a_node_that_vanished_is_a_node_error(etcd: EtcdCluster, root_path: str, kv) -> None:  # type: ignore[no-untyped-def]
-    """Hole 4: a node gone between planning and the call raised KeyError, which no retry path expected."""
+    """A node gone between planning and the call is a NodeError, which the retry paths handle (not a KeyError)."""
     nodes = NodeManager(kv)
     try:
         nodes.client(424242)
@@ -234,7 +237,7 @@ async def test_a_node_that_vanished_is_a_node_error(etcd: EtcdCluster, root_path
 
 
 async def test_releasing_an_unrelated_partition_does_not_cancel_a_load(etcd: EtcdCluster, root_path: str) -> None:
-    """Hole 8: ReleasePartitions of a partition nobody loads cancelled the load of another."""
+    """ReleasePartitions of a partition nobody loads leaves the load of another partition alone."""
     async with started(etcd, root_path, [SLOW, SLOW]) as c:
         cid = await c.create_collection("unrelated", partitions=3, segments=30)
         p1, p2, _ = await partitions(c, cid)
@@ -253,7 +256,7 @@ async def test_releasing_an_unrelated_partition_does_not_cancel_a_load(etcd: Etc
 
 
 async def test_a_retried_load_partitions_joins_the_one_in_progress(etcd: EtcdCluster, root_path: str) -> None:
-    """Hole 9: the identical retry answered CONFLICT about its own first attempt."""
+    """The identical retry of a LoadPartitions in progress joins it instead of answering CONFLICT about itself."""
     async with started(etcd, root_path, [SLOW]) as c:
         cid = await c.create_collection("retry", partitions=2, segments=20)
         p1, _ = await partitions(c, cid)
@@ -278,8 +281,8 @@ async def _candidate(c: QueryCluster, name: str) -> tuple[Session, Election]:
 
 
 async def test_a_read_by_the_new_leader_fences_off_the_old_one(etcd: EtcdCluster, root_path: str) -> None:
-    """Hole 10: GetDataDistribution carried no fence, so a node the new leader had only read from still
-    accepted a late mutation from the deposed leader."""
+    """GetDataDistribution carries the leader's fence: a node the new leader has only read from refuses a late
+    mutation from the deposed leader."""
     async with QueryCluster(etcd, root_path) as c:
         node = await c.add_node()
         (old_s, old_e), (new_s, new_e) = await _candidate(c, "1"), await _candidate(c, "2")
@@ -312,10 +315,10 @@ async def test_a_read_by_the_new_leader_fences_off_the_old_one(etcd: EtcdCluster
 
 async def test_a_made_up_fence_cannot_turn_a_node_against_the_real_leader(
         etcd: EtcdCluster, root_path: str) -> None:
-    """Fuzzer, issue 11: one ReleaseCollection sent to a node's port with fence revision 2**63-1 raised its mark
-    for ever; it then refused every real leader with STALE_LEADER, each leader took that for lost leadership and
-    resigned, and leadership changed hands every few seconds. A standby's revision (higher than the leader's)
-    did the same. Now a higher fence is adopted only if it is the leading coordinator's election revision."""
+    """A higher fence is adopted only if it is the leading coordinator's election revision. Otherwise one
+    ReleaseCollection sent to a node's port with fence revision 2**63-1 (or a standby's revision, higher than the
+    leader's) would raise its mark for ever: the node would refuse every real leader with STALE_LEADER, each leader
+    would take that for lost leadership and resign, and leadership would change hands every few seconds."""
     async with started(etcd, root_path, [None]) as c:
         cid = await c.create_collection("forged", partitions=1, segments=6)
         leader = await c.wait_leader()
@@ -361,7 +364,8 @@ async def test_a_made_up_fence_cannot_turn_a_node_against_the_real_leader(
 
 async def test_a_failed_load_partitions_rolls_back_only_its_own_partitions(
         etcd: EtcdCluster, root_path: str) -> None:
-    """Hole 11: a LoadPartitions failing on an unknown partition released partitions an earlier request loaded."""
+    """A LoadPartitions failing on an unknown partition rolls back only its own partitions, never those an earlier
+    request loaded."""
     async with started(etcd, root_path, [SLOW, SLOW]) as c:
         cid = await c.create_collection("own", partitions=3, segments=30)
         p0, p1, _ = await partitions(c, cid)
@@ -386,7 +390,8 @@ async def test_a_failed_load_partitions_rolls_back_only_its_own_partitions(
 
 
 async def test_a_retried_balance_joins_the_one_in_progress(etcd: EtcdCluster, root_path: str) -> None:
-    """Idempotence: the retry of a balance in progress used to fail on its own effect (segments moving)."""
+    """Idempotence: the retry of a balance in progress joins it instead of failing on its own effect (segments
+    moving)."""
     async with started(etcd, root_path, [SLOW, SLOW]) as c:
         cid = await c.create_collection("move", partitions=1, segments=10)
         await c.load_collection(cid)
@@ -405,8 +410,8 @@ async def test_a_retried_balance_joins_the_one_in_progress(etcd: EtcdCluster, ro
 async def test_closing_a_node_channel_mid_call_is_a_node_error_not_a_cancellation(
         etcd: EtcdCluster, root_path: str) -> None:
     """grpc.aio cancels calls in flight when their channel closes (a node forgotten once its session ended);
-    that CancelledError used to escape into the trigger runner and the leadership loop as if they had
-    been cancelled."""
+    that CancelledError is a NodeError to the trigger runner, not a cancellation that would stop the runner and
+    the leadership loop."""
     async with QueryCluster(etcd, root_path) as c:
         node = await c.add_node(faults=FaultConfig(latency_ms=3000))
         client = QueryNodeClient(node.node_id, node.address)
@@ -450,8 +455,8 @@ def dm_watchers(c: QueryCluster, cid: int) -> dict[str, list[int]]:
 
 
 async def test_a_watch_failing_on_a_live_node_is_retried_there_not_moved(etcd: EtcdCluster, root_path: str) -> None:
-    """Chaos drill, seed 13: a watch that failed on a node whose link was cut (session alive) was moved to
-    another node while the first still watched the channel; nothing undoes a watch, so it stayed doubled."""
+    """A watch that fails on a node whose link is cut (session alive) is retried on that node, not moved: the
+    first node may still watch the channel and nothing undoes a watch, so a move would leave it doubled."""
     from querycoord.nodes.querynode_faults import FaultInjector
 
     async with started(etcd, root_path, [None, None]) as c:
@@ -476,8 +481,8 @@ async def test_a_watch_failing_on_a_live_node_is_retried_there_not_moved(etcd: E
 
 async def test_concurrent_partition_releases_that_empty_a_collection_release_it_on_the_nodes(
         etcd: EtcdCluster, root_path: str) -> None:
-    """Chaos drill, seed 13: two ReleasePartitions that together released every loaded partition left the
-    collection's channels on the nodes (only the first to be validated could have become a whole release)."""
+    """Two ReleasePartitions that together release every loaded partition release the collection's channels on
+    the nodes too, whichever of them is validated first."""
     async with started(etcd, root_path, [SLOW, SLOW]) as c:
         cid = await c.create_collection("halves", partitions=2, segments=10)
         p0, p1 = await partitions(c, cid)
@@ -497,8 +502,8 @@ async def test_concurrent_partition_releases_that_empty_a_collection_release_it_
 
 
 async def test_a_caller_giving_up_mid_enqueue_leaves_no_orphan_trigger(etcd: EtcdCluster, root_path: str) -> None:
-    """Chaos drill, seed 7: a client that gave up cancelled the handler after the trigger was persisted but
-    before it was queued; the key sat in etcd unseen and the next leader ran the load after its release."""
+    """A client that gives up cancels the handler between persisting the trigger and queueing it; the trigger is
+    still queued, so no key sits in etcd unseen for the next leader to run after a later release."""
     import grpc
 
     from proto import querycoord_pb2_grpc
@@ -522,8 +527,8 @@ async def test_a_caller_giving_up_mid_enqueue_leaves_no_orphan_trigger(etcd: Etc
 
 async def test_a_resumed_balance_does_not_load_a_collection_released_meanwhile(
         etcd: EtcdCluster, root_path: str) -> None:
-    """Chaos drill, seed 13: a resumed balance's children loaded segments of a collection released since,
-    which nothing recorded (the collection no longer in meta, the balance not serialised with it)."""
+    """A resumed balance skips the segments of a collection released since it was persisted: nothing would
+    record such loads (the collection is no longer in meta, and the balance is not serialised with it)."""
     async with QueryCluster(etcd, root_path, scheduler=fast_scheduler()) as c:
         assert c.kv is not None
         node = await c.add_node()
@@ -555,9 +560,9 @@ async def test_a_resumed_balance_does_not_load_a_collection_released_meanwhile(
 
 async def test_a_load_cancelled_after_dispatch_but_before_it_ran_is_finished(
         etcd: EtcdCluster, root_path: str) -> None:
-    """Full-suite hang, issue 10: the dispatcher had created the load's asyncio task, and a release cancelled it
-    before its first step. A task cancelled before it starts never runs its body, so nothing finished the load:
-    it kept the collection's lock and every later trigger of the collection waited behind it forever."""
+    """The dispatcher has created the load's asyncio task and a release cancels it before its first step. A task
+    cancelled before it starts never runs its body, so the load is finished from outside: otherwise it would keep
+    the collection's lock and every later trigger of the collection would wait behind it forever."""
     from querycoord.task.triggers import LoadCollectionTask, ReleaseCollectionTask
 
     async with started(etcd, root_path, [None]) as c:
@@ -584,9 +589,9 @@ async def test_a_load_cancelled_after_dispatch_but_before_it_ran_is_finished(
 
 async def test_a_load_persisted_before_a_release_but_queued_after_it_is_cancelled(
         etcd: EtcdCluster, root_path: str) -> None:
-    """Full suite, test_a_caller_giving_up_mid_enqueue: a load's persist answered after a later release had been
-    queued and cancelled every load it could see; the load was then queued behind the release and ran after it,
-    so the collection was loaded again although released last. The load is older (its id is lower): cancelled."""
+    """A load's persist answers after a later release has been queued and cancelled every load it could see. The
+    load is older (its id is lower), so it is cancelled rather than queued behind the release and run after it,
+    which would load the collection again although it was released last."""
     from querycoord.task.triggers import LoadCollectionTask, ReleaseCollectionTask
 
     async with started(etcd, root_path, [None]) as c:
@@ -624,9 +629,9 @@ async def test_a_load_persisted_before_a_release_but_queued_after_it_is_cancelle
 
 async def test_a_resumed_balance_does_not_watch_channels_of_a_collection_released_meanwhile(
         etcd: EtcdCluster, root_path: str) -> None:
-    """Chaos drill with replicas, seed 3: the next leader resumed a balance whose delta and query channel watches
-    named a collection released meanwhile (its segment loads were skipped, the watches were not); once idle the
-    node still watched that collection's channels and nothing released them."""
+    """The next leader resumes a balance whose delta and query channel watches name a collection released
+    meanwhile: the watches are skipped like its segment loads, since once idle nothing would release that
+    collection's channels on the node."""
     async with QueryCluster(etcd, root_path, scheduler=fast_scheduler()) as c:
         assert c.kv is not None
         node = await c.add_node()

@@ -1,4 +1,4 @@
-"""Validation at the edge (issue 11 §1): every service refuses malformed requests up front, and writes nothing.
+"""Validation at the edge: every service refuses malformed requests up front, and writes nothing.
 
 Real etcd, a real coordinator (its gRPC server in this process) and real query
 nodes; every request goes through the generated stubs. Each refusal must be

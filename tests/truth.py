@@ -1,4 +1,4 @@
-"""What the nodes themselves hold, against what the leader shows: the "false full" check of issue 24.
+"""What the nodes themselves hold, against what the leader shows: the "false full" check.
 
 A sample is false when the leader shows a collection at 100 %, or a replica at 100 %, while some segment of
 the catalog's target or some DM channel of the collection is held by no online node of (each, or that)
