@@ -22,7 +22,7 @@ from loguru import logger
 
 from meta.errors import MetaError
 from meta.kv import MetaKV
-from meta.loops import loop_failed
+from meta.loops import follow_forever
 from meta.watch import Resync, WatchBatch, watch_prefix
 
 # How often ``catch_up`` asks for a progress notification again while it waits (one can be lost on a reconnect).
@@ -116,20 +116,14 @@ class RangeFollower:
                         await self._moved.wait()
 
     async def _run(self) -> None:
-        while True:
-            try:
-                await self._follow()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                # A broken copy is dropped, never used; it is read again after a pause (logged and counted).
-                if loop_failed(f"follow {self.name}", exc, self._kv.client):
-                    self.revision = 0
-                    self.drop()
-                    return
-            self.revision = 0
-            self.drop()
-            await asyncio.sleep(RESTART_DELAY)
+        # A broken copy is dropped, never used; it is read again after a pause (a failure logged and counted).
+        await follow_forever(f"follow {self.name}", self._follow, pause=RESTART_DELAY, client=self._kv.client,
+                             after=self._forget)
+
+    def _forget(self) -> None:
+        """Drop the copy and its revision: the next follow reads everything again."""
+        self.revision = 0
+        self.drop()
 
     async def _follow(self) -> None:
         revision, keys = await self._read()

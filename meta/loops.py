@@ -82,4 +82,28 @@ async def keep_running(loop: str, body: Callable[[], Awaitable[None]], *, client
         pause = min(pause * 2, max_pause)
 
 
-__all__ = ["FIRST_PAUSE", "MAX_PAUSE", "Closable", "keep_running", "loop_failed", "stopped_by"]
+async def follow_forever(loop: str, follow: Callable[[], Awaitable[None]], *, pause: float,
+                         client: Closable | None = None, on_error: Callable[[], None] | None = None,
+                         after: Callable[[], None] | None = None) -> None:
+    """Run ``follow()`` (a watch) again and again, ``pause`` after each end, whether it returned or raised
+    (reported through ``loop_failed``): a watch that ends or breaks restarts from a fresh read, so nothing goes
+    unwatched for long. ``on_error`` runs on each failure, ``after`` after each end (the last too). Returns when
+    the client is closed; ``CancelledError`` goes through."""
+    while True:
+        try:
+            await follow()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if on_error is not None:
+                on_error()
+            if loop_failed(loop, exc, client):
+                if after is not None:
+                    after()
+                return
+        if after is not None:
+            after()
+        await asyncio.sleep(pause)
+
+
+__all__ = ["FIRST_PAUSE", "MAX_PAUSE", "Closable", "follow_forever", "keep_running", "loop_failed", "stopped_by"]

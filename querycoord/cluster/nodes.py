@@ -38,7 +38,7 @@ from loguru import logger
 
 from meta.address import split_address
 from meta.kv import MetaKV
-from meta.loops import loop_failed
+from meta.loops import follow_forever
 from meta.session import SessionEvent, SessionInfo, SessionSnapshot, watch_sessions
 from meta.watch import EventType
 from proto import common_pb2, querynode_pb2
@@ -188,16 +188,11 @@ class NodeManager:
     async def _watch(self) -> None:
         """Follow node sessions forever: a failure (etcd trouble, a bug) is logged and the watch restarts
         from a fresh snapshot, so new nodes are always seen and ``ready`` is always reached."""
-        while True:
-            try:
-                await self._follow()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                self.watch_errors += 1
-                if loop_failed("query node sessions", exc, self.kv.client):
-                    return
-            await asyncio.sleep(0.5)
+        await follow_forever("query node sessions", self._follow, pause=0.5, client=self.kv.client,
+                             on_error=self._watch_failed)
+
+    def _watch_failed(self) -> None:
+        self.watch_errors += 1
 
     def _try_add(self, info: SessionInfo) -> None:
         """``_add``, and a session it cannot take (a bug or a value no check foresaw) logged in one line and
