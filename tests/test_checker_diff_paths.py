@@ -23,7 +23,7 @@ from meta.client import EtcdClient, connect
 from meta.kv import MetaKV
 from meta.ops.etcd_server import EtcdCluster
 from proto import data_pb2, task_pb2
-from querycoord.checkers import Diff, Held, Holders, diff, diff_async
+from querycoord.checkers import Diff, Held, Holders, describe, diff, diff_async
 from querycoord.common.target import Target, TargetSegment
 from querycoord.querymeta import QueryMeta
 from querycoord.querymeta.copies import copies
@@ -170,7 +170,7 @@ def reference_diff(
     for scid, nodes in stray.items():
         _repair(out, scid).release_collection_on_nodes.extend(sorted(nodes))
     for req in out.repairs.values():
-        req.reason = reference_describe(req)
+        req.reason = describe(req)
     return out
 
 
@@ -191,22 +191,6 @@ def _release_channel(d: Diff, cid: int, node: int, name: str) -> None:
             nc.channel_names.append(name)
             return
     req.release_dm_channels.append(task_pb2.NodeChannels(node_id=node, channel_names=[name]))
-
-
-def reference_describe(req: task_pb2.RepairRequest) -> str:
-    copies = sum(len(ns.segment_ids) for ns in req.release_segments)
-    watches = sum(len(nc.channel_names) for nc in req.release_dm_channels)
-    found = [
-        (req.missing_segments, f"{len(req.missing_segments)} segments held by no node"),
-        (copies, f"{copies} copies to release"),
-        (req.rewatch, f"{len(req.rewatch)} DM channels unwatched"),
-        (req.release_collection_on_nodes, f"not loaded but held on nodes {list(req.release_collection_on_nodes)}"),
-        (req.adopt, f"{len(req.adopt)} segments recorded on the wrong node"),
-        (req.forget_segment_ids, f"{len(req.forget_segment_ids)} stale segment records"),
-        (watches, f"{watches} DM channel watches to release"),
-        (req.adopt_dm_channels, f"{len(req.adopt_dm_channels)} DM channel watches recorded on the wrong node"),
-    ]
-    return "; ".join(text for present, text in found if present)
 
 
 # ----- random states -------------------------------------------------------------------------------------------

@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from loguru import logger
 
 from meta.ops.child import child_env
 from querycoord.cli import build_parser
@@ -32,18 +29,9 @@ from querycoord.settings.coord_options import OPTIONS, PRESET_RULES, check_numbe
 from querycoord.settings.security_options import OPTIONS as SECURITY_OPTIONS
 from querycoord.settings.security_options import security_from_args
 from querycoord.settings.setting_rules import Rule
+from tests.test_config_file import clean_env  # noqa: F401  (autouse: no QUERYCOORD_* variable of the machine leaks in)
 
 ETCD = "127.0.0.1:1"  # never dialled: every case here stops before it reaches etcd
-
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for name in list(os.environ):
-        if name.startswith("QUERYCOORD_") and name != "QUERYCOORD_ETCD_BIN":
-            monkeypatch.delenv(name)
-    yield
-    logger.remove()
-    logger.add(sys.stderr)
 
 
 def build(argv: list[str], env: dict[str, str] | None = None) -> None:

@@ -525,6 +525,23 @@ async def test_a_caller_giving_up_mid_enqueue_leaves_no_orphan_trigger(etcd: Etc
         assert not held_once(c)
 
 
+async def _persist_balance(c: QueryCluster, cid: int, node_id: int,
+                           children: list[tuple[int, dict[str, Any]]]) -> None:
+    """A user's balance of a node that is gone, planned and persisted with ``children`` (kind, request field)
+    on ``node_id`` not yet run, as a leader that stopped right after its commit point leaves it."""
+    assert c.kv is not None
+    ids = await IdAllocator(c.kv, "idalloc/task").allocate(1 + len(children))
+    trig = task_pb2.TaskRecord(id=ids[0], kind=qc.TASK_KIND_LOAD_BALANCE, state=qc.TASK_STATE_DONE,
+                               trigger_condition=qc.TRIGGER_CONDITION_LOAD_BALANCE,
+                               load_balance=qc.LoadBalanceRequest(source_node_ids=[node_id + 1000],
+                                                                  reason=qc.BALANCE_REASON_USER))
+    await TaskStore(c.kv).commit_children(trig, [
+        task_pb2.TaskRecord(id=task_id, kind=kind, state=qc.TASK_STATE_UNDO, parent_id=ids[0],
+                            trigger_condition=qc.TRIGGER_CONDITION_LOAD_BALANCE, collection_id=cid,
+                            node_id=node_id, **request)
+        for task_id, (kind, request) in zip(ids[1:], children, strict=True)])
+
+
 async def test_a_resumed_balance_does_not_load_a_collection_released_meanwhile(
         etcd: EtcdCluster, root_path: str) -> None:
     """A resumed balance skips the segments of a collection released since it was persisted: nothing would
@@ -538,18 +555,9 @@ async def test_a_resumed_balance_does_not_load_a_collection_released_meanwhile(
         (pid,) = await partitions(c, cid)
         segs = sorted(await catalog_segments(c, cid))
         await first.stop()
-        ids = await IdAllocator(c.kv, "idalloc/task").allocate(2)
-        trig = task_pb2.TaskRecord(id=ids[0], kind=qc.TASK_KIND_LOAD_BALANCE, state=qc.TASK_STATE_DONE,
-                                   trigger_condition=qc.TRIGGER_CONDITION_LOAD_BALANCE,
-                                   load_balance=qc.LoadBalanceRequest(source_node_ids=[node.node_id + 1000],
-                                                                      reason=qc.BALANCE_REASON_USER))
-        child = task_pb2.TaskRecord(
-            id=ids[1], kind=qc.TASK_KIND_LOAD_SEGMENT, state=qc.TASK_STATE_UNDO, parent_id=ids[0],
-            trigger_condition=qc.TRIGGER_CONDITION_LOAD_BALANCE, collection_id=cid, node_id=node.node_id,
-            load_segments=querynode_pb2.LoadSegmentsRequest(collection_id=cid, infos=[
-                data_pb2.SegmentLoadInfo(segment_id=s, partition_id=pid, collection_id=cid) for s in segs]))
-        store = TaskStore(c.kv)
-        await store.commit_children(trig, [child])
+        await _persist_balance(c, cid, node.node_id, [(qc.TASK_KIND_LOAD_SEGMENT, {
+            "load_segments": querynode_pb2.LoadSegmentsRequest(collection_id=cid, infos=[
+                data_pb2.SegmentLoadInfo(segment_id=s, partition_id=pid, collection_id=cid) for s in segs])})])
         c.coords.clear()
         c.client = None
         await c.start_coordinator()
@@ -633,28 +641,17 @@ async def test_a_resumed_balance_does_not_watch_channels_of_a_collection_release
     meanwhile: the watches are skipped like its segment loads, since once idle nothing would release that
     collection's channels on the node."""
     async with QueryCluster(etcd, root_path, scheduler=fast_scheduler()) as c:
-        assert c.kv is not None
         node = await c.add_node()
         first = await c.start_coordinator()
         await c.wait_leader()
         cid = await c.create_collection("gone", partitions=1, segments=2)
         await first.stop()
-        ids = await IdAllocator(c.kv, "idalloc/task").allocate(3)
-        trig = task_pb2.TaskRecord(id=ids[0], kind=qc.TASK_KIND_LOAD_BALANCE, state=qc.TASK_STATE_DONE,
-                                   trigger_condition=qc.TRIGGER_CONDITION_LOAD_BALANCE,
-                                   load_balance=qc.LoadBalanceRequest(source_node_ids=[node.node_id + 1000],
-                                                                      reason=qc.BALANCE_REASON_USER))
-        delta = task_pb2.TaskRecord(
-            id=ids[1], kind=qc.TASK_KIND_WATCH_DELTA_CHANNEL, state=qc.TASK_STATE_UNDO, parent_id=ids[0],
-            trigger_condition=qc.TRIGGER_CONDITION_LOAD_BALANCE, collection_id=cid, node_id=node.node_id,
-            watch_delta_channels=querynode_pb2.WatchDeltaChannelsRequest(collection_id=cid, infos=[
-                data_pb2.VChannelInfo(collection_id=cid, channel_name=f"by-dev-rootcoord-delta_0_{cid}v0")]))
-        query = task_pb2.TaskRecord(
-            id=ids[2], kind=qc.TASK_KIND_WATCH_QUERY_CHANNEL, state=qc.TASK_STATE_UNDO, parent_id=ids[0],
-            trigger_condition=qc.TRIGGER_CONDITION_LOAD_BALANCE, collection_id=cid, node_id=node.node_id,
-            add_query_channel=querynode_pb2.AddQueryChannelRequest(
-                collection_id=cid, query_channel=f"query-{cid}", query_result_channel=f"query-result-{cid}"))
-        await TaskStore(c.kv).commit_children(trig, [delta, query])
+        await _persist_balance(c, cid, node.node_id, [
+            (qc.TASK_KIND_WATCH_DELTA_CHANNEL, {"watch_delta_channels": querynode_pb2.WatchDeltaChannelsRequest(
+                collection_id=cid, infos=[data_pb2.VChannelInfo(
+                    collection_id=cid, channel_name=f"by-dev-rootcoord-delta_0_{cid}v0")])}),
+            (qc.TASK_KIND_WATCH_QUERY_CHANNEL, {"add_query_channel": querynode_pb2.AddQueryChannelRequest(
+                collection_id=cid, query_channel=f"query-{cid}", query_result_channel=f"query-result-{cid}")})])
         c.coords.clear()
         c.client = None
         c.config.checker_interval = 0.3  # and the checker, looking every 0.3 s, does not release them either
