@@ -126,23 +126,28 @@ async def _both(c: QueryCluster, a: int, b: int) -> bool:
     return await whole(c, a) and await whole(c, b)
 
 
+async def _fixed_node(c: QueryCluster, node_id: int, *, capacity_bytes: int = 1024 * MiB) -> QueryNode:
+    """A query node under a fixed id (as a restarted process keeps it), started and owned by the cluster."""
+    assert c.kv is not None
+    node = QueryNode(c.kv, capacity_bytes=capacity_bytes, ttl=2.0, node_id=node_id)
+    await node.start()
+    c.nodes.append(node)
+    return node
+
+
 async def test_a_node_restarted_under_its_id_is_used_at_once(etcd: EtcdCluster, root_path: str) -> None:
     async with QueryCluster(etcd, root_path, scheduler=LONG) as c:
         await c.start_coordinator()
         await c.wait_leader()
         assert c.kv is not None
-        fixed = QueryNode(c.kv, capacity_bytes=1024 * MiB, ttl=2.0, node_id=4242)
-        await fixed.start()
-        c.nodes.append(fixed)
+        fixed = await _fixed_node(c, 4242)
         await c.add_node()
         cid = await c.create_collection("back", partitions=1, segments=30)
         await load(c, cid, 2)  # two nodes, two replicas: node 4242 alone holds one of them
         assert fixed.state.segments
         await fixed.stop()
         c.nodes.remove(fixed)
-        again = QueryNode(c.kv, capacity_bytes=1024 * MiB, ttl=2.0, node_id=4242)
-        await again.start()
-        c.nodes.append(again)
+        again = await _fixed_node(c, 4242)
         await until_true("the restarted node serves its replica again", lambda: whole(c, cid), timeout=60)
         assert again.state.segments
         assert not await failed_triggers(c)
@@ -165,9 +170,7 @@ async def test_a_late_forget_of_a_node_back_under_its_id_leaves_it_online(etcd: 
             return lead.nodes.get(4545) is None
 
         await until_true("the leader forgot the stopped node", forgotten)
-        again = QueryNode(c.kv, capacity_bytes=64 * MiB, ttl=2.0, node_id=4545)
-        await again.start()
-        c.nodes.append(again)
+        await _fixed_node(c, 4545, capacity_bytes=64 * MiB)
         await c.wait_node_online(4545)
         await lead.nodes.remove(4545)  # the second forget of the old incarnation, ending late
         assert lead.nodes.is_online(4545), "the node back under its id stays online"
@@ -181,9 +184,7 @@ async def test_a_node_restarted_while_no_leader_watched_is_not_taken_for_its_old
         await c.start_coordinator()
         await c.wait_leader()
         assert c.kv is not None
-        node = QueryNode(c.kv, capacity_bytes=1024 * MiB, ttl=2.0, node_id=4343)
-        await node.start()
-        c.nodes.append(node)
+        node = await _fixed_node(c, 4343)
         cid = await c.create_collection("unseen", partitions=1, segments=20)
         await load(c, cid, 1)
         await c.coords[0].stop()
