@@ -87,7 +87,7 @@ from meta.client import EtcdClient, connect
 from meta.config import EtcdConfig
 from meta.kv import MAX_TXN_BYTES, MAX_TXN_OPS, MetaKV
 from proto import querycoord_pb2 as qc
-from querycoord.leader.coordinator import Leadership
+from querycoord.leader.view import Leadership
 from querycoord.net.client import QueryCoordClient
 from querycoord.nodes.querynode import QueryNode
 from querycoord.serving.process import CoordinatorProcess

@@ -10,7 +10,7 @@ import asyncio
 from meta.ops.etcd_server import EtcdCluster
 from proto import common_pb2, data_pb2, querynode_pb2, task_pb2
 from proto import querycoord_pb2 as qc
-from querycoord.leader.coordinator import Leadership
+from querycoord.leader.view import Leadership
 from querycoord.nodes.querynode import FaultConfig, QueryNode
 from querycoord.nodes.querynode_faults import FaultInjector
 from querycoord.querymeta import QueryMeta

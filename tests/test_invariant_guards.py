@@ -36,7 +36,7 @@ from querycoord.catalog.broker import LocalBroker
 from querycoord.catalog.store import CatalogStore
 from querycoord.cluster.nodes import NodeManager
 from querycoord.common.protocol import QUERYCOORD_ELECTION
-from querycoord.leader.coordinator import Leadership
+from querycoord.leader.view import Leadership
 from querycoord.net.client import QueryCoordClient
 from querycoord.nodes.querynode import QueryNode
 from querycoord.querymeta import QueryMeta

@@ -55,7 +55,7 @@ from querycoord.net.client import CoordinatorUnavailable, QueryCoordClient
 from querycoord.security.grpc_channels import make_channel
 
 if TYPE_CHECKING:
-    from querycoord.leader.coordinator import Coordinator
+    from querycoord.leader.view import CoordinatorView
 
 # A coordinator that has not answered its health check by then is shown as not answering.
 PROBE_TIMEOUT = 1.0
@@ -329,7 +329,7 @@ def _reason(exc: BaseException, timeout: float) -> str:
 class StatusSource:
     """The status page's data of one coordinator (see module docstring): ``snapshot`` on its event loop."""
 
-    def __init__(self, coord: Coordinator, *, min_interval: float = 1.0):
+    def __init__(self, coord: CoordinatorView, *, min_interval: float = 1.0):
         self.coord = coord
         self.min_interval = min_interval
         self._last: dict[str, Any] | None = None

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 from loguru import logger
 
@@ -43,6 +42,7 @@ from querycoord.common.protocol import (
     leader_is_at,
 )
 from querycoord.leader.balance import auto_balance_loop
+from querycoord.leader.view import Leadership
 from querycoord.leader.watchers import forget_node, forget_restarted, kick_on_node_changes, record_joined, run_handoff
 from querycoord.querymeta import QueryMeta
 from querycoord.querymeta.mirror import MetaMirror
@@ -64,25 +64,10 @@ STANDBY_LINE_DELAY = 0.5
 TAKEOVER_PROBE_S = 1.0
 
 
-@dataclass
-class Leadership:
-    """Everything that exists only while this coordinator leads."""
-
-    fence: Fence
-    kv: MetaKV
-    meta: QueryMeta
-    nodes: NodeManager
-    scheduler: Scheduler
-    env: TaskEnv
-    tasks: list[asyncio.Task[None]]
-    # Stream management (built per leadership; querycoord/stream/service.py serves it).
-    stream_store: StreamStore | None = None
-    streams: StreamManager | None = None
-    checker: Checker | None = None
-    served: ServedView | None = None  # what online nodes serve: the state users are shown (querycoord/served)
-
-
 class Coordinator:
+    """One coordinator: its session, campaign and leadership (see module docstring). The surfaces reach it through
+    the narrow views of ``querycoord.leader.view``, which it satisfies."""
+
     def __init__(self, config: CoordConfig, address: str):
         self.config = config
         self.address = address
@@ -91,6 +76,7 @@ class Coordinator:
         self.catalog: CatalogStore | None = None
         self.broker: Broker | None = None
         self.session: Session | None = None
+        self.election: Election | None = None  # the election of the current session (set with each campaign)
         self.leadership: Leadership | None = None
         self.space: SpaceMonitor | None = None  # etcd's NOSPACE alarm and db size (health, status, metrics)
         self.became_leader = asyncio.Event()
@@ -213,7 +199,7 @@ class Coordinator:
                     await self._restart_after_error()
                     continue
                 with contextlib.suppress(Exception):
-                    if self.leadership is not None:
+                    if self.leadership is not None and self.election is not None:
                         await asyncio.wait_for(self.election.resign(), 2)
                 raise
             except MetaNoSpace as exc:
@@ -305,7 +291,7 @@ class Coordinator:
         stops without another write; the persisted trees stay for the next leader, as on failover), then the
         election key and the session at once, so the next in line leads now rather than after a TTL. The loop
         then campaigns again with a new session, from the back of the queue."""
-        session, election = self.session, getattr(self, "election", None)
+        session, election = self.session, self.election
         await self._drop_leadership()
         if election is not None:
             with contextlib.suppress(MetaError):
@@ -425,8 +411,9 @@ class Coordinator:
             loop("auto balance", lambda: auto_balance_loop(scheduler, cfg.auto_balance_interval, cfg.balance_spread))
         loop("stream node sessions", lambda: follow_stream_nodes(kv, streams))
         loop("stream tick", lambda: tick_streams(streams, cfg.stream_tick, cfg.stream_refresh))
-        self.leadership = Leadership(fence, fenced, meta, nodes, scheduler, env, tasks, stream_store, streams,
-                                     checker, served)
+        self.leadership = Leadership(fence=fence, kv=fenced, meta=meta, nodes=nodes, scheduler=scheduler, env=env,
+                                     tasks=tasks, stream_store=stream_store, streams=streams, checker=checker,
+                                     served=served)
         logger.info("coordinator {} leads with fence {} ({} persisted triggers resumed)", self.server_id, fence,
                     queued)
         self.role_since = time.time()
@@ -442,8 +429,8 @@ class Coordinator:
         fenced = lead.kv
         self.last_leadership = {
             "fence_key": lead.fence.leader_key, "fence_revision": lead.fence.revision,
-            "writes": getattr(fenced, "writes", 0), "refused_writes": getattr(fenced, "refused", 0),
-            "last_write_revision": getattr(fenced, "last_write_revision", 0),
+            "writes": fenced.writes, "refused_writes": fenced.refused,
+            "last_write_revision": fenced.last_write_revision,
         }
         for t in lead.tasks:
             t.cancel()

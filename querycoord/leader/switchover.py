@@ -5,12 +5,12 @@ candidate waits only for the key just before its own (``meta.election``). So
 a switchover to a standby T is:
 
 1. every standby queued ahead of T steps back: it withdraws its key and
-   campaigns again, which queues it behind T (``Coordinator.request_step_back``);
+   campaigns again, which queues it behind T (``Switchable.request_step_back``);
 2. the leader checks in etcd that T is now next in line;
 3. the leader stops its work (the scheduler stops without another write; the
    persisted task trees stay in etcd, to be resumed by T exactly as after a
    failover), then deletes its election key and revokes its session at once
-   (``Coordinator.hand_over``): T's wait ends with that deletion, without a
+   (``Switchable.hand_over``): T's wait ends with that deletion, without a
    lease having to expire. The old leader campaigns again, from the back.
 
 One switchover runs at a time: the leader holds ``SWITCHOVER_KEY`` from the
@@ -43,7 +43,7 @@ from querycoord.common.protocol import QUERYCOORD_ELECTION
 from querycoord.security.grpc_channels import make_channel
 
 if TYPE_CHECKING:
-    from querycoord.leader.coordinator import Coordinator, Leadership
+    from querycoord.leader.view import CoordinatorView, Leadership, Switchable
 
 # Held by the leader while a switchover runs (relative to the meta root; JSON {"from", "to", "started"}).
 SWITCHOVER_KEY = "switchover/querycoord"
@@ -89,9 +89,9 @@ async def call_coordinator(address: str, method: str, request: Any, timeout: flo
         return await getattr(querycoord_pb2_grpc.QueryCoordStub(channel), method)(request, timeout=timeout)
 
 
-def coordinator_state(coord: Coordinator) -> qc.GetCoordinatorStateResponse:
+def coordinator_state(coord: Switchable) -> qc.GetCoordinatorStateResponse:
     """What this coordinator says of itself (``querycoord status``)."""
-    election = getattr(coord, "election", None)
+    election = coord.election
     fence = election.fence if election is not None else None
     return qc.GetCoordinatorStateResponse(
         status=common_pb2.Status(error_code=common_pb2.SUCCESS), address=coord.address, server_id=coord.server_id,
@@ -99,9 +99,9 @@ def coordinator_state(coord: Coordinator) -> qc.GetCoordinatorStateResponse:
         election_revision=fence.revision if fence is not None else 0)
 
 
-async def step_back(coord: Coordinator, requested_by: str, timeout: float = STEP_BACK_TIMEOUT) -> int:
+async def step_back(coord: Switchable, requested_by: str, timeout: float = STEP_BACK_TIMEOUT) -> int:
     """Queue this standby again at the back of the election; the create revision of its new key."""
-    election = getattr(coord, "election", None)
+    election = coord.election
     before = election.fence if election is not None else None
     if coord.leadership is not None or before is None:
         raise Conflict(f"{coord.address} cannot step back: it " +
@@ -113,14 +113,15 @@ async def step_back(coord: Coordinator, requested_by: str, timeout: float = STEP
     while time.monotonic() < deadline:
         if coord.leadership is not None:
             raise Conflict(f"{coord.address} was elected leader before it could step back")
-        now = coord.election.fence
+        election = coord.election
+        now = election.fence if election is not None else None
         if now is not None and now != before:
             return now.revision
         await asyncio.sleep(0.01)
     raise CoordError(f"{coord.address} did not queue again within {timeout:g}s", common_pb2.TIMEOUT)
 
 
-async def switch_over(coord: Coordinator, lead: Leadership, target: str) -> qc.SwitchoverResponse:
+async def switch_over(coord: Switchable, lead: Leadership, target: str) -> qc.SwitchoverResponse:
     """Hand the leadership of ``coord`` (which leads: ``lead``) to the standby ``target`` (empty: the next in line)
     and answer once another coordinator holds the election (see module docstring)."""
     assert coord.kv is not None and coord.session is not None
@@ -165,7 +166,7 @@ async def switch_over(coord: Coordinator, lead: Leadership, target: str) -> qc.S
                                  leader=leader, stepped_back=stepped, handover_seconds=took)
 
 
-async def _lock(coord: Coordinator, lead: Leadership, to: str) -> int:
+async def _lock(coord: CoordinatorView, lead: Leadership, to: str) -> int:
     """Take ``SWITCHOVER_KEY`` through the fence, under the session's lease; its create revision."""
     assert coord.session is not None
     value = json.dumps({"from": coord.address, "to": to, "started": time.time()})

@@ -24,7 +24,7 @@ from querycoord.common.protocol import QUERYCOORD_ROLE, QUERYNODE_ROLE, STREAMNO
 from querycoord.served.state import HEALTH_STATES
 
 if TYPE_CHECKING:
-    from querycoord.leader.coordinator import Coordinator, Leadership
+    from querycoord.leader.view import CoordinatorView, Leadership
     from querycoord.task.scheduler import Scheduler
 
 
@@ -60,13 +60,12 @@ def _leader_families(lead: Leadership) -> list[Metric]:
     out: list[Metric] = [_gauge("querycoord_leader_fence_revision", "The etcd revision of this leader's fence",
                                 lead.fence.revision)]
     out.extend(_scheduler_families(lead.scheduler))
-    if lead.checker is not None:
-        out.append(CounterMetricFamily("querycoord_checker_runs", "Checker passes in this leadership",
-                                       value=lead.checker.runs))
-        out.append(CounterMetricFamily("querycoord_checker_repairs", "Repair triggers the checker queued in this "
-                                       "leadership", value=lead.checker.repairs))
-        out.append(CounterMetricFamily("querycoord_checker_errors", "Checker passes that failed in this leadership",
-                                       value=lead.checker.errors))
+    out.append(CounterMetricFamily("querycoord_checker_runs", "Checker passes in this leadership",
+                                   value=lead.checker.runs))
+    out.append(CounterMetricFamily("querycoord_checker_repairs", "Repair triggers the checker queued in this "
+                                   "leadership", value=lead.checker.repairs))
+    out.append(CounterMetricFamily("querycoord_checker_errors", "Checker passes that failed in this leadership",
+                                   value=lead.checker.errors))
     segments = GaugeMetricFamily("querycoord_node_segments", "Sealed segments query meta places on each node",
                                  labels=["node_id"])
     channels = GaugeMetricFamily("querycoord_node_dm_channels", "DM channels query meta places on each node",
@@ -88,8 +87,7 @@ def _leader_families(lead: Leadership) -> list[Metric]:
     out += [segments, channels, used, capacity,
             _gauge("querycoord_query_nodes_online", "Query nodes the leader sees online", len(online))]
     out.extend(_served_families(lead))
-    if lead.streams is not None:
-        out.extend(_stream_families(lead))
+    out.extend(_stream_families(lead))
     return out
 
 
@@ -101,8 +99,6 @@ def _served_families(lead: Leadership) -> list[Metric]:
     """Health and load percentage of each loaded collection, live: from what online nodes hold
     (``querycoord.served``), so no gauge says 100 % while a target segment or DM channel is held by no online node
     of some replica."""
-    if lead.served is None:
-        return []
     by_health = GaugeMetricFamily("querycoord_collections_by_health", "Loaded collections by health: green (every "
                                   "replica whole), yellow (a replica lacks what another holds), red (something held "
                                   "by no replica)", labels=["state"])
@@ -119,7 +115,6 @@ def _served_families(lead: Leadership) -> list[Metric]:
 
 def _stream_families(lead: Leadership) -> list[Metric]:
     streams = lead.streams
-    assert streams is not None
     by_state = {stream_pb2.StreamState.Name(s).removeprefix("STREAM_").lower(): 0
                 for s in stream_pb2.StreamState.values() if s}
     for info in streams.show_streams(stream_pb2.ShowStreamsRequest(with_tasks=False)).streams:
@@ -143,7 +138,7 @@ def _stream_families(lead: Leadership) -> list[Metric]:
     ]
 
 
-async def _session_families(coord: Coordinator) -> list[Metric]:
+async def _session_families(coord: CoordinatorView) -> list[Metric]:
     """Sessions by role, read from etcd within ``ETCD_SCRAPE_TIMEOUT``."""
     kv = coord.kv
 
@@ -165,7 +160,7 @@ async def _session_families(coord: Coordinator) -> list[Metric]:
     return [_gauge("querycoord_etcd_reachable", reachable, 1), sessions]
 
 
-def _space_families(coord: Coordinator) -> list[Metric]:
+def _space_families(coord: CoordinatorView) -> list[Metric]:
     """etcd's space and alarms as the coordinator's space monitor last polled them (none before its first poll)."""
     space = coord.space
     if space is None or not space.checked_at:
@@ -191,7 +186,7 @@ def _space_families(coord: Coordinator) -> list[Metric]:
     ]
 
 
-async def coordinator_families(coord: Coordinator) -> list[Metric]:
+async def coordinator_families(coord: CoordinatorView) -> list[Metric]:
     """The coordinator's state at scrape time (runs on its event loop)."""
     out: list[Metric] = [_gauge("querycoord_leader", "1 while this coordinator leads (has taken over), else 0",
                                 1 if coord.is_leader else 0)]

@@ -22,7 +22,7 @@ from proto import common_pb2
 from querycoord.common.errors import CoordError, NotLeading, status_of
 
 if TYPE_CHECKING:
-    from querycoord.leader.coordinator import Coordinator, Leadership
+    from querycoord.leader.view import Leadership, Leading
 
 # Kept back from the caller's deadline so the answer still reaches it in time.
 _ANSWER_MARGIN = 0.2
@@ -35,23 +35,20 @@ def budget(context: grpc.aio.ServicerContext) -> float | None:
 
 
 class LeaderGate:
-    """Admission and answers of one service.
+    """Admission and answers of one service, reading the coordinator through ``Leading``.
 
-    ``serves`` says whether a leadership can serve this service (e.g. it has
-    its stream manager); ``source`` names the service in reasons of errors
-    without context of their own (etcd failures, bugs).
+    ``source`` names the service in reasons of errors without context of
+    their own (etcd failures, bugs).
     """
 
-    def __init__(self, coord: Coordinator, *, serves: Callable[[Leadership], bool] | None = None,
-                 source: str = ""):
+    def __init__(self, coord: Leading, *, source: str = ""):
         self.coord = coord
-        self.serves = serves
         self.source = source
 
     def leadership(self) -> Leadership | None:
-        """The leadership if this coordinator leads and can serve the call; None on a standby."""
+        """The leadership if this coordinator leads; None on a standby."""
         lead = self.coord.leadership
-        if lead is None or not self.coord.is_leader or (self.serves is not None and not self.serves(lead)):
+        if lead is None or not self.coord.is_leader:
             return None
         return lead
 
@@ -77,7 +74,7 @@ class LeaderGate:
             reason = await self.coord.not_leader_message()
             return response_cls(status=common_pb2.Status(error_code=common_pb2.NOT_LEADER, reason=reason))
         except MetaNoSpace as exc:  # RESOURCE_EXHAUSTED, with the db size and quota and what to run
-            space = getattr(self.coord, "space", None)
+            space = self.coord.space
             return response_cls(status=status_of(await space.refusal(exc) if space is not None else exc))
         except Exception as exc:  # a bug must not crash the server or leave the caller hanging
             if not isinstance(exc, CoordError | MetaError | TimeoutError):

@@ -43,7 +43,7 @@ from querycoord.net.http_server import Page, Probe
 from querycoord.serving.coordinator_metrics import coordinator_families
 
 if TYPE_CHECKING:
-    from querycoord.leader.coordinator import Coordinator
+    from querycoord.leader.view import CoordinatorView
 
 LEADER = "leader"
 # How long a standby's readiness waits for etcd to name the leader.
@@ -53,7 +53,7 @@ LEADER_LOOKUP_TIMEOUT = 2.0
 class CoordinatorEndpoints:
     """``/metrics``, ``/healthz``, ``/readyz`` and the status page of a coordinator (see module docstring)."""
 
-    def __init__(self, coord: Coordinator):
+    def __init__(self, coord: CoordinatorView):
         self.coord = coord
         self.status = StatusSource(coord)
 

@@ -17,13 +17,13 @@ from querycoord.catalog.broker import Broker, BrokerError
 from querycoord.common.errors import IllegalArgument, NotFound
 from querycoord.served.health import STATES, collection_health, worst
 from querycoord.served.missing import SEGMENT_LIMIT, missing_by_replica
-from querycoord.served.state import CollectionServed, collection_served
+from querycoord.served.state import CollectionServed
 from querycoord.serving.explain import Facts, TriggerFacts, explain_units
 from querycoord.task.model import kind_summary
 
 if TYPE_CHECKING:
     from querycoord.catalog.targets import CatalogTargets
-    from querycoord.leader.coordinator import Leadership
+    from querycoord.leader.view import Leadership
 
 _RELEASES = (qc.TASK_KIND_RELEASE_COLLECTION, qc.TASK_KIND_RELEASE_PARTITION)
 # Catalog lookups of collection names in flight at once (CheckHealth of many collections, first time only).
@@ -60,14 +60,12 @@ class CollectionNames:
 
 
 def _targets(lead: Leadership) -> CatalogTargets | None:
-    return lead.served.targets if lead.served is not None else None
+    return lead.served.targets
 
 
 def served_of(lead: Leadership, collection_id: int) -> CollectionServed | None:
     """The live figures of a loaded collection (the leader's cached view); None when it is not loaded."""
-    if lead.served is not None:
-        return lead.served.collection(collection_id)
-    return collection_served(lead.meta, collection_id, lead.nodes.online_ids())
+    return lead.served.collection(collection_id)
 
 
 async def check_health(lead: Leadership, ids: list[int], names: CollectionNames) -> qc.CheckHealthResponse:
@@ -132,8 +130,7 @@ async def explain(lead: Leadership, request: qc.ExplainRequest) -> qc.ExplainRes
     if served is None or missing is None:
         raise NotFound(f"collection {name or cid} (id {cid}) has not been loaded; `querycoord collection load "
                        f"{name or cid}` loads it")
-    checker = lead.checker
     facts = Facts(served=served, missing=missing,
                   parked={p.replica_id: p for p in lead.env.parked.of(cid)}, triggers=trigger_facts(lead, cid),
-                  checker_interval=checker.interval if checker is not None else 0.0)
+                  checker_interval=lead.checker.interval)
     return qc.ExplainResponse(collection_id=cid, name=name, state=STATES[served.health], units=explain_units(facts))

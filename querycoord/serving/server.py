@@ -38,7 +38,6 @@ from querycoord.common.errors import NotFound
 from querycoord.common.limits import Limits
 from querycoord.common.protocol import QUERYCOORD_ROLE
 from querycoord.common.validate import check_enums, check_id, check_ids, check_name, check_range
-from querycoord.leader.coordinator import Coordinator, Leadership
 from querycoord.leader.jobs import (
     Job,
     LoadBalanceJob,
@@ -48,6 +47,7 @@ from querycoord.leader.jobs import (
     ReleasePartitionsJob,
 )
 from querycoord.leader.switchover import coordinator_state, step_back, switch_over
+from querycoord.leader.view import Leadership, Switchable
 from querycoord.served.missing import SEGMENT_LIMIT_MAX
 from querycoord.serving.gate import LeaderGate, Rpc, answered, budget
 from querycoord.serving.health_rpc import CollectionNames, check_health, explain
@@ -72,7 +72,10 @@ def _job_call(job: type[Job[Any]], response_cls: type) -> Rpc:
 
 
 class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
-    def __init__(self, coord: Coordinator):
+    """The QueryCoord service of one coordinator, which it reads through ``Switchable`` (the reads, and the
+    switchover it drives: ``querycoord.leader.view``)."""
+
+    def __init__(self, coord: Switchable):
         self.coord = coord
         self.gate = LeaderGate(coord)
         self.limits: Limits = coord.config.limits
@@ -116,7 +119,7 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
             if meta.get_collection(cid) is None:
                 raise NotFound(f"collection {cid} has not been loaded")
             replicas = meta.replicas_of(cid)
-            if lead is not None and lead.served is not None:
+            if lead is not None:
                 replicas = lead.served.shown_replicas(replicas)
             return qc.GetReplicasResponse(status=OK, replicas=replicas)
 
@@ -313,9 +316,7 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
 def _shown(lead: Leadership | None, info: data_pb2.CollectionLoadInfo) -> data_pb2.CollectionLoadInfo:
     """A collection's record as the leader shows it: no percentage above what online nodes serve
     (``querycoord.served``). A standby shows the persisted record, which the leader lowers when a node is lost."""
-    if lead is None or lead.served is None:
-        return info
-    return lead.served.shown(info)
+    return info if lead is None else lead.served.shown(info)
 
 
 # Bytes of trees in one ListTasks answer at most (clients accept 4 MiB); the rest goes to the next page.
@@ -353,7 +354,7 @@ def trees_from_records(records: list, children_limit: int = 0) -> list[qc.TaskTr
     return out
 
 
-def add_to_server(server: grpc.aio.Server, coord: Coordinator) -> None:
+def add_to_server(server: grpc.aio.Server, coord: Switchable) -> None:
     querycoord_pb2_grpc.add_QueryCoordServicer_to_server(QueryCoordServicer(coord), server)
 
 

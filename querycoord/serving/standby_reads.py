@@ -26,13 +26,13 @@ from querycoord.querymeta.mirror import CATCH_UP_TIMEOUT
 from querycoord.task.store import TaskStore
 
 if TYPE_CHECKING:
-    from querycoord.leader.coordinator import Coordinator
+    from querycoord.leader.view import CoordinatorView
 
 
 class StandbyReads:
     """A standby's reads of the query meta and the task records (see module docstring)."""
 
-    def __init__(self, coord: Coordinator):
+    def __init__(self, coord: CoordinatorView):
         self._coord = coord
         self._catch_up = SharedRun(self._caught_up, "standby-catch-up")
         self._reload = SharedRun(self._reloaded, "standby-reload")

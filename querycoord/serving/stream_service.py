@@ -48,7 +48,7 @@ from querycoord.common.validate import (
     check_text,
     text_ok,
 )
-from querycoord.leader.coordinator import Coordinator, Leadership
+from querycoord.leader.view import CoordinatorView
 from querycoord.security.auth import require_node
 from querycoord.serving.gate import LeaderGate, answered
 from querycoord.stream.manager import StreamManager
@@ -148,21 +148,16 @@ def _check_report(rep: stream_pb2.TaskStatusReport, limits: Limits) -> None:
         check_range("tasks.top_runners.sid", top.sid, 0, INT64_MAX)
 
 
-def _serves_streams(lead: Leadership) -> bool:
-    return lead.streams is not None and lead.stream_store is not None
-
-
 class StreamMgmtServicer(stream_pb2_grpc.StreamMgmtServicer):
-    def __init__(self, coord: Coordinator):
+    def __init__(self, coord: CoordinatorView):
         self.coord = coord
-        self.gate = LeaderGate(coord, serves=_serves_streams, source=STATUS_SOURCE)
+        self.gate = LeaderGate(coord, source=STATUS_SOURCE)
         self.limits: Limits = coord.config.limits
 
     # ----- plumbing ---------------------------------------------------------------------------------------------------
     async def _lead(self, context) -> tuple[StreamManager, StreamStore]:
         """The leader's stream manager and fenced store, or (on a standby) UNAVAILABLE naming the leader."""
         lead = await self.gate.lead(context)
-        assert lead.streams is not None and lead.stream_store is not None
         return lead.streams, lead.stream_store
 
     async def _resolve(self, store: StreamStore, ref: stream_pb2.StreamRef) -> int:
@@ -222,7 +217,6 @@ class StreamMgmtServicer(stream_pb2_grpc.StreamMgmtServicer):
         lead = self.gate.leadership()
         if lead is None:
             return await self._standby_show(request)
-        assert lead.streams is not None and lead.stream_store is not None
         resp = lead.streams.show_streams(request)
         resp.snodes.extend(await lead.stream_store.list_snodes())
         return resp
@@ -280,7 +274,6 @@ class StreamMgmtServicer(stream_pb2_grpc.StreamMgmtServicer):
     async def StreamHeartbeat(self, request, context):
         check_heartbeat(request, self.limits)  # before the manager sees any of it
         lead = await self.gate.lead(context)
-        assert lead.streams is not None
         # With authentication on, a node speaks only for itself and its own snode (PERMISSION_DENIED otherwise).
         await require_node(context, request.node_id, snode_id=request.snode_id, snode_owner=lead.streams.snode_owner)
         began = time.monotonic()
@@ -292,7 +285,7 @@ class StreamMgmtServicer(stream_pb2_grpc.StreamMgmtServicer):
         return reply
 
 
-def add_stream_service(server: grpc.aio.Server, coord: Coordinator) -> StreamMgmtServicer:
+def add_stream_service(server: grpc.aio.Server, coord: CoordinatorView) -> StreamMgmtServicer:
     servicer = StreamMgmtServicer(coord)
     stream_pb2_grpc.add_StreamMgmtServicer_to_server(servicer, server)
     return servicer
