@@ -196,7 +196,7 @@ class EtcdClient:
         )
         # gRPC's default reconnect back-off grows to 120 s; after an etcd restart
         # or failover we want the channel back within about a second.
-        self._raw._manager.grpc_options.extend(_CHANNEL_OPTIONS)
+        self._raw._manager.grpc_options.extend(_CHANNEL_OPTIONS)  # noqa: SLF001 - the library takes no channel options
         self._auth_lock = asyncio.Lock()
         self._connected = False
         self._closed = False
@@ -220,7 +220,7 @@ class EtcdClient:
 
     @property
     def channel(self) -> grpc.aio.Channel:
-        return self._raw._channel
+        return self._raw._channel  # noqa: SLF001 - the library exposes no channel
 
     @property
     def closed(self) -> bool:
@@ -234,12 +234,12 @@ class EtcdClient:
         answers."""
         return _unreachable_since.get(self._reach_key)
 
-    def _note_unreachable(self, why: str) -> None:
+    def note_unreachable(self, why: str) -> None:
         if self._reach_key not in _unreachable_since:
             _unreachable_since[self._reach_key] = time.monotonic()
             logger.warning("etcd at {} is unreachable ({}); retrying", ", ".join(self.endpoints), why)
 
-    def _note_reachable(self, call_started: float | None = None) -> None:
+    def note_reachable(self, call_started: float | None = None) -> None:
         """``call_started``: when the call that succeeded was sent. An answer to a call sent before etcd was found
         unreachable (in flight when the connection failed) proves nothing: it would log "reachable again" right
         after "unreachable", and "unreachable" again at the next call."""
@@ -259,9 +259,9 @@ class EtcdClient:
             await channel.wait_for_state_change(state)
             state = channel.get_state(try_to_connect=False)
             if state == grpc.ChannelConnectivity.TRANSIENT_FAILURE:
-                self._note_unreachable("the connection failed")
+                self.note_unreachable("the connection failed")
             elif state == grpc.ChannelConnectivity.READY:
-                self._note_reachable()
+                self.note_reachable()
 
     async def connect(self) -> EtcdClient:
         """Open the channel and, with auth configured, log in (within the deadline)."""
@@ -359,11 +359,11 @@ class EtcdClient:
                 if not is_transient(exc):
                     raise
             if _is_unreachable(exc):
-                self._note_unreachable(brief(exc))
+                self.note_unreachable(brief(exc))
             logger.debug("etcd {} failed once ({}); retrying within {:.1f}s", operation, brief(exc), budget)
         else:
             if self._reach_key in _unreachable_since:
-                self._note_reachable(started)
+                self.note_reachable(started)
             observe.etcd_call(operation, time.monotonic() - started)
             return result
         try:
@@ -415,7 +415,7 @@ class EtcdClient:
                     try:
                         sent = time.monotonic()
                         result = await fn(attempt_timeout())
-                        self._note_reachable(sent)
+                        self.note_reachable(sent)
                         return result
                     except Exception as exc:
                         if reauth and not reauthed and self.config.user is not None and _is_auth_expired(exc):

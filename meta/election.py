@@ -55,6 +55,7 @@ class Election:
         self.prefix = f"{ELECTION_PREFIX}{name}/"
         self._key: str | None = None
         self._rev = 0
+        self._abandoned = False
 
     @property
     def fence(self) -> Fence | None:
@@ -139,12 +140,17 @@ class Election:
 
     async def resign(self) -> None:
         """Give up leadership (or a place in the queue) now, without waiting for the lease to expire."""
-        if self._key is None:
+        if self._key is None or self._abandoned:
             return
         await self._own.txn([created_at(self._key, self._rev)], [delete(self._key)], operation="resign", deadline=5.0)
         logger.info("election {}: resigned {}", self.prefix, self._key)
         self._key = None
         self._rev = 0
+
+    def abandon(self) -> None:
+        """Resign nothing from now on, as a crashed candidate would: its key stays until its lease lapses (a test
+        seam for crashing a holder inside the caller's event loop)."""
+        self._abandoned = True
 
     async def leader(self) -> LeaderInfo | None:
         return await current_leader(self.kv, self.prefix)

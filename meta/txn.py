@@ -239,7 +239,7 @@ class Batch:
     compares: list[Compare] = field(default_factory=list)
     ops: list[Op] = field(default_factory=list)
     size: int = 0
-    _shared: set[Compare] = field(default_factory=set)
+    shared: set[Compare] = field(default_factory=set)  # the units' shared compares already among ``compares``
 
     @property
     def payloads(self) -> list[Any]:
@@ -342,7 +342,7 @@ def _new_shared(batch: Batch, unit: Unit, key_prefix: int) -> _Shared:
     """The unit's shared compares that ``batch`` lacks yet, and their bytes."""
     if not unit.shared:
         return _NO_SHARED  # the common case, kept cheap: packing 100,000 records walks this per record
-    new = [c for c in dict.fromkeys(unit.shared) if c not in batch._shared]
+    new = [c for c in dict.fromkeys(unit.shared) if c not in batch.shared]
     return new, sum(c.size + key_prefix for c in new)
 
 
@@ -357,7 +357,7 @@ def _fits(batch: Batch, unit: Unit, size: int, shared: _Shared, limits: _Limits)
 def _add(batch: Batch, unit: Unit, size: int, shared: _Shared) -> None:
     new, shared_size = shared
     if new:
-        batch._shared.update(new)
+        batch.shared.update(new)
         batch.compares.extend(new)
     batch.units.append(unit)
     batch.compares.extend(unit.compares)

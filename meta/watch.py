@@ -79,6 +79,26 @@ class WatchCancelled(MetaError):
     """etcd cancelled the watch for a reason that retrying cannot fix (e.g. permission denied)."""
 
 
+async def _watch_requests(create: WatchCreateRequest, stop: asyncio.Event,
+                          progress_wanted: asyncio.Event | None) -> AsyncGenerator[WatchRequest, None]:
+    """What one watch stream sends: ``create``, then a progress request whenever ``progress_wanted`` is set, until
+    ``stop`` (the stream is over)."""
+    yield WatchRequest(create_request=create)
+    while progress_wanted is not None:
+        wanted = asyncio.ensure_future(progress_wanted.wait())
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait({wanted, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            wanted.cancel()
+            stopped.cancel()
+        if stop.is_set():
+            return
+        progress_wanted.clear()
+        yield WatchRequest(progress_request={})
+    await stop.wait()
+
+
 async def watch_prefix(
     kv: MetaKV,
     prefix: str,
@@ -127,24 +147,7 @@ async def watch_prefix(
         create = WatchCreateRequest(
             key=start, range_end=end, start_revision=next_rev, prev_kv=prev_kv, progress_notify=progress_notify
         )
-
-        async def requests(create: WatchCreateRequest = create, stop: asyncio.Event = stop_requests):
-            yield WatchRequest(create_request=create)
-            while progress_wanted is not None:
-                wanted = asyncio.ensure_future(progress_wanted.wait())
-                stopped = asyncio.ensure_future(stop.wait())
-                try:
-                    await asyncio.wait({wanted, stopped}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    wanted.cancel()
-                    stopped.cancel()
-                if stop.is_set():
-                    return
-                progress_wanted.clear()
-                yield WatchRequest(progress_request={})
-            await stop.wait()
-
-        call = client.watch.Watch(requests(), metadata=metadata)
+        call = client.watch.Watch(_watch_requests(create, stop_requests, progress_wanted), metadata=metadata)
         compacted = False
         try:
             async for resp in call:

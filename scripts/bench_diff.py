@@ -84,7 +84,7 @@ class _Nodes:
 def build(segments: int, replicas: int, nodes: int) -> tuple[QueryMeta, dict[int, Target], _Nodes]:
     """One collection of ``segments`` segments in ``replicas`` replicas over ``nodes`` nodes, all consistent."""
     meta = QueryMeta(cast(MetaKV, None))  # never written: only the in-memory index is used
-    index = meta._core.index
+    index = meta.index
     per = nodes // replicas
     groups = {r: list(range(1 + (r - 1) * per, 1 + r * per)) for r in range(1, replicas + 1)}
     info = data_pb2.CollectionLoadInfo(collection_id=CID, load_type=data_pb2.LOAD_TYPE_COLLECTION,

@@ -96,18 +96,18 @@ class Processes:
         self.etcd, self.root, self.log_dir = etcd, root, log_dir
         self.started: list[Spawned] = []
 
-    def _keep(self, child: Spawned) -> Spawned:
+    def keep(self, child: Spawned) -> Spawned:
         self.started.append(child)
         return child
 
     async def coordinator(self, *flags: str, name: str = "coord") -> Spawned:
-        return self._keep(await spawn_coordinator(self.etcd, self.root, self.log_dir, *flags, name=name))
+        return self.keep(await spawn_coordinator(self.etcd, self.root, self.log_dir, *flags, name=name))
 
     async def query_node(self, *flags: str, name: str = "querynode") -> Spawned:
-        return self._keep(await spawn_query_node(self.etcd, self.root, self.log_dir, *flags, name=name))
+        return self.keep(await spawn_query_node(self.etcd, self.root, self.log_dir, *flags, name=name))
 
     async def stream_node(self, *flags: str, name: str = "streamnode") -> Spawned:
-        return self._keep(await spawn_stream_node(self.etcd, self.root, self.log_dir, *flags, name=name))
+        return self.keep(await spawn_stream_node(self.etcd, self.root, self.log_dir, *flags, name=name))
 
     async def __aenter__(self) -> Processes:
         return self

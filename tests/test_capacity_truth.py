@@ -27,11 +27,7 @@ SEGMENT = 10_000 * (128 * 4 + 8)  # bytes accounted per segment of ``create_bulk
 
 async def stop_serving(n: QueryNode) -> None:
     """The node stops answering at once, as a dead process would; its session lapses after its TTL."""
-    if n._server is not None:
-        await n._server.stop(None)
-        n._server = None
-    if n._session is not None:
-        await n._session.close(revoke=False)
+    await n.crash(revoke=False)
 
 
 async def test_a_release_waiting_on_a_lost_node_never_shows_its_collection_whole(etcd: EtcdCluster,

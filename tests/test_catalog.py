@@ -190,15 +190,15 @@ async def test_duplicate_name_refused_even_when_concurrent(store: CatalogStore, 
 
 async def test_create_survives_a_retried_txn_whose_answer_was_lost(store: CatalogStore) -> None:
     """The etcd client retries a txn whose answer was lost; the retry's failed compare must not read as a conflict."""
-    real = store._txn
+    real = store.guarded_txn
 
     async def applied_then_retried(operation, compares, ops) -> bool:
         await real(operation, compares, ops)  # applied, answer "lost"
         return await real(operation, compares, ops)  # the retry: its compare now fails
 
-    store._txn = applied_then_retried  # type: ignore[method-assign]
+    store.guarded_txn = applied_then_retried  # type: ignore[method-assign]
     desc = await store.create_collection("lost_answer", num_partitions=2)
-    store._txn = real  # type: ignore[method-assign]
+    store.guarded_txn = real  # type: ignore[method-assign]
     assert (await store.describe_collection("lost_answer")) == desc
 
 
@@ -287,15 +287,15 @@ async def test_compaction_retried_after_a_lost_answer_is_success(store: CatalogS
     desc = await store.create_collection("retry")
     cid, pid = desc.collection_id, desc.partitions[0].partition_id
     (a,) = await store.add_segments([seg(pid)], collection_id=cid)
-    real = store._txn
+    real = store.guarded_txn
 
     async def applied_then_retried(operation, compares, ops) -> bool:
         await real(operation, compares, ops)
         return await real(operation, compares, ops)  # sources are gone now: the compare fails
 
-    store._txn = applied_then_retried  # type: ignore[method-assign]
+    store.guarded_txn = applied_then_retried  # type: ignore[method-assign]
     (b,) = await store.add_segments([seg(pid, sources=(a,))], collection_id=cid)
-    store._txn = real  # type: ignore[method-assign]
+    store.guarded_txn = real  # type: ignore[method-assign]
     _, binlogs = await store.get_recovery_info(cid, pid)
     assert [x.segment_id for x in binlogs] == [b]
 
@@ -305,19 +305,19 @@ async def test_large_batch_is_chunked_and_compaction_groups_stay_whole(store: Ca
     cid, pid = desc.collection_id, desc.partitions[0].partition_id
     olds = await store.add_segments([seg(pid) for _ in range(300)], collection_id=cid)
     calls: list[int] = []
-    real = store._txn
+    real = store.guarded_txn
 
     async def counting(operation, compares, ops) -> bool:
         calls.append(len(ops))
         return await real(operation, compares, ops)
 
-    store._txn = counting  # type: ignore[method-assign]
+    store.guarded_txn = counting  # type: ignore[method-assign]
     # 60 new segments, each replacing 5 of the old ones (12 ops per group: each segment's key and its id's index
     # key): 720 ops, several txns.
     new = await store.add_segments(
         [seg(pid, sources=tuple(olds[5 * i : 5 * i + 5])) for i in range(60)], collection_id=cid
     )
-    store._txn = real  # type: ignore[method-assign]
+    store.guarded_txn = real  # type: ignore[method-assign]
     assert len(calls) == 6 and all(n <= 128 and n % 12 == 0 for n in calls), calls
     _, binlogs = await store.get_recovery_info(cid, pid)
     assert sorted(b.segment_id for b in binlogs) == sorted(new)

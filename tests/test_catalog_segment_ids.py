@@ -93,12 +93,12 @@ async def test_two_concurrent_adds_of_one_id_in_two_partitions_cannot_both_win(k
         sid = 700 + round_
         barrier = asyncio.Barrier(2)
         for store in stores:
-            store._txn = _after(barrier, store._txn)  # type: ignore[method-assign]
+            store.guarded_txn = _after(barrier, store.guarded_txn)  # type: ignore[method-assign]
         results = await asyncio.gather(*(store.add_segments([seg(pid, sid)], collection_id=cid)
                                          for store, pid in zip(stores, (p0, p1), strict=True)),
                                        return_exceptions=True)
         for store in stores:
-            del store._txn  # the class's method again
+            del store.guarded_txn  # the class's method again
         won = [i for i, r in enumerate(results) if r == [sid]]
         assert len(won) == 1, results
         lost = results[1 - won[0]]

@@ -79,11 +79,11 @@ async def test_an_answer_to_a_call_sent_before_etcd_failed_does_not_say_it_is_ba
     "reachable again" right after "unreachable" and "unreachable" again at the next call (seen in the CLI test
     that counts those lines, once a standby's watches kept calls in flight)."""
     sent = time.monotonic()
-    client._note_unreachable("the connection failed")
+    client.note_unreachable("the connection failed")
     try:
-        client._note_reachable(sent)  # the answer to the call sent before
+        client.note_reachable(sent)  # the answer to the call sent before
         assert client.unreachable_since is not None
-        client._note_reachable(time.monotonic())  # a call sent afterwards
+        client.note_reachable(time.monotonic())  # a call sent afterwards
         assert client.unreachable_since is None
     finally:
-        client._note_reachable()
+        client.note_reachable()

@@ -6,6 +6,7 @@ import asyncio
 
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
+from google.protobuf.message_factory import GetMessageClass
 
 from meta.kv import MetaKV
 from proto import data_pb2
@@ -19,7 +20,8 @@ def populated(message: Message, seed: int = 1) -> Message:
     for i, f in enumerate(message.DESCRIPTOR.fields, start=seed):
         repeated = f.is_repeated if hasattr(f, "is_repeated") else f.label == FieldDescriptor.LABEL_REPEATED
         if f.message_type is not None:
-            items = [populated(f.message_type._concrete_class(), i), populated(f.message_type._concrete_class(), i + 9)]
+            cls = GetMessageClass(f.message_type)
+            items = [populated(cls(), i), populated(cls(), i + 9)]
             if repeated:
                 getattr(message, f.name).extend(items)
             else:

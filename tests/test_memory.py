@@ -55,7 +55,7 @@ def test_malloc_trim_is_found_on_glibc() -> None:
 
     if platform.libc_ver()[0] != "glibc":
         pytest.skip("not glibc")
-    assert memory._malloc_trim is not None
+    assert memory.malloc_trim_found()
 
 
 async def test_release_soon_runs_once_for_requests_that_arrive_together(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -127,7 +127,7 @@ async def test_a_failed_call_keeps_the_planned_paths_for_the_retry(
     calls: list[LoadSegmentsTask] = []
     filled: list[Any] = []
     call = LoadSegmentsTask.call
-    refill = LoadSegmentsTask._filled
+    refill = LoadSegmentsTask.filled_request
 
     async def flaky(self: LoadSegmentsTask, request: Any) -> Any:
         if self not in calls:
@@ -141,7 +141,7 @@ async def test_a_failed_call_keeps_the_planned_paths_for_the_retry(
         return await refill(self)
 
     monkeypatch.setattr(LoadSegmentsTask, "call", flaky)
-    monkeypatch.setattr(LoadSegmentsTask, "_filled", filling)
+    monkeypatch.setattr(LoadSegmentsTask, "filled_request", filling)
     cid = await cluster.create_collection("retried", partitions=1, segments=6)
     await cluster.load_collection(cid)
     await cluster.wait_idle()

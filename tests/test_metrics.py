@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
 from meta.client import connect
@@ -29,6 +30,11 @@ from querycoord.net.client import QueryCoordClient
 from tests.spawn import MID_LOAD_FLAGS, Spawned, spawn_coordinator, spawn_query_node, spawn_stream_node
 
 HTTP = ("--http-listen", "127.0.0.1:0")
+
+
+def sample(name: str, **labels: str) -> float:
+    """A sample of this process's registry (0 until the series exists)."""
+    return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
 def _get(url: str) -> tuple[int, str]:
@@ -231,15 +237,15 @@ def test_operation_labels_stay_few() -> None:
     assert label("Maintenance.Status") == "Maintenance.Status"
     assert label("stop stream 12") == "stop stream"
     assert label("42") == "other"
-    known = set(metrics._operations)
+    known = set(metrics.OPERATION_LABELS)
     try:
         for i in range(2 * metrics.MAX_OPERATIONS):
             label("made_up_" + "".join(chr(97 + int(d)) for d in str(i)) + " key/1")
         assert label("yet_another_operation") == "other", "past the bound every new name is 'other'"
         assert label("get queryCoord-taskInfo/18") == "get", "names seen before keep their label"
     finally:
-        metrics._operations.clear()
-        metrics._operations.update(known)
+        metrics.OPERATION_LABELS.clear()
+        metrics.OPERATION_LABELS.update(known)
 
 
 async def test_meta_observers_count_refused_fenced_writes_retries_and_unavailable(
@@ -248,22 +254,22 @@ async def test_meta_observers_count_refused_fenced_writes_retries_and_unavailabl
     metrics.install()
     client = await connect(etcd.config())
     try:
-        refused = metrics.FENCED_WRITES_REFUSED._value.get()
+        refused = sample("querycoord_fenced_writes_refused_total")
         stale = MetaKV(client, root_path).fenced(Fence(f"/{root_path}/no-such-leader", 12345))
         with pytest.raises(NotLeader):
             await stale.save("fenced/k", "v")
-        assert metrics.FENCED_WRITES_REFUSED._value.get() == refused + 1
-        assert metrics.ETCD_DURATION.labels("save")._sum.get() > 0
+        assert sample("querycoord_fenced_writes_refused_total") == refused + 1
+        assert sample("querycoord_etcd_request_duration_seconds_sum", operation="save") > 0
     finally:
         await client.close()
 
     dead = EtcdConfig.from_endpoints(f"127.0.0.1:{unused_tcp_port}", call_timeout=0.2, deadline=1.0)
-    retries = metrics.ETCD_RETRIES.labels("Maintenance.Status")._value.get()
-    unavailable = metrics.ETCD_UNAVAILABLE.labels("Maintenance.Status")._value.get()
+    retries = sample("querycoord_etcd_retries_total", operation="Maintenance.Status")
+    unavailable = sample("querycoord_etcd_unavailable_total", operation="Maintenance.Status")
     with pytest.raises(MetaUnavailable):
         await connect(dead)
-    assert metrics.ETCD_RETRIES.labels("Maintenance.Status")._value.get() > retries
-    assert metrics.ETCD_UNAVAILABLE.labels("Maintenance.Status")._value.get() == unavailable + 1
+    assert sample("querycoord_etcd_retries_total", operation="Maintenance.Status") > retries
+    assert sample("querycoord_etcd_unavailable_total", operation="Maintenance.Status") == unavailable + 1
 
 
 async def _loaded(client: QueryCoordClient, cid: int) -> bool:

@@ -298,38 +298,12 @@ def traced(fn: Callable[..., None]) -> Callable[..., None]:
 # ----- crashes --------------------------------------------------------------------------------------------------------
 async def crash_coordinator(c: CoordinatorProcess) -> None:
     """Stop a coordinator as a crash would: no resignation, no more writes; its lease lapses after the TTL."""
-    coord = c.coord
-    coord._stopping = True
-    election = getattr(coord, "election", None)
-    if election is not None:
-        async def no_resign() -> None:  # a dead process resigns nothing
-            return None
-        election.resign = no_resign
-    main = coord._main
-    if main is not None:
-        main.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await main  # drops the leadership in memory (the scheduler stops without writing)
-    await c.server.stop(None)
-    if c._health_task is not None:
-        c._health_task.cancel()
-    if coord.session is not None:
-        await coord.session.close(revoke=False)
-    with contextlib.suppress(Exception):
-        if coord.broker is not None:
-            await coord.broker.close()
-    with contextlib.suppress(Exception):
-        if coord.client is not None:
-            await coord.client.close()
+    await c.crash()
 
 
 async def crash_node(n: QueryNode, *, revoke: bool) -> None:
     """Stop serving at once (in-flight calls are cut); the session lapses after its TTL, or is revoked now."""
-    if n._server is not None:
-        await n._server.stop(None)
-        n._server = None
-    if n._session is not None:
-        await n._session.close(revoke=revoke)
+    await n.crash(revoke=revoke)
 
 
 # ----- strategies -----------------------------------------------------------------------------------------------------

@@ -130,7 +130,7 @@ async def test_the_space_monitor_goes_on_after_a_failed_poll_and_stops_with_its_
         await until("the alarm seen", lambda: monitor.nospace)
         await maintain(tiny.config(), keep=10, say=lambda _: None)
         await until("the alarm gone", lambda: not monitor.nospace)
-        task = monitor._task
+        task = monitor.poll_task
         assert task is not None and not task.done()
         await client.close()
         await until("the loop stopped", task.done)

@@ -60,27 +60,27 @@ def _old_flushed(channels: list[data_pb2.VChannelInfo], binlogs: list[data_pb2.S
 def test_bulk_parse_gives_the_messages_of_parsing_each_record(binlogs: list[data_pb2.SegmentBinlogs],
                                                               chunk: int) -> None:
     values = [b.SerializeToString() for b in binlogs]
-    saved = catalog_binlogs._PARSE_CHUNK
-    catalog_binlogs._PARSE_CHUNK = chunk  # pages of records cross chunk boundaries
+    saved = catalog_binlogs.PARSE_CHUNK
+    catalog_binlogs.PARSE_CHUNK = chunk  # pages of records cross chunk boundaries
     try:
         parsed = catalog_binlogs.parse_binlogs(values)
     finally:
-        catalog_binlogs._PARSE_CHUNK = saved
-    assert parsed == catalog_binlogs._parse_each(values) == binlogs
+        catalog_binlogs.PARSE_CHUNK = saved
+    assert parsed == catalog_binlogs.parse_each(values) == binlogs
     assert [p.SerializeToString() for p in parsed] == values
 
 
 def test_a_record_over_16_kib_is_framed_with_a_three_byte_length() -> None:
     big = data_pb2.SegmentBinlogs(segment_id=1, binlog_paths=["p" * 40_000])
     values = [big.SerializeToString(), data_pb2.SegmentBinlogs(segment_id=2).SerializeToString()]
-    assert catalog_binlogs.parse_binlogs(values) == catalog_binlogs._parse_each(values)
+    assert catalog_binlogs.parse_binlogs(values) == catalog_binlogs.parse_each(values)
 
 
 def test_an_unreadable_record_fails_the_parse_as_it_did_alone() -> None:
     good = data_pb2.SegmentBinlogs(segment_id=1).SerializeToString()
     values = [good, b"\x0a\xff", good]
     with pytest.raises(DecodeError) as alone:
-        catalog_binlogs._parse_each(values)
+        catalog_binlogs.parse_each(values)
     with pytest.raises(DecodeError) as bulk:
         catalog_binlogs.parse_binlogs(values)
     assert str(bulk.value) == str(alone.value)
@@ -222,15 +222,15 @@ def test_the_held_filter_is_held_segment_by_segment(seg_ids: list[int], recorded
     )
     nodes = SimpleNamespace(is_online=lambda node: node in (1, 2))
     trig = SimpleNamespace(env=SimpleNamespace(meta=meta, nodes=nodes))
-    trig._held = lambda sid, rid: _LoadTrigger._held(trig, sid, rid)  # type: ignore[arg-type]
+    trig.replica_holds = lambda sid, rid: _LoadTrigger.replica_holds(trig, sid, rid)  # type: ignore[arg-type]
     binlogs = [data_pb2.SegmentBinlogs(segment_id=s) for s in seg_ids]
     out: list[Planned] = []
     saved = triggers.TURN_EVERY
     triggers.TURN_EVERY = every
     try:
-        held = asyncio.run(_LoadTrigger._not_held(trig, binlogs, replica, out))  # type: ignore[arg-type]
+        held = asyncio.run(_LoadTrigger.not_held(trig, binlogs, replica, out))  # type: ignore[arg-type]
     finally:
         triggers.TURN_EVERY = saved
-    expected = [b for b in binlogs if not _LoadTrigger._held(trig, b.segment_id, replica)]  # type: ignore[arg-type]
+    expected = [b for b in binlogs if not _LoadTrigger.replica_holds(trig, b.segment_id, replica)]  # type: ignore[arg-type]
     assert out == expected
     assert held == len(binlogs) - len(expected)

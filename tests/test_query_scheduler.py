@@ -294,9 +294,7 @@ async def test_queue_order_is_priority_then_fifo(etcd: EtcdCluster, root_path: s
             t = cls.new(lead.env, req, trigger_condition=cond)
             await sched.enqueue(t)
             made.append(t)
-        import heapq
-
-        order = [heapq.heappop(sched.queue._heap)[1] for _ in range(len(made))]
+        order = sched.queue.queued_order()
         by_id = {t.id: t for t in made}
         assert [by_id[i].rec.trigger_condition for i in order] == [
             qc.TRIGGER_CONDITION_NODE_DOWN, qc.TRIGGER_CONDITION_GRPC_REQUEST, qc.TRIGGER_CONDITION_GRPC_REQUEST,

@@ -434,7 +434,7 @@ async def test_a_channel_watch_save_runs_beside_segment_saves_and_holds_none_bac
     r1 = data_pb2.ReplicaInfo(replica_id=71, collection_id=1, node_ids=[1])
     r2 = data_pb2.ReplicaInfo(replica_id=72, collection_id=1, node_ids=[2])
     await meta.add_collection(1, COLL, [10], replica_number=2, replicas=[r1, r2])
-    async with meta._core.lock(1).shared():  # a segment save in flight holds the lock so until etcd answers it
+    async with meta.collection_lock(1).shared():  # a segment save in flight holds the lock so until etcd answers it
         async with asyncio.timeout(30):  # the failure mode is waiting for ever: bounded, not timed
             await asyncio.gather(
                 meta.save_dm_channel_watch([watch(1, "dml-0", 1)]),

@@ -118,7 +118,7 @@ async def test_a_cancelled_claim_leaves_nothing_claimed_or_waiting() -> None:
     w.cancel()
     with pytest.raises(asyncio.CancelledError):
         await w
-    assert claims._waiters == []
+    assert claims.waiting == 0
     release.set()
     await h
     assert len(claims) == 0

@@ -40,7 +40,7 @@ def test_the_shared_places_stay_bounded_after_churn() -> None:
     for sid in range(20_000):  # every segment its own place, then dropped
         table.put(record(sid, sid, {1000: 1}))
         table.pop(sid)
-    assert len(table._shared) <= 4097
+    assert table.distinct_places <= 4097
     assert len(table) == 0
 
 

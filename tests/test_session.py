@@ -119,8 +119,7 @@ async def test_killed_holder_disappears_after_ttl(kv: MetaKV) -> None:
     s = Session(kv, "querynode", "dying", ttl=2)
     info = await s.start()
     # Simulate a crashed owner: stop keepalive without revoking.
-    for t in s._tasks:
-        t.cancel()
+    await s.close(revoke=False)
     deadline = asyncio.get_running_loop().time() + 15
     while await kv.get(info.key) is not None:
         assert asyncio.get_running_loop().time() < deadline, "etcd never expired the lease"

@@ -16,12 +16,12 @@ from collections.abc import Callable
 
 import grpc
 import pytest
+from prometheus_client import REGISTRY
 
 from meta.kv import MetaKV
 from meta.session import MAX_SESSION_VALUE_BYTES, Session, SessionInfo, session_key
 from meta.session_guard import VALUE_SIZE, WRITE_RATE, GuardLimits, SessionGuard
 from querycoord.cluster.nodes import NodeManager
-from querycoord.common import metrics
 from tests.cluster import running_cluster
 
 
@@ -33,7 +33,7 @@ async def until(what: str, check: Callable[[], bool], timeout: float = 30.0) -> 
 
 
 def fenced_count(reason: str) -> float:
-    return metrics.NODES_FENCED.labels(reason)._value.get()
+    return REGISTRY.get_sample_value("querycoord_nodes_fenced_total", {"reason": reason}) or 0.0
 
 
 async def test_leader_fences_a_node_that_writes_a_huge_session_and_keeps_writing(etcd, root_path: str) -> None:
@@ -42,7 +42,7 @@ async def test_leader_fences_a_node_that_writes_a_huge_session_and_keeps_writing
         node = c.nodes[0]
         nid = node.state.node_id
         await c.wait_node_online(nid)
-        session = node._session
+        session = node.session
         assert session is not None and c.kv is not None
         # What a node credential may do: rewrite its own key, under its own lease, with 1 MiB.
         await c.kv.save(session_key("querynode", nid), b"x" * (1 << 20), lease=session.lease_id)

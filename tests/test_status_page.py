@@ -287,7 +287,7 @@ async def test_status_json_on_leader_and_standby_and_escaping(etcd: EtcdCluster,
         await leader.next_event("leader", timeout=60)
         standby = await procs.coordinator("--stream-scale", "0.1", *HTTP, name="coord-b")
         node = await procs.query_node("--ttl", "2", name="querynode")
-        snode_host = procs._keep(await spawn_snode_host(etcd, root_path, tmp_path, "1", name="streamnode"))
+        snode_host = procs.keep(await spawn_snode_host(etcd, root_path, tmp_path, "1", name="streamnode"))
         catalog = CatalogStore(kv)
         desc, _ = await catalog.create_bulk_collection("plain", num_partitions=1, num_segments=12)
         hostile = await plant_hostile_name(kv, catalog)

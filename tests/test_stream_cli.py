@@ -68,8 +68,8 @@ async def test_stream_and_snode_commands_against_a_coordinator_and_stream_nodes(
         assert "no streams" in await cli.ok("stream", "show")
         await cli.refused("stream", "create", "s1", "--vgroups", "1,2", fragment="no snode is available")
 
-        node_a = p._keep(await spawn_snode_host(etcd, root_path, tmp_path, "1", name="sn-a"))
-        node_b = p._keep(await spawn_snode_host(etcd, root_path, tmp_path, "2", name="sn-b"))
+        node_a = p.keep(await spawn_snode_host(etcd, root_path, tmp_path, "1", name="sn-a"))
+        node_b = p.keep(await spawn_snode_host(etcd, root_path, tmp_path, "2", name="sn-b"))
         snode_of: dict[int, int] = {}  # node id -> snode id
         for node in (node_a, node_b):
             out = await cli.ok("snode", "create", str(node.node_id))

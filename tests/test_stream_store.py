@@ -217,7 +217,7 @@ async def test_drop_snode_beyond_one_txn_is_chunked_with_the_removal_last(kv: Me
         await store.create_stream(req(n), [s1.id])
 
     # A failure after the first chunk: state stays consistent (every stream on an existing snode).
-    real_move = store._move
+    real_move = store.move_streams
     calls = 0
 
     async def failing_move(*args: object, **kw: object) -> bool:
@@ -227,7 +227,7 @@ async def test_drop_snode_beyond_one_txn_is_chunked_with_the_removal_last(kv: Me
             raise RuntimeError("crash between chunks")
         return await real_move(*args, **kw)  # type: ignore[arg-type]
 
-    store._move = failing_move  # type: ignore[method-assign]
+    store.move_streams = failing_move  # type: ignore[method-assign]
     with pytest.raises(RuntimeError):
         await store.drop_snode(s1.id)
     snodes = {s.id: s for s in await store.list_snodes()}
@@ -237,7 +237,7 @@ async def test_drop_snode_beyond_one_txn_is_chunked_with_the_removal_last(kv: Me
     with pytest.raises(NoSnodeAvailable):
         await store.create_stream(req("late"), [s1.id])  # the dropping snode is not offered
 
-    store._move = real_move  # type: ignore[method-assign]
+    store.move_streams = real_move  # type: ignore[method-assign]
     result = await store.drop_snode(s1.id)  # re-running finishes the drop
     assert result.moved_streams == 7 and result.txns >= 2
     assert {s.main_snode_id for s in await store.list_streams()} == {s2.id}

@@ -216,7 +216,7 @@ async def test_client_follows_the_named_leader_and_skips_dead_addresses() -> Non
     try:
         reply = await client.heartbeat(sp.HeartbeatRequest(node_id=4))
         assert reply is not None and reply.leader_revision == 7 and len(leader.heartbeats) == 1
-        assert client._current == leader_addr, "the next heartbeat goes straight to the leader"
+        assert client.current == leader_addr, "the next heartbeat goes straight to the leader"
     finally:
         await client.close()
         await srv_leader.stop(None)

@@ -2,7 +2,7 @@
 
 ``CatalogAccess`` sends one guarded txn, reads many keys at one revision, pages a range and looks a
 collection up by id or name; ``CatalogStore`` is one, and its segment writer and recovery reads use
-the store's own methods (so a test that replaces ``store._txn`` sees every catalog write).
+the store's own methods (so a test that replaces ``store.guarded_txn`` sees every catalog write).
 """
 
 from __future__ import annotations
@@ -32,11 +32,11 @@ class CatalogAccess:
         self.write_concurrency = write_concurrency
         self._ids = IdAllocator(kv, ID_KEY)
 
-    async def _txn(self, operation: str, compares: Sequence[Compare], ops: Sequence[Op]) -> bool:
+    async def guarded_txn(self, operation: str, compares: Sequence[Compare], ops: Sequence[Op]) -> bool:
         """One guarded txn (limits checked by MetaKV before sending); returns whether the compares held."""
         return (await self.kv.txn(compares, ops, operation=operation)).succeeded
 
-    async def _get_many(self, keys: Sequence[str]) -> dict[str, tuple[bytes, int]]:
+    async def read_many(self, keys: Sequence[str]) -> dict[str, tuple[bytes, int]]:
         """``key -> (value, create_revision)`` of the keys that exist, all read at one revision.
 
         Plain Range calls, not read-only txns: etcd before 3.5.5 panics when a
@@ -58,7 +58,7 @@ class CatalogAccess:
         await asyncio.gather(*(read(k) for k in keys))
         return found
 
-    async def _range_page(self, start: str, prefix: str, limit: int) -> tuple[list[tuple[str, bytes]], bool]:
+    async def range_page(self, start: str, prefix: str, limit: int) -> tuple[list[tuple[str, bytes]], bool]:
         """Keys from ``start`` to the end of ``prefix``, at most ``limit``; and whether more follow."""
         items, more = await self.kv.range_page(prefix, start=start, limit=limit)
         return [(item.key, item.value) for item in items], more
@@ -71,7 +71,7 @@ class CatalogAccess:
         """``n`` fresh catalog ids (e.g. segment ids chosen before their binlog paths are written)."""
         return await self._ids.allocate(n)
 
-    async def _load_collection(self, ref: int | str) -> tuple[catalog_pb2.CollectionDescription, int]:
+    async def collection_and_revision(self, ref: int | str) -> tuple[catalog_pb2.CollectionDescription, int]:
         """The description of a collection (by id or name) and its key's create revision."""
         if isinstance(ref, str):
             if not ref:
@@ -91,9 +91,10 @@ class CatalogAccess:
         desc.ParseFromString(kvx.value)
         return desc, kvx.create_revision
 
-    async def _partition(self, collection_id: int, partition_id: int) -> catalog_pb2.CollectionDescription:
+    async def collection_with_partition(self, collection_id: int,
+                                        partition_id: int) -> catalog_pb2.CollectionDescription:
         """The description of a collection that has ``partition_id``; ``PartitionNotFound`` if it has not."""
-        desc, _ = await self._load_collection(collection_id)
+        desc, _ = await self.collection_and_revision(collection_id)
         if partition_id not in {p.partition_id for p in desc.partitions}:
             raise PartitionNotFound(
                 f"partition {partition_id} does not exist in collection {collection_id} "

@@ -16,18 +16,18 @@ def parse_binlogs(values: list[bytes]) -> list[data_pb2.SegmentBinlogs]:
     collection parses every segment). The records are framed as the ``binlogs`` field of one
     ``GetRecoveryInfoResponse`` (tag and length in front of each) and parsed at once: the messages are the ones
     parsing each record gives (a length-delimited field is parsed as a message of its own). A record that does not
-    parse is parsed again alone, so the error is the one it always was (``_parse_each``).
+    parse is parsed again alone, so the error is the one it always was (``parse_each``).
     """
     if len(values) < 2:
-        return _parse_each(values)
+        return parse_each(values)
     out: list[data_pb2.SegmentBinlogs] = []
-    for start in range(0, len(values), _PARSE_CHUNK):
-        out += _parse_framed(values[start:start + _PARSE_CHUNK])
+    for start in range(0, len(values), PARSE_CHUNK):
+        out += _parse_framed(values[start:start + PARSE_CHUNK])
     return out
 
 
 def _parse_framed(values: list[bytes]) -> list[data_pb2.SegmentBinlogs]:
-    """``parse_binlogs`` of up to ``_PARSE_CHUNK`` records, framed and parsed as one message."""
+    """``parse_binlogs`` of up to ``PARSE_CHUNK`` records, framed and parsed as one message."""
     framed: list[bytes] = [b""] * (2 * len(values))
     framed[::2] = map(_FRAME_HEADS.__getitem__, map(len, values))  # head before each record, all in C
     framed[1::2] = values
@@ -35,11 +35,11 @@ def _parse_framed(values: list[bytes]) -> list[data_pb2.SegmentBinlogs]:
     try:
         response.ParseFromString(b"".join(framed))
     except DecodeError:
-        return _parse_each(values)
+        return parse_each(values)
     return list(response.binlogs)
 
 
-def _parse_each(values: list[bytes]) -> list[data_pb2.SegmentBinlogs]:
+def parse_each(values: list[bytes]) -> list[data_pb2.SegmentBinlogs]:
     """``parse_binlogs`` one message per record."""
     out = []
     for value in values:
@@ -50,7 +50,7 @@ def _parse_each(values: list[bytes]) -> list[data_pb2.SegmentBinlogs]:
 
 
 # Records parsed as one message: the framed copy stays small, and far from protobuf's 2 GiB message limit.
-_PARSE_CHUNK = 8192
+PARSE_CHUNK = 8192
 # Field 3 (``binlogs``) of GetRecoveryInfoResponse, length-delimited: the tag byte of each framed record.
 _BINLOGS_TAG = bytes([(catalog_pb2.GetRecoveryInfoResponse.BINLOGS_FIELD_NUMBER << 3) | 2])
 

@@ -75,6 +75,20 @@ def checked_partition_names(partition_names: Sequence[str], num_partitions: int,
         raise InvalidArgument(f"partition names must be unique; repeated: {short_list(dup)}")
     return names
 
+def _check_field_type(f: catalog_pb2.FieldSchema) -> None:
+    """A field's data type is a valid one; a vector field has a dim in range (a multiple of 8 for binary vectors),
+    a scalar field none."""
+    if f.data_type == catalog_pb2.DATA_TYPE_NONE or f.data_type not in catalog_pb2.DataType.values():
+        raise InvalidArgument(f"field {f.name!r} has no valid data type ({f.data_type})")
+    if f.data_type in _VECTOR_TYPES:
+        if not 0 < f.dim <= MAX_DIM:
+            raise InvalidArgument(f"vector field {f.name!r} needs a dim in 1..{MAX_DIM}, got {f.dim}")
+        if f.data_type == catalog_pb2.DATA_TYPE_BINARY_VECTOR and f.dim % 8:
+            raise InvalidArgument(f"binary vector field {f.name!r} needs a dim divisible by 8, got {f.dim}")
+    elif f.dim:
+        raise InvalidArgument(f"scalar field {f.name!r} must not have a dim (got {f.dim})")
+
+
 def checked_schema(
     name: str, schema: catalog_pb2.CollectionSchema | None, limits: Limits = DEFAULT_LIMITS
 ) -> catalog_pb2.CollectionSchema:
@@ -99,15 +113,7 @@ def checked_schema(
         if f.name in seen_names:
             raise InvalidArgument(f"schema field name {f.name!r} is repeated")
         seen_names.add(f.name)
-        if f.data_type == catalog_pb2.DATA_TYPE_NONE or f.data_type not in catalog_pb2.DataType.values():
-            raise InvalidArgument(f"field {f.name!r} has no valid data type ({f.data_type})")
-        if f.data_type in _VECTOR_TYPES:
-            if not 0 < f.dim <= MAX_DIM:
-                raise InvalidArgument(f"vector field {f.name!r} needs a dim in 1..{MAX_DIM}, got {f.dim}")
-            if f.data_type == catalog_pb2.DATA_TYPE_BINARY_VECTOR and f.dim % 8:
-                raise InvalidArgument(f"binary vector field {f.name!r} needs a dim divisible by 8, got {f.dim}")
-        elif f.dim:
-            raise InvalidArgument(f"scalar field {f.name!r} must not have a dim (got {f.dim})")
+        _check_field_type(f)
         if not f.field_id:
             while next_id in used_ids:
                 next_id += 1

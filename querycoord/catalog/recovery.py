@@ -38,7 +38,7 @@ async def read_recovery_page(access: CatalogAccess, collection_id: int, partitio
         raise InvalidArgument(
             f"after_segment_id and page_size must be >= 0, got {after_segment_id} and {page_size}"
         )
-    desc = await access._partition(collection_id, partition_id)
+    desc = await access.collection_with_partition(collection_id, partition_id)
     prefix = segment_prefix(collection_id, partition_id)
     next_after = 0
     pairs: list[tuple[str, bytes]]
@@ -51,13 +51,13 @@ async def read_recovery_page(access: CatalogAccess, collection_id: int, partitio
         if page_size and len(ids) > page_size:
             ids, next_after = ids[:page_size], ids[page_size - 1]
         if len(ids) <= _MAX_POINT_READS:
-            found = await access._get_many([segment_key(collection_id, partition_id, i) for i in ids])
+            found = await access.read_many([segment_key(collection_id, partition_id, i) for i in ids])
             pairs = sorted((k, v) for k, (v, _) in found.items())
         else:
             wanted = {segment_key(collection_id, partition_id, i) for i in ids}
             pairs = [(k, v) for k, v in (await access.kv.load_prefix(prefix)).items() if k in wanted]
     elif page_size:
-        pairs, more = await access._range_page(prefix + f"{after_segment_id + 1:019d}", prefix, page_size)
+        pairs, more = await access.range_page(prefix + f"{after_segment_id + 1:019d}", prefix, page_size)
         if more and pairs:
             next_after = parse_segment_key(pairs[-1][0]).segment_id
     else:  # the segments after after_segment_id, unpaged

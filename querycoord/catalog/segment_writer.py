@@ -129,12 +129,12 @@ class SegmentWriter:
         held: dict[tuple[int, int], int] = {}
         for cid in sorted({s.collection_id for s in explicit}):
             ids = [s.segment_id for s in explicit if s.collection_id == cid]
-            found = await segment_ids.held(self._access.kv, cid, ids, read_keys=self._access._get_many)
+            found = await segment_ids.held(self._access.kv, cid, ids, read_keys=self._access.read_many)
             held.update(((cid, sid), pid) for sid, pid in found.items())
         if not held:
             return segs
         mine = [s for s in explicit if held.get((s.collection_id, s.segment_id)) == s.partition_id]
-        stored = await self._access._get_many(
+        stored = await self._access.read_many(
             [segment_key(s.collection_id, s.partition_id, s.segment_id) for s in mine])
         resent = {(s.collection_id, s.segment_id) for s in mine
                   if stored.get(segment_key(s.collection_id, s.partition_id, s.segment_id), (b"", 0))[0]
@@ -153,64 +153,19 @@ class SegmentWriter:
         self, segs: list[data_pb2.SegmentBinlogs], collection_id: int
     ) -> dict[int, tuple[catalog_pb2.CollectionDescription, int]]:
         """Check every segment against the request and the catalog; returns the collections involved."""
-        if collection_id < 0:
-            raise InvalidArgument(f"collection_id must be >= 0, got {collection_id}")
-        for i, seg in enumerate(segs):
-            if seg.collection_id == 0:
-                if not collection_id:
-                    raise InvalidArgument(f"segment #{i}: collection_id is 0 and the request names no collection")
-                seg.collection_id = collection_id
-            elif collection_id and seg.collection_id != collection_id:
-                raise InvalidArgument(
-                    f"segment #{i} belongs to collection {seg.collection_id}, but the request is for collection "
-                    f"{collection_id}"
-                )
+        _fill_collection_ids(segs, collection_id)
         colls: dict[int, tuple[catalog_pb2.CollectionDescription, int]] = {}
         for cid in sorted({s.collection_id for s in segs}):
-            colls[cid] = await self._access._load_collection(cid)
+            colls[cid] = await self._access.collection_and_revision(cid)
         # Once per collection, not per segment: segments x partitions was quadratic in the request.
         partitions = {cid: {p.partition_id for p in desc.partitions} for cid, (desc, _) in colls.items()}
         channels = {cid: set(desc.dm_channels) for cid, (desc, _) in colls.items()}
 
         seen: set[int] = set()
         for i, seg in enumerate(segs):
-            what = f"segment #{i}" + (f" (id {seg.segment_id})" if seg.segment_id else "")
-            desc = colls[seg.collection_id][0]
-            if seg.segment_id < 0:
-                raise InvalidArgument(f"{what}: segment_id must be >= 0 (0 = allocate), got {seg.segment_id}")
-            if seg.segment_id:
-                if seg.segment_id in seen:
-                    raise InvalidArgument(f"{what}: segment id {seg.segment_id} appears twice in the request")
-                seen.add(seg.segment_id)
-            if seg.partition_id not in partitions[seg.collection_id]:
-                raise PartitionNotFound(
-                    f"{what}: partition {seg.partition_id} does not exist in collection {desc.collection_id} "
-                    f"(its partitions: {short_list(p.partition_id for p in desc.partitions)})"
-                )
-            if seg.num_rows < 0 or seg.mem_size < 0:
-                raise InvalidArgument(
-                    f"{what}: num_rows and mem_size must be >= 0, got {seg.num_rows} and {seg.mem_size}"
-                )
-            if seg.insert_channel and seg.insert_channel not in channels[seg.collection_id]:
-                raise InvalidArgument(
-                    f"{what}: insert channel {seg.insert_channel!r} is not a DM channel of collection "
-                    f"{desc.collection_id} ({', '.join(desc.dm_channels)}); leave it empty to have one assigned"
-                )
-            if any(not p for p in seg.binlog_paths):
-                raise InvalidArgument(f"{what}: a binlog path is empty")
-            srcs = list(seg.compaction_from)
-            if len(set(srcs)) != len(srcs) or any(s <= 0 for s in srcs):
-                raise InvalidArgument(f"{what}: compaction_from must list distinct positive ids, got {srcs}")
-            if seg.segment_id and seg.segment_id in srcs:
-                raise InvalidArgument(f"{what}: a segment cannot replace itself")
-        new_ids = {s.segment_id for s in segs if s.segment_id}
-        for i, seg in enumerate(segs):
-            both = new_ids.intersection(seg.compaction_from)
-            if both:
-                raise InvalidArgument(
-                    f"segment #{i}: compaction sources {short_list(sorted(both))} are added by this same request; "
-                    f"add sources first, then what replaces them"
-                )
+            _check_segment(i, seg, colls[seg.collection_id][0], partitions[seg.collection_id],
+                           channels[seg.collection_id], seen)
+        _check_sources_not_added_here(segs)
         return colls
 
     async def _read_sources(self, segs: list[data_pb2.SegmentBinlogs]) -> dict[str, int]:
@@ -218,7 +173,7 @@ class SegmentWriter:
         keys = sorted({segment_key(s.collection_id, s.partition_id, src) for s in segs for src in s.compaction_from})
         if not keys:
             return {}
-        found = await self._access._get_many(keys)
+        found = await self._access.read_many(keys)
         for seg in segs:
             missing = [
                 src for src in seg.compaction_from if segment_key(seg.collection_id, seg.partition_id, src) not in found
@@ -285,7 +240,8 @@ class SegmentWriter:
 
         async def write(chunk: Batch) -> None:
             async with sem:
-                if not await self._access._txn(f"add {len(_segment_ids(chunk))} segments", chunk.compares, chunk.ops):
+                operation = f"add {len(_segment_ids(chunk))} segments"
+                if not await self._access.guarded_txn(operation, chunk.compares, chunk.ops):
                     await self._explain_failed_chunk(chunk, coll_revs)
 
         results = await asyncio.gather(*(write(c) for c in chunks), return_exceptions=True)
@@ -305,7 +261,7 @@ class SegmentWriter:
     async def _explain_failed_chunk(self, chunk: Batch, coll_revs: dict[int, int]) -> None:
         """A chunk's compares failed: return if it was our own retried txn, else raise why."""
         puts = _segment_puts(chunk)
-        current = await self._access._get_many(list(puts))
+        current = await self._access.read_many(list(puts))
         if len(current) == len(puts) and all(current[k][0] == v for k, v in puts.items()):
             return  # applied by an earlier attempt whose answer was lost
         for cid in _collections(chunk):
@@ -335,3 +291,65 @@ class SegmentWriter:
             "compaction sources of this request were removed concurrently (another compaction replaced them); "
             "nothing of this txn was written"
         )
+
+
+def _fill_collection_ids(segs: list[data_pb2.SegmentBinlogs], collection_id: int) -> None:
+    """Give each segment without a collection the request's; a segment of another collection is refused."""
+    if collection_id < 0:
+        raise InvalidArgument(f"collection_id must be >= 0, got {collection_id}")
+    for i, seg in enumerate(segs):
+        if seg.collection_id == 0:
+            if not collection_id:
+                raise InvalidArgument(f"segment #{i}: collection_id is 0 and the request names no collection")
+            seg.collection_id = collection_id
+        elif collection_id and seg.collection_id != collection_id:
+            raise InvalidArgument(
+                f"segment #{i} belongs to collection {seg.collection_id}, but the request is for collection "
+                f"{collection_id}"
+            )
+
+
+def _check_segment(i: int, seg: data_pb2.SegmentBinlogs, desc: catalog_pb2.CollectionDescription,
+                   partitions: set[int], channels: set[str], seen: set[int]) -> None:
+    """Check segment #``i`` of a request against its collection ``desc`` (its ``partitions`` and DM ``channels``);
+    ``seen``: the segment ids of the request so far (this one's is added)."""
+    what = f"segment #{i}" + (f" (id {seg.segment_id})" if seg.segment_id else "")
+    if seg.segment_id < 0:
+        raise InvalidArgument(f"{what}: segment_id must be >= 0 (0 = allocate), got {seg.segment_id}")
+    if seg.segment_id:
+        if seg.segment_id in seen:
+            raise InvalidArgument(f"{what}: segment id {seg.segment_id} appears twice in the request")
+        seen.add(seg.segment_id)
+    if seg.partition_id not in partitions:
+        raise PartitionNotFound(
+            f"{what}: partition {seg.partition_id} does not exist in collection {desc.collection_id} "
+            f"(its partitions: {short_list(p.partition_id for p in desc.partitions)})"
+        )
+    if seg.num_rows < 0 or seg.mem_size < 0:
+        raise InvalidArgument(
+            f"{what}: num_rows and mem_size must be >= 0, got {seg.num_rows} and {seg.mem_size}"
+        )
+    if seg.insert_channel and seg.insert_channel not in channels:
+        raise InvalidArgument(
+            f"{what}: insert channel {seg.insert_channel!r} is not a DM channel of collection "
+            f"{desc.collection_id} ({', '.join(desc.dm_channels)}); leave it empty to have one assigned"
+        )
+    if any(not p for p in seg.binlog_paths):
+        raise InvalidArgument(f"{what}: a binlog path is empty")
+    srcs = list(seg.compaction_from)
+    if len(set(srcs)) != len(srcs) or any(s <= 0 for s in srcs):
+        raise InvalidArgument(f"{what}: compaction_from must list distinct positive ids, got {srcs}")
+    if seg.segment_id and seg.segment_id in srcs:
+        raise InvalidArgument(f"{what}: a segment cannot replace itself")
+
+
+def _check_sources_not_added_here(segs: list[data_pb2.SegmentBinlogs]) -> None:
+    """No segment's compaction source is added by the same request (sources first, then what replaces them)."""
+    new_ids = {s.segment_id for s in segs if s.segment_id}
+    for i, seg in enumerate(segs):
+        both = new_ids.intersection(seg.compaction_from)
+        if both:
+            raise InvalidArgument(
+                f"segment #{i}: compaction sources {short_list(sorted(both))} are added by this same request; "
+                f"add sources first, then what replaces them"
+            )

@@ -147,7 +147,7 @@ class CatalogStore(CatalogAccess):
         nkey, ckey = name_key(name), collection_key(cid)
         # A new collection's segment id index is complete from the start (``segment_ids``: its marker).
         ops = [put(nkey, str(cid)), put(ckey, desc.SerializeToString()), put(segment_ids.marker_key(cid), b"")]
-        if await self._txn(f"create collection {name}", [absent(nkey)], ops):
+        if await self.guarded_txn(f"create collection {name}", [absent(nkey)], ops):
             return desc
         owner = await self.kv.get(nkey)
         if owner == str(cid).encode():
@@ -159,11 +159,11 @@ class CatalogStore(CatalogAccess):
 
     async def describe_collection(self, ref: int | str) -> catalog_pb2.CollectionDescription:
         """The collection by id (int) or name (str); ``CollectionNotFound`` if absent."""
-        desc, _ = await self._load_collection(ref)
+        desc, _ = await self.collection_and_revision(ref)
         return desc
 
     async def show_partitions(self, collection_id: int | str) -> list[catalog_pb2.PartitionInfo]:
-        desc, _ = await self._load_collection(collection_id)
+        desc, _ = await self.collection_and_revision(collection_id)
         return list(desc.partitions)
 
     async def show_collections(self, *, with_stats: bool = True) -> list[catalog_pb2.CollectionSummary]:
@@ -196,12 +196,12 @@ class CatalogStore(CatalogAccess):
 
     async def drop_collection(self, ref: int | str) -> catalog_pb2.CollectionDescription:
         """Remove a collection, its name and all its segments in one txn; returns what was dropped."""
-        desc, create_rev = await self._load_collection(ref)
+        desc, create_rev = await self.collection_and_revision(ref)
         cid = desc.collection_id
         ops: list[Op] = [delete(collection_key(cid)), delete(name_key(desc.name)), delete_prefix(segment_prefix(cid)),
                          delete_prefix(segment_ids.index_prefix(cid))]
         guards = [created_at(collection_key(cid), create_rev), absent(load_record_key(cid))]
-        if not await self._txn(f"drop collection {cid}", guards, ops):
+        if not await self.guarded_txn(f"drop collection {cid}", guards, ops):
             if await self.kv.get_kv(load_record_key(cid)) is not None:
                 raise Conflict(f"collection {desc.name} (id {cid}) is loaded: release it before dropping it")
             if await self.kv.get_kv(collection_key(cid)) is not None:  # pragma: no cover - ids are never reused

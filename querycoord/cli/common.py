@@ -64,15 +64,18 @@ def global_options(suppress: bool) -> argparse.ArgumentParser:
 
 
 def spread_global_options(parser: argparse.ArgumentParser) -> None:
-    """Give every sub-command of ``parser``, at any depth, the global options (those it does not declare itself)."""
-    for action in parser._actions:
-        if not isinstance(action, argparse._SubParsersAction):
+    """Give every sub-command of ``parser``, at any depth, the global options (those it does not declare itself).
+
+    argparse has no public way to list a parser's sub-parsers or to add an existing action to another parser: the
+    private members below are argparse's own, the same since Python 3.2."""
+    for action in parser._actions:  # noqa: SLF001 - argparse lists actions only here
+        if not isinstance(action, argparse._SubParsersAction):  # noqa: SLF001 - argparse's sub-command action class
             continue
         for sub in set(action.choices.values()):
             template = global_options(True)
-            for opt in template._actions:
-                if not any(s in sub._option_string_actions for s in opt.option_strings):
-                    sub._add_action(opt)
+            for opt in template._actions:  # noqa: SLF001 - argparse lists actions only here
+                if not any(s in sub._option_string_actions for s in opt.option_strings):  # noqa: SLF001 - its index
+                    sub._add_action(opt)  # noqa: SLF001 - add_argument cannot take an existing action
             spread_global_options(sub)
 
 

@@ -72,6 +72,12 @@ class SpaceMonitor:
         self._task: asyncio.Task[None] | None = None
 
     # ----- life cycle -------------------------------------------------------------------------------------------
+    @property
+    def poll_task(self) -> asyncio.Task[None] | None:
+        """The poll loop between ``start`` and ``stop``: it also ends by itself once the etcd client is closed, and
+        how it ended (cleanly, not cancelled) is what a caller checks."""
+        return self._task
+
     def start(self) -> None:
         if self._task is None:
             # Never dies: a poll that raises anything but etcd trouble (kept in ``poll_error``) is logged, counted

@@ -60,6 +60,11 @@ releases = 0  # how many times release_freed_memory ran (tests and /debug reader
 _pending: tuple[asyncio.AbstractEventLoop, asyncio.TimerHandle] | None = None
 
 
+def malloc_trim_found() -> bool:
+    """This C library has ``malloc_trim`` (glibc): ``release_freed_memory`` can give free heap pages back."""
+    return _malloc_trim is not None
+
+
 def release_freed_memory() -> bool:
     """Collect every generation, then return free heap pages to the OS; True when ``malloc_trim`` ran."""
     global releases

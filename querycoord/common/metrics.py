@@ -103,7 +103,7 @@ AUTH_CONFIG_STALE = Gauge(
     "change could not be used (0: every table is what its files say)")
 
 _WORD = re.compile(r"[A-Za-z][A-Za-z_.]*")
-_operations: set[str] = set()
+OPERATION_LABELS: set[str] = set()
 
 
 def operation_label(operation: str) -> str:
@@ -115,10 +115,10 @@ def operation_label(operation: str) -> str:
             break
         words.append(word)
     label = " ".join(words) or "other"
-    if label not in _operations:
-        if len(_operations) >= MAX_OPERATIONS:
+    if label not in OPERATION_LABELS:
+        if len(OPERATION_LABELS) >= MAX_OPERATIONS:
             return "other"
-        _operations.add(label)
+        OPERATION_LABELS.add(label)
     return label
 
 

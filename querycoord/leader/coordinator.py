@@ -161,6 +161,34 @@ class Coordinator:
         if self.client:
             await self.client.close()
 
+    # ----- test seam: a crash -----------------------------------------------------------------------------------
+    async def halt_as_crashed(self) -> None:
+        """Test seam (with ``close_as_crashed``): stop as a killed process would, for tests and drills that need a
+        coordinator to die inside their own event loop. The campaign-and-lead loop ends without resigning, the
+        leadership is dropped in memory (its scheduler stops without another write); the session and election key
+        stay in etcd until their lease lapses after the TTL. ``CoordinatorProcess.crash`` is the whole crash."""
+        self._stopping = True
+        election = getattr(self, "election", None)
+        if election is not None:
+            election.abandon()
+        main = self._main
+        if main is not None:
+            main.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await main
+
+    async def close_as_crashed(self) -> None:
+        """Test seam, after ``halt_as_crashed``: the connections go as a dead process's do. The session's
+        keep-alive stops without a revoke (its lease lapses after the TTL); the broker and the etcd client close."""
+        if self.session is not None:
+            await self.session.close(revoke=False)
+        with contextlib.suppress(Exception):
+            if self.broker is not None:
+                await self.broker.close()
+        with contextlib.suppress(Exception):
+            if self.client is not None:
+                await self.client.close()
+
     async def _lead_forever(self) -> None:
         assert self.kv is not None
         while not self._stopping:

@@ -131,6 +131,12 @@ class QueryNode(SessionNode):
         s = self._session
         return s is not None and s.info is not None and not s.lost.is_set() and not self._stopping
 
+    @property
+    def registered(self) -> bool:
+        """Its session was registered (it may have been lost or closed since)."""
+        s = self._session
+        return s is not None and s.info is not None
+
     # ----- life cycle ------------------------------------------------------
     async def start(self) -> QueryNode:
         """Bind, register the session, then serve (see module docstring)."""
@@ -165,6 +171,16 @@ class QueryNode(SessionNode):
             await self._server.stop(self.grace)
             self._server = None
         logger.info("query node {} stopped", self._session.server_id if self._session and self._session.info else "?")
+
+    async def crash(self, *, revoke: bool = False) -> None:
+        """Test seam: stop answering at once, as a dead process would, inside the caller's event loop (calls in
+        flight are cut). The session's keep-alive stops: it lapses after its TTL, or is revoked now with ``revoke``
+        (a node whose death etcd learns at once)."""
+        if self._server is not None:
+            await self._server.stop(None)
+            self._server = None
+        if self._session is not None:
+            await self._session.close(revoke=revoke)
 
     async def __aenter__(self) -> QueryNode:
         return await self.start()
@@ -349,7 +365,7 @@ class QueryNodeServicer(querynode_pb2_grpc.QueryNodeServicer):
         node = self.node
         if node.healthy:
             code = common_pb2.HEALTHY
-        elif node._session is not None and node._session.info is not None:
+        elif node.registered:
             code = common_pb2.ABNORMAL  # session lost or stopping
         else:
             code = common_pb2.INITIALIZING

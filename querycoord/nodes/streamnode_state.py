@@ -211,17 +211,28 @@ class StreamNodeState:
             undeployed_streams.add(u.stream_id)
             self._undeploy(u, out)
         for d in reply.deploys:
-            if d.stream_id in undeployed_streams:
-                continue
-            for r in d.readers:
-                self._deploy(r.task, now, out)
-            if d.HasField("trigger"):
-                task = self._deploy(d.trigger.task, now, out)
-                if task is not None:
-                    task.readers = list(d.trigger.readers)
-                    task.top_runners = list(d.trigger.top_runners)
-            for rn in d.runners:
-                self._deploy(rn.task, now, out)
+            if d.stream_id not in undeployed_streams:
+                self._deploy_stream(d, now, out)
+        self._apply_starts_and_runner_updates(reply, undeployed_streams, out)
+        return out
+
+    def _deploy_stream(self, d: stream_pb2.StreamDeploy, now: float, out: ReplyOutcome) -> None:
+        """Deploy one stream's tasks of a reply: its readers, its trigger (with the trigger's readers and top
+        runners), its runners."""
+        for r in d.readers:
+            self._deploy(r.task, now, out)
+        if d.HasField("trigger"):
+            task = self._deploy(d.trigger.task, now, out)
+            if task is not None:
+                task.readers = list(d.trigger.readers)
+                task.top_runners = list(d.trigger.top_runners)
+        for rn in d.runners:
+            self._deploy(rn.task, now, out)
+
+    def _apply_starts_and_runner_updates(self, reply: stream_pb2.HeartbeatReply, undeployed_streams: set[int],
+                                         out: ReplyOutcome) -> None:
+        """Start the triggers a reply starts and give them their new top runners (streams undeployed by the same
+        reply excepted)."""
         for s in reply.starts:
             if s.stream_id in undeployed_streams:
                 continue
@@ -236,7 +247,6 @@ class StreamNodeState:
             if trig is not None and trig.is_trigger:
                 trig.top_runners = list(ru.top_runners)
                 out.runner_updates.append(trig.key)
-        return out
 
     def _same_instance(self, info: stream_pb2.TaskId) -> Task | None:
         task = self.tasks.get((info.stream_id, info.task_id))

@@ -80,6 +80,11 @@ class SegmentTable(Mapping[int, SegmentInfo]):
     def __iter__(self) -> Iterator[int]:
         return iter(self._rows)
 
+    @property
+    def distinct_places(self) -> int:
+        """Distinct places the records share now (bounded: places of released collections are forgotten)."""
+        return len(self._shared)
+
     def __len__(self) -> int:
         return len(self._rows)
 

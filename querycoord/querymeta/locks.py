@@ -92,5 +92,10 @@ class RecordClaims:
                 if not w.done():
                     w.set_result(None)
 
+    @property
+    def waiting(self) -> int:
+        """Claims waiting for a record another holds (a cancelled one stops waiting at once)."""
+        return len(self._waiters)
+
     def __len__(self) -> int:
         return len(self._claimed)

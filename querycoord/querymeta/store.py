@@ -31,6 +31,7 @@ from .collections import Collections, PartitionLoadInfo
 from .copies import copy_message
 from .core import MetaCore, Record
 from .index import MetaIndex
+from .locks import CollectionLock
 from .nodes import Nodes
 from .progress import Progress
 from .records import CollectionLoadInfo, DmChannelWatchInfo, SegmentInfo, VChannelInfo
@@ -54,6 +55,16 @@ class QueryMeta:
     @property
     def kv(self) -> MetaKV:
         return self._core.kv
+
+    @property
+    def index(self) -> MetaIndex:
+        """The in-memory index every getter reads (a benchmark fills it directly, with no etcd behind it)."""
+        return self._core.index
+
+    def collection_lock(self, collection_id: int) -> CollectionLock:
+        """The lock every write of the collection's records takes: shared by segment and channel saves, exclusive
+        by writes that replace the collection's records (a test holds it shared to stand for a save in flight)."""
+        return self._core.lock(collection_id)
 
     @property
     def txn_count(self) -> int:

@@ -125,6 +125,16 @@ class CoordinatorProcess:
                     async with asyncio.timeout(0.05):  # not wait_for: it can swallow this task's cancellation
                         await self.coord.became_leader.wait()
 
+    async def crash(self) -> None:
+        """Test seam: this process dies as a killed one would, inside the caller's event loop (a model test or drill
+        that crashes the leader between its own steps). No resignation and no revoke: leadership drops in memory,
+        gRPC calls in flight are cut, health stops following; the session and election key lapse after the TTL."""
+        await self.coord.halt_as_crashed()
+        await self.server.stop(None)
+        if self._health_task is not None:
+            self._health_task.cancel()
+        await self.coord.close_as_crashed()
+
     async def stop(self) -> None:
         if self._health_task:
             self._health_task.cancel()

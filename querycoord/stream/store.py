@@ -491,7 +491,7 @@ class StreamStore:
                 chunk, streams = streams[: self.move_chunk], streams[self.move_chunk :]
                 # The ring compare: a concurrent drop of the target makes this chunk fail and re-read.
                 guard = [modified_at(RING_KEY, ring_rev), modified_at(item.key, item.mod_revision)]
-                if not await self._move(chunk, target, guard):
+                if not await self.move_streams(chunk, target, guard):
                     break
                 txns += 1
                 moved += len(chunk)
@@ -518,7 +518,7 @@ class StreamStore:
             ops.append(put(item.key, moved.SerializeToString()))
         return ops
 
-    async def _move(
+    async def move_streams(
         self, streams: Sequence[tuple[stream_pb2.StreamDef, KeyValue]], target: int, extra: Sequence[Compare]
     ) -> bool:
         compares = [*extra, *(modified_at(kv.key, kv.mod_revision) for _, kv in streams)]

@@ -91,12 +91,9 @@ class LoadSegmentsTask(ChildTask, kind=qc.TASK_KIND_LOAD_SEGMENT, request="load_
         return len(req.planned.segment_ids) if req.HasField("planned") else len(req.infos)
 
     async def filled_request(self) -> querynode_pb2.LoadSegmentsRequest:
-        """The request as it is (or would be) sent: its segments' load infos (a trigger parking it reads them)."""
-        return await self._filled()
-
-    async def _filled(self) -> querynode_pb2.LoadSegmentsRequest:
-        """The request to send: what was planned, or after a reload (a new leader has the record's references
-        only) the catalog's records of the referenced segments, asked again (``sent_request``).
+        """The request to send (a trigger parking it reads its segments' load infos too): what was planned, or after
+        a reload (a new leader has the record's references only) the catalog's records of the referenced segments,
+        asked again (``sent_request``).
 
         The catalog is asked only after a reload: re-reading what planning had just read cost 20 % of a load.
         """
@@ -142,7 +139,7 @@ class LoadSegmentsTask(ChildTask, kind=qc.TASK_KIND_LOAD_SEGMENT, request="load_
 
     async def _call_filled(self) -> querynode_pb2.LoadSegmentsRequest | None:
         """Fill the request and send it; the request sent, or None when nothing was left to load."""
-        req = await self._filled()
+        req = await self.filled_request()
         # Partitions released since the plan (a resumed balance or handoff after a release): loading
         # them would leave copies that nothing records.
         # Asked once per (collection, partition) of the request, not per segment.
@@ -195,7 +192,7 @@ class LoadSegmentsTask(ChildTask, kind=qc.TASK_KIND_LOAD_SEGMENT, request="load_
         excluded = [*self.rec.excluded_node_ids, self.node_id]
         parent = self.parent
         assert parent is not None
-        req = await self._filled()
+        req = await self.filled_request()
         return await plan_children(
             self.env,
             parent,

@@ -189,6 +189,11 @@ class TriggerQueue:
             if self.busy.get(c) == t.id:
                 del self.busy[c]
 
+    def queued_order(self) -> list[int]:
+        """Ids of the triggers queued and not dispatched yet, in the order ``dispatch`` takes them: highest
+        priority first, then first queued first."""
+        return [trigger_id for _, trigger_id, _ in sorted(self._heap)]
+
     def is_running(self, trigger_id: int) -> bool:
         """Whether the trigger has been dispatched (else it is queued)."""
         return trigger_id in self.running

@@ -256,7 +256,7 @@ class _LoadTrigger(TriggerTask):
             # and drops them once answered (a load info per segment held for the whole load was most of its RSS).
             segments: list[Planned] = []
             for pid, binlogs in binlogs_by_partition:
-                held = await self._not_held(binlogs, replica, segments)
+                held = await self.not_held(binlogs, replica, segments)
                 self.loaded_segments[pid] = self.loaded_segments.get(pid, 0) + held
                 self.replica_loaded[replica] = self.replica_loaded.get(replica, 0) + held
             watched = {w.dm_channel: node for w in env.meta.dm_channels_of(cid)
@@ -284,13 +284,13 @@ class _LoadTrigger(TriggerTask):
         if loaded_as and loaded_as != self.LOAD_TYPE:
             raise TaskError(f"collection {self.collection_id} is loaded {_LOADED_AS[loaded_as]}", common_pb2.CONFLICT)
 
-    async def _not_held(self, binlogs: list[data_pb2.SegmentBinlogs], replica_id: int,
-                        out: list[Planned]) -> int:
-        """Append to ``out`` the segments of ``binlogs`` that ``replica_id`` does not hold yet (``_held``); return
-        how many it holds. A turn every ``TURN_EVERY`` segments.
+    async def not_held(self, binlogs: list[data_pb2.SegmentBinlogs], replica_id: int,
+                       out: list[Planned]) -> int:
+        """Append to ``out`` the segments of ``binlogs`` that ``replica_id`` does not hold yet
+        (``replica_holds``); return how many it holds. A turn every ``TURN_EVERY`` segments.
 
         A slice none of whose segments query meta records at all (every segment of a first load) is taken whole,
-        checked in C: asking ``_held`` segment by segment was a tenth of planning such a load.
+        checked in C: asking ``replica_holds`` segment by segment was a tenth of planning such a load.
         """
         held = 0
         for start in range(0, len(binlogs), TURN_EVERY):
@@ -299,14 +299,14 @@ class _LoadTrigger(TriggerTask):
                 out += chunk
             else:
                 for b in chunk:
-                    if self._held(b.segment_id, replica_id):
+                    if self.replica_holds(b.segment_id, replica_id):
                         held += 1
                     else:
                         out.append(b)
             await asyncio.sleep(0)
         return held
 
-    def _held(self, segment_id: int, replica_id: int) -> bool:
+    def replica_holds(self, segment_id: int, replica_id: int) -> bool:
         node = self.env.meta.segment_copies(segment_id).get(replica_id, 0)
         return bool(node) and self.env.nodes.is_online(node)
 

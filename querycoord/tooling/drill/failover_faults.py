@@ -137,6 +137,6 @@ def etcd_crash_reason(log_path: Path) -> str:
             reason = f"{entry.get('level')}: {entry.get('msg')}: {entry.get('error', '')}".rstrip(": ")
             if "unexpected error during txn" in reason and "context canceled" in reason:
                 reason += (" (etcd-io/etcd#14110, fixed in etcd 3.5.5: a read-only txn whose caller went away, "
-                           "e.g. CatalogStore._get_many's 'catalog get' txn of a coordinator killed or cancelled)")
+                           "e.g. CatalogStore.read_many's 'catalog get' txn of a coordinator killed or cancelled)")
             return reason
     return ""

@@ -50,6 +50,30 @@ VGROUPS_PER_NODE = 2
 _WATCH_ENDED = re.compile(r"WATCH ended: (\d+) streams adopted")
 
 
+def _why_not_running(info: sp.StreamStatusInfo, led: dict[int, int], snode_hosts: dict[Any, int]) -> str:
+    """Why a stream the leader shows is not running as it should ("" if it is): its state, its task counts
+    (``plan.expected_counts``), a task not RUNNING, a reader not on its vgroup's leader (``led``: vgroup ->
+    node), a trigger or runner not on a live node hosting its snode (``snode_hosts``: snode -> node)."""
+    exp = expected_counts(info.stream)
+    kinds = Counter(row.task.kind for row in info.tasks)
+    why = ""
+    if info.state != sp.STREAM_RUNNING:
+        why = f"state {sp.StreamState.Name(info.state)} {info.stop_reason}".strip()
+    elif (kinds[sp.TRIGGER] != 1 or kinds[sp.TRIGGER_READER] != exp.trigger_readers
+          or kinds[sp.CALC_READER] != exp.calc_readers or kinds[sp.RUNNER] != exp.runners):
+        why = f"tasks {dict(kinds)} != expected {exp}"
+    elif any(row.status != sp.TASK_RUNNING for row in info.tasks):
+        why = "a task is not RUNNING"
+    else:
+        for row in info.tasks:
+            t = row.task
+            if t.kind in (sp.TRIGGER_READER, sp.CALC_READER) and led.get(t.vgroup_id) != t.node_id:
+                why = f"reader {t.task_id} of vgroup {t.vgroup_id} on node {t.node_id}, not its leader"
+            elif t.kind in (sp.TRIGGER, sp.RUNNER) and snode_hosts.get(t.snode_id) != t.node_id:
+                why = f"task {t.task_id} on snode {t.snode_id}, not on a live node hosting it"
+    return why
+
+
 @dataclass
 class Observation:
     """One look at the leader's ShowStreams and every live node's tasks."""
@@ -293,26 +317,9 @@ class StreamDrill(ProcessDrill[StreamDrillOptions, StreamDrillResult]):
             if sdef.user_stopped:
                 ob.user_stopped += 1
                 continue
-            name = sdef.name
-            exp = expected_counts(sdef)
-            kinds = Counter(row.task.kind for row in info.tasks)
-            why = ""
-            if info.state != sp.STREAM_RUNNING:
-                why = f"state {sp.StreamState.Name(info.state)} {info.stop_reason}".strip()
-            elif (kinds[sp.TRIGGER] != 1 or kinds[sp.TRIGGER_READER] != exp.trigger_readers
-                  or kinds[sp.CALC_READER] != exp.calc_readers or kinds[sp.RUNNER] != exp.runners):
-                why = f"tasks {dict(kinds)} != expected {exp}"
-            elif any(row.status != sp.TASK_RUNNING for row in info.tasks):
-                why = "a task is not RUNNING"
-            else:
-                for row in info.tasks:
-                    t = row.task
-                    if t.kind in (sp.TRIGGER_READER, sp.CALC_READER) and led.get(t.vgroup_id) != t.node_id:
-                        why = f"reader {t.task_id} of vgroup {t.vgroup_id} on node {t.node_id}, not its leader"
-                    elif t.kind in (sp.TRIGGER, sp.RUNNER) and snode_hosts.get(t.snode_id) != t.node_id:
-                        why = f"task {t.task_id} on snode {t.snode_id}, not on a live node hosting it"
+            why = _why_not_running(info, led, snode_hosts)
             if why:
-                ob.not_running.append(f"{name}: {why}")
+                ob.not_running.append(f"{sdef.name}: {why}")
         # The nodes' view.
         holders: dict[int, list[tuple[int, int]]] = {}
         per_stream: dict[int, set[tuple[int, int, int]]] = {}
@@ -329,9 +336,8 @@ class StreamDrill(ProcessDrill[StreamDrillOptions, StreamDrillResult]):
                                     f"leader's")
                 elif sid < known[1]:
                     ob.stale.append(f"task {tid} SID {sid} on node {nid}: the leader's SID is {known[1]}")
-        for tid, where in sorted(holders.items()):
-            if len({nid for nid, _ in where}) > 1:
-                ob.duplicates.append(f"task {tid} on nodes {sorted(where)}")
+        ob.duplicates += [f"task {tid} on nodes {sorted(where)}" for tid, where in sorted(holders.items())
+                          if len({nid for nid, _ in where}) > 1]
         for tid, (stream_id, sid, nid) in sorted(leader_tasks.items()):
             if stream_id in self.stopped_ids:
                 continue
