@@ -59,6 +59,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 
 from meta.address import split_address
+from querycoord.net.transport_cycle import UntyingProtocol
 
 DEFAULT_TIMEOUT = 5.0
 # File descriptors left to the rest of the process (etcd, gRPC, logs) when the connection cap follows a low limit.
@@ -337,6 +338,9 @@ class HttpServer:
             if reason:
                 CLOSED_CONNECTIONS.labels(reason).inc()
             self._connections.pop(conn, None)
+            # A cancelled task keeps its CancelledError, whose traceback holds this frame and so ``conn``: without
+            # this, task and connection (its reader, transport, buffers) would wait for a cyclic GC pass.
+            conn.task = None
             OPEN_CONNECTIONS.dec()
             if writer is None:
                 sock.close()
@@ -349,7 +353,7 @@ class HttpServer:
         """Streams over the accepted ``sock``; with TLS, after the handshake (server side)."""
         loop = asyncio.get_running_loop()
         reader = asyncio.StreamReader(limit=self.limits.max_head_bytes, loop=loop)
-        protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
+        protocol = UntyingProtocol(reader, loop=loop)  # freed when closed, not by a rare GC pass
         if self.tls is None:
             transport, _ = await loop.connect_accepted_socket(lambda: protocol, sock)
         else:
@@ -470,6 +474,9 @@ async def _next_request(h: h11.Connection, reader: asyncio.StreamReader) -> h11.
         try:
             event = h.next_event()
         except h11.RemoteProtocolError as exc:
+            # h11 raises it from a method of the exception itself (exception -> traceback -> frame -> exception):
+            # untied, the frames (this connection's parser and reader) are freed now, not by a cyclic GC pass.
+            exc.__traceback__ = None
             status = HTTPStatus(exc.error_status_hint)
             raise _Refused(_text(status, f"bad request: {exc}"), "bad_request") from None
         if event is h11.NEED_DATA:

@@ -220,25 +220,25 @@ class _BearerToken:
     def __repr__(self) -> str:
         return f"{type(self).__name__}(hidden)"
 
-    async def _intercept(self, continuation: Any, details: grpc.aio.ClientCallDetails, request: Any) -> Any:
+    async def intercept(self, continuation: Any, details: grpc.aio.ClientCallDetails, request: Any) -> Any:
         """Every call kind alike: the call goes on with the token added (``request``: one or an iterator)."""
         return await continuation(self._details(details), request)
 
 
 class _UnaryUnaryToken(_BearerToken, grpc.aio.UnaryUnaryClientInterceptor):
-    intercept_unary_unary = _BearerToken._intercept
+    intercept_unary_unary = _BearerToken.intercept
 
 
 class _UnaryStreamToken(_BearerToken, grpc.aio.UnaryStreamClientInterceptor):
-    intercept_unary_stream = _BearerToken._intercept
+    intercept_unary_stream = _BearerToken.intercept
 
 
 class _StreamUnaryToken(_BearerToken, grpc.aio.StreamUnaryClientInterceptor):
-    intercept_stream_unary = _BearerToken._intercept
+    intercept_stream_unary = _BearerToken.intercept
 
 
 class _StreamStreamToken(_BearerToken, grpc.aio.StreamStreamClientInterceptor):
-    intercept_stream_stream = _BearerToken._intercept
+    intercept_stream_stream = _BearerToken.intercept
 
 
 _TOKEN_INTERCEPTORS = (_UnaryUnaryToken, _UnaryStreamToken, _StreamUnaryToken, _StreamStreamToken)
