@@ -7,9 +7,11 @@ elections and the ``Fence`` they return, resumable watches and followed
 ranges, id allocation, the background-loop guard, the observation hooks and
 the errors. All of it is importable from ``meta`` itself (``__all__``); the
 submodules stay importable for everything else. ``etcd3aio`` stays behind
-it: its generated protobufs are built in the module that owns each etcd
-service (``kv`` for keys and txns, ``client`` for leases, ``watch`` for
-watches), so election, session and the rest speak ``MetaKV``'s API.
+it: the requests it has no API for are built in the module that owns each
+etcd service (``kv`` for keys and txns, ``client`` for leases, ``watch`` for
+watches), from message types that only ``etcd_pb`` imports (etcd3aio's
+protobuf package is private to it), so election, session and the rest speak
+``MetaKV``'s API.
 
 ``meta.ops`` is the operations tooling beside it: the embedded etcd launcher
 (``EtcdCluster``, for development, tests, drills and the demo), child

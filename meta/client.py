@@ -27,15 +27,6 @@ from etcd3aio import (
     EtcdTransientError,
     EtcdUnauthenticatedError,
 )
-from etcd3aio._protobuf import (
-    KVStub,
-    LeaseGrantRequest,
-    LeaseKeepAliveRequest,
-    LeaseRevokeRequest,
-    LeaseStub,
-    LeaseTimeToLiveRequest,
-    WatchStub,
-)
 from loguru import logger
 from tenacity import (
     AsyncRetrying,
@@ -48,6 +39,15 @@ from tenacity import (
 from meta import observe
 from meta.config import EtcdConfig
 from meta.errors import ClientClosed, MetaAuthError, MetaNoSpace, MetaUnavailable
+from meta.etcd_pb import (
+    KVStub,
+    LeaseGrantRequest,
+    LeaseKeepAliveRequest,
+    LeaseRevokeRequest,
+    LeaseStub,
+    LeaseTimeToLiveRequest,
+    WatchStub,
+)
 from meta.loops import keep_running
 
 T = TypeVar("T")

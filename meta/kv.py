@@ -19,13 +19,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import grpc
-from etcd3aio._protobuf import Compare as PbCompare
-from etcd3aio._protobuf import RangeRequest, RequestOp, TxnRequest
 from etcd3aio.kv import prefix_range_end
 
 from meta import observe
 from meta.client import EtcdClient
 from meta.errors import InvalidKey, NotLeader, RequestTooLarge
+from meta.etcd_pb import PbCompare, RangeRequest, RequestOp, TxnRequest
 from meta.fence import Fence
 from meta.txn import (
     MAX_TXN_BYTES,

@@ -79,12 +79,12 @@ from benchlib import (
     require_positive,
     run_on_etcd,
 )
-from etcd3aio._protobuf import WatchCreateRequest, WatchRequest
 from etcd3aio.kv import KVService
 from loguru import logger
 
 from meta.client import EtcdClient, connect
 from meta.config import EtcdConfig
+from meta.etcd_pb import WatchCreateRequest, WatchRequest
 from meta.kv import MAX_TXN_BYTES, MAX_TXN_OPS, MetaKV
 from proto import querycoord_pb2 as qc
 from querycoord.leader.view import Leadership

@@ -107,6 +107,24 @@ def all_imports(name: str, path: Path) -> set[str]:
     return found
 
 
+# etcd3aio's protobuf package is private to that library: one module imports it (see its docstring).
+PRIVATE_PROTOBUF = "etcd3aio._protobuf"
+PROTOBUF_HOME = Path("meta/etcd_pb.py")
+CHECKER = Path("scripts/check_imports.py")
+SCANNED = ("meta", "querycoord", "tests", "scripts")
+
+
+def private_protobuf_users() -> list[Path]:
+    """Files other than ``meta/etcd_pb.py`` that name etcd3aio's private protobuf package."""
+    found = []
+    for top in SCANNED:
+        for path in sorted((ROOT / top).rglob("*.py")):
+            rel = path.relative_to(ROOT)
+            if rel not in (PROTOBUF_HOME, CHECKER) and PRIVATE_PROTOBUF in path.read_text():
+                found.append(rel)
+    return found
+
+
 CORE = "meta"
 FORBIDDEN_TO_CORE = ("meta.ops", "querycoord")
 
@@ -202,7 +220,10 @@ def main(argv: list[str] | None = None) -> int:
     forbidden = core_violations(modules)
     for name, target in forbidden:
         print(f"core: {name} imports {target} (the meta library imports nothing of meta.ops or querycoord)")
-    if found or package_cycles or forbidden:
+    private = private_protobuf_users()
+    for path in private:
+        print(f"private: {path} names {PRIVATE_PROTOBUF} (only {PROTOBUF_HOME} may; import from meta.etcd_pb)")
+    if found or package_cycles or forbidden or private:
         return 1
     print(f"imports: no cycle among {len(modules)} modules or {len(packages)} packages, every import counted; "
           "the meta core imports nothing of meta.ops or querycoord")

@@ -84,3 +84,16 @@ def test_the_project_passes(project_root: Path) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     assert "the meta core imports nothing of meta.ops or querycoord" in r.stdout
     assert "every import counted" in r.stdout
+
+
+def test_only_etcd_pb_names_the_private_protobuf_package(check_imports, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    private = check_imports.PRIVATE_PROTOBUF  # not spelled here: this file is scanned too
+    _tree(tmp_path, {
+        "meta.etcd_pb": f"from {private} import RangeRequest\n",
+        "meta.kv": "from meta.etcd_pb import RangeRequest\n",
+        "querycoord.x": f"from {private} import TxnRequest\n",
+        "tests.test_y": f"import {private}\n",
+    })
+    monkeypatch.setattr(check_imports, "ROOT", tmp_path)
+    assert check_imports.private_protobuf_users() == [Path("querycoord/x.py"), Path("tests/test_y.py")]

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
-from etcd3aio._protobuf import RangeRequest
 from etcd3aio.kv import prefix_range_end
 
 from meta.client import EtcdClient
 from meta.config import EtcdConfig
 from meta.errors import MetaUnavailable
+from meta.etcd_pb import RangeRequest
 from meta.kv import MetaKV
 from meta.ops.etcd_server import EtcdCluster
 

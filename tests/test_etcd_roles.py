@@ -24,13 +24,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from etcd3aio._protobuf import LeaseKeepAliveRequest, RangeRequest
 from etcd3aio.auth import PermissionType
 from etcd3aio.kv import prefix_range_end
 
 from meta.client import EtcdClient, connect
 from meta.election import read_leader_record
 from meta.errors import MetaAuthError
+from meta.etcd_pb import LeaseKeepAliveRequest, RangeRequest
 from meta.kv import MetaKV
 from meta.ops.child import child_env
 from meta.ops.etcd_roles import enable_auth, plan_roles

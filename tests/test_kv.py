@@ -29,7 +29,7 @@ async def test_basic_ops_stay_under_root(kv: MetaKV, client: EtcdClient) -> None
     await kv.remove("b/1")
     assert (await kv.load_prefix("")).as_dict() == {"c/1": b"x"}
     # Nothing outside the root was touched: the raw key carries the root path.
-    raw = await client.kv.Range(__import__("etcd3aio._protobuf", fromlist=["RangeRequest"]).RangeRequest(
+    raw = await client.kv.Range(__import__("meta.etcd_pb", fromlist=["RangeRequest"]).RangeRequest(
         key=kv.abs_key("c/1")))
     assert raw.kvs[0].key == f"{kv.root}/c/1".encode()
 
@@ -80,8 +80,9 @@ async def test_paged_load_of_100k_keys_of_1k(kv: MetaKV, client: EtcdClient) -> 
     value = b"v" * 1024
     await kv.chunked_save_non_atomic({f"big/{i:06d}": value for i in range(100_000)})
     import grpc
-    from etcd3aio._protobuf import RangeRequest
     from etcd3aio.kv import prefix_range_end
+
+    from meta.etcd_pb import RangeRequest
 
     start = kv.abs_prefix("big/")
     with pytest.raises(grpc.aio.AioRpcError) as e:

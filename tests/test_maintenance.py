@@ -16,10 +16,10 @@ from pathlib import Path
 
 import grpc
 import pytest
-from etcd3aio._protobuf import RangeRequest
 
 from meta.client import EtcdClient, connect
 from meta.errors import MetaError, MetaNoSpace
+from meta.etcd_pb import RangeRequest
 from meta.kv import MetaKV
 from meta.ops.etcd_server import EtcdCluster, free_port
 from meta.ops.maintenance import MIB, backend_quota, cluster_status, maintain

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import grpc
 import pytest
-from etcd3aio._protobuf import RangeRequest
 
 from meta.client import EtcdClient, connect
 from meta.config import EtcdConfig
 from meta.errors import MetaAuthError, MetaUnavailable
+from meta.etcd_pb import RangeRequest
 from meta.kv import MetaKV
 from meta.ops.etcd_server import EtcdCluster
 from tests.certs import CertFiles, server_tls

@@ -5,12 +5,11 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from etcd3aio._protobuf import Compare as PbCompare
-from etcd3aio._protobuf import PutRequest, RequestOp, TxnRequest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from meta.errors import InvalidKey, NotLeader, RequestTooLarge
+from meta.etcd_pb import PbCompare, PutRequest, RequestOp, TxnRequest
 from meta.fence import Fence
 from meta.kv import FencedKV, MetaKV
 from meta.txn import (

@@ -33,12 +33,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
-from etcd3aio._protobuf import AlarmResponse, CompactionRequest, RangeRequest
 from etcd3aio.maintenance import AlarmType, MaintenanceService
 
 from meta.client import EtcdClient, connect
 from meta.config import EtcdConfig
 from meta.errors import ClientClosed, MetaError
+from meta.etcd_pb import AlarmResponse, CompactionRequest, RangeRequest
 
 MIB = 1 << 20
 # Revisions kept by `maintain` and by the embedded etcd's auto compaction: watchers up to this far behind resume
