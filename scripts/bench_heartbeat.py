@@ -225,127 +225,161 @@ async def create_streams(
     return list(await asyncio.gather(*(one(i) for i in range(n))))
 
 
+Rows = list[tuple]
+Snapshot = set[tuple[int, int, int, int]]  # what ``snapshot`` returns
+
+
+async def setup_cluster(
+    store: StreamStore, args: argparse.Namespace, rows: Rows
+) -> tuple[list[SimNode], list[stream_pb2.StreamDef]]:
+    """The nodes, an snode on every ``nodes / snodes``-th one, and the streams in etcd (not yet handed out)."""
+    t0 = time.perf_counter()
+    step = max(1, args.nodes // args.snodes)
+    nodes = build_nodes(args.nodes, args.vgroups_per_node)
+    snode_ids = []
+    for n in nodes[::step][: args.snodes]:
+        n.snode_id = (await store.create_snode(n.node_id)).id
+        snode_ids.append(n.snode_id)
+    sdefs = await create_streams(store, args.streams, args.nodes * args.vgroups_per_node, snode_ids)
+    per_stream = {expected_counts(s).total for s in sdefs}
+    if per_stream != {TASKS_PER_STREAM}:
+        raise SystemExit(f"stream shape gives {per_stream} tasks per stream, not {TASKS_PER_STREAM}")
+    rows.append(("setup: create snodes + streams in etcd", f"{time.perf_counter() - t0:.2f}", "s"))
+    return nodes, sdefs
+
+
+async def deploy_phase(store: StreamStore, cfg: StreamConfig, nodes: list[SimNode],
+                       sdefs: list[stream_pb2.StreamDef], args: argparse.Namespace, rows: Rows) -> StreamManager:
+    """Phase 1: a leader deploys every stream through heartbeats until every task is RUNNING; returns it."""
+    expected_tasks = args.streams * TASKS_PER_STREAM
+    t0 = time.perf_counter()
+    leader = StreamManager(store, leader_revision=1, config=cfg, rng=random.Random(2))
+    await leader.start()  # no stream yet: NORMAL
+    leader.set_live_nodes([n.node_id for n in nodes])
+    await heartbeat_round(leader, nodes)  # snodes and vgroups reported: live
+    for sdef in sdefs:
+        leader.put_stream(sdef)
+    deploy_rounds = 0
+    deploy_lat: list[float] = []
+    while not (all_running(nodes, expected_tasks) and leader_sees_running(leader)):
+        deploy_rounds += 1
+        if deploy_rounds > args.max_rounds:
+            raise SystemExit(f"phase 1: not every task RUNNING after {args.max_rounds} rounds")
+        r0 = time.perf_counter()
+        await heartbeat_round(leader, nodes, deploy_lat)
+        leader.tick()
+        # A trigger is started no sooner than min_start_delay after its deploy: small runs wait for it.
+        await asyncio.sleep(max(0.0, cfg.min_start_delay - (time.perf_counter() - r0)))
+    deploy_s = time.perf_counter() - t0
+    rows.append(("phase 1: deploy until all RUNNING", f"{deploy_s:.2f}", f"s ({deploy_rounds} rounds)"))
+    deploy_lat.sort()
+    rows.append(("phase 1: heartbeat p99 while deploying", f"{percentile(deploy_lat, 99) * 1000:.3f}", "ms"))
+    rows.append(("phase 1: heartbeat max (plans every stream)", f"{deploy_lat[-1] * 1000:.3f}", "ms"))
+    return leader
+
+
+async def steady_rounds(leader: StreamManager, nodes: list[SimNode], rounds: int, latencies: list[float],
+                        ticks: list[float], profile: bool) -> None:
+    """``rounds`` rounds of heartbeats, each timed, none of which may act; under cProfile with ``profile``."""
+    profiler = cProfile.Profile() if profile else None
+    if profiler:
+        profiler.enable()
+    for _ in range(rounds):
+        acted = await heartbeat_round(leader, nodes, latencies)
+        if acted:
+            raise SystemExit(f"phase 2: {acted} steady-state replies carried actions")
+        t1 = time.perf_counter()
+        leader.tick()
+        ticks.append(time.perf_counter() - t1)
+    if profiler:
+        profiler.disable()
+        out = io.StringIO()
+        pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(25)
+        pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(15)
+        print(out.getvalue(), file=sys.stderr, flush=True)
+
+
+async def steady_phase(leader: StreamManager, nodes: list[SimNode], args: argparse.Namespace,
+                       rows: Rows) -> tuple[float, float, Snapshot]:
+    """Phase 2: steady-state heartbeat latency; returns p50 and p99 (ms) and the task set, which must not move."""
+    latencies: list[float] = []
+    ticks: list[float] = []
+    before = snapshot(nodes)
+    await steady_rounds(leader, nodes, args.rounds, latencies, ticks, args.profile)
+    if snapshot(nodes) != before:
+        raise SystemExit("phase 2: the task set changed in steady state")
+    latencies.sort()
+    p50, p99 = percentile(latencies, 50) * 1000, percentile(latencies, 99) * 1000
+    reports = [len(n.groups[g]) for n in nodes for g in range(STREAM_GROUPS)]
+    rows.append(("phase 2: heartbeats timed", str(len(latencies)), f"({args.rounds} rounds)"))
+    mean_max = f"{statistics.mean(reports):.0f}/{max(reports)}"
+    rows.append(("phase 2: task reports per heartbeat mean/max", mean_max, ""))
+    rows.append(("phase 2: handle_heartbeat p50", f"{p50:.3f}", "ms"))
+    rows.append(("phase 2: handle_heartbeat p99", f"{p99:.3f}", "ms (target <= 20)"))
+    rows.append(("phase 2: handle_heartbeat max", f"{latencies[-1] * 1000:.3f}", "ms"))
+    rows.append(("phase 2: tick() mean", f"{statistics.mean(ticks) * 1000:.3f}", "ms"))
+    return p50, p99, before
+
+
+async def adopt_phase(store: StreamStore, cfg: StreamConfig, nodes: list[SimNode], before: Snapshot,
+                      args: argparse.Namespace, rows: Rows) -> float:
+    """Phase 3: a new leader adopts every stream in WATCH and redeploys nothing; returns ``watch_adopt_s``."""
+    deploys_before = sum(n.deploys for n in nodes)
+    undeploys_before = sum(n.undeploys for n in nodes)
+    t0 = time.perf_counter()
+    new = StreamManager(store, leader_revision=2, config=cfg, rng=random.Random(3))
+    await new.start()
+    load_s = time.perf_counter() - t0
+    if new.state is not ManagerState.WATCH:
+        raise SystemExit(f"phase 3: the new leader starts in {new.state.value}, not WATCH")
+    new.set_live_nodes([n.node_id for n in nodes])
+    watch_lat: list[float] = []
+    watch_rounds = 0
+    while new.state is ManagerState.WATCH:
+        watch_rounds += 1
+        if watch_rounds > args.max_rounds:
+            raise SystemExit("phase 3: WATCH did not end")
+        await heartbeat_round(new, nodes, watch_lat)
+        new.tick()
+    watch_adopt_s = time.perf_counter() - t0
+    if new.adopted != args.streams:
+        raise SystemExit(f"phase 3: {new.adopted} of {args.streams} streams adopted")
+    acted = await heartbeat_round(new, nodes)
+    new.tick()
+    redeployed = sum(n.deploys for n in nodes) - deploys_before
+    undeployed = sum(n.undeploys for n in nodes) - undeploys_before
+    if acted or new.redeploys or redeployed or undeployed or snapshot(nodes) != before:
+        raise SystemExit(
+            f"phase 3: after adoption {acted} replies acted, {new.redeploys} redeploys, "
+            f"{redeployed} tasks deployed, {undeployed} undeploys"
+        )
+    watch_lat.sort()
+    rows.append(("phase 3: new leader start() (load streams)", f"{load_s:.3f}", "s"))
+    rows.append(("phase 3: WATCH heartbeat p99", f"{percentile(watch_lat, 99) * 1000:.3f}", "ms"))
+    rows.append(
+        (
+            "phase 3: start() -> WATCH ended, all adopted",
+            f"{watch_adopt_s:.3f}",
+            f"s (watch_timeout {cfg.watch_timeout:g} s, {watch_rounds} round)",
+        )
+    )
+    rows.append(("phase 3: adopted / redeploys", f"{new.adopted}/{new.redeploys}", ""))
+    return watch_adopt_s
+
+
 async def bench_main(config: EtcdConfig, args: argparse.Namespace) -> tuple[dict[str, float | int], list[tuple]]:
+    """The setup and the three phases (module docstring) on the etcd of ``config``; its keys are removed at the
+    end. Returns the JSON line's values and the table's rows."""
     cfg = bench_config(args.watch_timeout)
     client = await connect(config)
     kv = MetaKV(client, f"bench-hb/{uuid.uuid4().hex[:12]}")
-    rows: list[tuple] = []
+    rows: Rows = []
     try:
         store = StreamStore(kv, rng=random.Random(1))
-        # ----- setup ------------------------------------------------------------------------------------------------
-        t0 = time.perf_counter()
-        step = max(1, args.nodes // args.snodes)
-        nodes = build_nodes(args.nodes, args.vgroups_per_node)
-        snode_ids = []
-        for n in nodes[::step][: args.snodes]:
-            n.snode_id = (await store.create_snode(n.node_id)).id
-            snode_ids.append(n.snode_id)
-        sdefs = await create_streams(store, args.streams, args.nodes * args.vgroups_per_node, snode_ids)
-        per_stream = {expected_counts(s).total for s in sdefs}
-        if per_stream != {TASKS_PER_STREAM}:
-            raise SystemExit(f"stream shape gives {per_stream} tasks per stream, not {TASKS_PER_STREAM}")
-        rows.append(("setup: create snodes + streams in etcd", f"{time.perf_counter() - t0:.2f}", "s"))
-        expected_tasks = args.streams * TASKS_PER_STREAM
-
-        # ----- phase 1: deploy through heartbeats -------------------------------------------------------------------
-        t0 = time.perf_counter()
-        leader = StreamManager(store, leader_revision=1, config=cfg, rng=random.Random(2))
-        await leader.start()  # no stream yet: NORMAL
-        leader.set_live_nodes([n.node_id for n in nodes])
-        await heartbeat_round(leader, nodes)  # snodes and vgroups reported: live
-        for sdef in sdefs:
-            leader.put_stream(sdef)
-        deploy_rounds = 0
-        deploy_lat: list[float] = []
-        while not (all_running(nodes, expected_tasks) and leader_sees_running(leader)):
-            deploy_rounds += 1
-            if deploy_rounds > args.max_rounds:
-                raise SystemExit(f"phase 1: not every task RUNNING after {args.max_rounds} rounds")
-            r0 = time.perf_counter()
-            await heartbeat_round(leader, nodes, deploy_lat)
-            leader.tick()
-            # A trigger is started no sooner than min_start_delay after its deploy: small runs wait for it.
-            await asyncio.sleep(max(0.0, cfg.min_start_delay - (time.perf_counter() - r0)))
-        deploy_s = time.perf_counter() - t0
-        rows.append(("phase 1: deploy until all RUNNING", f"{deploy_s:.2f}", f"s ({deploy_rounds} rounds)"))
-        deploy_lat.sort()
-        rows.append(("phase 1: heartbeat p99 while deploying", f"{percentile(deploy_lat, 99) * 1000:.3f}", "ms"))
-        rows.append(("phase 1: heartbeat max (plans every stream)", f"{deploy_lat[-1] * 1000:.3f}", "ms"))
-
-        # ----- phase 2: steady-state heartbeat latency --------------------------------------------------------------
-        latencies: list[float] = []
-        ticks: list[float] = []
-        profiler = cProfile.Profile() if args.profile else None
-        before = snapshot(nodes)
-        if profiler:
-            profiler.enable()
-        for _ in range(args.rounds):
-            acted = await heartbeat_round(leader, nodes, latencies)
-            if acted:
-                raise SystemExit(f"phase 2: {acted} steady-state replies carried actions")
-            t1 = time.perf_counter()
-            leader.tick()
-            ticks.append(time.perf_counter() - t1)
-        if profiler:
-            profiler.disable()
-            out = io.StringIO()
-            pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(25)
-            pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(15)
-            print(out.getvalue(), file=sys.stderr, flush=True)
-        if snapshot(nodes) != before:
-            raise SystemExit("phase 2: the task set changed in steady state")
-        latencies.sort()
-        p50, p99 = percentile(latencies, 50) * 1000, percentile(latencies, 99) * 1000
-        reports = [len(n.groups[g]) for n in nodes for g in range(STREAM_GROUPS)]
-        rows.append(("phase 2: heartbeats timed", str(len(latencies)), f"({args.rounds} rounds)"))
-        mean_max = f"{statistics.mean(reports):.0f}/{max(reports)}"
-        rows.append(("phase 2: task reports per heartbeat mean/max", mean_max, ""))
-        rows.append(("phase 2: handle_heartbeat p50", f"{p50:.3f}", "ms"))
-        rows.append(("phase 2: handle_heartbeat p99", f"{p99:.3f}", "ms (target <= 20)"))
-        rows.append(("phase 2: handle_heartbeat max", f"{latencies[-1] * 1000:.3f}", "ms"))
-        rows.append(("phase 2: tick() mean", f"{statistics.mean(ticks) * 1000:.3f}", "ms"))
-
-        # ----- phase 3: leader change, WATCH adoption ---------------------------------------------------------------
-        deploys_before = sum(n.deploys for n in nodes)
-        undeploys_before = sum(n.undeploys for n in nodes)
-        t0 = time.perf_counter()
-        new = StreamManager(store, leader_revision=2, config=cfg, rng=random.Random(3))
-        await new.start()
-        load_s = time.perf_counter() - t0
-        if new.state is not ManagerState.WATCH:
-            raise SystemExit(f"phase 3: the new leader starts in {new.state.value}, not WATCH")
-        new.set_live_nodes([n.node_id for n in nodes])
-        watch_lat: list[float] = []
-        watch_rounds = 0
-        while new.state is ManagerState.WATCH:
-            watch_rounds += 1
-            if watch_rounds > args.max_rounds:
-                raise SystemExit("phase 3: WATCH did not end")
-            await heartbeat_round(new, nodes, watch_lat)
-            new.tick()
-        watch_adopt_s = time.perf_counter() - t0
-        if new.adopted != args.streams:
-            raise SystemExit(f"phase 3: {new.adopted} of {args.streams} streams adopted")
-        acted = await heartbeat_round(new, nodes)
-        new.tick()
-        redeployed = sum(n.deploys for n in nodes) - deploys_before
-        undeployed = sum(n.undeploys for n in nodes) - undeploys_before
-        if acted or new.redeploys or redeployed or undeployed or snapshot(nodes) != before:
-            raise SystemExit(
-                f"phase 3: after adoption {acted} replies acted, {new.redeploys} redeploys, "
-                f"{redeployed} tasks deployed, {undeployed} undeploys"
-            )
-        watch_lat.sort()
-        rows.append(("phase 3: new leader start() (load streams)", f"{load_s:.3f}", "s"))
-        rows.append(("phase 3: WATCH heartbeat p99", f"{percentile(watch_lat, 99) * 1000:.3f}", "ms"))
-        rows.append(
-            (
-                "phase 3: start() -> WATCH ended, all adopted",
-                f"{watch_adopt_s:.3f}",
-                f"s (watch_timeout {cfg.watch_timeout:g} s, {watch_rounds} round)",
-            )
-        )
-        rows.append(("phase 3: adopted / redeploys", f"{new.adopted}/{new.redeploys}", ""))
+        nodes, sdefs = await setup_cluster(store, args, rows)
+        leader = await deploy_phase(store, cfg, nodes, sdefs, args, rows)
+        p50, p99, before = await steady_phase(leader, nodes, args, rows)
+        watch_adopt_s = await adopt_phase(store, cfg, nodes, before, args, rows)
         result: dict[str, float | int] = {
             "nodes": args.nodes,
             "streams": args.streams,

@@ -58,8 +58,8 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
+from proto import catalog_pb2, stream_pb2
 from proto import querycoord_pb2 as qc
-from proto import stream_pb2
 from querycoord.console import actions, draw
 from querycoord.net.client import CoordinatorUnavailable, QueryCoordClient
 from querycoord.settings.logs import setup_logging
@@ -182,13 +182,12 @@ async def placement(c: QueryCoordClient, collection_id: int, total: int, dead: i
             + f"; node {dead} holds " + ("none" if not left else f"{left:,} segments and channels in query meta"))
 
 
-async def run_cluster(opts: argparse.Namespace, data_dir: str) -> int:
-    tl = Timeline()
-    sizes = [(opts.partitions, opts.segments), (max(1, opts.partitions * 2 // 3), max(1, opts.segments * 2 // 3))]
-    names = ["demo_a", "demo_b"]
+def _cluster(opts: argparse.Namespace, data_dir: str) -> AllInOne:
+    """The demo's processes: etcd, two coordinators, the query nodes (answering after ``--latency-ms``) and, with
+    ``--streams``, three stream nodes."""
     env = dict(os.environ)
     env["QUERYCOORD_LOG_LEVEL"] = "WARNING"
-    cluster = AllInOne(
+    return AllInOne(
         nodes=opts.nodes, coordinators=2, listen="127.0.0.1:0", data_dir=data_dir, ttl=TTL, root=f"demo-{os.getpid()}",
         node_capacity_mb=4096,
         coord_args=["--rpc-timeout", "5", "--auto-balance-interval", "0", "--retry-backoff", "0.2",
@@ -200,139 +199,175 @@ async def run_cluster(opts: argparse.Namespace, data_dir: str) -> int:
         stream_nodes=3 if opts.streams else 0, stream_vgroups=[[1, 2], [], []] if opts.streams else None,
         stream_node_args=["--heartbeat-ms", "100"],
     )
+
+
+def _say_started(tl: Timeline, cluster: AllInOne, opts: argparse.Namespace) -> None:
+    """Which process is which: etcd, the leading and the standby coordinator, the query nodes."""
+    coord = cluster.coordinator
+    assert coord is not None
+    tl.say(f"embedded etcd at {', '.join(cluster.etcd_endpoints)}")
+    tl.say(f"coordinator {coord.address} (pid {coord.child.pid}) leads; "
+           + ", ".join(f"{x.address} (pid {x.child.pid})" for x in cluster.coordinators if x is not coord)
+           + " stands by")
+    tl.say("query nodes " + ", ".join(f"{n.node_id} (pid {n.child.pid})" for n in sorted(cluster.nodes, key=_id))
+           + f" online; each answers after {opts.latency_ms:g} ms")
+
+
+async def _create(c: QueryCoordClient, tl: Timeline, names: list[str],
+                  sizes: list[tuple[int, int]]) -> list[catalog_pb2.CollectionDescription]:
+    """The demo's collections, ``sizes`` (partitions, segments) each, through the Catalog service."""
+    descs = []
+    for name, (parts, segs) in zip(names, sizes, strict=True):
+        t = time.monotonic()
+        desc, n = await actions.create_collection(c, name, partitions=parts, segments=segs, channels=4)
+        descs.append(desc)
+        tl.say(f"created {name} (id {desc.collection_id}): {parts} partitions, {n:,} segments of 1 MiB "
+               f"in {time.monotonic() - t:.1f}s")
+    return descs
+
+
+async def _load_killing_node(c: QueryCoordClient, tl: Timeline, cluster: AllInOne, opts: argparse.Namespace,
+                             a: catalog_pb2.CollectionDescription) -> tuple[int, Member | None]:
+    """Load ``a`` and SIGKILL a query node at ``--kill-at`` %; the rescheduled children are drawn. Returns the load's
+    task id and the node killed (None when the load finished first)."""
+    t = time.monotonic()
+    task_a = await actions.load(c, a)
+    tl.say(f"LoadCollection {a.name} -> task #{task_a}")
+    killed: list[Member] = []
+    bar = draw.ProgressBar(f"loading {a.name}", indent=" " * 10)
+
+    async def kill_mid_load(pct: int) -> None:
+        if not killed and opts.kill_at <= pct < 100:
+            victim = await pick_victim(c, task_a, cluster.nodes)
+            killed.append(victim)
+            await cluster.kill_node(victim)
+            bar.message(f"{tl.stamp()}SIGKILL query node {victim.node_id} (pid {victim.child.pid}) at {pct}%; "
+                        f"its session lapses within {TTL:g}s")
+
+    await actions.follow_load(c, a.collection_id, task_a, bar, on_progress=kill_mid_load)
+    bar.finish()
+    tl.say(f"{a.name} loaded: 100% in {time.monotonic() - t:.1f}s")
+    tree = (await c.query("GetTask", qc.GetTaskRequest(task_id=task_a))).tree
+    if not killed:
+        tl.say("(the load finished before a node could be killed: nothing to reschedule)")
+        return task_a, None
+    print()
+    for line in describe_reschedule(tree, killed[0].node_id):
+        print("    " + line)
+    print()
+    return task_a, killed[0]
+
+
+async def _say_repaired(c: QueryCoordClient, tl: Timeline, a: catalog_pb2.CollectionDescription, task_a: int,
+                        dead: Member, total: int) -> None:
+    """Once the dead node is forgotten: what the checker's repairs loaded again, and where ``a``'s segments are."""
+    # The load may end before the dead node's session lapses (when its last loads were answered
+    # before the SIGKILL): wait for the node to be declared gone and emptied, not only for idle.
+    await wait_node_gone(c, dead.node_id)
+    await wait_served(c, a.collection_id)
+    await wait_idle(c)
+    trees = await actions.list_trees(c, include_finished=True, include_children=True)
+    for tr in trees:
+        if tr.trigger.kind == qc.TASK_KIND_REPAIR and tr.trigger.collection_id == a.collection_id \
+                and tr.trigger.task_id > task_a:
+            segs = sum(actions.segments_in(ch.summary) for ch in tr.children
+                       if ch.kind == qc.TASK_KIND_LOAD_SEGMENT)
+            dests = sorted({ch.node_id for ch in tr.children if ch.kind == qc.TASK_KIND_LOAD_SEGMENT})
+            if segs:
+                tl.say(f"checker repair #{tr.trigger.task_id} ({draw.state_name(tr.trigger.state)}) "
+                       f"loaded the {segs:,} segments node {dead.node_id} had held on "
+                       f"node{'s' if len(dests) > 1 else ''} {', '.join(map(str, dests))} "
+                       f"({_count(len(tr.children), 'child', 'children')})")
+    tl.say(f"{a.name}: {await placement(c, a.collection_id, total, dead.node_id)}")
+
+
+async def _load_killing_leader(c: QueryCoordClient, tl: Timeline, cluster: AllInOne, opts: argparse.Namespace,
+                               b: catalog_pb2.CollectionDescription) -> tuple[str, str, float] | None:
+    """Load ``b`` and SIGKILL the leading coordinator at ``--kill-leader-at`` %, then replace it by a fresh
+    standby. Returns (dead leader, new leader, seconds to take over), None when the load finished first."""
+    t = time.monotonic()
+    task_b = await actions.load(c, b)
+    tl.say(f"LoadCollection {b.name} -> task #{task_b}")
+    bar = draw.ProgressBar(f"loading {b.name}", indent=" " * 10)
+    takeover: list[tuple[str, str, float]] = []  # (dead leader, new leader, seconds)
+    standby: list[asyncio.Task[list[Member]]] = []
+
+    async def kill_leader_mid_load(pct: int) -> None:
+        if takeover or not opts.kill_leader_at <= pct < 100:
+            return
+        old = cluster.coordinator
+        assert old is not None
+        killed_at = await cluster.kill_leader()
+        bar.message(f"{tl.stamp(killed_at)}SIGKILL coordinator {old.address} (pid {old.child.pid}) at {pct}%; "
+                    f"its lease lapses within {TTL:g}s")
+        ev = await cluster.wait_new_leader(timeout=30.0)
+        secs = ev["t"] - killed_at
+        takeover.append((old.address, ev["address"], secs))
+        bar.message(f"{tl.stamp(ev['t'])}coordinator {ev['address']} took over after {secs:.2f}s "
+                    f"(resumed the load)")
+        standby.append(asyncio.create_task(cluster.add_coordinators(1)))  # a fresh standby
+
+    await actions.follow_load(c, b.collection_id, task_b, bar, on_progress=kill_leader_mid_load)
+    bar.finish()
+    tl.say(f"{b.name} loaded: 100% in {time.monotonic() - t:.1f}s")
+    if not takeover:
+        tl.say("(the load finished before the leader could be killed: no takeover)")
+    for new in standby:
+        fresh = (await new)[0]
+        tl.say(f"replaced the killed coordinator with a standby at {fresh.address} (pid {fresh.child.pid})")
+    await wait_idle(c)
+    return takeover[0] if takeover else None
+
+
+async def _print_summary(c: QueryCoordClient, b: catalog_pb2.CollectionDescription, b_segments: int,
+                         dead: Member | None, takeover: tuple[str, str, float] | None) -> None:
+    """Load state, segments per node, task counts and the takeover time, once ``a`` is released."""
+    print("\nsummary")
+    print("  collections")
+    for line in draw.table(actions.COLLECTION_HEADERS, await actions.collection_rows(c), right=(0, 2, 3, 5, 6)):
+        print("    " + line)
+    nodes = (await c.query("ShowNodes", qc.ShowNodesRequest())).nodes
+    print("  query nodes (segments per node)")
+    for line in draw.table(actions.NODE_HEADERS, actions.node_rows(nodes), right=(0, 3, 4, 6)):
+        print("    " + line)
+    if dead is not None and all(n.node_id != dead.node_id for n in nodes):
+        print(f"    (node {dead.node_id} was SIGKILLed: once its segments moved, it left the list)")
+    trees = await actions.list_trees(c, include_finished=True, include_children=True)
+    kinds = Counter(draw.kind_name(tr.trigger.kind) for tr in trees)
+    children = sum(len(tr.children) for tr in trees)
+    resched = sum(1 for tr in trees for ch in tr.children if ch.replaces_task_id)
+    failed = sum(1 for tr in trees if tr.trigger.state == qc.TASK_STATE_FAILED)
+    known = " known to the new leader" if takeover else ""  # the old leader's finished ones died with it
+    print(f"  tasks{known}: {_count(len(trees), 'trigger')} ("
+          + ", ".join(f"{k} x{v}" for k, v in sorted(kinds.items())) + "),\n"
+          + f"         {_count(children, 'child', 'children')} ({resched} from rescheduling), {failed} failed")
+    held = sum(n.segment_count for n in nodes if n.state == "online")
+    print(f"  segments held by online nodes: {held:,} (= {b.name}'s {b_segments:,})")
+    if takeover:
+        old_addr, new_addr, secs = takeover
+        print(f"  leader takeover: {secs:.2f}s ({old_addr} SIGKILLed, {new_addr} took over; "
+              f"lease TTL {TTL:g}s)")
+
+
+async def run_cluster(opts: argparse.Namespace, data_dir: str) -> int:
+    """The cluster demo's steps (module docstring): create, load A killing a node, load B killing the leader,
+    release A, the summary, then the streams."""
+    tl = Timeline()
+    sizes = [(opts.partitions, opts.segments), (max(1, opts.partitions * 2 // 3), max(1, opts.segments * 2 // 3))]
+    cluster = _cluster(opts, data_dir)
     async with cluster:
-        coord = cluster.coordinator
-        assert coord is not None
-        tl.say(f"embedded etcd at {', '.join(cluster.etcd_endpoints)}")
-        tl.say(f"coordinator {coord.address} (pid {coord.child.pid}) leads; "
-               + ", ".join(f"{x.address} (pid {x.child.pid})" for x in cluster.coordinators if x is not coord)
-               + " stands by")
-        tl.say("query nodes " + ", ".join(f"{n.node_id} (pid {n.child.pid})" for n in sorted(cluster.nodes, key=_id))
-               + f" online; each answers after {opts.latency_ms:g} ms")
+        _say_started(tl, cluster, opts)
         async with cluster.client(deadline=30.0, call_timeout=60.0) as c:
-            # ---- create ----
-            descs = []
-            for name, (parts, segs) in zip(names, sizes, strict=True):
-                t = time.monotonic()
-                desc, n = await actions.create_collection(c, name, partitions=parts, segments=segs, channels=4)
-                descs.append(desc)
-                tl.say(f"created {name} (id {desc.collection_id}): {parts} partitions, {n:,} segments of 1 MiB "
-                       f"in {time.monotonic() - t:.1f}s")
-            a, b = descs
-
-            # ---- load A, kill a node in the middle ----
-            t = time.monotonic()
-            task_a = await actions.load(c, a)
-            tl.say(f"LoadCollection {a.name} -> task #{task_a}")
-            killed: list[Member] = []
-            bar = draw.ProgressBar(f"loading {a.name}", indent=" " * 10)
-
-            async def kill_mid_load(pct: int) -> None:
-                if not killed and opts.kill_at <= pct < 100:
-                    victim = await pick_victim(c, task_a, cluster.nodes)
-                    killed.append(victim)
-                    await cluster.kill_node(victim)
-                    bar.message(f"{tl.stamp()}SIGKILL query node {victim.node_id} (pid {victim.child.pid}) at {pct}%; "
-                                f"its session lapses within {TTL:g}s")
-
-            await actions.follow_load(c, a.collection_id, task_a, bar, on_progress=kill_mid_load)
-            bar.finish()
-            tl.say(f"{a.name} loaded: 100% in {time.monotonic() - t:.1f}s")
-            tree = (await c.query("GetTask", qc.GetTaskRequest(task_id=task_a))).tree
-            if not killed:
-                tl.say("(the load finished before a node could be killed: nothing to reschedule)")
-            else:
-                print()
-                for line in describe_reschedule(tree, killed[0].node_id):
-                    print("    " + line)
-                print()
-
-            # ---- the dead node is forgotten; the checker loads what it had loaded on the others ----
-            if killed:
-                # The load may end before the dead node's session lapses (when its last loads were answered
-                # before the SIGKILL): wait for the node to be declared gone and emptied, not only for idle.
-                await wait_node_gone(c, killed[0].node_id)
-                await wait_served(c, a.collection_id)
-                await wait_idle(c)
-                trees = await actions.list_trees(c, include_finished=True, include_children=True)
-                for tr in trees:
-                    if tr.trigger.kind == qc.TASK_KIND_REPAIR and tr.trigger.collection_id == a.collection_id \
-                            and tr.trigger.task_id > task_a:
-                        segs = sum(actions.segments_in(ch.summary) for ch in tr.children
-                                   if ch.kind == qc.TASK_KIND_LOAD_SEGMENT)
-                        dests = sorted({ch.node_id for ch in tr.children if ch.kind == qc.TASK_KIND_LOAD_SEGMENT})
-                        if segs:
-                            tl.say(f"checker repair #{tr.trigger.task_id} ({draw.state_name(tr.trigger.state)}) "
-                                   f"loaded the {segs:,} segments node {killed[0].node_id} had held on "
-                                   f"node{'s' if len(dests) > 1 else ''} {', '.join(map(str, dests))} "
-                                   f"({_count(len(tr.children), 'child', 'children')})")
-                tl.say(f"{a.name}: {await placement(c, a.collection_id, sizes[0][1], killed[0].node_id)}")
-
-            # ---- load B, kill the leading coordinator in the middle ----
-            t = time.monotonic()
-            task_b = await actions.load(c, b)
-            tl.say(f"LoadCollection {b.name} -> task #{task_b}")
-            bar = draw.ProgressBar(f"loading {b.name}", indent=" " * 10)
-            takeover: list[tuple[str, str, float]] = []  # (dead leader, new leader, seconds)
-            standby: list[asyncio.Task[list[Member]]] = []
-
-            async def kill_leader_mid_load(pct: int) -> None:
-                if takeover or not opts.kill_leader_at <= pct < 100:
-                    return
-                old = cluster.coordinator
-                assert old is not None
-                killed_at = await cluster.kill_leader()
-                bar.message(f"{tl.stamp(killed_at)}SIGKILL coordinator {old.address} (pid {old.child.pid}) at {pct}%; "
-                            f"its lease lapses within {TTL:g}s")
-                ev = await cluster.wait_new_leader(timeout=30.0)
-                secs = ev["t"] - killed_at
-                takeover.append((old.address, ev["address"], secs))
-                bar.message(f"{tl.stamp(ev['t'])}coordinator {ev['address']} took over after {secs:.2f}s "
-                            f"(resumed the load)")
-                standby.append(asyncio.create_task(cluster.add_coordinators(1)))  # a fresh standby
-
-            await actions.follow_load(c, b.collection_id, task_b, bar, on_progress=kill_leader_mid_load)
-            bar.finish()
-            tl.say(f"{b.name} loaded: 100% in {time.monotonic() - t:.1f}s")
-            if not takeover:
-                tl.say("(the load finished before the leader could be killed: no takeover)")
-            for new in standby:
-                fresh = (await new)[0]
-                tl.say(f"replaced the killed coordinator with a standby at {fresh.address} (pid {fresh.child.pid})")
-            await wait_idle(c)
-
-            # ---- release A ----
+            a, b = await _create(c, tl, ["demo_a", "demo_b"], sizes)
+            task_a, dead = await _load_killing_node(c, tl, cluster, opts, a)
+            if dead is not None:  # forgotten; the checker loads what it had loaded on the others
+                await _say_repaired(c, tl, a, task_a, dead, sizes[0][1])
+            takeover = await _load_killing_leader(c, tl, cluster, opts, b)
             t = time.monotonic()
             task_r = await actions.release(c, a)
             tl.say(f"ReleaseCollection {a.name} (task #{task_r}) done in {time.monotonic() - t:.1f}s")
             await wait_idle(c)
-
-            # ---- summary ----
-            print("\nsummary")
-            print("  collections")
-            for line in draw.table(actions.COLLECTION_HEADERS, await actions.collection_rows(c), right=(0, 2, 3, 5, 6)):
-                print("    " + line)
-            nodes = (await c.query("ShowNodes", qc.ShowNodesRequest())).nodes
-            print("  query nodes (segments per node)")
-            for line in draw.table(actions.NODE_HEADERS, actions.node_rows(nodes), right=(0, 3, 4, 6)):
-                print("    " + line)
-            if killed and all(n.node_id != killed[0].node_id for n in nodes):
-                print(f"    (node {killed[0].node_id} was SIGKILLed: once its segments moved, it left the list)")
-            trees = await actions.list_trees(c, include_finished=True, include_children=True)
-            kinds = Counter(draw.kind_name(tr.trigger.kind) for tr in trees)
-            children = sum(len(tr.children) for tr in trees)
-            resched = sum(1 for tr in trees for ch in tr.children if ch.replaces_task_id)
-            failed = sum(1 for tr in trees if tr.trigger.state == qc.TASK_STATE_FAILED)
-            known = " known to the new leader" if takeover else ""  # the old leader's finished ones died with it
-            print(f"  tasks{known}: {_count(len(trees), 'trigger')} ("
-                  + ", ".join(f"{k} x{v}" for k, v in sorted(kinds.items())) + "),\n"
-                  + f"         {_count(children, 'child', 'children')} ({resched} from rescheduling), {failed} failed")
-            held = sum(n.segment_count for n in nodes if n.state == "online")
-            print(f"  segments held by online nodes: {held:,} (= {b.name}'s {sizes[1][1]:,})")
-            if takeover:
-                old_addr, new_addr, secs = takeover[0]
-                print(f"  leader takeover: {secs:.2f}s ({old_addr} SIGKILLed, {new_addr} took over; "
-                      f"lease TTL {TTL:g}s)")
+            await _print_summary(c, b, sizes[1][1], dead, takeover)
         if opts.streams:
             await run_streams(cluster, tl, opts)
     print(f"  elapsed: {time.time() - tl.t0:.1f}s")
