@@ -39,7 +39,7 @@ def test_cluster_demo_survives_a_node_and_a_leader_kill_and_leaves_no_process(su
     assert "demo_a loaded: 100%" in out and "demo_b loaded: 100%" in out, out
     _check_reschedule(out, dead)
     # Whatever was loaded or pending where at the kill: every segment of demo_a ends up on exactly one
-    # online node, and the dead node holds nothing (read from the nodes once its NodeDown balance is done).
+    # online node, and the dead node holds nothing (read from the nodes once the checker has repaired it).
     placed = re.search(rf"demo_a: 240 of 240 segments on online nodes \(([^)]*)\), none twice; node {dead} holds none",
                        out)
     assert placed, out

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from meta.etcd_server import EtcdCluster
+from meta.ops.etcd_server import EtcdCluster
 from querycoord.net.http_server import HttpLimits, HttpServer
 from querycoord.tooling.harness import coord_argv
 from tests.exhaustion import rss_mib

@@ -343,10 +343,8 @@ async def test_each_replica_reports_its_own_progress_during_a_load(etcd: EtcdClu
 
 async def test_a_replica_with_no_node_is_parked_and_never_holds_up_a_release(
         etcd: EtcdCluster, root_path: str, subprocess_env: dict[str, str]) -> None:
-    """Failover drill with replicas, seed 8: a replica left with no node and no spare made its node-down balance
-    wait for room, and a release of the collection waited behind it until the balance's deadline (TIMEOUT to the
-    user again and again), though releasing needs no room. Now nothing waits: the replica is parked with its
-    reason, the other replica keeps serving, and the release answers at once."""
+    """A replica left with no node and no spare is parked with its reason, never waited on: the other replica
+    keeps serving, and a release of the collection (which needs no room) answers at once."""
     async with running_cluster(etcd, root_path, [None]) as c:
         assert c.client is not None
         proc, ready = await c.start_node_process(env=subprocess_env)
