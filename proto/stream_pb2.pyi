@@ -350,7 +350,7 @@ class TaskRow(_message.Message):
     def __init__(self, task: _Optional[_Union[TaskId, _Mapping]] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., last_heard_ms: _Optional[int] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., pending: _Optional[bool] = ...) -> None: ...
 
 class StreamStatusInfo(_message.Message):
-    __slots__ = ("stream", "state", "stop_error_code", "stop_reason", "next_retry_ms", "deploy_times", "tasks", "retries", "plan_queued")
+    __slots__ = ("stream", "state", "stop_error_code", "stop_reason", "next_retry_ms", "deploy_times", "tasks", "retries", "plan_queued", "wait_reason")
     STREAM_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     STOP_ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
@@ -360,6 +360,7 @@ class StreamStatusInfo(_message.Message):
     TASKS_FIELD_NUMBER: _ClassVar[int]
     RETRIES_FIELD_NUMBER: _ClassVar[int]
     PLAN_QUEUED_FIELD_NUMBER: _ClassVar[int]
+    WAIT_REASON_FIELD_NUMBER: _ClassVar[int]
     stream: StreamDef
     state: StreamState
     stop_error_code: int
@@ -369,7 +370,8 @@ class StreamStatusInfo(_message.Message):
     tasks: _containers.RepeatedCompositeFieldContainer[TaskRow]
     retries: int
     plan_queued: bool
-    def __init__(self, stream: _Optional[_Union[StreamDef, _Mapping]] = ..., state: _Optional[_Union[StreamState, str]] = ..., stop_error_code: _Optional[int] = ..., stop_reason: _Optional[str] = ..., next_retry_ms: _Optional[int] = ..., deploy_times: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[TaskRow, _Mapping]]] = ..., retries: _Optional[int] = ..., plan_queued: _Optional[bool] = ...) -> None: ...
+    wait_reason: str
+    def __init__(self, stream: _Optional[_Union[StreamDef, _Mapping]] = ..., state: _Optional[_Union[StreamState, str]] = ..., stop_error_code: _Optional[int] = ..., stop_reason: _Optional[str] = ..., next_retry_ms: _Optional[int] = ..., deploy_times: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[TaskRow, _Mapping]]] = ..., retries: _Optional[int] = ..., plan_queued: _Optional[bool] = ..., wait_reason: _Optional[str] = ...) -> None: ...
 
 class ShowStreamsResponse(_message.Message):
     __slots__ = ("status", "streams", "snodes", "watching", "watch_until_ms", "live_snode_ids")

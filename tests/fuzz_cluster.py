@@ -342,9 +342,16 @@ class FuzzCluster:
                         continue
                     if info.state == stream_pb2.STREAM_STOPPED_BY_ERROR and info.stop_reason:
                         continue
+                    # Queued with a stated wait, which is true: its snode (and that snode's replica) is not live.
+                    if (info.state == stream_pb2.STREAM_UNDEPLOYED and info.plan_queued and info.wait_reason
+                            and sdef.main_snode_id not in show.live_snode_ids):
+                        continue
                     if info.state == stream_pb2.STREAM_STATE_UNSPECIFIED or not info.tasks:
                         problems.append(f"stream {sdef.id} ({sdef.name}): state "
-                                        f"{stream_pb2.StreamState.Name(info.state)}, {len(info.tasks)} tasks")
+                                        f"{stream_pb2.StreamState.Name(info.state)}, {len(info.tasks)} tasks "
+                                        f"(plan queued {info.plan_queued}, deploys {info.deploy_times}, retries "
+                                        f"{info.retries}, next retry {info.next_retry_ms}, snodes "
+                                        f"{sorted(show.live_snode_ids)}, main snode {sdef.main_snode_id})")
             if not problems or time.monotonic() > deadline:
                 return problems
             await asyncio.sleep(0.25)

@@ -21,6 +21,7 @@ import pytest
 
 from meta.kv import MetaKV
 from proto import stream_pb2
+from querycoord.console import draw
 from querycoord.stream.adoption import Adoption
 from querycoord.stream.runtime import STOP_TASK_FAILED, STOP_TASK_LOST, ManagerState
 from querycoord.stream.store import StreamStore
@@ -387,3 +388,30 @@ def test_stream_config_scales_durations_not_counts() -> None:
     assert fast.fast_retries == base.fast_retries and fast.health_slots == base.health_slots
     with pytest.raises(ValueError, match="positive"):
         base.scaled(0)
+
+
+async def test_a_stream_whose_snode_is_down_says_what_it_waits_for(store: StreamStore) -> None:
+    """Its trigger may run only on its main snode or that snode's replica: while neither is live it stays queued,
+    and ShowStreams says why (``wait_reason``) instead of leaving an undeployed stream unexplained; it runs again
+    once the snode's node is back."""
+    snode = await store.create_snode(11)
+    nodes = [Node(11, [], snode.id), Node(13, [2, 3, 4])]
+    sdef = await store.create_stream(create_req("s0"), [snode.id])
+    clock = Clock()
+    mgr = await running_manager(store, clock, nodes)
+    mgr.set_live_nodes([13])  # node 11's session is gone: it died
+    assert mgr.node_lost(11)
+    for _ in range(int((CONFIG.task_silence + CONFIG.error_retry_delay) / 0.1) + 20):
+        await round_(mgr, nodes[1:])
+        mgr.tick()
+        clock.advance(0.1)
+    show = mgr.show_streams()
+    info = show.streams[0]
+    assert info.state == stream_pb2.STREAM_UNDEPLOYED and info.plan_queued and not info.tasks, (
+        stream_pb2.StreamState.Name(info.state), info.stop_reason, info.plan_queued, len(info.tasks))
+    assert f"main snode {sdef.main_snode_id} is not live" in info.wait_reason, info.wait_reason
+    text = draw.stream_activity(info, show, clock())
+    assert text.startswith(f"waiting for a plan: no snode is available: main snode {sdef.main_snode_id}"), text
+    mgr.set_live_nodes([11, 13])  # the snode's node is back
+    await run_until_running(mgr, nodes, clock)
+    assert mgr.show_streams().streams[0].wait_reason == ""

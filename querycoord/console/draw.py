@@ -397,6 +397,8 @@ def stream_activity(info: sp.StreamStatusInfo, show: sp.ShowStreamsResponse, now
         retry = f"retry #{info.retries} {_in(info.next_retry_ms, now)}" if info.next_retry_ms else "no retry planned"
         return f"stopped by error {info.stop_error_code}: {_shorten(info.stop_reason, 120)}; {retry}"
     if info.state == sp.STREAM_UNDEPLOYED:
+        if info.plan_queued and info.wait_reason:
+            return f"waiting for a plan: {_shorten(info.wait_reason, 120)} (it is planned once one reports)"
         if info.plan_queued and not show.live_snode_ids:
             return "waiting for a plan: no snode is live (start the stream node of an snode)"
         return "waiting for a plan: the next stream heartbeat plans and deploys it"
@@ -480,7 +482,8 @@ def stream_record(info: sp.StreamStatusInfo, show: sp.ShowStreamsResponse, now: 
         "runner_deploys": d.runner_deploys, "main_snode_id": d.main_snode_id, "user_stopped": d.user_stopped,
         "create_ms": d.create_ms, "update_ms": d.update_ms, "deploy_times": info.deploy_times,
         "stop_error_code": info.stop_error_code, "stop_reason": info.stop_reason, "next_retry_ms": info.next_retry_ms,
-        "retries": info.retries, "plan_queued": info.plan_queued, "watching": show.watching,
+        "retries": info.retries, "plan_queued": info.plan_queued, "wait_reason": info.wait_reason,
+        "watching": show.watching,
         "activity": stream_activity(info, show, now), "tasks": [task_row_record(r) for r in
                                                                 sorted(info.tasks, key=_task_order)],
     }

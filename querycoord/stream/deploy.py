@@ -62,8 +62,9 @@ class Deploy:
                     return ids[:n]
 
                 plan = plan_stream(rt.sdef, None, live_snodes, shared.replica_of, take, shared.rng)
-            except NoSnodeAvailable:
-                continue  # retried on the next heartbeat, once an snode reports
+            except NoSnodeAvailable as exc:
+                rt.waiting = exc.reason  # shown by ShowStreams; retried on the next heartbeat
+                continue
             except StreamError as exc:
                 shared.stop_by_error(rt, STOP_NO_SNODE, exc.reason, now)
                 continue
@@ -78,6 +79,7 @@ class Deploy:
             if self.error:
                 logger.info("stream planning works again (after: {})", self.error)
                 self.error = ""
+            rt.waiting = ""
             rt.tasks = {p.task_id: TaskRuntime(task=p) for p in plan.tasks()}
             rt.pending = set(rt.tasks)
             rt.deploy_times += 1

@@ -81,6 +81,8 @@ class StreamRuntime:
     last_action: float = 0.0
     retries: int = 0
     next_retry: float | None = None
+    # Why planning could not place the stream last time (no live snode it may run on); "" once planned.
+    waiting: str = ""
     # Runners were redeployed: the trigger gets a RunnerUpdate once they are handed out. Set on redeploy and
     # cleared only when the trigger REPORTS the new top runners: clearing it when the update was put in a reply
     # would lose the update with a lost reply.

@@ -53,6 +53,7 @@ def show_streams(shared: Runtime, req: stream_pb2.ShowStreamsRequest) -> stream_
             deploy_times=rt.deploy_times,
             retries=rt.retries,
             plan_queued=stream_id in shared.to_plan,
+            wait_reason=rt.waiting if stream_id in shared.to_plan else "",
         )
         if req.with_tasks:
             for t in sorted(rt.tasks.values(), key=lambda t: t.task.task_id):
