@@ -8,9 +8,8 @@ connection's transport, its socket object and its address tuples (about
 thresholds are raised (``querycoord.serving.process``), so what survives a young
 collection waits for a generation-2 pass that practically never comes. Under
 a flood of short HTTP connections (idle ones the head timeout or the
-connection cap closes, probes, scrapes) the leader's memory grew by that much
-per connection without bound: 250 MiB in a minute of the fuzz's exhaustion
-phase.
+connection cap closes, probes, scrapes) the memory would grow by that much
+per connection, without bound.
 
 ``UntyingProtocol`` drops the self-reference when the transport is done with
 it (after ``connection_lost``: the transport has stopped reading for good).

@@ -1,6 +1,6 @@
 """The restart drill: a whole cluster stopped and started again on its data dirs, as processes, several times.
 
-``querycoord drill restart`` (issue 24 section 3) starts an embedded etcd, ``--coordinators`` coordinators
+``querycoord drill restart`` starts an embedded etcd, ``--coordinators`` coordinators
 (``querycoord coord``) and ``--nodes`` reference query nodes (``querycoord querynode --node-id N``, fixed ids),
 creates ``--collections`` collections holding ``--segments`` sealed segments in all and loads the first with
 ``--replicas`` replicas, the others with one. Then, ``--restarts`` times, it stops every process (etcd, the

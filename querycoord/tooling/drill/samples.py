@@ -1,4 +1,4 @@
-"""The invariants the chaos drill samples continuously (issue 24 §3), judged over plain data. All must stay 0.
+"""The invariants the chaos drill samples continuously, judged over plain data. All must stay 0.
 
 * ``false_full_samples``: a sample in which the leader shows a collection at 100 %, or a replica at 100 %,
   while a copy of its target (a sealed segment of a loaded partition, a DM channel) is held by no online node
