@@ -249,3 +249,22 @@ def test_compaction_sources_may_stay_held_while_what_they_became_is_held_nowhere
     meta.segments[4] = (CID, 1, {1: 1, 2: 2})
     res = check(expected, catalog, meta, nodes, task_keys={}, unanswered=[])
     assert any("compacted away" in d for d in res.details), res.details
+
+
+def test_a_chain_s_older_sources_may_stay_held_too_while_its_result_is_held_nowhere_in_a_replica() -> None:
+    """5 and 8 became 27, which became 28 (from 27 and 11) before it was ever loaded: the catalog records only
+    28's direct sources, yet 5 and 8 serve the rows 28 holds. While 28 is held by no node of replica 2, every
+    segment of its partition the catalog no longer lists may stay held, as the checker keeps them."""
+    expected = {CID: Expected("collection", frozenset({1}), "#1 LoadCollection")}
+    catalog = {CID: CatalogColl({1: frozenset({3, 28})}, frozenset({"ch1"}), sources={28: (27, 11)})}
+    nodes = {1: _view(3, 28), 2: _view(3, 5, 8)}
+    meta = MetaView(collections={CID: MetaColl("collection", 50, frozenset({1}), {1: frozenset({1}),
+                                                                                   2: frozenset({2})})},
+                    segments={3: (CID, 1, {1: 1, 2: 2}), 28: (CID, 1, {1: 1}), 5: (CID, 1, {2: 2}),
+                              8: (CID, 1, {2: 2})}, channels={(CID, "ch1"): {1: 1, 2: 2}})
+    res = check(expected, catalog, meta, nodes, task_keys={}, unanswered=[], unplaceable={(CID, 2): "no_room"})
+    assert res.invariant_violations == 0 and {5, 8} <= res.kept_sources, res.details
+    nodes[2].segments[28] = (CID, 1)  # loaded there too: the whole chain is stale now
+    meta.segments[28] = (CID, 1, {1: 1, 2: 2})
+    res = check(expected, catalog, meta, nodes, task_keys={}, unanswered=[])
+    assert any("compacted away" in d for d in res.details), res.details

@@ -273,18 +273,26 @@ def _check_compacted_away(res: CheckResult, seen: _Seen) -> None:
 
     A segment of a known collection that the catalog no longer lists (a compaction replaced it) must be
     released by the handoff; meta and the nodes could agree on keeping it, so the other checks miss it. Except
-    while a segment compacted from it is held by no node of some replica (no room for it yet: its unit is
-    parked): the sources serve meanwhile, and the checker keeps them (``checkers.releases.Sources``).
+    while a segment compacted from something is held by no node of some replica (no room for it yet: its unit is
+    parked): the sources serve meanwhile, and the checker keeps them (``checkers.releases.Sources``): the direct
+    ones, and every other held segment of that partition the catalog no longer lists, since in a chain
+    A -> B -> C whose B was never loaded nothing on record links C to A.
     """
     catalog = seen.catalog
     listed = {sid for cat in catalog.values() for sids in cat.partitions.values() for sid in sids}
+    waiting: set[tuple[int, int]] = set()  # (collection, partition) with a compaction result missing somewhere
     for cid, cc in catalog.items():
+        partition_of = {sid: pid for pid, sids in cc.partitions.items() for sid in sids}
         for made, srcs in cc.sources.items():
             if srcs and any(not seen.in_replica(cid, seen.holders.get(made, set()), r) for r in seen.reps.ids(cid)):
                 res.kept_sources.update(srcs)
+                if made in partition_of:
+                    waiting.add((cid, partition_of[made]))
     gone: dict[int, list[int]] = {}
     for nv in seen.nodes.values():
-        for sid, (cid, _pid) in nv.segments.items():
+        for sid, (cid, pid) in nv.segments.items():
+            if cid in catalog and sid not in listed and (cid, pid) in waiting:
+                res.kept_sources.add(sid)
             if cid in catalog and sid not in listed and sid not in res.kept_sources:
                 gone.setdefault(cid, []).append(sid)
     for cid, sids in sorted(gone.items()):
