@@ -21,7 +21,9 @@ from loguru import logger
 from meta.client import EtcdClient, connect
 from meta.kv import MetaKV
 from meta.ops.etcd_server import EtcdCluster
+from querycoord.stream.store import StreamStore
 from tests.certs import CertFiles, make_certs
+from tests.streams import fenced_store
 from tests.unretrieved import no_unretrieved_exceptions  # noqa: F401  (autouse: see tests/unretrieved.py)
 
 # The tests are meta's application: they read its logs (as a library it is silent until enabled).
@@ -90,3 +92,10 @@ def caplog(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixtur
 def certs(tmp_path_factory: pytest.TempPathFactory) -> CertFiles:
     """A CA, an etcd server pair (SAN localhost and 127.0.0.1) and a client pair, made once per run."""
     return make_certs(tmp_path_factory.mktemp("certs"))
+
+
+@pytest.fixture
+async def store(kv: MetaKV) -> StreamStore:
+    """The stream tests' store: the leader's, every write fenced (``tests.streams.fenced_store``). A module whose
+    tests mean another store (the catalog's, a differently seeded one) defines its own ``store``."""
+    return await fenced_store(kv)

@@ -29,12 +29,7 @@ from tests.real_stream_nodes import (
     sp,
     tasks_of,
 )
-from tests.streams import Clock, fenced_store
-
-
-@pytest.fixture
-async def store(kv: MetaKV) -> StreamStore:
-    return await fenced_store(kv)
+from tests.streams import Clock
 
 
 async def adopt_after_leader_change(

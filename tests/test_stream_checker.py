@@ -36,14 +36,9 @@ from tests.real_stream_nodes import (
     summary,
     tasks_of,
 )
-from tests.streams import Clock, fenced_store
+from tests.streams import Clock
 
 sp = stream_pb2
-
-
-@pytest.fixture
-async def store(kv: MetaKV) -> StreamStore:
-    return await fenced_store(kv)
 
 
 def held_streams(nodes: list[RealNode]) -> set[int]:

@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import pytest
-
-from meta.kv import MetaKV
 from proto import stream_pb2
 from querycoord.stream.manager import StreamManager
 from querycoord.stream.runtime import STOP_SNODE_LOST, STOP_VGROUP_LOST, ManagerState
@@ -25,7 +22,6 @@ from tests.streams import (
     Clock,
     Node,
     create_req,
-    fenced_store,
     new_manager,
     round_,
     run_until_running,
@@ -37,11 +33,6 @@ from tests.streams import (
 CONFIG = dataclasses.replace(HEALTH_CONFIG, error_retry_delay=100.0, max_retry_delay=100.0, vgroup_lost_stop=15.0)
 RUNNER, TRIGGER = stream_pb2.RUNNER, stream_pb2.TRIGGER
 READERS = (stream_pb2.TRIGGER_READER, stream_pb2.CALC_READER)
-
-
-@pytest.fixture
-async def store(kv: MetaKV) -> StreamStore:
-    return await fenced_store(kv)
 
 
 async def setup(store: StreamStore, n_streams: int, **kw: object) -> tuple[list[Node], list[stream_pb2.StreamDef]]:

@@ -40,13 +40,8 @@ from tests.real_stream_nodes import (
     tasks_of,
 )
 from tests.stream_client import stub_for, wait_for
-from tests.streams import Clock, fenced_store
+from tests.streams import Clock
 from tests.test_stream_service import coordinator, wait_leader
-
-
-@pytest.fixture
-async def store(kv: MetaKV) -> StreamStore:
-    return await fenced_store(kv)
 
 
 async def test_heartbeat_without_a_live_session_is_refused(

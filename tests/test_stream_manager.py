@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import pytest
 
-from meta.kv import MetaKV
 from proto import stream_pb2
 from querycoord.console import draw
 from querycoord.stream.adoption import Adoption
@@ -31,7 +30,6 @@ from tests.streams import (
     Clock,
     Node,
     create_req,
-    fenced_store,
     new_manager,
     normal_manager,
     round_,
@@ -42,11 +40,6 @@ from tests.streams import (
 
 FAILED = stream_pb2.TASK_FAILED
 READERS = (stream_pb2.TRIGGER_READER, stream_pb2.CALC_READER)
-
-
-@pytest.fixture
-async def store(kv: MetaKV) -> StreamStore:
-    return await fenced_store(kv)
 
 
 async def setup(store: StreamStore, n_streams: int) -> tuple[list[Node], list[stream_pb2.StreamDef]]:

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import random
 
-import pytest
-
 from meta.idalloc import IdAllocator
 from meta.kv import MetaKV
 from proto import common_pb2
@@ -36,12 +34,7 @@ from tests.real_stream_nodes import (
     summary,
     tasks_of,
 )
-from tests.streams import Clock, fenced_store
-
-
-@pytest.fixture
-async def store(kv: MetaKV) -> StreamStore:
-    return await fenced_store(kv)
+from tests.streams import Clock
 
 
 async def test_lost_start_is_sent_again_until_the_trigger_runs(store: StreamStore, kv: MetaKV) -> None:
