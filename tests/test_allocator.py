@@ -2,17 +2,19 @@
 
 The rule (querycoord/cluster/allocator.py): largest first; each segment goes to the candidate with the lowest
 ``(used + size) / capacity`` under the memory limit, the first candidate on a tie; a node at or over the limit
-takes nothing. ``reference`` below is that rule as it was implemented before the heap (one pass over every
-candidate per segment); the two are compared on random clusters, including failures part way.
+takes nothing. ``reference`` below is that rule written out (one pass over every candidate per segment: the
+allocator's ``place_linear``, which it keeps for capacities too large for the heap); the two are compared on random
+clusters, including failures part way.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import pytest
 
-from querycoord.cluster.allocator import NoAvailableNode, Usage, allocate_segments
+from querycoord.cluster.allocator import NoAvailableNode, Usage, allocate_segments, place_linear
 from querycoord.cluster.nodes import Node, NodeState
 
 MiB = 1024 * 1024
@@ -25,34 +27,26 @@ def node(node_id: int, capacity: int, online: bool = True) -> Node:
 
 def reference(sizes: list[tuple[int, int]], nodes: list[Node], memory: dict[int, int], *, exclude: list[int],
               include: list[int], memory_limit: float) -> tuple[dict[int, int] | str, dict[int, int]]:
-    """The rule, one pass over the candidates per segment; returns (placement or the error, usage after)."""
+    """The rule, one pass over the candidates per segment (the allocator's ``place_linear``) on the candidates
+    and the order worked out here; returns (placement or the error, usage after)."""
     cands = [n for n in nodes if n.online and n.node_id not in exclude and (not include or n.node_id in include)]
     if not cands:
         return "no candidates", memory
-    placed: dict[int, int] = {}
-    for seg_id, size in sorted(sizes, key=lambda x: -x[1]):
-        best: Node | None = None
-        best_rate = 2.0
-        for n in cands:
-            used = memory.get(n.node_id, 0)
-            if n.capacity <= 0 or used / n.capacity >= memory_limit:
-                continue
-            rate = (used + size) / n.capacity
-            if rate < memory_limit and rate < best_rate:
-                best, best_rate = n, rate
-        if best is None:
-            return f"no room for segment {seg_id}", memory
-        placed[seg_id] = best.node_id
-        memory[best.node_id] = memory.get(best.node_id, 0) + size
-    return placed, memory
+    usage = Usage(memory=memory, channels={})
+    return outcome(lambda: place_linear(sorted(sizes, key=lambda x: -x[1]), cands, usage, memory_limit), usage)
 
 
 def run(sizes: list[tuple[int, int]], nodes: list[Node], memory: dict[int, int], *, exclude: list[int],
         include: list[int], memory_limit: float) -> tuple[dict[int, int] | str, dict[int, int]]:
     usage = Usage(memory=memory, channels={})
+    return outcome(lambda: allocate_segments(sizes, nodes, usage, exclude=exclude, include=include,
+                                             memory_limit=memory_limit), usage)
+
+
+def outcome(place: Callable[[], dict[int, int]], usage: Usage) -> tuple[dict[int, int] | str, dict[int, int]]:
+    """What ``place()`` placed, or its error in short, with the usage after."""
     try:
-        return allocate_segments(sizes, nodes, usage, exclude=exclude, include=include,
-                                 memory_limit=memory_limit), usage.memory
+        return place(), usage.memory
     except NoAvailableNode as exc:
         text = str(exc)
         if text.startswith("no online query node"):

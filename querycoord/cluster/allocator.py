@@ -60,7 +60,7 @@ def allocate_segments(
     ``(used + size) / capacity`` that stays under ``memory_limit``, the first candidate on a tie; a node already
     at or over the limit takes nothing. Nodes of one capacity rank by ``used`` alone, so each capacity keeps its
     nodes in a heap keyed by (used, candidate order) and a segment compares one node per capacity:
-    O(segments x (capacities + log nodes)) instead of O(segments x nodes), same placements (``_place_linear``
+    O(segments x (capacities + log nodes)) instead of O(segments x nodes), same placements (``place_linear``
     is the rule written out, kept for capacities too large for the rates to be told apart exactly).
     """
     cands = _candidates(nodes, exclude, include)
@@ -71,7 +71,7 @@ def allocate_segments(
     ordered = sorted(sizes, key=_SIZE, reverse=True)
     usable = [n for n in cands if n.capacity > 0]
     if any(n.capacity >= _EXACT_CAPACITY for n in usable) or len({n.node_id for n in usable}) != len(usable):
-        return _place_linear(ordered, cands, usage, memory_limit)
+        return place_linear(ordered, cands, usage, memory_limit)
     memory = usage.memory
     # capacity -> heap of (used, candidate index, node id)
     heaps: dict[int, list[tuple[int, int, int]]] = {}
@@ -126,9 +126,11 @@ def _no_room(seg_id: int, size: int, memory_limit: float, cands: Sequence[Node])
     )
 
 
-def _place_linear(ordered: Sequence[tuple[int, int]], cands: Sequence[Node], usage: Usage,
-                  memory_limit: float) -> dict[int, int]:
-    """``allocate_segments``'s rule, one pass over the candidates per segment."""
+def place_linear(ordered: Sequence[tuple[int, int]], cands: Sequence[Node], usage: Usage,
+                 memory_limit: float) -> dict[int, int]:
+    """``allocate_segments``'s rule, one pass over the candidates per segment: ``ordered`` (largest first) placed
+    on ``cands``, ``usage`` counted as it goes; ``NoAvailableNode`` for the first segment no candidate has room for.
+    The heap-based placement is tested against it."""
     placed: dict[int, int] = {}
     for seg_id, size in ordered:
         best: Node | None = None
