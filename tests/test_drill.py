@@ -17,15 +17,8 @@ import pytest
 from meta.ops.etcd_server import EtcdCluster
 from proto import common_pb2
 from proto import querycoord_pb2 as qc
-from querycoord.tooling.drill.invariants import (
-    CatalogColl,
-    Expected,
-    MetaColl,
-    MetaView,
-    NodeView,
-    check,
-    replica_changes,
-)
+from querycoord.tooling.drill import invariants
+from querycoord.tooling.drill.invariants import CatalogColl, Expected, MetaColl, MetaView, NodeView
 from querycoord.tooling.drill.options import DrillOptions
 from querycoord.tooling.drill.schedule import KillLeader, Op, Pause, make_schedule
 from querycoord.tooling.drill.stale import Change, Window, count_refusals, is_coordination_key
@@ -86,7 +79,7 @@ def _healthy() -> tuple[dict[int, Expected], dict[int, CatalogColl], MetaView, d
 
 
 def test_invariants_pass_on_a_consistent_cluster() -> None:
-    res = check(*_healthy(), task_keys={"queryCoord-triggerTask/": 0}, unanswered=[])
+    res = invariants.check(*_healthy(), task_keys={"queryCoord-triggerTask/": 0}, unanswered=[])
     assert (res.lost_tasks, res.duplicate_segments, res.invariant_violations) == (0, 0, 0), res.details
     assert all(ok for ok, _ in res.checks.values())
 
@@ -97,7 +90,7 @@ def test_invariants_count_each_kind_of_failure() -> None:
     del nodes[8].segments[110]  # a lost segment of a loaded collection (meta still places it)
     nodes[7].segments[200] = (2, 20)  # a released collection still held
     nodes[7].dm_channels.add((3, "ch3"))  # a channel watched twice
-    res = check(expected, catalog, meta, nodes, task_keys={"queryCoord-activeTask/": 2}, unanswered=["#9 x"],
+    res = invariants.check(expected, catalog, meta, nodes, task_keys={"queryCoord-activeTask/": 2}, unanswered=["#9 x"],
                 unclear=["#4 ReleaseCollection coll 1: UNEXPECTED_ERROR boom"])
     assert res.duplicate_segments == 1
     assert res.lost_tasks == 2  # collection 1 (segment 110) and collection 2 (segment 200)
@@ -125,10 +118,10 @@ def _two_replicas() -> tuple[dict[int, Expected], dict[int, CatalogColl], MetaVi
 
 
 def test_invariants_hold_once_per_replica() -> None:
-    res = check(*_two_replicas(), task_keys={}, unanswered=[], replica_number=2)
+    res = invariants.check(*_two_replicas(), task_keys={}, unanswered=[], replica_number=2)
     assert (res.lost_tasks, res.duplicate_segments, res.invariant_violations) == (0, 0, 0), res.details
     assert all(ok for ok, _ in res.checks.values())
-    res = check(*_two_replicas(), task_keys={}, unanswered=[], replica_number=1)
+    res = invariants.check(*_two_replicas(), task_keys={}, unanswered=[], replica_number=1)
     assert res.invariant_violations == 1 and "has 2 replicas [51, 52], loaded with replica_number 1" in res.details[0]
 
 
@@ -139,7 +132,7 @@ def test_invariants_per_replica_count_each_kind_of_failure() -> None:
     nodes[7].segments[101] = (1, 10)  # twice in replica 51 (meta knows one)
     nodes[7].dm_channels.add((1, "ch1"))  # watched twice in replica 51
     nodes[6].segments[100] = (1, 10)  # a spare holding a copy (meta knows nothing of it)
-    res = check(expected, catalog, meta, nodes, task_keys={}, unanswered=[])
+    res = invariants.check(expected, catalog, meta, nodes, task_keys={}, unanswered=[])
     text = "\n".join(res.details)
     assert res.lost_tasks == 1 and "segments on no online node of replica 52: [101]" in text, text
     assert res.duplicate_segments == 1 and "segment 101 held by nodes [7, 8] of replica 51" in text
@@ -151,7 +144,7 @@ def test_invariants_per_replica_count_each_kind_of_failure() -> None:
     expected, catalog, meta, nodes = _two_replicas()
     meta.collections[1].replicas[52] = frozenset({8, 9, 5})  # node 8 in both; node 5 not online
     meta.segments[100] = (1, 10, {51: 7, 52: 7})  # replica 52's copy placed on a node of replica 51
-    res = check(expected, catalog, meta, nodes, task_keys={}, unanswered=[])
+    res = invariants.check(expected, catalog, meta, nodes, task_keys={}, unanswered=[])
     text = "\n".join(res.details)
     assert "node 8 is in replicas 51 and 52" in text and "replica 52 lists nodes [5], which are not online" in text
     assert "meta places replica 52's copy of segment 100 (collection 1) on node 7, which is in replica 51" in text
@@ -165,18 +158,18 @@ def test_replica_changes_only_a_death_or_a_release_explains() -> None:
     before = {1: coll(r51={7, 8}, r52={9}), 2: coll(r61={7}, r62={8, 9})}
     # Node 9 died: replica 52 took spare 6; collection 2 lost it from replica 62 and kept the rest.
     after = {1: coll(r51={7, 8}, r52={6}), 2: coll(r61={7}, r62={8})}
-    assert replica_changes(before, after, live={6, 7, 8}) == ([], {})
+    assert invariants.replica_changes(before, after, live={6, 7, 8}) == ([], {})
     # A live node moved between replicas; replica ids changed; a live node left its replica (a suspect).
     after = {1: coll(r51={7}, r52={8, 9}), 2: coll(r63={7}, r64={8, 9})}
-    problems, suspects = replica_changes(before, after, live={6, 7, 8, 9})
+    problems, suspects = invariants.replica_changes(before, after, live={6, 7, 8, 9})
     assert problems == ["collection 1: node 8 moved from replica 51 to replica 52",
                         "collection 2: replicas [61, 62] became [63, 64] with no release in between"], problems
     assert suspects == {8: "node 8 left replica 51 of collection 1 while running"}
     # Released (and loaded again) in between, or a first load still running with a load request: not compared.
-    assert replica_changes(before, after, live={6, 7, 8, 9}, released={1, 2}) == ([], {})
+    assert invariants.replica_changes(before, after, live={6, 7, 8, 9}, released={1, 2}) == ([], {})
     loading = {1: coll(40, r51={7, 8}, r52={9}), 2: before[2]}
-    assert replica_changes(loading, {1: coll(r53={7}, r54={8}), 2: before[2]}, live={7, 8, 9}, loading={1}) == (
-        [], {})
+    assert invariants.replica_changes(loading, {1: coll(r53={7}, r54={8}), 2: before[2]}, live={7, 8, 9},
+                                      loading={1}) == ([], {})
 
 
 def test_stale_writes_are_changes_outside_sessions_and_election() -> None:
