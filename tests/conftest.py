@@ -88,6 +88,15 @@ def caplog(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixtur
     logger.remove(sink)
 
 
+@pytest.fixture
+def log_lines() -> Iterator[list[str]]:
+    """What the project logs through loguru at INFO and above while the test runs, as "LEVEL message" lines."""
+    lines: list[str] = []
+    sink = logger.add(lambda msg: lines.append(str(msg)), level="INFO", format="{level} {message}")
+    yield lines
+    logger.remove(sink)
+
+
 @pytest.fixture(scope="session")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> CertFiles:
     """A CA, an etcd server pair (SAN localhost and 127.0.0.1) and a client pair, made once per run."""

@@ -19,14 +19,12 @@ import secrets
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from loguru import logger
 from prometheus_client import REGISTRY
 
 from meta.ops.child import child_env
@@ -69,14 +67,6 @@ def files(tmp_path: Path) -> tuple[Path, Path, str, str]:
     principals = tmp_path / "principals.toml"
     principals.write_text(principals_text(token_file, admin))
     return principals, token_file, reader, admin
-
-
-@pytest.fixture
-def log_lines() -> Iterator[list[str]]:
-    lines: list[str] = []
-    sink = logger.add(lambda m: lines.append(str(m)), level="INFO", format="{level} {message}")
-    yield lines
-    logger.remove(sink)
 
 
 def who(auth: Authenticator, token: str) -> str | None:

@@ -14,11 +14,9 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from loguru import logger
 
 from meta.client import connect
 from meta.kv import MetaKV
@@ -51,15 +49,6 @@ def wait_gone(pid: int, timeout: float = GENEROUS) -> bool:
             return False
         time.sleep(0.05)
     return True
-
-
-@pytest.fixture
-def log_lines() -> Iterator[list[str]]:
-    """Messages the launcher logs through loguru while the test runs."""
-    lines: list[str] = []
-    sink = logger.add(lambda msg: lines.append(str(msg)), level="INFO", format="{level} {message}")
-    yield lines
-    logger.remove(sink)
 
 
 # ----- finding a binary ----------------------------------------------------------------
