@@ -15,7 +15,7 @@ from proto import common_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.common import memory
 from querycoord.task.children import LoadSegmentsTask
-from tests.cluster import QueryCluster
+from tests.cluster import QueryCluster, running_cluster
 
 
 class _Cycle:
@@ -76,11 +76,7 @@ async def test_release_soon_runs_once_for_requests_that_arrive_together(monkeypa
 
 @pytest.fixture
 async def cluster(etcd: EtcdCluster, root_path: str):  # type: ignore[no-untyped-def]
-    async with QueryCluster(etcd, root_path) as c:
-        await c.start_coordinator()
-        await c.wait_leader()
-        for _ in range(2):
-            await c.add_node()
+    async with running_cluster(etcd, root_path, [None] * 2) as c:
         yield c
 
 

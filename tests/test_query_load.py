@@ -7,16 +7,12 @@ import pytest
 from meta.ops.etcd_server import EtcdCluster
 from proto import common_pb2
 from proto import querycoord_pb2 as qc
-from tests.cluster import QueryCluster, held_segments
+from tests.cluster import QueryCluster, held_segments, running_cluster
 
 
 @pytest.fixture
 async def cluster(etcd: EtcdCluster, root_path: str):
-    async with QueryCluster(etcd, root_path) as c:
-        await c.start_coordinator()
-        await c.wait_leader()
-        for _ in range(3):
-            await c.add_node()
+    async with running_cluster(etcd, root_path, [None] * 3) as c:
         yield c
 
 

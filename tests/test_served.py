@@ -10,10 +10,10 @@ import pytest
 from meta.kv import MetaKV
 from proto import data_pb2
 from querycoord.catalog.store import CatalogStore
-from querycoord.catalog.targets import CatalogTargets
 from querycoord.querymeta import QueryMeta
 from querycoord.served.persist import persist_lowered
 from querycoord.served.state import GREEN, RED, YELLOW, ServedView, collection_served
+from tests.catalog_helpers import followed_catalog
 from tests.leader import leader_fence
 
 COLL = data_pb2.LOAD_TYPE_COLLECTION
@@ -109,10 +109,7 @@ async def test_the_catalogs_target_counts_what_meta_never_recorded(kv: MetaKV) -
     missing (meta's records alone would call the remainder 100 %)."""
     catalog = CatalogStore(kv)
     desc, _ = await catalog.create_bulk_collection("c", num_partitions=1, num_segments=4, num_channels=1)
-    targets = CatalogTargets(kv)
-    targets.start()
-    try:
-        await targets.catch_up(15)
+    async with followed_catalog(kv) as targets:
         cid, pid = desc.collection_id, desc.partitions[0].partition_id
         _chans, binlogs = await catalog.get_recovery_info(cid, pid)
         meta = QueryMeta(kv.fenced(await leader_fence(kv)))
@@ -128,8 +125,6 @@ async def test_the_catalogs_target_counts_what_meta_never_recorded(kv: MetaKV) -
         served = ServedView(meta, nodes, targets).collection(cid)
         assert served is not None and served.target_from_catalog
         assert served.percentage == 75 and served.unserved_segments == 1 and served.health == RED
-    finally:
-        await targets.stop()
 
 
 async def test_figures_are_recomputed_only_when_something_changed(kv: MetaKV) -> None:

@@ -17,11 +17,11 @@ from meta.kv import MetaKV, PrefixSnapshot
 from meta.watch import watch_prefix
 from proto import data_pb2
 from querycoord.catalog.store import CatalogStore
-from querycoord.catalog.targets import CatalogTargets
 from querycoord.common.target import Target, TargetSegment
 from querycoord.querymeta import QueryMeta
 from querycoord.querymeta import keys as K
 from querycoord.querymeta.mirror import MetaMirror
+from tests.catalog_helpers import followed_catalog
 from tests.cluster import QueryCluster
 from tests.leader import leader_fence
 from tests.test_querymeta import COLL, PART, seg, watch
@@ -131,10 +131,7 @@ async def broker_target(catalog: CatalogStore, cid: int, pids: list[int]) -> Tar
 async def test_the_catalog_copy_gives_the_targets_a_catalog_read_gives(kv: MetaKV) -> None:
     catalog = CatalogStore(kv)
     first, _ = await catalog.create_bulk_collection("t1", num_partitions=3, num_segments=30, num_channels=2)
-    targets = CatalogTargets(kv)
-    targets.start()
-    try:
-        await targets.catch_up(15)
+    async with followed_catalog(kv) as targets:
         cid = first.collection_id
         pids = [p.partition_id for p in first.partitions]
         assert targets.target(cid, pids) == await broker_target(catalog, cid, pids)
@@ -158,8 +155,6 @@ async def test_the_catalog_copy_gives_the_targets_a_catalog_read_gives(kv: MetaK
         await catalog.drop_collection(second.collection_id)
         await targets.catch_up(15)
         assert targets.target(second.collection_id, spids) is None
-    finally:
-        await targets.stop()
 
 
 async def test_a_follower_keeps_its_copy_not_the_raw_read(kv: MetaKV) -> None:
@@ -167,14 +162,9 @@ async def test_a_follower_keeps_its_copy_not_the_raw_read(kv: MetaKV) -> None:
     follower lives as long as the process, and kept them for ever."""
     catalog = CatalogStore(kv)
     await catalog.create_bulk_collection("raw", num_partitions=1, num_segments=50, num_channels=1)
-    targets = CatalogTargets(kv)
-    targets.start()
-    try:
-        await targets.catch_up(15)
+    async with followed_catalog(kv):  # the follower alive, its first read done
         gc.collect()
         assert not [o for o in gc.get_objects() if isinstance(o, PrefixSnapshot)], "a raw read is still referenced"
-    finally:
-        await targets.stop()
 
 
 async def test_a_standby_stopped_while_it_takes_over_stops(etcd: object, root_path: str) -> None:
