@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,18 @@ async def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, f"not within {timeout:.0f}s: {what}"
+        await asyncio.sleep(0.1)
+
+
+async def until(what: str, check: Callable[[], Awaitable[Any]], timeout: float = 60.0) -> Any:
+    """What ``check()`` returns once it is true; AssertionError naming ``what`` and the last value after
+    ``timeout`` seconds (``wait_until`` for a check that awaits and whose answer the test uses)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = await check()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"not within {timeout:.0f}s: {what} (still {got!r})"
         await asyncio.sleep(0.1)
 
 

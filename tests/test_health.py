@@ -8,8 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -20,7 +18,7 @@ from proto import querycoord_pb2 as qc
 from querycoord.nodes.querynode import FaultConfig
 from querycoord.security.grpc_channels import make_channel
 from querycoord.serving.coordinator_metrics import coordinator_families
-from tests.cluster import MiB, QueryCluster, fast_scheduler, running_cluster
+from tests.cluster import MiB, QueryCluster, fast_scheduler, running_cluster, until
 from tests.test_cli import cli, ok
 
 OK = common_pb2.SUCCESS
@@ -31,17 +29,6 @@ async def call(c: QueryCluster, method: str, request: Any) -> Any:
     resp = await c.client.query(method, request)
     assert resp.status.error_code == OK, resp.status
     return resp
-
-
-async def until(what: str, check: Callable[[], Awaitable[Any]], timeout: float = 60.0) -> Any:
-    """Until ``check()`` returns something true (returned); AssertionError naming ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = await check()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"not within {timeout:.0f}s: {what}"
-        await asyncio.sleep(0.1)
 
 
 async def run_cli(env: dict[str, str], address: str, *args: str) -> Any:

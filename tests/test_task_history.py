@@ -6,8 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import Any
 
 from meta.kv import MetaKV
@@ -20,21 +19,9 @@ from querycoord.settings.coord_options import add_coord_options, config_from_arg
 from querycoord.task.history import HISTORY_PREFIX, MAX_RECORD_BYTES, TaskHistory, history_key, summarize
 from querycoord.task.model import now_ms
 from querycoord.task.store import TRIGGER_PREFIX, TaskStore, info_key, request_key
-from tests.cluster import QueryCluster, fast_scheduler, running_cluster
+from tests.cluster import QueryCluster, fast_scheduler, running_cluster, until
 
 FINISHED = (qc.TASK_STATE_EXPIRED, qc.TASK_STATE_FAILED)
-
-
-async def until(what: str, fn: Callable[[], Awaitable[Any]], timeout: float = 30.0) -> Any:
-    """``fn()`` once it is truthy; TimeoutError naming ``what`` with its last value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = await fn()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: still {got!r} after {timeout:g}s")
-        await asyncio.sleep(0.1)
 
 
 async def history_ids(kv: MetaKV) -> list[int]:
