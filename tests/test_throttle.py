@@ -1,0 +1,96 @@
+"""Throttled moves: recovery and balance loads stay within their budgets as the nodes count them, a move over
+its budget waits (and says so) instead of failing, recovery is never held back by balance, and a repair
+pre-empts a balance of the same collection without leaving a copy too many."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from meta.ops.etcd_server import EtcdCluster
+from proto import querycoord_pb2 as qc
+from querycoord.nodes.querynode import FaultConfig, QueryNode
+from querycoord.task.throttle import BALANCE, RECOVERY
+from tests.cluster import QueryCluster, fast_scheduler, wait_until
+
+SLOW = FaultConfig(latency_ms=150)
+
+
+@dataclass
+class Samples:
+    """What the nodes reported at each sample: LoadSegments calls in flight per node, and the leader's waits."""
+
+    per_node: int = 0  # the most on one node at one sample
+    cluster: int = 0  # the most on all nodes together at one sample
+    throttled_texts: set[str] = field(default_factory=set)
+    count: int = 0
+
+
+@contextlib.asynccontextmanager
+async def sampling(c: QueryCluster, nodes: list[QueryNode]) -> AsyncIterator[Samples]:
+    """Sample the nodes' own in-flight counters every 10 ms while the block runs."""
+    out = Samples()
+
+    async def loop() -> None:
+        while True:
+            loads = [n.in_flight["LoadSegments"] for n in nodes]
+            out.per_node = max(out.per_node, *loads)
+            out.cluster = max(out.cluster, sum(loads))
+            out.count += 1
+            lead = c.coords[0].coord.leadership if c.coords else None
+            if lead is not None:
+                for t in list(lead.scheduler.triggers.values()):
+                    out.throttled_texts |= {w.text for w in lead.scheduler.waits_of(t)
+                                            if w.kind == qc.WAIT_KIND_THROTTLED}
+            await asyncio.sleep(0.01)
+
+    task = asyncio.create_task(loop())
+    try:
+        yield out
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def copies_per_segment(nodes: list[QueryNode]) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for n in nodes:
+        if n.healthy:
+            for s in n.state.segments:
+                out[s] = out.get(s, 0) + 1
+    return out
+
+
+async def test_recovery_stays_within_its_budgets_and_repairs_everything(
+        etcd: EtcdCluster, root_path: str, tmp_path: Path) -> None:
+    """A killed node's copies are loaded on the survivors with at most one recovery load per node and two in the
+    cluster at any sample, though the nodes would take four at once; the waits say they are throttled."""
+    sched = fast_scheduler(max_request_bytes=600, node_load_concurrency=4, max_recoveries_per_node=1,
+                           max_cluster_recoveries=2)
+    async with QueryCluster(etcd, root_path, scheduler=sched) as c:
+        await c.start_coordinator()
+        await c.wait_leader()
+        survivors = [await c.add_node(faults=SLOW) for _ in range(3)]
+        proc, ready = await c.start_node_process(log_dir=tmp_path)
+        cid = await c.create_collection("thr", partitions=2, segments=120)
+        await c.load_collection(cid, timeout=120)
+        lead = c.coords[0].coord.leadership
+        assert lead is not None
+        victim = ready["node_id"]
+        assert lead.meta.segments_on_node(victim), "the node to kill holds copies"
+        async with sampling(c, survivors) as seen:
+            await proc.kill()
+            await wait_until(lambda: len(copies_per_segment(survivors)) == 120, "the survivors hold every segment",
+                             120)
+            await c.wait_idle(timeout=120)
+        assert seen.count > 10
+        assert seen.per_node <= 1, f"{seen.per_node} recovery loads at once on one node (budget 1)"
+        assert seen.cluster <= 2, f"{seen.cluster} recovery loads at once in the cluster (budget 2)"
+        assert any("throttled:" in t and "recoveries running" in t for t in seen.throttled_texts), seen
+        assert copies_per_segment(survivors) == {s: 1 for s in copies_per_segment(survivors)}
+        assert lead.scheduler.env.throttle.running[RECOVERY] == 0
+        assert lead.scheduler.env.throttle.running[BALANCE] == 0
