@@ -22,6 +22,7 @@ from proto import querycoord_pb2 as qc
 from querycoord.catalog.targets import CatalogTargets
 from querycoord.checkers.diff import diff_async
 from querycoord.checkers.distribution import collect
+from querycoord.checkers.left import LeftNodes
 from querycoord.checkers.parked import weigh_units
 from querycoord.checkers.progress import set_progress
 from querycoord.checkers.replicas import forget_offline
@@ -51,11 +52,13 @@ class Checker:
     """Runs ``check_once`` every ``interval`` seconds or when kicked; never dies on one error."""
 
     def __init__(self, scheduler: Scheduler, *, interval: float = 5.0, targets: CatalogTargets | None = None,
-                 forget: Callable[[int], Awaitable[None]] | None = None):
+                 forget: Callable[[int], Awaitable[None]] | None = None, left: LeftNodes | None = None):
         """``forget``: what a lost node gets (``watchers.forget_node``; see ``replicas.forget_offline``).
         ``targets``: the followed copy of a local catalog (``catalog.targets``): a pass reads targets from
-        memory."""
+        memory. ``left``: nodes whose re-replication is delayed (``checkers.left``): what meta places on them is
+        unknown to a pass, neither missing nor extra, until they are forgotten or back."""
         self.scheduler = scheduler
+        self.left = left
         self.interval = interval
         self.forget = forget
         self.targets = targets
@@ -116,6 +119,8 @@ class Checker:
         # The catalog reads awaited: triggers may have started meanwhile.
         busy |= self._busy()
         online = {n.node_id for n in env.nodes.online()}
+        if self.left is not None:
+            online |= set(self.left.left)  # not reachable: silent, so their records are kept as they are
         d = await diff_async(env.meta, targets, held, reachable=reachable, online=online, busy=busy)
         large = len(held.segment_collection) >= memory.LARGE_TASK_SEGMENTS
         del held, targets  # a million segments' worth: freed now, and handed back to the OS below
