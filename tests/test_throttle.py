@@ -94,3 +94,40 @@ async def test_recovery_stays_within_its_budgets_and_repairs_everything(
         assert copies_per_segment(survivors) == {s: 1 for s in copies_per_segment(survivors)}
         assert lead.scheduler.env.throttle.running[RECOVERY] == 0
         assert lead.scheduler.env.throttle.running[BALANCE] == 0
+
+
+async def test_balance_within_its_budget_and_a_repair_pre_empts_it(
+        etcd: EtcdCluster, root_path: str, tmp_path: Path) -> None:
+    """A user's LoadBalance moves one call at a time (balance budget 1, the nodes would take four); a node lost
+    meanwhile is repaired at once: the checker cancels the balance, and in the end every segment is held exactly
+    once, as the nodes report."""
+    sched = fast_scheduler(max_request_bytes=600, node_load_concurrency=4, max_balance_moves_per_node=1,
+                           max_cluster_balance_moves=1)
+    async with QueryCluster(etcd, root_path, scheduler=sched) as c:
+        await c.start_coordinator()
+        await c.wait_leader()
+        a = await c.add_node()
+        proc, ready = await c.start_node_process(log_dir=tmp_path)
+        cid = await c.create_collection("bal", partitions=2, segments=120)
+        await c.load_collection(cid, timeout=120)
+        dst = await c.add_node(faults=FaultConfig(latency_ms=300))
+        await c.wait_node_online(dst.node_id)
+        lead = c.coords[0].coord.leadership
+        assert lead is not None and c.client is not None
+        moved = sorted(a.state.segments)
+        assert moved and lead.meta.segments_on_node(ready["node_id"])
+        async with sampling(c, [a, dst]) as seen:
+            r = await c.client.query("LoadBalance", qc.LoadBalanceRequest(
+                source_node_ids=[a.node_id], dst_node_ids=[dst.node_id], sealed_segment_ids=moved))
+            assert r.status.error_code == 0, r
+            await wait_until(lambda: any("balance moves running" in t for t in seen.throttled_texts),
+                             "a balance move waits for its budget")
+            assert seen.cluster <= 1
+            await proc.kill()
+            await wait_until(lambda: len(copies_per_segment([a, dst])) == 120, "every segment held again", 120)
+            await c.wait_idle(timeout=120)
+        balances = [t for t in lead.scheduler.finished if t.trigger.kind == qc.TASK_KIND_LOAD_BALANCE]
+        assert balances and "pre-empted by a repair" in balances[-1].trigger.error, balances
+        await wait_until(lambda: copies_per_segment([a, dst]) == {s: 1 for s in copies_per_segment([a, dst])},
+                         "no segment is held twice", 60)
+        assert len(copies_per_segment([a, dst])) == 120

@@ -24,6 +24,7 @@ from querycoord.checkers.diff import diff_async
 from querycoord.checkers.distribution import collect
 from querycoord.checkers.left import LeftNodes
 from querycoord.checkers.parked import weigh_units
+from querycoord.checkers.preempt import balances_by_collection, preempt_balances
 from querycoord.checkers.progress import set_progress
 from querycoord.checkers.replicas import forget_offline
 from querycoord.checkers.scan import Diff, has_work
@@ -112,12 +113,15 @@ class Checker:
             await forget_offline(env, self.forget, report.forgotten)
         # Collections a trigger is working on are left to it: their segments are not even collected from the
         # nodes' answers (a million-segment load would pay for every one of them at every pass).
-        skipped = self._busy()
+        # Except those only balances hold: a repair pre-empts them (``checkers.preempt``).
+        balanced = balances_by_collection(self.scheduler)
+        skipped = self._busy() - set(balanced)
         held, reachable = await collect(env.nodes, skipped, report.unreachable)
-        busy = skipped | self._busy()
+        busy = skipped | (self._busy() - set(balances_by_collection(self.scheduler)))
         targets = await self._reader.read([c for c in env.meta.collection_ids() if c not in busy])
         # The catalog reads awaited: triggers may have started meanwhile.
-        busy |= self._busy()
+        balanced = {c: ts for c, ts in balances_by_collection(self.scheduler).items() if c not in busy}
+        busy |= self._busy() - set(balanced)
         online = {n.node_id for n in env.nodes.online()}
         if self.left is not None:
             online |= set(self.left.left)  # not reachable: silent, so their records are kept as they are
@@ -129,6 +133,7 @@ class Checker:
         for cid, parts in d.progress.items():
             if cid not in self._busy():
                 report.progress_updates += await set_progress(env.meta, cid, parts, d.replica_progress.get(cid, {}))
+        preempt_balances(self.scheduler, d, balanced)
         await self._queue_repairs(d, report)
         return report
 
