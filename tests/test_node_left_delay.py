@@ -61,6 +61,8 @@ async def test_node_back_within_the_delay_is_loaded_again_and_nothing_moves(
         await wait_until(lambda: victim in lead.left.left, "the lost node waits for its re-replication")
         info = await _shown_state(c, victim)
         assert info is not None and info.state.startswith("left, re-replication in") and info.rereplicate_at_ms
+        explained = await c.client.query("Explain", qc.ExplainRequest(collection_id=cid))  # type: ignore[union-attr]
+        assert any(f"node {victim} left, re-replication in" in u.reason_text for u in explained.units), explained
         # It is still its replica's member, and nothing is loaded elsewhere meanwhile (several checker passes).
         runs = lead.checker.runs
         await wait_until(lambda: lead.checker.runs >= runs + 3, "three checker passes")
