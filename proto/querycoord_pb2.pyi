@@ -60,6 +60,7 @@ class WaitKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     WAIT_KIND_RETRY: _ClassVar[WaitKind]
     WAIT_KIND_NODES: _ClassVar[WaitKind]
     WAIT_KIND_SPACE: _ClassVar[WaitKind]
+    WAIT_KIND_THROTTLED: _ClassVar[WaitKind]
 
 class HealthState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -114,6 +115,7 @@ WAIT_KIND_CHILD: WaitKind
 WAIT_KIND_RETRY: WaitKind
 WAIT_KIND_NODES: WaitKind
 WAIT_KIND_SPACE: WaitKind
+WAIT_KIND_THROTTLED: WaitKind
 HEALTH_STATE_UNSPECIFIED: HealthState
 HEALTH_STATE_GREEN: HealthState
 HEALTH_STATE_YELLOW: HealthState
@@ -431,7 +433,7 @@ class ShowNodesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeInfo(_message.Message):
-    __slots__ = ("node_id", "address", "state", "memory_capacity", "memory_used", "segment_count", "dm_channel_count")
+    __slots__ = ("node_id", "address", "state", "memory_capacity", "memory_used", "segment_count", "dm_channel_count", "rereplicate_at_ms")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -439,6 +441,7 @@ class NodeInfo(_message.Message):
     MEMORY_USED_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_COUNT_FIELD_NUMBER: _ClassVar[int]
     DM_CHANNEL_COUNT_FIELD_NUMBER: _ClassVar[int]
+    REREPLICATE_AT_MS_FIELD_NUMBER: _ClassVar[int]
     node_id: int
     address: str
     state: str
@@ -446,7 +449,8 @@ class NodeInfo(_message.Message):
     memory_used: int
     segment_count: int
     dm_channel_count: int
-    def __init__(self, node_id: _Optional[int] = ..., address: _Optional[str] = ..., state: _Optional[str] = ..., memory_capacity: _Optional[int] = ..., memory_used: _Optional[int] = ..., segment_count: _Optional[int] = ..., dm_channel_count: _Optional[int] = ...) -> None: ...
+    rereplicate_at_ms: int
+    def __init__(self, node_id: _Optional[int] = ..., address: _Optional[str] = ..., state: _Optional[str] = ..., memory_capacity: _Optional[int] = ..., memory_used: _Optional[int] = ..., segment_count: _Optional[int] = ..., dm_channel_count: _Optional[int] = ..., rereplicate_at_ms: _Optional[int] = ...) -> None: ...
 
 class ShowNodesResponse(_message.Message):
     __slots__ = ("status", "nodes")

@@ -22,7 +22,9 @@ from proto import querycoord_pb2 as qc
 from querycoord.catalog.targets import CatalogTargets
 from querycoord.checkers.diff import diff_async
 from querycoord.checkers.distribution import collect
+from querycoord.checkers.left import LeftNodes
 from querycoord.checkers.parked import weigh_units
+from querycoord.checkers.preempt import balances_by_collection, preempt_balances
 from querycoord.checkers.progress import set_progress
 from querycoord.checkers.replicas import forget_offline
 from querycoord.checkers.scan import Diff, has_work
@@ -51,11 +53,13 @@ class Checker:
     """Runs ``check_once`` every ``interval`` seconds or when kicked; never dies on one error."""
 
     def __init__(self, scheduler: Scheduler, *, interval: float = 5.0, targets: CatalogTargets | None = None,
-                 forget: Callable[[int], Awaitable[None]] | None = None):
+                 forget: Callable[[int], Awaitable[None]] | None = None, left: LeftNodes | None = None):
         """``forget``: what a lost node gets (``watchers.forget_node``; see ``replicas.forget_offline``).
         ``targets``: the followed copy of a local catalog (``catalog.targets``): a pass reads targets from
-        memory."""
+        memory. ``left``: nodes whose re-replication is delayed (``checkers.left``): what meta places on them is
+        unknown to a pass, neither missing nor extra, until they are forgotten or back."""
         self.scheduler = scheduler
+        self.left = left
         self.interval = interval
         self.forget = forget
         self.targets = targets
@@ -109,13 +113,18 @@ class Checker:
             await forget_offline(env, self.forget, report.forgotten)
         # Collections a trigger is working on are left to it: their segments are not even collected from the
         # nodes' answers (a million-segment load would pay for every one of them at every pass).
-        skipped = self._busy()
+        # Except those only balances hold: a repair pre-empts them (``checkers.preempt``).
+        balanced = balances_by_collection(self.scheduler)
+        skipped = self._busy() - set(balanced)
         held, reachable = await collect(env.nodes, skipped, report.unreachable)
-        busy = skipped | self._busy()
+        busy = skipped | (self._busy() - set(balances_by_collection(self.scheduler)))
         targets = await self._reader.read([c for c in env.meta.collection_ids() if c not in busy])
         # The catalog reads awaited: triggers may have started meanwhile.
-        busy |= self._busy()
+        balanced = {c: ts for c, ts in balances_by_collection(self.scheduler).items() if c not in busy}
+        busy |= self._busy() - set(balanced)
         online = {n.node_id for n in env.nodes.online()}
+        if self.left is not None:
+            online |= set(self.left.left)  # not reachable: silent, so their records are kept as they are
         d = await diff_async(env.meta, targets, held, reachable=reachable, online=online, busy=busy)
         large = len(held.segment_collection) >= memory.LARGE_TASK_SEGMENTS
         del held, targets  # a million segments' worth: freed now, and handed back to the OS below
@@ -124,6 +133,7 @@ class Checker:
         for cid, parts in d.progress.items():
             if cid not in self._busy():
                 report.progress_updates += await set_progress(env.meta, cid, parts, d.replica_progress.get(cid, {}))
+        preempt_balances(self.scheduler, d, balanced)
         await self._queue_repairs(d, report)
         return report
 

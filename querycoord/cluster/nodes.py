@@ -147,6 +147,7 @@ class NodeManager:
                 # A fixed-id node restarted while its old incarnation is handled as down: it joins, as a new
                 # node, once ``remove`` has forgotten that one (its NodeDown balance is done).
                 self._returning[info.server_id] = info
+                self.changed.set()  # a node left with its re-replication delayed is taken back at the next pass
             return
         cap = session_capacity(info)
         if cap is None:
@@ -287,6 +288,10 @@ class NodeManager:
 
         await asyncio.gather(*(ask(n) for n in self.online() if n.node_id in self.unheard))
         return self.unheard & self.online_ids()
+
+    def returning(self, node_id: int) -> bool:
+        """Whether a new session of offline ``node_id`` waits for ``remove`` to take it in."""
+        return node_id in self._returning
 
     def is_online(self, node_id: int) -> bool:
         n = self.nodes.get(node_id)

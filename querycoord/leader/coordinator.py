@@ -30,6 +30,7 @@ from querycoord.catalog.broker import Broker, GrpcBroker, LocalBroker
 from querycoord.catalog.store import CatalogStore
 from querycoord.catalog.targets import CatalogTargets
 from querycoord.checkers import Checker
+from querycoord.checkers.left import LeftNodes
 from querycoord.cluster.incarnations import Incarnations
 from querycoord.cluster.nodes import Node, NodeManager
 from querycoord.common import metrics
@@ -375,11 +376,15 @@ class Coordinator:
         coord_fence = querynode_pb2.CoordFence(leader_revision=fence.revision, coordinator_id=self.server_id)
         incarnations = Incarnations(fenced)
 
+        # Nodes whose re-replication waits (``checkers.left``), with when each left as earlier leaders recorded it.
+        left = LeftNodes(fenced, self.config.node_left_delay, on_due=lambda: checker.kick())
+        await left.load()
+
         async def on_node_down(node_id: int) -> None:
-            await forget_node(env, node_id, incarnations=incarnations, served=served)
+            await forget_node(env, node_id, incarnations=incarnations, served=served, left=left)
 
         async def on_node_up(node: Node) -> None:
-            await record_joined(node, env=env, incarnations=incarnations, checker=checker, served=served)
+            await record_joined(node, env=env, incarnations=incarnations, checker=checker, served=served, left=left)
 
         guard = SessionGuard(fenced, (QUERYNODE_ROLE, STREAMNODE_ROLE), GuardLimits(
             max_value_bytes=self.config.node_session_max_bytes, max_writes=self.config.node_session_max_writes),
@@ -396,19 +401,21 @@ class Coordinator:
         # Where meta and the nodes disagree (a leader that died half-way), the checker's first run, kicked
         # below, queues the repairs; collections with resumed triggers are left to those triggers.
         checker = Checker(scheduler, interval=self.config.checker_interval, targets=self.targets,
-                          forget=on_node_down)
+                          forget=on_node_down, left=left)
         scheduler.finish_hooks.append(checker.after_trigger)
         started.append(nodes.stop)
         await nodes.start()
         # Before anything counts a copy: nodes restarted while no leader watched, and nodes gone for good.
-        await forget_restarted(env, incarnations=incarnations, targets=self.targets)
-        for node_id in sorted(meta.known_node_ids() - nodes.online_ids()):
-            await on_node_down(node_id)
+        await forget_restarted(env, incarnations=incarnations, targets=self.targets, left=left)
         # And nodes whose session outlived them (etcd restarted and renewed it): they count once they answer.
         silent = await nodes.hear_inherited(min(TAKEOVER_PROBE_S, self.config.rpc_timeout))
         if silent:
             logger.warning("query nodes {} did not answer at takeover: what they hold counts once they answer",
                            sorted(silent))
+        # Nodes gone for good: after the others answered, since whether a gone node's re-replication may wait
+        # (``checkers.left``) depends on what the nodes that answered serve.
+        for node_id in sorted(meta.known_node_ids() - nodes.online_ids()):
+            await on_node_down(node_id)
         started.append(scheduler.stop)
         queued = await scheduler.reload()
         await scheduler.start(reload=False)
@@ -441,7 +448,7 @@ class Coordinator:
         loop("stream tick", lambda: tick_streams(streams, cfg.stream_tick, cfg.stream_refresh))
         self.leadership = Leadership(fence=fence, kv=fenced, meta=meta, nodes=nodes, scheduler=scheduler, env=env,
                                      tasks=tasks, stream_store=stream_store, streams=streams, checker=checker,
-                                     served=served)
+                                     served=served, left=left)
         logger.info("coordinator {} leads with fence {} ({} persisted triggers resumed)", self.server_id, fence,
                     queued)
         self.role_since = time.time()

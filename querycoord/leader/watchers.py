@@ -24,6 +24,7 @@ from querycoord.catalog.broker import Broker
 from querycoord.catalog.store import SegmentResync
 from querycoord.catalog.targets import CatalogTargets
 from querycoord.checkers import Checker
+from querycoord.checkers.left import LeftNodes, forget_copies
 from querycoord.cluster.incarnations import Incarnations
 from querycoord.cluster.nodes import Node, NodeManager
 from querycoord.querymeta import QueryMeta
@@ -113,7 +114,7 @@ async def kick_on_node_changes(nodes: NodeManager, checker: Checker) -> None:
 
 
 async def forget_node(env: TaskEnv, node_id: int, *, incarnations: Incarnations,
-                      served: ServedView | None = None) -> None:
+                      served: ServedView | None = None, left: LeftNodes | None = None) -> None:
     """A query node's session is gone: what it held leaves query meta now, it leaves its replicas, and its id is
     free for the node's next incarnation (``NodeManager.remove``).
 
@@ -122,12 +123,22 @@ async def forget_node(env: TaskEnv, node_id: int, *, incarnations: Incarnations,
     (DESIGN rule 9). What it held is loaded again by the checker, one (collection, replica) at a time, each
     placed, or parked with its reason, on its own. The persisted percentages are lowered first (for readers of
     etcd: standbys, the next leader); the leader's own answers count only online nodes anyway.
+
+    With ``left`` (``checkers.left``), a node whose every collection keeps a whole replica elsewhere is not
+    forgotten before its delay is over; one back under its id meanwhile is taken in as its replicas' member.
     """
     meta, nodes = env.meta, env.nodes
     if nodes.is_online(node_id):
         return
+    if left is not None and node_id in left.left and nodes.returning(node_id):
+        logger.info("query node {} is back within its re-replication delay: it stays in its replicas", node_id)
+        await incarnations.drop(node_id)
+        await nodes.remove(node_id)  # takes the new session in: ``record_joined`` keeps its replicas
+        return
     if served is not None:
         await persist_lowered(meta, meta.collection_ids(), served.collection)
+    if left is not None and await left.hold(node_id, meta, served):
+        return
     if node_id in meta.known_node_ids():
         txns = await meta.remove_node(node_id)
         logger.info("query node {} forgotten: its copies left query meta and it left its replicas ({} txns)",
@@ -138,11 +149,14 @@ async def forget_node(env: TaskEnv, node_id: int, *, incarnations: Incarnations,
     if nodes.is_online(node_id):
         logger.info("query node {} came back while its previous process was forgotten: the new one stays", node_id)
         return
+    if left is not None:
+        await left.drop(node_id)
     await incarnations.drop(node_id)
     await nodes.remove(node_id)
 
 
-async def forget_restarted(env: TaskEnv, *, incarnations: Incarnations, targets: CatalogTargets | None) -> list[int]:
+async def forget_restarted(env: TaskEnv, *, incarnations: Incarnations, targets: CatalogTargets | None,
+                           left: LeftNodes | None = None) -> list[int]:
     """At takeover: online nodes whose session is not the incarnation the previous leader recorded restarted
     while no leader watched (``cluster.incarnations``): they hold nothing of what query meta places on them, so
     that is forgotten before anything counts it. Every online node's incarnation is recorded. Returns the
@@ -159,7 +173,10 @@ async def forget_restarted(env: TaskEnv, *, incarnations: Incarnations, targets:
         await persist_lowered(meta, meta.collection_ids(),
                               lambda cid: collection_served(meta, cid, alive, targets))
         for n in restarted:
-            if n in meta.known_node_ids():
+            if left is not None and n in left.left:  # back within its re-replication delay: keeps its replicas
+                await forget_copies(meta, n)
+                await left.drop(n)
+            elif n in meta.known_node_ids():
                 await meta.remove_node(n)
     for n, node in sorted(online.items()):
         if known.get(n) != node.created and node.created:
@@ -168,7 +185,7 @@ async def forget_restarted(env: TaskEnv, *, incarnations: Incarnations, targets:
 
 
 async def record_joined(node: Node, *, env: TaskEnv, incarnations: Incarnations, checker: Checker,
-                        served: ServedView | None = None) -> None:
+                        served: ServedView | None = None, left: LeftNodes | None = None) -> None:
     """A node came online during this leadership: forget what query meta still places on its id, record its
     incarnation, and check at once (it may be the spare a replica waits for).
 
@@ -178,7 +195,16 @@ async def record_joined(node: Node, *, env: TaskEnv, incarnations: Incarnations,
     counts (``NodeManager.serving_ids``) only once this is done.
     """
     meta = env.meta
-    if node.node_id in meta.known_node_ids():
+    if left is not None and node.node_id in left.left:
+        # Back within its re-replication delay (``checkers.left``): still its replicas' member; what its previous
+        # process held is forgotten, and the checker loads what its replicas lack on their own nodes (it among them).
+        logger.info("query node {} is back within its re-replication delay: it keeps its place in its replicas",
+                    node.node_id)
+        if served is not None:
+            await persist_lowered(meta, meta.collection_ids(), served.collection)
+        await forget_copies(meta, node.node_id)
+        await left.drop(node.node_id)
+    elif node.node_id in meta.known_node_ids():
         logger.warning("query node {} joined while query meta still places copies on it: they are an earlier "
                        "process's and are forgotten", node.node_id)
         if served is not None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any, TypeVar
@@ -113,6 +114,10 @@ class QueryNode(SessionNode):
         self._session: Session | None = None
         self._stopping = False
         self.port = 0
+        # Mutating calls in flight by kind, and the most there ever were at once: read-only counters a test or an
+        # operator reads to see how many loads the coordinator has this node work on at the same time.
+        self.in_flight: Counter[str] = Counter()
+        self.peak_in_flight: Counter[str] = Counter()
 
     # ----- identity --------------------------------------------------------
     @property
@@ -200,6 +205,23 @@ class QueryNode(SessionNode):
             )
 
     async def mutate(
+        self,
+        kind: str,
+        request: Any,
+        apply: Callable[[Any], object],
+        response: Callable[..., Resp],
+        context: grpc.aio.ServicerContext | None,
+    ) -> Resp:
+        """``_mutate``, counted in ``in_flight`` (and ``peak_in_flight``) while it runs, its injected latency
+        included."""
+        self.in_flight[kind] += 1
+        self.peak_in_flight[kind] = max(self.peak_in_flight[kind], self.in_flight[kind])
+        try:
+            return await self._mutate(kind, request, apply, response, context)
+        finally:
+            self.in_flight[kind] -= 1
+
+    async def _mutate(
         self,
         kind: str,
         request: Any,
@@ -474,6 +496,8 @@ def querynode_families(node: QueryNode) -> list[Metric]:
         _gauge("querycoord_querynode_memory_capacity_bytes", "Memory this query node offers", state.capacity_bytes),
         _gauge("querycoord_querynode_fence_revision", "The newest leader fence revision this node has seen (calls "
                "with an older one are refused)", state.fence.leader_revision),
+        _gauge("querycoord_querynode_loads_in_flight", "LoadSegments calls this query node is working on now",
+               node.in_flight["LoadSegments"]),
         CounterMetricFamily("querycoord_querynode_mutating_calls", "Mutating calls this query node received",
                             value=node.injector.mutating_calls),
     ]

@@ -22,6 +22,7 @@ from querycoord.common.metrics import ETCD_SCRAPE_TIMEOUT, kind_label
 from querycoord.common.metrics import gauge as _gauge
 from querycoord.common.protocol import QUERYCOORD_ROLE, QUERYNODE_ROLE, STREAMNODE_ROLE
 from querycoord.served.state import HEALTH_STATES
+from querycoord.task.throttle import KINDS as MOVE_KINDS
 
 if TYPE_CHECKING:
     from querycoord.leader.view import CoordinatorView, Leadership
@@ -47,7 +48,20 @@ def _scheduler_families(scheduler: Scheduler) -> list[Metric]:
         children.add_metric(list(key), n)
     unremoved = _gauge("querycoord_tasks_unremoved", "Finished trees whose keys etcd has not removed yet (retried)",
                        len(scheduler.unremoved))
-    return [tasks, children, unremoved]
+    return [tasks, children, unremoved, *_move_families(scheduler)]
+
+
+def _move_families(scheduler: Scheduler) -> list[Metric]:
+    """Segment moves in flight and waiting for a slot, by kind (recovery, balance: ``task.throttle``)."""
+    throttle = scheduler.env.throttle
+    running = GaugeMetricFamily("querycoord_moves_running", "Segment moves (LoadSegments calls of repairs and "
+                                "balances) in flight on the leader, by kind", labels=["kind"])
+    waiting = GaugeMetricFamily("querycoord_moves_throttled", "Segment moves waiting for a slot of their budget "
+                                "(--max-recoveries-per-node and the like), by kind", labels=["kind"])
+    for kind in MOVE_KINDS:
+        running.add_metric([kind], throttle.running[kind])
+        waiting.add_metric([kind], throttle.waiting[kind])
+    return [running, waiting]
 
 
 def _child_state(state: int) -> str:

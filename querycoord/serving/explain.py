@@ -18,6 +18,8 @@ The first rule that applies says why, in this order:
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -48,6 +50,7 @@ class Facts:
     parked: Mapping[int, Parked] = field(default_factory=dict)  # by replica
     triggers: Sequence[TriggerFacts] = ()
     checker_interval: float = 5.0
+    left: Mapping[int, int] = field(default_factory=dict)  # node whose re-replication waits -> when it ends (ms)
 
 
 def _mib(n: int) -> str:
@@ -126,6 +129,15 @@ def _explain(unit: qc.ExplainUnit, r: ReplicaServed, facts: Facts) -> None:
         unit.reason = qc.EXPLAIN_REASON_WAITING_FOR_NODE
         gone = ", ".join(map(str, r.offline_nodes))
         unit.reason_text = f"node{'s' if len(r.offline_nodes) > 1 else ''} {gone} of the replica lost its session"
+        delayed = sorted(n for n in r.offline_nodes if n in facts.left)
+        if delayed:
+            now = time.time()
+            unit.reason_text += "; " + ", ".join(
+                f"node {n} left, re-replication in {max(0, math.ceil(facts.left[n] / 1000 - now))}s" for n in delayed)
+            unit.next = ("another replica serves everything meanwhile; back under its id before then, the node is "
+                         "loaded again itself and nothing moves; else the leader forgets it and the checker loads "
+                         "what it held on the replica's other nodes or a spare")
+            return
         unit.next = ("the leader forgets what it held; the checker then loads that on the replica's other nodes or a "
                      "spare, or parks it with its reason")
         return

@@ -132,5 +132,6 @@ async def explain(lead: Leadership, request: qc.ExplainRequest) -> qc.ExplainRes
                        f"{name or cid}` loads it")
     facts = Facts(served=served, missing=missing,
                   parked={p.replica_id: p for p in lead.env.parked.of(cid)}, triggers=trigger_facts(lead, cid),
-                  checker_interval=lead.checker.interval)
+                  checker_interval=lead.checker.interval,
+                  left=lead.left.waiting() if lead.left is not None else {})
     return qc.ExplainResponse(collection_id=cid, name=name, state=STATES[served.health], units=explain_units(facts))

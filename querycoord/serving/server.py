@@ -25,6 +25,8 @@ little, then gets RESOURCE_EXHAUSTED.
 
 from __future__ import annotations
 
+import math
+import time
 from typing import Any
 
 import grpc
@@ -288,15 +290,24 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
     async def ShowNodes(self, request, context):
         lead = await self.gate.lead(context)
         meta = lead.meta
-        out = [
-            qc.NodeInfo(
+        out = {
+            n.node_id: qc.NodeInfo(
                 node_id=n.node_id, address=n.address, state=n.state.value, memory_capacity=n.capacity,
                 memory_used=meta.node_memory_usage(n.node_id), segment_count=len(meta.segments_on_node(n.node_id)),
                 dm_channel_count=len(meta.channels_on_node(n.node_id)),
             )
-            for n in sorted(lead.nodes.nodes.values(), key=lambda n: n.node_id)
-        ]
-        return qc.ShowNodesResponse(status=OK, nodes=out)
+            for n in lead.nodes.nodes.values()
+        }
+        for node_id, due_ms in (lead.left.waiting() if lead.left is not None else {}).items():
+            if lead.nodes.is_online(node_id):
+                continue
+            info = out.setdefault(node_id, qc.NodeInfo(
+                node_id=node_id, memory_used=meta.node_memory_usage(node_id),
+                segment_count=len(meta.segments_on_node(node_id)),
+                dm_channel_count=len(meta.channels_on_node(node_id))))
+            info.state = left_state(due_ms)
+            info.rereplicate_at_ms = due_ms
+        return qc.ShowNodesResponse(status=OK, nodes=[out[n] for n in sorted(out)])
 
     # ----- coordinators: status and switchover (leader/switchover.py) -----------------------------------------------
     @answered(qc.SwitchoverResponse)
@@ -311,6 +322,11 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
 
     async def GetCoordinatorState(self, request, context):
         return coordinator_state(self.coord)
+
+
+def left_state(due_ms: int) -> str:
+    """How a node whose re-replication waits is shown: "left, re-replication in 42s"."""
+    return f"left, re-replication in {max(0, math.ceil(due_ms / 1000 - time.time()))}s"
 
 
 def _shown(lead: Leadership | None, info: data_pb2.CollectionLoadInfo) -> data_pb2.CollectionLoadInfo:

@@ -31,6 +31,14 @@ class SchedulerConfig:
     # LoadSegments calls in flight to one node at a time (TaskEnv.load_gate): a node loads its requests one by one
     # (as Milvus's query node does), so more at once only queue there, each spending its call timeout waiting.
     node_load_concurrency: int = 1
+    # Budgets of segment moves in flight (``task.throttle``), counted in LoadSegments calls of move triggers, on the
+    # destination and on the source node: RECOVERY (the checker's repairs: a lost or missing copy) and BALANCE (auto
+    # balance, a user's LoadBalance) each have their own, so balance never takes recovery's slots. A plain load is
+    # not a move and is never throttled.
+    max_recoveries_per_node: int = 4
+    max_cluster_recoveries: int = 16
+    max_balance_moves_per_node: int = 2
+    max_cluster_balance_moves: int = 8
     memory_limit: float = 0.9
     wait_interval: float = 1.0  # how often a resumed tree waiting for query nodes to register looks again
     # A tree resumed by a new leader whose children find no online node waits this long after the takeover for
@@ -97,6 +105,10 @@ class CoordConfig:
     balance_spread: float = 0.30
     # How often the checker compares what should be held with what nodes hold (it is also kicked by events).
     checker_interval: float = 5.0
+    # A query node whose session is gone is forgotten (its copies re-replicated elsewhere) only this many seconds
+    # later, while every collection it served keeps a whole replica on online nodes (``checkers.left``); a node back
+    # under its id within the delay keeps its place in its replicas. 0: at once.
+    node_left_delay: float = 60.0
     # Address of an external Catalog service; None runs the catalog inside the coordinator.
     catalog_address: str | None = None
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -133,6 +145,7 @@ SCALED_STREAM = StreamConfig(watch_timeout=2.0, task_silence=5.0, min_start_dela
 def scaled_config(**changes: Any) -> CoordConfig:
     """A fresh ``CoordConfig`` of the scaled preset (see above) with ``changes`` applied to its top-level fields."""
     base = CoordConfig(listen="127.0.0.1:0", session_ttl=2.0, rpc_timeout=5.0, auto_balance_interval=0,
+                       node_left_delay=0.0,
                        scheduler=dataclasses.replace(SCALED_SCHEDULER), stream=SCALED_STREAM,
                        stream_tick=0.1, stream_refresh=5.0)
     return dataclasses.replace(base, **changes)

@@ -64,6 +64,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("--checker-interval", "checker_interval", float, seconds(0, DAY, above=True),
            "seconds between checks of what nodes hold against what should be loaded; the checker is also kicked "
            "by node changes, takeover and handoff"),
+    Option("--node-left-delay", "node_left_delay", float, seconds(0, DAY),
+           "seconds the leader waits after a query node's session is lost before re-replicating its copies, while "
+           "every collection it served keeps a whole replica on online nodes (0: at once; the scaled preset uses 0)"),
     Option("--warm-standby", "warm_standby", int, Rule(0, 1),
            "1: a standby keeps the query meta in memory, followed by a watch, so a takeover needs no reload "
            "(as much memory as the leader's meta); 0: a new leader reads it from etcd"),
@@ -79,6 +82,16 @@ OPTIONS: tuple[Option, ...] = (
     Option("--max-concurrent-children", "scheduler.max_concurrent_children", int, POSITIVE_COUNT),
     Option("--node-load-concurrency", "scheduler.node_load_concurrency", int, POSITIVE_COUNT,
            "LoadSegments calls in flight to one query node at once (a node loads its requests one by one)"),
+    Option("--max-recoveries-per-node", "scheduler.max_recoveries_per_node", int, POSITIVE_COUNT,
+           "recovery moves (the checker's repairs: LoadSegments calls) in flight on one query node, counted on the "
+           "destination and on the source"),
+    Option("--max-cluster-recoveries", "scheduler.max_cluster_recoveries", int, POSITIVE_COUNT,
+           "recovery moves in flight in the whole cluster"),
+    Option("--max-balance-moves-per-node", "scheduler.max_balance_moves_per_node", int, POSITIVE_COUNT,
+           "balance moves (auto balance, LoadBalance: LoadSegments calls) in flight on one query node, counted on "
+           "the destination and on the source"),
+    Option("--max-cluster-balance-moves", "scheduler.max_cluster_balance_moves", int, POSITIVE_COUNT,
+           "balance moves in flight in the whole cluster"),
     Option("--retry-backoff", "scheduler.retry_backoff", float, seconds(0, DAY)),
     Option("--retry-backoff-max", "scheduler.retry_backoff_max", float, seconds(0, DAY)),
     Option("--wait-interval", "scheduler.wait_interval", float, seconds(0, DAY, above=True),

@@ -20,6 +20,7 @@ from querycoord.common.errors import CoordError
 from querycoord.common.messages import copy_fields
 from querycoord.settings.config import SchedulerConfig
 from querycoord.task.parking import ParkedUnits
+from querycoord.task.throttle import MoveThrottle, budgets_of
 
 if TYPE_CHECKING:
     from querycoord.catalog.broker import Broker
@@ -66,6 +67,14 @@ class TaskEnv:
     # again at each pass instead of queueing repairs that would fail.
     parked: ParkedUnits = field(default_factory=ParkedUnits)
     _load_gates: dict[int, asyncio.Semaphore] = field(default_factory=dict, init=False, repr=False)
+    _throttle: MoveThrottle | None = field(default=None, init=False, repr=False)
+
+    @property
+    def throttle(self) -> MoveThrottle:
+        """The budgets of segment moves in flight (``task.throttle``), shared by every trigger of the leadership."""
+        if self._throttle is None:
+            self._throttle = MoveThrottle(budgets_of(self.config))
+        return self._throttle
 
     def load_gate(self, node_id: int) -> asyncio.Semaphore:
         """The slots of LoadSegments calls to ``node_id`` (``config.node_load_concurrency``), shared by every task.

@@ -148,21 +148,28 @@ class TriggerQueue:
                 t.KIND != qc.TASK_KIND_LOAD_PARTITION or not partition_ids & set(t.request.partition_ids)
             ):
                 continue
-            self.cancel_reason[t.id] = reason
             if partition_ids is not None:
                 t.cancelled_partitions = frozenset(partition_ids)
-            running = self.running.get(t.id)
-            if running is not None:
-                if t.id in self.started and t.id not in self.failing:
-                    # A load rolling back its own failure is left to finish that: cancelled half-way, it would leave
-                    # partitions in meta that nothing loads, and its callers an internal error instead of its own.
-                    running.cancel()
-                # else: dispatched but its task has not taken a step. Cancelled now, its body would never run and
-                # nothing would finish it (it would hold the collection's lock forever); it sees the reason first.
-            else:
-                # Still queued: it never started, so it has nothing to roll back.
-                assert self.finish_cancelled is not None
-                self.running[t.id] = asyncio.create_task(self.finish_cancelled(t))
+            self.cancel(t, reason)
+
+    def cancel(self, t: TriggerTask, reason: str) -> None:
+        """Cancel ``t`` (queued or running) once: its callers get CANCELLED with ``reason``; a running one rolls
+        back what it undoes (a load) and finishes, a queued one finishes without running."""
+        if t.id in self.cancel_reason or self.triggers.get(t.id) is not t:
+            return
+        self.cancel_reason[t.id] = reason
+        running = self.running.get(t.id)
+        if running is not None:
+            if t.id in self.started and t.id not in self.failing:
+                # A load rolling back its own failure is left to finish that: cancelled half-way, it would leave
+                # partitions in meta that nothing loads, and its callers an internal error instead of its own.
+                running.cancel()
+            # else: dispatched but its task has not taken a step. Cancelled now, its body would never run and
+            # nothing would finish it (it would hold the collection's lock forever); it sees the reason first.
+        else:
+            # Still queued: it never started, so it has nothing to roll back.
+            assert self.finish_cancelled is not None
+            self.running[t.id] = asyncio.create_task(self.finish_cancelled(t))
 
     def dispatch(self, start: Callable[[TriggerTask], asyncio.Task[None]]) -> None:
         """Start (``start``) every queued trigger a slot and its collections allow, highest priority first; a

@@ -12,18 +12,21 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from loguru import logger
 
 from meta.errors import NotLeader
 from proto import common_pb2
+from proto import querycoord_pb2 as qc
 from querycoord.cluster.allocator import NoAvailableNode
 from querycoord.cluster.client import NodeError
 from querycoord.common import events
 from querycoord.task.leadership import CHILD_FAILURES, LeadershipLost, is_stale_leader
 from querycoord.task.model import DONE, FAILED, Task, TaskEnv, TaskError
+from querycoord.task.throttle import move_kind
 from querycoord.task.triggers import TriggerTask
 from querycoord.task.waits import Waits
 
@@ -74,7 +77,8 @@ class ChildRunner:
             child.rec.retry_count += 1
             self.waits.calling(t.id, child)
             try:
-                await child.execute()
+                async with self._move_slot(t, child):
+                    await child.execute()
             except CHILD_FAILURES as exc:
                 if isinstance(exc, NotLeader) or is_stale_leader(exc):
                     raise LeadershipLost(str(exc)) from exc
@@ -95,6 +99,30 @@ class ChildRunner:
             events.child_done(child.KIND, child.rec.created_ms)
             return True, None
         return False, cause
+
+    def _move_slot(self, t: TriggerTask, child: Task) -> contextlib.AbstractAsyncContextManager[Any]:
+        """A slot of the move budget the child's load needs (``task.throttle``): a segment load of a recovery or
+        balance trigger, counted on its node and its source; anything else runs without one."""
+        kind = move_kind(t) if child.KIND == qc.TASK_KIND_LOAD_SEGMENT else None
+        if kind is None:
+            return contextlib.nullcontext()
+        source = child.request.source_node_id
+        nodes = [child.node_id, source] if source else [child.node_id]
+        waited = False
+
+        def on_wait(why: str) -> None:
+            nonlocal waited
+            waited = True
+            self.waits.throttled(t.id, child, why)
+
+        @contextlib.asynccontextmanager
+        async def slot() -> Any:
+            async with self.env.throttle.slot(kind, nodes, on_wait):
+                if waited:
+                    self.waits.calling(t.id, child)  # at work now: no longer throttled
+                yield
+
+        return slot()
 
     async def _reschedule(self, t: TriggerTask, child: Task, cause: BaseException | None = None) -> None:
         try:

@@ -38,6 +38,7 @@ class ChildNote:
     since: float  # wall time this attempt (or back-off) began
     error: str = ""  # its last error (set once an attempt failed)
     retry_at: float = 0.0  # wall time of the next attempt while it backs off; 0 while its call is in flight
+    throttled: str = ""  # why its move waits for a slot of its budget (``task.throttle``); "" once it has one
 
 
 @dataclass
@@ -68,6 +69,15 @@ class Waits:
         now = time.time()
         self._children.setdefault(trigger_id, {})[child.id] = ChildNote(
             child.id, child.summary(), child.node_id, child.rec.retry_count, now, child.rec.error, now + delay)
+
+    def throttled(self, trigger_id: int, child: Task, why: str) -> None:
+        """The attempt's move waits for a slot of its budget: ``why`` (e.g. "4 recoveries running on node 3
+        (budget 4)")."""
+        note = self._children.setdefault(trigger_id, {}).get(child.id)
+        if note is None or note.throttled != why:
+            self._children[trigger_id][child.id] = ChildNote(
+                child.id, child.summary(), child.node_id, child.rec.retry_count,
+                note.since if note is not None and note.throttled else time.time(), child.rec.error, throttled=why)
 
     def ended(self, trigger_id: int, child_id: int) -> None:
         """The child is done on its node, or given up there (rescheduled, or its trigger failed)."""
@@ -138,7 +148,11 @@ def trigger_waits(state: TriggerState, notes: Waits) -> list[qc.TaskWait]:
                                     "waiting for query nodes to register after the takeover"))
     children = sorted(notes.children(state.trigger_id), key=lambda n: (not n.retry_at, n.since, n.child_id))
     for n in children[:MAX_WAITS - len(out)]:
-        if n.retry_at:
+        if n.throttled:
+            out.append(qc.TaskWait(kind=qc.WAIT_KIND_THROTTLED, since_ms=_ms(n.since), child_task_id=n.child_id,
+                                   node_id=n.node_id, attempt=n.attempt,
+                                   text=f"child #{n.child_id} ({n.summary}) throttled: {n.throttled}"))
+        elif n.retry_at:
             out.append(qc.TaskWait(kind=qc.WAIT_KIND_RETRY, since_ms=_ms(n.since), until_ms=_ms(n.retry_at),
                                    child_task_id=n.child_id, node_id=n.node_id, attempt=n.attempt, error=n.error,
                                    text=f"child #{n.child_id} ({n.summary}) failed on node {n.node_id} (attempt "
