@@ -68,6 +68,10 @@ async def test_node_back_within_the_delay_is_loaded_again_and_nothing_moves(
         await wait_until(lambda: lead.checker.runs >= runs + 3, "three checker passes")
         assert victim in lead.meta.replica_node_ids(cid)
         assert not spare.state.segments and spare.in_flight["LoadSegments"] == 0
+        # What is recorded (and what a standby shows) is what nodes hold: the lost node's replica is not whole.
+        shown = {r.replica_id: r.in_memory_percentage for r in lead.meta.replicas_of(cid)}
+        gone_replica = lead.meta.replica_of_node(cid, victim)
+        assert shown[gone_replica] < 100 and all(p == 100 for r, p in shown.items() if r != gone_replica), shown
         await c.start_node_process("--node-id", str(victim), log_dir=tmp_path)
         await wait_until(lambda: victim not in lead.left.left, "the node is taken back")
         await c.wait_loaded(cid, timeout=90)

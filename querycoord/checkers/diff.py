@@ -31,15 +31,17 @@ def diff(
     reachable: set[int],
     online: set[int],
     busy: set[int],
+    gone: frozenset[int] = frozenset(),
 ) -> Diff:
     """The repairs that make the distribution match the target (see module docstring).
 
     ``reachable``: online nodes that reported; what meta places on an online
     node that did not report (``online - reachable``) is unknown, so it is
-    neither missing nor extra. Runs without a turn of the event loop: see
+    neither missing nor extra; ``gone``: those of them whose session is lost,
+    whose copies count as not held. Runs without a turn of the event loop: see
     ``diff_async`` for the checker's pass.
     """
-    steps = _diff_steps(meta, targets, held, reachable=reachable, online=online, busy=busy, every=0)
+    steps = _diff_steps(meta, targets, held, reachable=reachable, online=online, busy=busy, every=0, gone=gone)
     while True:
         try:
             next(steps)
@@ -56,6 +58,7 @@ async def diff_async(
     online: set[int],
     busy: set[int],
     every: int = TURN_SEGMENTS,
+    gone: frozenset[int] = frozenset(),
 ) -> Diff:
     """``diff``, giving the event loop a turn every ``every`` segments (a million segments take a second or more:
     the session keepalive, the election watch and every gRPC answer, /metrics included, wait meanwhile).
@@ -70,7 +73,8 @@ async def diff_async(
     starts and ends within one pass is not seen as busy: that window is the pass, between the catalog reads'
     awaits and the end of the comparison.)
     """
-    steps = _diff_steps(meta, targets, held, reachable=reachable, online=online, busy=busy, every=every)
+    steps = _diff_steps(meta, targets, held, reachable=reachable, online=online, busy=busy, every=every,
+                       gone=gone)
     while True:
         try:
             next(steps)
@@ -88,10 +92,11 @@ def _diff_steps(
     online: set[int],
     busy: set[int],
     every: int,
+    gone: frozenset[int] = frozenset(),
 ) -> Generator[None, None, Diff]:
     """``diff``'s body: yields every ``every`` segments (never when 0), returns the ``Diff``."""
     out = Diff()
-    scan = Scan(meta, held, reachable, online - reachable, every, out, Releases(out))
+    scan = Scan(meta, held, reachable, online - reachable, every, out, Releases(out), gone)
     # A snapshot of each target taken now (see diff_async): the caller's may be shared and change during turns.
     work = [(cid, dict(t.segments) if every else t.segments, set(t.channels) if every else t.channels)
             for cid, t in list(targets.items()) if cid not in busy]

@@ -123,9 +123,9 @@ class Checker:
         balanced = {c: ts for c, ts in balances_by_collection(self.scheduler).items() if c not in busy}
         busy |= self._busy() - set(balanced)
         online = {n.node_id for n in env.nodes.online()}
-        if self.left is not None:
-            online |= set(self.left.left)  # not reachable: silent, so their records are kept as they are
-        d = await diff_async(env.meta, targets, held, reachable=reachable, online=online, busy=busy)
+        gone = frozenset(self.left.left) if self.left is not None else frozenset()
+        online |= gone  # not reachable: silent, so their records are kept as they are (but count as not held)
+        d = await diff_async(env.meta, targets, held, reachable=reachable, online=online, busy=busy, gone=gone)
         large = len(held.segment_collection) >= memory.LARGE_TASK_SEGMENTS
         del held, targets  # a million segments' worth: freed now, and handed back to the OS below
         if large:

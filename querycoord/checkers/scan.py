@@ -38,6 +38,9 @@ class Scan:
     every: int  # segments between two yields (0: never yield)
     out: Diff
     release: Callable[[int, int, int], None]  # (collection, node, segment): a copy to release
+    # Silent nodes whose session is gone (their re-replication waits, ``checkers.left``): what meta places on them
+    # is still neither missing nor extra, but counts as not held in progress (DESIGN rule 8: no node holds it).
+    gone: frozenset[int] = frozenset()
 
 
 def describe(req: task_pb2.RepairRequest) -> str:

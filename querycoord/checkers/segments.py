@@ -109,7 +109,7 @@ def _general(scan: Scan, cid: int, view: ReplicaView, seg: TargetSegment, tally:
         recorded = recorded_copies.get(replica, 0)
         unknown = recorded in scan.silent
         h, t = progress.get(seg.partition_id, (0, 0))
-        counted = 1 if holding or unknown else 0
+        counted = 1 if holding or (unknown and recorded not in scan.gone) else 0
         progress[seg.partition_id] = (h + counted, t + 1)
         tally.per_replica[replica][0] += counted
         tally.per_replica[replica][1] += 1
