@@ -24,13 +24,7 @@ from querycoord.querymeta import QueryMeta
 
 
 def diff(
-    meta: QueryMeta,
-    targets: dict[int, Target],
-    held: Held,
-    *,
-    reachable: set[int],
-    online: set[int],
-    busy: set[int],
+    meta: QueryMeta, targets: dict[int, Target], held: Held, *, reachable: set[int], online: set[int], busy: set[int],
 ) -> Diff:
     """The repairs that make the distribution match the target (see module docstring).
 
@@ -39,22 +33,11 @@ def diff(
     neither missing nor extra. Runs without a turn of the event loop: see
     ``diff_async`` for the checker's pass.
     """
-    steps = _diff_steps(meta, targets, held, reachable=reachable, online=online, busy=busy, every=0)
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return done.value
+    return _run_through(_diff_steps(meta, targets, held, reachable=reachable, online=online, busy=busy, every=0))
 
 
 async def diff_async(
-    meta: QueryMeta,
-    targets: dict[int, Target],
-    held: Held,
-    *,
-    reachable: set[int],
-    online: set[int],
-    busy: set[int],
+    meta: QueryMeta, targets: dict[int, Target], held: Held, *, reachable: set[int], online: set[int], busy: set[int],
     every: int = TURN_SEGMENTS,
 ) -> Diff:
     """``diff``, giving the event loop a turn every ``every`` segments (a million segments take a second or more:
@@ -79,14 +62,17 @@ async def diff_async(
         await asyncio.sleep(0)
 
 
+def _run_through(steps: Generator[None, None, Diff]) -> Diff:
+    """What ``steps`` returns, run to the end without a turn of the event loop."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
 def _diff_steps(
-    meta: QueryMeta,
-    targets: dict[int, Target],
-    held: Held,
-    *,
-    reachable: set[int],
-    online: set[int],
-    busy: set[int],
+    meta: QueryMeta, targets: dict[int, Target], held: Held, *, reachable: set[int], online: set[int], busy: set[int],
     every: int,
 ) -> Generator[None, None, Diff]:
     """``diff``'s body: yields every ``every`` segments (never when 0), returns the ``Diff``."""
