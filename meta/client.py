@@ -36,18 +36,10 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
+from meta import etcd_pb as pb
 from meta import observe
 from meta.config import EtcdConfig
 from meta.errors import ClientClosed, MetaAuthError, MetaNoSpace, MetaUnavailable
-from meta.etcd_pb import (
-    KVStub,
-    LeaseGrantRequest,
-    LeaseKeepAliveRequest,
-    LeaseRevokeRequest,
-    LeaseStub,
-    LeaseTimeToLiveRequest,
-    WatchStub,
-)
 from meta.loops import keep_running
 
 T = TypeVar("T")
@@ -204,9 +196,9 @@ class EtcdClient:
         self._monitor: asyncio.Task[None] | None = None
         self._metadata: tuple[tuple[str, str], ...] | None = None
         # Stubs used directly by meta (one request object per call, no second retry layer).
-        self.kv: KVStub
-        self.lease: LeaseStub
-        self.watch: WatchStub
+        self.kv: pb.KVStub
+        self.lease: pb.LeaseStub
+        self.watch: pb.WatchStub
 
     @property
     def raw(self) -> Etcd3Client:
@@ -267,9 +259,9 @@ class EtcdClient:
         """Open the channel and, with auth configured, log in (within the deadline)."""
         if not self._connected:
             await self._raw.connect()
-            self.kv = KVStub(self.channel)
-            self.lease = LeaseStub(self.channel)
-            self.watch = WatchStub(self.channel)
+            self.kv = pb.KVStub(self.channel)
+            self.lease = pb.LeaseStub(self.channel)
+            self.watch = pb.WatchStub(self.channel)
             self._connected = True
             self._monitor = asyncio.create_task(
                 keep_running("etcd connectivity", self._follow_connectivity, client=self), name="etcd-connectivity")
@@ -439,7 +431,7 @@ class EtcdClient:
     async def grant_lease(self, ttl: int, operation: str = "Lease.Grant") -> int:
         """A new lease of ``ttl`` whole seconds; its id."""
         lease = await self.call(
-            operation, lambda t: self.lease.LeaseGrant(LeaseGrantRequest(TTL=ttl), metadata=self.metadata, timeout=t)
+            operation, lambda t: self.lease.LeaseGrant(pb.LeaseGrantRequest(TTL=ttl), metadata=self.metadata, timeout=t)
         )
         return int(lease.ID)
 
@@ -447,7 +439,7 @@ class EtcdClient:
         """Seconds the lease has left as etcd says (-1: it expired)."""
         resp = await self.call(
             "Lease.TimeToLive",
-            lambda t: self.lease.LeaseTimeToLive(LeaseTimeToLiveRequest(ID=lease_id), metadata=self.metadata,
+            lambda t: self.lease.LeaseTimeToLive(pb.LeaseTimeToLiveRequest(ID=lease_id), metadata=self.metadata,
                                                  timeout=t),
         )
         return int(resp.TTL)
@@ -456,8 +448,8 @@ class EtcdClient:
         """One keepalive round trip, not retried (the caller's loop is the retry); the TTL etcd answers with
         (<= 0: the lease is gone). ``TimeoutError`` when the stream closes without an answer."""
 
-        async def requests() -> AsyncIterator[LeaseKeepAliveRequest]:
-            yield LeaseKeepAliveRequest(ID=lease_id)
+        async def requests() -> AsyncIterator[pb.LeaseKeepAliveRequest]:
+            yield pb.LeaseKeepAliveRequest(ID=lease_id)
 
         call = self.lease.LeaseKeepAlive(requests(), metadata=self.metadata, timeout=timeout)
         try:
@@ -472,7 +464,7 @@ class EtcdClient:
         """End the lease now: every key attached to it is deleted."""
         await self.call(
             operation,
-            lambda t: self.lease.LeaseRevoke(LeaseRevokeRequest(ID=lease_id), metadata=self.metadata, timeout=t),
+            lambda t: self.lease.LeaseRevoke(pb.LeaseRevokeRequest(ID=lease_id), metadata=self.metadata, timeout=t),
             deadline=deadline,
         )
 

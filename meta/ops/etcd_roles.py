@@ -35,7 +35,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -219,15 +219,20 @@ def _auth(client: EtcdClient) -> AuthService:
     return auth
 
 
-async def _add_role(client: EtcdClient, name: str) -> bool:
-    auth = _auth(client)
+async def _add_once(client: EtcdClient, operation: str, fn: Callable[[float], Awaitable[object]]) -> bool:
+    """Run an etcd ``Auth.*Add`` call; False (not an error) when the name already exists, so applying is idempotent."""
     try:
-        await client.call(f"Auth.RoleAdd {name}", lambda t: auth.role_add(name, timeout=t))
+        await client.call(operation, fn)
     except Exception as exc:
         if _already_exists(exc):
             return False
         raise
     return True
+
+
+async def _add_role(client: EtcdClient, name: str) -> bool:
+    auth = _auth(client)
+    return await _add_once(client, f"Auth.RoleAdd {name}", lambda t: auth.role_add(name, timeout=t))
 
 
 async def _sync_grants(client: EtcdClient, role: RoleSpec, say: Say) -> None:
@@ -327,16 +332,8 @@ async def _check_login(client: EtcdClient, user: str, password: str) -> None:
 async def _add_user(client: EtcdClient, name: str, password: str | None) -> bool:
     """Create ``name``; ``password=None`` makes a user that cannot log in by password. False if it existed."""
     auth = _auth(client)
-    try:
-        await client.call(
-            f"Auth.UserAdd {name}",
-            lambda t: auth.user_add(name, password or "", no_password=password is None, timeout=t),
-        )
-    except Exception as exc:
-        if _already_exists(exc):
-            return False
-        raise
-    return True
+    return await _add_once(client, f"Auth.UserAdd {name}",
+                           lambda t: auth.user_add(name, password or "", no_password=password is None, timeout=t))
 
 
 async def enable_auth(client: EtcdClient, user: str, password: str) -> bool:

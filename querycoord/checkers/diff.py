@@ -24,13 +24,7 @@ from querycoord.querymeta import QueryMeta
 
 
 def diff(
-    meta: QueryMeta,
-    targets: dict[int, Target],
-    held: Held,
-    *,
-    reachable: set[int],
-    online: set[int],
-    busy: set[int],
+    meta: QueryMeta, targets: dict[int, Target], held: Held, *, reachable: set[int], online: set[int], busy: set[int],
     gone: frozenset[int] = frozenset(),
 ) -> Diff:
     """The repairs that make the distribution match the target (see module docstring).
@@ -41,22 +35,12 @@ def diff(
     whose copies count as not held. Runs without a turn of the event loop: see
     ``diff_async`` for the checker's pass.
     """
-    steps = _diff_steps(meta, targets, held, reachable=reachable, online=online, busy=busy, every=0, gone=gone)
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return done.value
+    return _run_through(_diff_steps(meta, targets, held, reachable=reachable, online=online, busy=busy, every=0,
+                                    gone=gone))
 
 
 async def diff_async(
-    meta: QueryMeta,
-    targets: dict[int, Target],
-    held: Held,
-    *,
-    reachable: set[int],
-    online: set[int],
-    busy: set[int],
+    meta: QueryMeta, targets: dict[int, Target], held: Held, *, reachable: set[int], online: set[int], busy: set[int],
     every: int = TURN_SEGMENTS,
     gone: frozenset[int] = frozenset(),
 ) -> Diff:
@@ -83,14 +67,17 @@ async def diff_async(
         await asyncio.sleep(0)
 
 
+def _run_through(steps: Generator[None, None, Diff]) -> Diff:
+    """What ``steps`` returns, run to the end without a turn of the event loop."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
 def _diff_steps(
-    meta: QueryMeta,
-    targets: dict[int, Target],
-    held: Held,
-    *,
-    reachable: set[int],
-    online: set[int],
-    busy: set[int],
+    meta: QueryMeta, targets: dict[int, Target], held: Held, *, reachable: set[int], online: set[int], busy: set[int],
     every: int,
     gone: frozenset[int] = frozenset(),
 ) -> Generator[None, None, Diff]:

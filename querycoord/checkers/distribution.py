@@ -126,28 +126,31 @@ class _Fill:
                 second.update(dict.fromkeys(seen - third if third else seen, node_id))
                 for sid in third:
                     holders.add(sid, node_id)  # a third holder (or more): rare
-            self.turn -= len(ids)
-            if self.turn <= 0:
-                self.turn = TURN_SEGMENTS
+            if self._tick(len(ids)):
                 await asyncio.sleep(0)
 
     async def segments(self, node_id: int, segments: Iterable[data_pb2.SegmentInfo]) -> None:
         """Segments one by one, from a node that predates ``segment_ids_only``."""
         holders = self.held.segments
-        first, second = holders.first, holders.second
         where = self.held.segment_collection
         for s in segments:
             if s.collection_id in self.skipped:
                 continue
             sid = s.segment_id
-            if first.setdefault(sid, node_id) != node_id and second.setdefault(sid, node_id) != node_id:
+            if holders.first.setdefault(sid, node_id) != node_id and holders.second.setdefault(sid, node_id) != node_id:
                 holders.add(sid, node_id)  # a third holder (or more): rare
             place = (s.collection_id, s.partition_id)
             where[sid] = self.places.setdefault(place, place)
-            self.turn -= 1
-            if not self.turn:
-                self.turn = TURN_SEGMENTS
+            if self._tick(1):
                 await asyncio.sleep(0)
+
+    def _tick(self, added: int) -> bool:
+        """Count ``added`` segments; True when the event loop is due a turn (every ``TURN_SEGMENTS`` segments)."""
+        self.turn -= added
+        if self.turn > 0:
+            return False
+        self.turn = TURN_SEGMENTS
+        return True
 
     def channels(self, node_id: int, channels: Iterable[querynode_pb2.WatchedChannel]) -> None:
         for c in channels:

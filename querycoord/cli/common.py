@@ -118,6 +118,12 @@ def add_etcd_read_options(p: argparse.ArgumentParser) -> None:
                    help="seconds to wait for etcd before giving up (default 15)")
 
 
+def fail(message: object, code: int = 1) -> int:
+    """Print the command's one ``error: ...`` line on stderr; return its exit ``code`` (2: a bad argument)."""
+    print(f"error: {message}", file=sys.stderr)
+    return code
+
+
 def emit(args: argparse.Namespace, data: Any, render: Callable[[], Iterable[str]]) -> None:
     """``data`` as JSON with ``-o json``, else the lines ``render`` draws (tables, trees, "nothing there")."""
     if getattr(args, "output", "table") == "json":

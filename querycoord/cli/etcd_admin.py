@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from meta.ops.etcd_roles import RolePlan, apply_roles, auth_enabled, enable_auth
 from meta.ops.etcd_server import DEFAULT_QUOTA_BYTES
 from meta.ops.maintenance import DEFAULT_KEEP_REVISIONS, MIB, ClusterStatus, cluster_status, maintain
 from meta.session import role_prefix
+from querycoord.cli.common import fail
 from querycoord.common.protocol import (
     QUERYCOORD_ELECTION,
     QUERYCOORD_ROLE,
@@ -128,13 +128,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     try:
         config = etcd_config_from_args(args)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return fail(exc, 2)
     try:
         st = asyncio.run(cluster_status(config))
     except MetaError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return fail(exc)
     if args.output == "json":
         print(json.dumps(st.as_dict()))
     else:
@@ -151,17 +149,14 @@ def cmd_maintain(args: argparse.Namespace) -> int:
         if args.keep < 0:
             raise ValueError(f"--keep must be >= 0, got {args.keep}")
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return fail(exc, 2)
     try:
         after = asyncio.run(maintain(config, keep=args.keep, dry_run=args.dry_run,
                                      say=lambda line: print(line, flush=True)))
     except MetaError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return fail(exc)
     if not args.dry_run and after.nospace:
-        print("error: the NOSPACE alarm is still raised (see above)", file=sys.stderr)
-        return 1
+        return fail("the NOSPACE alarm is still raised (see above)")
     return 0
 
 
@@ -230,14 +225,11 @@ def cmd_roles(args: argparse.Namespace) -> int:
         passwords = password_files(Path(args.password_dir), plan.users, create=True)
         asyncio.run(_apply(config, plan, passwords, enable=not args.no_enable_auth))
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return fail(exc, 2)
     except MetaError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return fail(exc)
     except OSError as exc:
-        print(f"error: etcd roles: {exc}", file=sys.stderr)
-        return 1
+        return fail(f"etcd roles: {exc}")
     print(f"etcd roles in place for root {plan.root}: {', '.join(plan.users)} (passwords in {args.password_dir}); "
           "run each node with --node-id <id> --etcd-user <its user> --etcd-password-file <its file>", flush=True)
     return 0

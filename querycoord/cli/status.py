@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 import time
 from typing import Any
 
@@ -22,7 +21,7 @@ from loguru import logger
 from meta.errors import MetaError
 from meta.ops.maintenance import MIB
 from proto import querycoord_pb2 as qc
-from querycoord.cli.common import add_etcd_read_options, add_output_option, client_command, emit
+from querycoord.cli.common import add_etcd_read_options, add_output_option, client_command, emit, fail
 from querycoord.console import draw
 from querycoord.console.actions import check
 from querycoord.console.status_view import PROBE_TIMEOUT, coordinator_health, gather_status
@@ -88,11 +87,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         config = etcd_config_from_args(args, call_timeout=min(2.0, timeout), deadline=timeout)
         status = asyncio.run(gather_status(config, args.root))
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return fail(exc, 2)
     except MetaError as exc:
-        print(f"error: etcd did not answer: {str(exc).splitlines()[0]}", file=sys.stderr)
-        return 1
+        return fail(f"etcd did not answer: {str(exc).splitlines()[0]}")
     emit(args, status, lambda: render(status))
     return 0
 

@@ -18,39 +18,27 @@ from querycoord.stream import store as sstore
 from querycoord.task.history import HISTORY_PREFIX
 from querycoord.task.store import ACTIVE_PREFIX, INFO_PREFIX, TRIGGER_PREFIX
 
-# (prefix or exact key, is_prefix, owner)
-OWNED: tuple[tuple[str, bool, str], ...] = (
-    (COLLECTIONS_PREFIX, True, "catalog"),
-    (NAMES_PREFIX, True, "catalog"),
-    (SEGMENTS_PREFIX, True, "catalog"),
-    (SEGMENT_ID_INDEX_PREFIX, True, "catalog"),
-    (ID_KEY, False, "catalog"),
-    (qkeys.COLLECTION_PREFIX, True, "query meta"),
-    (qkeys.SEGMENT_PREFIX, True, "query meta"),
-    (qkeys.DM_CHANNEL_PREFIX, True, "query meta"),
-    (qkeys.DELTA_CHANNEL_PREFIX, True, "query meta"),
-    (INCARNATION_PREFIX, True, "query meta"),
-    (HANDOFF_REVISION_KEY, False, "handoff watcher"),
-    (TRIGGER_PREFIX, True, "task store"),
-    (ACTIVE_PREFIX, True, "task store"),
-    (INFO_PREFIX, True, "task store"),
-    (HISTORY_PREFIX, True, "task history"),
-    (sstore.STREAMS_PREFIX, True, "stream store"),
-    (sstore.NAMES_PREFIX, True, "stream store"),
-    (sstore.SNODES_PREFIX, True, "stream store"),
-    (sstore.RING_KEY, False, "stream store"),
-    ("idalloc/", True, "id allocators"),
-    (SESSION_PREFIX, True, "sessions"),
-    (ELECTION_PREFIX, True, "elections"),
-    (LEADER_RECORD_PREFIX, True, "elections (the leader record)"),
-    (SWITCHOVER_KEY, False, "switchover"),
-)
+# owner: (the prefixes it writes under, the exact keys it writes); owners are asked in this order.
+OWNED: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "catalog": ((COLLECTIONS_PREFIX, NAMES_PREFIX, SEGMENTS_PREFIX, SEGMENT_ID_INDEX_PREFIX), (ID_KEY,)),
+    "query meta": ((qkeys.COLLECTION_PREFIX, qkeys.SEGMENT_PREFIX, qkeys.DM_CHANNEL_PREFIX,
+                    qkeys.DELTA_CHANNEL_PREFIX, INCARNATION_PREFIX), ()),
+    "handoff watcher": ((), (HANDOFF_REVISION_KEY,)),
+    "task store": ((TRIGGER_PREFIX, ACTIVE_PREFIX, INFO_PREFIX), ()),
+    "task history": ((HISTORY_PREFIX,), ()),
+    "stream store": ((sstore.STREAMS_PREFIX, sstore.NAMES_PREFIX, sstore.SNODES_PREFIX), (sstore.RING_KEY,)),
+    "id allocators": (("idalloc/",), ()),
+    "sessions": ((SESSION_PREFIX,), ()),
+    "elections": ((ELECTION_PREFIX,), ()),
+    "elections (the leader record)": ((LEADER_RECORD_PREFIX,), ()),
+    "switchover": ((), (SWITCHOVER_KEY,)),
+}
 
 
 def owner_of(key: str) -> str | None:
     """The owner of ``key`` (relative to the root), or None when no module writes there."""
-    for prefix, is_prefix, owner in OWNED:
-        if (key.startswith(prefix) and len(key) > len(prefix)) if is_prefix else key == prefix:
+    for owner, (prefixes, exact) in OWNED.items():
+        if key in exact or any(key.startswith(p) and len(key) > len(p) for p in prefixes):
             return owner
     return None
 

@@ -281,7 +281,10 @@ class QueryNode(SessionNode):
         asyncio.get_running_loop().call_later(1.0, self._crash, node_id, kind, calls)
 
     async def read(self, kind: str, request: Any) -> common_pb2.Status:
-        """Admission for a read: never refused for its fence (only for naming another node)."""
+        """Admission for a read: bounds first, then never refused for its fence (only for naming another node)."""
+        bad = refused(kind, request, self.state.node_id)
+        if bad is not None:
+            return bad
         if self.faults.latency_ms > 0:
             await asyncio.sleep(self.injector.latency_s)
         if await self._fence_refusal(kind, request) is not None:  # answered, but its fence does not raise the mark
@@ -365,8 +368,7 @@ class QueryNodeServicer(querynode_pb2_grpc.QueryNodeServicer):
     async def GetSegmentInfo(
         self, request: querynode_pb2.GetSegmentInfoRequest, context: grpc.aio.ServicerContext
     ) -> querynode_pb2.GetSegmentInfoResponse:
-        status = refused("GetSegmentInfo", request, self.node.state.node_id) or await self.node.read(
-            "GetSegmentInfo", request)
+        status = await self.node.read("GetSegmentInfo", request)
         if status.error_code != EC.SUCCESS:
             return querynode_pb2.GetSegmentInfoResponse(status=status)
         infos = self.node.state.segment_infos(request.segment_ids, request.collection_id)
@@ -375,8 +377,7 @@ class QueryNodeServicer(querynode_pb2_grpc.QueryNodeServicer):
     async def GetDataDistribution(
         self, request: querynode_pb2.GetDataDistributionRequest, context: grpc.aio.ServicerContext
     ) -> querynode_pb2.GetDataDistributionResponse:
-        status = refused("GetDataDistribution", request, self.node.state.node_id) or await self.node.read(
-            "GetDataDistribution", request)
+        status = await self.node.read("GetDataDistribution", request)
         if status.error_code != EC.SUCCESS:
             return querynode_pb2.GetDataDistributionResponse(status=status, node_id=self.node.state.node_id)
         return self.node.state.distribution(ids_only=request.segment_ids_only)

@@ -253,9 +253,7 @@ class Collections:
         core = self._core
 
         async def body() -> CollectionLoadInfo:
-            current = core.index.collections.get(collection_id)
-            if current is None:
-                raise CollectionNotLoaded(collection_id)
+            current = core.loaded_collection(collection_id)
             info = copy_message(current)
             by_id = {p.partition_id: p for p in info.partitions}
             for pid, (state, percentage) in states.items():

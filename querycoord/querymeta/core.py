@@ -199,10 +199,15 @@ class MetaCore:
         return len(doomed)
 
     # ===== validation against memory ===============================================
-    def require_partition(self, collection_id: int, partition_id: int) -> None:
+    def loaded_collection(self, collection_id: int) -> CollectionLoadInfo:
+        """The collection's load record in memory (not a copy); ``CollectionNotLoaded`` when it has none."""
         info = self.index.collections.get(collection_id)
         if info is None:
             raise CollectionNotLoaded(collection_id)
+        return info
+
+    def require_partition(self, collection_id: int, partition_id: int) -> None:
+        info = self.loaded_collection(collection_id)
         if not any(p.partition_id == partition_id for p in info.partitions):
             raise PartitionNotLoaded(collection_id, partition_id)
 

@@ -14,7 +14,6 @@ from proto import data_pb2
 
 from .copies import copies, copy_message
 from .core import MetaCore, check_id, check_percentage, unique_ids
-from .errors import CollectionNotLoaded
 from .index import MetaIndex
 from .records import CollectionLoadInfo, DmChannelWatchInfo, SegmentInfo
 
@@ -149,9 +148,7 @@ class Replicas:
         core = self._core
 
         async def body() -> None:
-            current = core.index.collections.get(collection_id)
-            if current is None:
-                raise CollectionNotLoaded(collection_id)
+            current = core.loaded_collection(collection_id)
             info = copy_message(current)
             target = next((r for r in info.replicas if r.replica_id == replica_id), None)
             if target is None:

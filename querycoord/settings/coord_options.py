@@ -50,6 +50,31 @@ class Option:
         return self.flag.lstrip("-").replace("-", "_")
 
 
+# Request limits (querycoord/common/limits.py): what one request may ask for; bigger asks get ILLEGAL_ARGUMENT.
+# (field of ``limits``, help): each is a positive count, set by ``--max-...`` named after its field.
+LIMIT_OPTIONS: tuple[tuple[str, str], ...] = (
+    ("max_partitions", "partitions per collection"),
+    ("max_dm_channels", "DM channels (shards) per collection"),
+    ("max_fields", "fields per collection schema"),
+    ("max_name_length", "characters of a name (collection, partition, field, channel, stream, database)"),
+    ("max_text_length", "characters of free text (descriptions, addresses, file paths, error messages)"),
+    ("max_segments_per_request", "segments in one AddSegments or LoadSegments request"),
+    ("max_files_per_segment", "binlog or index files of one segment"),
+    ("max_ids_per_request", "ids in one list field (collection, partition, segment ids...)"),
+    ("max_nodes_per_request", "node ids in one LoadBalance"),
+    ("max_replicas", "replica_number of a load"),
+    ("max_list_tasks", "task trees per ListTasks page (larger asks are capped)"),
+    ("max_vgroups_per_stream", "source vgroups of one stream"),
+    ("max_tasks_per_stream", "tasks of one stream (readers, trigger and runners)"),
+    ("max_snodes", "snodes in all"),
+    ("max_tasks_per_heartbeat", "task reports in one stream heartbeat"),
+    ("max_stream_groups", "stream groups a stream node reports in"),
+    ("max_streams_per_request", "stream refs in one ShowStreams"),
+    ("max_heavy_reads", "heavy reads (GetSegmentInfo, GetReplicas, ListTasks) running at once, per kind"),
+    ("max_heavy_reads_waiting", "heavy reads waiting for a slot, per kind (the next is refused)"),
+)
+
+
 OPTIONS: tuple[Option, ...] = (
     Option("--root", "root", str, TEXT, "meta root path in etcd"),
     Option("--listen", "listen", str, ADDRESS, "gRPC listen address (port 0: any free port)"),
@@ -110,40 +135,8 @@ OPTIONS: tuple[Option, ...] = (
            "seconds between the leader's prunings of the task history"),
     Option("--history-children", "scheduler.history_children", int, COUNT,
            "children listed per task-history record at most (their counts by state cover them all)"),
-    # Request limits (querycoord/common/limits.py): what one request may ask for; bigger asks get ILLEGAL_ARGUMENT.
-    Option("--max-partitions", "limits.max_partitions", int, POSITIVE_COUNT, "partitions per collection"),
-    Option("--max-dm-channels", "limits.max_dm_channels", int, POSITIVE_COUNT, "DM channels (shards) per collection"),
-    Option("--max-fields", "limits.max_fields", int, POSITIVE_COUNT, "fields per collection schema"),
-    Option("--max-name-length", "limits.max_name_length", int, POSITIVE_COUNT,
-           "characters of a name (collection, partition, field, channel, stream, database)"),
-    Option("--max-text-length", "limits.max_text_length", int, POSITIVE_COUNT,
-           "characters of free text (descriptions, addresses, file paths, error messages)"),
-    Option("--max-segments-per-request", "limits.max_segments_per_request", int, POSITIVE_COUNT,
-           "segments in one AddSegments or LoadSegments request"),
-    Option("--max-files-per-segment", "limits.max_files_per_segment", int, POSITIVE_COUNT,
-           "binlog or index files of one segment"),
-    Option("--max-ids-per-request", "limits.max_ids_per_request", int, POSITIVE_COUNT,
-           "ids in one list field (collection, partition, segment ids...)"),
-    Option("--max-nodes-per-request", "limits.max_nodes_per_request", int, POSITIVE_COUNT,
-           "node ids in one LoadBalance"),
-    Option("--max-replicas", "limits.max_replicas", int, POSITIVE_COUNT, "replica_number of a load"),
-    Option("--max-list-tasks", "limits.max_list_tasks", int, POSITIVE_COUNT,
-           "task trees per ListTasks page (larger asks are capped)"),
-    Option("--max-vgroups-per-stream", "limits.max_vgroups_per_stream", int, POSITIVE_COUNT,
-           "source vgroups of one stream"),
-    Option("--max-tasks-per-stream", "limits.max_tasks_per_stream", int, POSITIVE_COUNT,
-           "tasks of one stream (readers, trigger and runners)"),
-    Option("--max-snodes", "limits.max_snodes", int, POSITIVE_COUNT, "snodes in all"),
-    Option("--max-tasks-per-heartbeat", "limits.max_tasks_per_heartbeat", int, POSITIVE_COUNT,
-           "task reports in one stream heartbeat"),
-    Option("--max-stream-groups", "limits.max_stream_groups", int, POSITIVE_COUNT,
-           "stream groups a stream node reports in"),
-    Option("--max-streams-per-request", "limits.max_streams_per_request", int, POSITIVE_COUNT,
-           "stream refs in one ShowStreams"),
-    Option("--max-heavy-reads", "limits.max_heavy_reads", int, POSITIVE_COUNT,
-           "heavy reads (GetSegmentInfo, GetReplicas, ListTasks) running at once, per kind"),
-    Option("--max-heavy-reads-waiting", "limits.max_heavy_reads_waiting", int, POSITIVE_COUNT,
-           "heavy reads waiting for a slot, per kind (the next is refused)"),
+    *(Option(f"--{field.replace('_', '-')}", f"limits.{field}", int, POSITIVE_COUNT, help_)
+      for field, help_ in LIMIT_OPTIONS),
 )
 # The options that choose the base configuration rather than a field of it (flag, type); configurable like the rest.
 PRESET_OPTIONS: tuple[tuple[str, type], ...] = (("--scaled", bool), ("--stream-scale", float))

@@ -7,9 +7,9 @@ same way a trigger plans its first children.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from operator import attrgetter
-from typing import Any
+from typing import Any, TypeVar
 
 from loguru import logger
 
@@ -33,6 +33,7 @@ from querycoord.task.units import place_unit, usage_of
 
 QUERYNODE = querynode_pb2.DESCRIPTOR.services_by_name["QueryNode"]
 _COMPACTION_FROM = attrgetter("compaction_from")  # read in C: every info of every load is asked
+T = TypeVar("T", int, str)  # what a release names: segment ids, channel names
 
 
 class ChildTask(Task):
@@ -308,6 +309,18 @@ class _ReleaseChild(ChildTask):
             raise TaskError(f"{self.describe()} failed {self.rec.retry_count} times on an online node")
         return []
 
+    async def _release_all_but(self, items: list[T], keep: Collection[T], field: str, why: str) -> list[T]:
+        """Ask the node to release ``items`` but ``keep`` (each kept one logged with ``why`` it stays): the request
+        with its repeated ``field`` narrowed to the rest. Returns the rest; nothing is sent when it is empty."""
+        if keep:
+            logger.info("{}: kept {} on node {}: {}", self.describe(), sorted(keep), self.node_id, why)
+            items = [x for x in items if x not in keep]
+        if items:
+            sent = self._copy()
+            getattr(sent, field)[:] = items
+            await self.call(sent)
+        return items
+
 
 class ReleaseSegmentsTask(_ReleaseChild, kind=qc.TASK_KIND_RELEASE_SEGMENT, request="release_segments"):
     """The checker's release of copies (``task.repair``), weighed again when it runs (``release_guard``)."""
@@ -320,15 +333,9 @@ class ReleaseSegmentsTask(_ReleaseChild, kind=qc.TASK_KIND_RELEASE_SEGMENT, requ
         ids = list(req.segment_ids)
         if env.nodes.is_online(self.node_id):
             keep = await segments_to_keep(env, req.collection_id, self.node_id, ids)
-            if keep:
-                logger.info("{}: kept {} on node {}: now the only copy its replica holds", self.describe(),
-                            sorted(keep), self.node_id)
-                ids = [s for s in ids if s not in keep]
+            ids = await self._release_all_but(ids, keep, "segment_ids", "now the only copy its replica holds")
             if not ids:
                 return
-            sent = self._copy()
-            sent.segment_ids[:] = ids
-            await self.call(sent)
         # Only the copies on this node: releasing a duplicate (or one replica's copy) must not forget the others.
         # Recorded only once the node said it let them go (a failed call raised above); an offline node holds none.
         await env.meta.remove_segment_copies(self.node_id, ids)
@@ -346,15 +353,9 @@ class ReleaseDmChannelsTask(_ReleaseChild, kind=qc.TASK_KIND_RELEASE_DM_CHANNEL,
         names = list(req.channel_names)
         if env.nodes.is_online(self.node_id):
             keep = dm_channels_to_keep(env, req.collection_id, self.node_id, names)
-            if keep:
-                logger.info("{}: kept {} on node {}: now its replica's only watcher", self.describe(), sorted(keep),
-                            self.node_id)
-                names = [n for n in names if n not in keep]
+            names = await self._release_all_but(names, keep, "channel_names", "now its replica's only watcher")
             if not names:
                 return
-            sent = self._copy()
-            sent.channel_names[:] = names
-            await self.call(sent)
         # As for segments: recorded only once the node stopped watching (or is gone).
         await env.meta.remove_dm_channel_copies(self.node_id, req.collection_id, names)
 

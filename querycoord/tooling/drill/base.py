@@ -97,6 +97,21 @@ class ProcessDrill(Generic[Opts, Res]):
         """The current leader; TimeoutError if none appears within ``timeout``."""
         return await wait_until(lambda: self.cluster.leader, self.cluster.changed, timeout)
 
+    async def _first_leader(self) -> None:
+        """Until the new cluster has a leader; ``DrillSetupError`` (the drill could not start) after 60 s."""
+        try:
+            await self._wait_leader(60)
+        except TimeoutError:
+            raise DrillSetupError(f"no coordinator became leader within 60s; logs in {self.work}") from None
+
+
+async def stop_task(task: asyncio.Task[Any] | None) -> None:
+    """Cancel ``task`` (None: nothing to stop) and wait for its end, whatever it is: the drill is stopping."""
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+
 
 async def wait_nodes_online(client: QueryCoordClient | None, nodes: Sequence[Member], timeout: float) -> None:
     """Until the leader lists every one of ``nodes`` online; ``DrillSetupError`` after ``timeout`` seconds."""
@@ -135,4 +150,4 @@ async def run_and_report(drill: ProcessDrill[Any, Any], opts: Any, render_result
     return 1 if failed else 0
 
 
-__all__ = ["DrillSetupError", "ProcessDrill", "run_and_report", "wait_nodes_online"]
+__all__ = ["DrillSetupError", "ProcessDrill", "run_and_report", "stop_task", "wait_nodes_online"]

@@ -55,7 +55,7 @@ from proto import querycoord_pb2 as qc
 from querycoord.catalog.store import CatalogError, CatalogStore, status_of
 from querycoord.net.client import CoordinatorUnavailable, QueryCoordClient
 from querycoord.tooling.drill.activity import render_activity
-from querycoord.tooling.drill.base import DrillSetupError, run_and_report, wait_nodes_online
+from querycoord.tooling.drill.base import run_and_report, stop_task, wait_nodes_online
 from querycoord.tooling.drill.chaos_checks import ChaosChecks
 from querycoord.tooling.drill.chaos_ops import (
     INF,
@@ -110,10 +110,7 @@ class ChaosDrill(ChaosChecks):
         self.client = QueryCoordClient(addresses, deadline=o.client_deadline, call_timeout=o.call_timeout)
         self.clients = [QueryCoordClient(addresses, deadline=o.client_deadline, call_timeout=o.call_timeout)
                         for _ in range(o.clients)]
-        try:
-            await self._wait_leader(timeout=60)
-        except TimeoutError:
-            raise DrillSetupError(f"no coordinator became leader within 60s; logs in {self.work}") from None
+        await self._first_leader()
         await self._create_collections()
         for cid in self.coll_ids:
             self._states[cid] = {RELEASED}
@@ -125,10 +122,7 @@ class ChaosDrill(ChaosChecks):
                  f"collections {self.coll_ids[0]}..{self.coll_ids[-1]}; every etcd and node link through a proxy")
 
     async def _stop_cluster(self) -> None:
-        if self._poller is not None:
-            self._poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._poller
+        await stop_task(self._poller)
         if self.sampler is not None:
             await self.sampler.stop()
         if self.sources is not None:

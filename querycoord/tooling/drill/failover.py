@@ -36,7 +36,7 @@ from proto import querycoord_pb2 as qc
 from querycoord.catalog.store import CatalogStore
 from querycoord.common.protocol import QUERYCOORD_ELECTION
 from querycoord.net.client import CoordinatorUnavailable, QueryCoordClient
-from querycoord.tooling.drill.base import DrillSetupError, run_and_report, wait_nodes_online
+from querycoord.tooling.drill.base import run_and_report, stop_task, wait_nodes_online
 from querycoord.tooling.drill.failover_checks import FailoverChecks
 from querycoord.tooling.drill.failover_faults import FailoverFaults
 from querycoord.tooling.drill.failover_records import CallRecord, KillRecord
@@ -101,10 +101,7 @@ class FailoverDrill(FailoverFaults, FailoverChecks):
         self.harness = Harness(etcd.endpoints, self.root, self.work, ttl=o.ttl, on_event=self._on_event)
         coords = await asyncio.gather(*(self._start_coordinator(i) for i in range(o.coordinators)))
         self.client = QueryCoordClient([c.address for c in coords], deadline=o.client_deadline)
-        try:
-            await self._wait_leader(timeout=60)
-        except TimeoutError:
-            raise DrillSetupError(f"no coordinator became leader within 60s; logs in {self.work}") from None
+        await self._first_leader()
         await self._create_collections()
         self.nodes = list(await asyncio.gather(*(self._start_node(i) for i in range(o.nodes))))
         await wait_nodes_online(self.client, self.nodes, timeout=60)
@@ -167,10 +164,7 @@ class FailoverDrill(FailoverFaults, FailoverChecks):
             with contextlib.suppress(Exception):
                 await self.client.close()
         for t in (self._supervisor, self._kill_task, self._etcd_task):
-            if t is not None and not t.done():
-                t.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await t
+            await stop_task(t)
         if self.harness is not None:
             await self.harness.stop(5)
         if self.kv is not None:

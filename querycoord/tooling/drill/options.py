@@ -53,6 +53,18 @@ class RunOptions:
         if self.ttl < 2:
             raise ValueError("--ttl must be >= 2 (the session minimum)")
 
+    def replay(self, command: str, always: tuple[str, ...], optional: tuple[str, ...]) -> str:
+        """``command`` with the options that replay this run: each of ``always``, then each of ``optional`` whose
+        value is not its default."""
+        default = type(self)()
+        flags = [f"--{n.replace('_', '-')} {_flag(getattr(self, n))}" for n in (*always, *optional)
+                 if n in always or getattr(self, n) != getattr(default, n)]
+        return f"{command} {' '.join(flags)}"
+
+
+def _flag(value: Any) -> str:
+    return value if isinstance(value, str) else f"{value:g}"
+
 
 @dataclass
 class DrillOptions(RunOptions):
@@ -103,13 +115,10 @@ class DrillOptions(RunOptions):
 
     def command(self) -> str:
         """The command line that replays this run's schedule."""
-        d = DrillOptions()
-        always = ("coordinators", "nodes", "collections", "kills", "seed")
-        optional = ("replicas", "etcd_members", "etcd_kills", "ttl", "segments_per_collection", "partitions",
-                    "pauses", "node_kills", "ops", "node_latency_ms")
-        flags = [f"--{name.replace('_', '-')} {getattr(self, name):g}" for name in (*always, *optional)
-                 if name in always or getattr(self, name) != getattr(d, name)]
-        return "python -m querycoord.tooling.drill failover " + " ".join(flags)
+        return self.replay("python -m querycoord.tooling.drill failover",
+                           ("coordinators", "nodes", "collections", "kills", "seed"),
+                           ("replicas", "etcd_members", "etcd_kills", "ttl", "segments_per_collection", "partitions",
+                            "pauses", "node_kills", "ops", "node_latency_ms"))
 
 
 @dataclass
@@ -255,17 +264,10 @@ class ChaosOptions(RunOptions):
 
     def command(self) -> str:
         """The command line that replays this run's plan."""
-        d = ChaosOptions()
-        names = ("ops", "seed", "coordinators", "nodes", "replicas", "clients", "collections", "partitions",
-                 "segments_per_collection", "ttl", "node_latency_ms", "call_deadline", "quiesce_timeout",
-                 "capacity", "node_memory_mb")
-        flags = [f"--{n.replace('_', '-')} {_flag(getattr(self, n))}" for n in names
-                 if n in ("ops", "seed") or getattr(self, n) != getattr(d, n)]
-        return "querycoord drill chaos " + " ".join(flags)
-
-
-def _flag(value: Any) -> str:
-    return value if isinstance(value, str) else f"{value:g}"
+        return self.replay("querycoord drill chaos", ("ops", "seed"),
+                           ("coordinators", "nodes", "replicas", "clients", "collections", "partitions",
+                            "segments_per_collection", "ttl", "node_latency_ms", "call_deadline", "quiesce_timeout",
+                            "capacity", "node_memory_mb"))
 
 
 @dataclass
@@ -318,12 +320,9 @@ class RestartOptions(RunOptions):
 
     def command(self) -> str:
         """The command line that replays this run's plan."""
-        d = RestartOptions()
-        names = ("restarts", "seed", "segments", "collections", "replicated_segments", "replicas", "nodes",
-                 "coordinators", "partitions", "ttl", "sample_interval", "whole_timeout")
-        flags = [f"--{n.replace('_', '-')} {getattr(self, n):g}" for n in names
-                 if n in ("restarts", "seed") or getattr(self, n) != getattr(d, n)]
-        return "querycoord drill restart " + " ".join(flags)
+        return self.replay("querycoord drill restart", ("restarts", "seed"),
+                           ("segments", "collections", "replicated_segments", "replicas", "nodes", "coordinators",
+                            "partitions", "ttl", "sample_interval", "whole_timeout"))
 
 
 __all__ = ["MIB", "SEGMENT_BYTES", "ChaosOptions", "DrillOptions", "RestartOptions", "RunOptions",

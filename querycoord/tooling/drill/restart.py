@@ -45,7 +45,7 @@ from proto import querycoord_pb2 as qc
 from querycoord.catalog.store import CatalogStore
 from querycoord.net.client import CoordinatorUnavailable, QueryCoordClient
 from querycoord.security.grpc_channels import make_channel
-from querycoord.tooling.drill.base import DrillSetupError, ProcessDrill, run_and_report, wait_nodes_online
+from querycoord.tooling.drill.base import DrillSetupError, ProcessDrill, run_and_report, stop_task, wait_nodes_online
 from querycoord.tooling.drill.options import RestartOptions
 from querycoord.tooling.drill.restart_judge import (
     CollectionShown,
@@ -153,10 +153,7 @@ class RestartDrill(ProcessDrill[RestartOptions, RestartResult]):
         self.coordinators = list(await asyncio.gather(
             *(self.cluster.start_coordinator(i, "127.0.0.1:0", *COORD_FLAGS) for i in range(o.coordinators))))
         self.client = QueryCoordClient([c.address for c in self.coordinators], deadline=60.0, call_timeout=30.0)
-        try:
-            await self._wait_leader(60)
-        except TimeoutError:
-            raise DrillSetupError(f"no coordinator became leader within 60s; logs in {self.work}") from None
+        await self._first_leader()
         await self._create_collections()
         self.nodes = list(await asyncio.gather(*(self._start_node(i) for i in range(o.nodes))))
         await wait_nodes_online(self.client, self.nodes, timeout=60)
@@ -210,10 +207,7 @@ class RestartDrill(ProcessDrill[RestartOptions, RestartResult]):
         self.say(f"loaded: every replica whole by the nodes' own reports after {self.result.load_s:.2f}s")
 
     async def _stop_cluster(self) -> None:
-        if self._sampler is not None:
-            self._sampler.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._sampler
+        await stop_task(self._sampler)
         if self.client is not None:
             with contextlib.suppress(Exception):
                 await self.client.close()

@@ -182,10 +182,7 @@ class StreamDrill(ProcessDrill[StreamDrillOptions, StreamDrillResult]):
         self.harness = Harness(self.etcd.endpoints, self.root, self.work, ttl=o.ttl, on_event=self._on_event)
         coords = await asyncio.gather(*(self._start_coordinator(i) for i in range(2)))
         self.client = QueryCoordClient([c.address for c in coords], deadline=30.0, call_timeout=5.0)
-        try:
-            await self._wait_leader(60)
-        except TimeoutError:
-            raise DrillSetupError(f"no coordinator became leader within 60s; logs in {self.work}") from None
+        await self._first_leader()
         vgs = [[i * VGROUPS_PER_NODE + k + 1 for k in range(VGROUPS_PER_NODE)] for i in range(o.nodes)]
         self.nodes = list(await asyncio.gather(*(self._start_node(i, vgs[i], i < o.snodes) for i in range(o.nodes))))
         for n in self.nodes:
