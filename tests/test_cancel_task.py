@@ -5,15 +5,26 @@ Real etcd, real coordinators and query nodes on loopback (slowed by their fault 
 from __future__ import annotations
 
 import asyncio
+import re
 import time
+from pathlib import Path
 
 from meta.ops.etcd_server import EtcdCluster
 from proto import common_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.nodes.querynode import FaultConfig
 from querycoord.nodes.querynode_state import QueryNodeState
-from tests.cluster import MiB, QueryCluster
+from tests.cluster import MiB, QueryCluster, fast_scheduler
 from tests.test_cli_messages import arun, one_error_line
+from tests.test_explain import readme_block
+
+README_LOAD = "querycoord collection load toobig --replicas 2      # two query nodes of 64 MiB; 20 segments of 5 MiB"
+README_CANCEL = 'querycoord tasks cancel 7 --reason "wrong collection"'
+
+
+def _shape(line: str) -> str:
+    """A line with its ids and its caller left out: what a README example and a run must share."""
+    return re.sub(r"\d+", "N", re.sub(r"\(by [^)]*\)", "(by WHO)", line))
 
 SLOW = FaultConfig(latency_ms=800)
 
@@ -167,13 +178,16 @@ async def test_bad_ids_are_refused_clearly(etcd: EtcdCluster, root_path: str) ->
         assert (await release).status.error_code == common_pb2.SUCCESS
 
 
-async def test_cli_cancel_and_an_admission_refusal(etcd: EtcdCluster, root_path: str,
-                                                   subprocess_env: dict[str, str]) -> None:
-    async with QueryCluster(etcd, root_path) as c:
+async def test_cli_cancel_and_an_admission_refusal(etcd: EtcdCluster, root_path: str, subprocess_env: dict[str, str],
+                                                   project_root: Path) -> None:
+    """The CLI as a process: one-line refusals with their exit codes, and README's examples as printed. One
+    segment per LoadSegments call, one call at a time per node, each slow: the load still runs when the CLI
+    process has started."""
+    async with QueryCluster(etcd, root_path, scheduler=fast_scheduler(max_request_bytes=1)) as c:
         coord = await c.start_coordinator()
         await c.wait_leader()
-        for _ in range(2):  # slow enough that a load still runs when the CLI process has started
-            await c.add_node(capacity=64 * MiB, faults=FaultConfig(latency_ms=3000))
+        for _ in range(2):
+            await c.add_node(capacity=64 * MiB, faults=FaultConfig(latency_ms=1500))
         addr = ("--address", coord.address)
         r = await arun(subprocess_env, "tasks", "cancel", "999999", *addr)
         assert r.returncode == 1
@@ -184,11 +198,14 @@ async def test_cli_cancel_and_an_admission_refusal(etcd: EtcdCluster, root_path:
         big = await c.create_collection("toobig", partitions=2, segments=20)
         r = await arun(subprocess_env, "collection", "load", "toobig", "--replicas", "2", *addr)
         assert r.returncode == 1
-        one_error_line(r, f"load of collection {big} needs 2 replicas x", "missing, about")
-        cid = await c.create_collection("small", partitions=1, segments=8)
+        line = one_error_line(r, f"load of collection {big} needs 2 replicas x", "missing, about")
+        assert [line.replace(f"collection {big} ", "collection 1 ")] == readme_block(project_root, README_LOAD)
+        cid = await c.create_collection("small", partitions=1, segments=16)
         assert c.client is not None
         load = await c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid))
-        r = await arun(subprocess_env, "tasks", "cancel", str(load.task_id), "--reason", "by script", *addr)
+        r = await arun(subprocess_env, "tasks", "cancel", str(load.task_id), "--reason", "wrong collection", *addr)
         assert r.returncode == 0, r.stderr
-        assert f"task #{load.task_id} CANCELLED: cancelled: by script (by " in r.stdout, r.stdout
+        assert f"task #{load.task_id} CANCELLED: cancelled: wrong collection (by " in r.stdout, r.stdout
+        assert [_shape(x) for x in r.stdout.strip().splitlines()] == \
+            [_shape(x) for x in readme_block(project_root, README_CANCEL)]
         await _nodes_hold_nothing_of(c, cid)
