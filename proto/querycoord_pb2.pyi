@@ -33,6 +33,7 @@ class TaskState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TASK_STATE_DONE: _ClassVar[TaskState]
     TASK_STATE_EXPIRED: _ClassVar[TaskState]
     TASK_STATE_FAILED: _ClassVar[TaskState]
+    TASK_STATE_CANCELLED: _ClassVar[TaskState]
 
 class TriggerCondition(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -97,6 +98,7 @@ TASK_STATE_DOING: TaskState
 TASK_STATE_DONE: TaskState
 TASK_STATE_EXPIRED: TaskState
 TASK_STATE_FAILED: TaskState
+TASK_STATE_CANCELLED: TaskState
 TRIGGER_CONDITION_UNSPECIFIED: TriggerCondition
 TRIGGER_CONDITION_HANDOFF: TriggerCondition
 TRIGGER_CONDITION_LOAD_BALANCE: TriggerCondition
@@ -640,3 +642,19 @@ class GetCoordinatorStateResponse(_message.Message):
     since_ms: int
     election_revision: int
     def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., address: _Optional[str] = ..., server_id: _Optional[int] = ..., leader: _Optional[bool] = ..., since_ms: _Optional[int] = ..., election_revision: _Optional[int] = ...) -> None: ...
+
+class CancelTaskRequest(_message.Message):
+    __slots__ = ("task_id", "reason")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    task_id: int
+    reason: str
+    def __init__(self, task_id: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class CancelTaskResponse(_message.Message):
+    __slots__ = ("status", "task")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    status: _common_pb2.Status
+    task: TaskInfo
+    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., task: _Optional[_Union[TaskInfo, _Mapping]] = ...) -> None: ...

@@ -130,6 +130,11 @@ class QueryCoordStub:
                 request_serializer=proto_dot_querycoord__pb2.ExplainRequest.SerializeToString,
                 response_deserializer=proto_dot_querycoord__pb2.ExplainResponse.FromString,
                 _registered_method=True)
+        self.CancelTask = channel.unary_unary(
+                '/querycoord.query.QueryCoord/CancelTask',
+                request_serializer=proto_dot_querycoord__pb2.CancelTaskRequest.SerializeToString,
+                response_deserializer=proto_dot_querycoord__pb2.CancelTaskResponse.FromString,
+                _registered_method=True)
 
 
 class QueryCoordServicer:
@@ -268,6 +273,20 @@ class QueryCoordServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CancelTask(self, request, context):
+        """Cancel a queued or running trigger (a load, a balance, a checker repair
+        or a handoff): its running children end, its rollback runs (what a
+        failed trigger of its kind rolls back, on what the nodes hold) and its
+        tree goes to the task history as TASK_STATE_CANCELLED, the reason and
+        the caller in its error. Releases are refused (ILLEGAL_ARGUMENT), as are
+        child ids (naming their trigger); a finished task is CONFLICT, an
+        unknown one NOT_FOUND. The cancel is persisted on the trigger's record
+        first, so a new leader finishes it as cancelled instead of resuming it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_QueryCoordServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -365,6 +384,11 @@ def add_QueryCoordServicer_to_server(servicer, server):
                     servicer.Explain,
                     request_deserializer=proto_dot_querycoord__pb2.ExplainRequest.FromString,
                     response_serializer=proto_dot_querycoord__pb2.ExplainResponse.SerializeToString,
+            ),
+            'CancelTask': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelTask,
+                    request_deserializer=proto_dot_querycoord__pb2.CancelTaskRequest.FromString,
+                    response_serializer=proto_dot_querycoord__pb2.CancelTaskResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -880,6 +904,33 @@ class QueryCoord:
             '/querycoord.query.QueryCoord/Explain',
             proto_dot_querycoord__pb2.ExplainRequest.SerializeToString,
             proto_dot_querycoord__pb2.ExplainResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelTask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/querycoord.query.QueryCoord/CancelTask',
+            proto_dot_querycoord__pb2.CancelTaskRequest.SerializeToString,
+            proto_dot_querycoord__pb2.CancelTaskResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -262,7 +262,7 @@ def test_short_chaos_run_answers_everything_and_keeps_every_invariant(subprocess
 def test_short_tight_chaos_run_restarts_nodes_and_the_cluster_and_keeps_every_invariant(
         subprocess_env: dict[str, str], tmp_path: Path, project_root: Path) -> None:
     """``--capacity tight``: a node killed for good, one restarted under its fixed id, the whole cluster (etcd
-    too) restarted, a leader cut off from etcd; loads meet NO_AVAILABLE_NODE; every count 0. The JSON line has
+    too) restarted, a leader cut off from etcd; loads refused for want of memory; every count 0. The JSON line has
     every key the README shows."""
     summary, tail, _proc = _run_drill(tmp_path, subprocess_env, "--ops", "40", "--seed", "1", "--replicas", "2",
                                       "--capacity", "tight")

@@ -150,8 +150,9 @@ TAKEOVER_BOUND = 30.0
 SETTLE_BOUND = 45.0  # quiescence plus invariants, repairs included
 
 LOADS = frozenset({"LoadCollection", "LoadPartitions"})
-# A load refused for want of nodes (more replicas than nodes) or of room: it changed nothing.
-NO_ROOM_CODES = frozenset({"NO_AVAILABLE_NODE", "ILLEGAL_ARGUMENT"})
+# A load refused for want of nodes (more replicas than nodes) or of room (load admission: RESOURCE_EXHAUSTED; a
+# plan that met no room: NO_AVAILABLE_NODE): it changed nothing.
+NO_ROOM_CODES = frozenset({"NO_AVAILABLE_NODE", "ILLEGAL_ARGUMENT", "RESOURCE_EXHAUSTED"})
 RELEASES = frozenset({"ReleaseCollection", "ReleasePartitions"})
 REQUESTS = LOADS | RELEASES
 

@@ -60,6 +60,7 @@ SERVICES = {
             "GetCoordinatorState",
             "CheckHealth",
             "Explain",
+            "CancelTask",
         },
     ),
     "QueryNode": (
@@ -316,6 +317,7 @@ def test_task_state_and_trigger_numbers_are_milvus_numbers() -> None:
         ("TASK_STATE_DONE", 3),
         ("TASK_STATE_EXPIRED", 4),
         ("TASK_STATE_FAILED", 5),
+        ("TASK_STATE_CANCELLED", 6),  # ours: a trigger CancelTask cancelled
     ]
     # priority order is numeric order
     t = querycoord_pb2.TriggerCondition

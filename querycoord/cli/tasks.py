@@ -45,20 +45,22 @@ async def _balance(c: QueryCoordClient, args: argparse.Namespace) -> int:
         return 0
     tree = await wait_task(c, task_id)
     print("\n".join(draw.draw_tree(tree, max_children=args.max_children)))
-    if tree.trigger.state == qc.TASK_STATE_FAILED:
+    if tree.trigger.state in (qc.TASK_STATE_FAILED, qc.TASK_STATE_CANCELLED):
         raise Refusal(f"balance task #{task_id} failed: {tree.trigger.error}", tree.trigger.error_code)
     moved = sum(segments_in(ch.summary) for ch in tree.children if ch.kind == qc.TASK_KIND_LOAD_SEGMENT)
     print(f"balance task #{task_id} finished: {moved:,} segments moved")
     return 0
 
 
-FINISHED = (qc.TASK_STATE_EXPIRED, qc.TASK_STATE_FAILED)
+FINISHED = (qc.TASK_STATE_EXPIRED, qc.TASK_STATE_FAILED, qc.TASK_STATE_CANCELLED)
 
 
 def outcome(t: qc.TaskInfo) -> str:
     """How a finished trigger ended, as users read it: DONE, FAILED or CANCELLED ("" while it runs)."""
     if t.state == qc.TASK_STATE_EXPIRED:
         return "DONE"
+    if t.state == qc.TASK_STATE_CANCELLED:
+        return "CANCELLED"
     if t.state == qc.TASK_STATE_FAILED:
         return "CANCELLED" if t.error_code == common_pb2.CANCELLED else "FAILED"
     return ""
@@ -144,7 +146,29 @@ async def _history(c: QueryCoordClient, args: argparse.Namespace) -> int:
     return 0
 
 
+async def _cancel(c: QueryCoordClient, args: argparse.Namespace, task_id: int) -> int:
+    """CancelTask, then (unless ``--no-wait``) wait for the tree to end and say how it ended."""
+    got = check(await c.query("CancelTask", qc.CancelTaskRequest(task_id=task_id, reason=args.reason or "")),
+                f"cancel task {task_id}")
+    print(f"cancelling task #{task_id} ({got.task.summary}): what it did is rolled back")
+    if args.no_wait:
+        return 0
+    tree = await wait_task(c, task_id)
+    t = tree.trigger
+    if t.state == qc.TASK_STATE_CANCELLED:
+        print(f"task #{task_id} CANCELLED: {t.error}")
+        return 0
+    raise Refusal(f"task #{task_id} ended {outcome(t)} before the cancel took effect"
+                  + (f": {t.error}" if t.error else ""), common_pb2.CONFLICT)
+
+
 async def _tasks(c: QueryCoordClient, args: argparse.Namespace) -> int:
+    if args.action == "cancel":
+        if args.id is None:
+            raise ValueError("`querycoord tasks cancel` needs a task id: `querycoord tasks cancel ID`")
+        return await _cancel(c, args, args.id)
+    if args.reason is not None or args.no_wait:
+        raise ValueError("--reason and --no-wait go with `querycoord tasks cancel ID`")
     if args.action == "show":
         if args.id is None:
             raise ValueError("`querycoord tasks show` needs a task id: `querycoord tasks show ID`")
@@ -198,9 +222,13 @@ def add_parsers(sub: Any, client: list[argparse.ArgumentParser]) -> None:
 
     p = sub.add_parser("tasks", parents=client,
                        help="task trees: queued and running (--all: finished ones too; --history: finished ones, "
-                            "newest first; `tasks show ID`: one tree)")
-    p.add_argument("action", nargs="?", choices=["show"], help="show: draw the tree of task ID (trigger or child)")
-    p.add_argument("id", nargs="?", type=positive_int, help="the task id of `show`")
+                            "newest first; `tasks show ID`: one tree; `tasks cancel ID`: cancel a trigger)")
+    p.add_argument("action", nargs="?", choices=["show", "cancel"],
+                   help="show: draw the tree of task ID (trigger or child); cancel: cancel trigger ID (a load, a "
+                        "balance, a repair) and roll back what it did")
+    p.add_argument("id", nargs="?", type=positive_int, help="the task id of `show` or `cancel`")
+    p.add_argument("--reason", help="cancel: why (kept in the task history with who asked)")
+    p.add_argument("--no-wait", action="store_true", help="cancel: return once the cancel is recorded")
     p.add_argument("--all", action="store_true", help="include finished trees (the task history)")
     p.add_argument("--history", action="store_true",
                    help="finished trees from the task history, newest first (any coordinator answers)")

@@ -200,7 +200,7 @@ async def follow_load(
         ended = got.status.error_code == common_pb2.NOT_FOUND
         if got.status.error_code == common_pb2.SUCCESS:
             trig = got.tree.trigger
-            if trig.state == qc.TASK_STATE_FAILED:
+            if trig.state in (qc.TASK_STATE_FAILED, qc.TASK_STATE_CANCELLED):
                 raise Refusal(f"load task #{task_id} failed: {trig.error}", trig.error_code)
             ended = trig.state == qc.TASK_STATE_EXPIRED
         if ended:
@@ -298,11 +298,11 @@ async def get_replicas(c: QueryCoordClient, collection_id: int) -> list[data_pb2
 
 
 async def wait_task(c: QueryCoordClient, task_id: int, children_limit: int = 0) -> qc.TaskTree:
-    """Poll GetTask until the trigger is finished (EXPIRED or FAILED); returns its tree."""
+    """Poll GetTask until the trigger is finished (EXPIRED, FAILED or CANCELLED); returns its tree."""
     while True:
         got = check(await c.query("GetTask", qc.GetTaskRequest(task_id=task_id, children_limit=children_limit)),
                     f"task {task_id}")
-        if got.tree.trigger.state in (qc.TASK_STATE_EXPIRED, qc.TASK_STATE_FAILED):
+        if got.tree.trigger.state in (qc.TASK_STATE_EXPIRED, qc.TASK_STATE_FAILED, qc.TASK_STATE_CANCELLED):
             return got.tree
         await asyncio.sleep(POLL_INTERVAL)
 

@@ -45,6 +45,7 @@ STATE_NAMES: dict[int, str] = {
     qc.TASK_STATE_DONE: "DONE",
     qc.TASK_STATE_EXPIRED: "DONE",
     qc.TASK_STATE_FAILED: "FAILED",
+    qc.TASK_STATE_CANCELLED: "CANCELLED",
 }
 
 

@@ -212,7 +212,7 @@ def _history_record(tree: qc.TaskTree) -> dict[str, object]:
 
 # Which children of a running tree say most about it: failing ones, then those at work, then those waiting; the
 # done ones only when nothing else is left.
-_CHILD_ORDER = {qc.TASK_STATE_FAILED: 0, qc.TASK_STATE_DOING: 1, qc.TASK_STATE_UNDO: 2}
+_CHILD_ORDER = {qc.TASK_STATE_FAILED: 0, qc.TASK_STATE_CANCELLED: 0, qc.TASK_STATE_DOING: 1, qc.TASK_STATE_UNDO: 2}
 
 
 def _telling(tree: qc.TaskTree, n: int) -> qc.TaskTree:
@@ -234,7 +234,7 @@ async def task_view(c: QueryCoordClient) -> dict[str, Any]:
     running = [draw.tree_record(_telling(t, CHILDREN_PER_TREE)) for t in resp.trees]
     for record, tree in zip(running, resp.trees, strict=True):
         record["created_ms"] = tree.trigger.created_ms
-    finished_states = [qc.TASK_STATE_EXPIRED, qc.TASK_STATE_FAILED]
+    finished_states = [qc.TASK_STATE_EXPIRED, qc.TASK_STATE_FAILED, qc.TASK_STATE_CANCELLED]
     trees: list[qc.TaskTree] = []
     if "newest_first" in qc.ListTasksRequest.DESCRIPTOR.fields_by_name:
         page = check(await c.query("ListTasks", qc.ListTasksRequest(

@@ -395,7 +395,7 @@ class Coordinator:
         store = TaskStore(fenced)
         ids = IdAllocator(fenced, "idalloc/task")
         env = TaskEnv(meta=meta, nodes=nodes, broker=self.broker, store=store, ids=ids,
-                      config=self.config.scheduler)
+                      config=self.config.scheduler, targets=self.targets)
         served = ServedView(meta, nodes, self.targets)
         scheduler = Scheduler(env, on_leadership_lost=self._loss_callback(term), space=self.space)
         # Where meta and the nodes disagree (a leader that died half-way), the checker's first run, kicked

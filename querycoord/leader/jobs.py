@@ -29,6 +29,7 @@ from querycoord.common.limits import Limits
 from querycoord.common.replica_number import asked_replicas, check_replicas, loaded_replicas, replica_number
 from querycoord.common.validate import InvalidField, check_enum, check_id, check_ids
 from querycoord.leader.balance import may_serve
+from querycoord.task.admission import admit_load, eligible_nodes
 from querycoord.task.model import TaskEnv
 from querycoord.task.scheduler import Scheduler
 from querycoord.task.triggers import (
@@ -119,6 +120,16 @@ class Job(Generic[R]):
     def _releasing(self, cid: int) -> bool:
         return bool(self.scheduler.pending(cid, RELEASE_KINDS))
 
+    async def _admit(self, request: qc.LoadCollectionRequest | qc.LoadPartitionsRequest,
+                     partitions: list[int]) -> None:
+        """Load admission (``task.admission``): refuse at once a load that cannot fit the nodes' memory. A load
+        queued behind a release of its collection is not weighed: the memory it needs frees when the release
+        runs, and the trigger still meets what admission cannot foresee."""
+        cid = request.collection_id
+        if self._releasing(cid):
+            return
+        await admit_load(self.env, cid, partitions, replica_number(request, self.meta.get_collection(cid)))
+
     def _check_replica_number(self, request: qc.LoadCollectionRequest | qc.LoadPartitionsRequest) -> None:
         """Milvus's refusals: another number than the collection is loaded (or being loaded) with, or more
         replicas than there are online nodes to give each its own."""
@@ -138,7 +149,7 @@ class Job(Generic[R]):
                                    f"differs from the {current} replicas collection {cid} is loaded with; "
                                    "release it to load it with another number")
             return
-        online = len(self.env.nodes.online())
+        online = len(eligible_nodes(self.env))
         if asked > 1 and asked > online:  # one replica on no node is NO_AVAILABLE_NODE, as before replicas
             raise InvalidField("replica_number", asked,
                                f"is more than the online query nodes: not enough nodes to create replicas "
@@ -163,6 +174,7 @@ class LoadCollectionJob(Job[qc.LoadCollectionRequest]):
             return await self._wait(pending, Until.PLANNED)
         if load_type == COLLECTION and not self._releasing(cid):
             return 0  # loaded; whatever a node lost since, the checker loads again
+        await self._admit(self.request, await self.env.broker.show_partitions(cid))
         return await self._submit_new(LoadCollectionTask, self.request, Until.PLANNED)
 
 
@@ -210,6 +222,7 @@ class LoadPartitionsJob(Job[qc.LoadPartitionsRequest]):
         if loaded:
             raise Conflict(f"partitions {loaded} of collection {cid} are already loaded while "
                            f"{[p for p in pids if p not in loaded]} are not; load only the new ones")
+        await self._admit(self.request, pids)
         return await self._submit_new(LoadPartitionsTask, self.request, Until.PLANNED)
 
 

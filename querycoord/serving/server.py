@@ -40,6 +40,7 @@ from querycoord.common.errors import NotFound
 from querycoord.common.limits import Limits
 from querycoord.common.protocol import QUERYCOORD_ROLE
 from querycoord.common.validate import check_enums, check_id, check_ids, check_name, check_range
+from querycoord.leader.cancel_job import cancel_task, check_cancel
 from querycoord.leader.jobs import (
     Job,
     LoadBalanceJob,
@@ -50,6 +51,7 @@ from querycoord.leader.jobs import (
 )
 from querycoord.leader.switchover import coordinator_state, step_back, switch_over
 from querycoord.leader.view import Leadership, Switchable
+from querycoord.security.auth import caller
 from querycoord.served.missing import SEGMENT_LIMIT_MAX
 from querycoord.serving.gate import LeaderGate, Rpc, answered, budget
 from querycoord.serving.health_rpc import CollectionNames, check_health, explain
@@ -285,6 +287,16 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
     async def _task_records(self) -> list:
         """The persisted task records (what a standby knows of running trees), read once for concurrent callers."""
         return await self.standby.task_records()
+
+    @answered(qc.CancelTaskResponse)
+    async def CancelTask(self, request, context):
+        """Cancel a queued or running trigger (``querycoord.leader.cancel_job``); the leader answers."""
+        check_cancel(request)
+        lead = await self.gate.lead(context)
+        who = caller()
+        name = who.name if who is not None else f"an unauthenticated caller at {context.peer()}"
+        task = await cancel_task(lead.scheduler, self._kv(), request, name)
+        return qc.CancelTaskResponse(status=OK, task=task)
 
     @answered(qc.ShowNodesResponse)
     async def ShowNodes(self, request, context):

@@ -27,7 +27,7 @@ from querycoord.task.assign import (
     sent_request,
     strip_channel,
 )
-from querycoord.task.model import Task, TaskEnv, TaskError
+from querycoord.task.model import Task, TaskEnv, TaskError, check_cancelled
 from querycoord.task.release_guard import dm_channels_to_keep, segments_to_keep
 from querycoord.task.units import place_unit, usage_of
 
@@ -57,7 +57,12 @@ class ChildTask(Task):
             self._incarnation = node.created
         return node.created == self._incarnation
 
+    # A rollback child (``retries.ChildRunner.fail``): it runs for a cancelled tree too.
+    undoing = False
+
     async def call(self, request: Any) -> Any:
+        if not self.undoing:
+            check_cancelled(self)  # a cancelled tree sends nothing more (a call already in flight ends first)
         client = self.env.nodes.client(self.node_id)
         request.task_id = self.id
         return await client.call(rpc_method(QUERYNODE, request), request)

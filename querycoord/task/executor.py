@@ -21,7 +21,19 @@ from proto import querycoord_pb2 as qc
 from querycoord.common import events
 from querycoord.common.errors import CoordError
 from querycoord.task.leadership import CHILD_FAILURES, Abandon, LeadershipLost, Lifecycle, internal, is_stale_leader
-from querycoord.task.model import DOING, DONE, EXPIRED, FAILED, UNDO, TaskCancelled, TaskEnv, TaskError, now_ms
+from querycoord.task.model import (
+    CANCELLED,
+    DOING,
+    DONE,
+    EXPIRED,
+    FAILED,
+    UNDO,
+    TaskCancelled,
+    TaskEnv,
+    TaskError,
+    check_cancelled,
+    now_ms,
+)
 from querycoord.task.nospace import SpacePauses
 from querycoord.task.queue import TriggerQueue
 from querycoord.task.retention import Retention
@@ -67,7 +79,8 @@ class TreeRunner:
         q.started_ms.setdefault(t.id, now_ms())
         try:
             with logger.contextualize(task=t.id, **({"collection": t.collection_id} if t.collection_id else {})):
-                if t.id in q.cancel_reason:  # a release cancelled it between dispatch and this first step
+                if t.id in q.cancel_reason or (t.rec.cancel_requested and t.state == UNDO):
+                    # a release (or CancelTask) cancelled it before it took a step: nothing to undo
                     await self.finish_cancelled(t)
                 else:
                     await self._run_trigger(t)
@@ -125,7 +138,11 @@ class TreeRunner:
             if self.life.stopped:
                 raise Abandon from None
             raise
+        if t.rec.cancel_requested:  # CancelTask: whatever stopped the tree, it ends cancelled, rolled back alike
+            error = TaskCancelled(f"cancelled: {t.rec.cancel_requested}")
         await self._fail_safely(t, error)
+        if t.rec.cancel_requested:
+            t.set_state(CANCELLED)
         return error
 
     def _tree_error(self, t: TriggerTask, exc: Exception) -> BaseException:
@@ -139,18 +156,27 @@ class TreeRunner:
         return exc
 
     async def _execute_tree(self, t: TriggerTask) -> None:
+        """Plan, commit, run the children, record the result. CancelTask (``t.rec.cancel_requested``) is honoured
+        between the steps: after planning (nothing committed), by the children (no new node call; calls in flight
+        end first, so the rollback undoes what the nodes hold), and before the result is recorded; a tree a new
+        leader resumes with a cancel on its record rebuilds what its rollback needs and is rolled back."""
         store = self.env.store
+        if t.rec.cancel_requested:
+            await t.on_reload()
+            check_cancelled(t)
         if t.state in (UNDO, DOING):
             t.set_state(DOING)
             await store.save(t.rec)
             await t.pre_execute()
             await t.execute()
+            check_cancelled(t)
             await self._commit_plan(t)
         else:
             await t.on_reload()
         if not t.planned.done():
             t.planned.set_result(None)
         await self.children.run_children(t, [c for c in t.children if c.state != DONE])
+        check_cancelled(t)
         await t.post_execute()
         t.set_state(EXPIRED)
 
@@ -189,10 +215,12 @@ class TreeRunner:
             self.queue.failing.discard(t.id)
 
     async def finish_cancelled(self, t: TriggerTask) -> None:
-        """Finish a load a release cancelled before it ran: nothing to roll back, its keys removed."""
-        err = TaskCancelled(self.queue.cancel_reason.get(t.id, "cancelled"))
+        """Finish a load a release (or any trigger CancelTask) cancelled before it ran: nothing to roll back, its
+        keys removed."""
+        user = t.rec.cancel_requested
+        err = TaskCancelled(f"cancelled: {user}" if user else self.queue.cancel_reason.get(t.id, "cancelled"))
         t.set_error(err)
-        t.set_state(FAILED)
+        t.set_state(CANCELLED if user else FAILED)
         try:
             await self.retention.remove_tree(t)
         except Abandon:

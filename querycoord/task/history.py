@@ -47,7 +47,7 @@ _PRUNE_BATCH = 100
 
 _SUCCESS = (qc.TASK_STATE_DONE, qc.TASK_STATE_EXPIRED)
 _COUNT_NAMES = {qc.TASK_STATE_UNDO: "undo", qc.TASK_STATE_DOING: "doing", qc.TASK_STATE_DONE: "done",
-                qc.TASK_STATE_EXPIRED: "expired", qc.TASK_STATE_FAILED: "failed"}
+                qc.TASK_STATE_EXPIRED: "expired", qc.TASK_STATE_FAILED: "failed", qc.TASK_STATE_CANCELLED: "failed"}
 
 
 def history_key(task_id: int) -> str:

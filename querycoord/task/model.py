@@ -24,12 +24,14 @@ from querycoord.task.throttle import MoveThrottle, budgets_of
 
 if TYPE_CHECKING:
     from querycoord.catalog.broker import Broker
+    from querycoord.catalog.targets import CatalogTargets
     from querycoord.cluster.nodes import NodeManager
     from querycoord.querymeta import QueryMeta
     from querycoord.task.store import TaskStore
 
 UNDO, DOING, DONE = qc.TASK_STATE_UNDO, qc.TASK_STATE_DOING, qc.TASK_STATE_DONE
 EXPIRED, FAILED = qc.TASK_STATE_EXPIRED, qc.TASK_STATE_FAILED
+CANCELLED = qc.TASK_STATE_CANCELLED
 
 
 def now_ms() -> int:
@@ -53,6 +55,20 @@ class TaskCancelled(TaskError):
     code = common_pb2.CANCELLED
 
 
+def cancel_requested(task: Task) -> str:
+    """Why CancelTask cancels ``task``'s tree, with who asked ("" when it does not): read from its trigger's
+    record (persisted there before anything is undone, so a new leader honours it too)."""
+    trigger = task if task.IS_TRIGGER else task.parent
+    return trigger.rec.cancel_requested if trigger is not None else ""
+
+
+def check_cancelled(task: Task) -> None:
+    """Raise ``TaskCancelled`` when CancelTask cancels ``task``'s tree: the work stops before its next step."""
+    why = cancel_requested(task)
+    if why:
+        raise TaskCancelled(f"cancelled: {why}")
+
+
 @dataclass
 class TaskEnv:
     """What tasks work with. Built per leadership: ``meta`` and ``store`` write through the fence."""
@@ -66,6 +82,9 @@ class TaskEnv:
     # Repair units that cannot be placed now, with their reasons (``task.parking``): the checker weighs them
     # again at each pass instead of queueing repairs that would fail.
     parked: ParkedUnits = field(default_factory=ParkedUnits)
+    # The local catalog's segments followed in memory (None with a remote catalog): load admission reads the
+    # segment sizes there instead of the whole catalog (``task.admission``).
+    targets: CatalogTargets | None = None
     _load_gates: dict[int, asyncio.Semaphore] = field(default_factory=dict, init=False, repr=False)
     _throttle: MoveThrottle | None = field(default=None, init=False, repr=False)
 

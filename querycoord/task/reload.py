@@ -13,7 +13,7 @@ from loguru import logger
 
 from proto import task_pb2
 from querycoord.task import repair  # noqa: F401  (its kind registers in Task.KINDS, which reload reads)
-from querycoord.task.model import DONE, EXPIRED, FAILED, Task, TaskEnv
+from querycoord.task.model import CANCELLED, DONE, EXPIRED, FAILED, Task, TaskEnv
 from querycoord.task.triggers import TriggerTask
 
 
@@ -54,7 +54,7 @@ async def reload_trees(env: TaskEnv, push: Callable[[TriggerTask], None]) -> int
     queued = 0
     for r in sorted((r for r in records if r.parent_id == 0), key=lambda r: r.id):
         cls = Task.KINDS.get(r.WhichOneof("request") or "")
-        if cls is None or not issubclass(cls, TriggerTask) or r.state in (EXPIRED, FAILED):
+        if cls is None or not issubclass(cls, TriggerTask) or r.state in (EXPIRED, FAILED, CANCELLED):
             garbage.append(r)
             garbage.extend(children.pop(r.id, []))
             continue

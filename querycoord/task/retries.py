@@ -25,7 +25,7 @@ from querycoord.cluster.allocator import NoAvailableNode
 from querycoord.cluster.client import NodeError
 from querycoord.common import events
 from querycoord.task.leadership import CHILD_FAILURES, LeadershipLost, is_stale_leader
-from querycoord.task.model import DONE, FAILED, Task, TaskEnv, TaskError
+from querycoord.task.model import DONE, FAILED, Task, TaskCancelled, TaskEnv, TaskError, check_cancelled
 from querycoord.task.throttle import move_kind
 from querycoord.task.triggers import TriggerTask
 from querycoord.task.waits import Waits
@@ -54,6 +54,7 @@ class ChildRunner:
         for e in errors:
             if isinstance(e, NotLeader | LeadershipLost | asyncio.CancelledError) or is_stale_leader(e):
                 raise e
+        check_cancelled(t)  # the children stopped for CancelTask: the tree's answer is that, not their errors
         if errors:
             reasons = "; ".join(str(e) for e in errors[:5])
             more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
@@ -74,6 +75,7 @@ class ChildRunner:
         budget = self.cfg.retry_budget
         cause: BaseException | None = None
         while child.is_valid():
+            check_cancelled(t)  # CancelTask: no new attempt (see ``executor``)
             child.rec.retry_count += 1
             self.waits.calling(t.id, child)
             try:
@@ -82,6 +84,8 @@ class ChildRunner:
             except CHILD_FAILURES as exc:
                 if isinstance(exc, NotLeader) or is_stale_leader(exc):
                     raise LeadershipLost(str(exc)) from exc
+                if isinstance(exc, TaskCancelled):
+                    raise
                 cause = exc
                 child.set_error(exc)
                 logger.info("{} attempt {}/{} failed: {}", child.describe(), child.rec.retry_count, budget, exc)
@@ -92,6 +96,7 @@ class ChildRunner:
                 delay = min(self.cfg.retry_backoff * 2 ** (child.rec.retry_count - 1), self.cfg.retry_backoff_max)
                 self.waits.backing_off(t.id, child, delay)
                 await asyncio.sleep(delay)
+                check_cancelled(t)
                 continue
             child.set_state(DONE)
             await self.env.store.save_state(child.rec)  # a child's request never changes: its info alone
@@ -125,6 +130,7 @@ class ChildRunner:
         return slot()
 
     async def _reschedule(self, t: TriggerTask, child: Task, cause: BaseException | None = None) -> None:
+        check_cancelled(t)
         try:
             new = await self._replacements(t, child)
         except NoAvailableNode as exc:
@@ -180,6 +186,7 @@ class ChildRunner:
                     while self.env.nodes.version == seen and \
                             time.monotonic() < self.resumed_at + self.cfg.resume_node_wait:
                         await asyncio.sleep(self.cfg.wait_interval)
+                        check_cancelled(t)
                 finally:
                     self.waits.nodes_done(t.id)
 
@@ -188,6 +195,8 @@ class ChildRunner:
         logger.warning("{} failed: {}", t.describe(), exc)
         t.set_error(exc)
         rollback = t.roll_back()
+        for c in rollback:
+            c.undoing = True  # type: ignore[attr-defined]  # it runs although the tree is cancelled
         if rollback:
             results = await asyncio.gather(*(self._rollback_child(c) for c in rollback), return_exceptions=True)
             for r in results:

@@ -26,7 +26,7 @@ from proto import common_pb2, task_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.task.executor import TreeRunner
 from querycoord.task.leadership import Lifecycle
-from querycoord.task.model import DOING, DONE, EXPIRED, FAILED, UNDO, TaskEnv, TaskError
+from querycoord.task.model import CANCELLED, DOING, DONE, EXPIRED, FAILED, UNDO, TaskEnv, TaskError
 from querycoord.task.nospace import SpacePauses
 from querycoord.task.queue import TriggerQueue
 from querycoord.task.reload import reload_trees
@@ -38,7 +38,9 @@ from querycoord.task.waits import TriggerState, Waits, trigger_waits
 if TYPE_CHECKING:
     from querycoord.common.etcd_space import SpaceMonitor
 
-_STATE_NAMES = {UNDO: "undo", DOING: "doing", DONE: "done", EXPIRED: "expired", FAILED: "failed"}
+# A child's state as its trigger's counts name it (a cancelled tree's children stop as they stand).
+_STATE_NAMES = {UNDO: "undo", DOING: "doing", DONE: "done", EXPIRED: "expired", FAILED: "failed",
+                CANCELLED: "failed"}
 
 
 class Scheduler:

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from meta.kv import Batch, MetaKV, TxnResult
-from meta.txn import Delete, Op, Put, Unit
+from meta.txn import Delete, Op, Put, Unit, absent
 from proto import querycoord_pb2 as qc
 from proto import task_pb2
 from querycoord.task.history import history_unit
@@ -142,6 +142,14 @@ class TaskStore:
         wrote every load's requests to etcd twice, beside the segment records etcd was busy writing.
         """
         await self._write([TaskKeys(saves={info_key(rec.id): info_only(rec)})])
+
+    async def mark_cancel(self, rec: task_pb2.TaskRecord) -> bool:
+        """Rewrite a trigger's info key (carrying its cancel request) only while that key exists: a tree that
+        finished meanwhile is not brought back by the write. True when written."""
+        key = info_key(rec.id)
+        result = await self.kv.txn([absent(key)], [], on_failure_ops=[Put(key, info_only(rec))],
+                                   operation="task cancel")
+        return not result.succeeded
 
     async def commit_children(self, trigger: task_pb2.TaskRecord, children: Sequence[task_pb2.TaskRecord]) -> None:
         """Children first; the trigger's record (now DONE) in the last txn: the commit point."""

@@ -336,7 +336,7 @@ async def _print_summary(c: QueryCoordClient, b: catalog_pb2.CollectionDescripti
     kinds = Counter(draw.kind_name(tr.trigger.kind) for tr in trees)
     children = sum(len(tr.children) for tr in trees)
     resched = sum(1 for tr in trees for ch in tr.children if ch.replaces_task_id)
-    failed = sum(1 for tr in trees if tr.trigger.state == qc.TASK_STATE_FAILED)
+    failed = sum(1 for tr in trees if tr.trigger.state in (qc.TASK_STATE_FAILED, qc.TASK_STATE_CANCELLED))
     known = " known to the new leader" if takeover else ""  # the old leader's finished ones died with it
     print(f"  tasks{known}: {_count(len(trees), 'trigger')} ("
           + ", ".join(f"{k} x{v}" for k, v in sorted(kinds.items())) + "),\n"

@@ -12,8 +12,9 @@ the catalog gains sealed segments and compactions (handoffs); meanwhile one or t
 SIGKILLed or SIGSTOPped past its session TTL, the leader cut off from etcd (reset, blackholed or stalled)
 while it still reaches the nodes, which is the case fencing exists for, a standby cut off, query nodes
 killed, added, cut off from etcd or from the coordinators (``chaos_cluster``). With ``--capacity tight`` the
-nodes have room for about half the replicas (loads meet NO_AVAILABLE_NODE, a lost node's copies may have nowhere
-to go: a replica with no spare), nodes restart under fixed ids, the whole cluster restarts, and compactions chain.
+nodes have room for about half the replicas (loads are refused for want of memory, a lost node's copies may
+have nowhere to go: a replica with no spare), nodes restart under fixed ids, the whole cluster restarts, and
+compactions chain.
 
 After each phase every link is healed and the drill waits until the cluster is quiescent (the leader's
 ListTasks empty, no task key, the leader sees exactly the live nodes), then checks: every call answered

@@ -302,7 +302,8 @@ INF = float("inf")
 #: Answers that say a request changed nothing, per kind of request.
 NO_EFFECT_ANY = frozenset({"CONFLICT", "NOT_FOUND", "ILLEGAL_ARGUMENT", "REQUEST_TOO_LARGE", "NOT_READY",
                            "ALREADY_EXISTS"})
-NO_EFFECT_LOAD = NO_EFFECT_ANY | {"NO_AVAILABLE_NODE", "CANCELLED"}
+# RESOURCE_EXHAUSTED: refused by load admission (not enough query node memory), before anything is written.
+NO_EFFECT_LOAD = NO_EFFECT_ANY | {"NO_AVAILABLE_NODE", "CANCELLED", "RESOURCE_EXHAUSTED"}
 
 
 def effect_of(kind: str, outcome: str, code: str) -> Effect:

@@ -92,7 +92,7 @@ class ChaosResult:
             "cluster_restarts": self.counts.cluster_restarts,
             "partitions": self.counts.partitions,
             "checker_repairs": self.checker_repairs,
-            "no_room_loads": sum(c.code == "NO_AVAILABLE_NODE" for c in self.calls),
+            "no_room_loads": sum(c.code in ("NO_AVAILABLE_NODE", "RESOURCE_EXHAUSTED") for c in self.calls),
             "units_waiting_for_room": self.units_waiting_for_room,
             "unanswered": len(self.unanswered),
             "invariant_violations": len(self.violations),

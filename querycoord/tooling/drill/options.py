@@ -244,7 +244,8 @@ class ChaosOptions(RunOptions):
     def node_memory(self) -> int:
         """Bytes of each query node (``--node-memory-mb``; derived when 0). Tight: every replica of every
         collection, at its initial size, would need twice what the nodes have under the 90 % memory limit, so
-        loads meet NO_AVAILABLE_NODE and a lost node's copies often have nowhere to go (parked for room)."""
+        loads are refused for want of memory (load admission) and a lost node's copies often have nowhere to go
+        (parked for room)."""
         if self.node_memory_mb:
             return int(self.node_memory_mb * MIB)
         if not self.tight:
