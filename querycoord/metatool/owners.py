@@ -10,6 +10,7 @@ from meta.election import ELECTION_PREFIX, LEADER_RECORD_PREFIX
 from meta.session import SESSION_PREFIX
 from querycoord.catalog.segment_ids import INDEX_PREFIX as SEGMENT_ID_INDEX_PREFIX
 from querycoord.catalog.store import COLLECTIONS_PREFIX, ID_KEY, NAMES_PREFIX, SEGMENTS_PREFIX
+from querycoord.checkers.activation import ACTIVATION_KEY
 from querycoord.cluster.incarnations import PREFIX as INCARNATION_PREFIX
 from querycoord.leader.switchover import SWITCHOVER_KEY
 from querycoord.leader.watchers import HANDOFF_REVISION_KEY
@@ -31,6 +32,7 @@ OWNED: tuple[tuple[str, bool, str], ...] = (
     (qkeys.DELTA_CHANNEL_PREFIX, True, "query meta"),
     (INCARNATION_PREFIX, True, "query meta"),
     (HANDOFF_REVISION_KEY, False, "handoff watcher"),
+    (ACTIVATION_KEY, False, "checker (kinds turned off, balance paused)"),
     (TRIGGER_PREFIX, True, "task store"),
     (ACTIVE_PREFIX, True, "task store"),
     (INFO_PREFIX, True, "task store"),
