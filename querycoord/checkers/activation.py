@@ -55,12 +55,11 @@ class CheckKind:
 
 
 CHECK_KINDS: tuple[CheckKind, ...] = (
-    CheckKind(REPLICAS, "forget nodes query meta still refers to that are offline", False),
-    CheckKind(SEGMENTS, "load target segments a replica lacks (lost copies) and correct records naming the wrong "
-              "node", True),
-    CheckKind(RELEASES, "release copies nobody should hold (released, compacted, duplicated, not loaded) and "
-              "forget stale records", False),
-    CheckKind(CHANNELS, "watch DM channels a replica lacks and stop second watchers", True),
+    CheckKind(REPLICAS, "forget offline nodes query meta still refers to", False),
+    CheckKind(SEGMENTS, "load segments a replica lacks (lost copies); fix records naming the wrong node", True),
+    CheckKind(RELEASES, "release copies nobody should hold (released, compacted, duplicates); forget stale records",
+              False),
+    CheckKind(CHANNELS, "watch DM channels a replica lacks; stop second watchers", True),
     CheckKind(BALANCE, "auto balance: move segments from the fullest to the emptiest node", False),
 )
 KINDS_BY_NAME = {k.name: k for k in CHECK_KINDS}
@@ -182,6 +181,6 @@ def activation_record(off: dict[str, Off]) -> dict[str, Any]:
                                   for k in CHECK_KINDS if k.name in off]}
 
 
-__all__ = ["ACTIVATION_KEY", "BALANCE", "CHANNELS", "CHECK_KINDS", "RELEASES", "REPLICAS", "SEGMENTS", "CheckKind",
-           "CheckerSwitches", "Off", "activation_record", "decode", "encode", "kind_of", "read_activation",
-           "warning_for"]
+__all__ = ["ACTIVATION_KEY", "BALANCE", "CHANNELS", "CHECK_KINDS", "KINDS_BY_NAME", "RELEASES", "REPLICAS",
+           "SEGMENTS", "CheckKind", "CheckerSwitches", "Off", "activation_record", "decode", "encode", "kind_of",
+           "read_activation", "warning_for"]
