@@ -60,6 +60,12 @@ SERVICES = {
             "GetCoordinatorState",
             "CheckHealth",
             "Explain",
+            "SuspendBalance",
+            "ResumeBalance",
+            "CheckBalanceStatus",
+            "ListCheckers",
+            "ActivateChecker",
+            "DeactivateChecker",
         },
     ),
     "QueryNode": (
