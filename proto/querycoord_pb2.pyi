@@ -658,3 +658,63 @@ class CancelTaskResponse(_message.Message):
     status: _common_pb2.Status
     task: TaskInfo
     def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., task: _Optional[_Union[TaskInfo, _Mapping]] = ...) -> None: ...
+
+class SuspendBalanceRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ResumeBalanceRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CheckBalanceStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class BalanceStatusResponse(_message.Message):
+    __slots__ = ("status", "paused", "since_ms", "by")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    SINCE_MS_FIELD_NUMBER: _ClassVar[int]
+    BY_FIELD_NUMBER: _ClassVar[int]
+    status: _common_pb2.Status
+    paused: bool
+    since_ms: int
+    by: str
+    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., paused: _Optional[bool] = ..., since_ms: _Optional[int] = ..., by: _Optional[str] = ...) -> None: ...
+
+class ListCheckersRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CheckerInfo(_message.Message):
+    __slots__ = ("name", "active", "description")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    active: bool
+    description: str
+    def __init__(self, name: _Optional[str] = ..., active: _Optional[bool] = ..., description: _Optional[str] = ...) -> None: ...
+
+class ListCheckersResponse(_message.Message):
+    __slots__ = ("status", "checkers")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    CHECKERS_FIELD_NUMBER: _ClassVar[int]
+    status: _common_pb2.Status
+    checkers: _containers.RepeatedCompositeFieldContainer[CheckerInfo]
+    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., checkers: _Optional[_Iterable[_Union[CheckerInfo, _Mapping]]] = ...) -> None: ...
+
+class CheckerRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class CheckerResponse(_message.Message):
+    __slots__ = ("status", "checker")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    CHECKER_FIELD_NUMBER: _ClassVar[int]
+    status: _common_pb2.Status
+    checker: CheckerInfo
+    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., checker: _Optional[_Union[CheckerInfo, _Mapping]] = ...) -> None: ...

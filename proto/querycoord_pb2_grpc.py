@@ -135,6 +135,36 @@ class QueryCoordStub:
                 request_serializer=proto_dot_querycoord__pb2.CancelTaskRequest.SerializeToString,
                 response_deserializer=proto_dot_querycoord__pb2.CancelTaskResponse.FromString,
                 _registered_method=True)
+        self.SuspendBalance = channel.unary_unary(
+                '/querycoord.query.QueryCoord/SuspendBalance',
+                request_serializer=proto_dot_querycoord__pb2.SuspendBalanceRequest.SerializeToString,
+                response_deserializer=proto_dot_querycoord__pb2.BalanceStatusResponse.FromString,
+                _registered_method=True)
+        self.ResumeBalance = channel.unary_unary(
+                '/querycoord.query.QueryCoord/ResumeBalance',
+                request_serializer=proto_dot_querycoord__pb2.ResumeBalanceRequest.SerializeToString,
+                response_deserializer=proto_dot_querycoord__pb2.BalanceStatusResponse.FromString,
+                _registered_method=True)
+        self.CheckBalanceStatus = channel.unary_unary(
+                '/querycoord.query.QueryCoord/CheckBalanceStatus',
+                request_serializer=proto_dot_querycoord__pb2.CheckBalanceStatusRequest.SerializeToString,
+                response_deserializer=proto_dot_querycoord__pb2.BalanceStatusResponse.FromString,
+                _registered_method=True)
+        self.ListCheckers = channel.unary_unary(
+                '/querycoord.query.QueryCoord/ListCheckers',
+                request_serializer=proto_dot_querycoord__pb2.ListCheckersRequest.SerializeToString,
+                response_deserializer=proto_dot_querycoord__pb2.ListCheckersResponse.FromString,
+                _registered_method=True)
+        self.ActivateChecker = channel.unary_unary(
+                '/querycoord.query.QueryCoord/ActivateChecker',
+                request_serializer=proto_dot_querycoord__pb2.CheckerRequest.SerializeToString,
+                response_deserializer=proto_dot_querycoord__pb2.CheckerResponse.FromString,
+                _registered_method=True)
+        self.DeactivateChecker = channel.unary_unary(
+                '/querycoord.query.QueryCoord/DeactivateChecker',
+                request_serializer=proto_dot_querycoord__pb2.CheckerRequest.SerializeToString,
+                response_deserializer=proto_dot_querycoord__pb2.CheckerResponse.FromString,
+                _registered_method=True)
 
 
 class QueryCoordServicer:
@@ -287,6 +317,56 @@ class QueryCoordServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SuspendBalance(self, request, context):
+        """Balance control (`querycoord balance pause|resume|status`, as Milvus
+        2.4's SuspendBalance/ResumeBalance/CheckBalanceStatus): while paused no
+        optional move is planned (the auto balancer queues nothing); repairs of
+        lost copies, loads, releases and a user's LoadBalance still run. Kept
+        in etcd, so a new leader keeps it. Every answer says whether balance is
+        paused, since when and by whom; a standby answers CheckBalanceStatus
+        from etcd.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeBalance(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CheckBalanceStatus(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListCheckers(self, request, context):
+        """The checker's kinds at runtime (`querycoord checkers`, as Milvus 2.4's
+        ListCheckers/ActivateChecker/DeactivateChecker): a deactivated kind
+        plans nothing; kept in etcd across leader changes. An unknown name is
+        NOT_FOUND listing the known ones. Deactivating a kind that repairs lost
+        copies succeeds with a warning in the status reason. "balance" is the
+        auto balancer: deactivating it is SuspendBalance. A standby answers
+        ListCheckers from etcd.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ActivateChecker(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeactivateChecker(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_QueryCoordServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -389,6 +469,36 @@ def add_QueryCoordServicer_to_server(servicer, server):
                     servicer.CancelTask,
                     request_deserializer=proto_dot_querycoord__pb2.CancelTaskRequest.FromString,
                     response_serializer=proto_dot_querycoord__pb2.CancelTaskResponse.SerializeToString,
+            ),
+            'SuspendBalance': grpc.unary_unary_rpc_method_handler(
+                    servicer.SuspendBalance,
+                    request_deserializer=proto_dot_querycoord__pb2.SuspendBalanceRequest.FromString,
+                    response_serializer=proto_dot_querycoord__pb2.BalanceStatusResponse.SerializeToString,
+            ),
+            'ResumeBalance': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeBalance,
+                    request_deserializer=proto_dot_querycoord__pb2.ResumeBalanceRequest.FromString,
+                    response_serializer=proto_dot_querycoord__pb2.BalanceStatusResponse.SerializeToString,
+            ),
+            'CheckBalanceStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.CheckBalanceStatus,
+                    request_deserializer=proto_dot_querycoord__pb2.CheckBalanceStatusRequest.FromString,
+                    response_serializer=proto_dot_querycoord__pb2.BalanceStatusResponse.SerializeToString,
+            ),
+            'ListCheckers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListCheckers,
+                    request_deserializer=proto_dot_querycoord__pb2.ListCheckersRequest.FromString,
+                    response_serializer=proto_dot_querycoord__pb2.ListCheckersResponse.SerializeToString,
+            ),
+            'ActivateChecker': grpc.unary_unary_rpc_method_handler(
+                    servicer.ActivateChecker,
+                    request_deserializer=proto_dot_querycoord__pb2.CheckerRequest.FromString,
+                    response_serializer=proto_dot_querycoord__pb2.CheckerResponse.SerializeToString,
+            ),
+            'DeactivateChecker': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeactivateChecker,
+                    request_deserializer=proto_dot_querycoord__pb2.CheckerRequest.FromString,
+                    response_serializer=proto_dot_querycoord__pb2.CheckerResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -931,6 +1041,168 @@ class QueryCoord:
             '/querycoord.query.QueryCoord/CancelTask',
             proto_dot_querycoord__pb2.CancelTaskRequest.SerializeToString,
             proto_dot_querycoord__pb2.CancelTaskResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SuspendBalance(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/querycoord.query.QueryCoord/SuspendBalance',
+            proto_dot_querycoord__pb2.SuspendBalanceRequest.SerializeToString,
+            proto_dot_querycoord__pb2.BalanceStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeBalance(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/querycoord.query.QueryCoord/ResumeBalance',
+            proto_dot_querycoord__pb2.ResumeBalanceRequest.SerializeToString,
+            proto_dot_querycoord__pb2.BalanceStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CheckBalanceStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/querycoord.query.QueryCoord/CheckBalanceStatus',
+            proto_dot_querycoord__pb2.CheckBalanceStatusRequest.SerializeToString,
+            proto_dot_querycoord__pb2.BalanceStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListCheckers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/querycoord.query.QueryCoord/ListCheckers',
+            proto_dot_querycoord__pb2.ListCheckersRequest.SerializeToString,
+            proto_dot_querycoord__pb2.ListCheckersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ActivateChecker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/querycoord.query.QueryCoord/ActivateChecker',
+            proto_dot_querycoord__pb2.CheckerRequest.SerializeToString,
+            proto_dot_querycoord__pb2.CheckerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeactivateChecker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/querycoord.query.QueryCoord/DeactivateChecker',
+            proto_dot_querycoord__pb2.CheckerRequest.SerializeToString,
+            proto_dot_querycoord__pb2.CheckerResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -534,6 +534,12 @@ def valid_request(rpc: Rpc, w: World, rng: random.Random) -> Message:
         "querycoord.query.QueryCoord.Switchover": lambda: querycoord_pb2.SwitchoverRequest(
             target=rng.choice(["", *w.coordinators])),
         "querycoord.query.QueryCoord.StepBack": lambda: querycoord_pb2.StepBackRequest(requested_by="fuzz"),
+        # Any kind may be turned on; only the auto balancer off: a repairing kind left off by a run would leave the
+        # checks after it a lost copy nobody repairs (deactivating one is tested on its own, with a warning).
+        "querycoord.query.QueryCoord.ActivateChecker": lambda: querycoord_pb2.CheckerRequest(
+            name=rng.choice(["segments", "channels", "releases", "replicas", "balance", "nosuch"])),
+        "querycoord.query.QueryCoord.DeactivateChecker": lambda: querycoord_pb2.CheckerRequest(
+            name=rng.choice(["balance", "nosuch"])),
         "querycoord.stream.StreamMgmt.CreateStream": lambda: stream_pb2.CreateStreamRequest(
             name=f"fz_{n}", source_db="db", source_vgroup_ids=rng.sample(w.vgroups, 1) if w.vgroups else [1],
             num_calc_scan_plans=rng.randint(0, 1), num_calc_subplans=rng.randint(1, 2),

@@ -61,6 +61,12 @@ SERVICES = {
             "CheckHealth",
             "Explain",
             "CancelTask",
+            "SuspendBalance",
+            "ResumeBalance",
+            "CheckBalanceStatus",
+            "ListCheckers",
+            "ActivateChecker",
+            "DeactivateChecker",
         },
     ),
     "QueryNode": (

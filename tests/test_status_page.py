@@ -301,8 +301,9 @@ async def test_status_json_on_leader_and_standby_and_escaping(etcd: EtcdCluster,
             await until("the stream running", lambda: _stream_running(leader))
 
         s = await status_json(leader)
-        assert set(s) == {"generated_ms", "root", "this", "leader", "switchover", "coordinators", "query_nodes",
-                          "stream_nodes", "collections", "health", "tasks", "streams", "etcd", "errors"}
+        assert set(s) == {"generated_ms", "root", "this", "leader", "switchover", "controls", "coordinators",
+                          "query_nodes", "stream_nodes", "collections", "health", "tasks", "streams", "etcd", "errors"}
+        assert s["controls"] == {"balance": {"paused": False, "since_ms": 0, "by": ""}, "inactive_checkers": []}
         assert s["errors"] == {}, s["errors"]
         assert s["root"] == root_path and s["leader"] == leader.address and s["switchover"] is None
         assert s["this"]["address"] == leader.address and s["this"]["role"] == "leader"

@@ -6,6 +6,9 @@ compares them (``diff``), corrects load percentages, weighs parked units and enq
 collection that differs (``task.repair``). It never touches a collection that has a trigger queued or
 running (the trigger owns it until it ends) and never writes except through the scheduler, whose writes are
 fenced.
+
+Check kinds an operator turned off (``activation``) plan nothing: a pass still compares and corrects
+percentages, then drops what those kinds would do from each repair.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from loguru import logger
 from meta.loops import loop_failed
 from proto import querycoord_pb2 as qc
 from querycoord.catalog.targets import CatalogTargets
+from querycoord.checkers.activation import REPLICAS, CheckerSwitches
 from querycoord.checkers.diff import diff_async
 from querycoord.checkers.distribution import collect
 from querycoord.checkers.left import LeftNodes
@@ -27,7 +31,7 @@ from querycoord.checkers.parked import weigh_units
 from querycoord.checkers.preempt import balances_by_collection, preempt_balances
 from querycoord.checkers.progress import set_progress
 from querycoord.checkers.replicas import forget_offline
-from querycoord.checkers.scan import Diff, has_work
+from querycoord.checkers.scan import Diff, describe, has_work
 from querycoord.checkers.targets import TargetReader
 from querycoord.common import memory
 from querycoord.task.repair import RepairTask
@@ -53,16 +57,19 @@ class Checker:
     """Runs ``check_once`` every ``interval`` seconds or when kicked; never dies on one error."""
 
     def __init__(self, scheduler: Scheduler, *, interval: float = 5.0, targets: CatalogTargets | None = None,
-                 forget: Callable[[int], Awaitable[None]] | None = None, left: LeftNodes | None = None):
+                 forget: Callable[[int], Awaitable[None]] | None = None, left: LeftNodes | None = None,
+                 switches: CheckerSwitches | None = None):
         """``forget``: what a lost node gets (``watchers.forget_node``; see ``replicas.forget_offline``).
         ``targets``: the followed copy of a local catalog (``catalog.targets``): a pass reads targets from
         memory. ``left``: nodes whose re-replication is delayed (``checkers.left``): what meta places on them is
-        unknown to a pass, neither missing nor extra, until they are forgotten or back."""
+        unknown to a pass, neither missing nor extra, until they are forgotten or back. ``switches``: which kinds
+        run (``activation``; default: all)."""
         self.scheduler = scheduler
         self.left = left
         self.interval = interval
         self.forget = forget
         self.targets = targets
+        self.switches = switches if switches is not None else CheckerSwitches()
         self._reader = TargetReader(scheduler.env, targets)
         self._kick = asyncio.Event()
         self.runs = 0
@@ -109,7 +116,7 @@ class Checker:
         env = self.scheduler.env
         report = CheckReport()
         self.runs += 1
-        if self.forget is not None:
+        if self.forget is not None and self.switches.is_active(REPLICAS):
             await forget_offline(env, self.forget, report.forgotten)
         # Collections a trigger is working on are left to it: their segments are not even collected from the
         # nodes' answers (a million-segment load would pay for every one of them at every pass).
@@ -148,6 +155,8 @@ class Checker:
             if cid in self._busy() or sched.stopped:
                 continue
             unwhole[cid] = weigh_units(env, cid, req, usage, report.parked)
+            self.switches.drop_inactive(req)  # after parking: a unit that cannot be placed still says why
+            req.reason = describe(req)
             if not has_work(req):
                 continue
             task = RepairTask.new(env, req, trigger_condition=qc.TRIGGER_CONDITION_CHECKER, collection_id=cid)

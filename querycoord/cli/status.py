@@ -21,6 +21,7 @@ from loguru import logger
 from meta.errors import MetaError
 from meta.ops.maintenance import MIB
 from proto import querycoord_pb2 as qc
+from querycoord.cli.balance_cmd import utc
 from querycoord.cli.common import add_etcd_read_options, add_output_option, client_command, emit, fail
 from querycoord.console import draw
 from querycoord.console.actions import check
@@ -39,6 +40,23 @@ def _since(t: float | None, now: float) -> str:
     return f"{time.strftime('%H:%M:%S', time.localtime(t))} ({span} ago)"
 
 
+def control_lines(controls: dict[str, Any] | None) -> list[str]:
+    """Balance paused and check kinds turned off (``querycoord balance pause``, ``querycoord checkers``); nothing
+    while everything runs."""
+    if not controls:
+        return []
+    lines = []
+    balance = controls["balance"]
+    if balance["paused"]:
+        lines.append(f"balance paused since {utc(balance['since_ms'])}" + (f" by {balance['by']}" if balance["by"]
+                                                                          else ""))
+    off = [c for c in controls["inactive_checkers"] if c["name"] != "balance"]
+    if off:
+        lines.append("checkers off: " + ", ".join(f"{c['name']} (since {utc(c['since_ms'])}"
+                                                  + (f" by {c['by']})" if c["by"] else ")") for c in off))
+    return lines
+
+
 def render(status: dict[str, Any], now: float | None = None) -> list[str]:
     """The one screen of ``querycoord status``."""
     now = time.time() if now is None else now
@@ -46,6 +64,7 @@ def render(status: dict[str, Any], now: float | None = None) -> list[str]:
     if status["switchover"]:
         s = status["switchover"]
         lines.append(f"switchover in progress: {s.get('from')} -> {s.get('to')}")
+    lines += control_lines(status.get("controls"))
     coords = status["coordinators"]
     lines += ["", f"coordinators ({len(coords)})"]
     if coords:

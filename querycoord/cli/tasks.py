@@ -1,4 +1,8 @@
-"""``querycoord balance``, ``tasks`` and ``nodes``: what the scheduler does and what the nodes hold."""
+"""``querycoord balance``, ``tasks`` and ``nodes``: what the scheduler does and what the nodes hold.
+
+``balance --source ...`` is a move (LoadBalance); ``balance pause|resume|status`` is balance control
+(``cli/balance_cmd.py``).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from typing import Any
 
 from proto import common_pb2
 from proto import querycoord_pb2 as qc
+from querycoord.cli.balance_cmd import BALANCE_ACTIONS, balance_control
 from querycoord.cli.common import add_output_option, client_command, emit, non_negative_int, positive_int
 from querycoord.console import draw
 from querycoord.console.actions import (
@@ -36,6 +41,10 @@ def _ints(values: Sequence[str] | None, what: str) -> list[int]:
 
 
 async def _balance(c: QueryCoordClient, args: argparse.Namespace) -> int:
+    if args.action is not None:
+        return await balance_control(c, args)
+    if not args.source:
+        raise ValueError("`querycoord balance` needs --source NODE (a move) or one of pause, resume, status")
     req = qc.LoadBalanceRequest(source_node_ids=_ints(args.source, "--source"), dst_node_ids=_ints(args.dst, "--dst"),
                                 sealed_segment_ids=_ints(args.segments, "--segments"),
                                 collection_id=args.collection)
@@ -210,14 +219,18 @@ async def _nodes(c: QueryCoordClient, args: argparse.Namespace) -> int:
 
 
 def add_parsers(sub: Any, client: list[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("balance", parents=client, help="move sealed segments off query nodes")
-    p.add_argument("--source", nargs="+", required=True, help="source node ids")
+    p = sub.add_parser("balance", parents=client,
+                       help="move sealed segments off query nodes (--source); pause|resume|status: balance control")
+    p.add_argument("action", nargs="?", choices=BALANCE_ACTIONS,
+                   help="pause: no optional move is planned (repairs still run); resume; status")
+    p.add_argument("--source", nargs="+", help="source node ids (a move)")
     p.add_argument("--dst", nargs="+", help="destination node ids (default: any other online node)")
     p.add_argument("--segments", nargs="+", help="segment ids to move (default: every segment of the sources)")
     p.add_argument("--collection", type=non_negative_int, default=0, help="only segments of this collection id")
     p.add_argument("--no-wait", action="store_true", help="return once the balance is queued")
     p.add_argument("--max-children", type=non_negative_int, default=20,
                    help="children drawn at most (0: all; default 20)")
+    add_output_option(p)  # pause|resume|status
     p.set_defaults(func=client_command(_balance))
 
     p = sub.add_parser("tasks", parents=client,

@@ -238,7 +238,14 @@ code, .mono { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-
       dash(c.fence_revision), badge(c.health)]);
     const sw = d.switchover ? el("p", "busy", "switchover in progress: " + dash(d.switchover.from) + " \\u2192 " +
       dash(d.switchover.to)) : null;
-    return card("coordinators", "Coordinators", d.coordinators.length, false, problem(d, "cluster"), sw,
+    const ctl = d.controls || {balance: {paused: false}, inactive_checkers: []};
+    const off = ctl.inactive_checkers.filter((c) => c.name !== "balance").map((c) => c.name);
+    const paused = ctl.balance.paused ? el("p", "busy", "balance paused since " + clock(ctl.balance.since_ms) +
+      (ctl.balance.by ? " by " + ctl.balance.by : "")) : null;
+    if (paused) paused.id = "balance-paused";
+    const offLine = off.length ? el("p", "busy", "checkers off: " + off.join(", ")) : null;
+    return card("coordinators", "Coordinators", d.coordinators.length, false, problem(d, "cluster"), sw, paused,
+      offLine,
       rows.length ? table(["Address", "ID", "Role", "Since", "Fence", "Health"], rows, [1, 4])
                   : none("no coordinator session in etcd", d, "cluster"));
   }

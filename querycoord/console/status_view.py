@@ -46,6 +46,7 @@ from meta.kv import MetaKV
 from meta.ops.maintenance import cluster_status
 from meta.session import SessionInfo, list_sessions, role_prefix
 from proto import querycoord_pb2 as qc
+from querycoord.checkers.activation import activation_record, read_activation
 from querycoord.common.protocol import QUERYCOORD_ROLE, QUERYNODE_ROLE, STREAMNODE_ROLE
 from querycoord.console import draw
 from querycoord.console.actions import LOAD_TYPES, Refusal, check, collection_records, node_records, show_streams
@@ -161,13 +162,15 @@ def node_rows(sessions: dict[int, SessionInfo], role: str) -> list[dict[str, Any
 
 
 async def session_view(kv: MetaKV, probe_timeout: float) -> dict[str, Any]:
-    """Who leads, the coordinators, the query and stream nodes and a switchover in progress, from etcd."""
+    """Who leads, the coordinators, the query and stream nodes, a switchover in progress, and balance paused or
+    check kinds turned off (``controls``), from etcd."""
     coordinators = await coordinator_rows(kv, probe_timeout)
     query_nodes = (await list_sessions(kv, QUERYNODE_ROLE)).sessions
     stream_nodes = (await list_sessions(kv, STREAMNODE_ROLE)).sessions
     switchover = await switchover_holder(kv)
+    controls = activation_record(await read_activation(kv))
     leader = next((c["address"] for c in coordinators if c["role"] == "leader"), None)
-    return {"leader": leader, "switchover": switchover, "coordinators": coordinators,
+    return {"leader": leader, "switchover": switchover, "controls": controls, "coordinators": coordinators,
             "query_nodes": node_rows(query_nodes, QUERYNODE_ROLE),
             "stream_nodes": node_rows(stream_nodes, STREAMNODE_ROLE)}
 
@@ -386,7 +389,8 @@ class StatusSource:
                 await client.close()
         snapshot = {
             "generated_ms": int(time.time() * 1000), "root": coord.config.root, "this": self._this(),
-            "leader": leader, "switchover": view.get("switchover"), "coordinators": view.get("coordinators", []),
+            "leader": leader, "switchover": view.get("switchover"), "controls": view.get("controls"),
+            "coordinators": view.get("coordinators", []),
             "query_nodes": merge_nodes(view.get("query_nodes", []), nodes),
             "stream_nodes": view.get("stream_nodes", []), "collections": with_health(collections or [], health),
             "health": health["state"] if health else None,

@@ -6,6 +6,14 @@ memory limit (90 %) or the spread between highest and lowest exceeds
 ``spread`` (30 %), it queues one LoadBalance (reason AUTO) moving just
 enough segments, largest first, to bring the two nodes closest together.
 Nothing is queued while another balance is pending, so balances never pile up.
+
+While balance is paused (``querycoord balance pause``: the ``balance`` check kind off,
+``checkers.activation``) a round queues nothing. A balance already queued or running when the pause
+comes is let finish: it is one bounded move, loading each segment on its destination before releasing
+it from its source, so it never leaves a segment unserved, and cancelling it half-way would only roll
+back loads already done. Repairs of lost copies are the checker's, not the balancer's, and run paused
+or not; so do a user's LoadBalance calls (as Milvus runs manual transfers while its balance checker is
+suspended): an operator who asks for a move while balance is paused wants that move.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from loguru import logger
 
 from meta.loops import loop_failed
 from proto import querycoord_pb2 as qc
+from querycoord.checkers.activation import CheckerSwitches
 from querycoord.querymeta import QueryMeta
 from querycoord.task.scheduler import Scheduler
 from querycoord.task.triggers import LoadBalanceTask
@@ -62,12 +71,14 @@ def may_serve(meta: QueryMeta, collection_id: int, replica_id: int, node_id: int
     return owner in (0, replica_id)
 
 
-async def auto_balance_loop(scheduler: Scheduler, interval: float, spread: float) -> None:
-    """Every ``interval``, one move if the spread calls for it; an error is logged and the loop goes on."""
+async def auto_balance_loop(scheduler: Scheduler, interval: float, spread: float,
+                            switches: CheckerSwitches | None = None) -> None:
+    """Every ``interval``, one move if the spread calls for it and balance is not paused (``switches``); an
+    error is logged and the loop goes on."""
     while not scheduler.stopped:
         await asyncio.sleep(interval)
         try:
-            await auto_balance_once(scheduler, spread)
+            await auto_balance_once(scheduler, spread, switches)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -75,8 +86,13 @@ async def auto_balance_loop(scheduler: Scheduler, interval: float, spread: float
                 return
 
 
-async def auto_balance_once(scheduler: Scheduler, spread: float) -> None:
+async def auto_balance_once(scheduler: Scheduler, spread: float, switches: CheckerSwitches | None = None) -> None:
+    """One round: queue one move, or nothing (balanced, a balance pending, or balance paused)."""
     env = scheduler.env
+    if switches is not None:
+        switches.balance_rounds += 1
+        if switches.balance_paused:
+            return
     if any(t.KIND == qc.TASK_KIND_LOAD_BALANCE for t in scheduler.triggers.values()):
         return
     online = env.nodes.online()

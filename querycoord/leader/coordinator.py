@@ -30,6 +30,7 @@ from querycoord.catalog.broker import Broker, GrpcBroker, LocalBroker
 from querycoord.catalog.store import CatalogStore
 from querycoord.catalog.targets import CatalogTargets
 from querycoord.checkers import Checker
+from querycoord.checkers.activation import CheckerSwitches
 from querycoord.checkers.left import LeftNodes
 from querycoord.cluster.incarnations import Incarnations
 from querycoord.cluster.nodes import Node, NodeManager
@@ -400,8 +401,10 @@ class Coordinator:
         scheduler = Scheduler(env, on_leadership_lost=self._loss_callback(term), space=self.space)
         # Where meta and the nodes disagree (a leader that died half-way), the checker's first run, kicked
         # below, queues the repairs; collections with resumed triggers are left to those triggers.
+        # Which check kinds run (balance paused or not), as the last leader was told: before the first pass.
+        switches = await CheckerSwitches.load(fenced)
         checker = Checker(scheduler, interval=self.config.checker_interval, targets=self.targets,
-                          forget=on_node_down, left=left)
+                          forget=on_node_down, left=left, switches=switches)
         scheduler.finish_hooks.append(checker.after_trigger)
         started.append(nodes.stop)
         await nodes.start()
@@ -443,7 +446,8 @@ class Coordinator:
         checker.kick()  # the first check right after takeover
         loop("checker kicks", lambda: kick_on_node_changes(nodes, checker))
         if cfg.auto_balance_interval > 0:
-            loop("auto balance", lambda: auto_balance_loop(scheduler, cfg.auto_balance_interval, cfg.balance_spread))
+            loop("auto balance", lambda: auto_balance_loop(scheduler, cfg.auto_balance_interval, cfg.balance_spread,
+                                                           switches))
         loop("stream node sessions", lambda: follow_stream_nodes(kv, streams))
         loop("stream tick", lambda: tick_streams(streams, cfg.stream_tick, cfg.stream_refresh))
         self.leadership = Leadership(fence=fence, kv=fenced, meta=meta, nodes=nodes, scheduler=scheduler, env=env,

@@ -10,6 +10,7 @@ from meta.election import ELECTION_PREFIX, LEADER_RECORD_PREFIX
 from meta.session import SESSION_PREFIX
 from querycoord.catalog.segment_ids import INDEX_PREFIX as SEGMENT_ID_INDEX_PREFIX
 from querycoord.catalog.store import COLLECTIONS_PREFIX, ID_KEY, NAMES_PREFIX, SEGMENTS_PREFIX
+from querycoord.checkers.activation import ACTIVATION_KEY
 from querycoord.cluster.incarnations import PREFIX as INCARNATION_PREFIX
 from querycoord.leader.switchover import SWITCHOVER_KEY
 from querycoord.leader.watchers import HANDOFF_REVISION_KEY
@@ -24,6 +25,7 @@ OWNED: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "query meta": ((qkeys.COLLECTION_PREFIX, qkeys.SEGMENT_PREFIX, qkeys.DM_CHANNEL_PREFIX,
                     qkeys.DELTA_CHANNEL_PREFIX, INCARNATION_PREFIX), ()),
     "handoff watcher": ((), (HANDOFF_REVISION_KEY,)),
+    "checker (kinds turned off, balance paused)": ((), (ACTIVATION_KEY,)),
     "task store": ((TRIGGER_PREFIX, ACTIVE_PREFIX, INFO_PREFIX), ()),
     "task history": ((HISTORY_PREFIX,), ()),
     "stream store": ((sstore.STREAMS_PREFIX, sstore.NAMES_PREFIX, sstore.SNODES_PREFIX), (sstore.RING_KEY,)),

@@ -45,8 +45,10 @@ _TABLE: dict[str, dict[str, frozenset[Role]]] = {
         "ShowCollections": READ, "ShowPartitions": READ, "GetPartitionStates": READ, "GetSegmentInfo": READ,
         "GetComponentStates": READ, "ListTasks": READ, "GetTask": READ, "ShowNodes": READ,
         "GetCoordinatorState": READ, "GetReplicas": READ, "CheckHealth": READ, "Explain": READ,
+        "CheckBalanceStatus": READ, "ListCheckers": READ,
         "LoadCollection": ADMIN, "ReleaseCollection": ADMIN, "LoadPartitions": ADMIN, "ReleasePartitions": ADMIN,
         "LoadBalance": ADMIN, "Switchover": ADMIN, "CancelTask": ADMIN,
+        "SuspendBalance": ADMIN, "ResumeBalance": ADMIN, "ActivateChecker": ADMIN, "DeactivateChecker": ADMIN,
         "StepBack": COORDINATOR,  # only a leader asks, during a switchover
     },
     "Catalog": {

@@ -18,6 +18,7 @@ from prometheus_client.metrics_core import Metric
 from meta.session import role_prefix
 from proto import querycoord_pb2 as qc
 from proto import stream_pb2
+from querycoord.checkers.activation import CHECK_KINDS
 from querycoord.common.metrics import ETCD_SCRAPE_TIMEOUT, kind_label
 from querycoord.common.metrics import gauge as _gauge
 from querycoord.common.protocol import QUERYCOORD_ROLE, QUERYNODE_ROLE, STREAMNODE_ROLE
@@ -80,6 +81,7 @@ def _leader_families(lead: Leadership) -> list[Metric]:
                                    "leadership", value=lead.checker.repairs))
     out.append(CounterMetricFamily("querycoord_checker_errors", "Checker passes that failed in this leadership",
                                    value=lead.checker.errors))
+    out.extend(_switch_families(lead))
     segments = GaugeMetricFamily("querycoord_node_segments", "Sealed segments query meta places on each node",
                                  labels=["node_id"])
     channels = GaugeMetricFamily("querycoord_node_dm_channels", "DM channels query meta places on each node",
@@ -103,6 +105,18 @@ def _leader_families(lead: Leadership) -> list[Metric]:
     out.extend(_served_families(lead))
     out.extend(_stream_families(lead))
     return out
+
+
+def _switch_families(lead: Leadership) -> list[Metric]:
+    """Balance paused, and which check kinds run (``querycoord.checkers.activation``), as the leader holds them."""
+    switches = lead.checker.switches
+    active = GaugeMetricFamily("querycoord_checker_active", "1 while this check kind runs, 0 while an operator has "
+                               "turned it off (`querycoord checkers`)", labels=["checker"])
+    for kind in CHECK_KINDS:
+        active.add_metric([kind.name], 1 if switches.is_active(kind.name) else 0)
+    return [_gauge("querycoord_balance_paused", "1 while balance is paused (`querycoord balance pause`): no "
+                   "optional move is planned; repairs, loads and releases still run", 1 if switches.balance_paused
+                   else 0), active]
 
 
 # The gauge's labels are the served view's states, in their order.

@@ -53,6 +53,7 @@ from querycoord.leader.switchover import coordinator_state, step_back, switch_ov
 from querycoord.leader.view import Leadership, Switchable
 from querycoord.security.auth import caller
 from querycoord.served.missing import SEGMENT_LIMIT_MAX
+from querycoord.serving import balance_rpc
 from querycoord.serving.gate import LeaderGate, Rpc, answered, budget
 from querycoord.serving.health_rpc import CollectionNames, check_health, explain
 from querycoord.serving.read_slots import ReadSlots
@@ -334,6 +335,14 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
 
     async def GetCoordinatorState(self, request, context):
         return coordinator_state(self.coord)
+
+    # ----- balance pause and check kinds at runtime (serving/balance_rpc.py) -------------------------------------
+    SuspendBalance = balance_rpc.suspend_balance
+    ResumeBalance = balance_rpc.resume_balance
+    CheckBalanceStatus = balance_rpc.check_balance_status
+    ListCheckers = balance_rpc.list_checkers
+    ActivateChecker = balance_rpc.activate_checker
+    DeactivateChecker = balance_rpc.deactivate_checker
 
 
 def left_state(due_ms: int) -> str:
