@@ -9,6 +9,8 @@ from pathlib import Path
 from meta.ops.etcd_server import EtcdCluster
 from proto import common_pb2, querynode_pb2
 from proto import querycoord_pb2 as qc
+from querycoord.metatool import snapshot
+from querycoord.metatool.verify import verify
 from querycoord.nodes.querynode import QueryNode
 from tests.cluster import QueryCluster, wait_until
 
@@ -72,6 +74,10 @@ async def test_node_back_within_the_delay_is_loaded_again_and_nothing_moves(
         shown = {r.replica_id: r.in_memory_percentage for r in lead.meta.replicas_of(cid)}
         gone_replica = lead.meta.replica_of_node(cid, victim)
         assert shown[gone_replica] < 100 and all(p == 100 for r, p in shown.items() if r != gone_replica), shown
+        # The record of when it left is a key `meta verify` knows.
+        assert c.kv is not None
+        unknown = [p for p in verify(await snapshot.take(c.kv)) if p.kind == "unknown-key"]
+        assert not unknown, unknown
         await c.start_node_process("--node-id", str(victim), log_dir=tmp_path)
         await wait_until(lambda: victim not in lead.left.left, "the node is taken back")
         await c.wait_loaded(cid, timeout=90)

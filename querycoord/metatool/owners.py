@@ -11,6 +11,7 @@ from meta.session import SESSION_PREFIX
 from querycoord.catalog.segment_ids import INDEX_PREFIX as SEGMENT_ID_INDEX_PREFIX
 from querycoord.catalog.store import COLLECTIONS_PREFIX, ID_KEY, NAMES_PREFIX, SEGMENTS_PREFIX
 from querycoord.checkers.activation import ACTIVATION_KEY
+from querycoord.checkers.left import PREFIX as LEFT_PREFIX
 from querycoord.cluster.incarnations import PREFIX as INCARNATION_PREFIX
 from querycoord.leader.switchover import SWITCHOVER_KEY
 from querycoord.leader.watchers import HANDOFF_REVISION_KEY
@@ -26,6 +27,7 @@ OWNED: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
                     qkeys.DELTA_CHANNEL_PREFIX, INCARNATION_PREFIX), ()),
     "handoff watcher": ((), (HANDOFF_REVISION_KEY,)),
     "checker (kinds turned off, balance paused)": ((), (ACTIVATION_KEY,)),
+    "checker (nodes left, re-replication delayed)": ((LEFT_PREFIX,), ()),
     "task store": ((TRIGGER_PREFIX, ACTIVE_PREFIX, INFO_PREFIX), ()),
     "task history": ((HISTORY_PREFIX,), ()),
     "stream store": ((sstore.STREAMS_PREFIX, sstore.NAMES_PREFIX, sstore.SNODES_PREFIX), (sstore.RING_KEY,)),
