@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from querycoord.catalog.targets import CatalogTargets
     from querycoord.checkers import Checker
     from querycoord.checkers.left import LeftNodes
+    from querycoord.cluster.lifecycle import NodeLifecycles
     from querycoord.cluster.nodes import NodeManager
     from querycoord.common.etcd_space import SpaceMonitor
     from querycoord.querymeta import QueryMeta
@@ -60,6 +61,7 @@ class Leadership:
     checker: Checker
     served: ServedView  # what online nodes serve: the state users are shown (``querycoord.served``)
     left: LeftNodes | None = None  # nodes whose re-replication is delayed (``checkers.left``)
+    lifecycles: NodeLifecycles | None = None  # the query nodes' maintenance lifecycles (``cluster.lifecycle``)
 
 
 class Leading(Protocol):

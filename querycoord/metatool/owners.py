@@ -13,6 +13,7 @@ from querycoord.catalog.store import COLLECTIONS_PREFIX, ID_KEY, NAMES_PREFIX, S
 from querycoord.checkers.activation import ACTIVATION_KEY
 from querycoord.checkers.left import PREFIX as LEFT_PREFIX
 from querycoord.cluster.incarnations import PREFIX as INCARNATION_PREFIX
+from querycoord.cluster.lifecycle import PREFIX as LIFECYCLE_PREFIX
 from querycoord.leader.switchover import SWITCHOVER_KEY
 from querycoord.leader.watchers import HANDOFF_REVISION_KEY
 from querycoord.querymeta import keys as qkeys
@@ -25,6 +26,7 @@ OWNED: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "catalog": ((COLLECTIONS_PREFIX, NAMES_PREFIX, SEGMENTS_PREFIX, SEGMENT_ID_INDEX_PREFIX), (ID_KEY,)),
     "query meta": ((qkeys.COLLECTION_PREFIX, qkeys.SEGMENT_PREFIX, qkeys.DM_CHANNEL_PREFIX,
                     qkeys.DELTA_CHANNEL_PREFIX, INCARNATION_PREFIX), ()),
+    "node lifecycles": ((LIFECYCLE_PREFIX,), ()),
     "handoff watcher": ((), (HANDOFF_REVISION_KEY,)),
     "checker (kinds turned off, balance paused)": ((), (ACTIVATION_KEY,)),
     "checker (nodes left, re-replication delayed)": ((LEFT_PREFIX,), ()),

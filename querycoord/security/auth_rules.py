@@ -49,6 +49,8 @@ _TABLE: dict[str, dict[str, frozenset[Role]]] = {
         "LoadCollection": ADMIN, "ReleaseCollection": ADMIN, "LoadPartitions": ADMIN, "ReleasePartitions": ADMIN,
         "LoadBalance": ADMIN, "Switchover": ADMIN, "CancelTask": ADMIN,
         "SuspendBalance": ADMIN, "ResumeBalance": ADMIN, "ActivateChecker": ADMIN, "DeactivateChecker": ADMIN,
+        "CordonNode": ADMIN, "UncordonNode": ADMIN,
+        "DrainNode": ADMIN | NODE,  # a node only for itself (require_node): its graceful stop
         "StepBack": COORDINATOR,  # only a leader asks, during a switchover
     },
     "Catalog": {

@@ -25,8 +25,6 @@ little, then gets RESOURCE_EXHAUSTED.
 
 from __future__ import annotations
 
-import math
-import time
 from typing import Any
 
 import grpc
@@ -49,6 +47,7 @@ from querycoord.leader.jobs import (
     ReleaseCollectionJob,
     ReleasePartitionsJob,
 )
+from querycoord.leader.maintenance import node_info, shown_node_ids
 from querycoord.leader.switchover import coordinator_state, step_back, switch_over
 from querycoord.leader.view import Leadership, Switchable
 from querycoord.security.auth import caller
@@ -56,6 +55,7 @@ from querycoord.served.missing import SEGMENT_LIMIT_MAX
 from querycoord.serving import balance_rpc
 from querycoord.serving.gate import LeaderGate, Rpc, answered, budget
 from querycoord.serving.health_rpc import CollectionNames, check_health, explain
+from querycoord.serving.node_lifecycle_rpc import NodeLifecycleRpcs
 from querycoord.serving.read_slots import ReadSlots
 from querycoord.serving.standby_reads import StandbyReads
 from querycoord.task.history import TaskHistory
@@ -76,7 +76,7 @@ def _job_call(job: type[Job[Any]], response_cls: type) -> Rpc:
     return call
 
 
-class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
+class QueryCoordServicer(NodeLifecycleRpcs, querycoord_pb2_grpc.QueryCoordServicer):
     """The QueryCoord service of one coordinator, which it reads through ``Switchable`` (the reads, and the
     switchover it drives: ``querycoord.leader.view``)."""
 
@@ -302,25 +302,8 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
     @answered(qc.ShowNodesResponse)
     async def ShowNodes(self, request, context):
         lead = await self.gate.lead(context)
-        meta = lead.meta
-        out = {
-            n.node_id: qc.NodeInfo(
-                node_id=n.node_id, address=n.address, state=n.state.value, memory_capacity=n.capacity,
-                memory_used=meta.node_memory_usage(n.node_id), segment_count=len(meta.segments_on_node(n.node_id)),
-                dm_channel_count=len(meta.channels_on_node(n.node_id)),
-            )
-            for n in lead.nodes.nodes.values()
-        }
-        for node_id, due_ms in (lead.left.waiting() if lead.left is not None else {}).items():
-            if lead.nodes.is_online(node_id):
-                continue
-            info = out.setdefault(node_id, qc.NodeInfo(
-                node_id=node_id, memory_used=meta.node_memory_usage(node_id),
-                segment_count=len(meta.segments_on_node(node_id)),
-                dm_channel_count=len(meta.channels_on_node(node_id))))
-            info.state = left_state(due_ms)
-            info.rereplicate_at_ms = due_ms
-        return qc.ShowNodesResponse(status=OK, nodes=[out[n] for n in sorted(out)])
+        out = [node_info(lead, n) for n in shown_node_ids(lead)]
+        return qc.ShowNodesResponse(status=OK, nodes=out)
 
     # ----- coordinators: status and switchover (leader/switchover.py) -----------------------------------------------
     @answered(qc.SwitchoverResponse)
@@ -344,10 +327,6 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
     ActivateChecker = balance_rpc.activate_checker
     DeactivateChecker = balance_rpc.deactivate_checker
 
-
-def left_state(due_ms: int) -> str:
-    """How a node whose re-replication waits is shown: "left, re-replication in 42s"."""
-    return f"left, re-replication in {max(0, math.ceil(due_ms / 1000 - time.time()))}s"
 
 
 def _shown(lead: Leadership | None, info: data_pb2.CollectionLoadInfo) -> data_pb2.CollectionLoadInfo:

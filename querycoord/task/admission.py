@@ -49,9 +49,10 @@ class NotEnoughMemory(CoordError):
 
 
 def eligible_nodes(env: TaskEnv) -> list[Node]:
-    """The query nodes a new load may be placed on: online ones. The one place where nodes that must take no new
-    work (cordoned, draining) are to be left out too."""
-    return [n for n in env.nodes.online()]
+    """The query nodes a new load may be placed on: online ones that are not cordoned, draining or drained
+    (``cluster.lifecycle``)."""
+    eligible = env.nodes.eligible_ids()
+    return [n for n in env.nodes.online() if n.node_id in eligible]
 
 
 def human(size: int) -> str:

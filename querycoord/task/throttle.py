@@ -53,7 +53,8 @@ def move_kind(trigger: Any) -> str | None:
     if cond in (qc.TRIGGER_CONDITION_CHECKER, qc.TRIGGER_CONDITION_NODE_DOWN):
         return RECOVERY
     if trigger.KIND == qc.TASK_KIND_LOAD_BALANCE:
-        return RECOVERY if trigger.request.reason == qc.BALANCE_REASON_NODE_DOWN else BALANCE
+        recovers = trigger.request.reason in (qc.BALANCE_REASON_NODE_DOWN, qc.BALANCE_REASON_DRAIN)
+        return RECOVERY if recovers else BALANCE
     return None
 
 
