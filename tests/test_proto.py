@@ -67,6 +67,9 @@ SERVICES = {
             "ListCheckers",
             "ActivateChecker",
             "DeactivateChecker",
+            "CordonNode",
+            "UncordonNode",
+            "DrainNode",
         },
     ),
     "QueryNode": (
