@@ -77,6 +77,13 @@ class ExplainReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EXPLAIN_REASON_NO_ROOM: _ClassVar[ExplainReason]
     EXPLAIN_REASON_WAITING_FOR_NODE: _ClassVar[ExplainReason]
     EXPLAIN_REASON_CHECKER: _ClassVar[ExplainReason]
+
+class NodeLifecycle(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    NODE_LIFECYCLE_ACTIVE: _ClassVar[NodeLifecycle]
+    NODE_LIFECYCLE_CORDONED: _ClassVar[NodeLifecycle]
+    NODE_LIFECYCLE_DRAINING: _ClassVar[NodeLifecycle]
+    NODE_LIFECYCLE_DRAINED: _ClassVar[NodeLifecycle]
 TASK_KIND_UNSPECIFIED: TaskKind
 TASK_KIND_LOAD_COLLECTION: TaskKind
 TASK_KIND_RELEASE_COLLECTION: TaskKind
@@ -125,6 +132,10 @@ EXPLAIN_REASON_NO_NODE: ExplainReason
 EXPLAIN_REASON_NO_ROOM: ExplainReason
 EXPLAIN_REASON_WAITING_FOR_NODE: ExplainReason
 EXPLAIN_REASON_CHECKER: ExplainReason
+NODE_LIFECYCLE_ACTIVE: NodeLifecycle
+NODE_LIFECYCLE_CORDONED: NodeLifecycle
+NODE_LIFECYCLE_DRAINING: NodeLifecycle
+NODE_LIFECYCLE_DRAINED: NodeLifecycle
 
 class TaskInfo(_message.Message):
     __slots__ = ("task_id", "kind", "state", "trigger_condition", "node_id", "retry_count", "error", "error_code", "collection_id", "parent_id", "created_ms", "updated_ms", "excluded_node_ids", "summary", "replaces_task_id", "started_ms", "finished_ms")
@@ -431,7 +442,7 @@ class ShowNodesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeInfo(_message.Message):
-    __slots__ = ("node_id", "address", "state", "memory_capacity", "memory_used", "segment_count", "dm_channel_count")
+    __slots__ = ("node_id", "address", "state", "memory_capacity", "memory_used", "segment_count", "dm_channel_count", "lifecycle", "drain")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -439,6 +450,8 @@ class NodeInfo(_message.Message):
     MEMORY_USED_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_COUNT_FIELD_NUMBER: _ClassVar[int]
     DM_CHANNEL_COUNT_FIELD_NUMBER: _ClassVar[int]
+    LIFECYCLE_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_FIELD_NUMBER: _ClassVar[int]
     node_id: int
     address: str
     state: str
@@ -446,7 +459,9 @@ class NodeInfo(_message.Message):
     memory_used: int
     segment_count: int
     dm_channel_count: int
-    def __init__(self, node_id: _Optional[int] = ..., address: _Optional[str] = ..., state: _Optional[str] = ..., memory_capacity: _Optional[int] = ..., memory_used: _Optional[int] = ..., segment_count: _Optional[int] = ..., dm_channel_count: _Optional[int] = ...) -> None: ...
+    lifecycle: NodeLifecycle
+    drain: DrainProgress
+    def __init__(self, node_id: _Optional[int] = ..., address: _Optional[str] = ..., state: _Optional[str] = ..., memory_capacity: _Optional[int] = ..., memory_used: _Optional[int] = ..., segment_count: _Optional[int] = ..., dm_channel_count: _Optional[int] = ..., lifecycle: _Optional[_Union[NodeLifecycle, str]] = ..., drain: _Optional[_Union[DrainProgress, _Mapping]] = ...) -> None: ...
 
 class ShowNodesResponse(_message.Message):
     __slots__ = ("status", "nodes")
@@ -636,3 +651,33 @@ class GetCoordinatorStateResponse(_message.Message):
     since_ms: int
     election_revision: int
     def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., address: _Optional[str] = ..., server_id: _Optional[int] = ..., leader: _Optional[bool] = ..., since_ms: _Optional[int] = ..., election_revision: _Optional[int] = ...) -> None: ...
+
+class DrainProgress(_message.Message):
+    __slots__ = ("copies_total", "copies_left", "started_ms", "eta_ms", "waiting")
+    COPIES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    COPIES_LEFT_FIELD_NUMBER: _ClassVar[int]
+    STARTED_MS_FIELD_NUMBER: _ClassVar[int]
+    ETA_MS_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    copies_total: int
+    copies_left: int
+    started_ms: int
+    eta_ms: int
+    waiting: str
+    def __init__(self, copies_total: _Optional[int] = ..., copies_left: _Optional[int] = ..., started_ms: _Optional[int] = ..., eta_ms: _Optional[int] = ..., waiting: _Optional[str] = ...) -> None: ...
+
+class NodeLifecycleRequest(_message.Message):
+    __slots__ = ("node_id", "graceful_stop")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    GRACEFUL_STOP_FIELD_NUMBER: _ClassVar[int]
+    node_id: int
+    graceful_stop: bool
+    def __init__(self, node_id: _Optional[int] = ..., graceful_stop: _Optional[bool] = ...) -> None: ...
+
+class NodeLifecycleResponse(_message.Message):
+    __slots__ = ("status", "node")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    status: _common_pb2.Status
+    node: NodeInfo
+    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., node: _Optional[_Union[NodeInfo, _Mapping]] = ...) -> None: ...

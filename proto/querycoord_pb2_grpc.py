@@ -130,6 +130,21 @@ class QueryCoordStub:
                 request_serializer=proto_dot_querycoord__pb2.ExplainRequest.SerializeToString,
                 response_deserializer=proto_dot_querycoord__pb2.ExplainResponse.FromString,
                 _registered_method=True)
+        self.CordonNode = channel.unary_unary(
+                '/querycoord.query.QueryCoord/CordonNode',
+                request_serializer=proto_dot_querycoord__pb2.NodeLifecycleRequest.SerializeToString,
+                response_deserializer=proto_dot_querycoord__pb2.NodeLifecycleResponse.FromString,
+                _registered_method=True)
+        self.UncordonNode = channel.unary_unary(
+                '/querycoord.query.QueryCoord/UncordonNode',
+                request_serializer=proto_dot_querycoord__pb2.NodeLifecycleRequest.SerializeToString,
+                response_deserializer=proto_dot_querycoord__pb2.NodeLifecycleResponse.FromString,
+                _registered_method=True)
+        self.DrainNode = channel.unary_unary(
+                '/querycoord.query.QueryCoord/DrainNode',
+                request_serializer=proto_dot_querycoord__pb2.NodeLifecycleRequest.SerializeToString,
+                response_deserializer=proto_dot_querycoord__pb2.NodeLifecycleResponse.FromString,
+                _registered_method=True)
 
 
 class QueryCoordServicer:
@@ -268,6 +283,32 @@ class QueryCoordServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CordonNode(self, request, context):
+        """Node maintenance (`querycoord node cordon|uncordon|drain`): a cordoned
+        node keeps serving what it holds and is given nothing new; a draining one
+        has every copy it holds loaded elsewhere in the same replica before it
+        lets go of it, then leaves its replicas (DRAINED); uncordon makes any of
+        them ACTIVE again. The lifecycle is persisted by node id, so it outlives
+        leader changes and node restarts. NOT_FOUND for a node id the leader
+        does not know. DrainNode is also a query node's own call for itself
+        (graceful stop).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UncordonNode(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DrainNode(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_QueryCoordServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -365,6 +406,21 @@ def add_QueryCoordServicer_to_server(servicer, server):
                     servicer.Explain,
                     request_deserializer=proto_dot_querycoord__pb2.ExplainRequest.FromString,
                     response_serializer=proto_dot_querycoord__pb2.ExplainResponse.SerializeToString,
+            ),
+            'CordonNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.CordonNode,
+                    request_deserializer=proto_dot_querycoord__pb2.NodeLifecycleRequest.FromString,
+                    response_serializer=proto_dot_querycoord__pb2.NodeLifecycleResponse.SerializeToString,
+            ),
+            'UncordonNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.UncordonNode,
+                    request_deserializer=proto_dot_querycoord__pb2.NodeLifecycleRequest.FromString,
+                    response_serializer=proto_dot_querycoord__pb2.NodeLifecycleResponse.SerializeToString,
+            ),
+            'DrainNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.DrainNode,
+                    request_deserializer=proto_dot_querycoord__pb2.NodeLifecycleRequest.FromString,
+                    response_serializer=proto_dot_querycoord__pb2.NodeLifecycleResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -880,6 +936,87 @@ class QueryCoord:
             '/querycoord.query.QueryCoord/Explain',
             proto_dot_querycoord__pb2.ExplainRequest.SerializeToString,
             proto_dot_querycoord__pb2.ExplainResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CordonNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/querycoord.query.QueryCoord/CordonNode',
+            proto_dot_querycoord__pb2.NodeLifecycleRequest.SerializeToString,
+            proto_dot_querycoord__pb2.NodeLifecycleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UncordonNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/querycoord.query.QueryCoord/UncordonNode',
+            proto_dot_querycoord__pb2.NodeLifecycleRequest.SerializeToString,
+            proto_dot_querycoord__pb2.NodeLifecycleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DrainNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/querycoord.query.QueryCoord/DrainNode',
+            proto_dot_querycoord__pb2.NodeLifecycleRequest.SerializeToString,
+            proto_dot_querycoord__pb2.NodeLifecycleResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -2,10 +2,10 @@
 
 On the leader, every ``interval`` seconds and whenever kicked (node join or leave, takeover, handoff, a
 release or repair ending), a pass forgets offline nodes, gathers the distribution, reads the targets,
-compares them (``diff``), corrects load percentages, weighs parked units and enqueues one REPAIR trigger per
-collection that differs (``task.repair``). It never touches a collection that has a trigger queued or
-running (the trigger owns it until it ends) and never writes except through the scheduler, whose writes are
-fenced.
+compares them (``diff``), corrects load percentages, weighs parked units, enqueues one REPAIR trigger per
+collection that differs (``task.repair``) and moves the copies of draining nodes (``drain``). It never
+touches a collection that has a trigger queued or running (the trigger owns it until it ends) and never
+writes except through the scheduler, whose writes are fenced, and the node lifecycles' fenced records.
 """
 
 from __future__ import annotations
@@ -22,11 +22,13 @@ from proto import querycoord_pb2 as qc
 from querycoord.catalog.targets import CatalogTargets
 from querycoord.checkers.diff import diff_async
 from querycoord.checkers.distribution import collect
+from querycoord.checkers.drain import drain_nodes
 from querycoord.checkers.parked import weigh_units
 from querycoord.checkers.progress import set_progress
 from querycoord.checkers.replicas import forget_offline
 from querycoord.checkers.scan import Diff, has_work
 from querycoord.checkers.targets import TargetReader
+from querycoord.cluster.lifecycle import NodeLifecycles
 from querycoord.common import memory
 from querycoord.task.repair import RepairTask
 from querycoord.task.scheduler import Scheduler
@@ -64,6 +66,8 @@ class Checker:
         self.runs = 0
         self.repairs = 0  # repair triggers enqueued
         self.errors = 0
+        # The nodes' maintenance lifecycles: a pass drains the DRAINING nodes (``checkers.drain``).
+        self.lifecycles: NodeLifecycles | None = None
 
     def kick(self) -> None:
         self._kick.set()
@@ -125,6 +129,8 @@ class Checker:
             if cid not in self._busy():
                 report.progress_updates += await set_progress(env.meta, cid, parts, d.replica_progress.get(cid, {}))
         await self._queue_repairs(d, report)
+        if self.lifecycles is not None:
+            await drain_nodes(self.scheduler, self.lifecycles, self._busy)
         return report
 
     async def _queue_repairs(self, d: Diff, report: CheckReport) -> None:

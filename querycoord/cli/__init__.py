@@ -6,7 +6,8 @@ Server commands (``cli/servers.py``): ``etcd`` (embedded etcd), ``coord``
 coordinators named by ``--address`` (any of them: the client follows the
 leader): ``collection create|load|release|drop|show`` and ``replicas`` (``cli/collection.py``),
 ``stream create|show|stop|start|drop`` and ``snode create|drop|show``
-(``cli/stream_cmd.py``), ``balance``, ``tasks``, ``nodes`` (``cli/tasks.py``), ``health`` and
+(``cli/stream_cmd.py``), ``balance``, ``tasks``, ``nodes`` (``cli/tasks.py``), ``node cordon|uncordon|drain``
+(``cli/node_cmd.py``), ``health`` and
 ``explain`` (``cli/health_cmd.py``), ``status`` (from etcd)
 and ``switchover`` (``cli/status.py``); ``completion`` prints a shell
 completion script (``cli/completion.py``). Each module adds its own
@@ -26,6 +27,7 @@ from querycoord.cli import (
     config_cmd,
     health_cmd,
     meta_cmd,
+    node_cmd,
     servers,
     status,
     stream_cmd,
@@ -45,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     servers.add_parsers(sub)
     collection.add_parsers(sub, client)
     tasks.add_parsers(sub, client)
+    node_cmd.add_parsers(sub, client)
     health_cmd.add_parsers(sub, client)
     status.add_parsers(sub, client)
     config_cmd.add_parsers(sub, client)

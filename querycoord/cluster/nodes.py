@@ -125,6 +125,8 @@ class NodeManager:
         # (see module docstring): neither counts.
         self.unheard: set[int] = set()
         self.joining: set[int] = set()
+        # Nodes whose lifecycle is not ACTIVE, with its name (``cluster.lifecycle`` keeps it): given nothing new.
+        self.cordoned: dict[int, str] = {}
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._watch(), name="querynode-sessions")
@@ -255,6 +257,10 @@ class NodeManager:
 
     def online_ids(self) -> set[int]:
         return {n.node_id for n in self.nodes.values() if n.online}
+
+    def eligible_ids(self) -> set[int]:
+        """Online nodes that may be given new work: not cordoned, draining or drained."""
+        return self.online_ids() - self.cordoned.keys()
 
     def serving_ids(self) -> set[int]:
         """The online nodes whose recorded copies count as served: not those unheard or joining."""

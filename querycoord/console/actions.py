@@ -10,6 +10,7 @@ server's, which is what the user reads.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -342,23 +343,52 @@ async def list_trees(c: QueryCoordClient, *, include_finished: bool, include_chi
     return trees
 
 
+def lifecycle_name(n: qc.NodeInfo) -> str:
+    """``active``, ``cordoned``, ``draining`` or ``drained``."""
+    return qc.NodeLifecycle.Name(n.lifecycle).removeprefix("NODE_LIFECYCLE_").lower()
+
+
+def drain_record(n: qc.NodeInfo) -> dict[str, Any] | None:
+    """A node's drain progress as JSON prints it; None when it never drained."""
+    if not n.HasField("drain"):
+        return None
+    d = n.drain
+    return {"copies_total": d.copies_total, "copies_left": d.copies_left, "started_ms": d.started_ms,
+            "eta_ms": d.eta_ms, "waiting": d.waiting}
+
+
+def drain_text(n: qc.NodeInfo, *, why: bool = False) -> str:
+    """``3/10 left, eta 12:00:05`` (or ``waiting``, with ``why`` its reason); ``-`` when it never drained."""
+    if not n.HasField("drain"):
+        return "-"
+    d = n.drain
+    text = f"{d.copies_left}/{d.copies_total} left"
+    if d.waiting:
+        return f"{text}, waiting: {d.waiting}" if why else f"{text}, waiting"
+    if d.eta_ms:
+        text += ", eta " + time.strftime("%H:%M:%S", time.localtime(d.eta_ms / 1000))
+    return text
+
+
 def node_records(nodes: Sequence[qc.NodeInfo]) -> list[dict[str, Any]]:
     """Query nodes as ``nodes -o json`` prints them (memory in bytes)."""
     return [{"id": n.node_id, "address": n.address, "state": n.state, "segments": n.segment_count,
              "dm_channels": n.dm_channel_count, "memory_used_bytes": n.memory_used,
-             "memory_capacity_bytes": n.memory_capacity} for n in nodes]
+             "memory_capacity_bytes": n.memory_capacity, "lifecycle": lifecycle_name(n), "drain": drain_record(n)}
+            for n in nodes]
 
 
 def node_rows(nodes: Sequence[qc.NodeInfo]) -> list[list[object]]:
     rows: list[list[object]] = []
     for n in nodes:
         pct = f"{100 * n.memory_used / n.memory_capacity:.0f}%" if n.memory_capacity else "-"
-        rows.append([n.node_id, n.address, n.state, f"{n.segment_count:,}", n.dm_channel_count,
-                     f"{draw.mib(n.memory_used)} / {draw.mib(n.memory_capacity)}", pct])
+        rows.append([n.node_id, n.address or "-", n.state, f"{n.segment_count:,}", n.dm_channel_count,
+                     f"{draw.mib(n.memory_used)} / {draw.mib(n.memory_capacity)}", pct, lifecycle_name(n),
+                     drain_text(n)])
     return rows
 
 
-NODE_HEADERS = ("ID", "ADDRESS", "STATE", "SEGMENTS", "DM CHANNELS", "MEMORY", "USED")
+NODE_HEADERS = ("ID", "ADDRESS", "STATE", "SEGMENTS", "DM CHANNELS", "MEMORY", "USED", "LIFECYCLE", "DRAIN")
 
 
 # ----- streams and snodes (StreamMgmt) -------------------------------------------------------------------------------

@@ -5,7 +5,8 @@ sizes over each online node's capacity). When the highest rate exceeds the
 memory limit (90 %) or the spread between highest and lowest exceeds
 ``spread`` (30 %), it queues one LoadBalance (reason AUTO) moving just
 enough segments, largest first, to bring the two nodes closest together.
-Nothing is queued while another balance is pending, so balances never pile up.
+Nothing is queued while another balance is pending, so balances never pile up. Cordoned, draining and
+drained nodes (``cluster.lifecycle``) take no part.
 """
 
 from __future__ import annotations
@@ -79,7 +80,8 @@ async def auto_balance_once(scheduler: Scheduler, spread: float) -> None:
     env = scheduler.env
     if any(t.KIND == qc.TASK_KIND_LOAD_BALANCE for t in scheduler.triggers.values()):
         return
-    online = env.nodes.online()
+    # A cordoned node neither takes copies nor gives them here: a draining one is emptied by the checker's drain.
+    online = [n for n in env.nodes.online() if n.node_id not in env.nodes.cordoned]
     rates = {n.node_id: (env.meta.node_memory_usage(n.node_id), n.capacity) for n in online}
     sizes: dict[int, list[tuple[int, int]]] = {}
     replica_of_copy: dict[tuple[int, int], tuple[int, int]] = {}  # (node, segment) -> (collection, replica)

@@ -31,6 +31,7 @@ from querycoord.catalog.store import CatalogStore
 from querycoord.catalog.targets import CatalogTargets
 from querycoord.checkers import Checker
 from querycoord.cluster.incarnations import Incarnations
+from querycoord.cluster.lifecycle import NodeLifecycles
 from querycoord.cluster.nodes import Node, NodeManager
 from querycoord.common import metrics
 from querycoord.common.etcd_space import SpaceMonitor
@@ -387,6 +388,9 @@ class Coordinator:
         nodes = NodeManager(self.kv, fence=coord_fence, rpc_timeout=self.config.rpc_timeout,
                             on_node_down=on_node_down, on_node_up=on_node_up,
                             refuse=lambda node_id: guard.refused(session_key(QUERYNODE_ROLE, node_id)))
+        # Before the nodes are taken in and before any placement: cordoned nodes are given nothing new.
+        lifecycles = NodeLifecycles(fenced, nodes)
+        await lifecycles.load()
         store = TaskStore(fenced)
         ids = IdAllocator(fenced, "idalloc/task")
         env = TaskEnv(meta=meta, nodes=nodes, broker=self.broker, store=store, ids=ids,
@@ -397,6 +401,7 @@ class Coordinator:
         # below, queues the repairs; collections with resumed triggers are left to those triggers.
         checker = Checker(scheduler, interval=self.config.checker_interval, targets=self.targets,
                           forget=on_node_down)
+        checker.lifecycles = lifecycles
         scheduler.finish_hooks.append(checker.after_trigger)
         started.append(nodes.stop)
         await nodes.start()
@@ -441,7 +446,7 @@ class Coordinator:
         loop("stream tick", lambda: tick_streams(streams, cfg.stream_tick, cfg.stream_refresh))
         self.leadership = Leadership(fence=fence, kv=fenced, meta=meta, nodes=nodes, scheduler=scheduler, env=env,
                                      tasks=tasks, stream_store=stream_store, streams=streams, checker=checker,
-                                     served=served)
+                                     served=served, lifecycles=lifecycles)
         logger.info("coordinator {} leads with fence {} ({} persisted triggers resumed)", self.server_id, fence,
                     queued)
         self.role_since = time.time()

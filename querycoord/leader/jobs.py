@@ -138,11 +138,13 @@ class Job(Generic[R]):
                                    f"differs from the {current} replicas collection {cid} is loaded with; "
                                    "release it to load it with another number")
             return
-        online = len(self.env.nodes.online())
+        online = len(self.env.nodes.eligible_ids())  # a cordoned node joins no new replica
+        cordoned = len(self.env.nodes.online_ids() & self.env.nodes.cordoned.keys())
+        also = f" and {cordoned} cordoned" if cordoned else ""
         if asked > 1 and asked > online:  # one replica on no node is NO_AVAILABLE_NODE, as before replicas
             raise InvalidField("replica_number", asked,
                                f"is more than the online query nodes: not enough nodes to create replicas "
-                               f"({online} online, each replica needs its own)", online)
+                               f"({online} online{also}, each replica needs its own)", online)
 
 
 class LoadCollectionJob(Job[qc.LoadCollectionRequest]):
@@ -276,6 +278,11 @@ class LoadBalanceJob(Job[qc.LoadBalanceRequest]):
         for nid in [*request.source_node_ids, *request.dst_node_ids]:
             if not self.env.nodes.is_online(nid):
                 raise NotFound(f"query node {nid} is unknown or offline")
+        for nid in request.dst_node_ids:
+            state = self.env.nodes.cordoned.get(nid)
+            if state is not None:
+                raise Conflict(f"query node {nid} is {state}: it is given nothing new; uncordon it first "
+                               f"(querycoord node uncordon {nid})")
         views = [s for n in request.source_node_ids for s in self.meta.segments_on_node(n)]
         on_sources = {s.segment_id for s in views}
         missing = sorted(set(request.sealed_segment_ids) - on_sources)

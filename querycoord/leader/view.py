@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from meta.session import Session
     from querycoord.catalog.targets import CatalogTargets
     from querycoord.checkers import Checker
+    from querycoord.cluster.lifecycle import NodeLifecycles
     from querycoord.cluster.nodes import NodeManager
     from querycoord.common.etcd_space import SpaceMonitor
     from querycoord.querymeta import QueryMeta
@@ -58,6 +59,7 @@ class Leadership:
     streams: StreamManager  # the stream runtime (``querycoord.serving.stream_service`` serves it)
     checker: Checker
     served: ServedView  # what online nodes serve: the state users are shown (``querycoord.served``)
+    lifecycles: NodeLifecycles | None = None  # the query nodes' maintenance lifecycles (``cluster.lifecycle``)
 
 
 class Leading(Protocol):

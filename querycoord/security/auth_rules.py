@@ -46,7 +46,8 @@ _TABLE: dict[str, dict[str, frozenset[Role]]] = {
         "GetComponentStates": READ, "ListTasks": READ, "GetTask": READ, "ShowNodes": READ,
         "GetCoordinatorState": READ, "GetReplicas": READ, "CheckHealth": READ, "Explain": READ,
         "LoadCollection": ADMIN, "ReleaseCollection": ADMIN, "LoadPartitions": ADMIN, "ReleasePartitions": ADMIN,
-        "LoadBalance": ADMIN, "Switchover": ADMIN,
+        "LoadBalance": ADMIN, "Switchover": ADMIN, "CordonNode": ADMIN, "UncordonNode": ADMIN,
+        "DrainNode": ADMIN | NODE,  # a node only for itself (require_node): its graceful stop
         "StepBack": COORDINATOR,  # only a leader asks, during a switchover
     },
     "Catalog": {

@@ -46,11 +46,13 @@ from querycoord.leader.jobs import (
     ReleaseCollectionJob,
     ReleasePartitionsJob,
 )
+from querycoord.leader.maintenance import node_info, shown_node_ids
 from querycoord.leader.switchover import coordinator_state, step_back, switch_over
 from querycoord.leader.view import Leadership, Switchable
 from querycoord.served.missing import SEGMENT_LIMIT_MAX
 from querycoord.serving.gate import LeaderGate, Rpc, answered, budget
 from querycoord.serving.health_rpc import CollectionNames, check_health, explain
+from querycoord.serving.node_lifecycle_rpc import NodeLifecycleRpcs
 from querycoord.serving.read_slots import ReadSlots
 from querycoord.serving.standby_reads import StandbyReads
 from querycoord.task.history import TaskHistory
@@ -71,7 +73,7 @@ def _job_call(job: type[Job[Any]], response_cls: type) -> Rpc:
     return call
 
 
-class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
+class QueryCoordServicer(NodeLifecycleRpcs, querycoord_pb2_grpc.QueryCoordServicer):
     """The QueryCoord service of one coordinator, which it reads through ``Switchable`` (the reads, and the
     switchover it drives: ``querycoord.leader.view``)."""
 
@@ -287,15 +289,7 @@ class QueryCoordServicer(querycoord_pb2_grpc.QueryCoordServicer):
     @answered(qc.ShowNodesResponse)
     async def ShowNodes(self, request, context):
         lead = await self.gate.lead(context)
-        meta = lead.meta
-        out = [
-            qc.NodeInfo(
-                node_id=n.node_id, address=n.address, state=n.state.value, memory_capacity=n.capacity,
-                memory_used=meta.node_memory_usage(n.node_id), segment_count=len(meta.segments_on_node(n.node_id)),
-                dm_channel_count=len(meta.channels_on_node(n.node_id)),
-            )
-            for n in sorted(lead.nodes.nodes.values(), key=lambda n: n.node_id)
-        ]
+        out = [node_info(lead, n) for n in shown_node_ids(lead)]
         return qc.ShowNodesResponse(status=OK, nodes=out)
 
     # ----- coordinators: status and switchover (leader/switchover.py) -----------------------------------------------

@@ -201,8 +201,8 @@ class _LoadTrigger(TriggerTask):
         if env.meta.has_collection(cid):
             return env.meta.replica_ids(cid)
         number = self.replica_number()
-        groups = split_nodes([n.node_id for n in env.nodes.online()], number,
-                             memory={n.node_id: env.meta.node_memory_usage(n.node_id) for n in env.nodes.online()})
+        eligible = sorted(env.nodes.eligible_ids())  # a cordoned node joins no new replica
+        groups = split_nodes(eligible, number, memory={n: env.meta.node_memory_usage(n) for n in eligible})
         ids = await env.ids.allocate(number)
         self.new_replicas = [data_pb2.ReplicaInfo(replica_id=rid, collection_id=cid, node_ids=group)
                              for rid, group in zip(ids, groups, strict=True)]

@@ -33,8 +33,8 @@ def usage_of(env: TaskEnv) -> Usage:
 
 
 def spares_of(env: TaskEnv, collection_id: int) -> list[int]:
-    """Online nodes serving no replica of the collection, emptiest first."""
-    taken = env.meta.replica_node_ids(collection_id)
+    """Online nodes serving no replica of the collection, emptiest first; a cordoned node is no spare."""
+    taken = env.meta.replica_node_ids(collection_id) | env.nodes.cordoned.keys()
     spares = [n.node_id for n in env.nodes.online() if n.node_id not in taken]
     return sorted(spares, key=lambda n: (env.meta.node_memory_usage(n), n))
 
@@ -58,11 +58,11 @@ async def give_spares(env: TaskEnv, collection_id: int) -> dict[int, int]:
 def candidates(env: TaskEnv, collection_id: int, replica_id: int, *, exclude: Sequence[int] = (),
                include: Sequence[int] = (), with_spares: bool = False, planned: Sequence[int] = ()) -> list[int]:
     """Online nodes that may take the replica's work: its own (and ``planned`` spares it is about to get), with
-    ``with_spares`` every spare too; minus ``exclude``, within ``include`` when given."""
+    ``with_spares`` every spare too; minus ``exclude`` and the cordoned nodes, within ``include`` when given."""
     members = set(env.meta.replica_nodes(collection_id, replica_id)) | set(planned)
     if with_spares:
         members |= set(spares_of(env, collection_id))
-    online = env.nodes.online_ids()
+    online = env.nodes.eligible_ids()
     allowed = [n for n in sorted(members) if n in online and n not in exclude]
     return [n for n in allowed if n in include] if include else allowed
 
@@ -70,8 +70,10 @@ def candidates(env: TaskEnv, collection_id: int, replica_id: int, *, exclude: Se
 def place(env: TaskEnv, sizes: Sequence[tuple[int, int]], channels: Sequence[str], allowed: Sequence[int],
           usage: Usage, *, exclude: Sequence[int] = ()) -> Placement:
     """Segments (memory-aware) and channels on ``allowed`` nodes (all but ``exclude`` when empty); ``usage`` is
-    updated with what was placed. ``NoAvailableNode`` when something does not fit."""
+    updated with what was placed; a cordoned node takes nothing. ``NoAvailableNode`` when something does not fit."""
     nodes = env.nodes.nodes.values()
+    if env.nodes.cordoned:
+        exclude = [*exclude, *sorted(env.nodes.cordoned)]
     return {
         "segments": allocate_segments(sizes, nodes, usage, exclude=exclude, include=allowed,
                                       memory_limit=env.config.memory_limit) if sizes else {},
@@ -135,7 +137,7 @@ def assess(env: TaskEnv, collection_id: int, replica_id: int, segments: Sequence
         why = str(exc)
     total = sum(size for _sid, size in sizes)
     wider = candidates(env, collection_id, replica_id, with_spares=True, planned=planned) if replica_id else \
-        sorted(env.nodes.online_ids())
+        sorted(env.nodes.eligible_ids())
     parked = Parked(collection_id=collection_id, replica_id=replica_id, code=NO_NODE, reason="",
                     segments=len(sizes), segment_bytes=total, channels=len(channels))
     if not wider:

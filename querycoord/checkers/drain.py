@@ -1,0 +1,133 @@
+"""Draining nodes: every copy a DRAINING node holds is loaded elsewhere in its replica before the node lets go
+of it; once it holds nothing it leaves its replicas and is DRAINED (``cluster.lifecycle``).
+
+At every checker pass, for each draining node and each collection it holds copies of that no trigger owns:
+
+* segments: one LoadBalance trigger (trigger condition CHECKER: the checker's repair priority) moving that
+  collection's copies off the node. A balance loads each copy on another node of the same replica (or on a spare
+  that joins it; the node itself is cordoned, so never a destination) and releases the source copy only once
+  the destination holds it, so no replica ever holds a segment fewer times than before. It is queued only when
+  the unit can be placed now (``units.assess``, the same rule the planner uses): otherwise nothing is queued,
+  the node keeps serving its copies, and the drain's progress says why it waits (DESIGN rule 9: the other
+  collections, loads and repairs go on);
+* DM channels (once the collection's segments are moved): a REPAIR re-watching them in the same replica on
+  another node; that watch is recorded on its new node, and the checker's channel step then releases the
+  draining node's second watch.
+
+A draining node that holds nothing (query meta places nothing on it and its own report agrees) leaves every
+replica (``QueryMeta.remove_node``) and becomes DRAINED. An offline draining node holds nothing (its copies were
+forgotten with its session): it is DRAINED at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from loguru import logger
+
+from proto import data_pb2, querynode_pb2, task_pb2
+from proto import querycoord_pb2 as qc
+from querycoord.cluster.client import NodeError
+from querycoord.cluster.lifecycle import DrainStatus, NodeLifecycles
+from querycoord.task.repair import RepairTask
+from querycoord.task.scheduler import Scheduler
+from querycoord.task.triggers import LoadBalanceTask
+from querycoord.task.units import assess, usage_of
+
+
+def is_drain_move(trigger: object) -> bool:
+    """Whether a trigger is a drain's move (a LoadBalance the checker queued)."""
+    rec = getattr(trigger, "rec", None)
+    return (getattr(trigger, "KIND", None) == qc.TASK_KIND_LOAD_BALANCE and rec is not None
+            and rec.trigger_condition == qc.TRIGGER_CONDITION_CHECKER)
+
+
+async def drain_nodes(scheduler: Scheduler, lifecycles: NodeLifecycles, busy: Callable[[], set[int]]) -> int:
+    """One pass over the draining nodes (see module docstring); returns the triggers queued."""
+    await lifecycles.back_from_stop()
+    queued = 0
+    for node_id in lifecycles.draining():
+        if scheduler.stopped:
+            break
+        queued += await _drain_one(scheduler, lifecycles, node_id, busy)
+    return queued
+
+
+async def _drain_one(scheduler: Scheduler, lifecycles: NodeLifecycles, node_id: int,
+                     busy: Callable[[], set[int]]) -> int:
+    env = scheduler.env
+    meta = env.meta
+    segs = meta.segments_on_node(node_id)
+    chans = meta.channels_on_node(node_id)
+    status = lifecycles.status.setdefault(node_id, DrainStatus())
+    status.copies_left = len(segs) + len(chans)
+    if not env.nodes.is_online(node_id):
+        if not segs and not chans:
+            await _leave_replicas(scheduler, lifecycles, node_id)
+        else:
+            status.waiting = "the node is offline: its copies are forgotten, then it is drained"
+        return 0
+    if not segs and not chans:
+        if await _holds_nothing(scheduler, node_id):
+            await _leave_replicas(scheduler, lifecycles, node_id)
+        else:
+            status.waiting = "the node still reports copies query meta does not place on it: the checker " \
+                             "releases them"
+        return 0
+    by_coll: dict[int, list[data_pb2.SegmentInfo]] = {}
+    for s in segs:
+        by_coll.setdefault(s.collection_id, []).append(s)
+    chans_of: dict[int, list[data_pb2.DmChannelWatchInfo]] = {}
+    for w in chans:
+        chans_of.setdefault(w.collection_id, []).append(w)
+    waits: list[str] = []
+    queued = 0
+    usage = usage_of(env)
+    for cid in sorted(set(by_coll) | set(chans_of)):
+        if cid in busy() or scheduler.stopped:
+            continue
+        replica = meta.replica_of_node(cid, node_id)
+        moving = by_coll.get(cid, [])
+        watches = [] if moving else chans_of.get(cid, [])
+        parked = assess(env, cid, replica, moving, [w.dm_channel for w in watches], usage)
+        if parked is not None:
+            waits.append(f"collection {cid}: {parked.reason}")
+            continue
+        if moving:
+            req = qc.LoadBalanceRequest(source_node_ids=[node_id], collection_id=cid,
+                                        reason=qc.BALANCE_REASON_USER)
+            task: LoadBalanceTask | RepairTask = LoadBalanceTask.new(
+                env, req, trigger_condition=qc.TRIGGER_CONDITION_CHECKER)
+            what = f"{len(moving)} segments"
+        else:
+            rewatch = [data_pb2.DmChannelWatchInfo(collection_id=cid, dm_channel=w.dm_channel, node_id=0,
+                                                   replica_id=replica, partition_ids=list(w.partition_ids))
+                       for w in watches]
+            repair = task_pb2.RepairRequest(rewatch=rewatch,
+                                            reason=f"{len(rewatch)} DM channels moved off draining node {node_id}")
+            task = RepairTask.new(env, repair, trigger_condition=qc.TRIGGER_CONDITION_CHECKER, collection_id=cid)
+            what = f"{len(watches)} DM channels"
+        await scheduler.enqueue(task)
+        queued += 1
+        logger.info("drain of query node {}: moving {} of collection {} within replica {} (task {})", node_id,
+                    what, cid, replica, task.id)
+    status.waiting = "; ".join(waits) if waits and not queued else ""
+    return queued
+
+
+async def _holds_nothing(scheduler: Scheduler, node_id: int) -> bool:
+    """The node's own report: no segment, no DM channel (a node that does not answer is not taken as empty)."""
+    try:
+        dist = await scheduler.env.nodes.client(node_id).call(
+            "GetDataDistribution", querynode_pb2.GetDataDistributionRequest(segment_ids_only=True))
+    except NodeError as exc:
+        logger.info("drain of query node {}: it did not report its distribution: {}", node_id, exc)
+        return False
+    held = sum(len(g.segment_ids) for g in dist.segment_groups) + len(dist.segments)
+    return not held and not dist.channels
+
+
+async def _leave_replicas(scheduler: Scheduler, lifecycles: NodeLifecycles, node_id: int) -> None:
+    if node_id in scheduler.env.meta.known_node_ids():
+        await scheduler.env.meta.remove_node(node_id)
+    await lifecycles.drained(node_id)

@@ -1,0 +1,76 @@
+"""Node maintenance on the leader: cordon, uncordon and drain a query node, and the node as ShowNodes shows it.
+
+Each change is one fenced write of the node's lifecycle record (``cluster.lifecycle``), so a new leader keeps it;
+the moves a drain needs are the checker's (``checkers.drain``), kicked here so they start at once. A node id
+the leader knows nothing of (no session now, no record in query meta, no lifecycle) is NOT_FOUND.
+"""
+
+from __future__ import annotations
+
+from proto import querycoord_pb2 as qc
+from querycoord.cluster.lifecycle import GRACEFUL_STOP, OPERATOR, NodeLifecycles
+from querycoord.common.errors import NotFound
+from querycoord.leader.view import Leadership
+
+
+def lifecycles_of(lead: Leadership) -> NodeLifecycles:
+    if lead.lifecycles is None:  # every leadership built by the coordinator has them
+        raise NotFound("node lifecycles are not kept by this leader")
+    return lead.lifecycles
+
+
+def node_info(lead: Leadership, node_id: int) -> qc.NodeInfo:
+    """One query node: session, what query meta places on it, its lifecycle and drain progress."""
+    meta = lead.meta
+    node = lead.nodes.get(node_id)
+    info = qc.NodeInfo(node_id=node_id, state="offline", memory_used=meta.node_memory_usage(node_id),
+                       segment_count=len(meta.segments_on_node(node_id)),
+                       dm_channel_count=len(meta.channels_on_node(node_id)))
+    if node is not None:
+        info.address, info.state, info.memory_capacity = node.address, node.state.value, node.capacity
+    if lead.lifecycles is not None:
+        info.lifecycle = lead.lifecycles.state(node_id)
+        progress = lead.lifecycles.progress(node_id)
+        if progress is not None:
+            info.drain.CopyFrom(progress)
+    return info
+
+
+def shown_node_ids(lead: Leadership) -> list[int]:
+    """The nodes ShowNodes lists: those with a session, and those offline with a lifecycle (a drained node
+    stopped for maintenance is still shown, with its state)."""
+    ids = set(lead.nodes.nodes)
+    if lead.lifecycles is not None:
+        ids |= set(lead.lifecycles.records)
+    return sorted(ids)
+
+
+def _known(lead: Leadership, node_id: int) -> None:
+    lifecycles = lifecycles_of(lead)
+    if (lead.nodes.get(node_id) is None and node_id not in lifecycles.records
+            and node_id not in lead.meta.known_node_ids()):
+        raise NotFound(f"query node {node_id} is unknown: no session, no record in query meta, no lifecycle "
+                       "(querycoord nodes lists the known ones)")
+
+
+async def cordon(lead: Leadership, node_id: int) -> qc.NodeInfo:
+    _known(lead, node_id)
+    await lifecycles_of(lead).cordon(node_id)
+    return node_info(lead, node_id)
+
+
+async def uncordon(lead: Leadership, node_id: int) -> qc.NodeInfo:
+    _known(lead, node_id)
+    await lifecycles_of(lead).uncordon(node_id)
+    lead.checker.kick()  # it may be the spare a parked replica waits for
+    return node_info(lead, node_id)
+
+
+async def drain(lead: Leadership, node_id: int, *, graceful_stop: bool) -> qc.NodeInfo:
+    _known(lead, node_id)
+    node = lead.nodes.get(node_id)
+    copies = len(lead.meta.segments_on_node(node_id)) + len(lead.meta.channels_on_node(node_id))
+    await lifecycles_of(lead).drain(node_id, reason=GRACEFUL_STOP if graceful_stop else OPERATOR,
+                                    incarnation=node.created if node is not None else 0, copies=copies)
+    lead.checker.kick()
+    return node_info(lead, node_id)
