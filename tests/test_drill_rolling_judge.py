@@ -148,7 +148,7 @@ def test_moves_are_copies_loaded_by_balances_and_repairs_by_kind() -> None:
     ({"nodes": 2}, "--nodes must be >= 3"),
     ({"collections_two": 0, "collections_one": 0}, "one of them >= 1"),
     ({"fill": 0.95}, "--fill must be > 0 and below the memory limit 0.9"),
-    ({"sample_interval": 0}, "--sample-interval, --drain-timeout and --whole-timeout must be > 0"),
+    ({"sample_interval": 0}, "--sample-interval, --drain-timeout, --drain-stall and --whole-timeout must be > 0"),
 ])
 def test_bad_options_are_one_line_and_exit_2(changes: dict[str, object], message: str,
                                              capsys: pytest.CaptureFixture[str]) -> None:

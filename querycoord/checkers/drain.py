@@ -124,7 +124,9 @@ async def _holds_nothing(scheduler: Scheduler, node_id: int) -> bool:
         logger.info("drain of query node {}: it did not report its distribution: {}", node_id, exc)
         return False
     held = sum(len(g.segment_ids) for g in dist.segment_groups) + len(dist.segments)
-    return not held and not dist.channels
+    # Delta and query channels belong to a collection as a whole and stay until its ReleaseCollection: they are
+    # no copy (nothing moves them), so a node that still consumes them holds nothing to drain.
+    return not held and not any(c.kind == querynode_pb2.CHANNEL_KIND_DM for c in dist.channels)
 
 
 async def _leave_replicas(scheduler: Scheduler, lifecycles: NodeLifecycles, node_id: int) -> None:

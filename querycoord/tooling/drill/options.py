@@ -343,6 +343,8 @@ class RollingOptions(RunOptions):
     graceful_stop_timeout: float = option(30.0, "a query node's --graceful-stop-timeout: on SIGTERM it drains "
                                                 "first for at most this long")
     drain_timeout: float = option(120.0, "bound of the wait for a drained node (DRAINED)")
+    drain_stall: float = option(10.0, "a drain that says why it waits, with no progress for this long, is given "
+                                      "up: the node is stopped undrained (counted in drains_waiting)")
     whole_timeout: float = option(120.0, "bound of the wait, after a node is back, until every judged collection is "
                                          "whole again by the nodes' reports")
     fill: float = option(0.4, "share of the query nodes' memory the judged collections' copies fill (sets each "
@@ -365,8 +367,8 @@ class RollingOptions(RunOptions):
             raise ValueError("--segments, --churn-segments and --partitions must be >= 1")
         if self.churn_collections < 0:
             raise ValueError("--churn-collections must be >= 0")
-        if self.sample_interval <= 0 or self.drain_timeout <= 0 or self.whole_timeout <= 0:
-            raise ValueError("--sample-interval, --drain-timeout and --whole-timeout must be > 0")
+        if min(self.sample_interval, self.drain_timeout, self.drain_stall, self.whole_timeout) <= 0:
+            raise ValueError("--sample-interval, --drain-timeout, --drain-stall and --whole-timeout must be > 0")
         if self.graceful_stop_timeout < 0 or self.auto_balance_interval < 0:
             raise ValueError("--graceful-stop-timeout and --auto-balance-interval must be >= 0")
         if not 0 < self.fill < 0.9:

@@ -8,7 +8,7 @@ while ``--churn-collections`` clients load and release other collections over an
 (``rolling_step``): cordon, drain and wait until DRAINED, SIGTERM (the node stops gracefully), start it again
 under its id and address, wait until the leader lists it online, uncordon it, wait until every judged
 collection is whole again by the nodes' reports and no balance or repair runs, then the next node. ``--drain 0``
-(or a protocol without the lifecycle calls) skips the cordon, the drain and the uncordon.
+skips the cordon, the drain and the uncordon (a node's copies are then repaired after it left).
 
 All along, every ``--sample-interval`` seconds, each node process is asked for its own GetDataDistribution
 (twice, see ``rolling_judge``) and the leader for the replicas' members; a sample in which some 2-replica
@@ -49,7 +49,7 @@ from querycoord.tooling.drill.options import MIB, RollingOptions
 from querycoord.tooling.drill.restart_judge import Holding, Target, lacking
 from querycoord.tooling.drill.rolling_judge import NodeStep, Tally, failures, merge, serving, summary
 from querycoord.tooling.drill.rolling_moves import count_moves
-from querycoord.tooling.drill.rolling_step import LIFECYCLE, StepError, drain, nodes, uncordon, wait_node
+from querycoord.tooling.drill.rolling_step import StepError, drain, nodes, uncordon, wait_node
 from querycoord.tooling.harness import Harness, Member
 
 EC = common_pb2
@@ -77,14 +77,15 @@ class RollingResult:
 
     @property
     def drained(self) -> bool:
-        return bool(self.opts.drain) and LIFECYCLE
+        return bool(self.opts.drain)
 
     def summary(self) -> dict[str, Any]:
         o = self.opts
         extra = {"nodes": o.nodes, "coordinators": o.coordinators, "collections_two": o.collections_two,
                  "collections_one": o.collections_one, "segments": o.segments, "drained": self.drained,
-                 "drains_unfinished": sum(s.drain_left is None and s.stopped is not None for s in self.steps)
-                 if self.drained else 0,
+                 "drains_unfinished": sum(s.drain_left is None and not s.stalled and s.stopped is not None
+                                          for s in self.steps) if self.drained else 0,
+                 "drains_waiting": sum(bool(s.stalled) for s in self.steps),
                  "churn_ops": self.churn_ops, "churn_errors": len(self.churn_errors),
                  "failed_triggers": len(self.failed_triggers),
                  "unlisted_children": self.moves.get("unlisted_children", 0),
@@ -116,6 +117,7 @@ class RollingDrill(ProcessDrill[RollingOptions, RollingResult]):
         self.replicas: dict[int, tuple[frozenset[int], ...]] = {}  # the leader's members, as last answered
         self.reads = DirectReads(CALL_TIMEOUT)
         self.whole_at: float | None = None  # the latest sample that found every judged replica whole
+        self.judging = False  # samples count once the first load is whole (a load in progress serves nothing yet)
         self.sampled = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._stop_churn = asyncio.Event()
@@ -139,7 +141,7 @@ class RollingDrill(ProcessDrill[RollingOptions, RollingResult]):
         self.say(f"rolling drill: seed {o.seed}, {o.nodes} query nodes ({self.capacity_mb:.1f} MiB each), "
                  f"{o.coordinators} coordinators, {o.collections_two} collections x2 and {o.collections_one} x1 "
                  f"replicas of {o.segments} segments, {o.churn_collections} churned; "
-                 f"{'cordon + drain + SIGTERM' if o.drain and LIFECYCLE else 'SIGTERM only'}; work dir {self.work}")
+                 f"{'cordon + drain + SIGTERM' if o.drain else 'SIGTERM only'}; work dir {self.work}")
         self.work.mkdir(parents=True, exist_ok=True)
         self.etcd = EtcdCluster(self.work / "etcd", size=1)
         await asyncio.to_thread(self.etcd.start)
@@ -172,6 +174,7 @@ class RollingDrill(ProcessDrill[RollingOptions, RollingResult]):
         if not await self._wait_whole(began, o.whole_timeout):
             raise DrillSetupError(f"the first load was not whole within {o.whole_timeout:g}s")
         self.result.load_s = self.now() - began
+        self.judging = True
         self.say(f"loaded: every replica whole by the nodes' own reports after {self.result.load_s:.2f}s")
         await self._wait_quiet(o.whole_timeout)
         with contextlib.suppress(CoordinatorUnavailable, grpc.aio.AioRpcError):
@@ -212,16 +215,22 @@ class RollingDrill(ProcessDrill[RollingOptions, RollingResult]):
         self.say(f"node {nid}: {'cordon and drain' if self.result.drained else 'SIGTERM (no drain)'}")
         if self.result.drained:
             try:
-                got = await drain(self.api, nid, o.drain_timeout)
+                got = await drain(self.api, nid, o.drain_timeout, o.drain_stall)
             except (StepError, CoordinatorUnavailable, grpc.aio.AioRpcError) as exc:
                 step.notes.append(f"drain refused: {exc}")
                 got = None
-            step.drained = self.now() if got is not None else None
-            step.drain_left = None if got is None else got.copies_left
-            if got is None:
-                step.notes.append(f"not DRAINED within {o.drain_timeout:g}s")
-            self.say(f"node {nid}: " + (f"DRAINED after {step.took(step.drained, step.began)}" if got is not None
-                                        else f"NOT DRAINED within {o.drain_timeout:g}s; stopped anyway"))
+            if got is not None and got.lifecycle == "DRAINED":
+                step.drained, step.drain_left = self.now(), got.copies_left
+                self.say(f"node {nid}: DRAINED after {step.took(step.drained, step.began)}")
+            elif got is not None and got.waiting:
+                step.stalled = got.waiting
+                step.notes.append(f"drain waits ({got.copies_left} copies left): {got.waiting}")
+                self.say(f"node {nid}: the drain waits ({got.copies_left} copies left: {got.waiting}); stopped "
+                         f"anyway")
+            else:
+                step.notes.append(f"not DRAINED within {o.drain_timeout:g}s" + (
+                    "" if got is None else f" ({got.lifecycle}, {got.copies_left} copies left)"))
+                self.say(f"node {nid}: NOT DRAINED within {o.drain_timeout:g}s; stopped anyway")
         node.state = "dead"  # stopped by the drill, not exited on its own
         code = await node.child.stop(o.graceful_stop_timeout + o.stop_timeout_margin)
         if code == -signal.SIGKILL:
@@ -309,7 +318,7 @@ class RollingDrill(ProcessDrill[RollingOptions, RollingResult]):
         listed = await nodes(self.api)
         for m in self.nodes:
             got = listed.get(m.node_id)
-            if got is None or got.state != "online" or (LIFECYCLE and got.lifecycle != "ACTIVE"):
+            if got is None or got.state != "online" or got.lifecycle != "ACTIVE":
                 self.result.not_active.append(f"query node {m.node_id} at the end: "
                                               f"{'not listed' if got is None else f'{got.state} {got.lifecycle}'}")
         trees: list[qc.TaskTree] = []
@@ -354,9 +363,10 @@ class RollingDrill(ProcessDrill[RollingOptions, RollingResult]):
         at = self.now()
         held = merge(first, second)
         silent = (silent | silent_first) - set(held)
-        verdicts = {cid: serving(cid, t, self.replicas.get(cid), held, silent) for cid, t in self.targets.items()}
-        for text in self.result.tally.add(at, verdicts)[:1]:
-            self.say(f"UNSERVED at {at:.2f}s: {text}")
+        if self.judging:
+            verdicts = {cid: serving(cid, t, self.replicas.get(cid), held, silent) for cid, t in self.targets.items()}
+            for text in self.result.tally.add(at, verdicts)[:1]:
+                self.say(f"UNSERVED at {at:.2f}s: {text}")
         if all(self._whole(cid, t, held) for cid, t in self.targets.items()):
             self.whole_at = at
         self.sampled.set()

@@ -131,7 +131,8 @@ class NodeStep:
     online: float | None = None
     whole: float | None = None
     balanced: float | None = None  # no balance or repair running once whole (bounded wait; None: still running)
-    drain_left: int | None = None  # copies the node still held when the drain wait ended (None: not drained)
+    drain_left: int | None = None  # copies left when it was DRAINED (None: not drained)
+    stalled: str = ""  # why the drain waited (it said so, with no progress): the node was stopped undrained
     notes: list[str] = field(default_factory=list)
 
     def took(self, what: float | None, since: float | None) -> str:

@@ -2,8 +2,7 @@
 
 The calls are the coordinator's CordonNode, DrainNode and UncordonNode (``NodeLifecycleRequest`` ->
 ``NodeLifecycleResponse``), and ShowNodes for each node's ``lifecycle`` (ACTIVE, CORDONED, DRAINING, DRAINED) and
-``drain`` progress. ``LIFECYCLE`` says whether this build's protocol has them: without, the drill skips the
-cordon and the drain and stops nodes with SIGTERM alone.
+``drain`` progress.
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ import asyncio
 import contextlib
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import grpc
 
@@ -20,8 +18,6 @@ from proto import common_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.net.client import CoordinatorUnavailable, QueryCoordClient
 
-LIFECYCLE = hasattr(qc, "NodeLifecycleRequest")
-_QC: Any = qc  # the lifecycle messages, where this build's protocol has them
 POLL_S = 0.2
 
 
@@ -31,25 +27,23 @@ class StepError(Exception):
 
 @dataclass(frozen=True)
 class NodeState:
-    """One node as ShowNodes lists it: "online"/"offline", its lifecycle name ("" without the field) and, while
-    draining, the copies it still holds."""
+    """One node as ShowNodes lists it: "online"/"offline", its lifecycle name (ACTIVE, CORDONED, DRAINING,
+    DRAINED) and, while draining or once drained, the copies it still holds and why it waits."""
 
     state: str
     lifecycle: str
     copies_left: int
+    waiting: str = ""
 
 
-def _lifecycle_name(info: Any) -> str:
-    if not LIFECYCLE:
-        return ""
-    enum = _QC.NodeLifecycle
-    return str(enum.Name(info.lifecycle)).removeprefix("NODE_LIFECYCLE_")
+def state_of(info: qc.NodeInfo) -> NodeState:
+    return NodeState(info.state, qc.NodeLifecycle.Name(info.lifecycle).removeprefix("NODE_LIFECYCLE_"),
+                     info.drain.copies_left, info.drain.waiting)
 
 
 async def call(client: QueryCoordClient, method: str, node_id: int) -> None:
     """``method`` (CordonNode, UncordonNode, DrainNode) for ``node_id``; ``StepError`` unless it succeeded."""
-    request = _QC.NodeLifecycleRequest(node_id=node_id)
-    resp = await client.query(method, request)
+    resp = await client.query(method, qc.NodeLifecycleRequest(node_id=node_id))
     if resp.status.error_code != common_pb2.SUCCESS:
         raise StepError(f"{method} {node_id}: {common_pb2.ErrorCode.Name(resp.status.error_code)} "
                         f"{resp.status.reason}")
@@ -60,9 +54,7 @@ async def nodes(client: QueryCoordClient) -> dict[int, NodeState]:
     with contextlib.suppress(CoordinatorUnavailable, grpc.aio.AioRpcError):
         resp = await client.query("ShowNodes", qc.ShowNodesRequest())
         if resp.status.error_code == common_pb2.SUCCESS:
-            return {n.node_id: NodeState(n.state, _lifecycle_name(n),
-                                         int(getattr(getattr(n, "drain", None), "copies_left", 0)))
-                    for n in resp.nodes}
+            return {n.node_id: state_of(n) for n in resp.nodes}
     return {}
 
 
@@ -73,23 +65,38 @@ async def wait_node(client: QueryCoordClient, node_id: int, timeout: float, *, s
     deadline = time.monotonic() + timeout
     while True:
         got = (await nodes(client)).get(node_id)
-        if got is not None and state in ("", got.state) and (not LIFECYCLE or lifecycle in ("", got.lifecycle)):
+        if got is not None and state in ("", got.state) and lifecycle in ("", got.lifecycle):
             return got
         if time.monotonic() > deadline:
             return None
         await asyncio.sleep(POLL_S)
 
 
-async def drain(client: QueryCoordClient, node_id: int, timeout: float) -> NodeState | None:
-    """Cordon ``node_id``, drain it and wait until it is DRAINED: its entry then, or None after ``timeout``
-    seconds (``StepError`` if a call was refused)."""
+async def drain(client: QueryCoordClient, node_id: int, timeout: float, stall: float) -> NodeState | None:
+    """Cordon ``node_id`` and drain it: its entry once DRAINED, or once the drain has said why it waits (its
+    progress's ``waiting``) with the same copies left for ``stall`` seconds (DESIGN rule 10: it waits on no
+    impossible move, so it may wait for a node that is not coming), or after ``timeout`` seconds (its last entry;
+    None when the leader did not list it). ``StepError`` if a call was refused."""
     await call(client, "CordonNode", node_id)
     await call(client, "DrainNode", node_id)
-    return await wait_node(client, node_id, timeout, lifecycle="DRAINED")
+    deadline = time.monotonic() + timeout
+    last: NodeState | None = None
+    since = time.monotonic()
+    while True:
+        got = (await nodes(client)).get(node_id)
+        if got is not None and got.lifecycle == "DRAINED":
+            return got
+        if got is None or not got.waiting or last is None or (got.copies_left, got.waiting) != (
+                last.copies_left, last.waiting):
+            since = time.monotonic()
+        last = got or last
+        if time.monotonic() - since > stall or time.monotonic() > deadline:
+            return last
+        await asyncio.sleep(POLL_S)
 
 
 async def uncordon(client: QueryCoordClient, node_id: int) -> None:
     await call(client, "UncordonNode", node_id)
 
 
-__all__ = ["LIFECYCLE", "NodeState", "StepError", "call", "drain", "nodes", "uncordon", "wait_node"]
+__all__ = ["NodeState", "StepError", "call", "drain", "nodes", "state_of", "uncordon", "wait_node"]
