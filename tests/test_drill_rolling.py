@@ -4,19 +4,20 @@ stopped with SIGTERM, started again under its id and uncordoned.
 
 What is asserted is what must hold on any machine: no sample found the 2-replica collection without a whole
 replica by the nodes' own reports, every node was restarted and is back online (and ACTIVE), and the JSON line
-says so. Times are reported, never asserted.
+says so, with every key the README shows. Times are reported, never asserted.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 
-def test_small_rolling_drill_keeps_a_whole_replica_at_every_sample(subprocess_env: dict[str, str],
-                                                                   tmp_path: Path) -> None:
+def test_small_rolling_drill_keeps_a_whole_replica_at_every_sample(subprocess_env: dict[str, str], tmp_path: Path,
+                                                                   project_root: Path) -> None:
     cmd = [sys.executable, "-m", "querycoord.cli", "drill", "rolling", "--nodes", "4", "--collections-two", "1",
            "--collections-one", "1", "--segments", "120", "--churn-collections", "1", "--churn-segments", "20",
            "--seed", "3", "--work-dir", str(tmp_path / "drill")]
@@ -31,3 +32,7 @@ def test_small_rolling_drill_keeps_a_whole_replica_at_every_sample(subprocess_en
     assert s["samples"] > 0 and s["moves"] == s["recovery_moves"] + s["balance_moves"] + s["drain_moves"]
     assert s["moves"] > 0 and s["churn_ops"] > 0, out  # each node's copies went somewhere, the client worked
     assert "RESULT: " in out and "  101 " in out and "  104 " in out  # the table, a row per node
+    readme = (project_root / "README.md").read_text()
+    shown = readme[readme.index('It ends with `{"nodes_restarted": '):]
+    keys = re.findall(r'"(\w+)": ', shown[:shown.index("}`")])
+    assert len(keys) >= 8 and set(keys) <= set(s), set(keys) - set(s)
