@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 
 import grpc
 
@@ -23,6 +23,7 @@ from proto import querycoord_pb2 as qc
 from querycoord.catalog.store import CatalogStore
 from querycoord.net.client import QueryCoordClient
 from querycoord.security.grpc_channels import make_channel
+from querycoord.tooling.drill.base import DrillSetupError
 from querycoord.tooling.drill.restart_judge import Holding, Target
 from querycoord.tooling.harness import QUERY_NODE, Harness, Member, StartError
 
@@ -130,6 +131,22 @@ async def finished_trees(client: QueryCoordClient, *, after: int = 0, children: 
             return
 
 
+async def load_targets(client: QueryCoordClient, targets: Mapping[int, Target]) -> None:
+    """LoadCollection of every target collection with its replica number; ``DrillSetupError`` on a refusal."""
+    for cid, target in targets.items():
+        resp = await client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid,
+                                                                             replica_number=target.replicas))
+        if resp.status.error_code != common_pb2.SUCCESS:
+            raise DrillSetupError(f"LoadCollection {cid}: {common_pb2.ErrorCode.Name(resp.status.error_code)} "
+                                  f"{resp.status.reason}")
+
+
+def failed_text(t: qc.TaskTree) -> str:
+    """A FAILED trigger of the task history, on one line."""
+    return (f"{t.trigger.task_id} {t.trigger.summary}: {common_pb2.ErrorCode.Name(t.trigger.error_code)} "
+            f"{t.trigger.error[:200]}")
+
+
 def new_exits(members: Sequence[Member], seen: set[int]) -> list[Member]:
     """Members whose process exited without the drill stopping it (``state`` not "dead"), each process once."""
     out = []
@@ -144,5 +161,5 @@ def exit_text(m: Member) -> str:
     return f"{m.child.name} (code {m.child.proc.returncode}; see {m.child.log_path})"
 
 
-__all__ = ["FIRST_NODE_ID", "SILENT", "DirectReads", "create_collections", "exit_text", "finished_trees",
-           "new_exits", "start_fixed_node"]
+__all__ = ["FIRST_NODE_ID", "SILENT", "DirectReads", "create_collections", "exit_text", "failed_text",
+           "finished_trees", "load_targets", "new_exits", "start_fixed_node"]

@@ -53,6 +53,14 @@ class RunOptions:
         if self.ttl < 2:
             raise ValueError("--ttl must be >= 2 (the session minimum)")
 
+    def replay(self, drill: str, names: tuple[str, ...], always: tuple[str, ...]) -> str:
+        """``querycoord drill <drill>`` with the options ``always`` and those of ``names`` not at their default:
+        the command line that replays this run."""
+        d = type(self)()
+        flags = [f"--{n.replace('_', '-')} {_flag(getattr(self, n))}" for n in (*always, *names)
+                 if n in always or getattr(self, n) != getattr(d, n)]
+        return f"querycoord drill {drill} " + " ".join(flags)
+
 
 @dataclass
 class DrillOptions(RunOptions):
@@ -255,13 +263,9 @@ class ChaosOptions(RunOptions):
 
     def command(self) -> str:
         """The command line that replays this run's plan."""
-        d = ChaosOptions()
-        names = ("ops", "seed", "coordinators", "nodes", "replicas", "clients", "collections", "partitions",
-                 "segments_per_collection", "ttl", "node_latency_ms", "call_deadline", "quiesce_timeout",
-                 "capacity", "node_memory_mb")
-        flags = [f"--{n.replace('_', '-')} {_flag(getattr(self, n))}" for n in names
-                 if n in ("ops", "seed") or getattr(self, n) != getattr(d, n)]
-        return "querycoord drill chaos " + " ".join(flags)
+        return self.replay("chaos", ("coordinators", "nodes", "replicas", "clients", "collections", "partitions",
+                                     "segments_per_collection", "ttl", "node_latency_ms", "call_deadline",
+                                     "quiesce_timeout", "capacity", "node_memory_mb"), always=("ops", "seed"))
 
 
 def _flag(value: Any) -> str:
@@ -318,12 +322,9 @@ class RestartOptions(RunOptions):
 
     def command(self) -> str:
         """The command line that replays this run's plan."""
-        d = RestartOptions()
-        names = ("restarts", "seed", "segments", "collections", "replicated_segments", "replicas", "nodes",
-                 "coordinators", "partitions", "ttl", "sample_interval", "whole_timeout")
-        flags = [f"--{n.replace('_', '-')} {getattr(self, n):g}" for n in names
-                 if n in ("restarts", "seed") or getattr(self, n) != getattr(d, n)]
-        return "querycoord drill restart " + " ".join(flags)
+        return self.replay("restart", ("segments", "collections", "replicated_segments", "replicas", "nodes",
+                                       "coordinators", "partitions", "ttl", "sample_interval", "whole_timeout"),
+                           always=("restarts", "seed"))
 
 
 @dataclass
@@ -384,13 +385,10 @@ class RollingOptions(RunOptions):
 
     def command(self) -> str:
         """The command line that replays this run."""
-        d = RollingOptions()
-        names = ("seed", "coordinators", "nodes", "collections_two", "collections_one", "segments",
-                 "churn_collections", "churn_segments", "partitions", "ttl", "sample_interval",
-                 "graceful_stop_timeout", "fill", "auto_balance_interval", "drain")
-        flags = [f"--{n.replace('_', '-')} {getattr(self, n):g}" for n in names
-                 if n == "seed" or getattr(self, n) != getattr(d, n)]
-        return "querycoord drill rolling " + " ".join(flags)
+        return self.replay("rolling", ("coordinators", "nodes", "collections_two", "collections_one", "segments",
+                                       "churn_collections", "churn_segments", "partitions", "ttl", "sample_interval",
+                                       "graceful_stop_timeout", "fill", "auto_balance_interval", "drain"),
+                           always=("seed",))
 
 
 __all__ = ["MIB", "SEGMENT_BYTES", "ChaosOptions", "DrillOptions", "RestartOptions", "RollingOptions", "RunOptions",

@@ -41,13 +41,21 @@ from meta.ops.etcd_server import EtcdCluster
 from proto import common_pb2, querycoord_pb2_grpc
 from proto import querycoord_pb2 as qc
 from querycoord.net.client import CoordinatorUnavailable, QueryCoordClient
-from querycoord.tooling.drill.base import DrillSetupError, ProcessDrill, run_and_report, wait_nodes_online
+from querycoord.tooling.drill.base import (
+    DrillSetupError,
+    ProcessDrill,
+    run_and_report,
+    verdict_lines,
+    wait_nodes_online,
+)
 from querycoord.tooling.drill.fixed_nodes import (
     SILENT,
     DirectReads,
     create_collections,
     exit_text,
+    failed_text,
     finished_trees,
+    load_targets,
     new_exits,
     start_fixed_node,
 )
@@ -183,12 +191,7 @@ class RestartDrill(ProcessDrill[RestartOptions, RestartResult]):
         assert self.client is not None
         self.tally.began = self.tally.stopped = self.now()
         self.result.rounds.append(self.tally)
-        for cid, target in self.targets.items():
-            resp = await self.client.query("LoadCollection", qc.LoadCollectionRequest(
-                collection_id=cid, replica_number=target.replicas))
-            if resp.status.error_code != EC.SUCCESS:
-                raise DrillSetupError(f"LoadCollection {cid}: {EC.ErrorCode.Name(resp.status.error_code)} "
-                                      f"{resp.status.reason}")
+        await load_targets(self.client, self.targets)
         if not await self._wait_whole(self.tally):
             raise DrillSetupError(f"the first load was not whole within {self.opts.whole_timeout:g}s")
         self.result.load_s = self.tally.back_whole_s
@@ -199,14 +202,7 @@ class RestartDrill(ProcessDrill[RestartOptions, RestartResult]):
             self._sampler.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._sampler
-        if self.client is not None:
-            with contextlib.suppress(Exception):
-                await self.client.close()
-        await self.reads.close()
-        if self.harness is not None:
-            await self.harness.stop(5)
-        if self.etcd is not None:
-            await asyncio.to_thread(self.etcd.stop)
+        await self._stop_processes(None if self.client is None else self.client.close(), self.reads.close())
 
     # ----- the restarts ---------------------------------------------------------------------------------------------
     async def _drive(self) -> None:
@@ -358,9 +354,7 @@ class RestartDrill(ProcessDrill[RestartOptions, RestartResult]):
             async for t in finished_trees(self.client):
                 self.result.triggers += 1
                 if t.trigger.state == qc.TASK_STATE_FAILED:
-                    self.result.failed_triggers.append(
-                        f"{t.trigger.task_id} {t.trigger.summary}: {EC.ErrorCode.Name(t.trigger.error_code)} "
-                        f"{t.trigger.error[:200]}")
+                    self.result.failed_triggers.append(failed_text(t))
         except (CoordinatorUnavailable, grpc.aio.AioRpcError) as exc:
             self.result.failed_triggers.append(f"the task history could not be read: {exc}")
 
@@ -463,9 +457,7 @@ def render(result: RestartResult) -> str:
               "false full: the leader shows 100 % for a collection or replica that its nodes do not hold; excused: a "
               f"node it rests on was lost less than {o.grace_s:g}s before (with etcd up); unclear: a node it rests "
               f"on did not answer within {CALL_TIMEOUT:g}s"]
-    fails = result.failures()
-    lines += [f"FAILED: {f}" for f in fails]
-    lines.append("RESULT: " + ("FAILED" if fails else "every invariant held"))
+    lines += verdict_lines(result.failures(), "every invariant held")
     return "\n".join(lines)
 
 

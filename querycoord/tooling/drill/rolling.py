@@ -35,13 +35,21 @@ from meta.ops.etcd_server import EtcdCluster
 from proto import common_pb2, querycoord_pb2_grpc
 from proto import querycoord_pb2 as qc
 from querycoord.net.client import CoordinatorUnavailable, QueryCoordClient
-from querycoord.tooling.drill.base import DrillSetupError, ProcessDrill, run_and_report, wait_nodes_online
+from querycoord.tooling.drill.base import (
+    DrillSetupError,
+    ProcessDrill,
+    run_and_report,
+    verdict_lines,
+    wait_nodes_online,
+)
 from querycoord.tooling.drill.fixed_nodes import (
     SILENT,
     DirectReads,
     create_collections,
     exit_text,
+    failed_text,
     finished_trees,
+    load_targets,
     new_exits,
     start_fixed_node,
 )
@@ -165,12 +173,7 @@ class RollingDrill(ProcessDrill[RollingOptions, RollingResult]):
         await wait_nodes_online(self.client, self.nodes, timeout=60)
         self._tasks.append(asyncio.create_task(self._sample_forever(), name="sampler"))
         began = self.now()
-        for cid, target in self.targets.items():
-            resp = await self.api.query("LoadCollection", qc.LoadCollectionRequest(
-                collection_id=cid, replica_number=target.replicas))
-            if resp.status.error_code != EC.SUCCESS:
-                raise DrillSetupError(f"LoadCollection {cid}: {EC.ErrorCode.Name(resp.status.error_code)} "
-                                      f"{resp.status.reason}")
+        await load_targets(self.api, self.targets)
         if not await self._wait_whole(began, o.whole_timeout):
             raise DrillSetupError(f"the first load was not whole within {o.whole_timeout:g}s")
         self.result.load_s = self.now() - began
@@ -190,14 +193,7 @@ class RollingDrill(ProcessDrill[RollingOptions, RollingResult]):
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self.client is not None:
-            with contextlib.suppress(Exception):
-                await self.client.close()
-        await self.reads.close()
-        if self.harness is not None:
-            await self.harness.stop(5)
-        if self.etcd is not None:
-            await asyncio.to_thread(self.etcd.stop)
+        await self._stop_processes(None if self.client is None else self.client.close(), self.reads.close())
 
     # ----- the turns ------------------------------------------------------------------------------------------------
     async def _drive(self) -> None:
@@ -326,9 +322,7 @@ class RollingDrill(ProcessDrill[RollingOptions, RollingResult]):
             async for t in finished_trees(self.api, after=self._mark, children=True):
                 trees.append(t)
                 if t.trigger.state == qc.TASK_STATE_FAILED:
-                    self.result.failed_triggers.append(
-                        f"{t.trigger.task_id} {t.trigger.summary}: {EC.ErrorCode.Name(t.trigger.error_code)} "
-                        f"{t.trigger.error[:200]}")
+                    self.result.failed_triggers.append(failed_text(t))
         except (CoordinatorUnavailable, grpc.aio.AioRpcError) as exc:
             self.result.failed_triggers.append(f"the task history could not be read: {exc}")
         self.result.moves = count_moves(trees)
@@ -422,9 +416,7 @@ def render(result: RollingResult) -> str:
     lines.append("drained: cordon until DRAINED; stopped: SIGTERM until exit; online: start until the leader lists it "
                  "online; whole: until every judged replica holds every target segment and DM channel, as the nodes "
                  "report; quiet: until no balance or repair runs")
-    fails = result.failures()
-    lines += [f"FAILED: {f}" for f in fails]
-    lines.append("RESULT: " + ("FAILED" if fails else "every 2-replica collection kept a whole replica"))
+    lines += verdict_lines(result.failures(), "every 2-replica collection kept a whole replica")
     return "\n".join(lines)
 
 
