@@ -33,6 +33,7 @@ from meta.session import Session
 from proto import (
     catalog_pb2,
     catalog_pb2_grpc,
+    common_pb2,
     querycoord_pb2,
     querynode_pb2,
     querynode_pb2_grpc,
@@ -428,6 +429,15 @@ async def test_secured_cluster_mutual_tls_roles_and_node_identity(etcd: EtcdClus
         # As itself node 8 is heard (and refused by the manager only because it has no session): the check is
         # the node's identity, not its role.
         assert await beat(other_cert, OTHER_NODE_ID) == grpc.StatusCode.OK
+        # DrainNode: a node may ask it for itself only (its graceful stop); cordon is an administrator's.
+        async with make_channel(coord.address, other_token) as ch:
+            stub = qc_grpc.QueryCoordStub(ch)
+            assert await code_of(stub.DrainNode(querycoord_pb2.NodeLifecycleRequest(node_id=STREAM_NODE_ID),
+                                                timeout=5)) == grpc.StatusCode.PERMISSION_DENIED
+            assert await code_of(stub.CordonNode(querycoord_pb2.NodeLifecycleRequest(node_id=OTHER_NODE_ID),
+                                                 timeout=5)) == grpc.StatusCode.PERMISSION_DENIED
+            own = await stub.DrainNode(querycoord_pb2.NodeLifecycleRequest(node_id=OTHER_NODE_ID), timeout=5)
+            assert own.status.error_code == common_pb2.NOT_FOUND, own.status  # admitted; no query node 8 here
         # Nothing changed: the snode is still node 7's, and node 7 still heard.
         async with make_channel(coord.address, admin) as ch:
             shown = await stream_pb2_grpc.StreamMgmtStub(ch).ShowStreams(stream_pb2.ShowStreamsRequest(), timeout=10)

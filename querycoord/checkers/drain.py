@@ -116,17 +116,26 @@ async def _drain_one(scheduler: Scheduler, lifecycles: NodeLifecycles, node_id: 
 
 
 async def _holds_nothing(scheduler: Scheduler, node_id: int) -> bool:
-    """The node's own report: no segment, no DM channel (a node that does not answer is not taken as empty)."""
+    """The node's own report: no segment, no DM channel (a node that does not answer is not taken as empty).
+    The delta and query channel watches left (they only served the segments it held) are released with a
+    ReleaseCollection per collection, best effort: the node serves nothing of it any more."""
+    client = scheduler.env.nodes.client(node_id)
     try:
-        dist = await scheduler.env.nodes.client(node_id).call(
-            "GetDataDistribution", querynode_pb2.GetDataDistributionRequest(segment_ids_only=True))
+        dist = await client.call("GetDataDistribution",
+                                 querynode_pb2.GetDataDistributionRequest(segment_ids_only=True))
     except NodeError as exc:
         logger.info("drain of query node {}: it did not report its distribution: {}", node_id, exc)
         return False
     held = sum(len(g.segment_ids) for g in dist.segment_groups) + len(dist.segments)
-    # Delta and query channels belong to a collection as a whole and stay until its ReleaseCollection: they are
-    # no copy (nothing moves them), so a node that still consumes them holds nothing to drain.
-    return not held and not any(c.kind == querynode_pb2.CHANNEL_KIND_DM for c in dist.channels)
+    if held or any(ch.kind == querynode_pb2.CHANNEL_KIND_DM for ch in dist.channels):
+        return False
+    for cid in sorted({ch.collection_id for ch in dist.channels}):
+        try:
+            await client.call("ReleaseCollection", querynode_pb2.ReleaseCollectionRequest(collection_id=cid))
+        except NodeError as exc:
+            logger.info("drain of query node {}: releasing what is left of collection {} failed: {}", node_id,
+                        cid, exc)
+    return True
 
 
 async def _leave_replicas(scheduler: Scheduler, lifecycles: NodeLifecycles, node_id: int) -> None:

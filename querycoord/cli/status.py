@@ -58,9 +58,9 @@ def render(status: dict[str, Any], now: float | None = None) -> list[str]:
     qn, sn = status["query_nodes"], status["stream_nodes"]
     lines += ["", f"query nodes ({len(qn)})"]
     if qn:
-        lines += draw.table(("ID", "ADDRESS", "STATE", "CAPACITY"), (
-            (n["id"], n["address"], n["state"], draw.mib(n["capacity_bytes"]) if n["capacity_bytes"] else "-")
-            for n in qn), right=(0, 3))
+        lines += draw.table(("ID", "ADDRESS", "STATE", "CAPACITY", "LIFECYCLE"), (
+            (n["id"], n["address"], n["state"], draw.mib(n["capacity_bytes"]) if n["capacity_bytes"] else "-",
+             n.get("lifecycle", "active")) for n in qn), right=(0, 3))
     lines += ["", f"stream nodes ({len(sn)})"]
     if sn:
         lines += draw.table(("ID", "STATE", "VGROUPS"), (

@@ -249,10 +249,13 @@ code, .mono { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-
       const pct = cap ? 100 * (used || 0) / cap : 0;
       const memory = used === null || used === undefined ? dash(mib(cap)) + " offered"
         : bar(pct, mib(used) + " / " + mib(cap) + (cap ? " (" + pct.toFixed(0) + "%)" : ""), pct > 90 ? "bad" : "");
-      return [num(n.id), el("span", "mono", n.address), badge(n.state), num(n.segments), num(n.dm_channels), memory];
+      const drain = n.drain ? n.drain.copies_left + "/" + n.drain.copies_total + " left" +
+        (n.drain.waiting ? ", waiting: " + n.drain.waiting : "") : "";
+      return [num(n.id), el("span", "mono", n.address), badge(n.state), num(n.segments), num(n.dm_channels), memory,
+              el("span", null, dash(n.lifecycle) + (drain ? " (" + drain + ")" : ""))];
     });
     return card("query-nodes", "Query nodes", d.query_nodes.length, false, problem(d, "nodes"),
-      rows.length ? table(["ID", "Address", "State", "Segments", "DM channels", "Memory"], rows, [0, 3, 4])
+      rows.length ? table(["ID", "Address", "State", "Segments", "DM channels", "Memory", "Lifecycle"], rows, [0, 3, 4])
                   : none("no query node is registered", d, "nodes"));
   }
 

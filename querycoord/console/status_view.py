@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import time
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
@@ -46,6 +47,7 @@ from meta.kv import MetaKV
 from meta.ops.maintenance import cluster_status
 from meta.session import SessionInfo, list_sessions, role_prefix
 from proto import querycoord_pb2 as qc
+from querycoord.cluster.lifecycle import PREFIX as LIFECYCLE_PREFIX
 from querycoord.common.protocol import QUERYCOORD_ROLE, QUERYNODE_ROLE, STREAMNODE_ROLE
 from querycoord.console import draw
 from querycoord.console.actions import LOAD_TYPES, Refusal, check, collection_records, node_records, show_streams
@@ -160,6 +162,18 @@ def node_rows(sessions: dict[int, SessionInfo], role: str) -> list[dict[str, Any
     return rows
 
 
+async def lifecycle_names(kv: MetaKV) -> dict[int, str]:
+    """node id -> its maintenance lifecycle as the leader persisted it (``cluster.lifecycle``; no record:
+    active)."""
+    out: dict[int, str] = {}
+    for item in (await kv.load_prefix(LIFECYCLE_PREFIX)).kvs:
+        try:
+            out[int(item.key[len(LIFECYCLE_PREFIX):])] = str(json.loads(item.value)["state"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
 async def session_view(kv: MetaKV, probe_timeout: float) -> dict[str, Any]:
     """Who leads, the coordinators, the query and stream nodes and a switchover in progress, from etcd."""
     coordinators = await coordinator_rows(kv, probe_timeout)
@@ -167,8 +181,12 @@ async def session_view(kv: MetaKV, probe_timeout: float) -> dict[str, Any]:
     stream_nodes = (await list_sessions(kv, STREAMNODE_ROLE)).sessions
     switchover = await switchover_holder(kv)
     leader = next((c["address"] for c in coordinators if c["role"] == "leader"), None)
+    rows = node_rows(query_nodes, QUERYNODE_ROLE)
+    lifecycles = await lifecycle_names(kv)
+    for row in rows:
+        row["lifecycle"] = lifecycles.get(row["id"], "active")
     return {"leader": leader, "switchover": switchover, "coordinators": coordinators,
-            "query_nodes": node_rows(query_nodes, QUERYNODE_ROLE),
+            "query_nodes": rows,
             "stream_nodes": node_rows(stream_nodes, STREAMNODE_ROLE)}
 
 
@@ -181,7 +199,8 @@ async def gather_status(config: EtcdConfig, root: str, *, probe_timeout: float =
 
 
 # ----- what only the leader knows (the status page) -----------------------------------------------------------------
-_NODE_FIELDS = ("id", "address", "state", "segments", "dm_channels", "memory_used_bytes", "memory_capacity_bytes")
+_NODE_FIELDS = ("id", "address", "state", "segments", "dm_channels", "memory_used_bytes", "memory_capacity_bytes",
+                "lifecycle", "drain")
 
 
 def merge_nodes(sessions: list[dict[str, Any]], shown: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
@@ -195,7 +214,8 @@ def merge_nodes(sessions: list[dict[str, Any]], shown: list[dict[str, Any]] | No
         rows.append({"id": s["id"], "address": s["address"], "state": n["state"] if n else s["state"],
                      "segments": n["segments"] if n else None, "dm_channels": n["dm_channels"] if n else None,
                      "memory_used_bytes": n["memory_used_bytes"] if n else None,
-                     "memory_capacity_bytes": (n["memory_capacity_bytes"] if n else None) or s.get("capacity_bytes")})
+                     "memory_capacity_bytes": (n["memory_capacity_bytes"] if n else None) or s.get("capacity_bytes"),
+                     "lifecycle": n["lifecycle"] if n else s.get("lifecycle"), "drain": n["drain"] if n else None})
     rows += [{k: n[k] for k in _NODE_FIELDS} for n in by_id.values()]
     return sorted(rows, key=lambda r: r["id"])
 

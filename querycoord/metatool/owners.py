@@ -11,6 +11,7 @@ from meta.session import SESSION_PREFIX
 from querycoord.catalog.segment_ids import INDEX_PREFIX as SEGMENT_ID_INDEX_PREFIX
 from querycoord.catalog.store import COLLECTIONS_PREFIX, ID_KEY, NAMES_PREFIX, SEGMENTS_PREFIX
 from querycoord.cluster.incarnations import PREFIX as INCARNATION_PREFIX
+from querycoord.cluster.lifecycle import PREFIX as LIFECYCLE_PREFIX
 from querycoord.leader.switchover import SWITCHOVER_KEY
 from querycoord.leader.watchers import HANDOFF_REVISION_KEY
 from querycoord.querymeta import keys as qkeys
@@ -30,6 +31,7 @@ OWNED: tuple[tuple[str, bool, str], ...] = (
     (qkeys.DM_CHANNEL_PREFIX, True, "query meta"),
     (qkeys.DELTA_CHANNEL_PREFIX, True, "query meta"),
     (INCARNATION_PREFIX, True, "query meta"),
+    (LIFECYCLE_PREFIX, True, "node lifecycles"),
     (HANDOFF_REVISION_KEY, False, "handoff watcher"),
     (TRIGGER_PREFIX, True, "task store"),
     (ACTIVE_PREFIX, True, "task store"),

@@ -92,6 +92,7 @@ async def run_node(
     alongside: Callable[[N], Coroutine[Any, Any, None]] | None = None,
     http_listen: str = "",
     families: Callable[[N], list[Metric]] = lambda _node: [],
+    before_stop: Callable[[N], Coroutine[Any, Any, object]] | None = None,
 ) -> int:
     """Run the node ``build`` makes until SIGTERM/SIGINT (exit 0) or until its session is lost (exit 1).
 
@@ -100,13 +101,21 @@ async def run_node(
 
     Prints ``{"event": "ready", "node_id", "pid", **ready(node)}`` on stdout once
     the node has started. ``alongside`` (e.g. a control reader) runs as long as
-    the node; its end does not end the node.
+    the node; its end does not end the node. ``before_stop`` (a query node's drain) runs after a first
+    SIGTERM/SIGINT, before the node stops; a second signal, or the session's loss, cuts it short.
     """
     # Signals first: a SIGTERM during start-up must still end in a clean stop (session revoked).
     stop = asyncio.Event()
+    again = asyncio.Event()  # a second signal: stop at once
+
+    def on_signal() -> None:
+        if stop.is_set():
+            again.set()
+        stop.set()
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal)
     try:
         client = await connect(etcd)
     except MetaError as exc:
@@ -149,12 +158,25 @@ async def run_node(
             print(f"error: {node.kind} {node.node_id} lost its session ({node.session.lost_reason}); exiting so it "
                   f"can be restarted under a new id", file=sys.stderr)
             code = 1
+        elif before_stop is not None:
+            await _first(before_stop(node), again.wait(), node.session.lost.wait())
         await node.stop()
         return code
     finally:
         if http is not None:
             await http.stop()
         await client.close()
+
+
+async def _first(*steps: Coroutine[Any, Any, object]) -> None:
+    """Run ``steps`` until the first of them ends; the others are cancelled."""
+    tasks = [asyncio.create_task(s) for s in steps]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def meta_of(args: argparse.Namespace) -> EtcdConfig:

@@ -44,6 +44,8 @@ from querycoord.common.protocol import MUTATING_METHODS, QUERYCOORD_ELECTION, QU
 from querycoord.nodes.node_metrics import session_up
 from querycoord.nodes.node_process import NodeCommand, SessionNode, crash_process, meta_of, run_node
 from querycoord.nodes.querynode_checks import load_columns, refused
+from querycoord.nodes.querynode_drain import DEFAULT_TIMEOUT_S as DEFAULT_DRAIN_TIMEOUT_S
+from querycoord.nodes.querynode_drain import drain_before_stop
 from querycoord.nodes.querynode_faults import INJECTED_FAILURE, CrashAction, CrashMode, FaultConfig, FaultInjector
 from querycoord.nodes.querynode_state import EC, NodeRefusal, QueryNodeState, ok_status
 from querycoord.security.grpc_channels import add_port, make_server
@@ -390,8 +392,10 @@ async def run_forever(
     advertise: str | None = None,
     http_listen: str = "",
     node_id: int | None = None,
+    graceful_stop_timeout: float = DEFAULT_DRAIN_TIMEOUT_S,
 ) -> int:
-    """Run one node until SIGTERM/SIGINT (exit 0) or until its session is lost (exit 1).
+    """Run one node until SIGTERM/SIGINT (exit 0) or until its session is lost (exit 1). A first signal asks
+    the leader to drain the node, waiting at most ``graceful_stop_timeout`` seconds (``querynode_drain``).
 
     Prints one JSON line ``{"event": "ready", "node_id", "address", "listen_address", "pid"}``
     on stdout once the node serves (``address`` is the advertised one; ``http_address`` too with
@@ -405,8 +409,11 @@ async def run_forever(
     def ready(node: QueryNode) -> dict[str, Any]:
         return {"address": node.address, "listen_address": node.bound_address, "capacity_bytes": node.capacity_bytes}
 
+    async def drain(node: QueryNode) -> bool:
+        return await drain_before_stop(node.kv, node.node_id, graceful_stop_timeout)
+
     return await run_node(etcd, root, build, ready=ready, start_errors=(MetaError, OSError), http_listen=http_listen,
-                          families=querynode_families)
+                          families=querynode_families, before_stop=drain if graceful_stop_timeout > 0 else None)
 
 
 def _add_options(p: argparse.ArgumentParser) -> None:
@@ -418,6 +425,10 @@ def _add_options(p: argparse.ArgumentParser) -> None:
                    help="memory capacity in MiB, accounted from segment mem_size")
     p.add_argument("--ttl", type=flag_type(float, seconds(2, 3600)), default=DEFAULT_TTL,
                    help="session lease TTL in seconds (>= 2)")
+    p.add_argument("--graceful-stop-timeout", type=flag_type(float, Rule(0, 86_400)), default=DEFAULT_DRAIN_TIMEOUT_S,
+                   metavar="SECONDS",
+                   help="on SIGTERM, ask the leader to drain this node and wait until it is drained, at most this "
+                        "long, before stopping (0: stop at once; a second signal stops at once)")
     f = p.add_argument_group("fault injection")
     f.add_argument("--failure-rate", type=flag_type(float, Rule(0, 1)), default=0.0,
                    help="probability (0..1) that a mutating call answers 'injected failure'")
@@ -455,7 +466,8 @@ def cmd_querynode(args: argparse.Namespace) -> int:
         return 2
     return asyncio.run(
         run_forever(etcd, args.root, listen=args.listen, capacity_bytes=capacity, ttl=args.ttl, faults=faults,
-                    advertise=args.advertise, http_listen=args.http_listen, node_id=args.node_id)
+                    advertise=args.advertise, http_listen=args.http_listen, node_id=args.node_id,
+                    graceful_stop_timeout=args.graceful_stop_timeout)
     )
 
 

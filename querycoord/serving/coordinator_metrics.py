@@ -18,6 +18,7 @@ from prometheus_client.metrics_core import Metric
 from meta.session import role_prefix
 from proto import querycoord_pb2 as qc
 from proto import stream_pb2
+from querycoord.cluster.lifecycle import state_name
 from querycoord.common.metrics import ETCD_SCRAPE_TIMEOUT, kind_label
 from querycoord.common.metrics import gauge as _gauge
 from querycoord.common.protocol import QUERYCOORD_ROLE, QUERYNODE_ROLE, STREAMNODE_ROLE
@@ -186,6 +187,29 @@ def _space_families(coord: CoordinatorView) -> list[Metric]:
     ]
 
 
+LIFECYCLES = ("active", "cordoned", "draining", "drained")
+
+
+def _lifecycle_families(lead: Leadership) -> list[Metric]:
+    """Each known query node's maintenance lifecycle (1 for its state, 0 for the others) and what its drain has
+    left to move."""
+    lifecycles = lead.lifecycles
+    state = GaugeMetricFamily("querycoord_node_lifecycle", "1 for the maintenance lifecycle each query node is in "
+                              "(active, cordoned, draining, drained), 0 for the others", labels=["node", "state"])
+    left = GaugeMetricFamily("querycoord_node_drain_copies_left", "Copies (segments and DM channel watches) a "
+                             "draining query node still holds (0 once drained)", labels=["node"])
+    if lifecycles is None:
+        return [state, left]
+    for node_id in sorted(set(lead.nodes.nodes) | set(lifecycles.records)):
+        current = state_name(lifecycles.state(node_id))
+        for name in LIFECYCLES:
+            state.add_metric([str(node_id), name], 1 if name == current else 0)
+        progress = lifecycles.progress(node_id)
+        if progress is not None:
+            left.add_metric([str(node_id)], progress.copies_left)
+    return [state, left]
+
+
 async def coordinator_families(coord: CoordinatorView) -> list[Metric]:
     """The coordinator's state at scrape time (runs on its event loop)."""
     out: list[Metric] = [_gauge("querycoord_leader", "1 while this coordinator leads (has taken over), else 0",
@@ -193,6 +217,7 @@ async def coordinator_families(coord: CoordinatorView) -> list[Metric]:
     lead = coord.leadership
     if lead is not None and coord.is_leader:
         out.extend(_leader_families(lead))
+        out.extend(_lifecycle_families(lead))
     mirror = coord.mirror
     out.append(_gauge("querycoord_warm_standby_revision", "etcd revision up to which this standby's copy of the "
                       "query meta is current (0: no copy: a leader, a copy still being read, or --warm-standby 0)",

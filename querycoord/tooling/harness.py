@@ -88,7 +88,13 @@ def coord_argv(etcd_endpoints: str | Sequence[str], root: str, listen: str, ttl:
 
 def node_argv(role: str, etcd_endpoints: str | Sequence[str], root: str, *flags: str,
               log_level: str | None = None) -> list[str]:
-    """``python <argv>`` runs ``querycoord querynode`` / ``streamnode`` (``role``) with ``flags``."""
+    """``python <argv>`` runs ``querycoord querynode`` / ``streamnode`` (``role``) with ``flags``.
+
+    A query node gets ``--graceful-stop-timeout 0`` before ``flags`` (which may set it again): the tooling stops
+    whole clusters with SIGTERM, and a node asking to be drained while every other one stops too would only
+    wait out its timeout."""
+    if role == QUERY_NODE:
+        flags = ("--graceful-stop-timeout", "0", *flags)
     return _role_argv(role, etcd_endpoints, root, *flags, log_level=log_level)
 
 

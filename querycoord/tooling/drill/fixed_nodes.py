@@ -32,10 +32,12 @@ SILENT = "silent"  # a node that runs but did not answer in time: what it holds 
 
 
 async def start_fixed_node(cluster: Harness, index: int, *, member: Member | None = None, capacity_mb: float = 65536,
-                           say: Callable[[str], None] = print) -> Member:
-    """Query node ``index`` under its fixed id, on its old address when it had one (else any free port)."""
+                           graceful_stop_timeout: float = 0.0, say: Callable[[str], None] = print) -> Member:
+    """Query node ``index`` under its fixed id, on its old address when it had one (else any free port); on
+    SIGTERM it drains itself for at most ``graceful_stop_timeout`` seconds (0: it stops at once)."""
     listen = member.ready.get("listen_address", "127.0.0.1:0") if member is not None else "127.0.0.1:0"
-    flags = ["--node-id", str(FIRST_NODE_ID + index), "--capacity-mb", f"{capacity_mb:g}"]
+    flags = ["--node-id", str(FIRST_NODE_ID + index), "--capacity-mb", f"{capacity_mb:g}", "--graceful-stop-timeout",
+             f"{graceful_stop_timeout:g}"]
     try:
         return await cluster.start_node(QUERY_NODE, index, *flags, "--listen", listen, member=member)
     except StartError:

@@ -352,8 +352,9 @@ class RollingOptions(RunOptions):
                                 "node's capacity, so a returned node is emptier than the others by more than the "
                                 "auto balance's spread)")
     auto_balance_interval: float = option(1.0, "the coordinators' --auto-balance-interval (0: no auto balance)")
-    drain: int = option(1, "1: cordon and drain each node before its SIGTERM; 0: SIGTERM only (a node's copies are "
-                           "repaired after it left: 1-replica collections go unserved meanwhile)", choices=(0, 1))
+    drain: int = option(1, "1: cordon and drain each node before its SIGTERM; 0: SIGTERM only, the node's graceful "
+                           "stop drains it (with --graceful-stop-timeout 0 nothing does: its copies are repaired "
+                           "after it left and 1-replica collections go unserved meanwhile)", choices=(0, 1))
     stop_timeout_margin: float = 15.0  # SIGKILL a node this long after its graceful stop timeout (and count it)
 
     def validate(self) -> None:

@@ -8,7 +8,9 @@ while ``--churn-collections`` clients load and release other collections over an
 (``rolling_step``): cordon, drain and wait until DRAINED, SIGTERM (the node stops gracefully), start it again
 under its id and address, wait until the leader lists it online, uncordon it, wait until every judged
 collection is whole again by the nodes' reports and no balance or repair runs, then the next node. ``--drain 0``
-skips the cordon, the drain and the uncordon (a node's copies are then repaired after it left).
+leaves the drain to the node's graceful stop (on SIGTERM it drains itself, for at most ``--graceful-stop-timeout``
+seconds, and the leader makes it ACTIVE again when it registers anew); ``--drain 0 --graceful-stop-timeout 0`` is a
+plain stop (a node's copies are then repaired after it left).
 
 All along, every ``--sample-interval`` seconds, each node process is asked for its own GetDataDistribution
 (twice, see ``rolling_judge``) and the leader for the replicas' members; a sample in which some 2-replica
@@ -149,7 +151,7 @@ class RollingDrill(ProcessDrill[RollingOptions, RollingResult]):
         self.say(f"rolling drill: seed {o.seed}, {o.nodes} query nodes ({self.capacity_mb:.1f} MiB each), "
                  f"{o.coordinators} coordinators, {o.collections_two} collections x2 and {o.collections_one} x1 "
                  f"replicas of {o.segments} segments, {o.churn_collections} churned; "
-                 f"{'cordon + drain + SIGTERM' if o.drain else 'SIGTERM only'}; work dir {self.work}")
+                 f"{how(self.opts)}; work dir {self.work}")
         self.work.mkdir(parents=True, exist_ok=True)
         self.etcd = EtcdCluster(self.work / "etcd", size=1)
         await asyncio.to_thread(self.etcd.start)
@@ -186,7 +188,8 @@ class RollingDrill(ProcessDrill[RollingOptions, RollingResult]):
             self._mark = max((t.trigger.task_id for t in newest.trees), default=0)
 
     async def _start_node(self, index: int, member: Member | None = None) -> Member:
-        return await start_fixed_node(self.cluster, index, member=member, capacity_mb=self.capacity_mb, say=self.say)
+        return await start_fixed_node(self.cluster, index, member=member, capacity_mb=self.capacity_mb,
+                                      graceful_stop_timeout=self.opts.graceful_stop_timeout, say=self.say)
 
     async def _stop_cluster(self) -> None:
         self._stop_churn.set()
@@ -208,7 +211,7 @@ class RollingDrill(ProcessDrill[RollingOptions, RollingResult]):
         o, nid = self.opts, node.node_id
         step = NodeStep(nid, self.now())
         self.result.steps.append(step)
-        self.say(f"node {nid}: {'cordon and drain' if self.result.drained else 'SIGTERM (no drain)'}")
+        self.say(f"node {nid}: {how(o)}")
         if self.result.drained:
             try:
                 got = await drain(self.api, nid, o.drain_timeout, o.drain_stall)
@@ -384,10 +387,16 @@ class RollingDrill(ProcessDrill[RollingOptions, RollingResult]):
                     self.replicas[cid] = tuple(frozenset(x.node_ids) for x in r.replicas)
 
 
+def how(o: RollingOptions) -> str:
+    """How each node is taken down."""
+    if o.drain:
+        return "cordon, drain, SIGTERM"
+    return f"SIGTERM (graceful stop: {o.graceful_stop_timeout:g}s)" if o.graceful_stop_timeout else "SIGTERM, no drain"
+
+
 def render(result: RollingResult) -> str:
     o, t = result.opts, result.tally
-    how = "cordon, drain, SIGTERM" if result.drained else "SIGTERM (no drain)"
-    lines = ["", f"rolling drill, seed {o.seed}: {o.nodes} query nodes, {how}; {len(t.two)} collections x2, "
+    lines = ["", f"rolling drill, seed {o.seed}: {o.nodes} query nodes, {how(o)}; {len(t.two)} collections x2, "
                  f"{len(t.one)} x1, {o.segments} segments each; {o.churn_collections} churned; "
                  f"{result.duration_s:.1f}s", ""]
     head = f"{'node':>5}  {'drained':>8} {'stopped':>8} {'online':>8} {'whole':>8} {'quiet':>8}  notes"
