@@ -196,6 +196,8 @@ class RollingDrill(ProcessDrill[RollingOptions, RollingResult]):
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        # The nodes first, at once: on SIGTERM they would drain themselves (graceful stop) with no leader left.
+        await asyncio.gather(*(self.cluster.kill(n) for n in self.nodes if n.running), return_exceptions=True)
         await self._stop_processes(None if self.client is None else self.client.close(), self.reads.close())
 
     # ----- the turns ------------------------------------------------------------------------------------------------
