@@ -40,6 +40,7 @@ drill: $(STAMP)
 	$(PY) -m querycoord.cli drill streams --nodes 4 --snodes 2 --streams 50 --seed 7
 	$(PY) -m querycoord.cli drill chaos --ops 300 --seed 13 --replicas 2
 	$(PY) -m querycoord.cli drill restart --restarts 3 --segments 20000
+	$(PY) -m querycoord.cli drill rolling --seed 1
 	$(PY) -m querycoord.cli drill chaos --ops 300 --seed 13 --replicas 2 --capacity tight
 
 # The stateful model test (tests/test_model_chaos.py) with a large budget and fresh seeds; a failure is shrunk

@@ -147,7 +147,10 @@ class QueryNode(SessionNode):
     # ----- life cycle ------------------------------------------------------
     async def start(self) -> QueryNode:
         """Bind, register the session, then serve (see module docstring)."""
-        server = make_server()  # TLS, message size limits, roles: this process's (grpc_channels)
+        # TLS, message size limits, roles: this process's (grpc_channels). No SO_REUSEPORT: a node restarted on its
+        # old address while another process holds that port must fail to bind (and say so), not share the port and
+        # have the kernel hand part of the coordinator's connections to the other process.
+        server = make_server(options=[("grpc.so_reuseport", 0)])
         querynode_pb2_grpc.add_QueryNodeServicer_to_server(QueryNodeServicer(self), server)
         try:
             self.port = add_port(server, self.listen)

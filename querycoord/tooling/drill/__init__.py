@@ -1,9 +1,9 @@
 """Drills: real processes, real faults, invariants checked at the end (``querycoord drill ...``).
 
 ``add_drill_parser(subparsers)`` registers ``drill`` (with its ``failover``,
-``streams``, ``chaos`` and ``restart`` sub-commands) on the ``querycoord`` CLI; ``main(argv)`` is the same command
-line without the CLI: ``python -m querycoord.tooling.drill failover ...``. Each sub-command's options are the
-fields of its options dataclass (``options``); the drill modules are imported lazily so that
+``streams``, ``chaos``, ``restart`` and ``rolling`` sub-commands) on the ``querycoord`` CLI; ``main(argv)`` is the
+same command line without the CLI: ``python -m querycoord.tooling.drill failover ...``. Each sub-command's options
+are the fields of its options dataclass (``options``); the drill modules are imported lazily so that
 ``querycoord --help`` stays fast.
 """
 
@@ -24,6 +24,7 @@ from querycoord.tooling.drill.options import (
     ChaosOptions,
     DrillOptions,
     RestartOptions,
+    RollingOptions,
     RunOptions,
     StreamDrillOptions,
     cli_help,
@@ -80,6 +81,18 @@ DRILLS: dict[str, Drill] = {
                     "100 % that the nodes did not hold, a trigger FAILED, or a restart was not whole again within "
                     "the session TTL + 10 s.",
         verbose_help="print every sample excused, role change and restart step"),
+    "rolling": Drill(
+        RollingOptions,
+        help="drain, stop, restart and uncordon every query node in turn while clients load and release",
+        description="Start etcd, coordinators (querycoord coord) and query nodes (querycoord querynode, fixed "
+                    "--node-id) as processes, load collections with 2 replicas and with 1, then take every query "
+                    "node in turn: cordon, drain until DRAINED, SIGTERM, start it again under its id and address, "
+                    "wait until online, uncordon, wait until whole again; meanwhile clients load and release other "
+                    "collections. Every --sample-interval seconds, what each node holds is asked of the node itself. "
+                    "Prints a table and one JSON line; exits 1 when a sample found a 2-replica collection with no "
+                    "whole replica, a node was not restarted or not whole again, a drain did not end DRAINED, a "
+                    "process exited on its own, or a node is not online and ACTIVE at the end.",
+        verbose_help="print every step, churn refusal and failed sample"),
 }
 
 
@@ -147,7 +160,7 @@ def add_drill_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m querycoord.tooling.drill failover|streams|chaos|restart ...``."""
+    """``python -m querycoord.tooling.drill failover|streams|chaos|restart|rolling ...``."""
     parser = argparse.ArgumentParser(prog="python -m querycoord.tooling.drill", description="failure drills")
     parser.add_argument("--log-level", default=None, help="log level of the drill process (default WARNING)")
     _add_drills(parser.add_subparsers(dest="drill", required=True, metavar="DRILL"))

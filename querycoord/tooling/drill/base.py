@@ -13,7 +13,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -93,6 +93,18 @@ class ProcessDrill(Generic[Opts, Res]):
     async def _stop_cluster(self) -> None:
         raise NotImplementedError
 
+    async def _stop_processes(self, *closing: Awaitable[None] | None) -> None:
+        """Await each of ``closing`` (closes of clients and channels; errors ignored), then stop every process and
+        etcd."""
+        for c in closing:
+            if c is not None:
+                with contextlib.suppress(Exception):
+                    await c
+        if self.harness is not None:
+            await self.harness.stop(5)
+        if self.etcd is not None:
+            await asyncio.to_thread(self.etcd.stop)
+
     async def _wait_leader(self, timeout: float) -> Member:
         """The current leader; TimeoutError if none appears within ``timeout``."""
         return await wait_until(lambda: self.cluster.leader, self.cluster.changed, timeout)
@@ -128,6 +140,11 @@ async def wait_nodes_online(client: QueryCoordClient | None, nodes: Sequence[Mem
         await asyncio.sleep(0.1)
 
 
+def verdict_lines(fails: Sequence[str], passed: str) -> list[str]:
+    """A drill table's last lines: each failure, then RESULT (``passed`` when there is none)."""
+    return [*(f"FAILED: {f}" for f in fails), "RESULT: " + ("FAILED" if fails else passed)]
+
+
 async def run_and_report(drill: ProcessDrill[Any, Any], opts: Any, render_result: Callable[[Any], str], out: Any,
                          *, plan: str) -> int:
     """What every process drill does around ``drill.run()``: the table, how to rerun a failure, where the
@@ -150,4 +167,4 @@ async def run_and_report(drill: ProcessDrill[Any, Any], opts: Any, render_result
     return 1 if failed else 0
 
 
-__all__ = ["DrillSetupError", "ProcessDrill", "run_and_report", "stop_task", "wait_nodes_online"]
+__all__ = ["DrillSetupError", "ProcessDrill", "run_and_report", "stop_task", "verdict_lines", "wait_nodes_online"]

@@ -326,5 +326,70 @@ class RestartOptions(RunOptions):
                             "partitions", "ttl", "sample_interval", "whole_timeout"))
 
 
-__all__ = ["MIB", "SEGMENT_BYTES", "ChaosOptions", "DrillOptions", "RestartOptions", "RunOptions",
+@dataclass
+class RollingOptions(RunOptions):
+    """``drill rolling``: every query node in turn drained, stopped, restarted and uncordoned."""
+
+    coordinators: int = option(2, "coordinator processes")
+    nodes: int = option(4, "query node processes, each under a fixed --node-id; each is restarted once, in order")
+    collections_two: int = option(2, "collections loaded with 2 replicas (judged: a whole replica at every sample)")
+    collections_one: int = option(1, "collections loaded with 1 replica (their unserved time is measured)")
+    segments: int = option(600, "sealed segments per judged collection")
+    churn_collections: int = option(2, "other collections that clients load and release all along")
+    churn_segments: int = option(50, "sealed segments per churned collection")
+    partitions: int = option(2, "partitions per collection")
+    channels: int = 2
+    sample_interval: float = option(0.1, "seconds between two samples of what the nodes hold")
+    graceful_stop_timeout: float = option(30.0, "a query node's --graceful-stop-timeout: on SIGTERM it drains "
+                                                "first for at most this long")
+    drain_timeout: float = option(120.0, "bound of the wait for a drained node (DRAINED)")
+    drain_stall: float = option(10.0, "a drain that says why it waits, with no progress for this long, is given "
+                                      "up: the node is stopped undrained (counted in drains_waiting)")
+    whole_timeout: float = option(120.0, "bound of the wait, after a node is back, until every judged collection is "
+                                         "whole again by the nodes' reports")
+    fill: float = option(0.4, "share of the query nodes' memory the judged collections' copies fill (sets each "
+                                "node's capacity, so a returned node is emptier than the others by more than the "
+                                "auto balance's spread)")
+    auto_balance_interval: float = option(1.0, "the coordinators' --auto-balance-interval (0: no auto balance)")
+    drain: int = option(1, "1: cordon and drain each node before its SIGTERM; 0: SIGTERM only, the node's graceful "
+                           "stop drains it (with --graceful-stop-timeout 0 nothing does: its copies are repaired "
+                           "after it left and 1-replica collections go unserved meanwhile)", choices=(0, 1))
+    stop_timeout_margin: float = 15.0  # SIGKILL a node this long after its graceful stop timeout (and count it)
+
+    def validate(self) -> None:
+        if self.nodes < 3:
+            raise ValueError("--nodes must be >= 3 (a 2-replica collection keeps a whole replica on other nodes "
+                             "while one is down)")
+        if self.coordinators < 1:
+            raise ValueError("--coordinators must be >= 1")
+        if self.collections_two < 0 or self.collections_one < 0 or self.collections_two + self.collections_one < 1:
+            raise ValueError("--collections-two and --collections-one must be >= 0, and one of them >= 1")
+        if self.segments < 1 or self.churn_segments < 1 or self.partitions < 1:
+            raise ValueError("--segments, --churn-segments and --partitions must be >= 1")
+        if self.churn_collections < 0:
+            raise ValueError("--churn-collections must be >= 0")
+        if min(self.sample_interval, self.drain_timeout, self.drain_stall, self.whole_timeout) <= 0:
+            raise ValueError("--sample-interval, --drain-timeout, --drain-stall and --whole-timeout must be > 0")
+        if self.graceful_stop_timeout < 0 or self.auto_balance_interval < 0:
+            raise ValueError("--graceful-stop-timeout and --auto-balance-interval must be >= 0")
+        if not 0 < self.fill < 0.9:
+            raise ValueError("--fill must be > 0 and below the memory limit 0.9")
+        super().validate()
+
+    def specs(self) -> list[tuple[str, int, int]]:
+        """The collections: (name, segments, replica_number); the judged ones first, then the churned ones
+        (replica_number 0: not loaded by the drill's start, the clients load them)."""
+        return ([(f"rolling_two_{i}", self.segments, 2) for i in range(self.collections_two)]
+                + [(f"rolling_one_{i}", self.segments, 1) for i in range(self.collections_one)]
+                + [(f"churn_{i}", self.churn_segments, 0) for i in range(self.churn_collections)])
+
+    def command(self) -> str:
+        """The command line that replays this run."""
+        return self.replay("querycoord drill rolling", ("seed",),
+                           ("coordinators", "nodes", "collections_two", "collections_one", "segments",
+                            "churn_collections", "churn_segments", "partitions", "ttl", "sample_interval",
+                            "graceful_stop_timeout", "fill", "auto_balance_interval", "drain"))
+
+
+__all__ = ["MIB", "SEGMENT_BYTES", "ChaosOptions", "DrillOptions", "RestartOptions", "RollingOptions", "RunOptions",
            "StreamDrillOptions", "cli_help", "cli_options", "option"]

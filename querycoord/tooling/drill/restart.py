@@ -37,15 +37,29 @@ from typing import Any
 
 import grpc
 
-from meta.client import connect
-from meta.kv import MetaKV
 from meta.ops.etcd_server import EtcdCluster
-from proto import common_pb2, querycoord_pb2_grpc, querynode_pb2, querynode_pb2_grpc
+from proto import common_pb2, querycoord_pb2_grpc
 from proto import querycoord_pb2 as qc
-from querycoord.catalog.store import CatalogStore
 from querycoord.net.client import CoordinatorUnavailable, QueryCoordClient
-from querycoord.security.grpc_channels import make_channel
-from querycoord.tooling.drill.base import DrillSetupError, ProcessDrill, run_and_report, stop_task, wait_nodes_online
+from querycoord.tooling.drill.base import (
+    DrillSetupError,
+    ProcessDrill,
+    run_and_report,
+    stop_task,
+    verdict_lines,
+    wait_nodes_online,
+)
+from querycoord.tooling.drill.fixed_nodes import (
+    SILENT,
+    DirectReads,
+    create_collections,
+    exit_text,
+    failed_text,
+    finished_trees,
+    load_targets,
+    new_exits,
+    start_fixed_node,
+)
 from querycoord.tooling.drill.options import RestartOptions
 from querycoord.tooling.drill.restart_judge import (
     CollectionShown,
@@ -59,10 +73,9 @@ from querycoord.tooling.drill.restart_judge import (
     summary,
 )
 from querycoord.tooling.drill.restart_plan import COORDINATORS, ETCD, NODES, SIGKILL, Round, plan_rounds
-from querycoord.tooling.harness import QUERY_NODE, Harness, Member, StartError
+from querycoord.tooling.harness import QUERY_NODE, Harness, Member
 
 EC = common_pb2
-FIRST_NODE_ID = 101  # fixed node ids: 101, 102, ...
 COORD_FLAGS = ("--scaled",)
 CALL_TIMEOUT = 5.0  # one sample's call to the leader or to a node; a node slower than this is "silent"
 NODES_ONLINE_TIMEOUT = 30.0  # after a restart is whole, every running node must be online at the leader within this
@@ -127,8 +140,7 @@ class RestartDrill(ProcessDrill[RestartOptions, RestartResult]):
         self.tally = RoundTally(0, 0.0, "first load")
         self.sampled = asyncio.Event()
         self._sampler: asyncio.Task[None] | None = None
-        self._channels: dict[str, tuple[int, grpc.aio.Channel]] = {}
-        self._closing: list[asyncio.Task[None]] = []  # closes of the channels of processes since replaced
+        self.reads = DirectReads(CALL_TIMEOUT)
         self._seen_exits: set[int] = set()
         self._stopping = False  # a restart's stop phase runs
 
@@ -165,42 +177,19 @@ class RestartDrill(ProcessDrill[RestartOptions, RestartResult]):
             self.note(f"{member.label} is now {event['event']}")
 
     async def _start_node(self, index: int, member: Member | None = None) -> Member:
-        """Query node ``index`` under its fixed id, on its old address when it had one (else any free port)."""
-        listen = member.ready.get("listen_address", "127.0.0.1:0") if member is not None else "127.0.0.1:0"
-        flags = ["--node-id", str(FIRST_NODE_ID + index), "--capacity-mb", "65536"]
-        try:
-            return await self.cluster.start_node(QUERY_NODE, index, *flags, "--listen", listen, member=member)
-        except StartError:
-            if listen.endswith(":0"):
-                raise
-            self.say(f"query node {FIRST_NODE_ID + index} did not start on {listen}; on another port")
-            return await self.cluster.start_node(QUERY_NODE, index, *flags, "--listen", "127.0.0.1:0", member=member)
+        return await start_fixed_node(self.cluster, index, member=member, say=self.say)
 
     async def _create_collections(self) -> None:
         o = self.opts
-        kv = MetaKV(await connect(self.etcd_cluster.config()), self.root)
-        try:
-            catalog = CatalogStore(kv)
-            for i, (n, replicas) in enumerate(zip(o.segments_of(), o.replicas_of(), strict=True)):
-                # Small accounted sizes (40 KB a segment): the drill is about restarts, not capacity.
-                desc, ids = await catalog.create_bulk_collection(
-                    f"restart_{i}", num_partitions=o.partitions, num_segments=n, num_channels=o.channels,
-                    rows_per_segment=1000, dim=8)
-                self.targets[desc.collection_id] = Target(frozenset(ids), frozenset(desc.dm_channels), replicas)
-        finally:
-            with contextlib.suppress(Exception):
-                await kv.client.close()
+        specs = [(f"restart_{i}", n, r) for i, (n, r) in enumerate(zip(o.segments_of(), o.replicas_of(), strict=True))]
+        self.targets = await create_collections(self.etcd_cluster.config(), self.root, specs, partitions=o.partitions,
+                                                channels=o.channels)
 
     async def _load(self) -> None:
         assert self.client is not None
         self.tally.began = self.tally.stopped = self.now()
         self.result.rounds.append(self.tally)
-        for cid, target in self.targets.items():
-            resp = await self.client.query("LoadCollection", qc.LoadCollectionRequest(
-                collection_id=cid, replica_number=target.replicas))
-            if resp.status.error_code != EC.SUCCESS:
-                raise DrillSetupError(f"LoadCollection {cid}: {EC.ErrorCode.Name(resp.status.error_code)} "
-                                      f"{resp.status.reason}")
+        await load_targets(self.client, self.targets)
         if not await self._wait_whole(self.tally):
             raise DrillSetupError(f"the first load was not whole within {self.opts.whole_timeout:g}s")
         self.result.load_s = self.tally.back_whole_s
@@ -208,17 +197,7 @@ class RestartDrill(ProcessDrill[RestartOptions, RestartResult]):
 
     async def _stop_cluster(self) -> None:
         await stop_task(self._sampler)
-        if self.client is not None:
-            with contextlib.suppress(Exception):
-                await self.client.close()
-        for _, ch in self._channels.values():
-            with contextlib.suppress(Exception):
-                await ch.close()
-        await asyncio.gather(*self._closing, return_exceptions=True)
-        if self.harness is not None:
-            await self.harness.stop(5)
-        if self.etcd is not None:
-            await asyncio.to_thread(self.etcd.stop)
+        await self._stop_processes(None if self.client is None else self.client.close(), self.reads.close())
 
     # ----- the restarts ---------------------------------------------------------------------------------------------
     async def _drive(self) -> None:
@@ -366,34 +345,21 @@ class RestartDrill(ProcessDrill[RestartOptions, RestartResult]):
                     break
             await asyncio.sleep(0.5)
         self.result.unfinished_triggers = running
-        after, pages = 0, 0
-        while pages < 1000:
-            try:
-                page = await self.client.query("ListTasks", qc.ListTasksRequest(
-                    include_finished=True, limit=500, after_task_id=after, children_limit=1))
-            except (CoordinatorUnavailable, grpc.aio.AioRpcError) as exc:
-                self.result.failed_triggers.append(f"the task history could not be read: {exc}")
-                break
-            pages += 1
-            for t in page.trees:
+        try:
+            async for t in finished_trees(self.client):
                 self.result.triggers += 1
                 if t.trigger.state == qc.TASK_STATE_FAILED:
-                    self.result.failed_triggers.append(
-                        f"{t.trigger.task_id} {t.trigger.summary}: {EC.ErrorCode.Name(t.trigger.error_code)} "
-                        f"{t.trigger.error[:200]}")
-            after = page.next_after_task_id
-            if not after:
-                break
+                    self.result.failed_triggers.append(failed_text(t))
+        except (CoordinatorUnavailable, grpc.aio.AioRpcError) as exc:
+            self.result.failed_triggers.append(f"the task history could not be read: {exc}")
 
     def _check_exits(self) -> None:
-        for m in self.cluster.members:
-            if not m.running and m.state != "dead" and id(m.child) not in self._seen_exits:
-                self._seen_exits.add(id(m.child))
-                if self._stopping:
-                    continue
-                what = f"{m.child.name} (code {m.child.proc.returncode}; see {m.child.log_path})"
-                self.result.exited.append(what)
-                self.say(f"{what} exited on its own")
+        for m in new_exits(self.cluster.members, self._seen_exits):
+            if self._stopping:
+                continue
+            what = exit_text(m)
+            self.result.exited.append(what)
+            self.say(f"{what} exited on its own")
 
     # ----- sampling -------------------------------------------------------------------------------------------------
     async def _sample_forever(self) -> None:
@@ -415,32 +381,19 @@ class RestartDrill(ProcessDrill[RestartOptions, RestartResult]):
             self._check_exits()
             await asyncio.sleep(max(0.0, self.opts.sample_interval - (time.monotonic() - started)))
 
-    def _channel(self, member: Member, address: str) -> grpc.aio.Channel:
-        """One channel per process: a channel that met a dead process backs off for seconds, and would not see
-        the next process on that address in time (that node would look empty)."""
-        pid, ch = self._channels.get(address, (0, None))
-        if ch is None or pid != member.child.pid:
-            if ch is not None:
-                self._closing.append(asyncio.create_task(ch.close()))
-            # Its own subchannels: gRPC shares them between channels to one address by default, and the back-off
-            # of one that met the dead process (seconds, growing) would hold the new channel too.
-            ch = make_channel(address, options=(("grpc.use_local_subchannel_pool", 1),))
-            self._channels[address] = (member.child.pid, ch)
-        return ch
-
     async def _sample(self) -> Sample:
         sample = Sample(asked=self.now(), read=0.0)
         leader = self.cluster.leader
         if leader is not None and leader.address:
-            shown = await self._ask_leader(self._channel(leader, leader.address))
+            shown = await self._ask_leader(self.reads.channel(leader, leader.address))
             if shown is not None:
                 sample.leader, sample.shown = leader.label, shown
         # The nodes after the leader: what they hold now is what they held when it answered, or more.
-        answers = await asyncio.gather(*(self._ask_node(n) for n in self.nodes))
+        answers = await asyncio.gather(*(self.reads.holding(n) for n in self.nodes))
         for node, answer in zip(self.nodes, answers, strict=True):
             if isinstance(answer, Holding):
                 sample.holdings[node.node_id] = answer
-            elif answer == "silent":
+            elif answer == SILENT:
                 sample.silent |= {node.node_id}
         sample.read = self.now()
         return sample
@@ -463,31 +416,6 @@ class RestartDrill(ProcessDrill[RestartOptions, RestartResult]):
         return {cid: CollectionShown(pct[cid], tuple(ReplicaShown(x.replica_id, frozenset(x.node_ids),
                                                                   int(x.in_memory_percentage)) for x in r.replicas))
                 for cid, r in zip(cids, reps, strict=True)}
-
-    async def _ask_node(self, node: Member) -> Holding | str:
-        """What ``node`` reports holding; "silent" when it runs but did not answer in time, "" when it holds
-        nothing by construction (not running, not serving)."""
-        if not node.running:
-            return ""
-        address = str(node.ready.get("listen_address") or node.address)
-        stub = querynode_pb2_grpc.QueryNodeStub(self._channel(node, address))
-        try:
-            d = await stub.GetDataDistribution(querynode_pb2.GetDataDistributionRequest(segment_ids_only=True),
-                                               timeout=CALL_TIMEOUT)
-        except grpc.aio.AioRpcError as exc:
-            return "silent" if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED else ""
-        if d.status.error_code != EC.SUCCESS:
-            return ""
-        segments: dict[int, set[int]] = {}
-        for g in d.segment_groups:
-            segments.setdefault(g.collection_id, set()).update(g.segment_ids)
-        for s in d.segments:  # a node that predates segment_ids_only
-            segments.setdefault(s.collection_id, set()).add(s.segment_id)
-        channels: dict[int, set[str]] = {}
-        for c in d.channels:
-            if c.kind == querynode_pb2.CHANNEL_KIND_DM:
-                channels.setdefault(c.collection_id, set()).add(c.channel_name)
-        return Holding({k: frozenset(v) for k, v in segments.items()}, {k: frozenset(v) for k, v in channels.items()})
 
 
 def render(result: RestartResult) -> str:
@@ -524,9 +452,7 @@ def render(result: RestartResult) -> str:
               "false full: the leader shows 100 % for a collection or replica that its nodes do not hold; excused: a "
               f"node it rests on was lost less than {o.grace_s:g}s before (with etcd up); unclear: a node it rests "
               f"on did not answer within {CALL_TIMEOUT:g}s"]
-    fails = result.failures()
-    lines += [f"FAILED: {f}" for f in fails]
-    lines.append("RESULT: " + ("FAILED" if fails else "every invariant held"))
+    lines += verdict_lines(result.failures(), "every invariant held")
     return "\n".join(lines)
 
 
