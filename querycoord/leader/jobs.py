@@ -136,7 +136,8 @@ class Job(Generic[R]):
             if asked and asked != current:
                 raise InvalidField("replica_number", asked,
                                    f"differs from the {current} replicas collection {cid} is loaded with; "
-                                   "release it to load it with another number")
+                                   "a resize applies to the whole collection: UpdateLoadConfig "
+                                   "(querycoord collection resize)")
             return
         online = len(self.env.nodes.online())
         if asked > 1 and asked > online:  # one replica on no node is NO_AVAILABLE_NODE, as before replicas

@@ -46,7 +46,7 @@ _TABLE: dict[str, dict[str, frozenset[Role]]] = {
         "GetComponentStates": READ, "ListTasks": READ, "GetTask": READ, "ShowNodes": READ,
         "GetCoordinatorState": READ, "GetReplicas": READ, "CheckHealth": READ, "Explain": READ,
         "LoadCollection": ADMIN, "ReleaseCollection": ADMIN, "LoadPartitions": ADMIN, "ReleasePartitions": ADMIN,
-        "LoadBalance": ADMIN, "Switchover": ADMIN,
+        "LoadBalance": ADMIN, "Switchover": ADMIN, "UpdateLoadConfig": ADMIN,
         "StepBack": COORDINATOR,  # only a leader asks, during a switchover
     },
     "Catalog": {

@@ -113,7 +113,7 @@ OPTIONS: tuple[Option, ...] = (
            "ids in one list field (collection, partition, segment ids...)"),
     Option("--max-nodes-per-request", "limits.max_nodes_per_request", int, POSITIVE_COUNT,
            "node ids in one LoadBalance"),
-    Option("--max-replicas", "limits.max_replicas", int, POSITIVE_COUNT, "replica_number of a load"),
+    Option("--max-replicas", "limits.max_replicas", int, POSITIVE_COUNT, "replica_number of a load or a resize"),
     Option("--max-list-tasks", "limits.max_list_tasks", int, POSITIVE_COUNT,
            "task trees per ListTasks page (larger asks are capped)"),
     Option("--max-vgroups-per-stream", "limits.max_vgroups_per_stream", int, POSITIVE_COUNT,

@@ -1,0 +1,326 @@
+"""Resizing a loaded collection's replicas in place (UpdateLoadConfig, LoadCollection with another number).
+
+Real etcd, real coordinators (in-process, or real processes where the leader is SIGKILLed mid-grow), real query
+nodes on loopback. What is asserted is what the nodes themselves report (their GetDataDistribution) and what etcd
+holds, at every poll while a resize runs and once it is done; never how long it took.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from meta.kv import MetaKV
+from meta.ops.etcd_server import EtcdCluster
+from proto import common_pb2, querynode_pb2
+from proto import querycoord_pb2 as qc
+from querycoord.catalog.store import CatalogStore
+from querycoord.net.client import QueryCoordClient
+from querycoord.nodes.querynode import FaultConfig, QueryNode
+from querycoord.querymeta import QueryMeta
+from tests.cluster import MiB, QueryCluster, fast_scheduler, running_cluster, wait_in_memory, wait_until
+from tests.spawn import MID_LOAD_FLAGS, spawn_coordinator
+
+SLOW = FaultConfig(latency_ms=40)  # a new replica's nodes: its loads take many polls
+
+
+async def snapshot(kv: MetaKV) -> dict[str, bytes]:
+    """Every key under the root but the sessions' (their leases are renewed meanwhile)."""
+    return {k: v for k, v in (await kv.load_prefix("")).items() if "session" not in k.lower()}
+
+
+def holds(nodes: list[QueryNode], members: set[int], cid: int, segments: int, channels: int) -> bool:
+    """Whether these nodes, as their GetDataDistribution reports, hold every segment and DM channel of ``cid``."""
+    seg: set[int] = set()
+    chans: set[str] = set()
+    for n in nodes:
+        if n.node_id in members and n.healthy:
+            d = n.state.distribution()
+            seg |= {s.segment_id for s in d.segments if s.collection_id == cid}
+            chans |= {c.channel_name for c in d.channels
+                      if c.collection_id == cid and c.kind == querynode_pb2.CHANNEL_KIND_DM}
+    return len(seg) == segments and len(chans) == channels
+
+
+def holds_nothing(nodes: list[QueryNode], members: set[int], cid: int) -> bool:
+    for n in nodes:
+        if n.node_id in members and n.healthy:
+            d = n.state.distribution()
+            if any(s.collection_id == cid for s in d.segments) or any(c.collection_id == cid for c in d.channels):
+                return False
+    return True
+
+
+class Watch:
+    """Polls ``check`` every few milliseconds while a resize runs; ``polls`` counts them, ``broken`` the failures."""
+
+    def __init__(self, check: Callable[[], bool]):
+        self.check = check
+        self.polls = 0
+        self.broken: list[int] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        while True:
+            self.polls += 1
+            if not self.check():
+                self.broken.append(self.polls)
+            await asyncio.sleep(0.02)
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[Watch]:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        try:
+            yield self
+        finally:
+            self._task.cancel()
+
+
+def groups(meta: QueryMeta, cid: int) -> dict[int, set[int]]:
+    return {r.replica_id: set(r.node_ids) for r in meta.replicas_of(cid)}
+
+
+async def update(client: QueryCoordClient, cid: int, number: int) -> qc.UpdateLoadConfigResponse:
+    return await client.query("UpdateLoadConfig", qc.UpdateLoadConfigRequest(collection_ids=[cid],
+                                                                            replica_number=number))
+
+
+async def load(c: QueryCluster, cid: int, number: int) -> None:
+    assert c.client is not None
+    r = await c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid, replica_number=number))
+    assert r.status.error_code == common_pb2.SUCCESS, r.status
+    await c.wait_loaded(cid)
+    await c.wait_idle()
+
+
+async def test_grow_1_to_2_keeps_the_first_replica_whole_at_every_poll(etcd: EtcdCluster, root_path: str) -> None:
+    async with running_cluster(etcd, root_path, [None] * 2) as c:
+        assert c.client is not None
+        cid = await c.create_collection("grow", partitions=2, segments=120, channels=3)
+        await load(c, cid, 1)
+        meta = c.coords[0].coord.leadership.meta
+        (first, first_nodes), = groups(meta, cid).items()
+        for _ in range(2):
+            node = await c.add_node(faults=SLOW)
+            await c.wait_node_online(node.node_id)
+
+        shown: list[tuple[int, int]] = []  # (collection %, replicas listed) from ShowCollections / GetReplicas
+
+        def first_whole() -> bool:
+            return holds(c.nodes, first_nodes, cid, 120, 3)
+
+        with Watch(first_whole).running() as watch:
+            r = await update(c.client, cid, 2)
+            assert r.status.error_code == common_pb2.SUCCESS and r.task_id and list(r.task_ids) == [r.task_id], r
+            while c.coords[0].coord.leadership.scheduler.triggers:
+                coll = (await c.client.query("ShowCollections", qc.ShowCollectionsRequest(
+                    collection_ids=[cid]))).collections[0]
+                reps = (await c.client.query("GetReplicas", qc.GetReplicasRequest(collection_id=cid))).replicas
+                shown.append((coll.in_memory_percentage, len(reps)))
+                await asyncio.sleep(0.05)
+            await c.wait_idle()
+        assert watch.polls > 3 and not watch.broken, (watch.polls, watch.broken)
+        assert shown and all(pct == 100 for pct, _ in shown), "the collection stayed served while it grew"
+        assert any(n == 2 for _, n in shown), "the new replica was listed while it loaded"
+
+        after = groups(meta, cid)
+        assert len(after) == 2 and after[first] == first_nodes
+        (new, new_nodes), = ((k, v) for k, v in after.items() if k != first)
+        assert not new_nodes & first_nodes and new > first
+        assert holds(c.nodes, first_nodes, cid, 120, 3) and holds(c.nodes, new_nodes, cid, 120, 3)
+        info = meta.get_collection(cid)
+        assert info is not None and info.replica_number == 2
+        fresh = QueryMeta(c.kv)  # what a new leader reads
+        await fresh.reload()
+        stored = fresh.get_collection(cid)
+        assert stored is not None and stored.replica_number == 2 and groups(fresh, cid) == after
+        reps = (await c.client.query("GetReplicas", qc.GetReplicasRequest(collection_id=cid))).replicas
+        assert [x.in_memory_percentage for x in reps] == [100, 100]
+        tree = (await c.client.query("GetTask", qc.GetTaskRequest(task_id=r.task_id))).tree
+        assert tree.trigger.summary == f"resize collection {cid}: 1 -> 2 replicas", tree.trigger
+        assert tree.trigger.kind == qc.TASK_KIND_UPDATE_LOAD_CONFIG and not tree.trigger.error
+
+        # Asked again: the same number, nothing queued.
+        before = await snapshot(c.kv)
+        r = await update(c.client, cid, 2)
+        assert r.status.error_code == common_pb2.SUCCESS and r.task_id == 0
+        r2 = await c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid, replica_number=2))
+        assert r2.status.error_code == common_pb2.SUCCESS and r2.task_id == 0
+        assert await snapshot(c.kv) == before
+
+
+async def test_shrink_3_to_1_keeps_one_replica_untouched_and_frees_the_others(
+        etcd: EtcdCluster, root_path: str) -> None:
+    async with running_cluster(etcd, root_path, [None] * 3) as c:
+        assert c.client is not None
+        cid = await c.create_collection("shrink", partitions=1, segments=90, channels=2)
+        await load(c, cid, 3)
+        meta = c.coords[0].coord.leadership.meta
+        before = groups(meta, cid)
+        kept = min(before)  # all whole: ties go to the lowest id
+        kept_nodes = before[kept]
+        held = {n.node_id: set(n.state.segments) for n in c.nodes if n.node_id in kept_nodes}
+        dropped_nodes = set().union(*(g for r, g in before.items() if r != kept))
+
+        def kept_whole() -> bool:
+            return holds(c.nodes, kept_nodes, cid, 90, 2)
+
+        with Watch(kept_whole).running() as watch:
+            # LoadCollection of the loaded collection with another number resizes it.
+            r = await c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid, replica_number=1))
+            assert r.status.error_code == common_pb2.SUCCESS and r.task_id, r.status
+            await c.wait_idle()
+            await wait_until(lambda: holds_nothing(c.nodes, dropped_nodes, cid), "the dropped nodes released it")
+        assert watch.polls > 1 and not watch.broken, (watch.polls, watch.broken)
+        assert groups(meta, cid) == {kept: kept_nodes}
+        assert {n.node_id: set(n.state.segments) for n in c.nodes if n.node_id in kept_nodes} == held, "untouched"
+        info = meta.get_collection(cid)
+        assert info is not None and info.replica_number == 1
+        fresh = QueryMeta(c.kv)
+        await fresh.reload()
+        assert groups(fresh, cid) == {kept: kept_nodes}
+        assert not any(set(s.node_ids) & dropped_nodes for s in fresh.segments_of(cid)), "no record names them"
+        assert not any(w.node_id in dropped_nodes for w in fresh.dm_channels_of(cid))
+        assert all(meta.replica_of_node(cid, n) == 0 for n in dropped_nodes), "they are spares now"
+        tree = (await c.client.query("GetTask", qc.GetTaskRequest(task_id=r.task_id))).tree
+        assert tree.trigger.summary == f"resize collection {cid}: 3 -> 1 replicas"
+
+
+async def test_a_grow_that_cannot_fit_is_refused_and_writes_nothing(etcd: EtcdCluster, root_path: str) -> None:
+    async with running_cluster(etcd, root_path, [None] * 2) as c:
+        assert c.client is not None and c.kv is not None
+        cid = await c.create_collection("tight", partitions=1, segments=40, channels=2)
+        await load(c, cid, 1)
+        before = await snapshot(c.kv)
+        r = await update(c.client, cid, 2)  # both nodes serve the one replica: no spare
+        assert r.status.error_code == common_pb2.NO_AVAILABLE_NODE, r.status
+        assert "0 spare query nodes" in r.status.reason and "start 1 more" in r.status.reason, r.status.reason
+        r = await c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid, replica_number=3))
+        assert r.status.error_code == common_pb2.NO_AVAILABLE_NODE, r.status
+        assert await snapshot(c.kv) == before
+
+        small = await c.add_node(capacity=1 * MiB)  # a spare far too small for 40 segments of 1 MiB
+        await c.wait_node_online(small.node_id)
+        before = await snapshot(c.kv)
+        r = await update(c.client, cid, 2)
+        assert r.status.error_code == common_pb2.RESOURCE_EXHAUSTED, r.status
+        assert "does not fit" in r.status.reason and f"node {small.node_id}" in r.status.reason, r.status.reason
+        assert await snapshot(c.kv) == before
+        assert holds_nothing(c.nodes, {small.node_id}, cid)
+        assert not c.coords[0].coord.leadership.scheduler.triggers
+
+
+async def test_bad_numbers_and_unknown_collections_are_refused(etcd: EtcdCluster, root_path: str) -> None:
+    async with running_cluster(etcd, root_path, [None] * 2) as c:
+        assert c.client is not None and c.kv is not None
+        cid = await c.create_collection("bad", partitions=2, segments=10, channels=2)
+        other = await c.create_collection("unloaded", partitions=1, segments=4, channels=1)
+        await load(c, cid, 1)
+        before = await snapshot(c.kv)
+        for number in (0, -1, 17):
+            r = await update(c.client, cid, number)
+            assert r.status.error_code == common_pb2.ILLEGAL_ARGUMENT and "replica_number" in r.status.reason, number
+        r = await c.client.query("UpdateLoadConfig", qc.UpdateLoadConfigRequest(replica_number=2))
+        assert r.status.error_code == common_pb2.ILLEGAL_ARGUMENT and "collection_ids" in r.status.reason
+        r = await update(c.client, other, 1)
+        assert r.status.error_code == common_pb2.NOT_FOUND and "not loaded" in r.status.reason
+        r = await c.client.query("UpdateLoadConfig", qc.UpdateLoadConfigRequest(collection_ids=[cid, other],
+                                                                                replica_number=1))
+        assert r.status.error_code == common_pb2.NOT_FOUND, "checked whole before anything is queued"
+        assert await snapshot(c.kv) == before
+
+        # Partitions: another number than the collection's is refused (a resize is of the whole collection).
+        pids = [p.partition_id for p in await c.coords[0].coord.catalog.show_partitions(other)]
+        await c.client.query("LoadPartitions", qc.LoadPartitionsRequest(collection_id=other, partition_ids=pids,
+                                                                         replica_number=1))
+        await c.wait_idle()
+        r = await c.client.query("LoadPartitions", qc.LoadPartitionsRequest(collection_id=other, partition_ids=pids,
+                                                                            replica_number=2))
+        assert r.status.error_code == common_pb2.ILLEGAL_ARGUMENT and "UpdateLoadConfig" in r.status.reason
+
+
+async def test_a_release_racing_a_grow_wins_and_leaves_nothing_loaded(etcd: EtcdCluster, root_path: str) -> None:
+    small_requests = fast_scheduler(max_request_bytes=3000, max_concurrent_children=2)
+    async with running_cluster(etcd, root_path, [None] * 1, scheduler=small_requests) as c:
+        assert c.client is not None and c.kv is not None
+        cid = await c.create_collection("race", partitions=1, segments=150, channels=2)
+        await load(c, cid, 1)
+        slow = await c.add_node(faults=FaultConfig(latency_ms=80))
+        await c.wait_node_online(slow.node_id)
+        r = await update(c.client, cid, 2)
+        assert r.status.error_code == common_pb2.SUCCESS and r.task_id
+        await wait_until(lambda: bool(slow.state.segments), "the new replica's node started loading")
+        rel = await c.client.query("ReleaseCollection", qc.ReleaseCollectionRequest(collection_id=cid))
+        assert rel.status.error_code == common_pb2.SUCCESS, rel.status
+        await c.wait_idle()
+        tree = (await c.client.query("GetTask", qc.GetTaskRequest(task_id=r.task_id))).tree
+        assert tree.trigger.error_code == common_pb2.CANCELLED, tree.trigger
+        assert holds_nothing(c.nodes, {n.node_id for n in c.nodes}, cid)
+        assert c.coords[0].coord.leadership.meta.get_collection(cid) is None
+        fresh = QueryMeta(c.kv)
+        await fresh.reload()
+        assert fresh.get_collection(cid) is None and not fresh.segments_of(cid)
+
+
+async def test_a_leader_killed_mid_grow_is_finished_by_the_new_leader(
+        etcd: EtcdCluster, root_path: str, tmp_path: Path) -> None:
+    async with QueryCluster(etcd, root_path) as c:
+        assert c.kv is not None
+        for _ in range(2):
+            await c.add_node()
+        a = await spawn_coordinator(etcd, root_path, tmp_path, *MID_LOAD_FLAGS, name="coord-a")
+        b = None
+        try:
+            await a.next_event("leader", timeout=60)
+            b = await spawn_coordinator(etcd, root_path, tmp_path, *MID_LOAD_FLAGS, name="coord-b")
+            desc, _ = await CatalogStore(c.kv).create_bulk_collection("takeover", num_partitions=2,
+                                                                       num_segments=200, num_channels=2)
+            cid = desc.collection_id
+            client = QueryCoordClient([a.address, b.address], deadline=60, call_timeout=10)
+            r = await client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid, replica_number=1))
+            assert r.status.error_code == common_pb2.SUCCESS, r.status
+            await wait_in_memory(client, cid)
+            original = {n.node_id for n in c.nodes}
+            new_nodes = []
+            for _ in range(2):
+                new_nodes.append(await c.add_node(faults=FaultConfig(latency_ms=100)))
+
+            with Watch(lambda: holds(c.nodes, original, cid, 200, 2)).running() as watch:
+                for _ in range(100):  # the leader learns of the new nodes through their sessions
+                    r = await update(client, cid, 2)
+                    if r.status.error_code != common_pb2.NO_AVAILABLE_NODE:
+                        break
+                    await asyncio.sleep(0.1)
+                assert r.status.error_code == common_pb2.SUCCESS, r.status
+                await wait_until(lambda: any(n.state.segments for n in new_nodes), "the grow is loading")
+                a.signal(signal.SIGKILL)
+                await b.next_event("leader", timeout=60)
+
+                async def done() -> bool:
+                    fresh = QueryMeta(c.kv)
+                    await fresh.reload()
+                    info = fresh.get_collection(cid)
+                    return info is not None and info.replica_number == 2
+
+                for _ in range(600):
+                    if await done():
+                        break
+                    await asyncio.sleep(0.1)
+                assert await done(), "the new leader recorded 2 replicas"
+            assert not watch.broken, (watch.polls, watch.broken)
+            fresh = QueryMeta(c.kv)
+            await fresh.reload()
+            after = groups(fresh, cid)
+            assert len(after) == 2
+            a_nodes, b_nodes = after.values()
+            assert not a_nodes & b_nodes
+            assert original in (a_nodes, b_nodes), "the original replica kept its nodes"
+            assert holds(c.nodes, a_nodes, cid, 200, 2) and holds(c.nodes, b_nodes, cid, 200, 2)
+            await client.close()
+        finally:
+            await a.kill()
+            if b is not None:
+                await b.kill()
