@@ -197,7 +197,7 @@ async def test_a_grow_that_cannot_fit_is_refused_and_writes_nothing(etcd: EtcdCl
         before = await snapshot(c.kv)
         r = await update(c.client, cid, 2)  # both nodes serve the one replica: no spare
         assert r.status.error_code == common_pb2.NO_AVAILABLE_NODE, r.status
-        assert "0 spare query nodes" in r.status.reason and "start 1 more" in r.status.reason, r.status.reason
+        assert "needs 1 spare query node" in r.status.reason and ": 0 online" in r.status.reason, r.status.reason
         r = await c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid, replica_number=3))
         assert r.status.error_code == common_pb2.NO_AVAILABLE_NODE, r.status
         assert await snapshot(c.kv) == before

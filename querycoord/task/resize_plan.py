@@ -45,6 +45,10 @@ class ResizePlan:
     new_groups: list[list[int]]
 
 
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
+
+
 def _mib(n: int) -> str:
     return f"{n / (1 << 20):,.1f} MiB"
 
@@ -63,9 +67,9 @@ def new_replica_groups(env: TaskEnv, collection_id: int, number: int, usage: Usa
     spares = spares_of(env, collection_id)
     if len(spares) < number:
         listed = f" (nodes {spares})" if spares else ""
-        raise TooFewNodes(f"collection {collection_id} needs {number} more nodes for {number} new replicas (each "
-                          f"on its own nodes): {len(spares)} spare query nodes online{listed}; start "
-                          f"{number - len(spares)} more query nodes or ask for fewer replicas")
+        raise TooFewNodes(f"collection {collection_id} needs {_count(number, 'spare query node')} for "
+                          f"{_count(number, 'new replica')} (each on its own nodes): {len(spares)} online{listed}; "
+                          f"start {_count(number - len(spares), 'more query node')} or ask for fewer replicas")
     try:
         groups = split_nodes(spares, number, memory=dict(usage.memory))
     except NoAvailableNode as exc:
