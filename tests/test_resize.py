@@ -108,6 +108,7 @@ async def test_grow_1_to_2_keeps_the_first_replica_whole_at_every_poll(etcd: Etc
             await c.wait_node_online(node.node_id)
 
         shown: list[tuple[int, int]] = []  # (collection %, replicas listed) from ShowCollections / GetReplicas
+        progress: list[int] = []  # the new replica's percentage at each poll
 
         def first_whole() -> bool:
             return holds(c.nodes, first_nodes, cid, 120, 3)
@@ -120,11 +121,13 @@ async def test_grow_1_to_2_keeps_the_first_replica_whole_at_every_poll(etcd: Etc
                     collection_ids=[cid]))).collections[0]
                 reps = (await c.client.query("GetReplicas", qc.GetReplicasRequest(collection_id=cid))).replicas
                 shown.append((coll.in_memory_percentage, len(reps)))
+                progress += [r.in_memory_percentage for r in reps if r.replica_id != first]
                 await asyncio.sleep(0.05)
             await c.wait_idle()
         assert watch.polls > 3 and not watch.broken, (watch.polls, watch.broken)
         assert shown and all(pct == 100 for pct, _ in shown), "the collection stayed served while it grew"
         assert any(n == 2 for _, n in shown), "the new replica was listed while it loaded"
+        assert any(p < 100 for p in progress), ("the new replica showed its own progress", progress)
 
         after = groups(meta, cid)
         assert len(after) == 2 and after[first] == first_nodes
@@ -289,11 +292,12 @@ async def test_a_leader_killed_mid_grow_is_finished_by_the_new_leader(
                 new_nodes.append(await c.add_node(faults=FaultConfig(latency_ms=100)))
 
             with Watch(lambda: holds(c.nodes, original, cid, 200, 2)).running() as watch:
-                for _ in range(100):  # the leader learns of the new nodes through their sessions
-                    r = await update(client, cid, 2)
-                    if r.status.error_code != common_pb2.NO_AVAILABLE_NODE:
+                for _ in range(300):  # the leader learns of the new nodes through their sessions
+                    shown = await client.query("ShowNodes", qc.ShowNodesRequest())
+                    if sum(n.state == "online" for n in shown.nodes) == 4:
                         break
                     await asyncio.sleep(0.1)
+                r = await update(client, cid, 2)
                 assert r.status.error_code == common_pb2.SUCCESS, r.status
                 await wait_until(lambda: any(n.state.segments for n in new_nodes), "the grow is loading")
                 a.signal(signal.SIGKILL)
@@ -324,3 +328,46 @@ async def test_a_leader_killed_mid_grow_is_finished_by_the_new_leader(
             await a.kill()
             if b is not None:
                 await b.kill()
+
+
+async def test_a_shrink_interrupted_by_a_leader_crash_is_finished_by_the_new_leader(
+        etcd: EtcdCluster, root_path: str) -> None:
+    async with QueryCluster(etcd, root_path) as c:
+        await c.start_coordinator()
+        first = await c.wait_leader()
+        await c.start_coordinator()
+        assert c.client is not None and c.kv is not None
+        for _ in range(3):
+            await c.add_node(faults=FaultConfig(latency_ms=300))  # a release call takes a while: room to crash
+        cid = await c.create_collection("shrink_crash", partitions=1, segments=30, channels=2)
+        await load(c, cid, 3)
+        before = groups(first.coord.leadership.meta, cid)
+
+        r = await update(c.client, cid, 1)
+        assert r.status.error_code == common_pb2.SUCCESS and r.task_id
+
+        async def stored() -> dict[int, set[int]]:
+            fresh = QueryMeta(c.kv)
+            await fresh.reload()
+            return groups(fresh, cid)
+
+        for _ in range(300):  # until the dropped replicas left the record: the shrink is under way
+            if len(await stored()) == 1:
+                break
+            await asyncio.sleep(0.02)
+        await first.crash()
+        second = await c.wait_leader()
+        assert second is not first
+        kept = await stored()
+        assert len(kept) == 1 and kept.items() <= before.items(), (kept, before)
+        (kept_id, kept_nodes), = kept.items()
+        dropped = set().union(*(g for rid, g in before.items() if rid != kept_id))
+        await wait_until(lambda: holds_nothing(c.nodes, dropped, cid), "the dropped nodes released the collection")
+        await c.wait_idle()
+        await c.wait_no_task_keys()
+        assert holds(c.nodes, kept_nodes, cid, 30, 2)
+        fresh = QueryMeta(c.kv)
+        await fresh.reload()
+        info = fresh.get_collection(cid)
+        assert info is not None and info.replica_number == 1 and groups(fresh, cid) == kept
+        assert not any(set(seg.node_ids) & dropped for seg in fresh.segments_of(cid)), "no record names them"
