@@ -15,14 +15,18 @@ from pathlib import Path
 
 from meta.kv import MetaKV
 from meta.ops.etcd_server import EtcdCluster
-from proto import common_pb2, querynode_pb2
+from proto import common_pb2, data_pb2, querynode_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.catalog.store import CatalogStore
+from querycoord.common.replica_number import joining_replica_ids
 from querycoord.net.client import QueryCoordClient
 from querycoord.nodes.querynode import FaultConfig, QueryNode
 from querycoord.querymeta import QueryMeta
+from querycoord.served.health import collection_health, missing_text
+from querycoord.served.state import GREEN, YELLOW, ServedView
 from tests.cluster import MiB, QueryCluster, fast_scheduler, running_cluster, wait_in_memory, wait_until
 from tests.spawn import MID_LOAD_FLAGS, spawn_coordinator
+from tests.test_served import FixedNodes, seg, two_replica_meta
 
 SLOW = FaultConfig(latency_ms=40)  # a new replica's nodes: its loads take many polls
 
@@ -94,6 +98,29 @@ async def load(c: QueryCluster, cid: int, number: int) -> None:
     assert r.status.error_code == common_pb2.SUCCESS, r.status
     await c.wait_loaded(cid)
     await c.wait_idle()
+
+
+async def test_a_joining_replica_shows_its_progress_but_the_collection_counts_the_others(kv: MetaKV) -> None:
+    """A grow's new replica (past the record's replica_number) is listed, lacks what it lacks, and is counted
+    neither in the collection's percentage nor its health; recorded, it counts."""
+    meta = await two_replica_meta(kv)
+    await meta.drop_replicas(1, [8], 1)  # replica 8 gone: the collection has one replica, 7
+    await meta.remove_collection_copies(1, [3, 4])
+    await meta.add_replicas(1, [data_pb2.ReplicaInfo(replica_id=9, collection_id=1, node_ids=[5])])
+    await meta.save_segments([seg(100, 10, 5, 9)])  # the new replica holds one segment of three
+    info = meta.get_collection(1)
+    assert info is not None and info.replica_number == 1 and joining_replica_ids(info) == [9]
+    view = ServedView(meta, FixedNodes({1, 2, 5}))
+    served = view.collection(1)
+    assert served is not None and served.joining == {9}
+    assert served.percentage == 100 and served.health == GREEN
+    assert served.replicas[9].held == 1 and not served.replicas[9].whole
+    assert missing_text(served, {}) == ""
+    health = collection_health(served, {})
+    assert {r.replica_id: r.whole for r in health.replicas} == {7: True, 9: False}
+    await meta.set_replica_number(1, 2)  # recorded: now it counts, and the collection lacks what it lacks
+    served = view.collection(1)
+    assert served is not None and not served.joining and served.health == YELLOW and served.percentage < 100
 
 
 async def test_grow_1_to_2_keeps_the_first_replica_whole_at_every_poll(etcd: EtcdCluster, root_path: str) -> None:
