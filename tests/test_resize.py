@@ -398,3 +398,38 @@ async def test_a_shrink_interrupted_by_a_leader_crash_is_finished_by_the_new_lea
         info = fresh.get_collection(cid)
         assert info is not None and info.replica_number == 1 and groups(fresh, cid) == kept
         assert not any(set(seg.node_ids) & dropped for seg in fresh.segments_of(cid)), "no record names them"
+
+
+async def test_partitions_grow_and_a_resize_queued_behind_it(etcd: EtcdCluster, root_path: str) -> None:
+    small_requests = fast_scheduler(max_request_bytes=3000, max_concurrent_children=2)
+    async with running_cluster(etcd, root_path, [None], scheduler=small_requests) as c:
+        assert c.client is not None
+        cid = await c.create_collection("parts", partitions=2, segments=60, channels=2)
+        pids = [p.partition_id for p in await c.coords[0].coord.catalog.show_partitions(cid)]
+        r = await c.client.query("LoadPartitions", qc.LoadPartitionsRequest(collection_id=cid, partition_ids=pids[:1],
+                                                                            replica_number=1))
+        assert r.status.error_code == common_pb2.SUCCESS
+        await c.wait_loaded(cid)
+        await c.wait_idle()
+        meta = c.coords[0].coord.leadership.meta
+        (first, first_nodes), = groups(meta, cid).items()
+        wanted = len(meta.segment_ids_of(cid))  # the loaded partition's segments
+        spare = await c.add_node(faults=FaultConfig(latency_ms=60))
+        await c.wait_node_online(spare.node_id)
+
+        grow = await update(c.client, cid, 2)
+        assert grow.status.error_code == common_pb2.SUCCESS and grow.task_id
+        shrink = await update(c.client, cid, 1)  # compared with the pending resize's 2: queued behind it
+        assert shrink.status.error_code == common_pb2.SUCCESS and shrink.task_id > grow.task_id
+        again = await update(c.client, cid, 1)
+        assert again.task_id == shrink.task_id, "the same resize asked again joins the pending one"
+        await c.wait_idle()
+        for task_id, summary in ((grow.task_id, "1 -> 2"), (shrink.task_id, "2 -> 1")):
+            tree = (await c.client.query("GetTask", qc.GetTaskRequest(task_id=task_id))).tree
+            assert tree.trigger.state == qc.TASK_STATE_EXPIRED and not tree.trigger.error, tree.trigger
+            assert tree.trigger.summary == f"resize collection {cid}: {summary} replicas"
+        assert groups(meta, cid) == {first: first_nodes}, "both whole: the lowest id is kept"
+        assert holds(c.nodes, first_nodes, cid, wanted, 2)
+        assert holds_nothing(c.nodes, {spare.node_id}, cid)
+        info = meta.get_collection(cid)
+        assert info is not None and info.replica_number == 1 and [p.partition_id for p in info.partitions] == pids[:1]
