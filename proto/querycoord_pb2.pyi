@@ -25,6 +25,7 @@ class TaskKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TASK_KIND_LOAD_BALANCE: _ClassVar[TaskKind]
     TASK_KIND_REPAIR: _ClassVar[TaskKind]
     TASK_KIND_RELEASE_DM_CHANNEL: _ClassVar[TaskKind]
+    TASK_KIND_UPDATE_LOAD_CONFIG: _ClassVar[TaskKind]
 
 class TaskState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -101,6 +102,7 @@ TASK_KIND_HANDOFF: TaskKind
 TASK_KIND_LOAD_BALANCE: TaskKind
 TASK_KIND_REPAIR: TaskKind
 TASK_KIND_RELEASE_DM_CHANNEL: TaskKind
+TASK_KIND_UPDATE_LOAD_CONFIG: TaskKind
 TASK_STATE_UNDO: TaskState
 TASK_STATE_DOING: TaskState
 TASK_STATE_DONE: TaskState
@@ -765,3 +767,21 @@ class NodeLifecycleResponse(_message.Message):
     status: _common_pb2.Status
     node: NodeInfo
     def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., node: _Optional[_Union[NodeInfo, _Mapping]] = ...) -> None: ...
+
+class UpdateLoadConfigRequest(_message.Message):
+    __slots__ = ("collection_ids", "replica_number")
+    COLLECTION_IDS_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_NUMBER_FIELD_NUMBER: _ClassVar[int]
+    collection_ids: _containers.RepeatedScalarFieldContainer[int]
+    replica_number: int
+    def __init__(self, collection_ids: _Optional[_Iterable[int]] = ..., replica_number: _Optional[int] = ...) -> None: ...
+
+class UpdateLoadConfigResponse(_message.Message):
+    __slots__ = ("status", "task_id", "task_ids")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_IDS_FIELD_NUMBER: _ClassVar[int]
+    status: _common_pb2.Status
+    task_id: int
+    task_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., task_id: _Optional[int] = ..., task_ids: _Optional[_Iterable[int]] = ...) -> None: ...

@@ -180,6 +180,11 @@ class QueryCoordStub:
                 request_serializer=proto_dot_querycoord__pb2.NodeLifecycleRequest.SerializeToString,
                 response_deserializer=proto_dot_querycoord__pb2.NodeLifecycleResponse.FromString,
                 _registered_method=True)
+        self.UpdateLoadConfig = channel.unary_unary(
+                '/querycoord.query.QueryCoord/UpdateLoadConfig',
+                request_serializer=proto_dot_querycoord__pb2.UpdateLoadConfigRequest.SerializeToString,
+                response_deserializer=proto_dot_querycoord__pb2.UpdateLoadConfigResponse.FromString,
+                _registered_method=True)
 
 
 class QueryCoordServicer:
@@ -408,6 +413,18 @@ class QueryCoordServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UpdateLoadConfig(self, request, context):
+        """Resize loaded collections in place to replica_number replicas (Milvus
+        2.4's UpdateLoadConfig): one UPDATE_LOAD_CONFIG trigger per collection.
+        A grow creates the new replicas on spare nodes and makes them whole
+        before the collection records the new number; a shrink drops whole
+        replicas (the least complete, ties by highest id), the kept ones
+        untouched. Answered once each trigger's plan is persisted.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_QueryCoordServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -555,6 +572,11 @@ def add_QueryCoordServicer_to_server(servicer, server):
                     servicer.DrainNode,
                     request_deserializer=proto_dot_querycoord__pb2.NodeLifecycleRequest.FromString,
                     response_serializer=proto_dot_querycoord__pb2.NodeLifecycleResponse.SerializeToString,
+            ),
+            'UpdateLoadConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateLoadConfig,
+                    request_deserializer=proto_dot_querycoord__pb2.UpdateLoadConfigRequest.FromString,
+                    response_serializer=proto_dot_querycoord__pb2.UpdateLoadConfigResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1340,6 +1362,33 @@ class QueryCoord:
             '/querycoord.query.QueryCoord/DrainNode',
             proto_dot_querycoord__pb2.NodeLifecycleRequest.SerializeToString,
             proto_dot_querycoord__pb2.NodeLifecycleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateLoadConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/querycoord.query.QueryCoord/UpdateLoadConfig',
+            proto_dot_querycoord__pb2.UpdateLoadConfigRequest.SerializeToString,
+            proto_dot_querycoord__pb2.UpdateLoadConfigResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -513,6 +513,8 @@ def valid_request(rpc: Rpc, w: World, rng: random.Random) -> Message:
         "querycoord.query.QueryCoord.LoadCollection": lambda: querycoord_pb2.LoadCollectionRequest(collection_id=cid),
         "querycoord.query.QueryCoord.ReleaseCollection": lambda: querycoord_pb2.ReleaseCollectionRequest(
             collection_id=cid),
+        "querycoord.query.QueryCoord.UpdateLoadConfig": lambda: querycoord_pb2.UpdateLoadConfigRequest(
+            collection_ids=[cid], replica_number=rng.randint(1, 3)),
         "querycoord.query.QueryCoord.LoadPartitions": lambda: querycoord_pb2.LoadPartitionsRequest(
             collection_id=cid, partition_ids=rng.sample(parts, rng.randint(1, len(parts)))),
         "querycoord.query.QueryCoord.ReleasePartitions": lambda: querycoord_pb2.ReleasePartitionsRequest(

@@ -70,6 +70,7 @@ SERVICES = {
             "CordonNode",
             "UncordonNode",
             "DrainNode",
+            "UpdateLoadConfig",
         },
     ),
     "QueryNode": (
@@ -241,6 +242,12 @@ RECORD_CASES: list[tuple[int, str, Message]] = [
         "release_dm_channels",
         querynode_pb2.ReleaseDmChannelsRequest(collection_id=7, channel_names=["dml-7-0"], **_fenced()),
     ),
+    (
+        K.TASK_KIND_UPDATE_LOAD_CONFIG,
+        "update_load_config",
+        task_pb2.ResizeReplicasRequest(collection_id=7, replica_number=1, from_replica_number=3,
+                                       dropped_replica_ids=[21, 22], dropped_node_ids=[4, 5]),
+    ),
 ]
 
 
@@ -253,6 +260,7 @@ TRIGGER_FIELDS = {
     "handoff",
     "load_balance",
     "repair",
+    "update_load_config",
 }
 
 
@@ -280,7 +288,7 @@ def test_files_are_registered_under_proto_names() -> None:
 def test_record_cases_cover_every_kind_and_request() -> None:
     kinds = {v.number for v in querycoord_pb2.TaskKind.DESCRIPTOR.values} - {K.TASK_KIND_UNSPECIFIED}
     assert kinds == {kind for kind, _, _ in RECORD_CASES}
-    assert len(kinds) == 13
+    assert len(kinds) == 14
     oneof = task_pb2.TaskRecord.DESCRIPTOR.oneofs_by_name["request"]
     assert {f.name for f in oneof.fields} == {field for _, field, _ in RECORD_CASES}
     # each case's request is of the type its oneof field declares

@@ -43,6 +43,7 @@ from querycoord.task.units import usage_of
 
 # Trigger kinds whose end kicks a pass (``Checker.after_trigger``).
 _KICKED_BY = frozenset({qc.TASK_KIND_RELEASE_COLLECTION, qc.TASK_KIND_RELEASE_PARTITION, qc.TASK_KIND_REPAIR,
+                        qc.TASK_KIND_UPDATE_LOAD_CONFIG,
                         qc.TASK_KIND_LOAD_BALANCE})
 
 

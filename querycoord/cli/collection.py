@@ -1,8 +1,9 @@
-"""``querycoord collection create|load|release|drop|show`` and ``querycoord replicas``."""
+"""``querycoord collection create|load|resize|release|drop|show`` and ``querycoord replicas``."""
 
 from __future__ import annotations
 
 import argparse
+import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -32,6 +33,7 @@ from querycoord.console.actions import (
     partition_ids,
     release,
 )
+from querycoord.console.resize import RESIZE, follow_resize, task_summary, update_load_config
 from querycoord.net.client import QueryCoordClient
 
 # ``actions.load`` / ``actions.release``: one request for a collection or some of its partitions; the task id.
@@ -67,6 +69,10 @@ async def _collection_load(c: QueryCoordClient, args: argparse.Namespace) -> int
     if task_id == 0:
         print(f"{what} is already loaded")
         return 0
+    if args.replicas is not None and not args.partitions:
+        kind, summary = await task_summary(c, task_id)
+        if kind == RESIZE:  # loaded with another number: resized in place
+            return await _follow_resize(c, args, desc, what, task_id, summary, t0)
     if args.no_wait:
         print(f"load of {what} queued as task #{task_id}; follow it with `querycoord tasks --task {task_id}`")
         return 0
@@ -83,6 +89,39 @@ async def _collection_load(c: QueryCoordClient, args: argparse.Namespace) -> int
         return 1
     copies = "" if args.replicas is None else f" with {args.replicas} replica{'s' if args.replicas > 1 else ''}"
     print(f"loaded {what}{copies} in {time.monotonic() - t0:.1f}s (task #{task_id})")
+    return 0
+
+
+async def _collection_resize(c: QueryCoordClient, args: argparse.Namespace) -> int:
+    desc = await describe(c, args.collection)
+    what = f"{desc.name} (id {desc.collection_id})"
+    t0 = time.monotonic()
+    task_id = await update_load_config(c, desc, args.replicas)
+    if task_id == 0:
+        print(f"{what} already has {args.replicas} replica{'s' if args.replicas > 1 else ''}")
+        return 0
+    _kind, summary = await task_summary(c, task_id)
+    return await _follow_resize(c, args, desc, what, task_id, summary, t0)
+
+
+async def _follow_resize(c: QueryCoordClient, args: argparse.Namespace, desc: catalog_pb2.CollectionDescription,
+                         what: str, task_id: int, summary: str, t0: float) -> int:
+    """Say that ``task_id`` resizes the collection and, unless ``--no-wait``, follow it to its end."""
+    m = re.search(r"(\d+) -> (\d+) replicas", summary)
+    print(f"resizing {what} from {m.group(1)} to {m.group(2)} replicas (task #{task_id})" if m
+          else f"{what}: {summary} (task #{task_id})")
+    if args.no_wait:
+        print(f"follow it with `querycoord tasks --task {task_id}`")
+        return 0
+    bar = draw.ProgressBar(f"resizing {desc.name}")
+    try:
+        number = await follow_resize(c, desc.collection_id, task_id, bar)
+    except Refusal:
+        bar.finish("failed")
+        raise
+    bar.finish(f"task #{task_id}")
+    print(f"resized {what} to {number} replica{'s' if number > 1 else ''} in {time.monotonic() - t0:.1f}s "
+          f"(task #{task_id})")
     return 0
 
 
@@ -165,8 +204,18 @@ def add_parsers(sub: Any, client: list[argparse.ArgumentParser]) -> None:
     q.add_argument("--no-wait", action="store_true", help="return once the load is queued")
     q.add_argument("--replicas", type=positive_int, metavar="N",
                    help="in-memory copies, each on its own query nodes (default: 1 for a new load, else the "
-                        "number the collection is loaded with)")
+                        "number the collection is loaded with; another number resizes a loaded collection)")
     q.set_defaults(func=client_command(_collection_load))
+
+    q = csub.add_parser("resize", parents=client,
+                        help="resize a loaded collection in place to N replicas (UpdateLoadConfig)")
+    q.add_argument("collection", help="collection id or name")
+    q.add_argument("--replicas", type=positive_int, metavar="N", required=True,
+                   help="in-memory copies, each on its own query nodes")
+    q.add_argument("--wait", dest="no_wait", action="store_false",
+                   help="follow the resize to its end with a progress bar (the default)")
+    q.add_argument("--no-wait", dest="no_wait", action="store_true", help="return once the resize is queued")
+    q.set_defaults(func=client_command(_collection_resize), no_wait=False)
 
     q = _targeted(csub, "release", "release a collection (or partitions)", client)
     q.set_defaults(func=client_command(_collection_release))

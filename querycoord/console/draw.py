@@ -33,6 +33,7 @@ KIND_NAMES: dict[int, str] = {
     qc.TASK_KIND_HANDOFF: "Handoff",
     qc.TASK_KIND_LOAD_BALANCE: "LoadBalance",
     qc.TASK_KIND_REPAIR: "Repair",
+    qc.TASK_KIND_UPDATE_LOAD_CONFIG: "UpdateLoadConfig",
     qc.TASK_KIND_RELEASE_DM_CHANNEL: "ReleaseDmChannel",
 }
 

@@ -147,7 +147,8 @@ class Job(Generic[R]):
             if asked and asked != current:
                 raise InvalidField("replica_number", asked,
                                    f"differs from the {current} replicas collection {cid} is loaded with; "
-                                   "release it to load it with another number")
+                                   "a resize applies to the whole collection: UpdateLoadConfig "
+                                   "(querycoord collection resize)")
             return
         online = len(eligible_nodes(self.env))  # a cordoned node joins no new replica
         cordoned = len(self.env.nodes.online_ids() & self.env.nodes.cordoned.keys())

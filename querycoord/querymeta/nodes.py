@@ -3,7 +3,9 @@ them (segment copies, DM channel watches, replica membership) at once."""
 
 from __future__ import annotations
 
-from .copies import without_node
+from collections.abc import Iterable
+
+from .copies import Copyable, without_node
 from .core import MetaCore, check_id
 from .replicas import leave_replicas
 
@@ -58,3 +60,39 @@ class Nodes:
             return await core.commit(f"remove_node {node_id}", mutations, atomic=False)
 
         return await core.guarded(cids, body)
+
+    async def remove_collection_copies(self, collection_id: int, node_ids: Iterable[int]) -> int:
+        """Remove the collection's segment copies and DM channel watches on ``node_ids`` (a record left with no
+        copy goes), other collections' untouched: the nodes of replicas a resize dropped. Returns the txns used."""
+        nodes = set(node_ids)
+        core = self._core
+
+        async def body() -> int:
+            index = core.index
+            places = index.segments.places()
+            sids = sorted({sid for n in nodes for sid in index.segments_by_node.get(n, ())
+                           if places[sid][0] == collection_id})
+            names = sorted({ch for n in nodes for cid, ch in index.dm_channels_by_node.get(n, ())
+                            if cid == collection_id})
+            mutations = []
+            for sid in sids:
+                seg = index.segments[sid]
+                rest = _without_nodes(seg, nodes)
+                mutations.append(core.put_segment(rest) if rest is not None else core.drop_segment(seg))
+            for channel in names:
+                watch = index.dm_channels[collection_id][channel]
+                left = _without_nodes(watch, nodes)
+                mutations.append(core.put_dm_channel(left) if left is not None else core.drop_dm_channel(watch))
+            return await core.commit(f"remove_collection_copies {collection_id}", mutations, atomic=False)
+
+        return await core.guarded(lambda: [collection_id], body)
+
+
+def _without_nodes(rec: Copyable, nodes: set[int]) -> Copyable | None:
+    """The record without its copies on ``nodes``; None when no copy is left."""
+    out: Copyable | None = rec
+    for n in sorted(nodes):
+        if out is None:
+            return None
+        out = without_node(out, n)
+    return out

@@ -183,3 +183,59 @@ class Replicas:
                 await core.commit("set_replica_percentages", [core.put_collection(info)], atomic=True)
 
         await core.guarded(lambda: [collection_id], body)
+
+    async def add_replicas(self, collection_id: int, replicas: Iterable[data_pb2.ReplicaInfo]) -> None:
+        """Add a grow's new replicas to the collection's record (one put), its ``replica_number`` kept: they join
+        until ``set_replica_number`` records them. Ids already listed are skipped (a re-run); a node already in
+        another replica of the collection is refused (``ValueError``)."""
+        added = [copy_message(r) for r in replicas]
+        core = self._core
+
+        async def body() -> None:
+            current = core.loaded_collection(collection_id)
+            info = copy_message(current)
+            known = {r.replica_id for r in info.replicas}
+            info.replicas.extend(r for r in added if r.replica_id not in known)
+            check_replicas(collection_id, list(info.replicas))
+            if info != current:
+                await core.commit("add_replicas", [core.put_collection(info)], atomic=True)
+
+        await core.guarded(lambda: [collection_id], body)
+
+    async def drop_replicas(self, collection_id: int, replica_ids: Iterable[int], replica_number: int) -> None:
+        """Take replicas out of the collection's record and record ``replica_number`` (one put): a shrink's
+        replicas stop counting at once; a failed grow's joining replicas go. Unknown ids are ignored; what their
+        nodes still hold is released by the caller (``Nodes.remove_collection_copies`` for the records)."""
+        gone = set(replica_ids)
+        if replica_number < 1:
+            raise ValueError(f"replica_number must be at least 1, got {replica_number}")
+        core = self._core
+
+        async def body() -> None:
+            current = core.index.collections.get(collection_id)
+            if current is None:
+                return
+            info = copy_message(current)
+            kept = [copy_message(r) for r in info.replicas if r.replica_id not in gone]
+            del info.replicas[:]
+            info.replicas.extend(kept)
+            info.replica_number = replica_number
+            if info != current:
+                await core.commit("drop_replicas", [core.put_collection(info)], atomic=True)
+
+        await core.guarded(lambda: [collection_id], body)
+
+    async def set_replica_number(self, collection_id: int, replica_number: int) -> None:
+        """Record the collection's replica number (a grow whose new replicas are whole); one put."""
+        if replica_number < 1:
+            raise ValueError(f"replica_number must be at least 1, got {replica_number}")
+        core = self._core
+
+        async def body() -> None:
+            current = core.loaded_collection(collection_id)
+            if current.replica_number != replica_number:
+                info = copy_message(current)
+                info.replica_number = replica_number
+                await core.commit("set_replica_number", [core.put_collection(info)], atomic=True)
+
+        await core.guarded(lambda: [collection_id], body)

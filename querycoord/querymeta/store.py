@@ -197,6 +197,15 @@ class QueryMeta:
     async def set_replica_percentages(self, collection_id: int, percentages: Mapping[int, int]) -> None:
         await self._replicas.set_replica_percentages(collection_id, percentages)
 
+    async def add_replicas(self, collection_id: int, replicas: Iterable[data_pb2.ReplicaInfo]) -> None:
+        await self._replicas.add_replicas(collection_id, replicas)
+
+    async def drop_replicas(self, collection_id: int, replica_ids: Iterable[int], replica_number: int) -> None:
+        await self._replicas.drop_replicas(collection_id, replica_ids, replica_number)
+
+    async def set_replica_number(self, collection_id: int, replica_number: int) -> None:
+        await self._replicas.set_replica_number(collection_id, replica_number)
+
     # ===== segments (``segments.Segments``) ===========================================
     def get_segment(self, segment_id: int) -> SegmentInfo | None:
         return self._segments.get_segment(segment_id)
@@ -284,3 +293,6 @@ class QueryMeta:
 
     async def remove_node(self, node_id: int) -> int:
         return await self._nodes.remove_node(node_id)
+
+    async def remove_collection_copies(self, collection_id: int, node_ids: Iterable[int]) -> int:
+        return await self._nodes.remove_collection_copies(collection_id, node_ids)

@@ -47,7 +47,7 @@ _TABLE: dict[str, dict[str, frozenset[Role]]] = {
         "GetCoordinatorState": READ, "GetReplicas": READ, "CheckHealth": READ, "Explain": READ,
         "CheckBalanceStatus": READ, "ListCheckers": READ,
         "LoadCollection": ADMIN, "ReleaseCollection": ADMIN, "LoadPartitions": ADMIN, "ReleasePartitions": ADMIN,
-        "LoadBalance": ADMIN, "Switchover": ADMIN, "CancelTask": ADMIN,
+        "LoadBalance": ADMIN, "Switchover": ADMIN, "CancelTask": ADMIN, "UpdateLoadConfig": ADMIN,
         "SuspendBalance": ADMIN, "ResumeBalance": ADMIN, "ActivateChecker": ADMIN, "DeactivateChecker": ADMIN,
         "CordonNode": ADMIN, "UncordonNode": ADMIN,
         "DrainNode": ADMIN | NODE,  # a node only for itself (require_node): its graceful stop

@@ -33,13 +33,14 @@ def _channels(names: list[str]) -> str:
 
 
 def missing_text(served: CollectionServed, missing: Mapping[int, ReplicaMissing]) -> str:
-    """What is missing, in one line: what no replica holds, then each replica's lack (empty when green)."""
+    """What is missing, in one line: what no replica holds, then each replica's lack (empty when green). A replica a
+    grow is still adding is left out: its progress is in its own entry, and the collection does not count it."""
     parts = []
     if served.unserved_segments or served.unserved_channels:
         held_by_none = [_count(served.unserved_segments, "segment"), _count(served.unserved_channels, "DM channel")]
         parts.append(" and ".join(p for p in held_by_none if p) + " held by no replica")
     for rid, r in sorted(served.replicas.items()):
-        if r.whole:
+        if r.whole or rid in served.joining:
             continue
         lacks = []
         if r.missing_segments:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from proto import data_pb2
 from querycoord.common.partition_state import IN_MEMORY, PARTIAL
+from querycoord.common.replica_number import joining_replica_ids
 from querycoord.querymeta.copies import copy_message
 from querycoord.querymeta.records import collection_percentage
 
@@ -84,10 +85,17 @@ class CollectionServed:
     channels: int
     unserved_channels: int  # target DM channels watched in no replica
     target_from_catalog: bool  # False: meta's records stood in for the catalog's target
+    # Replicas a grow is still adding (``replica_number.joining_replica_ids``): listed with their progress, not
+    # counted in the collection's figures nor its health until the resize records them.
+    joining: frozenset[int] = frozenset()
+
+    def counted(self) -> list[ReplicaServed]:
+        """The replicas the collection's figures count: all but the joining ones."""
+        return [r for rid, r in self.replicas.items() if rid not in self.joining]
 
     @property
     def channels_whole(self) -> bool:
-        return all(r.channels_held == r.channels for r in self.replicas.values())
+        return all(r.channels_held == r.channels for r in self.counted())
 
     def partition_percentage(self, partition_id: int) -> int:
         held, wanted = self.partitions.get(partition_id, (0, 0))
@@ -103,7 +111,7 @@ class CollectionServed:
     @property
     def health(self) -> str:
         """green: every replica whole; red: some target segment or channel is held by no replica; else yellow."""
-        if all(r.whole for r in self.replicas.values()):
+        if all(r.whole for r in self.counted()):
             return GREEN
         if self.unserved_segments or self.unserved_channels:
             return RED
@@ -149,6 +157,8 @@ def collection_served(meta: QueryMeta, collection_id: int, online: Set[int],
         return None
     judge = Judge.of(info, online)
     members, replica_ids, good = judge.members, judge.replica_ids, judge.good
+    joining = frozenset(joining_replica_ids(info))
+    counted = [r for r in replica_ids if r not in joining]
     places = meta.segment_places()
     from_catalog = targets is not None
     partitions: dict[int, tuple[int, int]] = {}
@@ -173,14 +183,15 @@ def collection_served(meta: QueryMeta, collection_id: int, online: Set[int],
             verdict = verdicts.get(flat)
             if verdict is None:
                 verdict = verdicts[flat] = good(flat)
-            if not verdict:
-                unserved += k
-                continue
-            held += k * len(verdict)
             for r in verdict:
                 held_by[r] += k
+            serving = len(verdict) if not joining else sum(1 for r in verdict if r not in joining)
+            if not serving:
+                unserved += k
+                continue
+            held += k * serving
         segments += count
-        partitions[pid] = (held, count * len(replica_ids))
+        partitions[pid] = (held, count * len(counted))
     names: Iterable[str] | None = targets.dm_channels(collection_id) if targets else None
     if names is None:
         from_catalog = False
@@ -192,7 +203,7 @@ def collection_served(meta: QueryMeta, collection_id: int, online: Set[int],
         channels += 1
         flat = tuple(x for r, n in sorted(watches.get(name, {}).items()) for x in (r, n))
         verdict = good(flat)
-        if not verdict:
+        if not any(r not in joining for r in verdict):
             unserved_channels += 1
         for r in verdict:
             channel_held[r] += 1
@@ -203,7 +214,7 @@ def collection_served(meta: QueryMeta, collection_id: int, online: Set[int],
         for r in replica_ids
     }
     return CollectionServed(collection_id, partitions, replicas, segments, unserved, channels, unserved_channels,
-                            from_catalog)
+                            from_catalog, joining)
 
 
 def shown_collection(info: data_pb2.CollectionLoadInfo,

@@ -42,12 +42,12 @@ from querycoord.leader.cancel_job import cancel_task, check_cancel
 from querycoord.leader.jobs import (
     Job,
     LoadBalanceJob,
-    LoadCollectionJob,
     LoadPartitionsJob,
     ReleaseCollectionJob,
     ReleasePartitionsJob,
 )
 from querycoord.leader.maintenance import node_info, shown_node_ids
+from querycoord.leader.resize_job import LoadOrResizeJob, UpdateLoadConfigJob
 from querycoord.leader.switchover import coordinator_state, step_back, switch_over
 from querycoord.leader.view import Leadership, Switchable
 from querycoord.security.auth import caller
@@ -89,11 +89,19 @@ class QueryCoordServicer(NodeLifecycleRpcs, querycoord_pb2_grpc.QueryCoordServic
         self.slots = ReadSlots(self.limits.max_heavy_reads, self.limits.max_heavy_reads_waiting)
 
     # ----- mutating calls ---------------------------------------------------------------------------------------
-    LoadCollection = _job_call(LoadCollectionJob, qc.LoadCollectionResponse)
+    LoadCollection = _job_call(LoadOrResizeJob, qc.LoadCollectionResponse)
     ReleaseCollection = _job_call(ReleaseCollectionJob, qc.ReleaseCollectionResponse)
     LoadPartitions = _job_call(LoadPartitionsJob, qc.LoadPartitionsResponse)
     ReleasePartitions = _job_call(ReleasePartitionsJob, qc.ReleasePartitionsResponse)
     LoadBalance = _job_call(LoadBalanceJob, qc.LoadBalanceResponse)
+
+    @answered(qc.UpdateLoadConfigResponse)
+    async def UpdateLoadConfig(self, request, context):
+        """Resize loaded collections in place (``querycoord.leader.resize_job``): one trigger per collection."""
+        UpdateLoadConfigJob.check(request, self.limits)  # before anything is queued or written
+        lead = await self.gate.lead(context)
+        ids = await UpdateLoadConfigJob(lead.scheduler, request, budget(context)).run_all()
+        return qc.UpdateLoadConfigResponse(status=OK, task_id=ids[0] if ids else 0, task_ids=ids)
 
     # ----- collections and partitions -------------------------------------------------------------------------
     @answered(qc.ShowCollectionsResponse)

@@ -62,7 +62,7 @@ LIMIT_OPTIONS: tuple[tuple[str, str], ...] = (
     ("max_files_per_segment", "binlog or index files of one segment"),
     ("max_ids_per_request", "ids in one list field (collection, partition, segment ids...)"),
     ("max_nodes_per_request", "node ids in one LoadBalance"),
-    ("max_replicas", "replica_number of a load"),
+    ("max_replicas", "replica_number of a load or a resize"),
     ("max_list_tasks", "task trees per ListTasks page (larger asks are capped)"),
     ("max_vgroups_per_stream", "source vgroups of one stream"),
     ("max_tasks_per_stream", "tasks of one stream (readers, trigger and runners)"),

@@ -3,8 +3,8 @@
 * Queue order: trigger condition (NodeDown > GrpcRequest > LoadBalance >
   Handoff), then FIFO by id. Triggers touching the same collection run one
   at a time; others run concurrently, at most ``max_concurrent_triggers``.
-* A ReleaseCollection/ReleasePartitions cancels queued or running loads of
-  the same collection (their callers get CANCELLED "cancelled by release")
+* A ReleaseCollection/ReleasePartitions cancels queued or running loads (and
+  a ReleaseCollection resizes) of the same collection (their callers get CANCELLED "cancelled by release")
   instead of waiting behind them (Milvus problem 6).
 """
 
@@ -26,7 +26,8 @@ from querycoord.task.triggers import ReleaseCollectionTask, ReleasePartitionsTas
 if TYPE_CHECKING:
     from querycoord.common.etcd_space import SpaceMonitor
 
-LOAD_KINDS = (qc.TASK_KIND_LOAD_COLLECTION, qc.TASK_KIND_LOAD_PARTITION)
+# What a release cancels: loads, and resizes (whose new replicas a release would drop anyway).
+LOAD_KINDS = (qc.TASK_KIND_LOAD_COLLECTION, qc.TASK_KIND_LOAD_PARTITION, qc.TASK_KIND_UPDATE_LOAD_CONFIG)
 
 # Queue priority by trigger condition (higher first): Milvus's order, the checker's repairs with handoffs.
 PRIORITY = {

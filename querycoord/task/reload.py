@@ -12,7 +12,7 @@ from collections.abc import Callable
 from loguru import logger
 
 from proto import task_pb2
-from querycoord.task import repair  # noqa: F401  (its kind registers in Task.KINDS, which reload reads)
+from querycoord.task import repair, resize  # noqa: F401  (their kinds register in Task.KINDS, which reload reads)
 from querycoord.task.model import CANCELLED, DONE, EXPIRED, FAILED, Task, TaskEnv
 from querycoord.task.triggers import TriggerTask
 
