@@ -5,15 +5,21 @@ Real etcd, real coordinators and query nodes on loopback (slowed by their fault 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from meta.ops.etcd_server import EtcdCluster
-from proto import common_pb2
+from proto import common_pb2, task_pb2
 from proto import querycoord_pb2 as qc
+from querycoord.metatool import snapshot
+from querycoord.metatool.verify import verify
+from querycoord.net.client import QueryCoordClient
 from querycoord.nodes.querynode import FaultConfig
 from querycoord.nodes.querynode_state import QueryNodeState
+from querycoord.task.store import TaskStore, cancel_key
 from tests.cluster import MiB, QueryCluster, fast_scheduler
 from tests.test_cli_messages import arun, one_error_line
 from tests.test_explain import readme_block
@@ -209,3 +215,86 @@ async def test_cli_cancel_and_an_admission_refusal(etcd: EtcdCluster, root_path:
         assert [_shape(x) for x in r.stdout.strip().splitlines()] == \
             [_shape(x) for x in readme_block(project_root, README_CANCEL)]
         await _nodes_hold_nothing_of(c, cid)
+
+
+def _race_the_commit(c: QueryCluster, store: TaskStore, *, hold: bool) -> asyncio.Event:
+    """Make the leader's plan commit race a CancelTask, deterministically: the commit's record is built (as the
+    store builds its txn, before sending it), then the cancel is written and answered, then the commit's txn is
+    sent. ``hold``: the tree then stops there (the leader dies with the plan committed and the cancel stored).
+    The event is set once the commit is written."""
+    committed = asyncio.Event()
+    plain = store.commit_children
+
+    async def racing(trigger: task_pb2.TaskRecord, children: Sequence[task_pb2.TaskRecord]) -> None:
+        in_flight = task_pb2.TaskRecord()
+        in_flight.CopyFrom(trigger)
+        assert c.client is not None
+        got = await c.client.query("CancelTask", qc.CancelTaskRequest(task_id=trigger.id, reason="race"))
+        assert got.status.error_code == common_pb2.SUCCESS, got.status
+        await plain(in_flight, children)
+        committed.set()
+        if hold:
+            await asyncio.Event().wait()
+
+    store.commit_children = racing  # type: ignore[method-assign]
+    return committed
+
+
+async def test_a_cancel_written_while_the_plan_commits_holds_on_this_leader(etcd: EtcdCluster,
+                                                                             root_path: str) -> None:
+    async with QueryCluster(etcd, root_path) as c:
+        leader = await c.start_coordinator()
+        await c.wait_leader()
+        for _ in range(2):
+            await c.add_node(capacity=1024 * MiB)
+        cid = await c.create_collection("race", partitions=1, segments=8)
+        lead = leader.coord.leadership
+        assert lead is not None and c.client is not None
+        _race_the_commit(c, lead.scheduler.env.store, hold=False)
+        r = await c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid))
+        assert r.status.error_code == common_pb2.SUCCESS, r.status
+        t = await _ended(c, r.task_id)
+        assert t.state == qc.TASK_STATE_CANCELLED and "race" in t.error, t
+        await _not_loaded(c, cid)
+        await _nodes_hold_nothing_of(c, cid)
+        await c.wait_no_task_keys()
+
+
+async def test_a_cancel_written_while_the_plan_commits_holds_after_a_leader_change(etcd: EtcdCluster,
+                                                                                    root_path: str) -> None:
+    """The leader dies right after the racing commit: the new leader reloads the committed tree and must find the
+    cancel (it is not on the record the commit wrote), so it rolls the tree back instead of resuming the load."""
+    async with QueryCluster(etcd, root_path) as c:
+        first = await c.start_coordinator()
+        await c.wait_leader()
+        await c.start_coordinator()
+        for _ in range(2):
+            await c.add_node(capacity=1024 * MiB)
+        cid = await c.create_collection("race", partitions=1, segments=8)
+        lead = first.coord.leadership
+        assert lead is not None and c.client is not None
+        committed = _race_the_commit(c, lead.scheduler.env.store, hold=True)
+        only_first = QueryCoordClient([first.address], deadline=30)
+        load = asyncio.create_task(only_first.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid)))
+        try:
+            await asyncio.wait_for(committed.wait(), 60)
+            task_id = next(i for i, t in lead.scheduler.triggers.items() if t.collection_id == cid)
+            assert c.kv is not None
+            assert await c.kv.get(cancel_key(task_id)) is not None
+            problems = verify(await snapshot.take(c.kv))  # a cancel with its trigger is no orphan
+            assert problems == [], [p.as_dict() for p in problems]
+            c.coords.remove(first)
+            c.client.addresses.remove(first.address)
+            await first.crash()
+        finally:
+            load.cancel()
+            with contextlib.suppress(BaseException):
+                await load
+            await only_first.close()
+        new = await c.wait_leader(timeout=60)
+        assert new is not first
+        t = await _ended(c, task_id, timeout=90)
+        assert t.state == qc.TASK_STATE_CANCELLED and "race" in t.error, t
+        await _not_loaded(c, cid)
+        await _nodes_hold_nothing_of(c, cid)
+        await c.wait_no_task_keys()

@@ -16,7 +16,7 @@ from querycoord.leader.watchers import HANDOFF_REVISION_KEY
 from querycoord.querymeta import keys as qkeys
 from querycoord.stream import store as sstore
 from querycoord.task.history import HISTORY_PREFIX
-from querycoord.task.store import ACTIVE_PREFIX, INFO_PREFIX, TRIGGER_PREFIX
+from querycoord.task.store import ACTIVE_PREFIX, CANCEL_PREFIX, INFO_PREFIX, TRIGGER_PREFIX
 
 # owner: (the prefixes it writes under, the exact keys it writes); owners are asked in this order.
 OWNED: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -24,7 +24,7 @@ OWNED: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "query meta": ((qkeys.COLLECTION_PREFIX, qkeys.SEGMENT_PREFIX, qkeys.DM_CHANNEL_PREFIX,
                     qkeys.DELTA_CHANNEL_PREFIX, INCARNATION_PREFIX), ()),
     "handoff watcher": ((), (HANDOFF_REVISION_KEY,)),
-    "task store": ((TRIGGER_PREFIX, ACTIVE_PREFIX, INFO_PREFIX), ()),
+    "task store": ((TRIGGER_PREFIX, ACTIVE_PREFIX, INFO_PREFIX, CANCEL_PREFIX), ()),
     "task history": ((HISTORY_PREFIX,), ()),
     "stream store": ((sstore.STREAMS_PREFIX, sstore.NAMES_PREFIX, sstore.SNODES_PREFIX), (sstore.RING_KEY,)),
     "id allocators": (("idalloc/",), ()),
