@@ -298,3 +298,29 @@ async def test_a_cancel_written_while_the_plan_commits_holds_after_a_leader_chan
         await _not_loaded(c, cid)
         await _nodes_hold_nothing_of(c, cid)
         await c.wait_no_task_keys()
+
+
+async def test_the_cancel_key_lives_exactly_as_long_as_its_trigger(kv) -> None:
+    """Written only while the trigger's record exists, untouched by the record's rewrites, removed in the txn
+    that removes the trigger; a stray one (an outside hand) is what reload finds as an orphan."""
+    store = TaskStore(kv)
+    trigger = task_pb2.TaskRecord(id=5, kind=qc.TASK_KIND_LOAD_COLLECTION, state=qc.TASK_STATE_UNDO)
+    trigger.load_collection.collection_id = 1
+    assert not await store.mark_cancel(5, "too early (by admin)")
+    assert await kv.get(cancel_key(5)) is None
+    await store.add_trigger(trigger)
+    assert await store.mark_cancel(5, "wrong collection (by admin)")
+    trigger.state = qc.TASK_STATE_DONE
+    child = task_pb2.TaskRecord(id=6, parent_id=5, kind=qc.TASK_KIND_LOAD_SEGMENT, state=qc.TASK_STATE_UNDO)
+    child.load_segments.collection_id = 1
+    await store.commit_children(trigger, [child])  # the plan's commit rewrites the record
+    await kv.save(cancel_key(77), "no such trigger")
+    records = await store.load_all()
+    assert await store.load_cancels({r.id for r in records if r.parent_id == 0}) == \
+        {5: "wrong collection (by admin)"}
+    assert store.orphan_cancel_keys == [cancel_key(77)]
+    await store.remove_tree(trigger, [child])
+    await store.remove_keys(store.orphan_cancel_keys)
+    assert all(v == 0 for v in (await store.count_keys()).values()), await store.count_keys()
+    assert not await store.mark_cancel(5, "too late (by admin)")
+    assert await kv.get(cancel_key(5)) is None
