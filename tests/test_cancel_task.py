@@ -5,15 +5,21 @@ Real etcd, real coordinators and query nodes on loopback (slowed by their fault 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from meta.ops.etcd_server import EtcdCluster
-from proto import common_pb2
+from proto import common_pb2, task_pb2
 from proto import querycoord_pb2 as qc
+from querycoord.metatool import snapshot
+from querycoord.metatool.verify import verify
+from querycoord.net.client import QueryCoordClient
 from querycoord.nodes.querynode import FaultConfig
 from querycoord.nodes.querynode_state import QueryNodeState
+from querycoord.task.store import TaskStore, cancel_key
 from tests.cluster import MiB, QueryCluster, fast_scheduler
 from tests.test_cli_messages import arun, one_error_line
 from tests.test_explain import readme_block
@@ -209,3 +215,114 @@ async def test_cli_cancel_and_an_admission_refusal(etcd: EtcdCluster, root_path:
         assert [_shape(x) for x in r.stdout.strip().splitlines()] == \
             [_shape(x) for x in readme_block(project_root, README_CANCEL)]
         await _nodes_hold_nothing_of(c, cid)
+
+
+def _race_the_commit(c: QueryCluster, store: TaskStore, *, hold: bool) -> asyncio.Event:
+    """Make the leader's plan commit race a CancelTask, deterministically: the commit's record is built (as the
+    store builds its txn, before sending it), then the cancel is written and answered, then the commit's txn is
+    sent. ``hold``: the tree then stops there (the leader dies with the plan committed and the cancel stored).
+    The event is set once the commit is written."""
+    committed = asyncio.Event()
+    plain = store.commit_children
+
+    async def racing(trigger: task_pb2.TaskRecord, children: Sequence[task_pb2.TaskRecord]) -> None:
+        in_flight = task_pb2.TaskRecord()
+        in_flight.CopyFrom(trigger)
+        assert c.client is not None
+        got = await c.client.query("CancelTask", qc.CancelTaskRequest(task_id=trigger.id, reason="race"))
+        assert got.status.error_code == common_pb2.SUCCESS, got.status
+        await plain(in_flight, children)
+        committed.set()
+        if hold:
+            await asyncio.Event().wait()
+
+    store.commit_children = racing  # type: ignore[method-assign]
+    return committed
+
+
+async def test_a_cancel_written_while_the_plan_commits_holds_on_this_leader(etcd: EtcdCluster,
+                                                                             root_path: str) -> None:
+    async with QueryCluster(etcd, root_path) as c:
+        leader = await c.start_coordinator()
+        await c.wait_leader()
+        for _ in range(2):
+            await c.add_node(capacity=1024 * MiB)
+        cid = await c.create_collection("race", partitions=1, segments=8)
+        lead = leader.coord.leadership
+        assert lead is not None and c.client is not None
+        _race_the_commit(c, lead.scheduler.env.store, hold=False)
+        r = await c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid))
+        assert r.status.error_code == common_pb2.SUCCESS, r.status
+        t = await _ended(c, r.task_id)
+        assert t.state == qc.TASK_STATE_CANCELLED and "race" in t.error, t
+        await _not_loaded(c, cid)
+        await _nodes_hold_nothing_of(c, cid)
+        await c.wait_no_task_keys()
+
+
+async def test_a_cancel_written_while_the_plan_commits_holds_after_a_leader_change(etcd: EtcdCluster,
+                                                                                    root_path: str) -> None:
+    """The leader dies right after the racing commit: the new leader reloads the committed tree and must find the
+    cancel (it is not on the record the commit wrote), so it rolls the tree back instead of resuming the load. A
+    cancel key with no trigger is dropped by that reload."""
+    async with QueryCluster(etcd, root_path) as c:
+        first = await c.start_coordinator()
+        await c.wait_leader()
+        await c.start_coordinator()
+        for _ in range(2):
+            await c.add_node(capacity=1024 * MiB)
+        cid = await c.create_collection("race", partitions=1, segments=8)
+        lead = first.coord.leadership
+        assert lead is not None and c.client is not None
+        committed = _race_the_commit(c, lead.scheduler.env.store, hold=True)
+        only_first = QueryCoordClient([first.address], deadline=30)
+        load = asyncio.create_task(only_first.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid)))
+        try:
+            await asyncio.wait_for(committed.wait(), 60)
+            task_id = next(i for i, t in lead.scheduler.triggers.items() if t.collection_id == cid)
+            assert c.kv is not None
+            assert await c.kv.get(cancel_key(task_id)) is not None
+            problems = verify(await snapshot.take(c.kv))  # a cancel with its trigger is no orphan
+            assert problems == [], [p.as_dict() for p in problems]
+            await c.kv.save(cancel_key(10**9), "stray (by an outside hand)")  # the next leader's reload drops it
+            c.coords.remove(first)
+            c.client.addresses.remove(first.address)
+            await first.crash()
+        finally:
+            load.cancel()
+            with contextlib.suppress(BaseException):
+                await load
+            await only_first.close()
+        new = await c.wait_leader(timeout=60)
+        assert new is not first
+        t = await _ended(c, task_id, timeout=90)
+        assert t.state == qc.TASK_STATE_CANCELLED and "race" in t.error, t
+        await _not_loaded(c, cid)
+        await _nodes_hold_nothing_of(c, cid)
+        await c.wait_no_task_keys()
+
+
+async def test_the_cancel_key_lives_exactly_as_long_as_its_trigger(kv) -> None:
+    """Written only while the trigger's record exists, untouched by the record's rewrites, removed in the txn
+    that removes the trigger; a stray one (an outside hand) is what reload finds as an orphan."""
+    store = TaskStore(kv)
+    trigger = task_pb2.TaskRecord(id=5, kind=qc.TASK_KIND_LOAD_COLLECTION, state=qc.TASK_STATE_UNDO)
+    trigger.load_collection.collection_id = 1
+    assert not await store.mark_cancel(5, "too early (by admin)")
+    assert await kv.get(cancel_key(5)) is None
+    await store.add_trigger(trigger)
+    assert await store.mark_cancel(5, "wrong collection (by admin)")
+    trigger.state = qc.TASK_STATE_DONE
+    child = task_pb2.TaskRecord(id=6, parent_id=5, kind=qc.TASK_KIND_LOAD_SEGMENT, state=qc.TASK_STATE_UNDO)
+    child.load_segments.collection_id = 1
+    await store.commit_children(trigger, [child])  # the plan's commit rewrites the record
+    await kv.save(cancel_key(77), "no such trigger")
+    records = await store.load_all()
+    assert await store.load_cancels({r.id for r in records if r.parent_id == 0}) == \
+        {5: "wrong collection (by admin)"}
+    assert store.orphan_cancel_keys == [cancel_key(77)]
+    await store.remove_tree(trigger, [child])
+    await store.remove_keys(store.orphan_cancel_keys)
+    assert all(v == 0 for v in (await store.count_keys()).values()), await store.count_keys()
+    assert not await store.mark_cancel(5, "too late (by admin)")
+    assert await kv.get(cancel_key(5)) is None

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
+from typing import Any
 
 from meta.ops.etcd_server import EtcdCluster
 from proto import common_pb2
@@ -19,7 +21,7 @@ from querycoord.leader.watchers import forget_node
 from querycoord.nodes.querynode import FaultConfig, QueryNode
 from querycoord.querymeta.copies import copies
 from querycoord.tooling.drill.sampler import Sampler
-from tests.cluster import MiB, QueryCluster, fast_scheduler
+from tests.cluster import MiB, QueryCluster, fast_scheduler, wait_until
 from tests.truth import InProcessSources, held_by, target_of, until_true
 
 SEGMENT = 10_000 * (128 * 4 + 8)  # bytes accounted per segment of ``create_bulk_collection``
@@ -96,35 +98,81 @@ async def test_a_load_whose_node_is_lost_midway_keeps_its_collection_and_parks_w
         await c.wait_loaded(cid)
 
 
+def _gate(node: QueryNode, holds: Callable[[str, Any], bool]) -> tuple[asyncio.Event, asyncio.Event]:
+    """Hold the node's mutating calls that ``holds`` picks until the second event is set; the first is set when
+    one is held. The calls are the node's own (its state changes only once let through)."""
+    reached, go = asyncio.Event(), asyncio.Event()
+    plain = node.mutate
+
+    async def gated(kind: str, request: Any, *args: Any) -> Any:
+        if holds(kind, request) and not go.is_set():
+            reached.set()
+            await go.wait()
+        return await plain(kind, request, *args)
+
+    node.mutate = gated  # type: ignore[method-assign]
+    return reached, go
+
+
 async def test_a_release_meeting_a_failed_load_in_its_rollback_leaves_the_load_its_own_answer(
         etcd: EtcdCluster, root_path: str) -> None:
-    """A LoadPartitions with no room fails at once and rolls back on every node (slow nodes: a second); a release
-    of the same partition arrives meanwhile and cancels the load. The cancellation does not cut the rollback short:
-    the rollback ends and the caller gets the load's own answer, not UNEXPECTED_ERROR ("internal error:
-    CancelledError()")."""
-    slow = FaultConfig(latency_ms=1000)
+    """A LoadPartitions of p1 passes admission (nodes a and b, large, are online) and waits behind a load of p0 of
+    the same collection (held on node a until p1 is queued). Then a and b leave (their sessions revoked): p1's
+    plan finds only node c, too small, and fails (NO_AVAILABLE_NODE), which admission could not foresee. Its
+    rollback releases p1 on c; that call is held until a release of p1 reached the leader and cancelled the load
+    mid-rollback. The cancellation does not cut the rollback short: the rollback ends, the caller gets the load's
+    own answer (not UNEXPECTED_ERROR, "internal error: CancelledError()"), the release succeeds, and nothing of
+    p1 is left in meta or on the node."""
     async with QueryCluster(etcd, root_path) as c:
-        await c.start_coordinator()
+        leader = await c.start_coordinator()
         await c.wait_leader()
-        for _ in range(2):
-            await c.add_node(capacity=16 * MiB, faults=slow)  # a partition's 10 segments need 52 MB
+        a, b = await c.add_node(), await c.add_node()
+        small = await c.add_node(capacity=16 * MiB)  # a partition's 10 segments need 52 MB
         cid = await c.create_collection("big", partitions=3, segments=30)
         assert c.client is not None and c.kv is not None
-        pid = (await CatalogStore(c.kv).show_partitions(cid))[0].partition_id
+        p0, p1 = [p.partition_id for p in await CatalogStore(c.kv).show_partitions(cid)][:2]
+        lead = leader.coord.leadership
+        assert lead is not None
+        queue = lead.scheduler.queue
+        p1_queued = _gate(a, lambda kind, req: getattr(req, "collection_id", 0) == cid)[1]
+        rollback, release_met = _gate(small, lambda kind, req: kind == "ReleasePartitions"
+                                      and p1 in req.partition_ids)
+        first = await c.client.query("LoadPartitions", qc.LoadPartitionsRequest(collection_id=cid,
+                                                                                partition_ids=[p0]))
+        assert first.status.error_code == common_pb2.SUCCESS, first.status
         load = asyncio.create_task(c.client.query("LoadPartitions", qc.LoadPartitionsRequest(
-            collection_id=cid, partition_ids=[pid])))
-        await asyncio.sleep(0.3)  # the load failed at its plan and rolls back (a second on each node)
-        rel = await c.client.query("ReleasePartitions", qc.ReleasePartitionsRequest(collection_id=cid,
-                                                                                    partition_ids=[pid]))
+            collection_id=cid, partition_ids=[p1])))
+
+        def p1_load() -> int:
+            return next((t.id for t in queue.triggers.values() if t.KIND == qc.TASK_KIND_LOAD_PARTITION
+                         and list(t.request.partition_ids) == [p1]), 0)
+
+        await wait_until(lambda: p1_load() != 0 or load.done(), "the load of p1 admitted and queued")
+        assert not load.done(), load.result().status
+        p1_id = p1_load()
+        assert first.task_id in queue.triggers and p1_id not in queue.started, "p1 waits behind the load of p0"
+        for n in (a, b):
+            await n.crash(revoke=True)
+            c.nodes.remove(n)
+        p1_queued.set()
+        await asyncio.wait_for(rollback.wait(), 60)
+        assert p1_id in queue.failing, "p1's plan failed and it rolls back"
+        release = asyncio.create_task(c.client.query("ReleasePartitions", qc.ReleasePartitionsRequest(
+            collection_id=cid, partition_ids=[p1])))
+        await wait_until(lambda: p1_id in queue.cancel_reason or release.done(), "the release met the rollback")
+        assert p1_id in queue.failing, "the release cancelled the load while it rolled back"
+        release_met.set()
         got = await load
-        # Load admission refuses it at once (RESOURCE_EXHAUSTED) when it sees no room; NO_AVAILABLE_NODE when its
-        # plan met none; CANCELLED when the release came first.
-        assert got.status.error_code in (common_pb2.NO_AVAILABLE_NODE, common_pb2.CANCELLED,
-                                         common_pb2.RESOURCE_EXHAUSTED), got.status
+        assert got.status.error_code in (common_pb2.NO_AVAILABLE_NODE, common_pb2.CANCELLED), got.status
+        rel = await release
         assert rel.status.error_code == common_pb2.SUCCESS, rel.status
         await c.wait_idle()
-        show = await c.client.query("ShowCollections", qc.ShowCollectionsRequest(collection_ids=[cid]))
-        assert show.status.error_code == common_pb2.NOT_FOUND, "nothing of the failed load is left in meta"
+        show = await c.client.query("ShowPartitions", qc.ShowPartitionsRequest(collection_id=cid))
+        assert p1 not in {p.partition_id for p in show.partitions}, "nothing of the failed load is left in meta"
+        assert not lead.meta.has_partition(cid, p1)
+        held = small.state.distribution()
+        assert not [s.segment_id for s in held.segments if s.partition_id == p1], held
+        assert not [ch.channel_name for ch in held.channels if p1 in ch.partition_ids], held
 
 
 async def test_a_watch_retried_through_its_nodes_restart_is_not_done_on_the_new_incarnation(

@@ -10,7 +10,9 @@ trigger with none left is a tree whose children someone deleted, or a removal
 cut short: nothing is left to do for it). Only a hand from outside, or a
 lost removal, breaks these. A plan not yet committed (children under a
 trigger that is not DONE) is normal: the next leader drops it, so it is not
-reported.
+reported. A trigger's cancel request (``taskCancel/<id>``) exists only while
+the trigger's record does (written under that condition, removed with the
+trigger's keys): one without its trigger is a problem, one with it is not.
 """
 
 from __future__ import annotations
@@ -20,7 +22,15 @@ from google.protobuf.message import DecodeError
 from meta.txn import absent
 from proto import querycoord_pb2 as qc
 from proto import task_pb2
-from querycoord.task.store import ACTIVE_PREFIX, INFO_PREFIX, TRIGGER_PREFIX, info_key, request_key
+from querycoord.task.store import (
+    ACTIVE_PREFIX,
+    CANCEL_PREFIX,
+    INFO_PREFIX,
+    TRIGGER_PREFIX,
+    cancel_key,
+    info_key,
+    request_key,
+)
 
 from .problems import Found, Problem, delete_fix
 from .snapshot import Snapshot
@@ -71,11 +81,25 @@ def check_tasks(snap: Snapshot, found: Found) -> None:
         children.setdefault(rec.parent_id, []).append(rec.id)
     for rec in good.values():
         if rec.parent_id == 0 and rec.state == DONE and not children.get(rec.id):
-            kvs = [kv for k in (request_key(rec), info_key(rec.id)) if (kv := snap.get(k)) is not None]
+            kvs = [kv for k in (request_key(rec), info_key(rec.id), cancel_key(rec.id))
+                   if (kv := snap.get(k)) is not None]
             found.add(Problem("committed-trigger-without-children", tuple(k.key for k in kvs),
                               f"trigger {rec.id} (collection {rec.collection_id}) committed its plan but none of "
                               "its children exist; the checker reconciles what it was doing",
                               delete_fix("delete the trigger's keys", kvs)))
+    _check_cancels(snap, found, {r.id for r in good.values() if r.parent_id == 0})
+
+
+def _check_cancels(snap: Snapshot, found: Found, triggers: set[int]) -> None:
+    """Cancel requests whose trigger record does not exist (a record dropped above as malformed counts as not
+    existing: its fix deletes it, and the cancel would be left behind)."""
+    for item in snap.under(CANCEL_PREFIX):
+        tail = item.key[len(CANCEL_PREFIX):]
+        if tail.isdigit() and int(tail) in triggers:
+            continue
+        guard = (absent(info_key(int(tail))),) if tail.isdigit() and snap.get(info_key(int(tail))) is None else ()
+        found.add(Problem("cancel-without-trigger", (item.key,), f"no trigger record {INFO_PREFIX}{tail}",
+                          delete_fix("delete the cancel request", [item], guard)))
 
 
 __all__ = ["check_tasks"]

@@ -19,7 +19,7 @@ from querycoord.leader.watchers import HANDOFF_REVISION_KEY
 from querycoord.querymeta import keys as qkeys
 from querycoord.stream import store as sstore
 from querycoord.task.history import HISTORY_PREFIX
-from querycoord.task.store import ACTIVE_PREFIX, INFO_PREFIX, TRIGGER_PREFIX
+from querycoord.task.store import ACTIVE_PREFIX, CANCEL_PREFIX, INFO_PREFIX, TRIGGER_PREFIX
 
 # owner: (the prefixes it writes under, the exact keys it writes); owners are asked in this order.
 OWNED: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -30,7 +30,7 @@ OWNED: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "handoff watcher": ((), (HANDOFF_REVISION_KEY,)),
     "checker (kinds turned off, balance paused)": ((), (ACTIVATION_KEY,)),
     "checker (nodes left, re-replication delayed)": ((LEFT_PREFIX,), ()),
-    "task store": ((TRIGGER_PREFIX, ACTIVE_PREFIX, INFO_PREFIX), ()),
+    "task store": ((TRIGGER_PREFIX, ACTIVE_PREFIX, INFO_PREFIX, CANCEL_PREFIX), ()),
     "task history": ((HISTORY_PREFIX,), ()),
     "stream store": ((sstore.STREAMS_PREFIX, sstore.NAMES_PREFIX, sstore.SNODES_PREFIX), (sstore.RING_KEY,)),
     "id allocators": (("idalloc/",), ()),

@@ -21,6 +21,7 @@ KINDS: dict[str, str] = {
     "request-without-record": "a task request key without its record",
     "child-without-trigger": "a child task whose trigger does not exist",
     "committed-trigger-without-children": "a committed (DONE) trigger none of whose children exist",
+    "cancel-without-trigger": "a task cancel request whose trigger record does not exist",
     "corrupt-query-meta": "a query meta record that does not decode or does not match its key",
     "query-meta-of-dropped-collection": "query meta of a collection the catalog no longer has",
     "query-meta-of-dropped-partition": "query meta of a partition the catalog no longer has",

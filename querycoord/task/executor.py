@@ -79,7 +79,7 @@ class TreeRunner:
         q.started_ms.setdefault(t.id, now_ms())
         try:
             with logger.contextualize(task=t.id, **({"collection": t.collection_id} if t.collection_id else {})):
-                if t.id in q.cancel_reason or (t.rec.cancel_requested and t.state == UNDO):
+                if t.id in q.cancel_reason or (t.cancel_why and t.state == UNDO):
                     # a release (or CancelTask) cancelled it before it took a step: nothing to undo
                     await self.finish_cancelled(t)
                 else:
@@ -138,10 +138,10 @@ class TreeRunner:
             if self.life.stopped:
                 raise Abandon from None
             raise
-        if t.rec.cancel_requested:  # CancelTask: whatever stopped the tree, it ends cancelled, rolled back alike
-            error = TaskCancelled(f"cancelled: {t.rec.cancel_requested}")
+        if t.cancel_why:  # CancelTask: whatever stopped the tree, it ends cancelled, rolled back alike
+            error = TaskCancelled(f"cancelled: {t.cancel_why}")
         await self._fail_safely(t, error)
-        if t.rec.cancel_requested:
+        if t.cancel_why:
             t.set_state(CANCELLED)
         return error
 
@@ -156,12 +156,12 @@ class TreeRunner:
         return exc
 
     async def _execute_tree(self, t: TriggerTask) -> None:
-        """Plan, commit, run the children, record the result. CancelTask (``t.rec.cancel_requested``) is honoured
+        """Plan, commit, run the children, record the result. CancelTask (``t.cancel_why``) is honoured
         between the steps: after planning (nothing committed), by the children (no new node call; calls in flight
         end first, so the rollback undoes what the nodes hold), and before the result is recorded; a tree a new
-        leader resumes with a cancel on its record rebuilds what its rollback needs and is rolled back."""
+        leader resumes with a cancel stored for it rebuilds what its rollback needs and is rolled back."""
         store = self.env.store
-        if t.rec.cancel_requested:
+        if t.cancel_why:
             await t.on_reload()
             check_cancelled(t)
         if t.state in (UNDO, DOING):
@@ -217,7 +217,7 @@ class TreeRunner:
     async def finish_cancelled(self, t: TriggerTask) -> None:
         """Finish a load a release (or any trigger CancelTask) cancelled before it ran: nothing to roll back, its
         keys removed."""
-        user = t.rec.cancel_requested
+        user = t.cancel_why
         err = TaskCancelled(f"cancelled: {user}" if user else self.queue.cancel_reason.get(t.id, "cancelled"))
         t.set_error(err)
         t.set_state(CANCELLED if user else FAILED)

@@ -56,10 +56,10 @@ class TaskCancelled(TaskError):
 
 
 def cancel_requested(task: Task) -> str:
-    """Why CancelTask cancels ``task``'s tree, with who asked ("" when it does not): read from its trigger's
-    record (persisted there before anything is undone, so a new leader honours it too)."""
+    """Why CancelTask cancels ``task``'s tree, with who asked ("" when it does not): its trigger's
+    ``cancel_why``, set once the cancel key is stored (``TaskStore.mark_cancel``) or read back by reload."""
     trigger = task if task.IS_TRIGGER else task.parent
-    return trigger.rec.cancel_requested if trigger is not None else ""
+    return trigger.cancel_why if trigger is not None else ""
 
 
 def check_cancelled(task: Task) -> None:
@@ -139,6 +139,9 @@ class Task:
         self.rec = rec
         self.parent: Task | None = None
         self.children: list[Task] = []
+        # A trigger's CancelTask request (the reason and who asked), "" when none: kept in etcd under its own
+        # key (``store.cancel_key``), not on the record, which plan and state writes rewrite.
+        self.cancel_why = ""
 
     # ----- construction ---------------------------------------------------------------------------------
     @classmethod

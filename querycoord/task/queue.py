@@ -144,7 +144,7 @@ class TriggerQueue:
         """
         for t in list(self.triggers.values()):
             if t.collection_id != collection_id or t.KIND not in LOAD_KINDS or t.id in self.cancel_reason \
-                    or t.rec.cancel_requested:  # CancelTask is ending it already
+                    or t.cancel_why:  # CancelTask is ending it already
                 continue
             if partition_ids is not None and (
                 t.KIND != qc.TASK_KIND_LOAD_PARTITION or not partition_ids & set(t.request.partition_ids)
@@ -214,7 +214,7 @@ class TriggerQueue:
         release is cancelling and triggers CancelTask cancels (they will not load anything)."""
         return [t for t in sorted(self.triggers.values(), key=lambda t: t.id)
                 if (collection_id is None or t.collection_id == collection_id) and (not kinds or t.KIND in kinds)
-                and (cancelled or (t.id not in self.cancel_reason and not t.rec.cancel_requested))]
+                and (cancelled or (t.id not in self.cancel_reason and not t.cancel_why))]
 
     def find(self, task_id: int) -> TriggerTask | None:
         """The queued or running trigger with this id, or whose tree holds a child with it."""

@@ -49,6 +49,7 @@ async def reload_trees(env: TaskEnv, push: Callable[[TriggerTask], None]) -> int
     """Read every persisted tree, ``push`` each trigger to resume (oldest first), remove the garbage; returns
     how many triggers were queued."""
     records = await env.store.load_all()
+    cancels = await env.store.load_cancels({r.id for r in records if r.parent_id == 0})
     garbage: list[task_pb2.TaskRecord] = []
     children = _committed_children(records, garbage)
     queued = 0
@@ -60,6 +61,7 @@ async def reload_trees(env: TaskEnv, push: Callable[[TriggerTask], None]) -> int
             continue
         t = cls(env, r)
         t.resumed = True
+        t.cancel_why = cancels.get(r.id, "")
         if r.state == DONE:
             _attach_children(env, t, children.pop(r.id, []), garbage)
         else:
@@ -70,5 +72,7 @@ async def reload_trees(env: TaskEnv, push: Callable[[TriggerTask], None]) -> int
         await env.store.remove(garbage)
     if env.store.orphan_request_keys:
         await env.store.remove_keys(env.store.orphan_request_keys)
+    if env.store.orphan_cancel_keys:
+        await env.store.remove_keys(env.store.orphan_cancel_keys)
     logger.info("scheduler reload: {} triggers queued, {} garbage records removed", queued, len(garbage))
     return queued

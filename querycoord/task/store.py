@@ -19,6 +19,13 @@ Commit points (DESIGN.md rule 2), which reload relies on:
   on reload is garbage.
 * a finished tree is removed children first, trigger last; its history
   record (``task.history``) is written in the txn that removes the trigger.
+
+CancelTask's request for a trigger is a key of its own,
+``queryCoord-taskCancel/<trigger id>`` (the reason and who asked), written
+only while the trigger's record exists (``mark_cancel``) and removed in the
+txn that removes the trigger's keys. No plan or state write touches it, so a
+record rewritten while the cancel is being stored (the plan's commit) cannot
+lose it.
 """
 
 from __future__ import annotations
@@ -35,7 +42,8 @@ from querycoord.task.history import history_unit
 TRIGGER_PREFIX = "queryCoord-triggerTask/"
 ACTIVE_PREFIX = "queryCoord-activeTask/"
 INFO_PREFIX = "queryCoord-taskInfo/"
-TASK_PREFIXES = (TRIGGER_PREFIX, ACTIVE_PREFIX, INFO_PREFIX)
+CANCEL_PREFIX = "queryCoord-taskCancel/"
+TASK_PREFIXES = (TRIGGER_PREFIX, ACTIVE_PREFIX, INFO_PREFIX, CANCEL_PREFIX)
 
 
 def request_key(rec: task_pb2.TaskRecord) -> str:
@@ -44,6 +52,11 @@ def request_key(rec: task_pb2.TaskRecord) -> str:
 
 def info_key(task_id: int) -> str:
     return f"{INFO_PREFIX}{task_id}"
+
+
+def cancel_key(trigger_id: int) -> str:
+    """Where CancelTask's request for trigger ``trigger_id`` is kept (see module docstring)."""
+    return f"{CANCEL_PREFIX}{trigger_id}"
 
 
 def split_record(rec: task_pb2.TaskRecord) -> tuple[bytes, bytes]:
@@ -99,7 +112,11 @@ def save_unit(rec: task_pb2.TaskRecord) -> TaskKeys:
 
 
 def remove_unit(rec: task_pb2.TaskRecord) -> TaskKeys:
-    return TaskKeys(removals=[request_key(rec), info_key(rec.id)])
+    """A task's keys to remove together; a trigger's cancel request (if any) goes with them."""
+    removals = [request_key(rec), info_key(rec.id)]
+    if rec.parent_id == 0:
+        removals.append(cancel_key(rec.id))
+    return TaskKeys(removals=removals)
 
 
 class TaskStore:
@@ -109,6 +126,7 @@ class TaskStore:
         self.kv = kv
         self.txns = 0  # etcd write txns made, for benchmarks and tests
         self.orphan_request_keys: list[str] = []
+        self.orphan_cancel_keys: list[str] = []
 
     async def _write(self, units: Sequence[TaskKeys], last: TaskKeys | None = None, *,
                      with_last: Sequence[Op] = ()) -> None:
@@ -143,11 +161,12 @@ class TaskStore:
         """
         await self._write([TaskKeys(saves={info_key(rec.id): info_only(rec)})])
 
-    async def mark_cancel(self, rec: task_pb2.TaskRecord) -> bool:
-        """Rewrite a trigger's info key (carrying its cancel request) only while that key exists: a tree that
-        finished meanwhile is not brought back by the write. True when written."""
-        key = info_key(rec.id)
-        result = await self.kv.txn([absent(key)], [], on_failure_ops=[Put(key, info_only(rec))],
+    async def mark_cancel(self, trigger_id: int, why: str) -> bool:
+        """Store CancelTask's request ``why`` for trigger ``trigger_id`` (its cancel key), in one txn and only
+        while the trigger's record exists: a tree that finished meanwhile leaves no cancel key behind. True when
+        written."""
+        result = await self.kv.txn([absent(info_key(trigger_id))], [],
+                                   on_failure_ops=[Put(cancel_key(trigger_id), why.encode())],
                                    operation="task cancel")
         return not result.succeeded
 
@@ -183,6 +202,20 @@ class TaskStore:
         # A request key with no record (a crash cannot make one: both keys change in one txn,
         # but an operator's hand can) is garbage that reload removes.
         self.orphan_request_keys = list(requests)
+        return out
+
+    async def load_cancels(self, trigger_ids: set[int]) -> dict[int, str]:
+        """CancelTask's requests by trigger id, for the triggers in ``trigger_ids`` (the records ``load_all``
+        read); a cancel key of no such trigger (only a hand from outside makes one) is kept in
+        ``orphan_cancel_keys`` for reload to remove."""
+        out: dict[int, str] = {}
+        self.orphan_cancel_keys = []
+        for item in (await self.kv.load_prefix(CANCEL_PREFIX)).kvs:
+            tail = item.key[len(CANCEL_PREFIX):]
+            if tail.isdigit() and int(tail) in trigger_ids:
+                out[int(tail)] = item.value.decode(errors="replace")
+            else:
+                self.orphan_cancel_keys.append(item.key)
         return out
 
     async def remove_keys(self, keys: Sequence[str]) -> None:
