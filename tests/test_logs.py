@@ -42,8 +42,15 @@ def restore_logging(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def json_lines(text: str) -> list[dict[str, Any]]:
-    """Every line must be one JSON object: a line that is not fails the test here."""
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    """Every line must be one JSON object: a line that is not fails the test here, naming the line."""
+    out = []
+    for line in text.splitlines():
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                raise AssertionError(f"not a JSON line: {line[:300]!r}") from None
+    return out
 
 
 def test_json_format_one_object_per_line_with_ids(restore_logging: None, capsys: pytest.CaptureFixture[str]) -> None:
@@ -162,6 +169,32 @@ async def test_processes_log_json_with_their_ids(etcd: EtcdCluster, root_path: s
     assert isinstance(leads[0]["fence_revision"], int) and leads[0]["fence_revision"] > 0
     node_lines = json_lines((tmp_path / "querynode.log").read_text())
     assert any(r.get("node") == node.node_id and "started" in r["message"] for r in node_lines), node_lines
+
+
+_PYTHON_OWN = """
+import gc, sys, warnings
+from querycoord.settings.logs import setup_logging
+setup_logging("INFO", "json")
+warnings.warn("a deprecated call", DeprecationWarning, stacklevel=1)
+class Broken:
+    def __del__(self):
+        raise RuntimeError("in a finalizer")
+Broken()
+gc.collect()
+raise ValueError("the end")
+"""
+
+
+async def test_what_python_writes_itself_is_json_too() -> None:
+    """A warning, an exception raised in a finalizer and an uncaught one: Python writes each to stderr as plain
+    text unless the logging setup routes it; in the json format every line must stay one JSON object."""
+    code, err = await run_python(_PYTHON_OWN)
+    assert code == 1
+    lines = json_lines(err)
+    messages = " | ".join(r["message"] for r in lines)
+    assert "a deprecated call" in messages and "Exception ignored" in messages, messages
+    assert any("RuntimeError: in a finalizer" in r.get("exception", "") for r in lines), lines
+    assert any(r["level"] == "CRITICAL" and "ValueError: the end" in r.get("exception", "") for r in lines), lines
 
 
 def _refuse(token: str) -> None:

@@ -2,7 +2,8 @@
 
 Everything goes to loguru on stderr; records of the standard ``logging``
 module (the etcd client library behind ``meta``, grpc, and any module that
-uses it) are forwarded to loguru so that nothing is silently dropped.
+uses it) are forwarded to loguru so that nothing is silently dropped, and so are Python's own warnings and the
+exceptions it can only ignore or that end the process (in the json format, every line is an object).
 
 Two formats: ``text`` (the default: for a person at a terminal) and ``json``
 (one object per line, for a log pipeline): time, level, component (the
@@ -78,6 +79,19 @@ def _json_sink(stream: TextIO) -> Any:
     return write
 
 
+def _unraisable(info: Any) -> None:
+    """An exception Python can only ignore (raised in ``__del__``, a finalizer, a callback of the collector) as a
+    log record, so a JSON log stays JSON: Python's default hook writes it to stderr as plain text."""
+    exc = (info.exc_type, info.exc_value, info.exc_traceback) if info.exc_type is not None else None
+    logger.opt(exception=exc).bind(component="python").error("{} {!r}", info.err_msg or "Exception ignored in",
+                                                              info.object)
+
+
+def _uncaught(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
+    """An exception that ends the process, as a log record (see ``_unraisable``)."""
+    logger.opt(exception=(exc_type, exc, tb)).bind(component="python").critical("uncaught {}", exc_type.__name__)
+
+
 def add_log_options(p: argparse.ArgumentParser, *, suppress: bool = False, skip: Container[str] = ()) -> None:
     """``--log-level`` and ``--log-format`` (but those in ``skip``); ``suppress`` on a sub-command, so a value given
     before it is kept."""
@@ -109,6 +123,10 @@ def setup_logging(level: str | None = None, fmt: str | None = None) -> None:
     _current_format = form
     logger.enable("meta")
     logging.basicConfig(handlers=[_ToLoguru()], level=chosen, force=True)
+    # What Python itself writes to stderr goes through the same sink: warnings, ignored and uncaught exceptions.
+    logging.captureWarnings(True)
+    sys.unraisablehook = _unraisable
+    sys.excepthook = _uncaught
 
 
 __all__ = ["DEFAULT_FORMAT", "DEFAULT_LEVEL", "FORMATS", "LEVELS", "add_log_options", "json_line", "setup_logging"]
