@@ -104,3 +104,32 @@ class DonorPicker:
             self.taken.append(move)
             return move
         return None
+
+
+def donor_for_drain(env: TaskEnv, collection_id: int, replica_id: int, sizes: Sequence[tuple[int, int]],
+                    channels: Sequence[str], usage: Usage) -> tuple[task_pb2.RehomeNode | None, str]:
+    """A node another replica of the collection can spare and that can then take what a draining node of
+    ``replica_id`` holds (``sizes``, ``channels``), to join that replica; else None and what would make the drain
+    move (``usage`` is not changed)."""
+    info = env.meta.get_collection(collection_id)
+    others = [r.replica_id for r in info.replicas if r.replica_id != replica_id] if info is not None else []
+    if not replica_id or not others:
+        return None, ""
+
+    def fits(node: int, trial: Usage) -> bool:
+        try:
+            place(env, sizes, channels, [node], Usage(dict(trial.memory), dict(trial.channels)))
+        except NoAvailableNode:
+            return False
+        return True
+
+    picker = DonorPicker(env, collection_id, Usage(dict(usage.memory), dict(usage.channels)), others)
+    move = picker.take(fits=fits)
+    if move is not None:
+        move.to_replica_id = replica_id
+        return move, ""
+    total = sum(size for _sid, size in sizes)
+    limit = env.config.memory_limit
+    return None, (f"no other replica of collection {collection_id} can spare a node that would take them (a "
+                  "replica keeps a node and room on the rest for what it holds); add a query node with "
+                  f"{mib(total)} free under {limit:.0%} of capacity")
