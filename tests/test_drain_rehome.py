@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import asyncio
 
+from meta.kv import MetaKV
 from meta.ops.etcd_server import EtcdCluster
 from proto import common_pb2
 from proto import querycoord_pb2 as qc
+from querycoord.leader.balance import spare_may_join
 from querycoord.leader.view import Leadership
 from querycoord.nodes.querynode import QueryNode
 from tests.cluster import MiB, QueryCluster, running_cluster, wait_until
 from tests.test_node_drain import drain, node_info
 from tests.test_resize import Watch, groups, holds, load
+from tests.test_served import two_replica_meta
 
 
 def every_replica_whole(lead: Leadership, nodes: list[QueryNode], cid: int, segments: int, channels: int) -> bool:
@@ -106,3 +109,26 @@ async def test_a_drain_no_replica_can_help_waits_and_says_what_would_make_it_mov
         await wait_drained(c, a.node_id)
         await wait_until(lambda: holds(c.nodes, {spare.node_id}, cid, 8, 2), "the new node took the replica")
         assert not a.state.segments
+
+
+async def test_a_node_moves_between_replicas_in_one_write_and_spares_join_the_smallest(kv: MetaKV) -> None:
+    """``move_replica_node`` on real etcd: the node leaves one replica and joins another (or none), other
+    collections untouched, a node of a third replica refused; the auto balancer gives a spare only to a replica
+    with no more nodes than the collection's others."""
+    meta = await two_replica_meta(kv)  # replicas 7 (nodes 1, 2) and 8 (nodes 3, 4)
+    assert spare_may_join(meta, 1, 7) and spare_may_join(meta, 1, 8)
+    await meta.move_replica_node(1, 2, 7, 8)
+    assert groups(meta, 1) == {7: {1}, 8: {2, 3, 4}}
+    assert spare_may_join(meta, 1, 7) and not spare_may_join(meta, 1, 8), "8 has more nodes than 7"
+    await meta.move_replica_node(1, 2, 7, 8)  # done already: nothing changes
+    await meta.move_replica_node(1, 4, 8, 0)  # leaves 8 for no replica: a spare of the collection
+    assert groups(meta, 1) == {7: {1}, 8: {2, 3}} and meta.replica_of_node(1, 4) == 0
+    for bad in ((3, 7, 0), (1, 9, 8), (1, 7, 9)):
+        try:
+            await meta.move_replica_node(1, *bad)
+        except ValueError:
+            continue
+        raise AssertionError(f"move {bad} was not refused")
+    fresh = type(meta)(kv)
+    await fresh.reload()
+    assert groups(fresh, 1) == {7: {1}, 8: {2, 3}}, "persisted"
