@@ -56,7 +56,6 @@ class UpdateLoadConfigTask(TriggerTask, kind=qc.TASK_KIND_UPDATE_LOAD_CONFIG, re
         super().__init__(env, rec)
         self.replica_total = 0  # segments each new replica must hold
         self.replica_loaded: dict[int, int] = {}  # joining replica -> segments it holds so far
-        self.rehoming = False  # this plan moves the copies of nodes taken from the replicas (the first phase)
 
     def summary(self) -> str:
         req = self.request
@@ -76,7 +75,6 @@ class UpdateLoadConfigTask(TriggerTask, kind=qc.TASK_KIND_UPDATE_LOAD_CONFIG, re
         env, cid, req = self.env, self.collection_id, self.request
         info = self._info()
         self.children = []
-        self.rehoming = False
         moving = pending(env, cid, req.rehomes)
         if moving:  # the first phase, or its resumption by a new leader: the same nodes
             await self._rehome(moving)
@@ -106,7 +104,6 @@ class UpdateLoadConfigTask(TriggerTask, kind=qc.TASK_KIND_UPDATE_LOAD_CONFIG, re
 
     async def _rehome(self, moves: list[task_pb2.RehomeNode]) -> None:
         """The first phase of a grow short of spares: move the copies of the nodes taken off them."""
-        self.rehoming = True
         nodes = ", ".join(f"node {m.node_id} (replica {m.from_replica_id})" for m in moves)
         logger.info("{}: no spare node for every new replica: taking {} from the collection's replicas",
                     self.describe(), nodes)
