@@ -26,6 +26,7 @@ class TaskKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TASK_KIND_REPAIR: _ClassVar[TaskKind]
     TASK_KIND_RELEASE_DM_CHANNEL: _ClassVar[TaskKind]
     TASK_KIND_UPDATE_LOAD_CONFIG: _ClassVar[TaskKind]
+    TASK_KIND_REHOME_NODE: _ClassVar[TaskKind]
 
 class TaskState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -103,6 +104,7 @@ TASK_KIND_LOAD_BALANCE: TaskKind
 TASK_KIND_REPAIR: TaskKind
 TASK_KIND_RELEASE_DM_CHANNEL: TaskKind
 TASK_KIND_UPDATE_LOAD_CONFIG: TaskKind
+TASK_KIND_REHOME_NODE: TaskKind
 TASK_STATE_UNDO: TaskState
 TASK_STATE_DOING: TaskState
 TASK_STATE_DONE: TaskState

@@ -55,7 +55,7 @@ class NodeChannels(_message.Message):
     def __init__(self, node_id: _Optional[int] = ..., channel_names: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TaskRecord(_message.Message):
-    __slots__ = ("id", "kind", "parent_id", "state", "retry_count", "trigger_condition", "excluded_node_ids", "node_id", "error", "error_code", "collection_id", "created_ms", "updated_ms", "replaces_task_id", "load_collection", "release_collection", "load_partitions", "release_partitions", "load_segments", "release_segments", "watch_dm_channels", "watch_delta_channels", "add_query_channel", "handoff", "load_balance", "release_collection_on_node", "release_partitions_on_node", "repair", "release_dm_channels", "update_load_config")
+    __slots__ = ("id", "kind", "parent_id", "state", "retry_count", "trigger_condition", "excluded_node_ids", "node_id", "error", "error_code", "collection_id", "created_ms", "updated_ms", "replaces_task_id", "load_collection", "release_collection", "load_partitions", "release_partitions", "load_segments", "release_segments", "watch_dm_channels", "watch_delta_channels", "add_query_channel", "handoff", "load_balance", "release_collection_on_node", "release_partitions_on_node", "repair", "release_dm_channels", "update_load_config", "rehome_node")
     ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     PARENT_ID_FIELD_NUMBER: _ClassVar[int]
@@ -86,6 +86,7 @@ class TaskRecord(_message.Message):
     REPAIR_FIELD_NUMBER: _ClassVar[int]
     RELEASE_DM_CHANNELS_FIELD_NUMBER: _ClassVar[int]
     UPDATE_LOAD_CONFIG_FIELD_NUMBER: _ClassVar[int]
+    REHOME_NODE_FIELD_NUMBER: _ClassVar[int]
     id: int
     kind: _querycoord_pb2.TaskKind
     parent_id: int
@@ -116,18 +117,41 @@ class TaskRecord(_message.Message):
     repair: RepairRequest
     release_dm_channels: _querynode_pb2.ReleaseDmChannelsRequest
     update_load_config: ResizeReplicasRequest
-    def __init__(self, id: _Optional[int] = ..., kind: _Optional[_Union[_querycoord_pb2.TaskKind, str]] = ..., parent_id: _Optional[int] = ..., state: _Optional[_Union[_querycoord_pb2.TaskState, str]] = ..., retry_count: _Optional[int] = ..., trigger_condition: _Optional[_Union[_querycoord_pb2.TriggerCondition, str]] = ..., excluded_node_ids: _Optional[_Iterable[int]] = ..., node_id: _Optional[int] = ..., error: _Optional[str] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., collection_id: _Optional[int] = ..., created_ms: _Optional[int] = ..., updated_ms: _Optional[int] = ..., replaces_task_id: _Optional[int] = ..., load_collection: _Optional[_Union[_querycoord_pb2.LoadCollectionRequest, _Mapping]] = ..., release_collection: _Optional[_Union[_querycoord_pb2.ReleaseCollectionRequest, _Mapping]] = ..., load_partitions: _Optional[_Union[_querycoord_pb2.LoadPartitionsRequest, _Mapping]] = ..., release_partitions: _Optional[_Union[_querycoord_pb2.ReleasePartitionsRequest, _Mapping]] = ..., load_segments: _Optional[_Union[_querynode_pb2.LoadSegmentsRequest, _Mapping]] = ..., release_segments: _Optional[_Union[_querynode_pb2.ReleaseSegmentsRequest, _Mapping]] = ..., watch_dm_channels: _Optional[_Union[_querynode_pb2.WatchDmChannelsRequest, _Mapping]] = ..., watch_delta_channels: _Optional[_Union[_querynode_pb2.WatchDeltaChannelsRequest, _Mapping]] = ..., add_query_channel: _Optional[_Union[_querynode_pb2.AddQueryChannelRequest, _Mapping]] = ..., handoff: _Optional[_Union[HandoffSegmentsRequest, _Mapping]] = ..., load_balance: _Optional[_Union[_querycoord_pb2.LoadBalanceRequest, _Mapping]] = ..., release_collection_on_node: _Optional[_Union[_querynode_pb2.ReleaseCollectionRequest, _Mapping]] = ..., release_partitions_on_node: _Optional[_Union[_querynode_pb2.ReleasePartitionsRequest, _Mapping]] = ..., repair: _Optional[_Union[RepairRequest, _Mapping]] = ..., release_dm_channels: _Optional[_Union[_querynode_pb2.ReleaseDmChannelsRequest, _Mapping]] = ..., update_load_config: _Optional[_Union[ResizeReplicasRequest, _Mapping]] = ...) -> None: ...
+    rehome_node: RehomeNodeRequest
+    def __init__(self, id: _Optional[int] = ..., kind: _Optional[_Union[_querycoord_pb2.TaskKind, str]] = ..., parent_id: _Optional[int] = ..., state: _Optional[_Union[_querycoord_pb2.TaskState, str]] = ..., retry_count: _Optional[int] = ..., trigger_condition: _Optional[_Union[_querycoord_pb2.TriggerCondition, str]] = ..., excluded_node_ids: _Optional[_Iterable[int]] = ..., node_id: _Optional[int] = ..., error: _Optional[str] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., collection_id: _Optional[int] = ..., created_ms: _Optional[int] = ..., updated_ms: _Optional[int] = ..., replaces_task_id: _Optional[int] = ..., load_collection: _Optional[_Union[_querycoord_pb2.LoadCollectionRequest, _Mapping]] = ..., release_collection: _Optional[_Union[_querycoord_pb2.ReleaseCollectionRequest, _Mapping]] = ..., load_partitions: _Optional[_Union[_querycoord_pb2.LoadPartitionsRequest, _Mapping]] = ..., release_partitions: _Optional[_Union[_querycoord_pb2.ReleasePartitionsRequest, _Mapping]] = ..., load_segments: _Optional[_Union[_querynode_pb2.LoadSegmentsRequest, _Mapping]] = ..., release_segments: _Optional[_Union[_querynode_pb2.ReleaseSegmentsRequest, _Mapping]] = ..., watch_dm_channels: _Optional[_Union[_querynode_pb2.WatchDmChannelsRequest, _Mapping]] = ..., watch_delta_channels: _Optional[_Union[_querynode_pb2.WatchDeltaChannelsRequest, _Mapping]] = ..., add_query_channel: _Optional[_Union[_querynode_pb2.AddQueryChannelRequest, _Mapping]] = ..., handoff: _Optional[_Union[HandoffSegmentsRequest, _Mapping]] = ..., load_balance: _Optional[_Union[_querycoord_pb2.LoadBalanceRequest, _Mapping]] = ..., release_collection_on_node: _Optional[_Union[_querynode_pb2.ReleaseCollectionRequest, _Mapping]] = ..., release_partitions_on_node: _Optional[_Union[_querynode_pb2.ReleasePartitionsRequest, _Mapping]] = ..., repair: _Optional[_Union[RepairRequest, _Mapping]] = ..., release_dm_channels: _Optional[_Union[_querynode_pb2.ReleaseDmChannelsRequest, _Mapping]] = ..., update_load_config: _Optional[_Union[ResizeReplicasRequest, _Mapping]] = ..., rehome_node: _Optional[_Union[RehomeNodeRequest, _Mapping]] = ...) -> None: ...
 
 class ResizeReplicasRequest(_message.Message):
-    __slots__ = ("collection_id", "replica_number", "from_replica_number", "dropped_replica_ids", "dropped_node_ids")
+    __slots__ = ("collection_id", "replica_number", "from_replica_number", "dropped_replica_ids", "dropped_node_ids", "rehomes")
     COLLECTION_ID_FIELD_NUMBER: _ClassVar[int]
     REPLICA_NUMBER_FIELD_NUMBER: _ClassVar[int]
     FROM_REPLICA_NUMBER_FIELD_NUMBER: _ClassVar[int]
     DROPPED_REPLICA_IDS_FIELD_NUMBER: _ClassVar[int]
     DROPPED_NODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    REHOMES_FIELD_NUMBER: _ClassVar[int]
     collection_id: int
     replica_number: int
     from_replica_number: int
     dropped_replica_ids: _containers.RepeatedScalarFieldContainer[int]
     dropped_node_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, collection_id: _Optional[int] = ..., replica_number: _Optional[int] = ..., from_replica_number: _Optional[int] = ..., dropped_replica_ids: _Optional[_Iterable[int]] = ..., dropped_node_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    rehomes: _containers.RepeatedCompositeFieldContainer[RehomeNode]
+    def __init__(self, collection_id: _Optional[int] = ..., replica_number: _Optional[int] = ..., from_replica_number: _Optional[int] = ..., dropped_replica_ids: _Optional[_Iterable[int]] = ..., dropped_node_ids: _Optional[_Iterable[int]] = ..., rehomes: _Optional[_Iterable[_Union[RehomeNode, _Mapping]]] = ...) -> None: ...
+
+class RehomeNode(_message.Message):
+    __slots__ = ("node_id", "from_replica_id", "to_replica_id")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    TO_REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: int
+    from_replica_id: int
+    to_replica_id: int
+    def __init__(self, node_id: _Optional[int] = ..., from_replica_id: _Optional[int] = ..., to_replica_id: _Optional[int] = ...) -> None: ...
+
+class RehomeNodeRequest(_message.Message):
+    __slots__ = ("collection_id", "move", "reason")
+    COLLECTION_ID_FIELD_NUMBER: _ClassVar[int]
+    MOVE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    collection_id: int
+    move: RehomeNode
+    reason: str
+    def __init__(self, collection_id: _Optional[int] = ..., move: _Optional[_Union[RehomeNode, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...

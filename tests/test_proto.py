@@ -246,7 +246,15 @@ RECORD_CASES: list[tuple[int, str, Message]] = [
         K.TASK_KIND_UPDATE_LOAD_CONFIG,
         "update_load_config",
         task_pb2.ResizeReplicasRequest(collection_id=7, replica_number=1, from_replica_number=3,
-                                       dropped_replica_ids=[21, 22], dropped_node_ids=[4, 5]),
+                                       dropped_replica_ids=[21, 22], dropped_node_ids=[4, 5],
+                                       rehomes=[task_pb2.RehomeNode(node_id=4, from_replica_id=21)]),
+    ),
+    (
+        K.TASK_KIND_REHOME_NODE,
+        "rehome_node",
+        task_pb2.RehomeNodeRequest(collection_id=7, move=task_pb2.RehomeNode(node_id=4, from_replica_id=21,
+                                                                            to_replica_id=22),
+                                   reason="drain of node 5"),
     ),
 ]
 
@@ -261,6 +269,7 @@ TRIGGER_FIELDS = {
     "load_balance",
     "repair",
     "update_load_config",
+    "rehome_node",
 }
 
 
@@ -288,7 +297,7 @@ def test_files_are_registered_under_proto_names() -> None:
 def test_record_cases_cover_every_kind_and_request() -> None:
     kinds = {v.number for v in querycoord_pb2.TaskKind.DESCRIPTOR.values} - {K.TASK_KIND_UNSPECIFIED}
     assert kinds == {kind for kind, _, _ in RECORD_CASES}
-    assert len(kinds) == 14
+    assert len(kinds) == 15
     oneof = task_pb2.TaskRecord.DESCRIPTOR.oneofs_by_name["request"]
     assert {f.name for f in oneof.fields} == {field for _, field, _ in RECORD_CASES}
     # each case's request is of the type its oneof field declares

@@ -101,10 +101,11 @@ async def test_refusals_leave_nothing_written(etcd: EtcdCluster, root_path: str)
 
         await load(c, cid, 2)
         loaded = await snapshot(c.kv)
-        # Another number resizes in place (tests/test_resize.py); here no spare node is left for a third replica.
-        r = await c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid, replica_number=3))
+        # Another number resizes in place (tests/test_resize.py); here no spare node is left for two more replicas,
+        # and the replicas can spare one node between them (tests/test_resize_rehome.py).
+        r = await c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid, replica_number=4))
         assert r.status.error_code == common_pb2.NO_AVAILABLE_NODE, r.status
-        assert "needs 1 spare query node" in r.status.reason
+        assert "needs 2 query nodes" in r.status.reason
         r = await c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid))
         assert r.status.error_code == common_pb2.SUCCESS and r.task_id == 0, "omitted: the loaded number"
         r = await c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid, replica_number=2))

@@ -220,14 +220,15 @@ async def test_shrink_3_to_1_keeps_one_replica_untouched_and_frees_the_others(
 
 
 async def test_a_grow_that_cannot_fit_is_refused_and_writes_nothing(etcd: EtcdCluster, root_path: str) -> None:
-    async with running_cluster(etcd, root_path, [None] * 2) as c:
+    async with running_cluster(etcd, root_path, [None]) as c:
         assert c.client is not None and c.kv is not None
         cid = await c.create_collection("tight", partitions=1, segments=40, channels=2)
         await load(c, cid, 1)
         before = await snapshot(c.kv)
-        r = await update(c.client, cid, 2)  # both nodes serve the one replica: no spare
+        r = await update(c.client, cid, 2)  # the one node serves the one replica: no spare, none to take
         assert r.status.error_code == common_pb2.NO_AVAILABLE_NODE, r.status
-        assert "needs 1 spare query node" in r.status.reason and ": 0 online" in r.status.reason, r.status.reason
+        assert "needs 1 query node" in r.status.reason and "0 spare online and 0 its replicas can spare" in \
+            r.status.reason, r.status.reason
         r = await c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid, replica_number=3))
         assert r.status.error_code == common_pb2.NO_AVAILABLE_NODE, r.status
         assert await snapshot(c.kv) == before

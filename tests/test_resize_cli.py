@@ -60,22 +60,25 @@ def test_resize_down_and_up_again_on_four_nodes(subprocess_env, tmp_path, projec
 
         shown = {}
         for command in ("collection resize c1 --replicas 1", "collection load c1 --replicas 2",
-                        "collection resize c1 --replicas 3", "collection resize c1 --replicas 2"):
+                        "collection resize c1 --replicas 2", "collection resize c1 --replicas 5",
+                        "collection resize c1 --replicas 3"):
             r = cli(env, addr, *command.split())
-            if command.endswith("--replicas 3"):
-                shown[command] = [refused(r, "spare query node").rstrip("\n")]
+            if command.endswith("--replicas 5"):
+                shown[command] = [refused(r, "query nodes").rstrip("\n")]
             else:
                 shown[command] = final(ok(r))
         for command, lines in shown.items():
             assert normal(lines) == normal(readme[f"querycoord {command}"]), (command, lines)
 
+        # The third replica took a node from one of the other two (no spare was left): three disjoint, whole.
         reps = json.loads(ok(cli(env, addr, "replicas", "c1", "-o", "json")))
-        assert len(reps) == 2 and not set(reps[0]["node_ids"]) & set(reps[1]["node_ids"]), reps
+        nodes = [set(r["node_ids"]) for r in reps]
+        assert len(reps) == 3 and sum(map(len, nodes)) == len(set().union(*nodes)) == 4, reps
         assert all(r["loaded_percentage"] == 100 and r["segments"] == SEGMENTS for r in reps), reps
 
         # Usage errors (exit 2) and a queued resize that returns at once.
         one_line_error(cli(env, addr, "collection", "resize", "c1", "--replicas", "0"), 2, "--replicas")
         one_line_error(cli(env, addr, "collection", "resize", "c1"), 2, "--replicas")
         out = ok(cli(env, addr, "collection", "resize", "c1", "--replicas", "1", "--no-wait"))
-        assert re.search(r"resizing c1 \(id \d+\) from 2 to 1 replicas \(task #\d+\)", out), out
+        assert re.search(r"resizing c1 \(id \d+\) from 3 to 1 replicas \(task #\d+\)", out), out
         assert "querycoord tasks --task" in out, out

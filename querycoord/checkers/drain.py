@@ -10,6 +10,10 @@ At every checker pass, for each draining node and each collection it holds copie
   the unit can be placed now (``units.assess``, the same rule the planner uses): otherwise nothing is queued,
   the node keeps serving its copies, and the drain's progress says why it waits (DESIGN rule 9: the other
   collections, loads and repairs go on);
+* a node that is the only one of its replica (or whose replica has no room), with no spare: one REHOME_NODE
+  trigger (``task.rehome``) takes a node from another replica of the collection that can spare it (its copies
+  loaded on that replica's other nodes first) into the draining node's replica; the drain's next pass moves the
+  copies there. When no replica can spare such a node, the drain waits and says what would make it move;
 * DM channels (once the collection's segments are moved): a REPAIR re-watching them in the same replica on
   another node; that watch is recorded on its new node, and the checker's channel step then releases the
   draining node's second watch.
@@ -29,6 +33,8 @@ from proto import data_pb2, querynode_pb2, task_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.cluster.client import NodeError
 from querycoord.cluster.lifecycle import DrainStatus, NodeLifecycles
+from querycoord.task.rehome import RehomeNodeTask
+from querycoord.task.rehome_plan import donor_for_drain
 from querycoord.task.repair import RepairTask
 from querycoord.task.scheduler import Scheduler
 from querycoord.task.triggers import LoadBalanceTask
@@ -91,7 +97,19 @@ async def _drain_one(scheduler: Scheduler, lifecycles: NodeLifecycles, node_id: 
         watches = [] if moving else chans_of.get(cid, [])
         parked = assess(env, cid, replica, moving, [w.dm_channel for w in watches], usage)
         if parked is not None:
-            waits.append(f"collection {cid}: {parked.reason}")
+            sizes = [(s.segment_id, s.mem_size) for s in moving]
+            move, why = donor_for_drain(env, cid, replica, sizes, [w.dm_channel for w in watches], usage)
+            if move is None:
+                waits.append(f"collection {cid}: {parked.reason}" + (f"; {why}" if why else ""))
+                continue
+            rehome = RehomeNodeTask.new(
+                env, task_pb2.RehomeNodeRequest(collection_id=cid, move=move, reason=f"drain of node {node_id}"),
+                trigger_condition=qc.TRIGGER_CONDITION_CHECKER, collection_id=cid)
+            await scheduler.enqueue(rehome)
+            queued += 1
+            logger.info("drain of query node {}: replica {} of collection {} takes node {} from replica {} (task "
+                        "{}), since {}", node_id, replica, cid, move.node_id, move.from_replica_id, rehome.id,
+                        parked.reason)
             continue
         if moving:
             req = qc.LoadBalanceRequest(source_node_ids=[node_id], collection_id=cid,

@@ -6,7 +6,10 @@ memory limit (90 %) or the spread between highest and lowest exceeds
 ``spread`` (30 %), it queues one LoadBalance (reason AUTO) moving just
 enough segments, largest first, to bring the two nodes closest together.
 Nothing is queued while another balance is pending, so balances never pile up. Cordoned, draining and
-drained nodes (``cluster.lifecycle``) take no part.
+drained nodes (``cluster.lifecycle``) take no part. A copy moved onto a spare makes the spare join the copy's
+replica; the balancer does that only for a replica with no more nodes than the collection's others
+(``spare_may_join``), so spares even the replicas out rather than pile into one and leave another with a
+single node (whose drain would then need a node from another replica: ``task.rehome``).
 
 While balance is paused (``querycoord balance pause``: the ``balance`` check kind off,
 ``checkers.activation``) a round queues nothing. A balance already queued or running when the pause
@@ -72,6 +75,16 @@ def may_serve(meta: QueryMeta, collection_id: int, replica_id: int, node_id: int
     return owner in (0, replica_id)
 
 
+def spare_may_join(meta: QueryMeta, collection_id: int, replica_id: int) -> bool:
+    """Whether the auto balancer may give ``replica_id`` a spare node (moving a copy onto a spare makes it join
+    the copy's replica): only a replica with no more nodes than any other of the collection, so spares even the
+    replicas out instead of piling into the one on the fullest node and leaving another with a single node."""
+    if not replica_id:
+        return True
+    sizes = {r: len(meta.replica_nodes(collection_id, r)) for r in meta.replica_ids(collection_id)}
+    return sizes.get(replica_id, 0) <= min(sizes.values(), default=0)
+
+
 async def auto_balance_loop(scheduler: Scheduler, interval: float, spread: float,
                             switches: CheckerSwitches | None = None) -> None:
     """Every ``interval``, one move if the spread calls for it and balance is not paused (``switches``); an
@@ -108,7 +121,9 @@ async def auto_balance_once(scheduler: Scheduler, spread: float, switches: Check
 
     def movable(src: int, seg: int, dst: int) -> bool:
         cid, replica = replica_of_copy[(src, seg)]
-        return may_serve(env.meta, cid, replica, dst)
+        if not may_serve(env.meta, cid, replica, dst):
+            return False
+        return env.meta.replica_of_node(cid, dst) != 0 or spare_may_join(env.meta, cid, replica)
 
     move = plan_move(rates, sizes, spread=spread, memory_limit=env.config.memory_limit, movable=movable)
     if move is None:

@@ -164,6 +164,33 @@ class Replicas:
 
         await core.guarded(lambda: [collection_id], body)
 
+    async def move_replica_node(self, collection_id: int, node_id: int, from_replica: int, to_replica: int) -> None:
+        """A node leaves ``from_replica`` of the collection and joins ``to_replica`` (0: none, it becomes a spare
+        of the collection), in one put; the collection's other replicas and every other collection are untouched.
+        Done already (not in ``from_replica``, in ``to_replica``): nothing written. ``ValueError`` when the node
+        is in another replica than ``from_replica`` or a replica is unknown."""
+        core = self._core
+
+        async def body() -> None:
+            current = core.loaded_collection(collection_id)
+            info = copy_message(current)
+            by_id = {r.replica_id: r for r in info.replicas}
+            if from_replica not in by_id or (to_replica and to_replica not in by_id):
+                raise ValueError(f"collection {collection_id} has no replica "
+                                 f"{from_replica if from_replica not in by_id else to_replica}")
+            owner = next((r.replica_id for r in info.replicas if node_id in r.node_ids), 0)
+            if owner not in (0, from_replica, to_replica):
+                raise ValueError(f"node {node_id} serves replica {owner} of collection {collection_id}, "
+                                 f"not {from_replica}")
+            source = by_id[from_replica]
+            source.node_ids[:] = [n for n in source.node_ids if n != node_id]
+            if to_replica and node_id not in by_id[to_replica].node_ids:
+                by_id[to_replica].node_ids.append(node_id)
+            if info != current:
+                await core.commit("move_replica_node", [core.put_collection(info)], atomic=True)
+
+        await core.guarded(lambda: [collection_id], body)
+
     async def set_replica_percentages(self, collection_id: int, percentages: Mapping[int, int]) -> None:
         """Set replicas' load percentages exactly (the checker's count of what their nodes hold); unknown
         replicas ignored; written only when something changes."""

@@ -194,6 +194,9 @@ class QueryMeta:
     async def add_replica_nodes(self, collection_id: int, replica_id: int, node_ids: Iterable[int]) -> None:
         await self._replicas.add_replica_nodes(collection_id, replica_id, node_ids)
 
+    async def move_replica_node(self, collection_id: int, node_id: int, from_replica: int, to_replica: int) -> None:
+        await self._replicas.move_replica_node(collection_id, node_id, from_replica, to_replica)
+
     async def set_replica_percentages(self, collection_id: int, percentages: Mapping[int, int]) -> None:
         await self._replicas.set_replica_percentages(collection_id, percentages)
 

@@ -164,21 +164,37 @@ class TreeRunner:
         if t.cancel_why:
             await t.on_reload()
             check_cancelled(t)
-        if t.state in (UNDO, DOING):
-            t.set_state(DOING)
-            await store.save(t.rec)
-            await t.pre_execute()
-            await t.execute()
+        while True:
+            if t.state in (UNDO, DOING):
+                t.set_state(DOING)
+                await store.save(t.rec)
+                await t.pre_execute()
+                await t.execute()
+                check_cancelled(t)
+                await self._commit_plan(t)
+            else:
+                await t.on_reload()
+            if not t.planned.done():
+                t.planned.set_result(None)
+            await self.children.run_children(t, [c for c in t.children if c.state != DONE])
             check_cancelled(t)
-            await self._commit_plan(t)
-        else:
-            await t.on_reload()
-        if not t.planned.done():
-            t.planned.set_result(None)
-        await self.children.run_children(t, [c for c in t.children if c.state != DONE])
-        check_cancelled(t)
-        await t.post_execute()
+            await t.post_execute()
+            if not t.another_phase:
+                break
+            await self._next_phase(t)
         t.set_state(EXPIRED)
+
+    async def _next_phase(self, t: TriggerTask) -> None:
+        """A trigger whose ``post_execute`` asked for another phase plans again: its record goes back to DOING
+        (a new leader then runs ``execute`` again, and reload drops the finished children as an uncommitted
+        plan's), then the finished children's keys go."""
+        t.another_phase = False
+        done = [c.rec for c in t.children if c.id]
+        t.set_state(DOING)
+        await self.env.store.save(t.rec)
+        if done:
+            await self.env.store.remove(done)
+        t.children = []
 
     async def _commit_plan(self, t: TriggerTask) -> None:
         """Ids for the children, then children + the trigger's DONE in txns: the commit point."""

@@ -12,6 +12,12 @@ then taken out of the collection's record with the new number in one put (from t
 kept ones, which are untouched), then the children release the collection on the dropped replicas' nodes, which
 become spares, and their records go.
 
+A grow short of spare nodes first takes nodes from the collection's replicas that can spare them (the plan's
+``rehomes``, written into this trigger's record before anything moves): a first phase moves each such node's
+copies to the other nodes of its replica (``task.rehome``: each copy held by its destination before the source
+releases it) and then takes the node out of its replica, a spare now; the trigger then plans again
+(``another_phase``) and the grow goes on as above on the spares, those nodes among them.
+
 Resumed by a new leader either way: before the commit point ``execute`` runs again and finds what it had done in
 query meta (joining replicas) or in its own record (the replicas it drops); after it, the persisted children run
 on and ``post_execute`` checks the nodes again.
@@ -20,6 +26,8 @@ on and ``post_execute`` checks the nodes again.
 from __future__ import annotations
 
 import asyncio
+
+from loguru import logger
 
 from proto import common_pb2, data_pb2, querynode_pb2, task_pb2
 from proto import querycoord_pb2 as qc
@@ -30,6 +38,7 @@ from querycoord.served.state import collection_served
 from querycoord.task.assign import Planned
 from querycoord.task.children import LoadSegmentsTask, ReleaseCollectionOnNodeTask, plan_children
 from querycoord.task.model import Task, TaskEnv, TaskError
+from querycoord.task.rehome import finish_move, pending, plan_moves
 from querycoord.task.resize_plan import plan_resize
 from querycoord.task.triggers import TriggerTask, merge_channel
 
@@ -65,13 +74,22 @@ class UpdateLoadConfigTask(TriggerTask, kind=qc.TASK_KIND_UPDATE_LOAD_CONFIG, re
     async def execute(self) -> None:
         env, cid, req = self.env, self.collection_id, self.request
         info = self._info()
+        self.children = []
+        moving = pending(env, cid, req.rehomes)
+        if moving:  # the first phase, or its resumption by a new leader: the same nodes
+            await self._rehome(moving)
+            return
         if req.dropped_replica_ids:  # chosen by a run a leader change interrupted: the same ones
             dropped = list(req.dropped_replica_ids)
             groups: list[list[int]] = []
         else:
-            plan = plan_resize(env, info, req.replica_number)
+            plan = plan_resize(env, info, req.replica_number, rehome=not req.rehomes)
+            if plan.rehomes:
+                req.rehomes.extend(plan.rehomes)
+                await env.store.save(self.rec)  # the choice survives a leader change before anything moves
+                await self._rehome(list(plan.rehomes))
+                return
             dropped, groups = plan.dropped, plan.new_groups
-        self.children = []
         if dropped:
             await self._drop(info, dropped)
             info = self._info()
@@ -83,6 +101,13 @@ class UpdateLoadConfigTask(TriggerTask, kind=qc.TASK_KIND_UPDATE_LOAD_CONFIG, re
         joining = joining_replica_ids(info)
         if joining:
             self.children += await self._plan_loads(info, joining)
+
+    async def _rehome(self, moves: list[task_pb2.RehomeNode]) -> None:
+        """The first phase of a grow short of spares: move the copies of the nodes taken off them."""
+        nodes = ", ".join(f"node {m.node_id} (replica {m.from_replica_id})" for m in moves)
+        logger.info("{}: no spare node for every new replica: taking {} from the collection's replicas",
+                    self.describe(), nodes)
+        self.children = await plan_moves(self.env, self, self.collection_id, moves)
 
     async def _drop(self, info: data_pb2.CollectionLoadInfo, dropped: list[int]) -> None:
         """Record the replicas to drop and their nodes in this trigger's record, take them out of the collection's
@@ -155,6 +180,12 @@ class UpdateLoadConfigTask(TriggerTask, kind=qc.TASK_KIND_UPDATE_LOAD_CONFIG, re
 
     async def post_execute(self) -> None:
         env, cid, req = self.env, self.collection_id, self.request
+        moving = pending(env, cid, req.rehomes)
+        if moving:  # the first phase is done: the nodes leave their replicas, then the grow plans again
+            for move in moving:
+                await finish_move(env, cid, move)
+            self.another_phase = True
+            return
         if req.dropped_node_ids:
             await env.meta.remove_collection_copies(cid, req.dropped_node_ids)
         info = self._info()

@@ -113,6 +113,9 @@ class TriggerTask(Task):
         # Segments this trigger loaded or released, for the memory release when it finishes (``_release_after``).
         self.touched = _Touched()
         self.finished.add_done_callback(_release_after(self.touched))
+        # Set by ``post_execute`` when the trigger has more to do after its children (a grow that first moved
+        # nodes between replicas): the executor then plans it again (``execute``), commits and runs that plan.
+        self.another_phase = False
 
     def on_child_done(self, child: Task) -> None:
         """A child succeeded: its segments count as touched (see ``_release_after``)."""
