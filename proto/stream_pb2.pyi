@@ -32,6 +32,15 @@ class StreamState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     STREAM_RUNNING: _ClassVar[StreamState]
     STREAM_STOPPED_BY_USER: _ClassVar[StreamState]
     STREAM_STOPPED_BY_ERROR: _ClassVar[StreamState]
+
+class RecalcState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RECALC_STATE_UNSPECIFIED: _ClassVar[RecalcState]
+    RECALC_PENDING: _ClassVar[RecalcState]
+    RECALC_RUNNING: _ClassVar[RecalcState]
+    RECALC_DONE: _ClassVar[RecalcState]
+    RECALC_FAILED: _ClassVar[RecalcState]
+    RECALC_CANCELLED: _ClassVar[RecalcState]
 TASK_KIND_UNSPECIFIED: TaskKind
 TRIGGER_READER: TaskKind
 CALC_READER: TaskKind
@@ -48,6 +57,12 @@ STREAM_DEPLOYING: StreamState
 STREAM_RUNNING: StreamState
 STREAM_STOPPED_BY_USER: StreamState
 STREAM_STOPPED_BY_ERROR: StreamState
+RECALC_STATE_UNSPECIFIED: RecalcState
+RECALC_PENDING: RecalcState
+RECALC_RUNNING: RecalcState
+RECALC_DONE: RecalcState
+RECALC_FAILED: RecalcState
+RECALC_CANCELLED: RecalcState
 
 class StreamDef(_message.Message):
     __slots__ = ("id", "name", "source_db", "source_vgroup_ids", "trigger_vgroup_id", "num_calc_scan_plans", "num_calc_subplans", "runner_deploys", "main_snode_id", "user_stopped", "user_dropped", "create_ms", "update_ms")
@@ -120,7 +135,7 @@ class TaskId(_message.Message):
     def __init__(self, stream_id: _Optional[int] = ..., task_id: _Optional[int] = ..., sid: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., node_id: _Optional[int] = ..., vgroup_id: _Optional[int] = ..., snode_id: _Optional[int] = ..., deploy_id: _Optional[int] = ..., task_idx: _Optional[int] = ..., scan_plan_idx: _Optional[int] = ..., top: _Optional[bool] = ...) -> None: ...
 
 class TaskStatusReport(_message.Message):
-    __slots__ = ("stream_id", "task_id", "sid", "kind", "node_id", "status", "error_code", "error_message", "deploy_id", "task_idx", "vgroup_id", "snode_id", "scan_plan_idx", "top", "top_runners")
+    __slots__ = ("stream_id", "task_id", "sid", "kind", "node_id", "status", "error_code", "error_message", "deploy_id", "task_idx", "vgroup_id", "snode_id", "scan_plan_idx", "top", "top_runners", "recalcs_done")
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     SID_FIELD_NUMBER: _ClassVar[int]
@@ -136,6 +151,7 @@ class TaskStatusReport(_message.Message):
     SCAN_PLAN_IDX_FIELD_NUMBER: _ClassVar[int]
     TOP_FIELD_NUMBER: _ClassVar[int]
     TOP_RUNNERS_FIELD_NUMBER: _ClassVar[int]
+    RECALCS_DONE_FIELD_NUMBER: _ClassVar[int]
     stream_id: int
     task_id: int
     sid: int
@@ -151,7 +167,8 @@ class TaskStatusReport(_message.Message):
     scan_plan_idx: int
     top: bool
     top_runners: _containers.RepeatedCompositeFieldContainer[TaskId]
-    def __init__(self, stream_id: _Optional[int] = ..., task_id: _Optional[int] = ..., sid: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., node_id: _Optional[int] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., deploy_id: _Optional[int] = ..., task_idx: _Optional[int] = ..., vgroup_id: _Optional[int] = ..., snode_id: _Optional[int] = ..., scan_plan_idx: _Optional[int] = ..., top: _Optional[bool] = ..., top_runners: _Optional[_Iterable[_Union[TaskId, _Mapping]]] = ...) -> None: ...
+    recalcs_done: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, stream_id: _Optional[int] = ..., task_id: _Optional[int] = ..., sid: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., node_id: _Optional[int] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., deploy_id: _Optional[int] = ..., task_idx: _Optional[int] = ..., vgroup_id: _Optional[int] = ..., snode_id: _Optional[int] = ..., scan_plan_idx: _Optional[int] = ..., top: _Optional[bool] = ..., top_runners: _Optional[_Iterable[_Union[TaskId, _Mapping]]] = ..., recalcs_done: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("node_id", "snode_id", "vgroup_ids", "stream_group", "num_stream_groups", "tasks", "runner_threads", "seen_leader_revision")
@@ -244,7 +261,7 @@ class RunnerUpdate(_message.Message):
     def __init__(self, stream_id: _Optional[int] = ..., trigger: _Optional[_Union[TaskId, _Mapping]] = ..., top_runners: _Optional[_Iterable[_Union[TaskId, _Mapping]]] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
-    __slots__ = ("status", "leader_revision", "watching", "deploys", "starts", "undeploys", "runner_updates")
+    __slots__ = ("status", "leader_revision", "watching", "deploys", "starts", "undeploys", "runner_updates", "recalcs")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     LEADER_REVISION_FIELD_NUMBER: _ClassVar[int]
     WATCHING_FIELD_NUMBER: _ClassVar[int]
@@ -252,6 +269,7 @@ class HeartbeatReply(_message.Message):
     STARTS_FIELD_NUMBER: _ClassVar[int]
     UNDEPLOYS_FIELD_NUMBER: _ClassVar[int]
     RUNNER_UPDATES_FIELD_NUMBER: _ClassVar[int]
+    RECALCS_FIELD_NUMBER: _ClassVar[int]
     status: _common_pb2.Status
     leader_revision: int
     watching: bool
@@ -259,7 +277,8 @@ class HeartbeatReply(_message.Message):
     starts: _containers.RepeatedCompositeFieldContainer[StreamStart]
     undeploys: _containers.RepeatedCompositeFieldContainer[StreamUndeploy]
     runner_updates: _containers.RepeatedCompositeFieldContainer[RunnerUpdate]
-    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., leader_revision: _Optional[int] = ..., watching: _Optional[bool] = ..., deploys: _Optional[_Iterable[_Union[StreamDeploy, _Mapping]]] = ..., starts: _Optional[_Iterable[_Union[StreamStart, _Mapping]]] = ..., undeploys: _Optional[_Iterable[_Union[StreamUndeploy, _Mapping]]] = ..., runner_updates: _Optional[_Iterable[_Union[RunnerUpdate, _Mapping]]] = ...) -> None: ...
+    recalcs: _containers.RepeatedCompositeFieldContainer[RecalcOrder]
+    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., leader_revision: _Optional[int] = ..., watching: _Optional[bool] = ..., deploys: _Optional[_Iterable[_Union[StreamDeploy, _Mapping]]] = ..., starts: _Optional[_Iterable[_Union[StreamStart, _Mapping]]] = ..., undeploys: _Optional[_Iterable[_Union[StreamUndeploy, _Mapping]]] = ..., runner_updates: _Optional[_Iterable[_Union[RunnerUpdate, _Mapping]]] = ..., recalcs: _Optional[_Iterable[_Union[RecalcOrder, _Mapping]]] = ...) -> None: ...
 
 class CreateStreamRequest(_message.Message):
     __slots__ = ("name", "source_db", "source_vgroup_ids", "trigger_vgroup_id", "num_calc_scan_plans", "num_calc_subplans", "runner_deploys", "if_not_exists")
@@ -350,7 +369,7 @@ class TaskRow(_message.Message):
     def __init__(self, task: _Optional[_Union[TaskId, _Mapping]] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., last_heard_ms: _Optional[int] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., pending: _Optional[bool] = ...) -> None: ...
 
 class StreamStatusInfo(_message.Message):
-    __slots__ = ("stream", "state", "stop_error_code", "stop_reason", "next_retry_ms", "deploy_times", "tasks", "retries", "plan_queued", "wait_reason")
+    __slots__ = ("stream", "state", "stop_error_code", "stop_reason", "next_retry_ms", "deploy_times", "tasks", "retries", "plan_queued", "wait_reason", "recalcs")
     STREAM_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     STOP_ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
@@ -361,6 +380,7 @@ class StreamStatusInfo(_message.Message):
     RETRIES_FIELD_NUMBER: _ClassVar[int]
     PLAN_QUEUED_FIELD_NUMBER: _ClassVar[int]
     WAIT_REASON_FIELD_NUMBER: _ClassVar[int]
+    RECALCS_FIELD_NUMBER: _ClassVar[int]
     stream: StreamDef
     state: StreamState
     stop_error_code: int
@@ -371,7 +391,8 @@ class StreamStatusInfo(_message.Message):
     retries: int
     plan_queued: bool
     wait_reason: str
-    def __init__(self, stream: _Optional[_Union[StreamDef, _Mapping]] = ..., state: _Optional[_Union[StreamState, str]] = ..., stop_error_code: _Optional[int] = ..., stop_reason: _Optional[str] = ..., next_retry_ms: _Optional[int] = ..., deploy_times: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[TaskRow, _Mapping]]] = ..., retries: _Optional[int] = ..., plan_queued: _Optional[bool] = ..., wait_reason: _Optional[str] = ...) -> None: ...
+    recalcs: _containers.RepeatedCompositeFieldContainer[RecalcInfo]
+    def __init__(self, stream: _Optional[_Union[StreamDef, _Mapping]] = ..., state: _Optional[_Union[StreamState, str]] = ..., stop_error_code: _Optional[int] = ..., stop_reason: _Optional[str] = ..., next_retry_ms: _Optional[int] = ..., deploy_times: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[TaskRow, _Mapping]]] = ..., retries: _Optional[int] = ..., plan_queued: _Optional[bool] = ..., wait_reason: _Optional[str] = ..., recalcs: _Optional[_Iterable[_Union[RecalcInfo, _Mapping]]] = ...) -> None: ...
 
 class ShowStreamsResponse(_message.Message):
     __slots__ = ("status", "streams", "snodes", "watching", "watch_until_ms", "live_snode_ids")
@@ -418,3 +439,75 @@ class DropSnodeResponse(_message.Message):
     moved_streams: int
     moved_to_snode_id: int
     def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., moved_streams: _Optional[int] = ..., moved_to_snode_id: _Optional[int] = ...) -> None: ...
+
+class RecalcInfo(_message.Message):
+    __slots__ = ("recalc_id", "stream_id", "from_ms", "to_ms", "state", "tasks_total", "tasks_done", "created_ms", "finished_ms", "error")
+    RECALC_ID_FIELD_NUMBER: _ClassVar[int]
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_MS_FIELD_NUMBER: _ClassVar[int]
+    TO_MS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    TASKS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    TASKS_DONE_FIELD_NUMBER: _ClassVar[int]
+    CREATED_MS_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_MS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    recalc_id: int
+    stream_id: int
+    from_ms: int
+    to_ms: int
+    state: RecalcState
+    tasks_total: int
+    tasks_done: int
+    created_ms: int
+    finished_ms: int
+    error: str
+    def __init__(self, recalc_id: _Optional[int] = ..., stream_id: _Optional[int] = ..., from_ms: _Optional[int] = ..., to_ms: _Optional[int] = ..., state: _Optional[_Union[RecalcState, str]] = ..., tasks_total: _Optional[int] = ..., tasks_done: _Optional[int] = ..., created_ms: _Optional[int] = ..., finished_ms: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+
+class RecalcSlot(_message.Message):
+    __slots__ = ("deploy_id", "task_idx")
+    DEPLOY_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_IDX_FIELD_NUMBER: _ClassVar[int]
+    deploy_id: int
+    task_idx: int
+    def __init__(self, deploy_id: _Optional[int] = ..., task_idx: _Optional[int] = ...) -> None: ...
+
+class RecalcRecord(_message.Message):
+    __slots__ = ("info", "done")
+    INFO_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    info: RecalcInfo
+    done: _containers.RepeatedCompositeFieldContainer[RecalcSlot]
+    def __init__(self, info: _Optional[_Union[RecalcInfo, _Mapping]] = ..., done: _Optional[_Iterable[_Union[RecalcSlot, _Mapping]]] = ...) -> None: ...
+
+class RecalcOrder(_message.Message):
+    __slots__ = ("stream_id", "recalc_id", "from_ms", "to_ms", "task_ids")
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    RECALC_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_MS_FIELD_NUMBER: _ClassVar[int]
+    TO_MS_FIELD_NUMBER: _ClassVar[int]
+    TASK_IDS_FIELD_NUMBER: _ClassVar[int]
+    stream_id: int
+    recalc_id: int
+    from_ms: int
+    to_ms: int
+    task_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, stream_id: _Optional[int] = ..., recalc_id: _Optional[int] = ..., from_ms: _Optional[int] = ..., to_ms: _Optional[int] = ..., task_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class RecalculateStreamRequest(_message.Message):
+    __slots__ = ("stream", "from_ms", "to_ms")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    FROM_MS_FIELD_NUMBER: _ClassVar[int]
+    TO_MS_FIELD_NUMBER: _ClassVar[int]
+    stream: StreamRef
+    from_ms: int
+    to_ms: int
+    def __init__(self, stream: _Optional[_Union[StreamRef, _Mapping]] = ..., from_ms: _Optional[int] = ..., to_ms: _Optional[int] = ...) -> None: ...
+
+class RecalculateStreamResponse(_message.Message):
+    __slots__ = ("status", "recalc")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    RECALC_FIELD_NUMBER: _ClassVar[int]
+    status: _common_pb2.Status
+    recalc: RecalcInfo
+    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., recalc: _Optional[_Union[RecalcInfo, _Mapping]] = ...) -> None: ...

@@ -74,6 +74,11 @@ class StreamMgmtStub:
                 request_serializer=proto_dot_stream__pb2.HeartbeatRequest.SerializeToString,
                 response_deserializer=proto_dot_stream__pb2.HeartbeatReply.FromString,
                 _registered_method=True)
+        self.RecalculateStream = channel.unary_unary(
+                '/querycoord.stream.StreamMgmt/RecalculateStream',
+                request_serializer=proto_dot_stream__pb2.RecalculateStreamRequest.SerializeToString,
+                response_deserializer=proto_dot_stream__pb2.RecalculateStreamResponse.FromString,
+                _registered_method=True)
 
 
 class StreamMgmtServicer:
@@ -127,6 +132,13 @@ class StreamMgmtServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RecalculateStream(self, request, context):
+        """Recompute a time range of a stream on its runners (persisted; answered once accepted, see RecalcInfo).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StreamMgmtServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -169,6 +181,11 @@ def add_StreamMgmtServicer_to_server(servicer, server):
                     servicer.StreamHeartbeat,
                     request_deserializer=proto_dot_stream__pb2.HeartbeatRequest.FromString,
                     response_serializer=proto_dot_stream__pb2.HeartbeatReply.SerializeToString,
+            ),
+            'RecalculateStream': grpc.unary_unary_rpc_method_handler(
+                    servicer.RecalculateStream,
+                    request_deserializer=proto_dot_stream__pb2.RecalculateStreamRequest.FromString,
+                    response_serializer=proto_dot_stream__pb2.RecalculateStreamResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -387,6 +404,33 @@ class StreamMgmt:
             '/querycoord.stream.StreamMgmt/StreamHeartbeat',
             proto_dot_stream__pb2.HeartbeatRequest.SerializeToString,
             proto_dot_stream__pb2.HeartbeatReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RecalculateStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/querycoord.stream.StreamMgmt/RecalculateStream',
+            proto_dot_stream__pb2.RecalculateStreamRequest.SerializeToString,
+            proto_dot_stream__pb2.RecalculateStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,

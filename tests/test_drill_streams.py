@@ -41,8 +41,12 @@ def test_summary_counts_and_failure() -> None:
                      Fault(3, "leader-kill", "", 0.0, recovered_s=1.0, adopted=5, redeployed=0)]
     result.final = Observation(watching=False)
     assert result.summary() == {"streams": 5, "leader_kills": 2, "adopted_without_redeploy": 9, "redeploys": 1,
-                                "recovered_s_max": 2.25, "duplicate_tasks": 0, "stale_tasks": 0, "not_running": 0}
+                                "recovered_s_max": 2.25, "duplicate_tasks": 0, "stale_tasks": 0, "not_running": 0,
+                                "recalcs": 0, "recalcs_not_done": 0, "recalc_duplicates": 0}
     assert not result.failed
+    result.recalc_duplicates = ["stream 1 recalc 2: task 3 SID 1 ran it 2 times"]
+    assert result.summary()["recalc_duplicates"] == 1 and result.failed
+    result.recalc_duplicates = []
     result.final = Observation(watching=False, stale=["task 7 SID 1 on node 3: the leader's SID is 2"])
     assert result.summary()["stale_tasks"] == 1 and result.failed
     result.final = Observation(watching=False)

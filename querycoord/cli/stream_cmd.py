@@ -1,4 +1,4 @@
-"""``querycoord stream create|show|stop|start|drop`` and ``querycoord snode create|show|drop``.
+"""``querycoord stream create|show|stop|start|drop|recalc`` and ``querycoord snode create|show|drop``.
 
 The same conventions as ``collection``: the calls go to the leading
 coordinator's StreamMgmt service (the client follows the leader), a refusal
@@ -18,6 +18,7 @@ from typing import Any
 from proto import stream_pb2
 from querycoord.cli.common import add_output_option, client_command, emit, non_negative_int, positive_int
 from querycoord.console import draw
+from querycoord.console import recalc as recalc_view
 from querycoord.console.actions import (
     answered_by_standby,
     create_snode,
@@ -65,7 +66,8 @@ async def _stream_show(c: QueryCoordClient, args: argparse.Namespace) -> int:
     _standby_note(show)
     data = {"watching": show.watching, "watch_until_ms": show.watch_until_ms,
             "answered_by_standby": answered_by_standby(show),
-            "streams": [draw.stream_record(i, show, now) for i in show.streams]}
+            "streams": [{**draw.stream_record(i, show, now),
+                         "recalcs": [recalc_view.recalc_record(r) for r in i.recalcs]} for i in show.streams]}
 
     def render() -> list[str]:
         if not show.streams:
@@ -74,7 +76,7 @@ async def _stream_show(c: QueryCoordClient, args: argparse.Namespace) -> int:
             return draw.stream_summary(show)
         lines: list[str] = []
         for i, info in enumerate(sorted(show.streams, key=lambda s: s.stream.id)):
-            lines.extend(([""] if i else []) + draw.draw_stream(info, show, now))
+            lines.extend(([""] if i else []) + draw.draw_stream(info, show, now) + recalc_view.recalc_lines(info))
         return lines
 
     emit(args, data, render)
@@ -102,6 +104,27 @@ async def _stream_start(c: QueryCoordClient, args: argparse.Namespace) -> int:
     print(f"started stream {sdef.name} (id {sdef.id}); the leader plans and deploys it "
           f"(see `querycoord stream show {sdef.name}`)")
     return 0
+
+
+def time_ms(text: str) -> int:
+    """``--from``/``--to`` (argparse ``type=``): unix ms or ISO 8601; a bad one is a usage error."""
+    try:
+        return recalc_view.parse_time_ms(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+async def _stream_recalc(c: QueryCoordClient, args: argparse.Namespace) -> int:
+    if args.from_ms >= args.to_ms:
+        raise ValueError(f"--from ({recalc_view.iso(args.from_ms)}) must be before --to "
+                         f"({recalc_view.iso(args.to_ms)})")
+    info = await recalc_view.recalculate_stream(c, args.stream, args.from_ms, args.to_ms)
+    print(f"stream {args.stream}: {recalc_view.recalc_line(info)}", flush=True)
+    if not args.wait:
+        return 0
+    info = await recalc_view.wait_recalc(c, args.stream, info.recalc_id, args.wait_timeout)
+    print(f"stream {args.stream}: {recalc_view.recalc_line(info)}")
+    return 0 if info.state == stream_pb2.RECALC_DONE else 1
 
 
 # ----- snodes ---------------------------------------------------------------------------------------------------------
@@ -141,7 +164,7 @@ def _named(ssub: Any, name: str, help_: str, client: list[argparse.ArgumentParse
 
 
 def add_parsers(sub: Any, client: list[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("stream", help="create, show, stop, start and drop streams")
+    p = sub.add_parser("stream", help="create, show, stop, start, drop and recalculate streams")
     ssub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     q = ssub.add_parser("create", parents=client, help="create a stream (needs a live snode)")
     q.add_argument("name")
@@ -172,6 +195,14 @@ def add_parsers(sub: Any, client: list[argparse.ArgumentParser]) -> None:
     q = _named(ssub, "drop", "drop a stream: its tasks are undeployed, their state cleaned up", client)
     q.add_argument("--if-exists", action="store_true", help="succeed if there is no such stream")
     q.set_defaults(func=client_command(_stream_drop))
+    q = _named(ssub, "recalc", "recompute a time range of a stream on its runners", client)
+    q.add_argument("--from", dest="from_ms", type=time_ms, required=True, metavar="T",
+                   help="start of the range: unix ms or ISO 8601 (UTC without a zone)")
+    q.add_argument("--to", dest="to_ms", type=time_ms, required=True, metavar="T", help="end of the range (excluded)")
+    q.add_argument("--wait", action="store_true", help="wait until every runner finished it (exit 1 if it fails)")
+    q.add_argument("--wait-timeout", type=positive_int, default=600, metavar="S",
+                   help="with --wait: give up waiting after this many seconds (default 600)")
+    q.set_defaults(func=client_command(_stream_recalc))
 
     p = sub.add_parser("snode", help="create, show and drop snodes (where triggers and runners run)")
     ssub = p.add_subparsers(dest="action", required=True, metavar="ACTION")

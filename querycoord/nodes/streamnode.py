@@ -27,7 +27,11 @@ move vgroup leadership and inject faults in a running process:
     fail <task_id> [message...]   mark a task FAILED
     mute / unmute       stop / resume heartbeating (the session stays)
     crash               exit at once with status 137, no cleanup (lease left to expire)
-    tasks               answer with every held task (``"tasks": [...]``)
+    tasks               answer with every held task (``"tasks": [...]``) and the recalculation runs
+                        finished by this process (``"recalc_runs": [[stream, recalc, task, sid, count]...]``)
+
+Run as a process, the node also prints ``{"event": "recalc_done", "stream_id", "recalc_id", "task_id", "sid",
+"runs"}`` for each recalculation run it finishes, so a drill counts runs of nodes it later kills.
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ from querycoord.nodes.node_process import NodeCommand, SessionNode, crash_proces
 from querycoord.nodes.streamnode_state import (
     DEFAULT_GROUPS,
     DEFAULT_INIT_DELAY_S,
+    DEFAULT_RECALC_DELAY_S,
     DEFAULT_RUNNER_THREADS,
     INJECTED_TASK_MESSAGE,
     StreamNodeState,
@@ -120,13 +125,16 @@ class StreamNode(SessionNode):
         ttl: float = DEFAULT_TTL,
         crash: Callable[[int, str], None] = _crash_process,
         node_id: int | None = None,
+        recalc_delay_s: float = DEFAULT_RECALC_DELAY_S,
+        on_recalc_done: Callable[[dict[str, Any]], None] | None = None,
     ):
         if heartbeat_ms <= 0:
             raise ValueError(f"heartbeat interval must be positive, got {heartbeat_ms} ms")
         self.kv = kv
         self.fixed_node_id = node_id  # None: the session allocates one
         self.state = StreamNodeState(vgroups=vgroups, snode_id=snode_id, groups=groups, init_delay_s=init_delay_s,
-                                     runner_threads=runner_threads)
+                                     runner_threads=runner_threads, recalc_delay_s=recalc_delay_s)
+        self.on_recalc_done = on_recalc_done
         self.discover_snode = discover_snode
         self.interval = heartbeat_ms / 1000.0
         self.ttl = ttl
@@ -182,6 +190,7 @@ class StreamNode(SessionNode):
         now = time.monotonic()
         for key in self.state.tick(now):
             logger.debug("stream node {}: task {} RUNNING", self.node_id, key)
+        self._report_finished_recalcs()
         if self.discover_snode and now - self._last_snode_poll >= 1.0:
             self._last_snode_poll = now
             await self._refresh_snode()
@@ -202,6 +211,16 @@ class StreamNode(SessionNode):
             logger.info("stream node {}: deployed {}, started {}, undeployed {} (cleanup {}), runner updates {}",
                         self.node_id, outcome.deployed, outcome.started, outcome.undeployed,
                         outcome.cleaned_streams, outcome.runner_updates)
+
+    def _report_finished_recalcs(self) -> None:
+        finished, self.state.finished_recalcs = self.state.finished_recalcs, []
+        for stream_id, rid, task_id, sid in finished:
+            runs = self.state.recalc_runs[(stream_id, rid, task_id, sid)]
+            logger.info("stream node {}: recalculation {} of stream {} done on task {} (SID {})", self.node_id, rid,
+                        stream_id, task_id, sid)
+            if self.on_recalc_done is not None:
+                self.on_recalc_done({"event": "recalc_done", "stream_id": stream_id, "recalc_id": rid,
+                                     "task_id": task_id, "sid": sid, "runs": runs})
 
     async def _refresh_snode(self) -> None:
         with contextlib.suppress(MetaError):
@@ -242,6 +261,7 @@ class StreamNode(SessionNode):
                 answer["vgroups"] = sorted(self.state.vgroups)
                 answer["snode_id"] = self.state.snode_id
                 answer["leader_revision"] = self.state.max_leader_revision
+                answer["recalc_runs"] = [[*run, n] for run, n in sorted(self.state.recalc_runs.items())]
             else:
                 raise ValueError(f"unknown command {cmd!r} (lead, unlead, fail, mute, unmute, crash, tasks)")
         except (ValueError, IndexError, KeyError) as exc:
@@ -277,7 +297,11 @@ async def run_forever(etcd: EtcdConfig, root: str, *, http_listen: str = "", **n
     def ready(node: StreamNode) -> dict[str, Any]:
         return {"vgroups": sorted(node.state.vgroups), "snode_id": node.state.snode_id}
 
-    return await run_node(etcd, root, lambda kv: StreamNode(kv, **node_options), ready=ready, alongside=_read_control,
+    def printed(event: dict[str, Any]) -> None:
+        print(json.dumps(event), flush=True)
+
+    return await run_node(etcd, root, lambda kv: StreamNode(kv, on_recalc_done=printed, **node_options), ready=ready,
+                          alongside=_read_control,
                           http_listen=http_listen, families=streamnode_families)
 
 
@@ -304,6 +328,9 @@ def _add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--init-delay-ms", type=flag_type(float, Rule(0, 3_600_000)), default=DEFAULT_INIT_DELAY_S * 1000,
                    help="how long a deployed reader or runner stays INIT before RUNNING")
     p.add_argument("--runner-threads", type=flag_type(int, Rule(1, 1024)), default=DEFAULT_RUNNER_THREADS)
+    p.add_argument("--recalc-delay-ms", type=flag_type(float, Rule(0, 3_600_000)),
+                   default=DEFAULT_RECALC_DELAY_S * 1000,
+                   help="how long a runner takes to run one recalculation order (simulated)")
     p.add_argument("--ttl", type=flag_type(float, seconds(2, 3600)), default=DEFAULT_TTL,
                    help="session lease TTL in seconds (>= 2)")
 
@@ -321,6 +348,7 @@ def cmd_streamnode(args: argparse.Namespace) -> int:
             vgroups=_int_list(args.vgroups), snode_id=args.snode_id, discover_snode=args.snode and not args.snode_id,
             heartbeat_ms=args.heartbeat_ms, groups=args.groups, init_delay_s=args.init_delay_ms / 1000,
             runner_threads=args.runner_threads, ttl=args.ttl, node_id=args.node_id,
+            recalc_delay_s=args.recalc_delay_ms / 1000,
         )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)

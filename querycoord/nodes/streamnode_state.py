@@ -25,12 +25,22 @@ Rules it implements (model: a TDengine dnode's stream side):
 * A reply whose leader revision is lower than the highest seen comes from a
   deposed leader and is ignored whole: acting on it could undo what the new
   leader decided.
+* Recalculation orders (runners): a RUNNING runner named by an order runs
+  it for ``recalc_delay_s`` (a simulated computation of the range), then
+  reports it in ``recalcs_done`` until a reply to a heartbeat that reported
+  it no longer orders it for that task (the leader recorded it). An
+  instance never runs one recalculation twice: an order again for one it
+  finished is answered by reporting it again. ``recalc_runs`` counts the
+  finished runs per (stream, recalculation, task, SID) for tests and drills
+  (any count above 1 is a duplicate), and ``finished_recalcs`` queues them
+  for the process to print.
 * Faults: ``fail_task`` marks a task FAILED with a non-zero error code
   (a FAILED report with code 0 is a bug the coordinator must never see).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +53,10 @@ TaskKey = tuple[int, int]  # (stream_id, task_id)
 DEFAULT_GROUPS = 5
 DEFAULT_INIT_DELAY_S = 0.3
 DEFAULT_RUNNER_THREADS = 4
+DEFAULT_RECALC_DELAY_S = 0.5
+# Recalculations an instance remembers having run (the oldest are forgotten beyond this).
+MAX_RECALCS_REMEMBERED = 256
+RecalcRun = tuple[int, int, int, int]  # (stream_id, recalc_id, task_id, sid): one run of a recalculation
 # The error code a fault-injected failure reports (never 0, see module docstring).
 INJECTED_TASK_ERROR = common_pb2.UNEXPECTED_ERROR
 INJECTED_TASK_MESSAGE = "injected task failure"
@@ -68,6 +82,10 @@ class Task:
     top_runners: list[stream_pb2.TaskId] = field(default_factory=list)
     error_code: int = 0
     error_message: str = ""
+    # Runners: recalculations running (id -> when they finish), finished and still reported, run by this instance.
+    recalcs_running: dict[int, float] = field(default_factory=dict)
+    recalcs_done: list[int] = field(default_factory=list)
+    recalcs_run: dict[int, None] = field(default_factory=dict)
 
     @property
     def key(self) -> TaskKey:
@@ -101,6 +119,7 @@ class ReplyOutcome:
     cleaned_streams: list[int] = field(default_factory=list)
     checkpointed_streams: list[int] = field(default_factory=list)
     runner_updates: list[TaskKey] = field(default_factory=list)
+    recalcs_started: list[RecalcRun] = field(default_factory=list)
 
 
 class StreamNodeState:
@@ -115,6 +134,7 @@ class StreamNodeState:
         groups: int = DEFAULT_GROUPS,
         init_delay_s: float = DEFAULT_INIT_DELAY_S,
         runner_threads: int = DEFAULT_RUNNER_THREADS,
+        recalc_delay_s: float = DEFAULT_RECALC_DELAY_S,
     ):
         if groups < 1:
             raise ValueError(f"stream groups must be at least 1, got {groups}")
@@ -131,6 +151,11 @@ class StreamNodeState:
         self.next_group = 0
         self.stale_replies = 0
         self.heartbeats_built = 0
+        self.recalc_delay_s = recalc_delay_s
+        self.recalc_runs: Counter[RecalcRun] = Counter()
+        self.finished_recalcs: list[RecalcRun] = []
+        # What the last heartbeat reported done: task -> (SID, recalculation ids).
+        self._reported_done: dict[TaskKey, tuple[int, list[int]]] = {}
 
     # ----- vgroup leadership and snode ----------------------------------------
     def lead_vgroup(self, vgroup_id: int) -> None:
@@ -161,7 +186,22 @@ class StreamNodeState:
             if ready:
                 task.status = stream_pb2.TASK_RUNNING
                 promoted.append(task.key)
+        self._finish_recalcs(now)
         return promoted
+
+    def _finish_recalcs(self, now: float) -> None:
+        for task in self.tasks.values():
+            for rid, at in list(task.recalcs_running.items()):
+                if now < at:
+                    continue
+                del task.recalcs_running[rid]
+                task.recalcs_done.append(rid)
+                task.recalcs_run[rid] = None
+                while len(task.recalcs_run) > MAX_RECALCS_REMEMBERED:
+                    del task.recalcs_run[next(iter(task.recalcs_run))]
+                run = (task.info.stream_id, rid, task.info.task_id, task.info.sid)
+                self.recalc_runs[run] += 1
+                self.finished_recalcs.append(run)
 
     # ----- heartbeat ----------------------------------------------------------
     def reports(self, group: int | None = None) -> list[stream_pb2.TaskStatusReport]:
@@ -179,6 +219,8 @@ class StreamNodeState:
         trigger, the top runners it feeds (so the leader sees whether its RunnerUpdate took effect)."""
         rep = copy_fields(task.info, stream_pb2.TaskStatusReport, node_id=self.node_id, status=task.status,
                           error_code=task.error_code, error_message=task.error_message)
+        if task.recalcs_done:
+            rep.recalcs_done.extend(task.recalcs_done)
         if task.is_trigger:
             rep.top_runners.extend(stream_pb2.TaskId(stream_id=t.stream_id, task_id=t.task_id, sid=t.sid)
                                    for t in task.top_runners)
@@ -189,9 +231,12 @@ class StreamNodeState:
         group = self.next_group
         self.next_group = (self.next_group + 1) % self.groups
         self.heartbeats_built += 1
+        reports = self.reports(group)
+        self._reported_done = {(r.stream_id, r.task_id): (r.sid, list(r.recalcs_done)) for r in reports
+                               if r.recalcs_done}
         return stream_pb2.HeartbeatRequest(
             node_id=self.node_id, snode_id=self.snode_id, vgroup_ids=sorted(self.vgroups), stream_group=group,
-            num_stream_groups=self.groups, tasks=self.reports(group), runner_threads=self.runner_threads,
+            num_stream_groups=self.groups, tasks=reports, runner_threads=self.runner_threads,
             seen_leader_revision=self.max_leader_revision,
         )
 
@@ -214,7 +259,31 @@ class StreamNodeState:
             if d.stream_id not in undeployed_streams:
                 self._deploy_stream(d, now, out)
         self._apply_starts_and_runner_updates(reply, undeployed_streams, out)
+        if not reply.watching:
+            self._apply_recalcs(reply, now, out)
         return out
+
+    def _apply_recalcs(self, reply: stream_pb2.HeartbeatReply, now: float, out: ReplyOutcome) -> None:
+        """Start the ordered recalculations not run yet; stop reporting those the reply orders no more."""
+        ordered = {(o.stream_id, tid, o.recalc_id) for o in reply.recalcs for tid in o.task_ids}
+        for (stream_id, task_id), (sid, rids) in self._reported_done.items():
+            task = self.tasks.get((stream_id, task_id))
+            if task is None or task.info.sid != sid:
+                continue
+            recorded = {r for r in rids if (stream_id, task_id, r) not in ordered}
+            task.recalcs_done = [r for r in task.recalcs_done if r not in recorded]
+        self._reported_done = {}
+        for o in reply.recalcs:
+            for tid in o.task_ids:
+                task = self.tasks.get((o.stream_id, tid))
+                if task is None or task.status != stream_pb2.TASK_RUNNING or o.recalc_id in task.recalcs_running:
+                    continue
+                if o.recalc_id in task.recalcs_run:  # finished by this instance: report it again, never rerun
+                    if o.recalc_id not in task.recalcs_done:
+                        task.recalcs_done.append(o.recalc_id)
+                    continue
+                task.recalcs_running[o.recalc_id] = now + self.recalc_delay_s
+                out.recalcs_started.append((o.stream_id, o.recalc_id, tid, task.info.sid))
 
     def _deploy_stream(self, d: stream_pb2.StreamDeploy, now: float, out: ReplyOutcome) -> None:
         """Deploy one stream's tasks of a reply: its readers, its trigger (with the trigger's readers and top

@@ -62,6 +62,7 @@ _TABLE: dict[str, dict[str, frozenset[Role]]] = {
         "CreateStream": ADMIN, "DropStream": ADMIN, "StopStream": ADMIN, "StartStream": ADMIN,
         "CreateSnode": ADMIN, "DropSnode": ADMIN,
         "StreamHeartbeat": NODE,  # and only as the node its credential names (require_node)
+        "RecalculateStream": ADMIN,
     },
     "QueryNode": {
         "LoadSegments": COORDINATOR, "ReleaseSegments": COORDINATOR, "WatchDmChannels": COORDINATOR,

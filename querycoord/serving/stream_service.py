@@ -52,6 +52,7 @@ from querycoord.leader.view import CoordinatorView
 from querycoord.security.auth import require_node
 from querycoord.serving.gate import LeaderGate, answered
 from querycoord.stream.manager import StreamManager
+from querycoord.stream.recalc import MAX_DONE_PER_REPORT
 from querycoord.stream.store import (
     MAX_CALC_SCAN_PLANS,
     MAX_CALC_SUBPLANS,
@@ -132,6 +133,9 @@ def check_heartbeat(req: stream_pb2.HeartbeatRequest, limits: Limits) -> None:
                 and (not rep.HasField("scan_plan_idx") or 0 <= rep.scan_plan_idx <= MAX_CALC_SCAN_PLANS)):
             continue
         _check_report(rep, limits)
+    for rep in req.tasks:
+        if rep.recalcs_done:
+            check_ids("tasks.recalcs_done", rep.recalcs_done, MAX_DONE_PER_REPORT, duplicates="drop")
 
 
 def _check_report(rep: stream_pb2.TaskStatusReport, limits: Limits) -> None:
@@ -189,6 +193,7 @@ class StreamMgmtServicer(stream_pb2_grpc.StreamMgmtServicer):
                 return stream_pb2.StreamResponse(status=OK)
             raise
         streams.remove_stream(sdef.id)
+        await streams.drop_recalcs(sdef.id)  # after the drop's commit; a crash here: the next leader removes them
         return stream_pb2.StreamResponse(status=OK, stream=sdef)
 
     async def _update(
@@ -239,6 +244,15 @@ class StreamMgmtServicer(stream_pb2_grpc.StreamMgmtServicer):
         resp.status.CopyFrom(common_pb2.Status(
             error_code=common_pb2.SUCCESS, reason=f"{note}; persisted streams only, without states or tasks"))
         return resp
+
+    @answered(stream_pb2.RecalculateStreamResponse)
+    async def RecalculateStream(self, request, context):
+        check_ref("stream", request.stream, self.limits)
+        check_range("from_ms", request.from_ms, 0, INT64_MAX)
+        check_range("to_ms", request.to_ms, 0, INT64_MAX)
+        streams, store = await self._lead(context)
+        info = await streams.recalculate(await self._resolve(store, request.stream), request.from_ms, request.to_ms)
+        return stream_pb2.RecalculateStreamResponse(status=OK, recalc=info)
 
     # ----- snodes -----------------------------------------------------------------------------------------------------
     async def _change_snodes(self, context, change: Callable[[StreamStore], Awaitable[T]]) -> T:

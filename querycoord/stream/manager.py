@@ -36,6 +36,8 @@ from querycoord.stream.definitions import Definitions
 from querycoord.stream.deploy import Deploy
 from querycoord.stream.heartbeat import Heartbeats
 from querycoord.stream.liveness import Liveness
+from querycoord.stream.recalc import Recalcs
+from querycoord.stream.recalc_store import RecalcStore
 from querycoord.stream.runtime import Heard, ManagerState, Runtime, StreamRuntime
 from querycoord.stream.show import show_streams
 from querycoord.stream.store import StreamStore
@@ -73,11 +75,13 @@ class StreamManager:
             self.shared, claims=self.claims, adoption=self.adoption, checker=self.checker, liveness=self.liveness,
             deploy=self.deploy,
         )
+        self.recalcs = Recalcs(self.shared, RecalcStore(store.kv))
 
     # ----- the caller's surface --------------------------------------------------------------------------------------
     async def start(self) -> None:
         """Load the persisted streams and snodes; WATCH when any stream exists (running tasks may be out there)."""
         await self.definitions.start()
+        await self.recalcs.start()
 
     def set_live_nodes(self, node_ids: Iterable[int]) -> None:
         """The nodes with a live meta session: only they are heard, and WATCH ends early once all of them
@@ -104,7 +108,18 @@ class StreamManager:
         session; of an accepted one, only the verified snode and vgroup claims
         count (``claims``).
         """
-        return await self.heartbeats.handle(req)
+        reply = await self.heartbeats.handle(req)
+        if not reply.HasField("status") and not reply.watching:  # accepted, and acted on (not WATCH)
+            await self.recalcs.on_heartbeat(req.node_id, req, reply, {u.stream_id for u in reply.undeploys})
+        return reply
+
+    async def recalculate(self, stream_id: int, from_ms: int, to_ms: int) -> stream_pb2.RecalcInfo:
+        """Persist a recalculation of a stream's range; its runners get it with their heartbeats (``recalc``)."""
+        return await self.recalcs.request(stream_id, from_ms, to_ms)
+
+    async def drop_recalcs(self, stream_id: int) -> None:
+        """A committed drop: the stream's recalculations go with it."""
+        await self.recalcs.drop_stream(stream_id)
 
     def tick(self) -> None:
         """The periodic part: the WATCH timer, the slotted health check, the checker, retries, task silence.
@@ -143,7 +158,10 @@ class StreamManager:
 
     def show_streams(self, req: stream_pb2.ShowStreamsRequest | None = None) -> stream_pb2.ShowStreamsResponse:
         """Every stream (or those named) with its state and, on request, its task table."""
-        return show_streams(self.shared, req or stream_pb2.ShowStreamsRequest(with_tasks=True))
+        resp = show_streams(self.shared, req or stream_pb2.ShowStreamsRequest(with_tasks=True))
+        for info in resp.streams:
+            info.recalcs.extend(self.recalcs.infos(info.stream.id))
+        return resp
 
     # ----- what the service, metrics and tests read -------------------------------------------------------------------
     @property

@@ -21,6 +21,12 @@ Adoption is observed from the nodes, not taken from the leader: before a leader 
 every stream's instances (task id, SID, node) on the nodes; once quiescent again under the new leader, a
 stream whose instances are all unchanged was adopted without redeploy, any other was redeployed (fresh
 task ids or higher SIDs). ``recovered_s`` of a fault is the time from the fault to quiescence.
+
+Recalculations: before each fault the drill asks one (RecalculateStream) of a stream not stopped by the user, so
+the fault strikes while runners run it. At the end every one must be DONE in the leader's ShowStreams, and no
+runner instance (stream, recalculation, task id, SID) may have finished it twice: the nodes print each finished
+run (``recalc_done`` events, counted here, those of nodes killed later included). JSON: ``recalcs`` (asked),
+``recalcs_not_done``, ``recalc_duplicates`` (0, or the drill fails).
 """
 
 from __future__ import annotations
@@ -123,6 +129,9 @@ class StreamDrillResult:
     final: Observation | None = None
     violations: list[str] = field(default_factory=list)
     duration_s: float = 0.0
+    recalcs: dict[int, int] = field(default_factory=dict)  # recalc id -> stream id
+    recalcs_not_done: list[str] = field(default_factory=list)
+    recalc_duplicates: list[str] = field(default_factory=list)
 
     def of(self, kind: str) -> list[Fault]:
         return [f for f in self.faults if f.kind == kind]
@@ -140,13 +149,16 @@ class StreamDrillResult:
             "duplicate_tasks": len(final.duplicates),
             "stale_tasks": len(final.stale),
             "not_running": len(final.not_running),
+            "recalcs": len(self.recalcs),
+            "recalcs_not_done": len(self.recalcs_not_done),
+            "recalc_duplicates": len(self.recalc_duplicates),
         }
 
     @property
     def failed(self) -> bool:
         s = self.summary()
         return bool(self.violations or s["duplicate_tasks"] or s["stale_tasks"] or s["not_running"]
-                    or self.final is None or self.final.error)
+                    or s["recalcs_not_done"] or s["recalc_duplicates"] or self.final is None or self.final.error)
 
 
 class StreamDrill(ProcessDrill[StreamDrillOptions, StreamDrillResult]):
@@ -160,7 +172,10 @@ class StreamDrill(ProcessDrill[StreamDrillOptions, StreamDrillResult]):
         self.snodes: set[Member] = set()
         self.result = StreamDrillResult(opts)
         self.stopped_ids: set[int] = set()
+        self.stopped_names: set[str] = set()
         self.client: QueryCoordClient | None = None
+        # Finished recalculation runs the nodes printed: (stream, recalc, task, SID) -> how many.
+        self.recalc_runs: Counter[tuple[int, int, int, int]] = Counter()
 
     # ----- life cycle -----------------------------------------------------------------------------------------------
     async def _drive(self) -> None:
@@ -171,6 +186,7 @@ class StreamDrill(ProcessDrill[StreamDrillOptions, StreamDrillResult]):
         await self._run_faults()
         self.result.final = await self._quiesce("final")
         self.say(f"final: {self.result.final.brief()}")
+        await self._check_recalcs()
 
     async def _start_cluster(self) -> None:
         o = self.opts
@@ -205,6 +221,9 @@ class StreamDrill(ProcessDrill[StreamDrillOptions, StreamDrillResult]):
     def _on_event(self, member: Member, event: dict[str, Any]) -> None:
         """The harness's hook (it has set ``member.state`` already)."""
         kind = event.get("event")
+        if kind == "recalc_done":
+            self.recalc_runs[(int(event["stream_id"]), int(event["recalc_id"]), int(event["task_id"]),
+                              int(event["sid"]))] += 1
         if kind in ("leader", "standby"):
             self.note(f"{member.label} is now {kind}")
 
@@ -282,6 +301,7 @@ class StreamDrill(ProcessDrill[StreamDrillOptions, StreamDrillResult]):
             if resp.status.error_code != common_pb2.SUCCESS:
                 raise DrillSetupError(f"StopStream {name}: {resp.status.reason}")
             self.stopped_ids.add(resp.stream.id)
+            self.stopped_names.add(name)
         self.say(f"{o.streams} streams created, {len(names)} of them stopped by the user: {sorted(names)}")
 
     # ----- observation ----------------------------------------------------------------------------------------------
@@ -375,6 +395,46 @@ class StreamDrill(ProcessDrill[StreamDrillOptions, StreamDrillResult]):
                     if before is not None else ""))
         return ob
 
+    # ----- recalculations -------------------------------------------------------------------------------------------
+    async def _recalculate(self) -> None:
+        """Ask a recalculation of a random running stream (the next fault strikes while it runs)."""
+        names = sorted(f"s{i:03d}" for i in range(self.opts.streams) if f"s{i:03d}" not in self.stopped_names)
+        if not names:
+            return
+        name = self.rng.choice(names)
+        start = self.rng.randint(0, 10**12)
+        req = sp.RecalculateStreamRequest(stream=sp.StreamRef(name=name), from_ms=start, to_ms=start + 3_600_000)
+        resp = await self._call("RecalculateStream", req)
+        if resp.status.error_code != common_pb2.SUCCESS:
+            self.result.violations.append(f"RecalculateStream {name}: {resp.status.reason}")
+            return
+        self.result.recalcs[resp.recalc.recalc_id] = resp.recalc.stream_id
+        self.note(f"recalculation {resp.recalc.recalc_id} of {name} on {resp.recalc.tasks_total} runners")
+
+    async def _check_recalcs(self) -> None:
+        """Wait until every recalculation asked is DONE (or the quiesce timeout), then count duplicate runs."""
+        res = self.result
+        deadline = time.monotonic() + self.opts.quiesce_timeout
+        while True:
+            try:
+                show = await self._call("ShowStreams", sp.ShowStreamsRequest(), timeout=10)
+                states = {r.recalc_id: r for info in show.streams for r in info.recalcs}
+            except (TimeoutError, CoordinatorUnavailable):
+                states = {}
+            res.recalcs_not_done = [
+                f"recalc {rid} (stream {sid}): " + (f"{sp.RecalcState.Name(states[rid].state)} "
+                                                   f"{states[rid].tasks_done}/{states[rid].tasks_total}"
+                                                   if rid in states else "not listed")
+                for rid, sid in sorted(res.recalcs.items())
+                if rid not in states or states[rid].state != sp.RECALC_DONE]
+            if not res.recalcs_not_done or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.25)
+        res.recalc_duplicates = [f"stream {s} recalc {r}: task {t} SID {sid} ran it {n} times"
+                                 for (s, r, t, sid), n in sorted(self.recalc_runs.items()) if n > 1]
+        self.say(f"recalculations: {len(res.recalcs)} asked, {len(res.recalcs_not_done)} not done, "
+                 f"{len(res.recalc_duplicates)} duplicate runs, {sum(self.recalc_runs.values())} runs in all")
+
     # ----- faults ---------------------------------------------------------------------------------------------------
     async def _run_faults(self) -> None:
         o = self.opts
@@ -383,6 +443,7 @@ class StreamDrill(ProcessDrill[StreamDrillOptions, StreamDrillResult]):
                 + ["leader-kill"] * max(o.leader_kills - 1, 0))
         for kind in plan:
             n = len(self.result.faults) + 1
+            await self._recalculate()
             if kind == "leader-kill":
                 await self._leader_kill(n)
             elif kind == "node-kill":
@@ -496,6 +557,9 @@ def render(result: StreamDrillResult) -> str:
             lines += [f"    {x}" for x in items[:10]]
         if final.error:
             lines.append(f"  error: {final.error}")
+    lines.append(f"recalculations: {len(result.recalcs)} asked, {len(result.recalcs_not_done)} not done, "
+                 f"{len(result.recalc_duplicates)} duplicate runs")
+    lines += [f"    {x}" for x in (result.recalcs_not_done + result.recalc_duplicates)[:10]]
     for v in result.violations:
         lines.append(f"VIOLATION: {v}")
     lines.append("adopted/redeployed (per leader kill): streams whose task instances (task id, SID, node) on the "
