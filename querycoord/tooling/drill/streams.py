@@ -21,6 +21,9 @@ Adoption is observed from the nodes, not taken from the leader: before a leader 
 every stream's instances (task id, SID, node) on the nodes; once quiescent again under the new leader, a
 stream whose instances are all unchanged was adopted without redeploy, any other was redeployed (fresh
 task ids or higher SIDs). ``recovered_s`` of a fault is the time from the fault to quiescence.
+
+Lag: through the whole run the leader's ShowStreams is sampled (``stream_lag``) and every stream's lag kept;
+``lag_p99_s`` (and ``lag_max_s``, ``lag_samples``) in the JSON line are over those samples.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from querycoord.stream.plan import expected_counts
 from querycoord.tooling.drill.base import DrillSetupError, ProcessDrill, run_and_report
 from querycoord.tooling.drill.leaders import wait_until
 from querycoord.tooling.drill.options import StreamDrillOptions
+from querycoord.tooling.drill.stream_lag import LagSampler, stop
 from querycoord.tooling.harness import STREAM_NODE, Harness, Member
 
 sp = stream_pb2
@@ -123,6 +127,7 @@ class StreamDrillResult:
     final: Observation | None = None
     violations: list[str] = field(default_factory=list)
     duration_s: float = 0.0
+    lag: LagSampler | None = None
 
     def of(self, kind: str) -> list[Fault]:
         return [f for f in self.faults if f.kind == kind]
@@ -140,6 +145,7 @@ class StreamDrillResult:
             "duplicate_tasks": len(final.duplicates),
             "stale_tasks": len(final.stale),
             "not_running": len(final.not_running),
+            **(self.lag.summary() if self.lag is not None else {"lag_p99_s": None}),
         }
 
     @property
@@ -165,12 +171,18 @@ class StreamDrill(ProcessDrill[StreamDrillOptions, StreamDrillResult]):
     # ----- life cycle -----------------------------------------------------------------------------------------------
     async def _drive(self) -> None:
         await self._create_streams()
-        first = await self._quiesce("initial deploy")
-        if not first.quiescent:
-            self.result.violations.append(f"initial deploy not quiescent: {first.brief()}")
-        await self._run_faults()
-        self.result.final = await self._quiesce("final")
-        self.say(f"final: {self.result.final.brief()}")
+        sampler = self.result.lag = LagSampler(
+            lambda: self._call("ShowStreams", sp.ShowStreamsRequest(with_tasks=False), timeout=10))
+        sampling = asyncio.create_task(sampler.run(), name="stream-drill-lag")
+        try:
+            first = await self._quiesce("initial deploy")
+            if not first.quiescent:
+                self.result.violations.append(f"initial deploy not quiescent: {first.brief()}")
+            await self._run_faults()
+            self.result.final = await self._quiesce("final")
+            self.say(f"final: {self.result.final.brief()}")
+        finally:
+            await stop(sampling)
 
     async def _start_cluster(self) -> None:
         o = self.opts
@@ -496,6 +508,10 @@ def render(result: StreamDrillResult) -> str:
             lines += [f"    {x}" for x in items[:10]]
         if final.error:
             lines.append(f"  error: {final.error}")
+    if result.lag is not None:
+        lag = result.lag.summary()
+        lines.append(f"lag: p99 {lag['lag_p99_s']}s, max {lag['lag_max_s']}s over {lag['lag_samples']} samples "
+                     "(each stream's lag in the leader's ShowStreams every 0.5s, streams without progress left out)")
     for v in result.violations:
         lines.append(f"VIOLATION: {v}")
     lines.append("adopted/redeployed (per leader kill): streams whose task instances (task id, SID, node) on the "
