@@ -135,7 +135,7 @@ class TaskId(_message.Message):
     def __init__(self, stream_id: _Optional[int] = ..., task_id: _Optional[int] = ..., sid: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., node_id: _Optional[int] = ..., vgroup_id: _Optional[int] = ..., snode_id: _Optional[int] = ..., deploy_id: _Optional[int] = ..., task_idx: _Optional[int] = ..., scan_plan_idx: _Optional[int] = ..., top: _Optional[bool] = ...) -> None: ...
 
 class TaskStatusReport(_message.Message):
-    __slots__ = ("stream_id", "task_id", "sid", "kind", "node_id", "status", "error_code", "error_message", "deploy_id", "task_idx", "vgroup_id", "snode_id", "scan_plan_idx", "top", "top_runners", "recalcs_done")
+    __slots__ = ("stream_id", "task_id", "sid", "kind", "node_id", "status", "error_code", "error_message", "deploy_id", "task_idx", "vgroup_id", "snode_id", "scan_plan_idx", "top", "top_runners", "recalcs_done", "processed_ms", "source_ms")
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     SID_FIELD_NUMBER: _ClassVar[int]
@@ -152,6 +152,8 @@ class TaskStatusReport(_message.Message):
     TOP_FIELD_NUMBER: _ClassVar[int]
     TOP_RUNNERS_FIELD_NUMBER: _ClassVar[int]
     RECALCS_DONE_FIELD_NUMBER: _ClassVar[int]
+    PROCESSED_MS_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_MS_FIELD_NUMBER: _ClassVar[int]
     stream_id: int
     task_id: int
     sid: int
@@ -168,7 +170,9 @@ class TaskStatusReport(_message.Message):
     top: bool
     top_runners: _containers.RepeatedCompositeFieldContainer[TaskId]
     recalcs_done: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, stream_id: _Optional[int] = ..., task_id: _Optional[int] = ..., sid: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., node_id: _Optional[int] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., deploy_id: _Optional[int] = ..., task_idx: _Optional[int] = ..., vgroup_id: _Optional[int] = ..., snode_id: _Optional[int] = ..., scan_plan_idx: _Optional[int] = ..., top: _Optional[bool] = ..., top_runners: _Optional[_Iterable[_Union[TaskId, _Mapping]]] = ..., recalcs_done: _Optional[_Iterable[int]] = ...) -> None: ...
+    processed_ms: int
+    source_ms: int
+    def __init__(self, stream_id: _Optional[int] = ..., task_id: _Optional[int] = ..., sid: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., node_id: _Optional[int] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., deploy_id: _Optional[int] = ..., task_idx: _Optional[int] = ..., vgroup_id: _Optional[int] = ..., snode_id: _Optional[int] = ..., scan_plan_idx: _Optional[int] = ..., top: _Optional[bool] = ..., top_runners: _Optional[_Iterable[_Union[TaskId, _Mapping]]] = ..., recalcs_done: _Optional[_Iterable[int]] = ..., processed_ms: _Optional[int] = ..., source_ms: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("node_id", "snode_id", "vgroup_ids", "stream_group", "num_stream_groups", "tasks", "runner_threads", "seen_leader_revision")
@@ -353,23 +357,27 @@ class ShowStreamsRequest(_message.Message):
     def __init__(self, streams: _Optional[_Iterable[_Union[StreamRef, _Mapping]]] = ..., with_tasks: _Optional[bool] = ...) -> None: ...
 
 class TaskRow(_message.Message):
-    __slots__ = ("task", "status", "last_heard_ms", "error_code", "error_message", "pending")
+    __slots__ = ("task", "status", "last_heard_ms", "error_code", "error_message", "pending", "processed_ms", "lag_ms")
     TASK_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     LAST_HEARD_MS_FIELD_NUMBER: _ClassVar[int]
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     PENDING_FIELD_NUMBER: _ClassVar[int]
+    PROCESSED_MS_FIELD_NUMBER: _ClassVar[int]
+    LAG_MS_FIELD_NUMBER: _ClassVar[int]
     task: TaskId
     status: TaskStatus
     last_heard_ms: int
     error_code: int
     error_message: str
     pending: bool
-    def __init__(self, task: _Optional[_Union[TaskId, _Mapping]] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., last_heard_ms: _Optional[int] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., pending: _Optional[bool] = ...) -> None: ...
+    processed_ms: int
+    lag_ms: int
+    def __init__(self, task: _Optional[_Union[TaskId, _Mapping]] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., last_heard_ms: _Optional[int] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., pending: _Optional[bool] = ..., processed_ms: _Optional[int] = ..., lag_ms: _Optional[int] = ...) -> None: ...
 
 class StreamStatusInfo(_message.Message):
-    __slots__ = ("stream", "state", "stop_error_code", "stop_reason", "next_retry_ms", "deploy_times", "tasks", "retries", "plan_queued", "wait_reason", "recalcs")
+    __slots__ = ("stream", "state", "stop_error_code", "stop_reason", "next_retry_ms", "deploy_times", "tasks", "retries", "plan_queued", "wait_reason", "recalcs", "processed_ms", "lag_ms")
     STREAM_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     STOP_ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
@@ -381,6 +389,8 @@ class StreamStatusInfo(_message.Message):
     PLAN_QUEUED_FIELD_NUMBER: _ClassVar[int]
     WAIT_REASON_FIELD_NUMBER: _ClassVar[int]
     RECALCS_FIELD_NUMBER: _ClassVar[int]
+    PROCESSED_MS_FIELD_NUMBER: _ClassVar[int]
+    LAG_MS_FIELD_NUMBER: _ClassVar[int]
     stream: StreamDef
     state: StreamState
     stop_error_code: int
@@ -392,7 +402,9 @@ class StreamStatusInfo(_message.Message):
     plan_queued: bool
     wait_reason: str
     recalcs: _containers.RepeatedCompositeFieldContainer[RecalcInfo]
-    def __init__(self, stream: _Optional[_Union[StreamDef, _Mapping]] = ..., state: _Optional[_Union[StreamState, str]] = ..., stop_error_code: _Optional[int] = ..., stop_reason: _Optional[str] = ..., next_retry_ms: _Optional[int] = ..., deploy_times: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[TaskRow, _Mapping]]] = ..., retries: _Optional[int] = ..., plan_queued: _Optional[bool] = ..., wait_reason: _Optional[str] = ..., recalcs: _Optional[_Iterable[_Union[RecalcInfo, _Mapping]]] = ...) -> None: ...
+    processed_ms: int
+    lag_ms: int
+    def __init__(self, stream: _Optional[_Union[StreamDef, _Mapping]] = ..., state: _Optional[_Union[StreamState, str]] = ..., stop_error_code: _Optional[int] = ..., stop_reason: _Optional[str] = ..., next_retry_ms: _Optional[int] = ..., deploy_times: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[TaskRow, _Mapping]]] = ..., retries: _Optional[int] = ..., plan_queued: _Optional[bool] = ..., wait_reason: _Optional[str] = ..., recalcs: _Optional[_Iterable[_Union[RecalcInfo, _Mapping]]] = ..., processed_ms: _Optional[int] = ..., lag_ms: _Optional[int] = ...) -> None: ...
 
 class ShowStreamsResponse(_message.Message):
     __slots__ = ("status", "streams", "snodes", "watching", "watch_until_ms", "live_snode_ids")

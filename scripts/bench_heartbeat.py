@@ -20,7 +20,8 @@ Phases:
 1. deploy: a leader (revision 1) starts with no stream, the streams are created
    and handed to it; rounds of heartbeats (every node, every group) until every
    task is RUNNING (readers and runners go INIT -> RUNNING on their own; the
-   trigger when the leader starts it);
+   trigger when the leader starts it); every report carries the task's progress
+   (``processed_ms``, ``source_ms``) as the reference node's do;
 2. steady state: ``--rounds`` rounds of heartbeats, each one's
    ``handle_heartbeat`` timed on its own (p50, p99, max);
 3. leader change: a new ``StreamManager`` (revision 2) on the same store starts
@@ -106,6 +107,13 @@ class SimNode:
 
     def request(self, group: int) -> stream_pb2.HeartbeatRequest:
         tasks = self.groups[group]
+        # Progress, as the reference node reports it: a RUNNING task has processed what its source held at its
+        # last report, and the source holds events up to now.
+        now_ms = int(time.time() * 1000)
+        for rep in tasks.values():
+            if rep.status == RUNNING:
+                rep.processed_ms = rep.source_ms or now_ms
+            rep.source_ms = now_ms
         req = stream_pb2.HeartbeatRequest(
             node_id=self.node_id,
             snode_id=self.snode_id,

@@ -98,7 +98,10 @@ def _check_reschedule(out: str, dead: str) -> None:
         assert kind == "LoadSegment" or int(head.group(5)) == 0, "rescheduled loads are drawn first"
 
 
-ROW = re.compile(r"^\s+(s\d\d)\s+\d+\s+(\w+)\s+(\d+)\s+(\S+)\s+(\d+)/(\d+)\s+((?:\d+/\d+ ?){3})$", re.M)
+# A row of the summary table: name, id, state, snode, task ids, trigger, runner deploys, PROCESSED (a time, "-"
+# without progress) and LAG.
+ROW = re.compile(r"^\s+(s\d\d)\s+\d+\s+(\w+)\s+(\d+)\s+(\S+)\s+(\d+)/(\d+)\s+((?:\d+/\d+ ?){3})"
+                 r"\s+(?:\d\d:\d\d:\d\d\.\d\s+\d+\.\ds|-\s+-)$", re.M)
 
 
 def _rows(table: str) -> dict[str, tuple[str, str, str, str, list[tuple[str, str]]]]:

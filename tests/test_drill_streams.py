@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from querycoord.tooling.drill.stream_lag import LagSampler
 from querycoord.tooling.drill.streams import Fault, Observation, StreamDrillOptions, StreamDrillResult
 
 
@@ -28,6 +29,7 @@ def test_small_stream_drill_passes(subprocess_env: dict[str, str], tmp_path: Pat
     # 7 streams run (one stopped by the user), each counted once per leader kill.
     assert summary["adopted_without_redeploy"] + summary["redeploys"] == 14, out
     assert summary["recovered_s_max"] is not None and summary["recovered_s_max"] > 0
+    assert summary["lag_samples"] > 0 and summary["lag_p99_s"] >= 0, out  # the leader showed progress throughout
     for kind in ("leader-kill", "node-kill", "vgroup-move", "task-fail"):
         assert kind in out, out
     assert "RESULT: every invariant held" in out
@@ -42,11 +44,16 @@ def test_summary_counts_and_failure() -> None:
     result.final = Observation(watching=False)
     assert result.summary() == {"streams": 5, "leader_kills": 2, "adopted_without_redeploy": 9, "redeploys": 1,
                                 "recovered_s_max": 2.25, "duplicate_tasks": 0, "stale_tasks": 0, "not_running": 0,
-                                "recalcs": 0, "recalcs_not_done": 0, "recalc_duplicates": 0}
+                                "recalcs": 0, "recalcs_not_done": 0, "recalc_duplicates": 0, "lag_p99_s": None}
     assert not result.failed
     result.recalc_duplicates = ["stream 1 recalc 2: task 3 SID 1 ran it 2 times"]
     assert result.summary()["recalc_duplicates"] == 1 and result.failed
     result.recalc_duplicates = []
+    result.lag = LagSampler(show=None)  # type: ignore[arg-type]  # never run: only its samples are read
+    result.lag.samples = [100] * 99 + [9_000] * 2  # ms
+    assert result.summary()["lag_p99_s"] == 9.0 and result.summary()["lag_max_s"] == 9.0
+    result.lag.samples = [100] * 200 + [9_000]
+    assert result.summary()["lag_p99_s"] == 0.1 and result.summary()["lag_samples"] == 201
     result.final = Observation(watching=False, stale=["task 7 SID 1 on node 3: the leader's SID is 2"])
     assert result.summary()["stale_tasks"] == 1 and result.failed
     result.final = Observation(watching=False)

@@ -65,6 +65,9 @@ class Limits:
     # callers waiting beyond them (``querycoord.serving.read_slots``); the next gets RESOURCE_EXHAUSTED.
     max_heavy_reads: int = 4
     max_heavy_reads_waiting: int = 64
+    # Streams with their own series in /metrics (lag, processed time, failed); beyond it the streams stopped by an
+    # error and then the most lagging are kept, and ``querycoord_stream_metrics_omitted`` counts the rest.
+    max_stream_metrics: int = 10_000
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

@@ -15,6 +15,13 @@ from typing import Any, TextIO
 from proto import data_pb2
 from proto import querycoord_pb2 as qc
 from proto import stream_pb2 as sp
+from querycoord.console.draw_progress import (
+    progress_line,
+    progress_record,
+    stream_progress_cells,
+    task_progress_cells,
+    task_progress_record,
+)
 
 MIB = 1 << 20
 
@@ -430,7 +437,8 @@ def stream_header(info: sp.StreamStatusInfo) -> str:
             f"runner deploys of {d.num_calc_subplans}  deployed {info.deploy_times}x")
 
 
-STREAM_TASK_HEADERS = ("TASK", "KIND", "NODE", "VGROUP", "SNODE", "DEPLOY", "SID", "STATE", "HEARD")
+STREAM_TASK_HEADERS = ("TASK", "KIND", "NODE", "VGROUP", "SNODE", "DEPLOY", "SID", "STATE", "HEARD", "PROCESSED",
+                       "LAG")
 
 
 def _task_order(row: sp.TaskRow) -> tuple[int, int, int, int]:
@@ -450,7 +458,7 @@ def stream_task_rows(info: sp.StreamStatusInfo, now: float) -> list[list[object]
             state += f" ({r.error_code}: {_shorten(r.error_message, 60)})"
         rows.append([f"#{t.task_id}", kind, t.node_id or "-", t.vgroup_id or "-", t.snode_id or "-",
                      f"{t.deploy_id}/{t.task_idx}" if t.kind == sp.RUNNER else "-", t.sid, state,
-                     _ago(r.last_heard_ms, now)])
+                     _ago(r.last_heard_ms, now), *task_progress_cells(r)])
     return rows
 
 
@@ -458,9 +466,10 @@ def draw_stream(info: sp.StreamStatusInfo, show: sp.ShowStreamsResponse, now: fl
         str]:
     """One stream as ``stream show`` draws it: a header, what the manager does, then its tasks (readers, trigger,
     runners by deploy) with node, vgroup or snode, SID and state."""
-    lines = [stream_header(info), f"{indent}manager: {stream_activity(info, show, now)}"]
+    lines = [stream_header(info), f"{indent}manager: {stream_activity(info, show, now)}",
+             f"{indent}progress: {progress_line(info, now)}"]
     if info.tasks:
-        table_ = table(STREAM_TASK_HEADERS, stream_task_rows(info, now), right=(2, 3, 4, 6))
+        table_ = table(STREAM_TASK_HEADERS, stream_task_rows(info, now), right=(2, 3, 4, 6, 10))
         lines.extend(indent + line for line in table_)
     return lines
 
@@ -471,7 +480,7 @@ def task_row_record(r: sp.TaskRow) -> dict[str, object]:
             "node_id": t.node_id, "vgroup_id": t.vgroup_id, "snode_id": t.snode_id, "deploy_id": t.deploy_id,
             "task_idx": t.task_idx, "scan_plan_idx": t.scan_plan_idx, "top": t.top, "state": stream_task_status(r),
             "pending": r.pending, "last_heard_ms": r.last_heard_ms, "error_code": r.error_code,
-            "error": r.error_message}
+            "error": r.error_message, **task_progress_record(r)}
 
 
 def stream_record(info: sp.StreamStatusInfo, show: sp.ShowStreamsResponse, now: float) -> dict[str, object]:
@@ -485,7 +494,7 @@ def stream_record(info: sp.StreamStatusInfo, show: sp.ShowStreamsResponse, now: 
         "create_ms": d.create_ms, "update_ms": d.update_ms, "deploy_times": info.deploy_times,
         "stop_error_code": info.stop_error_code, "stop_reason": info.stop_reason, "next_retry_ms": info.next_retry_ms,
         "retries": info.retries, "plan_queued": info.plan_queued, "wait_reason": info.wait_reason,
-        "watching": show.watching,
+        "watching": show.watching, **progress_record(info, now),
         "activity": stream_activity(info, show, now), "tasks": [task_row_record(r) for r in
                                                                 sorted(info.tasks, key=_task_order)],
     }
@@ -493,7 +502,7 @@ def stream_record(info: sp.StreamStatusInfo, show: sp.ShowStreamsResponse, now: 
 
 # The one-row-per-stream table (``stream show --summary``, ``make demo``): each column a fact the demo follows.
 STREAM_SUMMARY_HEADERS = ("STREAM", "ID", "STATE", "SNODE", "TASK IDS", "TRIGGER snode/SID",
-                          "RUNNER DEPLOYS snode/SID")
+                          "RUNNER DEPLOYS snode/SID", "PROCESSED", "LAG")
 
 
 def runner_deploys(info: sp.StreamStatusInfo) -> dict[int, list[sp.TaskId]]:
@@ -526,12 +535,12 @@ def stream_summary_rows(show: sp.ShowStreamsResponse) -> list[list[object]]:
                      id_span(t.task.task_id for t in info.tasks) or "-",
                      f"{trig.snode_id}/{trig.sid}" if trig else "-",
                      " ".join(f"{ts[0].snode_id}/{max(t.sid for t in ts)}" for _, ts in sorted(deploys.items()))
-                     or "-"])
+                     or "-", *stream_progress_cells(info)])
     return rows
 
 
 def stream_summary(show: sp.ShowStreamsResponse) -> list[str]:
-    return table(STREAM_SUMMARY_HEADERS, stream_summary_rows(show), right=(1, 3, 4))
+    return table(STREAM_SUMMARY_HEADERS, stream_summary_rows(show), right=(1, 3, 4, 8))
 
 
 # ----- snodes ---------------------------------------------------------------------------------------------------

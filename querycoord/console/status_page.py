@@ -356,10 +356,12 @@ code, .mono { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-
       el("div", "head", ...spaced(el("b", null, st.name), el("span", "mute", "id " + st.id), badge(st.state),
          el("span", "mute", "main snode " + dash(st.main_snode_id) + ", deployed " + st.deploy_times + "x"))),
       el("div", "mute", st.activity),
-      st.tasks.length ? table(["Task", "Kind", "Node", "Vgroup", "Snode", "SID", "State"], st.tasks.map((t) => [
+      el("div", "mute", "progress: " + st.progress),
+      st.tasks.length ? table(["Task", "Kind", "Node", "Vgroup", "Snode", "SID", "State", "Processed", "Lag"],
+                              st.tasks.map((t) => [
         el("span", "mono", "#" + t.task_id), t.kind, dash(t.node_id || null), dash(t.vgroup_id || null),
         dash(t.snode_id || null), num(t.sid), t.error ? [badge(t.state), el("span", "error", " " + t.error)]
-                                                     : badge(t.state)]), [2, 3, 4, 5]) : null,
+                                                     : badge(t.state), t.processed, t.lag]), [2, 3, 4, 5, 8]) : null,
       st.task_count > st.tasks.length ? none("\\u2026 " + (st.task_count - st.tasks.length) + " other tasks") : null));
     return card("streams", "Streams", s.streams.length, true, problem(d, "streams"),
       s.watching ? el("p", "busy", "the stream manager watches (a new leader listens before it acts)") : null,

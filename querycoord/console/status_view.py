@@ -50,7 +50,7 @@ from proto import querycoord_pb2 as qc
 from querycoord.checkers.activation import activation_record, read_activation
 from querycoord.cluster.lifecycle import PREFIX as LIFECYCLE_PREFIX
 from querycoord.common.protocol import QUERYCOORD_ROLE, QUERYNODE_ROLE, STREAMNODE_ROLE
-from querycoord.console import draw
+from querycoord.console import draw, draw_progress
 from querycoord.console.actions import LOAD_TYPES, Refusal, check, collection_records, node_records, show_streams
 from querycoord.console.draw_health import health_record
 from querycoord.leader.switchover import Candidate, call_coordinator, candidates, switchover_holder
@@ -287,12 +287,14 @@ async def stream_view(c: QueryCoordClient) -> dict[str, Any]:
         tasks = [{"task_id": r.task.task_id, "kind": draw.STREAM_KIND_NAMES.get(r.task.kind, str(r.task.kind))
                   + (" (top)" if r.task.top else ""), "node_id": r.task.node_id, "vgroup_id": r.task.vgroup_id,
                   "snode_id": r.task.snode_id, "sid": r.task.sid, "state": draw.stream_task_status(r),
-                  "error": r.error_message, "last_heard_ms": r.last_heard_ms}
+                  "error": r.error_message, "last_heard_ms": r.last_heard_ms,
+                  **dict(zip(("processed", "lag"), draw_progress.task_progress_cells(r), strict=True))}
                  for r in sorted(info.tasks, key=lambda r: (r.task.kind, r.task.deploy_id, r.task.task_idx))]
         streams.append({"id": d.id, "name": d.name, "state": draw.stream_state_name(info.state),
                         "activity": draw.stream_activity(info, show, now), "source_db": d.source_db,
                         "main_snode_id": d.main_snode_id, "deploy_times": info.deploy_times,
-                        "task_count": len(tasks), "tasks": tasks[:STREAM_TASKS]})
+                        "task_count": len(tasks), "tasks": tasks[:STREAM_TASKS],
+                        "progress": draw_progress.progress_line(info, now), **draw_progress.progress_record(info, now)})
     live = set(show.live_snode_ids)
     snodes = [{"id": s.id, "node_id": s.node_id, "replica_id": s.replica_id, "dropping": s.dropping,
                "live": s.id in live} for s in show.snodes]

@@ -26,6 +26,9 @@ move vgroup leadership and inject faults in a running process:
     unlead <vgroup>     give it up
     fail <task_id> [message...]   mark a task FAILED
     mute / unmute       stop / resume heartbeating (the session stays)
+    pause <stream> [task]    stop processing a stream's tasks (or one task): they keep
+                        reporting RUNNING while their lag grows
+    resume <stream> [task]   process again (no task: every pause of the stream ends)
     crash               exit at once with status 137, no cleanup (lease left to expire)
     tasks               answer with every held task (``"tasks": [...]``) and the recalculation runs
                         finished by this process (``"recalc_runs": [[stream, recalc, task, sid, count]...]``)
@@ -188,7 +191,7 @@ class StreamNode(SessionNode):
     async def beat_once(self) -> None:
         """One tick: tasks advance, the snode is refreshed, one stream group is reported, the reply applied."""
         now = time.monotonic()
-        for key in self.state.tick(now):
+        for key in self.state.tick(now, int(time.time() * 1000)):
             logger.debug("stream node {}: task {} RUNNING", self.node_id, key)
         self._report_finished_recalcs()
         if self.discover_snode and now - self._last_snode_poll >= 1.0:
@@ -250,6 +253,10 @@ class StreamNode(SessionNode):
             elif cmd == "fail":
                 key = self.state.fail_task(int(args[0]), " ".join(args[1:]) or INJECTED_TASK_MESSAGE)
                 answer["task"] = list(key)
+            elif cmd in ("pause", "resume"):
+                stream_id, task_id = int(args[0]), int(args[1]) if len(args) > 1 else 0
+                (self.state.pause if cmd == "pause" else self.state.resume)(stream_id, task_id)
+                answer["paused"] = sorted(list(k) for k in self.state.paused)
             elif cmd == "mute":
                 self.muted = True
             elif cmd == "unmute":
@@ -263,7 +270,8 @@ class StreamNode(SessionNode):
                 answer["leader_revision"] = self.state.max_leader_revision
                 answer["recalc_runs"] = [[*run, n] for run, n in sorted(self.state.recalc_runs.items())]
             else:
-                raise ValueError(f"unknown command {cmd!r} (lead, unlead, fail, mute, unmute, crash, tasks)")
+                raise ValueError(f"unknown command {cmd!r} (lead, unlead, fail, pause, resume, mute, unmute, crash, "
+                                 "tasks)")
         except (ValueError, IndexError, KeyError) as exc:
             answer.update(ok=False, error=str(exc).strip("'\""))
         return answer

@@ -34,8 +34,17 @@ Rules it implements (model: a TDengine dnode's stream side):
   finished runs per (stream, recalculation, task, SID) for tests and drills
   (any count above 1 is a duplicate), and ``finished_recalcs`` queues them
   for the process to print.
+* Progress: the node simulates a source that advances with wall time
+  (``tick(now, wall_ms)``: the source holds events up to ``wall_ms``). A
+  RUNNING task processes, at each tick, what the source held at the tick
+  before, so a task that keeps up lags by one tick; it begins at the source's
+  newest event when it turns RUNNING. Each report carries the task's
+  ``processed_ms`` (0 until it ran) and the source's ``source_ms``.
 * Faults: ``fail_task`` marks a task FAILED with a non-zero error code
-  (a FAILED report with code 0 is a bug the coordinator must never see).
+  (a FAILED report with code 0 is a bug the coordinator must never see);
+  ``pause`` stops the processing of a stream's tasks (or of one task) while
+  they stay RUNNING and keep reporting, so their lag grows; ``resume`` lets
+  them catch up.
 """
 
 from __future__ import annotations
@@ -86,6 +95,8 @@ class Task:
     recalcs_running: dict[int, float] = field(default_factory=dict)
     recalcs_done: list[int] = field(default_factory=list)
     recalcs_run: dict[int, None] = field(default_factory=dict)
+    # Event time (unix ms) up to which the task has processed its input; 0 until it ran.
+    processed_ms: int = 0
 
     @property
     def key(self) -> TaskKey:
@@ -103,7 +114,7 @@ class Task:
             "vgroup_id": self.info.vgroup_id, "snode_id": self.info.snode_id, "deploy_id": self.info.deploy_id,
             "task_idx": self.info.task_idx, "scan_plan_idx": self.info.scan_plan_idx, "top": self.info.top,
             "error_code": self.error_code, "error_message": self.error_message,
-            "top_runners": [t.task_id for t in self.top_runners],
+            "top_runners": [t.task_id for t in self.top_runners], "processed_ms": self.processed_ms,
         }
 
 
@@ -156,6 +167,10 @@ class StreamNodeState:
         self.finished_recalcs: list[RecalcRun] = []
         # What the last heartbeat reported done: task -> (SID, recalculation ids).
         self._reported_done: dict[TaskKey, tuple[int, list[int]]] = {}
+        # The newest event time (unix ms) the simulated source holds, as of the last tick (0: no tick with a time).
+        self.source_ms = 0
+        # Paused processing: (stream_id, task_id), task_id 0 for every task of the stream.
+        self.paused: set[TaskKey] = set()
 
     # ----- vgroup leadership and snode ----------------------------------------
     def lead_vgroup(self, vgroup_id: int) -> None:
@@ -176,8 +191,9 @@ class StreamNodeState:
                       (stream_pb2.TRIGGER_READER, stream_pb2.CALC_READER))
 
     # ----- time ---------------------------------------------------------------
-    def tick(self, now: float) -> list[TaskKey]:
-        """Advance tasks in time: INIT readers and runners past the init delay, and started triggers, turn RUNNING."""
+    def tick(self, now: float, wall_ms: int | None = None) -> list[TaskKey]:
+        """Advance tasks in time: INIT readers and runners past the init delay, and started triggers, turn RUNNING;
+        with ``wall_ms`` the source advances to it and RUNNING tasks not paused process what it held before."""
         promoted = []
         for task in self.tasks.values():
             if task.status != stream_pb2.TASK_INIT:
@@ -187,7 +203,38 @@ class StreamNodeState:
                 task.status = stream_pb2.TASK_RUNNING
                 promoted.append(task.key)
         self._finish_recalcs(now)
+        if wall_ms is not None:
+            self._progress(wall_ms)
         return promoted
+
+    def _progress(self, wall_ms: int) -> None:
+        """The source advances to ``wall_ms``; each RUNNING task not paused processes what it held at the last
+        tick (a task that just began starts at the source's newest event)."""
+        held = self.source_ms or wall_ms
+        self.source_ms = max(self.source_ms, wall_ms)
+        for task in self.tasks.values():
+            if task.status != stream_pb2.TASK_RUNNING:
+                continue
+            if not task.processed_ms:
+                task.processed_ms = held
+            elif not self.is_paused(task):
+                task.processed_ms = max(task.processed_ms, held)
+
+    # ----- processing faults --------------------------------------------------
+    def pause(self, stream_id: int, task_id: int = 0) -> None:
+        """Stop processing a stream's tasks (``task_id`` 0) or one of its tasks: they stay RUNNING and report a
+        lag that grows with the source."""
+        self.paused.add((stream_id, task_id))
+
+    def resume(self, stream_id: int, task_id: int = 0) -> None:
+        """Process again (``task_id`` 0: every pause of the stream ends); the tasks catch up at the next tick."""
+        if task_id:
+            self.paused.discard((stream_id, task_id))
+        else:
+            self.paused = {k for k in self.paused if k[0] != stream_id}
+
+    def is_paused(self, task: Task) -> bool:
+        return (task.info.stream_id, 0) in self.paused or task.key in self.paused
 
     def _finish_recalcs(self, now: float) -> None:
         for task in self.tasks.values():
@@ -218,7 +265,8 @@ class StreamNodeState:
         """One task's report: its whole identity as deployed (so a new leader adopts it unchanged) and, for a
         trigger, the top runners it feeds (so the leader sees whether its RunnerUpdate took effect)."""
         rep = copy_fields(task.info, stream_pb2.TaskStatusReport, node_id=self.node_id, status=task.status,
-                          error_code=task.error_code, error_message=task.error_message)
+                          error_code=task.error_code, error_message=task.error_message,
+                          processed_ms=task.processed_ms, source_ms=self.source_ms)
         if task.recalcs_done:
             rep.recalcs_done.extend(task.recalcs_done)
         if task.is_trigger:

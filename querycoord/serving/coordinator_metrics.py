@@ -24,6 +24,7 @@ from querycoord.common.metrics import ETCD_SCRAPE_TIMEOUT, kind_label
 from querycoord.common.metrics import gauge as _gauge
 from querycoord.common.protocol import QUERYCOORD_ROLE, QUERYNODE_ROLE, STREAMNODE_ROLE
 from querycoord.served.state import HEALTH_STATES
+from querycoord.serving.stream_metrics import stream_progress_families
 from querycoord.task.throttle import KINDS as MOVE_KINDS
 
 if TYPE_CHECKING:
@@ -246,6 +247,7 @@ async def coordinator_families(coord: CoordinatorView) -> list[Metric]:
     if lead is not None and coord.is_leader:
         out.extend(_leader_families(lead))
         out.extend(_lifecycle_families(lead))
+        out.extend(stream_progress_families(lead.streams, coord.config.limits.max_stream_metrics))
     mirror = coord.mirror
     out.append(_gauge("querycoord_warm_standby_revision", "etcd revision up to which this standby's copy of the "
                       "query meta is current (0: no copy: a leader, a copy still being read, or --warm-standby 0)",

@@ -72,6 +72,8 @@ LIMIT_OPTIONS: tuple[tuple[str, str], ...] = (
     ("max_streams_per_request", "stream refs in one ShowStreams"),
     ("max_heavy_reads", "heavy reads (GetSegmentInfo, GetReplicas, ListTasks) running at once, per kind"),
     ("max_heavy_reads_waiting", "heavy reads waiting for a slot, per kind (the next is refused)"),
+    ("max_stream_metrics", "streams with their own /metrics series (lag, processed, failed): beyond it those "
+                           "stopped by an error, then the most lagging"),
 )
 
 

@@ -163,6 +163,8 @@ class Adoption:
                 last_heard=now,
                 deployed_at=now,
                 running_since=now if r.status == stream_pb2.TASK_RUNNING else None,
+                processed_ms=r.processed_ms,
+                source_ms=r.source_ms,
             )
         rt.pending.clear()
         for t in rt.tasks.values():

@@ -164,6 +164,7 @@ class Heartbeats:
             return
         t.last_heard = now
         t.status = rep.status
+        t.processed_ms, t.source_ms = rep.processed_ms, rep.source_ms  # kept in memory only: O(1) per report
         t.error_code, t.error_message = rep.error_code, rep.error_message
         if rep.status == stream_pb2.TASK_RUNNING:
             if t.running_since is None:

@@ -65,6 +65,9 @@ class TaskRuntime:
     # The SID whose trigger was last sent a start: a start sent again for it is a re-send (counted). Starts are
     # level-triggered: sent while the trigger reports INIT, whatever this says.
     started_sid: int = 0
+    # Progress as its last report gave it (``progress``): processed up to (unix ms, 0 unknown), the source's newest.
+    processed_ms: int = 0
+    source_ms: int = 0
 
 
 @dataclass(slots=True)
@@ -193,6 +196,7 @@ class Runtime:
         """Redeploy one task alone: same task id, SID + 1, handed out by a later heartbeat."""
         t.task = dataclasses.replace(t.task, sid=t.task.sid + 1)
         t.node_id, t.status, t.last_heard, t.running_since = 0, stream_pb2.TASK_STATUS_UNSPECIFIED, None, None
+        t.processed_ms = t.source_ms = 0  # a new instance: its progress is unknown until it reports
         rt.pending.add(t.task.task_id)
         rt.last_action = now
         self.redeploys += 1

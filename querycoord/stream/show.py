@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 
 from proto import common_pb2, stream_pb2
+from querycoord.stream.progress import stream_progress, task_lag_ms
 from querycoord.stream.runtime import ManagerState, Runtime, StreamRuntime
 
 
@@ -55,6 +56,7 @@ def show_streams(shared: Runtime, req: stream_pb2.ShowStreamsRequest) -> stream_
             plan_queued=stream_id in shared.to_plan,
             wait_reason=rt.waiting if stream_id in shared.to_plan else "",
         )
+        info.processed_ms, info.lag_ms = stream_progress(rt.tasks.values())
         if req.with_tasks:
             for t in sorted(rt.tasks.values(), key=lambda t: t.task.task_id):
                 info.tasks.append(
@@ -65,6 +67,8 @@ def show_streams(shared: Runtime, req: stream_pb2.ShowStreamsRequest) -> stream_
                         error_code=t.error_code,
                         error_message=t.error_message,
                         pending=t.task.task_id in rt.pending,
+                        processed_ms=t.processed_ms,
+                        lag_ms=task_lag_ms(t),
                     )
                 )
         resp.streams.append(info)

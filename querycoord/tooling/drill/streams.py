@@ -27,6 +27,9 @@ the fault strikes while runners run it. At the end every one must be DONE in the
 runner instance (stream, recalculation, task id, SID) may have finished it twice: the nodes print each finished
 run (``recalc_done`` events, counted here, those of nodes killed later included). JSON: ``recalcs`` (asked),
 ``recalcs_not_done``, ``recalc_duplicates`` (0, or the drill fails).
+
+Lag: through the whole run the leader's ShowStreams is sampled (``stream_lag``) and every stream's lag kept;
+``lag_p99_s`` (and ``lag_max_s``, ``lag_samples``) in the JSON line are over those samples.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from querycoord.stream.plan import expected_counts
 from querycoord.tooling.drill.base import DrillSetupError, ProcessDrill, run_and_report
 from querycoord.tooling.drill.leaders import wait_until
 from querycoord.tooling.drill.options import StreamDrillOptions
+from querycoord.tooling.drill.stream_lag import LagSampler, stop
 from querycoord.tooling.harness import STREAM_NODE, Harness, Member
 
 sp = stream_pb2
@@ -132,6 +136,7 @@ class StreamDrillResult:
     recalcs: dict[int, int] = field(default_factory=dict)  # recalc id -> stream id
     recalcs_not_done: list[str] = field(default_factory=list)
     recalc_duplicates: list[str] = field(default_factory=list)
+    lag: LagSampler | None = None
 
     def of(self, kind: str) -> list[Fault]:
         return [f for f in self.faults if f.kind == kind]
@@ -152,6 +157,7 @@ class StreamDrillResult:
             "recalcs": len(self.recalcs),
             "recalcs_not_done": len(self.recalcs_not_done),
             "recalc_duplicates": len(self.recalc_duplicates),
+            **(self.lag.summary() if self.lag is not None else {"lag_p99_s": None}),
         }
 
     @property
@@ -180,13 +186,19 @@ class StreamDrill(ProcessDrill[StreamDrillOptions, StreamDrillResult]):
     # ----- life cycle -----------------------------------------------------------------------------------------------
     async def _drive(self) -> None:
         await self._create_streams()
-        first = await self._quiesce("initial deploy")
-        if not first.quiescent:
-            self.result.violations.append(f"initial deploy not quiescent: {first.brief()}")
-        await self._run_faults()
-        self.result.final = await self._quiesce("final")
-        self.say(f"final: {self.result.final.brief()}")
-        await self._check_recalcs()
+        sampler = self.result.lag = LagSampler(
+            lambda: self._call("ShowStreams", sp.ShowStreamsRequest(with_tasks=False), timeout=10))
+        sampling = asyncio.create_task(sampler.run(), name="stream-drill-lag")
+        try:
+            first = await self._quiesce("initial deploy")
+            if not first.quiescent:
+                self.result.violations.append(f"initial deploy not quiescent: {first.brief()}")
+            await self._run_faults()
+            self.result.final = await self._quiesce("final")
+            self.say(f"final: {self.result.final.brief()}")
+            await self._check_recalcs()
+        finally:
+            await stop(sampling)
 
     async def _start_cluster(self) -> None:
         o = self.opts
@@ -560,6 +572,10 @@ def render(result: StreamDrillResult) -> str:
     lines.append(f"recalculations: {len(result.recalcs)} asked, {len(result.recalcs_not_done)} not done, "
                  f"{len(result.recalc_duplicates)} duplicate runs")
     lines += [f"    {x}" for x in (result.recalcs_not_done + result.recalc_duplicates)[:10]]
+    if result.lag is not None:
+        lag = result.lag.summary()
+        lines.append(f"lag: p99 {lag['lag_p99_s']}s, max {lag['lag_max_s']}s over {lag['lag_samples']} samples "
+                     "(each stream's lag in the leader's ShowStreams every 0.5s, streams without progress left out)")
     for v in result.violations:
         lines.append(f"VIOLATION: {v}")
     lines.append("adopted/redeployed (per leader kill): streams whose task instances (task id, SID, node) on the "
