@@ -26,6 +26,9 @@ move vgroup leadership and inject faults in a running process:
     unlead <vgroup>     give it up
     fail <task_id> [message...]   mark a task FAILED
     mute / unmute       stop / resume heartbeating (the session stays)
+    checkpoints ok|refuse|slow <seconds>   take checkpoint orders at once, ignore them, or take them late
+    resumes             answer with every deploy taken and the checkpoint it resumed from
+                        (``"resumes": [[stream, task, sid, checkpoint], ...]``)
     crash               exit at once with status 137, no cleanup (lease left to expire)
     tasks               answer with every held task (``"tasks": [...]``)
 """
@@ -231,6 +234,13 @@ class StreamNode(SessionNode):
             elif cmd == "fail":
                 key = self.state.fail_task(int(args[0]), " ".join(args[1:]) or INJECTED_TASK_MESSAGE)
                 answer["task"] = list(key)
+            elif cmd == "checkpoints":
+                fault = {"ok": "", "refuse": "refuse", "slow": "slow"}.get(args[0] if args else "?")
+                if fault is None:
+                    raise ValueError("checkpoints needs ok, refuse or slow <seconds>")
+                self.state.set_checkpoint_fault(fault, float(args[1]) if fault == "slow" else 0.0)
+            elif cmd == "resumes":
+                answer["resumes"] = [list(r) for r in self.state.resumes]
             elif cmd == "mute":
                 self.muted = True
             elif cmd == "unmute":
@@ -243,7 +253,8 @@ class StreamNode(SessionNode):
                 answer["snode_id"] = self.state.snode_id
                 answer["leader_revision"] = self.state.max_leader_revision
             else:
-                raise ValueError(f"unknown command {cmd!r} (lead, unlead, fail, mute, unmute, crash, tasks)")
+                raise ValueError(f"unknown command {cmd!r} (lead, unlead, fail, mute, unmute, checkpoints, resumes, "
+                                 f"crash, tasks)")
         except (ValueError, IndexError, KeyError) as exc:
             answer.update(ok=False, error=str(exc).strip("'\""))
         return answer

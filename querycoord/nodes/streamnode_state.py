@@ -25,12 +25,21 @@ Rules it implements (model: a TDengine dnode's stream side):
 * A reply whose leader revision is lower than the highest seen comes from a
   deposed leader and is ignored whole: acting on it could undo what the new
   leader decided.
+* Checkpoints: a ``CheckpointOrder`` makes every task of the stream held
+  here take that checkpoint (recorded per task with when it was taken,
+  reported as ``checkpoint_id`` from the next heartbeat on); an order for an
+  id not above what a task holds changes nothing. A deployed task starts from
+  the deploy's ``resume_checkpoint_id`` and records it (``resumed_from``), so
+  tests and drills can read what it restored. ``checkpoint_fault`` makes the
+  node refuse orders, or take them only ``checkpoint_delay_s`` later.
 * Faults: ``fail_task`` marks a task FAILED with a non-zero error code
   (a FAILED report with code 0 is a bug the coordinator must never see).
 """
 
 from __future__ import annotations
 
+import time
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +52,8 @@ TaskKey = tuple[int, int]  # (stream_id, task_id)
 DEFAULT_GROUPS = 5
 DEFAULT_INIT_DELAY_S = 0.3
 DEFAULT_RUNNER_THREADS = 4
+# Deploys remembered with the checkpoint they resumed from (the newest; older ones are forgotten).
+MAX_RESUMES_KEPT = 10_000
 # The error code a fault-injected failure reports (never 0, see module docstring).
 INJECTED_TASK_ERROR = common_pb2.UNEXPECTED_ERROR
 INJECTED_TASK_MESSAGE = "injected task failure"
@@ -68,6 +79,12 @@ class Task:
     top_runners: list[stream_pb2.TaskId] = field(default_factory=list)
     error_code: int = 0
     error_message: str = ""
+    # The checkpoint held (0: none) and when it was taken (unix ms), the ids taken in this instance's life, and
+    # the consensus checkpoint it started from (the deploy's resume_checkpoint_id).
+    checkpoint_id: int = 0
+    checkpoint_ms: int = 0
+    checkpoints: list[int] = field(default_factory=list)
+    resumed_from: int = 0
 
     @property
     def key(self) -> TaskKey:
@@ -86,6 +103,8 @@ class Task:
             "task_idx": self.info.task_idx, "scan_plan_idx": self.info.scan_plan_idx, "top": self.info.top,
             "error_code": self.error_code, "error_message": self.error_message,
             "top_runners": [t.task_id for t in self.top_runners],
+            "checkpoint_id": self.checkpoint_id, "checkpoints": list(self.checkpoints),
+            "resumed_from": self.resumed_from,
         }
 
 
@@ -101,6 +120,7 @@ class ReplyOutcome:
     cleaned_streams: list[int] = field(default_factory=list)
     checkpointed_streams: list[int] = field(default_factory=list)
     runner_updates: list[TaskKey] = field(default_factory=list)
+    checkpoints_taken: list[tuple[TaskKey, int]] = field(default_factory=list)
 
 
 class StreamNodeState:
@@ -131,6 +151,13 @@ class StreamNodeState:
         self.next_group = 0
         self.stale_replies = 0
         self.heartbeats_built = 0
+        # Checkpoint faults: "" takes orders at once, "refuse" ignores them, "slow" takes them checkpoint_delay_s
+        # after they came (orders wait in delayed_orders: stream id -> (checkpoint id, when ordered)).
+        self.checkpoint_fault = ""
+        self.checkpoint_delay_s = 0.0
+        self.delayed_orders: dict[int, tuple[int, float]] = {}
+        # Every deploy this node took: (stream id, task id, SID, resume_checkpoint_id), oldest first.
+        self.resumes: deque[tuple[int, int, int, int]] = deque(maxlen=MAX_RESUMES_KEPT)
 
     # ----- vgroup leadership and snode ----------------------------------------
     def lead_vgroup(self, vgroup_id: int) -> None:
@@ -154,6 +181,11 @@ class StreamNodeState:
     def tick(self, now: float) -> list[TaskKey]:
         """Advance tasks in time: INIT readers and runners past the init delay, and started triggers, turn RUNNING."""
         promoted = []
+        for stream_id, (cid, ordered) in list(self.delayed_orders.items()):
+            if self.checkpoint_fault != "slow" or now - ordered >= self.checkpoint_delay_s:
+                del self.delayed_orders[stream_id]
+                if self.checkpoint_fault != "refuse":
+                    self._take_checkpoint(stream_id, cid, None)
         for task in self.tasks.values():
             if task.status != stream_pb2.TASK_INIT:
                 continue
@@ -178,7 +210,8 @@ class StreamNodeState:
         """One task's report: its whole identity as deployed (so a new leader adopts it unchanged) and, for a
         trigger, the top runners it feeds (so the leader sees whether its RunnerUpdate took effect)."""
         rep = copy_fields(task.info, stream_pb2.TaskStatusReport, node_id=self.node_id, status=task.status,
-                          error_code=task.error_code, error_message=task.error_message)
+                          error_code=task.error_code, error_message=task.error_message,
+                          checkpoint_id=task.checkpoint_id, checkpoint_ms=task.checkpoint_ms)
         if task.is_trigger:
             rep.top_runners.extend(stream_pb2.TaskId(stream_id=t.stream_id, task_id=t.task_id, sid=t.sid)
                                    for t in task.top_runners)
@@ -214,20 +247,57 @@ class StreamNodeState:
             if d.stream_id not in undeployed_streams:
                 self._deploy_stream(d, now, out)
         self._apply_starts_and_runner_updates(reply, undeployed_streams, out)
+        for order in reply.checkpoints:
+            if order.stream_id not in undeployed_streams:
+                self._order_checkpoint(order, now, out)
         return out
+
+    def _order_checkpoint(self, order: stream_pb2.CheckpointOrder, now: float, out: ReplyOutcome) -> None:
+        """Take (or, with a fault, delay or refuse) checkpoint ``order.checkpoint_id`` of every task of the stream."""
+        if self.checkpoint_fault == "refuse":
+            return
+        if self.checkpoint_fault == "slow":
+            held = self.delayed_orders.get(order.stream_id)
+            if held is None or held[0] < order.checkpoint_id:
+                self.delayed_orders[order.stream_id] = (order.checkpoint_id, now if held is None else held[1])
+            return
+        self._take_checkpoint(order.stream_id, order.checkpoint_id, out)
+
+    def _take_checkpoint(self, stream_id: int, checkpoint_id: int, out: ReplyOutcome | None) -> None:
+        taken_ms = int(time.time() * 1000)
+        for key, task in self.tasks.items():
+            if key[0] != stream_id or task.checkpoint_id >= checkpoint_id:
+                continue
+            task.checkpoint_id, task.checkpoint_ms = checkpoint_id, taken_ms
+            task.checkpoints.append(checkpoint_id)
+            if out is not None:
+                out.checkpoints_taken.append((key, checkpoint_id))
+
+    def set_checkpoint_fault(self, fault: str, delay_s: float = 0.0) -> None:
+        """``""``: take orders at once; ``"refuse"``: ignore them; ``"slow"``: take them ``delay_s`` later."""
+        if fault not in ("", "refuse", "slow"):
+            raise ValueError(f"unknown checkpoint fault {fault!r} (none, refuse, slow)")
+        if delay_s < 0:
+            raise ValueError(f"checkpoint delay must not be negative, got {delay_s}")
+        self.checkpoint_fault, self.checkpoint_delay_s = fault, delay_s
+        if fault == "refuse":
+            self.delayed_orders.clear()
 
     def _deploy_stream(self, d: stream_pb2.StreamDeploy, now: float, out: ReplyOutcome) -> None:
         """Deploy one stream's tasks of a reply: its readers, its trigger (with the trigger's readers and top
-        runners), its runners."""
-        for r in d.readers:
-            self._deploy(r.task, now, out)
+        runners), its runners; each starts from the deploy's consensus checkpoint."""
+        new: list[Task | None] = [self._deploy(r.task, now, out) for r in d.readers]
         if d.HasField("trigger"):
             task = self._deploy(d.trigger.task, now, out)
             if task is not None:
                 task.readers = list(d.trigger.readers)
                 task.top_runners = list(d.trigger.top_runners)
-        for rn in d.runners:
-            self._deploy(rn.task, now, out)
+            new.append(task)
+        new.extend(self._deploy(rn.task, now, out) for rn in d.runners)
+        for task in new:
+            if task is not None:
+                task.resumed_from = task.checkpoint_id = d.resume_checkpoint_id
+                self.resumes.append((task.info.stream_id, task.info.task_id, task.info.sid, d.resume_checkpoint_id))
 
     def _apply_starts_and_runner_updates(self, reply: stream_pb2.HeartbeatReply, undeployed_streams: set[int],
                                          out: ReplyOutcome) -> None:

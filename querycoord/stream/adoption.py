@@ -163,6 +163,7 @@ class Adoption:
                 last_heard=now,
                 deployed_at=now,
                 running_since=now if r.status == stream_pb2.TASK_RUNNING else None,
+                checkpoint_id=r.checkpoint_id,
             )
         rt.pending.clear()
         for t in rt.tasks.values():

@@ -54,6 +54,10 @@ def show_streams(shared: Runtime, req: stream_pb2.ShowStreamsRequest) -> stream_
             retries=rt.retries,
             plan_queued=stream_id in shared.to_plan,
             wait_reason=rt.waiting if stream_id in shared.to_plan else "",
+            checkpoint_id=rt.checkpoint_id,
+            checkpoint_ms=rt.checkpoint_ms,
+            checkpoint_round_id=rt.round.id if rt.round else 0,
+            checkpoint_round_started_ms=unix_ms(rt.round.started) if rt.round else 0,
         )
         if req.with_tasks:
             for t in sorted(rt.tasks.values(), key=lambda t: t.task.task_id):
@@ -65,6 +69,7 @@ def show_streams(shared: Runtime, req: stream_pb2.ShowStreamsRequest) -> stream_
                         error_code=t.error_code,
                         error_message=t.error_message,
                         pending=t.task.task_id in rt.pending,
+                        checkpoint_id=t.checkpoint_id,
                     )
                 )
         resp.streams.append(info)
