@@ -10,6 +10,7 @@ each leadership (Prometheus reads that as a counter reset). The events
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -152,8 +153,19 @@ def _stream_families(lead: Leadership) -> list[Metric]:
     family = GaugeMetricFamily("querycoord_streams", "Streams by state on the leader", labels=["state"])
     for name, n in sorted(by_state.items()):
         family.add_metric([name], n)
+    checkpoint_id = GaugeMetricFamily("querycoord_stream_checkpoint_id", "The stream's committed consensus "
+                                      "checkpoint (every task held it; 0: none yet)", labels=["stream"])
+    checkpoint_age = GaugeMetricFamily("querycoord_stream_checkpoint_age_seconds", "Seconds since the stream's "
+                                       "consensus checkpoint was committed (streams with one)", labels=["stream"])
+    wall = time.time()
+    for rt in streams.streams.values():
+        checkpoint_id.add_metric([rt.sdef.name], rt.checkpoint_id)
+        if rt.checkpoint_ms:
+            checkpoint_age.add_metric([rt.sdef.name], max(0.0, wall - rt.checkpoint_ms / 1000))
     return [
         family,
+        checkpoint_id,
+        checkpoint_age,
         _gauge("querycoord_stream_manager_watching", "1 while the stream manager watches after a leader change "
                "(replies carry no actions)", 1 if streams.state.name == "WATCH" else 0),
         CounterMetricFamily("querycoord_stream_redeploys", "Stream tasks redeployed in this leadership",

@@ -41,6 +41,9 @@ from querycoord.stream.runtime import Heard, ManagerState, Runtime, StreamRuntim
 from querycoord.stream.show import show_streams
 from querycoord.stream.store import StreamStore
 
+# A StopStream waits at most this long for its final checkpoint (clients' calls time out after 30 s by default).
+STOP_CHECKPOINT_WAIT_MAX = 20.0
+
 
 class StreamManager:
     """The leader's stream runtime: heartbeat handling, WATCH adoption, failure handling (module docstring).
@@ -138,8 +141,10 @@ class StreamManager:
         await self.checkpoints.tick(self.shared.clock())
 
     async def final_checkpoint(self, stream_id: int) -> tuple[int, str]:
-        """A stop's final checkpoint round, waited for up to ``checkpoint_timeout``: (consensus, "" or why not)."""
-        return await self.checkpoints.final_round(stream_id, self.shared.config.checkpoint_timeout)
+        """A stop's final checkpoint round, waited for up to ``checkpoint_timeout`` (at most
+        ``STOP_CHECKPOINT_WAIT_MAX``, inside a client's call timeout): (consensus, "" or why not)."""
+        wait = min(self.shared.config.checkpoint_timeout, STOP_CHECKPOINT_WAIT_MAX)
+        return await self.checkpoints.final_round(stream_id, wait)
 
     def check_tasks(self, now: float | None = None) -> int:
         """The checker's task part (``checker``); returns how many streams it repaired."""

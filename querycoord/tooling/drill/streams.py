@@ -42,6 +42,7 @@ from querycoord.stream.plan import expected_counts
 from querycoord.tooling.drill.base import DrillSetupError, ProcessDrill, run_and_report
 from querycoord.tooling.drill.leaders import wait_until
 from querycoord.tooling.drill.options import StreamDrillOptions
+from querycoord.tooling.drill.stream_checkpoints import CheckpointChecks
 from querycoord.tooling.harness import STREAM_NODE, Harness, Member
 
 sp = stream_pb2
@@ -123,6 +124,7 @@ class StreamDrillResult:
     final: Observation | None = None
     violations: list[str] = field(default_factory=list)
     duration_s: float = 0.0
+    checkpoints: CheckpointChecks = field(default_factory=CheckpointChecks)
 
     def of(self, kind: str) -> list[Fault]:
         return [f for f in self.faults if f.kind == kind]
@@ -140,12 +142,14 @@ class StreamDrillResult:
             "duplicate_tasks": len(final.duplicates),
             "stale_tasks": len(final.stale),
             "not_running": len(final.not_running),
+            **self.checkpoints.summary(),
         }
 
     @property
     def failed(self) -> bool:
         s = self.summary()
         return bool(self.violations or s["duplicate_tasks"] or s["stale_tasks"] or s["not_running"]
+                    or s["checkpoint_regressions"] or s["bad_resumes"]
                     or self.final is None or self.final.error)
 
 
@@ -168,6 +172,7 @@ class StreamDrill(ProcessDrill[StreamDrillOptions, StreamDrillResult]):
         first = await self._quiesce("initial deploy")
         if not first.quiescent:
             self.result.violations.append(f"initial deploy not quiescent: {first.brief()}")
+        await self._first_checkpoints()
         await self._run_faults()
         self.result.final = await self._quiesce("final")
         self.say(f"final: {self.result.final.brief()}")
@@ -341,7 +346,22 @@ class StreamDrill(ProcessDrill[StreamDrillOptions, StreamDrillResult]):
             if (nid, sid) not in holders.get(tid, []):
                 ob.missing.append(f"task {tid} SID {sid} (stream {stream_id}) not alive on node {nid}")
         ob.instances = {s: frozenset(v) for s, v in per_stream.items() if s not in self.stopped_ids}
+        self.result.checkpoints.observe(show, nodes, self.stopped_ids)
         return ob
+
+    async def _first_checkpoints(self) -> None:
+        """Before the faults, until every running stream has a consensus checkpoint (bounded by the quiesce
+        timeout): resumes after the faults then have one to resume from."""
+        deadline = time.monotonic() + self.opts.quiesce_timeout
+        while time.monotonic() < deadline:
+            ob = await self.observe()
+            running = [s for s in ob.instances if s not in self.stopped_ids]
+            if running and self.result.checkpoints.least_consensus(running) > 0:
+                self.say(f"every running stream has a consensus checkpoint "
+                         f"({self.result.checkpoints.summary()['checkpoints']} seen)")
+                return
+            await asyncio.sleep(0.5)
+        self.say("not every running stream has a consensus checkpoint yet; faults go on")
 
     async def _quiesce(self, what: str, since: float | None = None) -> Observation:
         """Observe until quiescent or ``quiesce_timeout``; the last observation."""
@@ -496,6 +516,10 @@ def render(result: StreamDrillResult) -> str:
             lines += [f"    {x}" for x in items[:10]]
         if final.error:
             lines.append(f"  error: {final.error}")
+    ck = result.checkpoints
+    lines.append(f"checkpoints: {ck.summary()}")
+    lines += [f"  regression: {x}" for x in ck.regressions[:10]]
+    lines += [f"  bad resume: {x}" for x in ck.bad_resumes[:10]]
     for v in result.violations:
         lines.append(f"VIOLATION: {v}")
     lines.append("adopted/redeployed (per leader kill): streams whose task instances (task id, SID, node) on the "
