@@ -13,11 +13,14 @@ import asyncio
 import dataclasses
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from meta.errors import NotLeader
 from meta.kv import MetaKV
+from proto import stream_pb2
+from querycoord.console import draw
 from querycoord.stream.checkpoint_store import CheckpointStore
 from querycoord.stream.manager import StreamManager
 from querycoord.stream.store import StreamStore
@@ -261,3 +264,10 @@ def test_bad_checkpoint_options_are_refused(flag: str, value: str) -> None:
     assert proc.returncode == 2, proc.stderr
     assert flag in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_readme_checkpoint_line_is_what_stream_show_draws() -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    now = 1_000_000.0
+    info = stream_pb2.StreamStatusInfo(checkpoint_id=4, checkpoint_ms=int((now - 2.1) * 1000))
+    assert f"  checkpoint: {draw.stream_checkpoint(info, now)}\n  TASK  KIND" in readme
