@@ -135,7 +135,7 @@ class TaskId(_message.Message):
     def __init__(self, stream_id: _Optional[int] = ..., task_id: _Optional[int] = ..., sid: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., node_id: _Optional[int] = ..., vgroup_id: _Optional[int] = ..., snode_id: _Optional[int] = ..., deploy_id: _Optional[int] = ..., task_idx: _Optional[int] = ..., scan_plan_idx: _Optional[int] = ..., top: _Optional[bool] = ...) -> None: ...
 
 class TaskStatusReport(_message.Message):
-    __slots__ = ("stream_id", "task_id", "sid", "kind", "node_id", "status", "error_code", "error_message", "deploy_id", "task_idx", "vgroup_id", "snode_id", "scan_plan_idx", "top", "top_runners", "recalcs_done", "processed_ms", "source_ms")
+    __slots__ = ("stream_id", "task_id", "sid", "kind", "node_id", "status", "error_code", "error_message", "deploy_id", "task_idx", "vgroup_id", "snode_id", "scan_plan_idx", "top", "top_runners", "recalcs_done", "processed_ms", "source_ms", "checkpoint_id", "checkpoint_ms")
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     SID_FIELD_NUMBER: _ClassVar[int]
@@ -154,6 +154,8 @@ class TaskStatusReport(_message.Message):
     RECALCS_DONE_FIELD_NUMBER: _ClassVar[int]
     PROCESSED_MS_FIELD_NUMBER: _ClassVar[int]
     SOURCE_MS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_MS_FIELD_NUMBER: _ClassVar[int]
     stream_id: int
     task_id: int
     sid: int
@@ -172,7 +174,9 @@ class TaskStatusReport(_message.Message):
     recalcs_done: _containers.RepeatedScalarFieldContainer[int]
     processed_ms: int
     source_ms: int
-    def __init__(self, stream_id: _Optional[int] = ..., task_id: _Optional[int] = ..., sid: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., node_id: _Optional[int] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., deploy_id: _Optional[int] = ..., task_idx: _Optional[int] = ..., vgroup_id: _Optional[int] = ..., snode_id: _Optional[int] = ..., scan_plan_idx: _Optional[int] = ..., top: _Optional[bool] = ..., top_runners: _Optional[_Iterable[_Union[TaskId, _Mapping]]] = ..., recalcs_done: _Optional[_Iterable[int]] = ..., processed_ms: _Optional[int] = ..., source_ms: _Optional[int] = ...) -> None: ...
+    checkpoint_id: int
+    checkpoint_ms: int
+    def __init__(self, stream_id: _Optional[int] = ..., task_id: _Optional[int] = ..., sid: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., node_id: _Optional[int] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., deploy_id: _Optional[int] = ..., task_idx: _Optional[int] = ..., vgroup_id: _Optional[int] = ..., snode_id: _Optional[int] = ..., scan_plan_idx: _Optional[int] = ..., top: _Optional[bool] = ..., top_runners: _Optional[_Iterable[_Union[TaskId, _Mapping]]] = ..., recalcs_done: _Optional[_Iterable[int]] = ..., processed_ms: _Optional[int] = ..., source_ms: _Optional[int] = ..., checkpoint_id: _Optional[int] = ..., checkpoint_ms: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("node_id", "snode_id", "vgroup_ids", "stream_group", "num_stream_groups", "tasks", "runner_threads", "seen_leader_revision")
@@ -219,18 +223,20 @@ class RunnerDeploy(_message.Message):
     def __init__(self, task: _Optional[_Union[TaskId, _Mapping]] = ...) -> None: ...
 
 class StreamDeploy(_message.Message):
-    __slots__ = ("stream_id", "stream_name", "readers", "trigger", "runners")
+    __slots__ = ("stream_id", "stream_name", "readers", "trigger", "runners", "resume_checkpoint_id")
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     STREAM_NAME_FIELD_NUMBER: _ClassVar[int]
     READERS_FIELD_NUMBER: _ClassVar[int]
     TRIGGER_FIELD_NUMBER: _ClassVar[int]
     RUNNERS_FIELD_NUMBER: _ClassVar[int]
+    RESUME_CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
     stream_id: int
     stream_name: str
     readers: _containers.RepeatedCompositeFieldContainer[ReaderDeploy]
     trigger: TriggerDeploy
     runners: _containers.RepeatedCompositeFieldContainer[RunnerDeploy]
-    def __init__(self, stream_id: _Optional[int] = ..., stream_name: _Optional[str] = ..., readers: _Optional[_Iterable[_Union[ReaderDeploy, _Mapping]]] = ..., trigger: _Optional[_Union[TriggerDeploy, _Mapping]] = ..., runners: _Optional[_Iterable[_Union[RunnerDeploy, _Mapping]]] = ...) -> None: ...
+    resume_checkpoint_id: int
+    def __init__(self, stream_id: _Optional[int] = ..., stream_name: _Optional[str] = ..., readers: _Optional[_Iterable[_Union[ReaderDeploy, _Mapping]]] = ..., trigger: _Optional[_Union[TriggerDeploy, _Mapping]] = ..., runners: _Optional[_Iterable[_Union[RunnerDeploy, _Mapping]]] = ..., resume_checkpoint_id: _Optional[int] = ...) -> None: ...
 
 class StreamStart(_message.Message):
     __slots__ = ("stream_id", "trigger")
@@ -265,7 +271,7 @@ class RunnerUpdate(_message.Message):
     def __init__(self, stream_id: _Optional[int] = ..., trigger: _Optional[_Union[TaskId, _Mapping]] = ..., top_runners: _Optional[_Iterable[_Union[TaskId, _Mapping]]] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
-    __slots__ = ("status", "leader_revision", "watching", "deploys", "starts", "undeploys", "runner_updates", "recalcs")
+    __slots__ = ("status", "leader_revision", "watching", "deploys", "starts", "undeploys", "runner_updates", "recalcs", "checkpoints")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     LEADER_REVISION_FIELD_NUMBER: _ClassVar[int]
     WATCHING_FIELD_NUMBER: _ClassVar[int]
@@ -274,6 +280,7 @@ class HeartbeatReply(_message.Message):
     UNDEPLOYS_FIELD_NUMBER: _ClassVar[int]
     RUNNER_UPDATES_FIELD_NUMBER: _ClassVar[int]
     RECALCS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
     status: _common_pb2.Status
     leader_revision: int
     watching: bool
@@ -282,7 +289,8 @@ class HeartbeatReply(_message.Message):
     undeploys: _containers.RepeatedCompositeFieldContainer[StreamUndeploy]
     runner_updates: _containers.RepeatedCompositeFieldContainer[RunnerUpdate]
     recalcs: _containers.RepeatedCompositeFieldContainer[RecalcOrder]
-    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., leader_revision: _Optional[int] = ..., watching: _Optional[bool] = ..., deploys: _Optional[_Iterable[_Union[StreamDeploy, _Mapping]]] = ..., starts: _Optional[_Iterable[_Union[StreamStart, _Mapping]]] = ..., undeploys: _Optional[_Iterable[_Union[StreamUndeploy, _Mapping]]] = ..., runner_updates: _Optional[_Iterable[_Union[RunnerUpdate, _Mapping]]] = ..., recalcs: _Optional[_Iterable[_Union[RecalcOrder, _Mapping]]] = ...) -> None: ...
+    checkpoints: _containers.RepeatedCompositeFieldContainer[CheckpointOrder]
+    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., leader_revision: _Optional[int] = ..., watching: _Optional[bool] = ..., deploys: _Optional[_Iterable[_Union[StreamDeploy, _Mapping]]] = ..., starts: _Optional[_Iterable[_Union[StreamStart, _Mapping]]] = ..., undeploys: _Optional[_Iterable[_Union[StreamUndeploy, _Mapping]]] = ..., runner_updates: _Optional[_Iterable[_Union[RunnerUpdate, _Mapping]]] = ..., recalcs: _Optional[_Iterable[_Union[RecalcOrder, _Mapping]]] = ..., checkpoints: _Optional[_Iterable[_Union[CheckpointOrder, _Mapping]]] = ...) -> None: ...
 
 class CreateStreamRequest(_message.Message):
     __slots__ = ("name", "source_db", "source_vgroup_ids", "trigger_vgroup_id", "num_calc_scan_plans", "num_calc_subplans", "runner_deploys", "if_not_exists")
@@ -357,7 +365,7 @@ class ShowStreamsRequest(_message.Message):
     def __init__(self, streams: _Optional[_Iterable[_Union[StreamRef, _Mapping]]] = ..., with_tasks: _Optional[bool] = ...) -> None: ...
 
 class TaskRow(_message.Message):
-    __slots__ = ("task", "status", "last_heard_ms", "error_code", "error_message", "pending", "processed_ms", "lag_ms")
+    __slots__ = ("task", "status", "last_heard_ms", "error_code", "error_message", "pending", "processed_ms", "lag_ms", "checkpoint_id")
     TASK_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     LAST_HEARD_MS_FIELD_NUMBER: _ClassVar[int]
@@ -366,6 +374,7 @@ class TaskRow(_message.Message):
     PENDING_FIELD_NUMBER: _ClassVar[int]
     PROCESSED_MS_FIELD_NUMBER: _ClassVar[int]
     LAG_MS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
     task: TaskId
     status: TaskStatus
     last_heard_ms: int
@@ -374,10 +383,11 @@ class TaskRow(_message.Message):
     pending: bool
     processed_ms: int
     lag_ms: int
-    def __init__(self, task: _Optional[_Union[TaskId, _Mapping]] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., last_heard_ms: _Optional[int] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., pending: _Optional[bool] = ..., processed_ms: _Optional[int] = ..., lag_ms: _Optional[int] = ...) -> None: ...
+    checkpoint_id: int
+    def __init__(self, task: _Optional[_Union[TaskId, _Mapping]] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., last_heard_ms: _Optional[int] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., pending: _Optional[bool] = ..., processed_ms: _Optional[int] = ..., lag_ms: _Optional[int] = ..., checkpoint_id: _Optional[int] = ...) -> None: ...
 
 class StreamStatusInfo(_message.Message):
-    __slots__ = ("stream", "state", "stop_error_code", "stop_reason", "next_retry_ms", "deploy_times", "tasks", "retries", "plan_queued", "wait_reason", "recalcs", "processed_ms", "lag_ms")
+    __slots__ = ("stream", "state", "stop_error_code", "stop_reason", "next_retry_ms", "deploy_times", "tasks", "retries", "plan_queued", "wait_reason", "recalcs", "processed_ms", "lag_ms", "checkpoint_id", "checkpoint_ms", "checkpoint_round_id", "checkpoint_round_started_ms")
     STREAM_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     STOP_ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
@@ -391,6 +401,10 @@ class StreamStatusInfo(_message.Message):
     RECALCS_FIELD_NUMBER: _ClassVar[int]
     PROCESSED_MS_FIELD_NUMBER: _ClassVar[int]
     LAG_MS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_MS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ROUND_ID_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ROUND_STARTED_MS_FIELD_NUMBER: _ClassVar[int]
     stream: StreamDef
     state: StreamState
     stop_error_code: int
@@ -404,7 +418,11 @@ class StreamStatusInfo(_message.Message):
     recalcs: _containers.RepeatedCompositeFieldContainer[RecalcInfo]
     processed_ms: int
     lag_ms: int
-    def __init__(self, stream: _Optional[_Union[StreamDef, _Mapping]] = ..., state: _Optional[_Union[StreamState, str]] = ..., stop_error_code: _Optional[int] = ..., stop_reason: _Optional[str] = ..., next_retry_ms: _Optional[int] = ..., deploy_times: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[TaskRow, _Mapping]]] = ..., retries: _Optional[int] = ..., plan_queued: _Optional[bool] = ..., wait_reason: _Optional[str] = ..., recalcs: _Optional[_Iterable[_Union[RecalcInfo, _Mapping]]] = ..., processed_ms: _Optional[int] = ..., lag_ms: _Optional[int] = ...) -> None: ...
+    checkpoint_id: int
+    checkpoint_ms: int
+    checkpoint_round_id: int
+    checkpoint_round_started_ms: int
+    def __init__(self, stream: _Optional[_Union[StreamDef, _Mapping]] = ..., state: _Optional[_Union[StreamState, str]] = ..., stop_error_code: _Optional[int] = ..., stop_reason: _Optional[str] = ..., next_retry_ms: _Optional[int] = ..., deploy_times: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[TaskRow, _Mapping]]] = ..., retries: _Optional[int] = ..., plan_queued: _Optional[bool] = ..., wait_reason: _Optional[str] = ..., recalcs: _Optional[_Iterable[_Union[RecalcInfo, _Mapping]]] = ..., processed_ms: _Optional[int] = ..., lag_ms: _Optional[int] = ..., checkpoint_id: _Optional[int] = ..., checkpoint_ms: _Optional[int] = ..., checkpoint_round_id: _Optional[int] = ..., checkpoint_round_started_ms: _Optional[int] = ...) -> None: ...
 
 class ShowStreamsResponse(_message.Message):
     __slots__ = ("status", "streams", "snodes", "watching", "watch_until_ms", "live_snode_ids")
@@ -523,3 +541,21 @@ class RecalculateStreamResponse(_message.Message):
     status: _common_pb2.Status
     recalc: RecalcInfo
     def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., recalc: _Optional[_Union[RecalcInfo, _Mapping]] = ...) -> None: ...
+
+class CheckpointOrder(_message.Message):
+    __slots__ = ("stream_id", "checkpoint_id")
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    stream_id: int
+    checkpoint_id: int
+    def __init__(self, stream_id: _Optional[int] = ..., checkpoint_id: _Optional[int] = ...) -> None: ...
+
+class StreamCheckpoint(_message.Message):
+    __slots__ = ("stream_id", "checkpoint_id", "checkpoint_ms")
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_MS_FIELD_NUMBER: _ClassVar[int]
+    stream_id: int
+    checkpoint_id: int
+    checkpoint_ms: int
+    def __init__(self, stream_id: _Optional[int] = ..., checkpoint_id: _Optional[int] = ..., checkpoint_ms: _Optional[int] = ...) -> None: ...

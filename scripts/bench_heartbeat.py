@@ -24,7 +24,12 @@ Phases:
    (``processed_ms``, ``source_ms``) as the reference node's do;
 2. steady state: ``--rounds`` rounds of heartbeats, each one's
    ``handle_heartbeat`` timed on its own (p50, p99, max);
-3. leader change: a new ``StreamManager`` (revision 2) on the same store starts
+3. checkpoints: ``--checkpoint-rounds`` times, a checkpoint round starts on every stream at once, then rounds
+   of heartbeats run (one heartbeat interval each: every node, every group) with the commits written to etcd
+   after each, until every stream committed its round. Per stream: ``checkpoint_round_s`` (start to commit,
+   p50 and max) and ``checkpoint_round_heartbeats`` (heartbeat intervals it took; the max must be <= 2: the
+   order rides on the reply to one report, the checkpoint on the next); heartbeat p99 during the rounds;
+4. leader change: a new ``StreamManager`` (revision 2) on the same store starts
    in WATCH; every node sends every group's heartbeat until WATCH ends; the time
    from ``start()`` to the end of WATCH with every stream adopted is
    ``watch_adopt_s``. One more round then checks that nothing was redeployed.
@@ -35,7 +40,8 @@ timeout, which stays the short isolation (10 s) that adoption must beat.
 
 The last line printed is one JSON object::
 
-    {"nodes": 200, "streams": 5000, "p50_ms": ..., "p99_ms": ..., "watch_adopt_s": ...}
+    {"nodes": 200, "streams": 5000, "p50_ms": ..., "p99_ms": ..., "watch_adopt_s": ..., "checkpoint_round_s_p50": ...,
+     "checkpoint_round_s_max": ..., "checkpoint_round_heartbeats": ..., "checkpoint_p99_ms": ...}
 
 Example: ``python scripts/bench_heartbeat.py --nodes 10 --streams 50`` (quick).
 """
@@ -45,6 +51,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import dataclasses
 import io
 import json
 import pstats
@@ -84,6 +91,7 @@ def bench_config(watch_timeout: float) -> StreamConfig:
         max_retry_delay=10.0,
         fast_retries=10,
         reset_after=2.0,
+        checkpoint_interval=0.0,  # rounds run only in the checkpoint phase, which starts them itself
     )
 
 
@@ -158,6 +166,10 @@ class SimNode:
             self.starts += 1
             tasks, key = self._task(s.stream_id, s.trigger.task_id)
             tasks[key].status = RUNNING
+        for order in reply.checkpoints:  # every task of the stream here takes it; reported from the next heartbeat
+            for key, rep in self.groups[order.stream_id % STREAM_GROUPS].items():
+                if key[0] == order.stream_id and rep.checkpoint_id < order.checkpoint_id:
+                    rep.checkpoint_id = order.checkpoint_id
 
     def reports(self) -> Iterable[stream_pb2.TaskStatusReport]:
         for tasks in self.groups:
@@ -329,6 +341,51 @@ async def steady_phase(leader: StreamManager, nodes: list[SimNode], args: argpar
     return p50, p99, before
 
 
+async def checkpoint_phase(leader: StreamManager, cfg: StreamConfig, nodes: list[SimNode], args: argparse.Namespace,
+                           rows: Rows) -> dict[str, float | int]:
+    """Phase 3: checkpoint rounds on every stream during steady heartbeats (module docstring)."""
+    leader.shared.config = dataclasses.replace(cfg, checkpoint_interval=1e-9, checkpoint_timeout=3600.0)
+    latencies: list[float] = []
+    durations: list[float] = []
+    intervals: list[int] = []
+    for _ in range(args.checkpoint_rounds):
+        t0 = time.perf_counter()
+        await leader.checkpoint_tick()  # every stream is due: one round each, ids in one allocator block
+        targets = {sid: rt.round.id for sid, rt in leader.streams.items() if rt.round is not None}
+        if len(targets) != args.streams:
+            raise SystemExit(f"phase 3: {len(targets)} of {args.streams} streams started a checkpoint round")
+        waiting = dict(targets)
+        hb = 0
+        while waiting:
+            hb += 1
+            if hb > args.max_rounds:
+                raise SystemExit(f"phase 3: {len(waiting)} streams did not commit their checkpoint round")
+            await heartbeat_round(leader, nodes, latencies)
+            await leader.checkpoints.flush()
+            now = time.perf_counter() - t0
+            for sid in [s for s, cid in waiting.items() if leader.streams[s].checkpoint_id >= cid]:
+                del waiting[sid]
+                durations.append(now)
+                intervals.append(hb)
+    leader.shared.config = cfg
+    latencies.sort()
+    durations.sort()
+    p99 = percentile(latencies, 99) * 1000
+    rows.append(("phase 3: checkpoint rounds (every stream)", str(args.checkpoint_rounds), "rounds"))
+    rows.append(("phase 3: checkpoint round p50 (start -> commit)", f"{percentile(durations, 50):.3f}", "s"))
+    rows.append(("phase 3: checkpoint round max", f"{durations[-1]:.3f}", "s"))
+    rows.append(("phase 3: heartbeat intervals per round max", str(max(intervals)), "(target <= 2)"))
+    rows.append(("phase 3: handle_heartbeat p99 during rounds", f"{p99:.3f}", "ms (target <= 20)"))
+    rows.append(("phase 3: checkpoints committed / abandoned",
+                 f"{leader.checkpoints.committed}/{leader.checkpoints.abandoned}", ""))
+    return {
+        "checkpoint_round_s_p50": round(percentile(durations, 50), 3),
+        "checkpoint_round_s_max": round(durations[-1], 3),
+        "checkpoint_round_heartbeats": max(intervals),
+        "checkpoint_p99_ms": round(p99, 3),
+    }
+
+
 async def adopt_phase(store: StreamStore, cfg: StreamConfig, nodes: list[SimNode], before: Snapshot,
                       args: argparse.Namespace, rows: Rows) -> float:
     """Phase 3: a new leader adopts every stream in WATCH and redeploys nothing; returns ``watch_adopt_s``."""
@@ -339,39 +396,39 @@ async def adopt_phase(store: StreamStore, cfg: StreamConfig, nodes: list[SimNode
     await new.start()
     load_s = time.perf_counter() - t0
     if new.state is not ManagerState.WATCH:
-        raise SystemExit(f"phase 3: the new leader starts in {new.state.value}, not WATCH")
+        raise SystemExit(f"phase 4: the new leader starts in {new.state.value}, not WATCH")
     new.set_live_nodes([n.node_id for n in nodes])
     watch_lat: list[float] = []
     watch_rounds = 0
     while new.state is ManagerState.WATCH:
         watch_rounds += 1
         if watch_rounds > args.max_rounds:
-            raise SystemExit("phase 3: WATCH did not end")
+            raise SystemExit("phase 4: WATCH did not end")
         await heartbeat_round(new, nodes, watch_lat)
         new.tick()
     watch_adopt_s = time.perf_counter() - t0
     if new.adopted != args.streams:
-        raise SystemExit(f"phase 3: {new.adopted} of {args.streams} streams adopted")
+        raise SystemExit(f"phase 4: {new.adopted} of {args.streams} streams adopted")
     acted = await heartbeat_round(new, nodes)
     new.tick()
     redeployed = sum(n.deploys for n in nodes) - deploys_before
     undeployed = sum(n.undeploys for n in nodes) - undeploys_before
     if acted or new.redeploys or redeployed or undeployed or snapshot(nodes) != before:
         raise SystemExit(
-            f"phase 3: after adoption {acted} replies acted, {new.redeploys} redeploys, "
+            f"phase 4: after adoption {acted} replies acted, {new.redeploys} redeploys, "
             f"{redeployed} tasks deployed, {undeployed} undeploys"
         )
     watch_lat.sort()
-    rows.append(("phase 3: new leader start() (load streams)", f"{load_s:.3f}", "s"))
-    rows.append(("phase 3: WATCH heartbeat p99", f"{percentile(watch_lat, 99) * 1000:.3f}", "ms"))
+    rows.append(("phase 4: new leader start() (load streams)", f"{load_s:.3f}", "s"))
+    rows.append(("phase 4: WATCH heartbeat p99", f"{percentile(watch_lat, 99) * 1000:.3f}", "ms"))
     rows.append(
         (
-            "phase 3: start() -> WATCH ended, all adopted",
+            "phase 4: start() -> WATCH ended, all adopted",
             f"{watch_adopt_s:.3f}",
             f"s (watch_timeout {cfg.watch_timeout:g} s, {watch_rounds} round)",
         )
     )
-    rows.append(("phase 3: adopted / redeploys", f"{new.adopted}/{new.redeploys}", ""))
+    rows.append(("phase 4: adopted / redeploys", f"{new.adopted}/{new.redeploys}", ""))
     return watch_adopt_s
 
 
@@ -387,6 +444,7 @@ async def bench_main(config: EtcdConfig, args: argparse.Namespace) -> tuple[dict
         nodes, sdefs = await setup_cluster(store, args, rows)
         leader = await deploy_phase(store, cfg, nodes, sdefs, args, rows)
         p50, p99, before = await steady_phase(leader, nodes, args, rows)
+        checkpoints = await checkpoint_phase(leader, cfg, nodes, args, rows)
         watch_adopt_s = await adopt_phase(store, cfg, nodes, before, args, rows)
         result: dict[str, float | int] = {
             "nodes": args.nodes,
@@ -394,6 +452,7 @@ async def bench_main(config: EtcdConfig, args: argparse.Namespace) -> tuple[dict
             "p50_ms": round(p50, 3),
             "p99_ms": round(p99, 3),
             "watch_adopt_s": round(watch_adopt_s, 3),
+            **checkpoints,
         }
         return result, rows
     finally:
@@ -421,11 +480,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     m = p.add_argument_group("measurement")
     m.add_argument("--rounds", type=int, default=3, help="steady-state rounds timed (default 3)")
     m.add_argument("--watch-timeout", type=float, default=10.0, help="WATCH timeout in s (default 10)")
+    m.add_argument("--checkpoint-rounds", type=int, default=3,
+                   help="checkpoint rounds of every stream timed (default 3)")
     m.add_argument("--max-rounds", type=int, default=50, help="give up a phase after this many rounds")
     m.add_argument("--profile", action="store_true", help="cProfile phase 2, top functions to stderr")
     args = p.parse_args(argv)
     args.snodes = args.snodes or max(1, args.nodes // 10)
-    require_positive(p, args, ("nodes", "streams", "snodes", "vgroups_per_node", "rounds", "max_rounds"))
+    require_positive(p, args, ("nodes", "streams", "snodes", "vgroups_per_node", "rounds", "checkpoint_rounds",
+                               "max_rounds"))
     if args.snodes > args.nodes:
         p.error("--snodes must be <= --nodes (one snode per node)")
     if args.watch_timeout <= 0:

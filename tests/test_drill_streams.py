@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+from proto import stream_pb2
+from querycoord.tooling.drill.stream_checkpoints import CheckpointChecks
 from querycoord.tooling.drill.stream_lag import LagSampler
 from querycoord.tooling.drill.streams import Fault, Observation, StreamDrillOptions, StreamDrillResult
 
@@ -44,7 +46,9 @@ def test_summary_counts_and_failure() -> None:
     result.final = Observation(watching=False)
     assert result.summary() == {"streams": 5, "leader_kills": 2, "adopted_without_redeploy": 9, "redeploys": 1,
                                 "recovered_s_max": 2.25, "duplicate_tasks": 0, "stale_tasks": 0, "not_running": 0,
-                                "recalcs": 0, "recalcs_not_done": 0, "recalc_duplicates": 0, "lag_p99_s": None}
+                                "recalcs": 0, "recalcs_not_done": 0, "recalc_duplicates": 0, "lag_p99_s": None,
+                                "checkpoints": 0, "checkpoint_regressions": 0, "resumes_checked": 0,
+                                "bad_resumes": 0}
     assert not result.failed
     result.recalc_duplicates = ["stream 1 recalc 2: task 3 SID 1 ran it 2 times"]
     assert result.summary()["recalc_duplicates"] == 1 and result.failed
@@ -58,4 +62,34 @@ def test_summary_counts_and_failure() -> None:
     assert result.summary()["stale_tasks"] == 1 and result.failed
     result.final = Observation(watching=False)
     result.violations.append("fault #2: not quiescent")
+    assert result.failed
+
+
+def _show(*consensus: tuple[int, int]) -> stream_pb2.ShowStreamsResponse:
+    return stream_pb2.ShowStreamsResponse(streams=[
+        stream_pb2.StreamStatusInfo(stream=stream_pb2.StreamDef(id=sid, name=f"s{sid}"), checkpoint_id=cid)
+        for sid, cid in consensus])
+
+
+def _task(stream_id: int, task_id: int, sid: int, resumed: int, held: int) -> dict[str, object]:
+    return {"stream_id": stream_id, "task_id": task_id, "sid": sid, "status": "RUNNING", "resumed_from": resumed,
+            "checkpoint_id": held}
+
+
+def test_checkpoint_checks_catch_regressions_and_stale_resumes() -> None:
+    checks = CheckpointChecks()
+    checks.observe(_show((1, 5)), {7: {"tasks": [_task(1, 10, 1, 0, 5)]}})
+    checks.observe(_show((1, 8)), {7: {"tasks": [_task(1, 10, 1, 0, 8)]}})
+    assert checks.summary() == {"checkpoints": 2, "checkpoint_regressions": 0, "resumes_checked": 1,
+                                "bad_resumes": 0}
+    # A redeployed instance (SID 2) that resumed from 5 while the consensus was 8: an old checkpoint.
+    checks.observe(_show((1, 8)), {8: {"tasks": [_task(1, 10, 2, 5, 5)]}})
+    assert checks.summary()["bad_resumes"] == 1
+    # The consensus a leader shows going back is a regression; a standby's answer (a reason) is not looked at.
+    checks.observe(_show((1, 6)), {})
+    standby = _show((1, 0))
+    standby.status.reason = "not the leader"
+    checks.observe(standby, {})
+    assert checks.summary()["checkpoint_regressions"] == 1
+    result = StreamDrillResult(StreamDrillOptions(streams=1), final=Observation(watching=False), checkpoints=checks)
     assert result.failed

@@ -135,9 +135,12 @@ async def test_stream_and_snode_commands_against_a_coordinator_and_stream_nodes(
                                    f"{main_snode}"), out
         assert lines[1].strip().startswith("manager: running: 11 tasks RUNNING"), out
         assert lines[2].strip().startswith("progress: processed up to "), out
-        assert lines[3].split() == ["TASK", "KIND", "NODE", "VGROUP", "SNODE", "DEPLOY", "SID", "STATE", "HEARD",
+        # The consensus checkpoint: none yet, or committed (ids from the checkpoint allocator), with its age.
+        assert re.fullmatch(r"checkpoint: (none yet|#\d+ committed [\d.]+s ago)(; round #\d+ in flight for "
+                            r"[\d.]+s)?", lines[3].strip()), out
+        assert lines[4].split() == ["TASK", "KIND", "NODE", "VGROUP", "SNODE", "DEPLOY", "SID", "STATE", "HEARD",
                                     "PROCESSED", "LAG"], out
-        rows = lines[5:]
+        rows = lines[6:]
         assert len(rows) == 11 and all("RUNNING" in r for r in rows), out
         trig_row = next(r for r in rows if re.match(rf"\s+#{trigger['task_id']}\s+trigger\s", r))
         assert trig_row.split()[2:5] == [str(trigger["node_id"]), "-", str(main_snode)], trig_row
@@ -206,10 +209,14 @@ def test_stream_show_says_what_the_manager_does() -> None:
     ])
     text = draw.stream_activity(deploying, show, now)
     assert text == "deploying (deploy #2): 1 of 3 tasks wait for their host's heartbeat; 1 INIT, 1 RUNNING", text
+    assert draw.stream_checkpoint(deploying, now) == "none yet"
+    deploying.checkpoint_id, deploying.checkpoint_ms = 12, int((now - 8) * 1000)
+    deploying.checkpoint_round_id, deploying.checkpoint_round_started_ms = 14, int((now - 0.4) * 1000)
     lines = draw.draw_stream(deploying, show, now)
     assert lines[0].startswith("stream s7 (id 7): deploying  source db vgroups 1,2  main snode 1"), lines
     assert lines[2].strip() == "progress: no task has reported progress", lines
-    rows = [line.split() for line in lines[5:]]
+    assert lines[3] == "  checkpoint: #12 committed 8.0s ago; round #14 in flight for 0.4s", lines
+    rows = [line.split() for line in lines[6:]]
     # Readers first, then the trigger, then the runners; a pending task has no node yet.
     assert rows[0][:3] == ["#10", "trigger", "reader"] and rows[0][3] == "-" and "PENDING" in rows[0], rows
     assert rows[1][:2] == ["#11", "trigger"] and "INIT" in rows[1] and "never" in rows[1], rows

@@ -191,7 +191,8 @@ async def test_lag_shows_on_every_surface_grows_with_a_paused_node_and_survives_
             assert {t["task_id"] for t in record["tasks"] if t["lag_s"] >= LAGGING_MS / 1000} >= slow, record
             lines = (await cli.ok("stream", "show", "s1")).splitlines()
             assert lines[2].strip().startswith("progress: processed up to ") and ", lag " in lines[2], lines
-            assert lines[3].split()[-2:] == ["PROCESSED", "LAG"], lines
+            assert lines[3].strip().startswith("checkpoint: "), lines
+            assert lines[4].split()[-2:] == ["PROCESSED", "LAG"], lines
             summary = (await cli.ok("stream", "show", "--summary")).splitlines()
             assert summary[0].split()[-2:] == ["PROCESSED", "LAG"], summary
             row = next(r.split() for r in summary[2:] if r.split()[0] == "s1")

@@ -28,7 +28,7 @@ from querycoord.console.actions import (
     parse_vgroups,
     show_streams,
     start_stream,
-    stop_stream,
+    stop_stream_noted,
 )
 from querycoord.net.client import QueryCoordClient
 
@@ -93,7 +93,9 @@ async def _stream_drop(c: QueryCoordClient, args: argparse.Namespace) -> int:
 
 
 async def _stream_stop(c: QueryCoordClient, args: argparse.Namespace) -> int:
-    sdef = await stop_stream(c, args.stream)
+    sdef, note = await stop_stream_noted(c, args.stream)
+    if note:
+        print(f"note: {note}", file=sys.stderr)
     print(f"stopped stream {sdef.name} (id {sdef.id}); its tasks are undeployed with a checkpoint; "
           f"`querycoord stream start {sdef.name}` resumes it")
     return 0

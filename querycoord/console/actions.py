@@ -451,8 +451,14 @@ async def drop_stream(c: QueryCoordClient, ref: str, *, if_exists: bool = False)
 
 async def stop_stream(c: QueryCoordClient, ref: str) -> stream_pb2.StreamDef:
     """StopStream: its tasks are undeployed with a checkpoint; the definition stays."""
-    return (await stream_call(c, "StopStream", stream_pb2.StopStreamRequest(stream=stream_ref(ref)),
-                              f"stop stream {ref}")).stream
+    return (await stop_stream_noted(c, ref))[0]
+
+
+async def stop_stream_noted(c: QueryCoordClient, ref: str) -> tuple[stream_pb2.StreamDef, str]:
+    """StopStream, and the leader's note ("" when the final checkpoint was taken; else why it was not)."""
+    resp = await stream_call(c, "StopStream", stream_pb2.StopStreamRequest(stream=stream_ref(ref)),
+                             f"stop stream {ref}")
+    return resp.stream, resp.status.reason
 
 
 async def start_stream(c: QueryCoordClient, ref: str) -> stream_pb2.StreamDef:

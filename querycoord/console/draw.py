@@ -437,6 +437,15 @@ def stream_header(info: sp.StreamStatusInfo) -> str:
             f"runner deploys of {d.num_calc_subplans}  deployed {info.deploy_times}x")
 
 
+def stream_checkpoint(info: sp.StreamStatusInfo, now: float) -> str:
+    """``#12 committed 8.0s ago; round #14 in flight for 0.4s``: the consensus checkpoint and the round in flight."""
+    text = f"#{info.checkpoint_id} committed {_ago(info.checkpoint_ms, now)}" if info.checkpoint_id else "none yet"
+    if info.checkpoint_round_id:
+        age = max(0.0, now - info.checkpoint_round_started_ms / 1000)
+        text += f"; round #{info.checkpoint_round_id} in flight for {age:.1f}s"
+    return text
+
+
 STREAM_TASK_HEADERS = ("TASK", "KIND", "NODE", "VGROUP", "SNODE", "DEPLOY", "SID", "STATE", "HEARD", "PROCESSED",
                        "LAG")
 
@@ -467,7 +476,8 @@ def draw_stream(info: sp.StreamStatusInfo, show: sp.ShowStreamsResponse, now: fl
     """One stream as ``stream show`` draws it: a header, what the manager does, then its tasks (readers, trigger,
     runners by deploy) with node, vgroup or snode, SID and state."""
     lines = [stream_header(info), f"{indent}manager: {stream_activity(info, show, now)}",
-             f"{indent}progress: {progress_line(info, now)}"]
+             f"{indent}progress: {progress_line(info, now, checkpoint=False)}",
+             f"{indent}checkpoint: {stream_checkpoint(info, now)}"]
     if info.tasks:
         table_ = table(STREAM_TASK_HEADERS, stream_task_rows(info, now), right=(2, 3, 4, 6, 10))
         lines.extend(indent + line for line in table_)
@@ -480,7 +490,7 @@ def task_row_record(r: sp.TaskRow) -> dict[str, object]:
             "node_id": t.node_id, "vgroup_id": t.vgroup_id, "snode_id": t.snode_id, "deploy_id": t.deploy_id,
             "task_idx": t.task_idx, "scan_plan_idx": t.scan_plan_idx, "top": t.top, "state": stream_task_status(r),
             "pending": r.pending, "last_heard_ms": r.last_heard_ms, "error_code": r.error_code,
-            "error": r.error_message, **task_progress_record(r)}
+            "error": r.error_message, **task_progress_record(r), "checkpoint_id": r.checkpoint_id}
 
 
 def stream_record(info: sp.StreamStatusInfo, show: sp.ShowStreamsResponse, now: float) -> dict[str, object]:
@@ -495,6 +505,9 @@ def stream_record(info: sp.StreamStatusInfo, show: sp.ShowStreamsResponse, now: 
         "stop_error_code": info.stop_error_code, "stop_reason": info.stop_reason, "next_retry_ms": info.next_retry_ms,
         "retries": info.retries, "plan_queued": info.plan_queued, "wait_reason": info.wait_reason,
         "watching": show.watching, **progress_record(info, now),
+        "checkpoint_id": info.checkpoint_id, "checkpoint_ms": info.checkpoint_ms,
+        "checkpoint_round_id": info.checkpoint_round_id,
+        "checkpoint_round_started_ms": info.checkpoint_round_started_ms,
         "activity": stream_activity(info, show, now), "tasks": [task_row_record(r) for r in
                                                                 sorted(info.tasks, key=_task_order)],
     }

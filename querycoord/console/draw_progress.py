@@ -25,13 +25,13 @@ def seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}s"
 
 
-def progress_line(info: sp.StreamStatusInfo, now: float) -> str:
-    """``processed up to 21:42:17.1, lag 0.6s`` (and ``; checkpoint 3.2s old`` once streams checkpoint), or why
-    there is none."""
+def progress_line(info: sp.StreamStatusInfo, now: float, *, checkpoint: bool = True) -> str:
+    """``processed up to 21:42:17.1, lag 0.6s`` (and ``; checkpoint 3.2s old`` when ``checkpoint`` and the stream
+    has one: ``stream show`` draws the checkpoint on a line of its own), or why there is none."""
     lag = lag_seconds(info)
     text = (f"processed up to {clock_time(info.processed_ms)}, lag {seconds(lag)}" if lag is not None
             else "no task has reported progress")
-    age = checkpoint_age_seconds(info, now)
+    age = checkpoint_age_seconds(info, now) if checkpoint else None
     return text + (f"; checkpoint {seconds(age)} old" if age is not None else "")
 
 

@@ -18,6 +18,7 @@ from querycoord.leader.switchover import SWITCHOVER_KEY
 from querycoord.leader.watchers import HANDOFF_REVISION_KEY
 from querycoord.querymeta import keys as qkeys
 from querycoord.stream import store as sstore
+from querycoord.stream.checkpoint_store import CHECKPOINTS_PREFIX
 from querycoord.stream.recalc_store import RECALCS_PREFIX
 from querycoord.task.history import HISTORY_PREFIX
 from querycoord.task.store import ACTIVE_PREFIX, CANCEL_PREFIX, INFO_PREFIX, TRIGGER_PREFIX
@@ -35,6 +36,7 @@ OWNED: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "task history": ((HISTORY_PREFIX,), ()),
     "stream store": ((sstore.STREAMS_PREFIX, sstore.NAMES_PREFIX, sstore.SNODES_PREFIX), (sstore.RING_KEY,)),
     "stream recalculations": ((RECALCS_PREFIX,), ()),
+    "stream checkpoints": ((CHECKPOINTS_PREFIX,), ()),
     "id allocators": (("idalloc/",), ()),
     "sessions": ((SESSION_PREFIX,), ()),
     "elections": ((ELECTION_PREFIX,), ()),

@@ -29,6 +29,9 @@ move vgroup leadership and inject faults in a running process:
     pause <stream> [task]    stop processing a stream's tasks (or one task): they keep
                         reporting RUNNING while their lag grows
     resume <stream> [task]   process again (no task: every pause of the stream ends)
+    checkpoints ok|refuse|slow <seconds>   take checkpoint orders at once, ignore them, or take them late
+    resumes             answer with every deploy taken and the checkpoint it resumed from
+                        (``"resumes": [[stream, task, sid, checkpoint], ...]``)
     crash               exit at once with status 137, no cleanup (lease left to expire)
     tasks               answer with every held task (``"tasks": [...]``) and the recalculation runs
                         finished by this process (``"recalc_runs": [[stream, recalc, task, sid, count]...]``)
@@ -257,6 +260,13 @@ class StreamNode(SessionNode):
                 stream_id, task_id = int(args[0]), int(args[1]) if len(args) > 1 else 0
                 (self.state.pause if cmd == "pause" else self.state.resume)(stream_id, task_id)
                 answer["paused"] = sorted(list(k) for k in self.state.paused)
+            elif cmd == "checkpoints":
+                fault = {"ok": "", "refuse": "refuse", "slow": "slow"}.get(args[0] if args else "?")
+                if fault is None:
+                    raise ValueError("checkpoints needs ok, refuse or slow <seconds>")
+                self.state.set_checkpoint_fault(fault, float(args[1]) if fault == "slow" else 0.0)
+            elif cmd == "resumes":
+                answer["resumes"] = [list(r) for r in self.state.resumes]
             elif cmd == "mute":
                 self.muted = True
             elif cmd == "unmute":
@@ -270,8 +280,8 @@ class StreamNode(SessionNode):
                 answer["leader_revision"] = self.state.max_leader_revision
                 answer["recalc_runs"] = [[*run, n] for run, n in sorted(self.state.recalc_runs.items())]
             else:
-                raise ValueError(f"unknown command {cmd!r} (lead, unlead, fail, pause, resume, mute, unmute, crash, "
-                                 "tasks)")
+                raise ValueError(f"unknown command {cmd!r} (lead, unlead, fail, pause, resume, mute, unmute, "
+                                 "checkpoints, resumes, crash, tasks)")
         except (ValueError, IndexError, KeyError) as exc:
             answer.update(ok=False, error=str(exc).strip("'\""))
         return answer

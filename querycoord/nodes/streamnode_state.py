@@ -40,6 +40,13 @@ Rules it implements (model: a TDengine dnode's stream side):
   before, so a task that keeps up lags by one tick; it begins at the source's
   newest event when it turns RUNNING. Each report carries the task's
   ``processed_ms`` (0 until it ran) and the source's ``source_ms``.
+* Checkpoints: a ``CheckpointOrder`` makes every task of the stream held
+  here take that checkpoint (recorded per task with when it was taken,
+  reported as ``checkpoint_id`` from the next heartbeat on); an order for an
+  id not above what a task holds changes nothing. A deployed task starts from
+  the deploy's ``resume_checkpoint_id`` and records it (``resumed_from``), so
+  tests and drills can read what it restored. ``checkpoint_fault`` makes the
+  node refuse orders, or take them only ``checkpoint_delay_s`` later.
 * Faults: ``fail_task`` marks a task FAILED with a non-zero error code
   (a FAILED report with code 0 is a bug the coordinator must never see);
   ``pause`` stops the processing of a stream's tasks (or of one task) while
@@ -49,7 +56,8 @@ Rules it implements (model: a TDengine dnode's stream side):
 
 from __future__ import annotations
 
-from collections import Counter
+import time
+from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,6 +74,8 @@ DEFAULT_RECALC_DELAY_S = 0.5
 # Recalculations an instance remembers having run (the oldest are forgotten beyond this).
 MAX_RECALCS_REMEMBERED = 256
 RecalcRun = tuple[int, int, int, int]  # (stream_id, recalc_id, task_id, sid): one run of a recalculation
+# Deploys remembered with the checkpoint they resumed from (the newest; older ones are forgotten).
+MAX_RESUMES_KEPT = 10_000
 # The error code a fault-injected failure reports (never 0, see module docstring).
 INJECTED_TASK_ERROR = common_pb2.UNEXPECTED_ERROR
 INJECTED_TASK_MESSAGE = "injected task failure"
@@ -97,6 +107,12 @@ class Task:
     recalcs_run: dict[int, None] = field(default_factory=dict)
     # Event time (unix ms) up to which the task has processed its input; 0 until it ran.
     processed_ms: int = 0
+    # The checkpoint held (0: none) and when it was taken (unix ms), the ids taken in this instance's life, and
+    # the consensus checkpoint it started from (the deploy's resume_checkpoint_id).
+    checkpoint_id: int = 0
+    checkpoint_ms: int = 0
+    checkpoints: list[int] = field(default_factory=list)
+    resumed_from: int = 0
 
     @property
     def key(self) -> TaskKey:
@@ -115,6 +131,8 @@ class Task:
             "task_idx": self.info.task_idx, "scan_plan_idx": self.info.scan_plan_idx, "top": self.info.top,
             "error_code": self.error_code, "error_message": self.error_message,
             "top_runners": [t.task_id for t in self.top_runners], "processed_ms": self.processed_ms,
+            "checkpoint_id": self.checkpoint_id, "checkpoints": list(self.checkpoints),
+            "resumed_from": self.resumed_from,
         }
 
 
@@ -131,6 +149,7 @@ class ReplyOutcome:
     checkpointed_streams: list[int] = field(default_factory=list)
     runner_updates: list[TaskKey] = field(default_factory=list)
     recalcs_started: list[RecalcRun] = field(default_factory=list)
+    checkpoints_taken: list[tuple[TaskKey, int]] = field(default_factory=list)
 
 
 class StreamNodeState:
@@ -171,6 +190,13 @@ class StreamNodeState:
         self.source_ms = 0
         # Paused processing: (stream_id, task_id), task_id 0 for every task of the stream.
         self.paused: set[TaskKey] = set()
+        # Checkpoint faults: "" takes orders at once, "refuse" ignores them, "slow" takes them checkpoint_delay_s
+        # after they came (orders wait in delayed_orders: stream id -> (checkpoint id, when ordered)).
+        self.checkpoint_fault = ""
+        self.checkpoint_delay_s = 0.0
+        self.delayed_orders: dict[int, tuple[int, float]] = {}
+        # Every deploy this node took: (stream id, task id, SID, resume_checkpoint_id), oldest first.
+        self.resumes: deque[tuple[int, int, int, int]] = deque(maxlen=MAX_RESUMES_KEPT)
 
     # ----- vgroup leadership and snode ----------------------------------------
     def lead_vgroup(self, vgroup_id: int) -> None:
@@ -195,6 +221,11 @@ class StreamNodeState:
         """Advance tasks in time: INIT readers and runners past the init delay, and started triggers, turn RUNNING;
         with ``wall_ms`` the source advances to it and RUNNING tasks not paused process what it held before."""
         promoted = []
+        for stream_id, (cid, ordered) in list(self.delayed_orders.items()):
+            if self.checkpoint_fault != "slow" or now - ordered >= self.checkpoint_delay_s:
+                del self.delayed_orders[stream_id]
+                if self.checkpoint_fault != "refuse":
+                    self._take_checkpoint(stream_id, cid, None)
         for task in self.tasks.values():
             if task.status != stream_pb2.TASK_INIT:
                 continue
@@ -266,7 +297,8 @@ class StreamNodeState:
         trigger, the top runners it feeds (so the leader sees whether its RunnerUpdate took effect)."""
         rep = copy_fields(task.info, stream_pb2.TaskStatusReport, node_id=self.node_id, status=task.status,
                           error_code=task.error_code, error_message=task.error_message,
-                          processed_ms=task.processed_ms, source_ms=self.source_ms)
+                          processed_ms=task.processed_ms, source_ms=self.source_ms,
+                          checkpoint_id=task.checkpoint_id, checkpoint_ms=task.checkpoint_ms)
         if task.recalcs_done:
             rep.recalcs_done.extend(task.recalcs_done)
         if task.is_trigger:
@@ -307,6 +339,9 @@ class StreamNodeState:
             if d.stream_id not in undeployed_streams:
                 self._deploy_stream(d, now, out)
         self._apply_starts_and_runner_updates(reply, undeployed_streams, out)
+        for order in reply.checkpoints:
+            if order.stream_id not in undeployed_streams:
+                self._order_checkpoint(order, now, out)
         if not reply.watching:
             self._apply_recalcs(reply, now, out)
         return out
@@ -333,18 +368,52 @@ class StreamNodeState:
                 task.recalcs_running[o.recalc_id] = now + self.recalc_delay_s
                 out.recalcs_started.append((o.stream_id, o.recalc_id, tid, task.info.sid))
 
+    def _order_checkpoint(self, order: stream_pb2.CheckpointOrder, now: float, out: ReplyOutcome) -> None:
+        """Take (or, with a fault, delay or refuse) checkpoint ``order.checkpoint_id`` of every task of the stream."""
+        if self.checkpoint_fault == "refuse":
+            return
+        if self.checkpoint_fault == "slow":
+            held = self.delayed_orders.get(order.stream_id)
+            if held is None or held[0] < order.checkpoint_id:
+                self.delayed_orders[order.stream_id] = (order.checkpoint_id, now if held is None else held[1])
+            return
+        self._take_checkpoint(order.stream_id, order.checkpoint_id, out)
+
+    def _take_checkpoint(self, stream_id: int, checkpoint_id: int, out: ReplyOutcome | None) -> None:
+        taken_ms = int(time.time() * 1000)
+        for key, task in self.tasks.items():
+            if key[0] != stream_id or task.checkpoint_id >= checkpoint_id:
+                continue
+            task.checkpoint_id, task.checkpoint_ms = checkpoint_id, taken_ms
+            task.checkpoints.append(checkpoint_id)
+            if out is not None:
+                out.checkpoints_taken.append((key, checkpoint_id))
+
+    def set_checkpoint_fault(self, fault: str, delay_s: float = 0.0) -> None:
+        """``""``: take orders at once; ``"refuse"``: ignore them; ``"slow"``: take them ``delay_s`` later."""
+        if fault not in ("", "refuse", "slow"):
+            raise ValueError(f"unknown checkpoint fault {fault!r} (none, refuse, slow)")
+        if delay_s < 0:
+            raise ValueError(f"checkpoint delay must not be negative, got {delay_s}")
+        self.checkpoint_fault, self.checkpoint_delay_s = fault, delay_s
+        if fault == "refuse":
+            self.delayed_orders.clear()
+
     def _deploy_stream(self, d: stream_pb2.StreamDeploy, now: float, out: ReplyOutcome) -> None:
         """Deploy one stream's tasks of a reply: its readers, its trigger (with the trigger's readers and top
-        runners), its runners."""
-        for r in d.readers:
-            self._deploy(r.task, now, out)
+        runners), its runners; each starts from the deploy's consensus checkpoint."""
+        new: list[Task | None] = [self._deploy(r.task, now, out) for r in d.readers]
         if d.HasField("trigger"):
             task = self._deploy(d.trigger.task, now, out)
             if task is not None:
                 task.readers = list(d.trigger.readers)
                 task.top_runners = list(d.trigger.top_runners)
-        for rn in d.runners:
-            self._deploy(rn.task, now, out)
+            new.append(task)
+        new.extend(self._deploy(rn.task, now, out) for rn in d.runners)
+        for task in new:
+            if task is not None:
+                task.resumed_from = task.checkpoint_id = d.resume_checkpoint_id
+                self.resumes.append((task.info.stream_id, task.info.task_id, task.info.sid, d.resume_checkpoint_id))
 
     def _apply_starts_and_runner_updates(self, reply: stream_pb2.HeartbeatReply, undeployed_streams: set[int],
                                          out: ReplyOutcome) -> None:

@@ -208,7 +208,18 @@ class StreamMgmtServicer(stream_pb2_grpc.StreamMgmtServicer):
 
     @answered(stream_pb2.StreamResponse)
     async def StopStream(self, request, context):
-        return await self._update(request, context, StreamStore.stop_stream)
+        """A final checkpoint round first (waited for up to checkpoint_timeout), then the stop; a stop without it
+        says why in the status reason (still SUCCESS: the stream is stopped at its last consensus)."""
+        check_ref("stream", request.stream, self.limits)
+        streams, store = await self._lead(context)
+        sdef = await store.get_stream(await self._resolve(store, request.stream))
+        note = ""
+        if not sdef.user_stopped:
+            _, note = await streams.final_checkpoint(sdef.id)
+        resp = await self._update(request, context, StreamStore.stop_stream)
+        if note:
+            resp.status.reason = f"stopped without a final checkpoint: {note}"
+        return resp
 
     @answered(stream_pb2.StreamResponse)
     async def StartStream(self, request, context):

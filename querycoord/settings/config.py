@@ -89,6 +89,13 @@ class StreamConfig:
     vgroup_lost_stop: float = 150.0
     # The stream checker (tick()) compares each task with its node's last report at most this often.
     check_interval: float = 3.0
+    # A checkpoint round starts per running stream this often (0: no rounds). TDengine's default is 300 s; 60 s
+    # bounds what a redeployed task replays from its consensus checkpoint to about a minute, and a round costs
+    # the leader one batched etcd write per stream (``stream.checkpoint``).
+    checkpoint_interval: float = 60.0
+    # A round not committed within this long is abandoned; the next one starts with a higher id. A stop waits
+    # this long for its final round before stopping anyway.
+    checkpoint_timeout: float = 30.0
 
 
 @dataclass
@@ -139,7 +146,7 @@ SCALED_SCHEDULER = SchedulerConfig(retry_backoff=0.05, retry_backoff_max=0.2, wa
                                    trigger_timeout=60.0, resume_node_wait=10.0)
 SCALED_STREAM = StreamConfig(watch_timeout=2.0, task_silence=5.0, min_start_delay=0.2, error_retry_delay=0.5,
                              max_retry_delay=2.0, reset_after=5.0, health_interval=0.3, health_slots=2, isolation=3.0,
-                             vgroup_lost_stop=30.0)
+                             vgroup_lost_stop=30.0, checkpoint_interval=6.0, checkpoint_timeout=3.0)
 
 
 def scaled_config(**changes: Any) -> CoordConfig:

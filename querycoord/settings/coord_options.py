@@ -128,6 +128,11 @@ OPTIONS: tuple[Option, ...] = (
            "nodes to register instead of failing"),
     Option("--trigger-timeout", "scheduler.trigger_timeout", float, seconds(0, YEAR, above=True)),
     Option("--stream-watch-timeout", "stream.watch_timeout", float, seconds(0, DAY)),
+    Option("--checkpoint-interval", "stream.checkpoint_interval", float, seconds(0, DAY),
+           "seconds between checkpoint rounds of each running stream (0: no rounds; a stop still takes a final one)"),
+    Option("--checkpoint-timeout", "stream.checkpoint_timeout", float, seconds(0, DAY, above=True),
+           "seconds a checkpoint round may take before it is abandoned and a new one started; a stop waits this "
+           "long for its final checkpoint"),
     # Task history (querycoord/task/history.py): finished trees kept in etcd for `querycoord tasks --history`.
     Option("--history-keep", "scheduler.history_keep", int, COUNT,
            "finished task trees kept in etcd's task history, newest first (0: keep no history)"),

@@ -165,6 +165,7 @@ class Adoption:
                 running_since=now if r.status == stream_pb2.TASK_RUNNING else None,
                 processed_ms=r.processed_ms,
                 source_ms=r.source_ms,
+                checkpoint_id=r.checkpoint_id,
             )
         rt.pending.clear()
         for t in rt.tasks.values():

@@ -111,7 +111,9 @@ class Deploy:
         for stream_id, rt in self.shared.streams.items():
             if not rt.pending or stream_id in skip:
                 continue
-            deploy = stream_pb2.StreamDeploy(stream_id=stream_id, stream_name=rt.sdef.name)
+            # Every task starts from the stream's consensus checkpoint (``checkpoint``): the newest all tasks held.
+            deploy = stream_pb2.StreamDeploy(stream_id=stream_id, stream_name=rt.sdef.name,
+                                             resume_checkpoint_id=rt.checkpoint_id)
             given: list[TaskRuntime] = []
             for task_id in sorted(rt.pending):
                 t = rt.tasks[task_id]
@@ -119,7 +121,7 @@ class Deploy:
                 mine = p.vgroup_id in vgroups if p.kind in READER_KINDS else bool(snode_id) and p.snode_id == snode_id
                 if not mine:
                     continue
-                t.node_id, t.deployed_at = node_id, now
+                t.node_id, t.deployed_at, t.checkpoint_id = node_id, now, rt.checkpoint_id
                 given.append(t)
                 msg = p.to_proto(stream_id, node_id)
                 if p.kind in READER_KINDS:

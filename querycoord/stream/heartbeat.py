@@ -26,6 +26,7 @@ from querycoord.common import events
 from querycoord.common.messages import copy_fields
 from querycoord.stream.adoption import Adoption
 from querycoord.stream.checker import Checker
+from querycoord.stream.checkpoint import Checkpoints
 from querycoord.stream.claims import Claims
 from querycoord.stream.deploy import Deploy
 from querycoord.stream.liveness import Liveness
@@ -54,6 +55,7 @@ class Heartbeats:
         checker: Checker,
         liveness: Liveness,
         deploy: Deploy,
+        checkpoints: Checkpoints,
     ):
         self.shared = shared
         self.claims = claims
@@ -61,6 +63,7 @@ class Heartbeats:
         self.checker = checker
         self.liveness = liveness
         self.deploy = deploy
+        self.checkpoints = checkpoints
 
     async def handle(self, req: stream_pb2.HeartbeatRequest) -> stream_pb2.HeartbeatReply:
         """One heartbeat, its handling time measured (``querycoord_stream_heartbeat_duration_seconds``)."""
@@ -93,11 +96,14 @@ class Heartbeats:
             self.liveness.vgroup_moved(vg, req.node_id, now)
         undeploys: dict[int, stream_pb2.StreamUndeploy] = {}
         triggers: list[stream_pb2.TaskStatusReport] = []
+        orders: dict[int, int] = {}
         for rep in req.tasks:
-            self._on_report(req.node_id, rep, now, reply, undeploys)
+            self._on_report(req.node_id, rep, now, reply, undeploys, orders)
             if rep.kind == TRIGGER:
                 triggers.append(rep)
         reply.undeploys.extend(undeploys.values())
+        self.checkpoints.settle({rep.stream_id for rep in req.tasks})
+        reply.checkpoints.extend(self.checkpoints.orders(orders, set(undeploys)))
         for rep in triggers:
             rt = shared.streams.get(rep.stream_id)
             if rt is not None and rt.runner_update:
@@ -141,6 +147,7 @@ class Heartbeats:
         now: float,
         reply: stream_pb2.HeartbeatReply,
         undeploys: dict[int, stream_pb2.StreamUndeploy],
+        orders: dict[int, int],
     ) -> None:
         """TDengine's status update: stale instances are undeployed, the rest recorded and acted on.
 
@@ -166,6 +173,7 @@ class Heartbeats:
         t.status = rep.status
         t.processed_ms, t.source_ms = rep.processed_ms, rep.source_ms  # kept in memory only: O(1) per report
         t.error_code, t.error_message = rep.error_code, rep.error_message
+        self.checkpoints.on_report(rt, t, rep, orders)
         if rep.status == stream_pb2.TASK_RUNNING:
             if t.running_since is None:
                 t.running_since = now

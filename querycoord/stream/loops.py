@@ -45,14 +45,15 @@ async def follow_stream_nodes(kv: MetaKV, streams: StreamManager) -> None:
 
 
 async def tick_streams(streams: StreamManager, tick: float, refresh: float) -> None:
-    """``streams.tick()`` every ``tick`` seconds, and a re-read of the store every ``refresh`` seconds (in case a
-    change notification was missed)."""
+    """``streams.tick()`` and its checkpoint part every ``tick`` seconds, and a re-read of the store every
+    ``refresh`` seconds (in case a change notification was missed)."""
     loop = asyncio.get_running_loop()
     last_refresh = loop.time()
     while True:
         await asyncio.sleep(tick)
         try:
             streams.tick()
+            await streams.checkpoint_tick()
             if loop.time() - last_refresh >= refresh:
                 last_refresh = loop.time()
                 await streams.refresh()

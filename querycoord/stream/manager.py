@@ -31,6 +31,7 @@ from proto import stream_pb2
 from querycoord.settings.config import StreamConfig
 from querycoord.stream.adoption import Adoption
 from querycoord.stream.checker import Checker
+from querycoord.stream.checkpoint import Checkpoints
 from querycoord.stream.claims import Claims
 from querycoord.stream.definitions import Definitions
 from querycoord.stream.deploy import Deploy
@@ -41,6 +42,9 @@ from querycoord.stream.recalc_store import RecalcStore
 from querycoord.stream.runtime import Heard, ManagerState, Runtime, StreamRuntime
 from querycoord.stream.show import show_streams
 from querycoord.stream.store import StreamStore
+
+# A StopStream waits at most this long for its final checkpoint (clients' calls time out after 30 s by default).
+STOP_CHECKPOINT_WAIT_MAX = 20.0
 
 
 class StreamManager:
@@ -71,9 +75,10 @@ class StreamManager:
         self.checker = Checker(self.shared)
         self.liveness = Liveness(self.shared)
         self.deploy = Deploy(self.shared)
+        self.checkpoints = Checkpoints(self.shared)
         self.heartbeats = Heartbeats(
             self.shared, claims=self.claims, adoption=self.adoption, checker=self.checker, liveness=self.liveness,
-            deploy=self.deploy,
+            deploy=self.deploy, checkpoints=self.checkpoints,
         )
         self.recalcs = Recalcs(self.shared, RecalcStore(store.kv))
 
@@ -82,6 +87,7 @@ class StreamManager:
         """Load the persisted streams and snodes; WATCH when any stream exists (running tasks may be out there)."""
         await self.definitions.start()
         await self.recalcs.start()
+        await self.checkpoints.load()
 
     def set_live_nodes(self, node_ids: Iterable[int]) -> None:
         """The nodes with a live meta session: only they are heard, and WATCH ends early once all of them
@@ -143,6 +149,17 @@ class StreamManager:
             except Exception:
                 self.shared.errors += 1
                 logger.exception("stream manager: {} failed ({} errors so far); going on", what, self.shared.errors)
+
+    async def checkpoint_tick(self) -> None:
+        """The checkpoint part of the periodic work: abandon stale rounds, start due ones, commit complete ones
+        (``checkpoint``). Async: round ids and commits go to etcd."""
+        await self.checkpoints.tick(self.shared.clock())
+
+    async def final_checkpoint(self, stream_id: int) -> tuple[int, str]:
+        """A stop's final checkpoint round, waited for up to ``checkpoint_timeout`` (at most
+        ``STOP_CHECKPOINT_WAIT_MAX``, inside a client's call timeout): (consensus, "" or why not)."""
+        wait = min(self.shared.config.checkpoint_timeout, STOP_CHECKPOINT_WAIT_MAX)
+        return await self.checkpoints.final_round(stream_id, wait)
 
     def check_tasks(self, now: float | None = None) -> int:
         """The checker's task part (``checker``); returns how many streams it repaired."""

@@ -68,6 +68,24 @@ class TaskRuntime:
     # Progress as its last report gave it (``progress``): processed up to (unix ms, 0 unknown), the source's newest.
     processed_ms: int = 0
     source_ms: int = 0
+    # The newest checkpoint this instance reported holding (0: none).
+    checkpoint_id: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointRound:
+    """A checkpoint round in flight: its id, when it started, and the task instances it covers.
+
+    ``tasks`` is the stream's (task id, SID) set when the round started: a
+    round whose stream was redeployed meanwhile is abandoned (a new instance
+    never held what the old one was told to take).
+    """
+
+    id: int
+    started: float
+    tasks: frozenset[tuple[int, int]]
+    # Started by a stop: the tasks are undeployed after it (or after the timeout).
+    final: bool = False
 
 
 @dataclass(slots=True)
@@ -91,6 +109,14 @@ class StreamRuntime:
     # would lose the update with a lost reply.
     runner_update: bool = False
     runner_update_sends: int = 0
+    # The committed consensus checkpoint (persisted; loaded on every leadership) and when it was committed:
+    # unix ms as persisted, and on the monotonic clock for its age (None: not committed by this leader).
+    checkpoint_id: int = 0
+    checkpoint_ms: int = 0
+    checkpoint_at: float | None = None
+    # The round in flight, and when the last round started (rounds start checkpoint_interval apart).
+    round: CheckpointRound | None = None
+    last_round: float | None = None
 
     @property
     def error_stopped(self) -> bool:

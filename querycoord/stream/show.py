@@ -55,6 +55,10 @@ def show_streams(shared: Runtime, req: stream_pb2.ShowStreamsRequest) -> stream_
             retries=rt.retries,
             plan_queued=stream_id in shared.to_plan,
             wait_reason=rt.waiting if stream_id in shared.to_plan else "",
+            checkpoint_id=rt.checkpoint_id,
+            checkpoint_ms=rt.checkpoint_ms,
+            checkpoint_round_id=rt.round.id if rt.round else 0,
+            checkpoint_round_started_ms=unix_ms(rt.round.started) if rt.round else 0,
         )
         info.processed_ms, info.lag_ms = stream_progress(rt.tasks.values())
         if req.with_tasks:
@@ -69,6 +73,7 @@ def show_streams(shared: Runtime, req: stream_pb2.ShowStreamsRequest) -> stream_
                         pending=t.task.task_id in rt.pending,
                         processed_ms=t.processed_ms,
                         lag_ms=task_lag_ms(t),
+                        checkpoint_id=t.checkpoint_id,
                     )
                 )
         resp.streams.append(info)

@@ -6,6 +6,7 @@ Layout under the root path (model: TDengine's SStreamObj and SSnodeObj rows)::
     stream/names/<name>     "<id>": the name index, unique by a create-revision compare
     stream/snodes/<id>      SnodeInfo (protobuf bytes)
     stream/snode-ring       bumped by every snode add or drop (serialises ring changes)
+    stream/checkpoints/<id> StreamCheckpoint: the consensus checkpoint (``checkpoint_store``; removed by the drop)
     idalloc/stream, idalloc/snode, idalloc/stream-task   id allocators (``IdAllocator``)
 
 Tasks are never persisted (TDengine does not either): the leader rebuilds them
@@ -58,6 +59,7 @@ from meta.txn import Compare, Op, created_at, delete, modified_at, put, value_is
 from proto import common_pb2, stream_pb2
 from querycoord.common.errors import Conflict, CoordError, IllegalArgument, NotFound, status_for
 from querycoord.common.messages import copy_fields
+from querycoord.stream.checkpoint_store import checkpoint_key
 
 STREAM_PREFIX = "stream/"
 STREAMS_PREFIX = "stream/streams/"
@@ -390,7 +392,7 @@ class StreamStore:
             ok = await self._txn(
                 f"drop stream {stream_id}",
                 [modified_at(item.key, item.mod_revision)],
-                [delete(item.key), delete(name_key(sdef.name))],
+                [delete(item.key), delete(name_key(sdef.name)), delete(checkpoint_key(stream_id))],
             )
             if ok:
                 sdef.user_dropped = True

@@ -51,6 +51,7 @@ from querycoord.stream.plan import expected_counts
 from querycoord.tooling.drill.base import DrillSetupError, ProcessDrill, run_and_report
 from querycoord.tooling.drill.leaders import wait_until
 from querycoord.tooling.drill.options import StreamDrillOptions
+from querycoord.tooling.drill.stream_checkpoints import CheckpointChecks
 from querycoord.tooling.drill.stream_lag import LagSampler, stop
 from querycoord.tooling.harness import STREAM_NODE, Harness, Member
 
@@ -137,6 +138,7 @@ class StreamDrillResult:
     recalcs_not_done: list[str] = field(default_factory=list)
     recalc_duplicates: list[str] = field(default_factory=list)
     lag: LagSampler | None = None
+    checkpoints: CheckpointChecks = field(default_factory=CheckpointChecks)
 
     def of(self, kind: str) -> list[Fault]:
         return [f for f in self.faults if f.kind == kind]
@@ -158,13 +160,16 @@ class StreamDrillResult:
             "recalcs_not_done": len(self.recalcs_not_done),
             "recalc_duplicates": len(self.recalc_duplicates),
             **(self.lag.summary() if self.lag is not None else {"lag_p99_s": None}),
+            **self.checkpoints.summary(),
         }
 
     @property
     def failed(self) -> bool:
         s = self.summary()
         return bool(self.violations or s["duplicate_tasks"] or s["stale_tasks"] or s["not_running"]
-                    or s["recalcs_not_done"] or s["recalc_duplicates"] or self.final is None or self.final.error)
+                    or s["recalcs_not_done"] or s["recalc_duplicates"]
+                    or s["checkpoint_regressions"] or s["bad_resumes"]
+                    or self.final is None or self.final.error)
 
 
 class StreamDrill(ProcessDrill[StreamDrillOptions, StreamDrillResult]):
@@ -193,6 +198,7 @@ class StreamDrill(ProcessDrill[StreamDrillOptions, StreamDrillResult]):
             first = await self._quiesce("initial deploy")
             if not first.quiescent:
                 self.result.violations.append(f"initial deploy not quiescent: {first.brief()}")
+            await self._first_checkpoints()
             await self._run_faults()
             self.result.final = await self._quiesce("final")
             self.say(f"final: {self.result.final.brief()}")
@@ -373,7 +379,22 @@ class StreamDrill(ProcessDrill[StreamDrillOptions, StreamDrillResult]):
             if (nid, sid) not in holders.get(tid, []):
                 ob.missing.append(f"task {tid} SID {sid} (stream {stream_id}) not alive on node {nid}")
         ob.instances = {s: frozenset(v) for s, v in per_stream.items() if s not in self.stopped_ids}
+        self.result.checkpoints.observe(show, nodes, self.stopped_ids)
         return ob
+
+    async def _first_checkpoints(self) -> None:
+        """Before the faults, until every running stream has a consensus checkpoint (bounded by the quiesce
+        timeout): resumes after the faults then have one to resume from."""
+        deadline = time.monotonic() + self.opts.quiesce_timeout
+        while time.monotonic() < deadline:
+            ob = await self.observe()
+            running = [s for s in ob.instances if s not in self.stopped_ids]
+            if running and self.result.checkpoints.least_consensus(running) > 0:
+                self.say(f"every running stream has a consensus checkpoint "
+                         f"({self.result.checkpoints.summary()['checkpoints']} seen)")
+                return
+            await asyncio.sleep(0.5)
+        self.say("not every running stream has a consensus checkpoint yet; faults go on")
 
     async def _quiesce(self, what: str, since: float | None = None) -> Observation:
         """Observe until quiescent or ``quiesce_timeout``; the last observation."""
@@ -576,6 +597,10 @@ def render(result: StreamDrillResult) -> str:
         lag = result.lag.summary()
         lines.append(f"lag: p99 {lag['lag_p99_s']}s, max {lag['lag_max_s']}s over {lag['lag_samples']} samples "
                      "(each stream's lag in the leader's ShowStreams every 0.5s, streams without progress left out)")
+    ck = result.checkpoints
+    lines.append(f"checkpoints: {ck.summary()}")
+    lines += [f"  regression: {x}" for x in ck.regressions[:10]]
+    lines += [f"  bad resume: {x}" for x in ck.bad_resumes[:10]]
     for v in result.violations:
         lines.append(f"VIOLATION: {v}")
     lines.append("adopted/redeployed (per leader kill): streams whose task instances (task id, SID, node) on the "
