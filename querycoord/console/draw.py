@@ -412,8 +412,11 @@ def stream_activity(info: sp.StreamStatusInfo, show: sp.ShowStreamsResponse, now
                 counts[stream_task_status(t)] = counts.get(stream_task_status(t), 0) + 1
         detail = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
         waits = f"{pending} of {n} tasks wait for their host's heartbeat" if pending else f"{n} tasks handed out"
-        return f"deploying (deploy #{info.deploy_times}): {waits}" + (f"; {detail}" if detail else "")
+        waiting = f"; {_shorten(info.wait_reason, 120)}" if info.wait_reason else ""
+        return f"deploying (deploy #{info.deploy_times}): {waits}" + (f"; {detail}" if detail else "") + waiting
     if info.state == sp.STREAM_RUNNING:
+        if info.wait_reason:
+            return f"running: {n} tasks RUNNING; {_shorten(info.wait_reason, 120)}"
         return f"running: {n} tasks RUNNING, nothing to do"
     return stream_state_name(info.state)
 

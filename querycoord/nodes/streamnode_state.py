@@ -68,6 +68,9 @@ class Task:
     top_runners: list[stream_pb2.TaskId] = field(default_factory=list)
     error_code: int = 0
     error_message: str = ""
+    # Where the task starts reading (unix ms; 0: where it was, from its checkpoint): data written before it is
+    # skipped (StreamDeploy.start_from_ms; for the trigger also StreamStart.skip_until_ms, the later wins).
+    skip_until_ms: int = 0
 
     @property
     def key(self) -> TaskKey:
@@ -85,7 +88,7 @@ class Task:
             "vgroup_id": self.info.vgroup_id, "snode_id": self.info.snode_id, "deploy_id": self.info.deploy_id,
             "task_idx": self.info.task_idx, "scan_plan_idx": self.info.scan_plan_idx, "top": self.info.top,
             "error_code": self.error_code, "error_message": self.error_message,
-            "top_runners": [t.task_id for t in self.top_runners],
+            "top_runners": [t.task_id for t in self.top_runners], "skip_until_ms": self.skip_until_ms,
         }
 
 
@@ -219,15 +222,17 @@ class StreamNodeState:
     def _deploy_stream(self, d: stream_pb2.StreamDeploy, now: float, out: ReplyOutcome) -> None:
         """Deploy one stream's tasks of a reply: its readers, its trigger (with the trigger's readers and top
         runners), its runners."""
-        for r in d.readers:
-            self._deploy(r.task, now, out)
+        deployed: list[Task | None] = [self._deploy(r.task, now, out) for r in d.readers]
         if d.HasField("trigger"):
             task = self._deploy(d.trigger.task, now, out)
             if task is not None:
                 task.readers = list(d.trigger.readers)
                 task.top_runners = list(d.trigger.top_runners)
-        for rn in d.runners:
-            self._deploy(rn.task, now, out)
+            deployed.append(task)
+        deployed.extend(self._deploy(rn.task, now, out) for rn in d.runners)
+        for task in deployed:
+            if task is not None:
+                task.skip_until_ms = d.start_from_ms
 
     def _apply_starts_and_runner_updates(self, reply: stream_pb2.HeartbeatReply, undeployed_streams: set[int],
                                          out: ReplyOutcome) -> None:
@@ -239,6 +244,7 @@ class StreamNodeState:
             trig = self._same_instance(s.trigger)
             if trig is not None and trig.is_trigger:
                 trig.started = True
+                trig.skip_until_ms = max(trig.skip_until_ms, s.skip_until_ms)
                 out.started.append(trig.key)
         for ru in reply.runner_updates:
             if ru.stream_id in undeployed_streams:

@@ -111,7 +111,8 @@ class Deploy:
         for stream_id, rt in self.shared.streams.items():
             if not rt.pending or stream_id in skip:
                 continue
-            deploy = stream_pb2.StreamDeploy(stream_id=stream_id, stream_name=rt.sdef.name)
+            deploy = stream_pb2.StreamDeploy(stream_id=stream_id, stream_name=rt.sdef.name,
+                                             start_from_ms=rt.sdef.start_from_ms)
             given: list[TaskRuntime] = []
             for task_id in sorted(rt.pending):
                 t = rt.tasks[task_id]
