@@ -81,7 +81,7 @@ def snode_dependents(
 def refuse_snode_drop(snode_id: int, deps: Sequence[stream_pb2.StreamDef]) -> SnodeInUse:
     """The refusal of an unforced drop of an snode that ``deps`` depend on."""
     return SnodeInUse(
-        f"cannot drop snode {snode_id}: {len(deps)} stream{'s' if len(deps) != 1 else ''} depend on it "
+        f"cannot drop snode {snode_id}: {len(deps)} stream{'s depend' if len(deps) != 1 else ' depends'} on it "
         f"({name_streams([s.name for s in deps])}): their main snode is it or their tasks run there; stop or "
         f"drop them first, or force the drop (their tasks are then redeployed elsewhere)"
     )
