@@ -65,7 +65,7 @@ RECALC_FAILED: RecalcState
 RECALC_CANCELLED: RecalcState
 
 class StreamDef(_message.Message):
-    __slots__ = ("id", "name", "source_db", "source_vgroup_ids", "trigger_vgroup_id", "num_calc_scan_plans", "num_calc_subplans", "runner_deploys", "main_snode_id", "user_stopped", "user_dropped", "create_ms", "update_ms")
+    __slots__ = ("id", "name", "source_db", "source_vgroup_ids", "trigger_vgroup_id", "num_calc_scan_plans", "num_calc_subplans", "runner_deploys", "main_snode_id", "user_stopped", "user_dropped", "create_ms", "update_ms", "stop_ms", "start_from_ms")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     SOURCE_DB_FIELD_NUMBER: _ClassVar[int]
@@ -79,6 +79,8 @@ class StreamDef(_message.Message):
     USER_DROPPED_FIELD_NUMBER: _ClassVar[int]
     CREATE_MS_FIELD_NUMBER: _ClassVar[int]
     UPDATE_MS_FIELD_NUMBER: _ClassVar[int]
+    STOP_MS_FIELD_NUMBER: _ClassVar[int]
+    START_FROM_MS_FIELD_NUMBER: _ClassVar[int]
     id: int
     name: str
     source_db: str
@@ -92,7 +94,9 @@ class StreamDef(_message.Message):
     user_dropped: bool
     create_ms: int
     update_ms: int
-    def __init__(self, id: _Optional[int] = ..., name: _Optional[str] = ..., source_db: _Optional[str] = ..., source_vgroup_ids: _Optional[_Iterable[int]] = ..., trigger_vgroup_id: _Optional[int] = ..., num_calc_scan_plans: _Optional[int] = ..., num_calc_subplans: _Optional[int] = ..., runner_deploys: _Optional[int] = ..., main_snode_id: _Optional[int] = ..., user_stopped: _Optional[bool] = ..., user_dropped: _Optional[bool] = ..., create_ms: _Optional[int] = ..., update_ms: _Optional[int] = ...) -> None: ...
+    stop_ms: int
+    start_from_ms: int
+    def __init__(self, id: _Optional[int] = ..., name: _Optional[str] = ..., source_db: _Optional[str] = ..., source_vgroup_ids: _Optional[_Iterable[int]] = ..., trigger_vgroup_id: _Optional[int] = ..., num_calc_scan_plans: _Optional[int] = ..., num_calc_subplans: _Optional[int] = ..., runner_deploys: _Optional[int] = ..., main_snode_id: _Optional[int] = ..., user_stopped: _Optional[bool] = ..., user_dropped: _Optional[bool] = ..., create_ms: _Optional[int] = ..., update_ms: _Optional[int] = ..., stop_ms: _Optional[int] = ..., start_from_ms: _Optional[int] = ...) -> None: ...
 
 class SnodeInfo(_message.Message):
     __slots__ = ("id", "node_id", "replica_id", "create_ms", "dropping")
@@ -223,28 +227,32 @@ class RunnerDeploy(_message.Message):
     def __init__(self, task: _Optional[_Union[TaskId, _Mapping]] = ...) -> None: ...
 
 class StreamDeploy(_message.Message):
-    __slots__ = ("stream_id", "stream_name", "readers", "trigger", "runners", "resume_checkpoint_id")
+    __slots__ = ("stream_id", "stream_name", "readers", "trigger", "runners", "resume_checkpoint_id", "start_from_ms")
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     STREAM_NAME_FIELD_NUMBER: _ClassVar[int]
     READERS_FIELD_NUMBER: _ClassVar[int]
     TRIGGER_FIELD_NUMBER: _ClassVar[int]
     RUNNERS_FIELD_NUMBER: _ClassVar[int]
     RESUME_CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    START_FROM_MS_FIELD_NUMBER: _ClassVar[int]
     stream_id: int
     stream_name: str
     readers: _containers.RepeatedCompositeFieldContainer[ReaderDeploy]
     trigger: TriggerDeploy
     runners: _containers.RepeatedCompositeFieldContainer[RunnerDeploy]
     resume_checkpoint_id: int
-    def __init__(self, stream_id: _Optional[int] = ..., stream_name: _Optional[str] = ..., readers: _Optional[_Iterable[_Union[ReaderDeploy, _Mapping]]] = ..., trigger: _Optional[_Union[TriggerDeploy, _Mapping]] = ..., runners: _Optional[_Iterable[_Union[RunnerDeploy, _Mapping]]] = ..., resume_checkpoint_id: _Optional[int] = ...) -> None: ...
+    start_from_ms: int
+    def __init__(self, stream_id: _Optional[int] = ..., stream_name: _Optional[str] = ..., readers: _Optional[_Iterable[_Union[ReaderDeploy, _Mapping]]] = ..., trigger: _Optional[_Union[TriggerDeploy, _Mapping]] = ..., runners: _Optional[_Iterable[_Union[RunnerDeploy, _Mapping]]] = ..., resume_checkpoint_id: _Optional[int] = ..., start_from_ms: _Optional[int] = ...) -> None: ...
 
 class StreamStart(_message.Message):
-    __slots__ = ("stream_id", "trigger")
+    __slots__ = ("stream_id", "trigger", "skip_until_ms")
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     TRIGGER_FIELD_NUMBER: _ClassVar[int]
+    SKIP_UNTIL_MS_FIELD_NUMBER: _ClassVar[int]
     stream_id: int
     trigger: TaskId
-    def __init__(self, stream_id: _Optional[int] = ..., trigger: _Optional[_Union[TaskId, _Mapping]] = ...) -> None: ...
+    skip_until_ms: int
+    def __init__(self, stream_id: _Optional[int] = ..., trigger: _Optional[_Union[TaskId, _Mapping]] = ..., skip_until_ms: _Optional[int] = ...) -> None: ...
 
 class StreamUndeploy(_message.Message):
     __slots__ = ("stream_id", "tasks", "undeploy_all", "checkpoint", "cleanup")
@@ -313,12 +321,14 @@ class CreateStreamRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ..., source_db: _Optional[str] = ..., source_vgroup_ids: _Optional[_Iterable[int]] = ..., trigger_vgroup_id: _Optional[int] = ..., num_calc_scan_plans: _Optional[int] = ..., num_calc_subplans: _Optional[int] = ..., runner_deploys: _Optional[int] = ..., if_not_exists: _Optional[bool] = ...) -> None: ...
 
 class CreateStreamResponse(_message.Message):
-    __slots__ = ("status", "stream")
+    __slots__ = ("status", "stream", "already_exists")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     STREAM_FIELD_NUMBER: _ClassVar[int]
+    ALREADY_EXISTS_FIELD_NUMBER: _ClassVar[int]
     status: _common_pb2.Status
     stream: StreamDef
-    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., stream: _Optional[_Union[StreamDef, _Mapping]] = ...) -> None: ...
+    already_exists: bool
+    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., stream: _Optional[_Union[StreamDef, _Mapping]] = ..., already_exists: _Optional[bool] = ...) -> None: ...
 
 class StreamRef(_message.Message):
     __slots__ = ("stream_id", "name")
@@ -343,10 +353,12 @@ class StopStreamRequest(_message.Message):
     def __init__(self, stream: _Optional[_Union[StreamRef, _Mapping]] = ...) -> None: ...
 
 class StartStreamRequest(_message.Message):
-    __slots__ = ("stream",)
+    __slots__ = ("stream", "ignore_untreated")
     STREAM_FIELD_NUMBER: _ClassVar[int]
+    IGNORE_UNTREATED_FIELD_NUMBER: _ClassVar[int]
     stream: StreamRef
-    def __init__(self, stream: _Optional[_Union[StreamRef, _Mapping]] = ...) -> None: ...
+    ignore_untreated: bool
+    def __init__(self, stream: _Optional[_Union[StreamRef, _Mapping]] = ..., ignore_untreated: _Optional[bool] = ...) -> None: ...
 
 class StreamResponse(_message.Message):
     __slots__ = ("status", "stream")
@@ -455,10 +467,12 @@ class CreateSnodeResponse(_message.Message):
     def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., snode: _Optional[_Union[SnodeInfo, _Mapping]] = ...) -> None: ...
 
 class DropSnodeRequest(_message.Message):
-    __slots__ = ("snode_id",)
+    __slots__ = ("snode_id", "force")
     SNODE_ID_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
     snode_id: int
-    def __init__(self, snode_id: _Optional[int] = ...) -> None: ...
+    force: bool
+    def __init__(self, snode_id: _Optional[int] = ..., force: _Optional[bool] = ...) -> None: ...
 
 class DropSnodeResponse(_message.Message):
     __slots__ = ("status", "moved_streams", "moved_to_snode_id")

@@ -393,17 +393,18 @@ async def test_secured_cluster_mutual_tls_roles_and_node_identity(etcd: EtcdClus
             raw = ch.unary_unary("/querycoord.node.QueryNode/ReleaseSegments")
             assert await code_of(raw(b"\x0a\xff\xff\xff\xff\xff", timeout=5)) == grpc.StatusCode.PERMISSION_DENIED
 
-        # Stream node 7 heartbeats with its certificate (CN streamnode-7); its snode is recorded first.
+        # Stream node 7 heartbeats with its certificate (CN streamnode-7); its snode (created once the node is
+        # live: snodes go only on live stream nodes) is picked up from etcd.
+        stream = await spawn_stream_node(etcd, root_path, tmp_path, "--config", str(stream_cfg), "--node-id",
+                                         str(STREAM_NODE_ID), "--coordinator", coord.address, "--snode",
+                                         "--heartbeat-ms", "100", "--ttl", "2")
+        procs.append(stream)
         admin = identity(pki, pki.user, pki.tokens["admin"])
         async with make_channel(coord.address, admin) as ch:
             created = await stream_pb2_grpc.StreamMgmtStub(ch).CreateSnode(
                 stream_pb2.CreateSnodeRequest(node_id=STREAM_NODE_ID), timeout=10)
             assert created.status.error_code == 0, created
         snode = created.snode.id
-        stream = await spawn_stream_node(etcd, root_path, tmp_path, "--config", str(stream_cfg), "--node-id",
-                                         str(STREAM_NODE_ID), "--coordinator", coord.address, "--snode",
-                                         "--heartbeat-ms", "100", "--ttl", "2")
-        procs.append(stream)
 
         async def heard() -> bool:
             answer = await stream.command("tasks")

@@ -320,7 +320,11 @@ async def test_stream_mgmt_refuses_bad_requests_and_writes_nothing(
 
 
 async def test_snodes_are_bounded_by_the_configured_limit(etcd: EtcdCluster, kv: MetaKV, root_path: str) -> None:
-    async with cluster(etcd, root_path, limits=Limits(max_snodes=2)) as c, channel(c.coords[0].address) as ch:
+    # Snodes go only on live stream nodes: three stream-node sessions under fixed ids stand for them.
+    async with cluster(etcd, root_path, limits=Limits(max_snodes=2)) as c, channel(c.coords[0].address) as ch, \
+            contextlib.AsyncExitStack() as nodes:
+        for node_id in (11, 12, 13):
+            await nodes.enter_async_context(Session(kv, "streamnode", "stream-node", ttl=10, server_id=node_id))
         stub = stream_pb2_grpc.StreamMgmtStub(ch)
         for node_id in (11, 12):
             created = await stub.CreateSnode(stream_pb2.CreateSnodeRequest(node_id=node_id))

@@ -22,7 +22,7 @@ from querycoord.console import recalc as recalc_view
 from querycoord.console.actions import (
     answered_by_standby,
     create_snode,
-    create_stream,
+    create_stream_answer,
     drop_snode,
     drop_stream,
     parse_vgroups,
@@ -49,10 +49,18 @@ def _standby_note(show: stream_pb2.ShowStreamsResponse) -> None:
 
 # ----- streams --------------------------------------------------------------------------------------------------------
 async def _stream_create(c: QueryCoordClient, args: argparse.Namespace) -> int:
-    sdef = await create_stream(c, args.name, vgroups=args.vgroups, source_db=args.db,
-                               trigger_vgroup=args.trigger_vgroup, scan_plans=args.scan_plans,
-                               subplans=args.subplans, runner_deploys=args.runner_deploys,
-                               if_not_exists=args.if_not_exists)
+    resp = await create_stream_answer(c, args.name, vgroups=args.vgroups, source_db=args.db,
+                                      trigger_vgroup=args.trigger_vgroup, scan_plans=args.scan_plans,
+                                      subplans=args.subplans, runner_deploys=args.runner_deploys,
+                                      if_not_exists=args.if_not_exists)
+    sdef = resp.stream
+    if resp.already_exists:
+        print(f"stream {sdef.name} (id {sdef.id}) exists, left as it is (--if-not-exists): vgroups "
+              f"{','.join(map(str, sdef.source_vgroup_ids))} of {sdef.source_db or '-'}, main snode "
+              f"{sdef.main_snode_id}")
+        return 0
+    if resp.status.reason:  # accepted, and it says what the stream waits for
+        print(f"note: {resp.status.reason}", file=sys.stderr)
     print(f"created stream {sdef.name} (id {sdef.id}) on vgroups {','.join(map(str, sdef.source_vgroup_ids))} of "
           f"{sdef.source_db or '-'}: main snode {sdef.main_snode_id}, {sdef.num_calc_scan_plans} scan plans, "
           f"{sdef.runner_deploys} runner deploys of {sdef.num_calc_subplans}; "
@@ -102,8 +110,10 @@ async def _stream_stop(c: QueryCoordClient, args: argparse.Namespace) -> int:
 
 
 async def _stream_start(c: QueryCoordClient, args: argparse.Namespace) -> int:
-    sdef = await start_stream(c, args.stream)
-    print(f"started stream {sdef.name} (id {sdef.id}); the leader plans and deploys it "
+    sdef = await start_stream(c, args.stream, ignore_untreated=args.ignore_untreated)
+    skip = ("; its tasks skip what was written while it was stopped" if sdef.start_from_ms
+            else "; its tasks resume where they were")
+    print(f"started stream {sdef.name} (id {sdef.id}){skip}; the leader plans and deploys it "
           f"(see `querycoord stream show {sdef.name}`)")
     return 0
 
@@ -138,9 +148,9 @@ async def _snode_create(c: QueryCoordClient, args: argparse.Namespace) -> int:
 
 
 async def _snode_drop(c: QueryCoordClient, args: argparse.Namespace) -> int:
-    resp = await drop_snode(c, args.snode_id)
-    moved = (f"; {resp.moved_streams} streams moved to snode {resp.moved_to_snode_id}" if resp.moved_streams
-             else "; no stream had it as main snode")
+    resp = await drop_snode(c, args.snode_id, force=args.force)
+    moved = (f"; {resp.moved_streams} streams moved to snode {resp.moved_to_snode_id}, their tasks redeployed "
+             f"elsewhere" if resp.moved_streams else "; no stream had it as main snode")
     print(f"dropped snode {args.snode_id}{moved}")
     return 0
 
@@ -193,6 +203,8 @@ def add_parsers(sub: Any, client: list[argparse.ArgumentParser]) -> None:
     q = _named(ssub, "stop", "stop a stream: its tasks are undeployed with a checkpoint", client)
     q.set_defaults(func=client_command(_stream_stop))
     q = _named(ssub, "start", "start a stopped stream again", client)
+    q.add_argument("--ignore-untreated", action="store_true",
+                   help="skip what was written while the stream was stopped (default: resume where it was)")
     q.set_defaults(func=client_command(_stream_start))
     q = _named(ssub, "drop", "drop a stream: its tasks are undeployed, their state cleaned up", client)
     q.add_argument("--if-exists", action="store_true", help="succeed if there is no such stream")
@@ -212,8 +224,11 @@ def add_parsers(sub: Any, client: list[argparse.ArgumentParser]) -> None:
     q.add_argument("node_id", type=positive_int, help="the stream node's id (its session's server id)")
     q.set_defaults(func=client_command(_snode_create))
     q = ssub.add_parser("drop", parents=client,
-                        help="drop an snode: the streams whose main snode it is move to its replica")
+                        help="drop an snode (refused while streams depend on it, unless --force)")
     q.add_argument("snode_id", type=positive_int)
+    q.add_argument("--force", action="store_true",
+                   help="drop it even while streams depend on it: they move to its replica, their tasks are "
+                        "redeployed elsewhere")
     q.set_defaults(func=client_command(_snode_drop))
     q = ssub.add_parser("show", parents=client, help="snodes: node, replica, liveness, streams")
     add_output_option(q)

@@ -435,11 +435,30 @@ async def create_stream(
 ) -> stream_pb2.StreamDef:
     """CreateStream: readers on ``vgroups`` of ``source_db``, ``scan_plans`` calc scans, a runner DAG of
     ``subplans`` tasks deployed ``runner_deploys`` times (0: the coordinator's default, 3)."""
+    return (await create_stream_answer(c, name, vgroups=vgroups, source_db=source_db, trigger_vgroup=trigger_vgroup,
+                                       scan_plans=scan_plans, subplans=subplans, runner_deploys=runner_deploys,
+                                       if_not_exists=if_not_exists)).stream
+
+
+async def create_stream_answer(
+    c: QueryCoordClient,
+    name: str,
+    *,
+    vgroups: Sequence[int],
+    source_db: str = "db",
+    trigger_vgroup: int = 0,
+    scan_plans: int = 1,
+    subplans: int = 2,
+    runner_deploys: int = 0,
+    if_not_exists: bool = False,
+) -> stream_pb2.CreateStreamResponse:
+    """``create_stream``'s whole answer: ``already_exists`` (if_not_exists met a stream of that name, left as it
+    is), and a status reason when the stream waits for something (vgroups no node leads)."""
     req = stream_pb2.CreateStreamRequest(
         name=name, source_db=source_db, source_vgroup_ids=list(vgroups), trigger_vgroup_id=trigger_vgroup,
         num_calc_scan_plans=scan_plans, num_calc_subplans=subplans, runner_deploys=runner_deploys,
         if_not_exists=if_not_exists)
-    return (await stream_call(c, "CreateStream", req, f"create stream {name}")).stream
+    return await stream_call(c, "CreateStream", req, f"create stream {name}")
 
 
 async def drop_stream(c: QueryCoordClient, ref: str, *, if_exists: bool = False) -> stream_pb2.StreamDef | None:
@@ -461,10 +480,11 @@ async def stop_stream_noted(c: QueryCoordClient, ref: str) -> tuple[stream_pb2.S
     return resp.stream, resp.status.reason
 
 
-async def start_stream(c: QueryCoordClient, ref: str) -> stream_pb2.StreamDef:
-    """StartStream: a stopped stream is planned and deployed again."""
-    return (await stream_call(c, "StartStream", stream_pb2.StartStreamRequest(stream=stream_ref(ref)),
-                              f"start stream {ref}")).stream
+async def start_stream(c: QueryCoordClient, ref: str, *, ignore_untreated: bool = False) -> stream_pb2.StreamDef:
+    """StartStream: a stopped stream is planned and deployed again (``ignore_untreated``: its tasks skip what was
+    written while it was stopped)."""
+    req = stream_pb2.StartStreamRequest(stream=stream_ref(ref), ignore_untreated=ignore_untreated)
+    return (await stream_call(c, "StartStream", req, f"start stream {ref}")).stream
 
 
 def answered_by_standby(show: stream_pb2.ShowStreamsResponse) -> bool:
@@ -504,6 +524,8 @@ async def create_snode(c: QueryCoordClient, node_id: int) -> stream_pb2.SnodeInf
                               f"create snode on node {node_id}")).snode
 
 
-async def drop_snode(c: QueryCoordClient, snode_id: int) -> stream_pb2.DropSnodeResponse:
-    """DropSnode: the streams whose main snode it was move to its replica (the answer says how many, where)."""
-    return await stream_call(c, "DropSnode", stream_pb2.DropSnodeRequest(snode_id=snode_id), f"drop snode {snode_id}")
+async def drop_snode(c: QueryCoordClient, snode_id: int, *, force: bool = False) -> stream_pb2.DropSnodeResponse:
+    """DropSnode: refused while streams depend on the snode unless ``force``; forced, the streams whose main snode
+    it was move to its replica (the answer says how many, where) and their tasks are redeployed elsewhere."""
+    return await stream_call(c, "DropSnode", stream_pb2.DropSnodeRequest(snode_id=snode_id, force=force),
+                             f"drop snode {snode_id}")

@@ -419,8 +419,11 @@ def stream_activity(info: sp.StreamStatusInfo, show: sp.ShowStreamsResponse, now
                 counts[stream_task_status(t)] = counts.get(stream_task_status(t), 0) + 1
         detail = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
         waits = f"{pending} of {n} tasks wait for their host's heartbeat" if pending else f"{n} tasks handed out"
-        return f"deploying (deploy #{info.deploy_times}): {waits}" + (f"; {detail}" if detail else "")
+        waiting = f"; {_shorten(info.wait_reason, 120)}" if info.wait_reason else ""
+        return f"deploying (deploy #{info.deploy_times}): {waits}" + (f"; {detail}" if detail else "") + waiting
     if info.state == sp.STREAM_RUNNING:
+        if info.wait_reason:
+            return f"running: {n} tasks RUNNING; {_shorten(info.wait_reason, 120)}"
         return f"running: {n} tasks RUNNING, nothing to do"
     return stream_state_name(info.state)
 
@@ -501,7 +504,8 @@ def stream_record(info: sp.StreamStatusInfo, show: sp.ShowStreamsResponse, now: 
         "source_vgroup_ids": list(d.source_vgroup_ids), "trigger_vgroup_id": d.trigger_vgroup_id,
         "num_calc_scan_plans": d.num_calc_scan_plans, "num_calc_subplans": d.num_calc_subplans,
         "runner_deploys": d.runner_deploys, "main_snode_id": d.main_snode_id, "user_stopped": d.user_stopped,
-        "create_ms": d.create_ms, "update_ms": d.update_ms, "deploy_times": info.deploy_times,
+        "create_ms": d.create_ms, "update_ms": d.update_ms, "stop_ms": d.stop_ms, "start_from_ms": d.start_from_ms,
+        "deploy_times": info.deploy_times,
         "stop_error_code": info.stop_error_code, "stop_reason": info.stop_reason, "next_retry_ms": info.next_retry_ms,
         "retries": info.retries, "plan_queued": info.plan_queued, "wait_reason": info.wait_reason,
         "watching": show.watching, **progress_record(info, now),

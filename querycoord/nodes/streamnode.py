@@ -46,6 +46,8 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
+import stat
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -288,14 +290,33 @@ class StreamNode(SessionNode):
 
 
 # ----- the process ------------------------------------------------------------
+def stdin_is_pollable() -> bool:
+    """Whether stdin can be a control channel: a pipe, a socket or a terminal.
+
+    Anything else has no control channel, and is not even handed to the event
+    loop: /dev/null (what nohup and systemd give) is a character device that
+    epoll refuses, which asyncio reports only later, as an error with a
+    traceback in the log; a regular file or a closed stdin is refused too.
+    """
+    try:
+        fd = sys.stdin.fileno()
+        mode = os.fstat(fd).st_mode
+    except (AttributeError, ValueError, OSError):
+        return False  # no stdin at all (closed, or replaced by an object without a descriptor)
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or os.isatty(fd)
+
+
 async def _read_control(node: StreamNode) -> None:
-    """Apply stdin commands until EOF (a node started with stdin at /dev/null simply has none)."""
+    """Apply stdin commands until EOF; a node whose stdin is no pipe, socket or terminal has none."""
+    if not stdin_is_pollable():
+        logger.debug("stream node {}: stdin is no pipe, socket or terminal: no control channel", node.node_id)
+        return
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     try:
         await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     except (ValueError, OSError):
-        return  # stdin is not a pipe (a file or a terminal): no control channel
+        return  # refused after all: no control channel
     while True:
         line = await reader.readline()
         if not line:

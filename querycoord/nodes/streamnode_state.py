@@ -113,6 +113,9 @@ class Task:
     checkpoint_ms: int = 0
     checkpoints: list[int] = field(default_factory=list)
     resumed_from: int = 0
+    # Where the task starts reading (unix ms; 0: where it was, from its checkpoint): data written before it is
+    # skipped (StreamDeploy.start_from_ms; for the trigger also StreamStart.skip_until_ms, the later wins).
+    skip_until_ms: int = 0
 
     @property
     def key(self) -> TaskKey:
@@ -133,6 +136,7 @@ class Task:
             "top_runners": [t.task_id for t in self.top_runners], "processed_ms": self.processed_ms,
             "checkpoint_id": self.checkpoint_id, "checkpoints": list(self.checkpoints),
             "resumed_from": self.resumed_from,
+            "skip_until_ms": self.skip_until_ms,
         }
 
 
@@ -413,6 +417,7 @@ class StreamNodeState:
         for task in new:
             if task is not None:
                 task.resumed_from = task.checkpoint_id = d.resume_checkpoint_id
+                task.skip_until_ms = d.start_from_ms
                 self.resumes.append((task.info.stream_id, task.info.task_id, task.info.sid, d.resume_checkpoint_id))
 
     def _apply_starts_and_runner_updates(self, reply: stream_pb2.HeartbeatReply, undeployed_streams: set[int],
@@ -425,6 +430,7 @@ class StreamNodeState:
             trig = self._same_instance(s.trigger)
             if trig is not None and trig.is_trigger:
                 trig.started = True
+                trig.skip_until_ms = max(trig.skip_until_ms, s.skip_until_ms)
                 out.started.append(trig.key)
         for ru in reply.runner_updates:
             if ru.stream_id in undeployed_streams:

@@ -51,6 +51,7 @@ from querycoord.common.validate import (
 from querycoord.leader.view import CoordinatorView
 from querycoord.security.auth import require_node
 from querycoord.serving.gate import LeaderGate, answered
+from querycoord.stream.guards import check_stream_node, refuse_snode_drop, stream_vgroups, waiting_for_vgroups
 from querycoord.stream.manager import StreamManager
 from querycoord.stream.recalc import MAX_DONE_PER_REPORT
 from querycoord.stream.store import (
@@ -176,10 +177,18 @@ class StreamMgmtServicer(stream_pb2_grpc.StreamMgmtServicer):
     async def CreateStream(self, request, context):
         check_create_stream(request, self.limits)
         streams, store = await self._lead(context)
-        sdef = await store.create_stream(request, live_snode_ids(streams))
+        sdef, existed = await store.create_or_get_stream(request, live_snode_ids(streams))
+        if existed:  # if_not_exists: nothing was written, the stream is left as it is
+            return stream_pb2.CreateStreamResponse(
+                status=common_pb2.Status(error_code=common_pb2.SUCCESS,
+                                         reason=f"stream {sdef.name} (id {sdef.id}) exists, left as it is"),
+                stream=sdef, already_exists=True)
         # Committed: only now may the manager plan and hand out its deploy.
         streams.put_stream(sdef)
-        return stream_pb2.CreateStreamResponse(status=OK, stream=sdef)
+        unled = streams.unled_vgroups(stream_vgroups(sdef))
+        # Accepted either way (a vgroup without a leader is a passing state): the reason says what it waits for.
+        status = common_pb2.Status(error_code=common_pb2.SUCCESS, reason=waiting_for_vgroups(unled)) if unled else OK
+        return stream_pb2.CreateStreamResponse(status=status, stream=sdef)
 
     @answered(stream_pb2.StreamResponse)
     async def DropStream(self, request, context):
@@ -223,7 +232,8 @@ class StreamMgmtServicer(stream_pb2_grpc.StreamMgmtServicer):
 
     @answered(stream_pb2.StreamResponse)
     async def StartStream(self, request, context):
-        return await self._update(request, context, StreamStore.start_stream)
+        ignore = request.ignore_untreated
+        return await self._update(request, context, lambda store, sid: store.start_stream(sid, ignore))
 
     @answered(stream_pb2.ShowStreamsResponse)
     async def ShowStreams(self, request, context):
@@ -282,6 +292,8 @@ class StreamMgmtServicer(stream_pb2_grpc.StreamMgmtServicer):
             existing = len(await store.list_snodes())
             if existing >= self.limits.max_snodes:
                 raise InvalidField("snodes", existing, "already exist: no more can be created", self.limits.max_snodes)
+            # Only on a live stream node: nothing is written (no id, no ring change) for any other id.
+            await check_stream_node(store.kv, request.node_id)
             return await store.create_snode(request.node_id)
 
         info = await self._change_snodes(context, create)
@@ -290,7 +302,14 @@ class StreamMgmtServicer(stream_pb2_grpc.StreamMgmtServicer):
     @answered(stream_pb2.DropSnodeResponse)
     async def DropSnode(self, request, context):
         check_id("snode_id", request.snode_id)
-        drop = await self._change_snodes(context, lambda store: store.drop_snode(request.snode_id))
+        streams, store = await self._lead(context)
+        deps = streams.snode_dependents(await store.list_streams(), request.snode_id)
+        if deps and not request.force:
+            raise refuse_snode_drop(request.snode_id, deps)  # CONFLICT naming the streams; nothing written
+        drop = await store.drop_snode(request.snode_id)
+        # Committed: the leader forgets the snode (no claim of it counts) and moves what ran there, then re-reads.
+        streams.snode_dropped(request.snode_id, forced=bool(deps))
+        await streams.refresh()
         return stream_pb2.DropSnodeResponse(status=OK, moved_streams=drop.moved_streams,
                                             moved_to_snode_id=drop.moved_to)
 

@@ -113,7 +113,8 @@ class Deploy:
                 continue
             # Every task starts from the stream's consensus checkpoint (``checkpoint``): the newest all tasks held.
             deploy = stream_pb2.StreamDeploy(stream_id=stream_id, stream_name=rt.sdef.name,
-                                             resume_checkpoint_id=rt.checkpoint_id)
+                                             resume_checkpoint_id=rt.checkpoint_id,
+                                             start_from_ms=rt.sdef.start_from_ms)
             given: list[TaskRuntime] = []
             for task_id in sorted(rt.pending):
                 t = rt.tasks[task_id]

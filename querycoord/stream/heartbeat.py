@@ -211,7 +211,8 @@ class Heartbeats:
                         trig.task.sid)
         trig.started_sid = trig.task.sid
         reply.starts.append(
-            stream_pb2.StreamStart(stream_id=rt.sdef.id, trigger=trig.task.to_proto(rt.sdef.id, trig.node_id))
+            stream_pb2.StreamStart(stream_id=rt.sdef.id, trigger=trig.task.to_proto(rt.sdef.id, trig.node_id),
+                                   skip_until_ms=rt.sdef.start_from_ms)
         )
 
     def _maybe_runner_update(

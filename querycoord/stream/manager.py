@@ -29,6 +29,7 @@ from loguru import logger
 
 from proto import stream_pb2
 from querycoord.settings.config import StreamConfig
+from querycoord.stream import guards
 from querycoord.stream.adoption import Adoption
 from querycoord.stream.checker import Checker
 from querycoord.stream.checkpoint import Checkpoints
@@ -168,6 +169,18 @@ class StreamManager:
     def node_lost(self, node_id: int) -> bool:
         """A node's meta session was deleted: handle its snode and vgroups as lost now (``liveness``)."""
         return self.liveness.node_lost(node_id)
+
+    def snode_dependents(self, persisted: Iterable[stream_pb2.StreamDef], snode_id: int) -> list[stream_pb2.StreamDef]:
+        """The streams that depend on ``snode_id`` (main snode, or tasks placed there: ``guards``)."""
+        return guards.snode_dependents(self.shared, persisted, snode_id)
+
+    def snode_dropped(self, snode_id: int, forced: bool = False) -> int:
+        """A committed snode drop: forget the snode, redeploy what ran there (``guards``); returns the streams."""
+        return guards.snode_dropped(self.shared, self.liveness, snode_id, forced)
+
+    def unled_vgroups(self, vgroup_ids: Iterable[int]) -> list[int]:
+        """Of ``vgroup_ids``, those no live node leads now."""
+        return guards.unled_vgroups(self.shared, vgroup_ids)
 
     def live_snode_ids(self) -> set[int]:
         """Snodes heard within task_silence and not declared lost (where new tasks may be placed now)."""

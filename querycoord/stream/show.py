@@ -9,8 +9,9 @@ from __future__ import annotations
 import time
 
 from proto import common_pb2, stream_pb2
+from querycoord.stream.guards import unled_vgroups, waiting_for_vgroups
 from querycoord.stream.progress import stream_progress, task_lag_ms
-from querycoord.stream.runtime import ManagerState, Runtime, StreamRuntime
+from querycoord.stream.runtime import READER_KINDS, ManagerState, Runtime, StreamRuntime
 
 
 def state_of(rt: StreamRuntime) -> int:
@@ -24,6 +25,19 @@ def state_of(rt: StreamRuntime) -> int:
     if not rt.pending and all(t.status == stream_pb2.TASK_RUNNING for t in rt.tasks.values()):
         return stream_pb2.STREAM_RUNNING
     return stream_pb2.STREAM_DEPLOYING
+
+
+def wait_reason(shared: Runtime, rt: StreamRuntime, queued: bool) -> str:
+    """What a stream waits for: its plan's reason while queued; once planned, a leader for the vgroups of its
+    readers that wait for one (pending, or on a vgroup declared lost); '' when it waits for nothing."""
+    if queued:
+        return rt.waiting
+    if rt.sdef.user_stopped or rt.error_stopped or not rt.tasks:
+        return ""
+    readers = {t.task.vgroup_id for t in rt.tasks.values() if t.task.kind in READER_KINDS
+               and (t.task.task_id in rt.pending or t.task.vgroup_id in shared.lost_vgroups)}
+    unled = unled_vgroups(shared, readers) if readers else []
+    return waiting_for_vgroups(unled) if unled else ""
 
 
 def show_streams(shared: Runtime, req: stream_pb2.ShowStreamsRequest) -> stream_pb2.ShowStreamsResponse:
@@ -54,7 +68,7 @@ def show_streams(shared: Runtime, req: stream_pb2.ShowStreamsRequest) -> stream_
             deploy_times=rt.deploy_times,
             retries=rt.retries,
             plan_queued=stream_id in shared.to_plan,
-            wait_reason=rt.waiting if stream_id in shared.to_plan else "",
+            wait_reason=wait_reason(shared, rt, stream_id in shared.to_plan),
             checkpoint_id=rt.checkpoint_id,
             checkpoint_ms=rt.checkpoint_ms,
             checkpoint_round_id=rt.round.id if rt.round else 0,

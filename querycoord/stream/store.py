@@ -296,12 +296,18 @@ class StreamStore:
     async def create_stream(
         self, req: stream_pb2.CreateStreamRequest, live_snode_ids: Collection[int]
     ) -> stream_pb2.StreamDef:
-        """Persist a new stream; returns it with its id and main snode.
+        """Persist a new stream; returns it (``create_or_get_stream`` without saying whether it existed)."""
+        return (await self.create_or_get_stream(req, live_snode_ids))[0]
+
+    async def create_or_get_stream(
+        self, req: stream_pb2.CreateStreamRequest, live_snode_ids: Collection[int]
+    ) -> tuple[stream_pb2.StreamDef, bool]:
+        """Persist a new stream; returns it with its id and main snode, and whether it already existed.
 
         The main snode is picked at random among the snodes that exist, are not
         being dropped and are in ``live_snode_ids`` (the store does not know
         liveness; the manager does). With ``if_not_exists`` an existing stream
-        of that name is returned unchanged. The manager posts the deploy only
+        of that name is returned unchanged (and ``True``). The manager posts the deploy only
         after this returns (the txn has committed), not before.
         """
         deploys = _validate(req)
@@ -310,7 +316,7 @@ class StreamStore:
             existing = await self.kv.get(name_key(req.name))
             if existing is not None:
                 if req.if_not_exists:
-                    return await self.get_stream(int(existing))
+                    return await self.get_stream(int(existing)), True
                 raise StreamExists(
                     f"a stream named {req.name!r} already exists (id {int(existing)}); pick another name"
                 )
@@ -342,7 +348,7 @@ class StreamStore:
                 put(snode_key(main), main_item.value),
             ]
             if await self._txn(f"create stream {req.name}", compares, ops):
-                return sdef
+                return sdef, False
             # The name was taken meanwhile, or the snode changed: re-read and decide again.
         raise TooMuchContention(f"create stream {req.name!r}: lost {self.max_attempts} txns to concurrent changes")
 
@@ -364,17 +370,23 @@ class StreamStore:
         raise TooMuchContention(f"{operation} stream {stream_id}: lost {self.max_attempts} txns to concurrent changes")
 
     async def stop_stream(self, stream_id: int) -> stream_pb2.StreamDef:
-        """Set ``user_stopped``; stopping a stopped stream is a ``StreamStateConflict``."""
+        """Set ``user_stopped`` and the stop time; stopping a stopped stream is a ``StreamStateConflict``."""
 
         def stop(sdef: stream_pb2.StreamDef) -> None:
             if sdef.user_stopped:
                 raise StreamStateConflict(f"stream {sdef.name} (id {sdef.id}) is already stopped; start it instead")
             sdef.user_stopped = True
+            sdef.stop_ms = _now_ms()
 
         return await self._update_stream(stream_id, "stop", stop)
 
-    async def start_stream(self, stream_id: int) -> stream_pb2.StreamDef:
-        """Clear ``user_stopped``; starting a stream that is not stopped is a ``StreamStateConflict``."""
+    async def start_stream(self, stream_id: int, ignore_untreated: bool = False) -> stream_pb2.StreamDef:
+        """Clear ``user_stopped``; starting a stream that is not stopped is a ``StreamStateConflict``.
+
+        With ``ignore_untreated`` the stream's tasks start from now
+        (``start_from_ms``), skipping what was written while it was stopped;
+        without it ``start_from_ms`` is cleared and they resume where they were.
+        """
 
         def start(sdef: stream_pb2.StreamDef) -> None:
             if not sdef.user_stopped:
@@ -382,6 +394,7 @@ class StreamStore:
                     f"stream {sdef.name} (id {sdef.id}) is not stopped by a user, so there is nothing to start"
                 )
             sdef.user_stopped = False
+            sdef.start_from_ms = _now_ms() if ignore_untreated else 0
 
         return await self._update_stream(stream_id, "start", start)
 
