@@ -12,7 +12,8 @@ from pathlib import Path
 from proto import stream_pb2
 from querycoord.tooling.drill.stream_checkpoints import CheckpointChecks
 from querycoord.tooling.drill.stream_lag import LagSampler
-from querycoord.tooling.drill.streams import Fault, Observation, StreamDrillOptions, StreamDrillResult
+from querycoord.tooling.drill.stream_observation import Fault, Observation
+from querycoord.tooling.drill.streams import StreamDrillOptions, StreamDrillResult
 
 
 def test_small_stream_drill_passes(subprocess_env: dict[str, str], tmp_path: Path) -> None:
