@@ -70,10 +70,17 @@ def test_load_with_two_replicas_on_four_nodes_and_the_refusals(subprocess_env, t
         shown = json.loads(ok(cli(env, addr, "collection", "show", "r2", "-o", "json")))
         assert len(shown) == 1 and shown[0]["replicas"] == reps, shown
 
-        # Loaded with 2: the same number is already loaded, another one is refused.
+        # Loaded with 2: the same number is already loaded; another one resizes in place (a node moves from a
+        # replica to the new one), and one the four nodes cannot give is refused.
         out = ok(cli(env, addr, "collection", "load", "r2", "--replicas", "2"))
         assert "already loaded" in out, out
-        one_line_error(cli(env, addr, "collection", "load", "r2", "--replicas", "3"), 1, "replica")
+        out = ok(cli(env, addr, "collection", "load", "r2", "--replicas", "3"))
+        assert "resized r2" in out and "to 3 replicas" in out, out
+        grown = json.loads(ok(cli(env, addr, "collection", "show", "r2", "-o", "json")))[0]["replicas"]
+        assert len(grown) == 3 and all(r["node_ids"] for r in grown), grown
+        placed = [n for r in grown for n in r["node_ids"]]
+        assert len(placed) == len(set(placed)), grown  # each replica on its own nodes
+        one_line_error(cli(env, addr, "collection", "load", "r2", "--replicas", "5"), 1, "replica")
 
         ok(cli(env, addr, "collection", "release", "r2"))
         one_line_error(cli(env, addr, "replicas", "r2"), 1, "not loaded")

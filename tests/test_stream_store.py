@@ -382,6 +382,7 @@ def test_stream_proto_is_registered_and_every_response_carries_a_status() -> Non
         "CreateSnode",
         "DropSnode",
         "StreamHeartbeat",
+        "RecalculateStream",
     }
     for method in service.methods:
         status = method.output_type.fields_by_name["status"]
