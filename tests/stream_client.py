@@ -10,7 +10,9 @@ from typing import Any
 
 import grpc
 
+from meta.kv import MetaKV
 from proto import stream_pb2_grpc
+from querycoord.stream.checkpoint_store import CHECKPOINTS_PREFIX
 
 
 @contextlib.asynccontextmanager
@@ -33,3 +35,9 @@ async def wait_for(predicate: Callable[[], Awaitable[tuple[bool, Any]]], what: s
             return last
         await asyncio.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last}")
+
+
+async def stream_keys(kv: MetaKV) -> dict[str, bytes]:
+    """What the stream store holds (what a refused request must leave as it was), but the consensus checkpoints
+    the leader commits on its own meanwhile."""
+    return {k: v for k, v in (await kv.load_prefix("stream/")).items() if not k.startswith(CHECKPOINTS_PREFIX)}

@@ -14,18 +14,16 @@ from meta.kv import MetaKV
 from meta.ops.etcd_server import EtcdCluster
 from proto import common_pb2
 from proto import stream_pb2 as sp
-from querycoord.stream.checkpoint_store import CHECKPOINTS_PREFIX
 from querycoord.tooling.harness import STREAM_NODE, node_argv
 from tests.spawn import Processes, spawn_snode_host
-from tests.stream_client import stub_for, wait_for
+from tests.stream_client import stream_keys, stub_for, wait_for
 from tests.test_stream_cli import Cli
 
 
 async def _keys(kv: MetaKV) -> dict[str, bytes]:
     """Everything the stream store and the snode id allocator hold (what a refusal must leave as it was), but the
     checkpoints the leader commits on its own meanwhile."""
-    snap = await kv.load_prefix("stream/")
-    keys = {k: v for k, v in snap.items() if not k.startswith(CHECKPOINTS_PREFIX)}
+    keys = await stream_keys(kv)
     alloc = await kv.get("idalloc/snode")
     if alloc is not None:
         keys["idalloc/snode"] = alloc

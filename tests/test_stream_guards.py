@@ -12,7 +12,7 @@ from meta.kv import MetaKV
 from meta.ops.etcd_server import EtcdCluster
 from querycoord.stream.store import StreamStore, check_ring
 from tests.spawn import Processes, Spawned, spawn_snode_host
-from tests.stream_client import wait_for
+from tests.stream_client import stream_keys, wait_for
 from tests.test_stream_cli import Cli
 
 
@@ -56,9 +56,9 @@ async def test_snode_drop_guard_force_and_start_ignore_untreated(
 
         # Unforced drop of the stream's main snode: CONFLICT naming the stream, nothing written.
         store = StreamStore(kv)
-        before = dict((await kv.load_prefix("stream/")).items())
+        before = await stream_keys(kv)
         await cli.refused("snode", "drop", str(main), fragment="1 stream depends on it (s1)")
-        assert dict((await kv.load_prefix("stream/")).items()) == before
+        assert await stream_keys(kv) == before
 
         # Start with --ignore-untreated: every task the nodes hold skips what was written while s1 was stopped.
         assert "stopped stream s1" in await cli.ok("stream", "stop", "s1")
