@@ -16,6 +16,7 @@ from meta.kv import MetaKV
 from meta.session import Session, list_sessions
 from proto import common_pb2, stream_pb2
 from querycoord.nodes.streamnode_state import StreamNodeState
+from querycoord.settings.config import StreamConfig
 from querycoord.stream.manager import StreamManager
 from querycoord.stream.store import StreamStore, status_of
 from tests import streams
@@ -125,20 +126,25 @@ async def create_streams(store: StreamStore, nodes: list[RealNode], n: int, **kw
     return [await store.create_stream(create_req(f"s{i}", **kw), snodes) for i in range(n)]
 
 
-async def manager(store: StreamStore, kv: MetaKV, clock: Clock, revision: int = 100) -> StreamManager:
-    mgr = await new_manager(store, clock, revision=revision, config=CONFIG)
+async def manager(
+    store: StreamStore, kv: MetaKV, clock: Clock, revision: int = 100, config: StreamConfig = CONFIG
+) -> StreamManager:
+    """A leader's manager under ``config`` that knows the live stream-node sessions."""
+    mgr = await new_manager(store, clock, revision=revision, config=config)
     await feed_sessions(mgr, kv)
     return mgr
 
 
 @contextlib.asynccontextmanager
 async def running_streams(
-    store: StreamStore, kv: MetaKV, clock: Clock, n: int, layout: list[tuple[list[int], bool]] = TWO_NODES, **kw: Any
+    store: StreamStore, kv: MetaKV, clock: Clock, n: int, layout: list[tuple[list[int], bool]] = TWO_NODES,
+    config: StreamConfig = CONFIG, **kw: Any
 ) -> AsyncIterator[tuple[list[RealNode], list[sp.StreamDef], StreamManager]]:
-    """``n`` streams (``kw`` for their requests) running on nodes of ``layout`` under a leader's manager."""
+    """``n`` streams (``kw`` for their requests) running on nodes of ``layout`` under a leader's manager
+    (``config``)."""
     async with real_nodes(kv, layout) as nodes:
         sdefs = await create_streams(store, nodes, n, **kw)
-        mgr = await manager(store, kv, clock)
+        mgr = await manager(store, kv, clock, config=config)
         await run_until(mgr, nodes, clock, lambda: running(mgr))
         yield nodes, sdefs, mgr
 

@@ -25,26 +25,10 @@ from querycoord.stream.checkpoint_store import CheckpointStore
 from querycoord.stream.manager import StreamManager
 from querycoord.stream.store import StreamStore
 from tests.leader import LEADER_KEY
-from tests.real_stream_nodes import (
-    CONFIG,
-    TWO_NODES,
-    RealNode,
-    create_streams,
-    feed_sessions,
-    lose_runner_snode,
-    real_nodes,
-    run_until,
-    running,
-)
-from tests.streams import Clock, fenced_store, new_manager
+from tests.real_stream_nodes import CONFIG, RealNode, lose_runner_snode, manager, running, running_streams
+from tests.streams import Clock, fenced_store
 
 CKPT_CONFIG = dataclasses.replace(CONFIG, checkpoint_interval=1.0, checkpoint_timeout=2.0)
-
-
-async def ckpt_manager(store: StreamStore, kv: MetaKV, clock: Clock, revision: int = 100) -> StreamManager:
-    mgr = await new_manager(store, clock, revision=revision, config=CKPT_CONFIG)
-    await feed_sessions(mgr, kv)
-    return mgr
 
 
 async def beat_all(mgr: StreamManager, nodes: list[RealNode], clock: Clock, rounds: int = 1) -> None:
@@ -55,6 +39,24 @@ async def beat_all(mgr: StreamManager, nodes: list[RealNode], clock: Clock, roun
         mgr.tick()
         await mgr.checkpoint_tick()
         clock.advance(0.1)
+
+
+async def final_checkpoint_while_beating(
+    mgr: StreamManager, nodes: list[RealNode], clock: Clock, stream_id: int
+) -> tuple[int, str]:
+    """The stop's final checkpoint of ``stream_id``, every node beating meanwhile: its round is ordered and
+    reported only through heartbeats."""
+
+    async def heartbeats() -> None:
+        while True:
+            await beat_all(mgr, nodes, clock)
+            await asyncio.sleep(0.01)
+
+    beating = asyncio.create_task(heartbeats())
+    try:
+        return await mgr.final_checkpoint(stream_id)
+    finally:
+        beating.cancel()
 
 
 def held(nodes: list[RealNode], stream_id: int) -> dict[int, int]:
@@ -69,10 +71,7 @@ async def persisted(kv: MetaKV, stream_id: int) -> int:
 
 async def test_round_commits_once_every_task_holds_it(store: StreamStore, kv: MetaKV) -> None:
     clock = Clock()
-    async with real_nodes(kv, TWO_NODES) as nodes:
-        (sdef,) = await create_streams(store, nodes, 1)
-        mgr = await ckpt_manager(store, kv, clock)
-        await run_until(mgr, nodes, clock, lambda: running(mgr))
+    async with running_streams(store, kv, clock, 1, config=CKPT_CONFIG) as (nodes, (sdef,), mgr):
         rt = mgr.streams[sdef.id]
         await beat_all(mgr, nodes, clock, rounds=12)  # past the interval: a round started, ordered, reported
         assert rt.checkpoint_id > 0
@@ -86,10 +85,7 @@ async def test_round_commits_once_every_task_holds_it(store: StreamStore, kv: Me
 
 async def test_refusing_node_blocks_the_commit_until_a_new_round_after_recovery(store: StreamStore, kv: MetaKV) -> None:
     clock = Clock()
-    async with real_nodes(kv, TWO_NODES) as nodes:
-        (sdef,) = await create_streams(store, nodes, 1)
-        mgr = await ckpt_manager(store, kv, clock)
-        await run_until(mgr, nodes, clock, lambda: running(mgr))
+    async with running_streams(store, kv, clock, 1, config=CKPT_CONFIG) as (nodes, (sdef,), mgr):
         rt = mgr.streams[sdef.id]
         await beat_all(mgr, nodes, clock, rounds=12)
         first = rt.checkpoint_id
@@ -120,10 +116,7 @@ async def test_refusing_node_blocks_the_commit_until_a_new_round_after_recovery(
 
 async def test_slow_node_commits_late_but_within_the_timeout(store: StreamStore, kv: MetaKV) -> None:
     clock = Clock()
-    async with real_nodes(kv, TWO_NODES) as nodes:
-        (sdef,) = await create_streams(store, nodes, 1)
-        mgr = await ckpt_manager(store, kv, clock)
-        await run_until(mgr, nodes, clock, lambda: running(mgr))
+    async with running_streams(store, kv, clock, 1, config=CKPT_CONFIG) as (nodes, (sdef,), mgr):
         nodes[0].state.set_checkpoint_fault("slow", 0.5)
         rt = mgr.streams[sdef.id]
         await beat_all(mgr, nodes, clock, rounds=20)
@@ -133,10 +126,7 @@ async def test_slow_node_commits_late_but_within_the_timeout(store: StreamStore,
 
 async def test_ids_never_go_back_across_a_leader_change_mid_round(store: StreamStore, kv: MetaKV) -> None:
     clock = Clock()
-    async with real_nodes(kv, TWO_NODES) as nodes:
-        (sdef,) = await create_streams(store, nodes, 1)
-        old = await ckpt_manager(store, kv, clock)
-        await run_until(old, nodes, clock, lambda: running(old))
+    async with running_streams(store, kv, clock, 1, config=CKPT_CONFIG) as (nodes, (sdef,), old):
         await beat_all(old, nodes, clock, rounds=12)
         assert old.streams[sdef.id].checkpoint_id > 0
         nodes[1].state.set_checkpoint_fault("refuse")
@@ -147,7 +137,7 @@ async def test_ids_never_go_back_across_a_leader_change_mid_round(store: StreamS
         # The leader is deposed mid-round (its fence key re-created), a new one takes over.
         await kv.remove(LEADER_KEY)
         new_store = await fenced_store(kv)
-        new = await ckpt_manager(new_store, kv, clock, revision=200)
+        new = await manager(new_store, kv, clock, revision=200, config=CKPT_CONFIG)
         assert new.streams[sdef.id].checkpoint_id == committed  # loaded from etcd
         # The deposed leader cannot commit anything any more.
         old.checkpoints.to_commit[sdef.id] = (in_flight.id, 1)
@@ -169,10 +159,7 @@ async def test_ids_never_go_back_across_a_leader_change_mid_round(store: StreamS
 async def test_redeployed_task_resumes_from_the_consensus(store: StreamStore, kv: MetaKV) -> None:
     clock = Clock()
     layout = [([], True), ([], True), ([], True), ([1, 2], False), ([3], False)]
-    async with real_nodes(kv, layout) as nodes:
-        await create_streams(store, nodes, 3)
-        mgr = await ckpt_manager(store, kv, clock)
-        await run_until(mgr, nodes, clock, lambda: running(mgr))
+    async with running_streams(store, kv, clock, 3, layout, config=CKPT_CONFIG) as (nodes, _, mgr):
         await beat_all(mgr, nodes, clock, rounds=12)
         lost, stream_id, alive = await lose_runner_snode(mgr, kv, nodes)
         consensus = mgr.streams[stream_id].checkpoint_id
@@ -197,24 +184,10 @@ async def test_redeployed_task_resumes_from_the_consensus(store: StreamStore, kv
 async def test_stop_takes_a_final_checkpoint(store: StreamStore, kv: MetaKV) -> None:
     clock = Clock()
     config = dataclasses.replace(CKPT_CONFIG, checkpoint_interval=0.0)  # no periodic rounds: only the stop's
-    async with real_nodes(kv, TWO_NODES) as nodes:
-        (sdef,) = await create_streams(store, nodes, 1)
-        mgr = await new_manager(store, clock, config=config)
-        await feed_sessions(mgr, kv)
-        await run_until(mgr, nodes, clock, lambda: running(mgr))
+    async with running_streams(store, kv, clock, 1, config=config) as (nodes, (sdef,), mgr):
         await beat_all(mgr, nodes, clock, rounds=5)
         assert mgr.streams[sdef.id].checkpoint_id == 0
-
-        async def heartbeats() -> None:
-            while True:
-                await beat_all(mgr, nodes, clock)
-                await asyncio.sleep(0.01)
-
-        beating = asyncio.create_task(heartbeats())
-        try:
-            consensus, note = await mgr.final_checkpoint(sdef.id)
-        finally:
-            beating.cancel()
+        consensus, note = await final_checkpoint_while_beating(mgr, nodes, clock, sdef.id)
         assert note == "" and consensus > 0
         assert await persisted(kv, sdef.id) == consensus
         assert min(held(nodes, sdef.id).values()) >= consensus
@@ -223,33 +196,16 @@ async def test_stop_takes_a_final_checkpoint(store: StreamStore, kv: MetaKV) -> 
 async def test_stop_without_final_checkpoint_says_why(store: StreamStore, kv: MetaKV) -> None:
     clock = Clock()
     config = dataclasses.replace(CKPT_CONFIG, checkpoint_interval=0.0, checkpoint_timeout=0.3)
-    async with real_nodes(kv, TWO_NODES) as nodes:
-        (sdef,) = await create_streams(store, nodes, 1)
-        mgr = await new_manager(store, clock, config=config)
-        await feed_sessions(mgr, kv)
-        await run_until(mgr, nodes, clock, lambda: running(mgr))
+    async with running_streams(store, kv, clock, 1, config=config) as (nodes, (sdef,), mgr):
         nodes[0].state.set_checkpoint_fault("refuse")
-
-        async def heartbeats() -> None:
-            while True:
-                await beat_all(mgr, nodes, clock)
-                await asyncio.sleep(0.01)
-
-        beating = asyncio.create_task(heartbeats())
-        try:
-            consensus, note = await mgr.final_checkpoint(sdef.id)
-        finally:
-            beating.cancel()
+        consensus, note = await final_checkpoint_while_beating(mgr, nodes, clock, sdef.id)
         assert consensus == 0 and "not held by every task" in note
         assert await persisted(kv, sdef.id) == 0
 
 
 async def test_drop_removes_the_checkpoint_record(store: StreamStore, kv: MetaKV) -> None:
     clock = Clock()
-    async with real_nodes(kv, TWO_NODES) as nodes:
-        (sdef,) = await create_streams(store, nodes, 1)
-        mgr = await ckpt_manager(store, kv, clock)
-        await run_until(mgr, nodes, clock, lambda: running(mgr))
+    async with running_streams(store, kv, clock, 1, config=CKPT_CONFIG) as (nodes, (sdef,), mgr):
         await beat_all(mgr, nodes, clock, rounds=12)
         assert await persisted(kv, sdef.id) > 0
         await store.drop_stream(sdef.id)
