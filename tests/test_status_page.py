@@ -26,7 +26,7 @@ from meta.ops.etcd_server import EtcdCluster
 from proto import catalog_pb2, common_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.catalog.store import CatalogStore, collection_key
-from querycoord.console.actions import create_snode, create_stream
+from querycoord.console.actions import create_snode, create_stream_answer
 from querycoord.console.status_page import script_json
 from querycoord.net.client import QueryCoordClient
 from tests.spawn import MID_LOAD_FLAGS, Processes, Spawned, spawn_snode_host
@@ -296,7 +296,7 @@ async def test_status_json_on_leader_and_standby_and_escaping(etcd: EtcdCluster,
             task_id = await load(client, desc.collection_id)
             snode = await create_snode(client, snode_host.node_id)
             await until("the snode live", lambda: _snode_live(leader))
-            stream = await create_stream(client, "s1", vgroups=[1], runner_deploys=1)
+            stream = (await create_stream_answer(client, "s1", vgroups=[1], runner_deploys=1)).stream
             await until("the load done and in the history", lambda: _finished(leader, task_id, desc.collection_id))
             await until("the stream running", lambda: _stream_running(leader))
 

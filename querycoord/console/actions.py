@@ -421,25 +421,6 @@ async def stream_call(c: QueryCoordClient, method: str, request: Message, what: 
     return check(await c.stream(method, request), what)
 
 
-async def create_stream(
-    c: QueryCoordClient,
-    name: str,
-    *,
-    vgroups: Sequence[int],
-    source_db: str = "db",
-    trigger_vgroup: int = 0,
-    scan_plans: int = 1,
-    subplans: int = 2,
-    runner_deploys: int = 0,
-    if_not_exists: bool = False,
-) -> stream_pb2.StreamDef:
-    """CreateStream: readers on ``vgroups`` of ``source_db``, ``scan_plans`` calc scans, a runner DAG of
-    ``subplans`` tasks deployed ``runner_deploys`` times (0: the coordinator's default, 3)."""
-    return (await create_stream_answer(c, name, vgroups=vgroups, source_db=source_db, trigger_vgroup=trigger_vgroup,
-                                       scan_plans=scan_plans, subplans=subplans, runner_deploys=runner_deploys,
-                                       if_not_exists=if_not_exists)).stream
-
-
 async def create_stream_answer(
     c: QueryCoordClient,
     name: str,
@@ -452,8 +433,10 @@ async def create_stream_answer(
     runner_deploys: int = 0,
     if_not_exists: bool = False,
 ) -> stream_pb2.CreateStreamResponse:
-    """``create_stream``'s whole answer: ``already_exists`` (if_not_exists met a stream of that name, left as it
-    is), and a status reason when the stream waits for something (vgroups no node leads)."""
+    """CreateStream: readers on ``vgroups`` of ``source_db``, ``scan_plans`` calc scans, a runner DAG of
+    ``subplans`` tasks deployed ``runner_deploys`` times (0: the coordinator's default, 3). The whole answer: the
+    definition (``.stream``), ``already_exists`` (if_not_exists met a stream of that name, left as it is), and a
+    status reason when the stream waits for something (vgroups no node leads)."""
     req = stream_pb2.CreateStreamRequest(
         name=name, source_db=source_db, source_vgroup_ids=list(vgroups), trigger_vgroup_id=trigger_vgroup,
         num_calc_scan_plans=scan_plans, num_calc_subplans=subplans, runner_deploys=runner_deploys,

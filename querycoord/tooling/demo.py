@@ -434,8 +434,8 @@ async def run_streams(cluster: AllInOne, tl: Timeline, opts: argparse.Namespace)
         await asyncio.sleep(1.5)
         names = [f"s{i:02d}" for i in range(1, opts.streams + 1)]
         for name in names:
-            await actions.create_stream(sm, name, vgroups=source_vgroups, source_db="demo_db", scan_plans=1,
-                                        subplans=2, runner_deploys=3)
+            await actions.create_stream_answer(sm, name, vgroups=source_vgroups, source_db="demo_db", scan_plans=1,
+                                               subplans=2, runner_deploys=3)
         show = await wait_streams(sm, lambda s: len(s.streams) == len(names) and all(map(_running, s.streams)),
                                   "RUNNING")
         tasks = sum(len(s.tasks) for s in show.streams)
