@@ -20,7 +20,7 @@ from querycoord.net.client import QueryCoordClient
 from querycoord.nodes.querynode import FaultConfig
 from querycoord.nodes.querynode_state import QueryNodeState
 from querycoord.task.store import TaskStore, cancel_key
-from tests.cluster import MiB, QueryCluster, fast_scheduler
+from tests.cluster import MiB, QueryCluster, fast_scheduler, running_cluster
 from tests.test_cli_messages import arun, one_error_line
 from tests.test_explain import readme_block
 
@@ -67,11 +67,7 @@ async def _not_loaded(c: QueryCluster, cid: int) -> None:
 
 
 async def test_cancel_a_running_load_rolls_it_back_on_the_nodes(etcd: EtcdCluster, root_path: str) -> None:
-    async with QueryCluster(etcd, root_path) as c:
-        await c.start_coordinator()
-        await c.wait_leader()
-        for _ in range(2):
-            await c.add_node(capacity=1024 * MiB, faults=SLOW)
+    async with running_cluster(etcd, root_path, [SLOW] * 2) as c:
         cid = await c.create_collection("slow", partitions=2, segments=20)
         assert c.client is not None
         r = await c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid))
@@ -94,11 +90,7 @@ async def test_cancel_a_running_load_rolls_it_back_on_the_nodes(etcd: EtcdCluste
 
 
 async def test_cancel_a_balance_midway_loses_no_segment(etcd: EtcdCluster, root_path: str) -> None:
-    async with QueryCluster(etcd, root_path) as c:
-        await c.start_coordinator()
-        await c.wait_leader()
-        for _ in range(3):
-            await c.add_node(capacity=1024 * MiB, faults=FaultConfig(latency_ms=400))
+    async with running_cluster(etcd, root_path, [FaultConfig(latency_ms=400) for _ in range(3)]) as c:
         cid = await c.create_collection("moving", partitions=1, segments=30)
         await c.load_collection(cid)
         await c.wait_idle()
@@ -144,11 +136,7 @@ async def test_a_cancel_survives_a_leader_crash_right_after_it(etcd: EtcdCluster
 
 
 async def test_bad_ids_are_refused_clearly(etcd: EtcdCluster, root_path: str) -> None:
-    async with QueryCluster(etcd, root_path) as c:
-        await c.start_coordinator()
-        await c.wait_leader()
-        for _ in range(2):
-            await c.add_node(capacity=1024 * MiB, faults=SLOW)
+    async with running_cluster(etcd, root_path, [SLOW] * 2) as c:
         done = await c.create_collection("done", partitions=1, segments=4)
         loaded = await c.load_collection(done)
         await c.wait_idle()

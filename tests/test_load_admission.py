@@ -11,7 +11,7 @@ from proto import common_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.catalog.store import CatalogStore
 from querycoord.task.admission import human
-from tests.cluster import MiB, QueryCluster
+from tests.cluster import MiB, QueryCluster, running_cluster
 
 LIMIT = 0.9  # the scheduler's memory limit (its default)
 
@@ -38,11 +38,7 @@ async def _nothing_written(c: QueryCluster, cid: int) -> None:
 
 async def test_a_load_too_big_is_refused_at_once_with_what_is_missing(etcd: EtcdCluster, root_path: str) -> None:
     """Two nodes of 64 MiB; two replicas of 20 segments (one node each): each replica lacks memory."""
-    async with QueryCluster(etcd, root_path) as c:
-        await c.start_coordinator()
-        await c.wait_leader()
-        for _ in range(2):
-            await c.add_node(capacity=64 * MiB)
+    async with running_cluster(etcd, root_path, [None] * 2, capacity=64 * MiB) as c:
         cid = await c.create_collection("big", partitions=2, segments=20)
         seg = await _segment_size(c, cid)
         assert c.client is not None
@@ -63,11 +59,7 @@ async def test_a_load_too_big_is_refused_at_once_with_what_is_missing(etcd: Etcd
 async def test_each_replica_must_fit_its_own_nodes_not_just_the_sum(etcd: EtcdCluster, root_path: str) -> None:
     """Three nodes of 64 MiB hold more than two copies in sum, but two replicas split them 2 + 1, and one node
     cannot take a whole copy: refused, one node more named."""
-    async with QueryCluster(etcd, root_path) as c:
-        await c.start_coordinator()
-        await c.wait_leader()
-        for _ in range(3):
-            await c.add_node(capacity=64 * MiB)
+    async with running_cluster(etcd, root_path, [None] * 3, capacity=64 * MiB) as c:
         cid = await c.create_collection("split", partitions=1, segments=14)
         seg = await _segment_size(c, cid)
         usable = int(64 * MiB * LIMIT)
@@ -86,11 +78,7 @@ async def test_each_replica_must_fit_its_own_nodes_not_just_the_sum(etcd: EtcdCl
 async def test_partitions_are_estimated_alone_and_a_fitting_load_is_admitted(etcd: EtcdCluster,
                                                                              root_path: str) -> None:
     """Two nodes of 64 MiB, two replicas: one partition of 10 segments fits each node, a second one does not."""
-    async with QueryCluster(etcd, root_path) as c:
-        await c.start_coordinator()
-        await c.wait_leader()
-        for _ in range(2):
-            await c.add_node(capacity=64 * MiB)
+    async with running_cluster(etcd, root_path, [None] * 2, capacity=64 * MiB) as c:
         cid = await c.create_collection("parts", partitions=2, segments=20)
         seg = await _segment_size(c, cid)
         assert c.kv is not None and c.client is not None
