@@ -22,6 +22,7 @@ from proto import common_pb2, querynode_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.net.client import QueryCoordClient
 from querycoord.nodes.querynode import FaultConfig, QueryNode
+from querycoord.querymeta import QueryMeta
 from querycoord.serving.process import CoordinatorProcess
 from querycoord.settings.config import SCALED_SCHEDULER, SchedulerConfig, scaled_config
 from querycoord.task.store import TASK_PREFIXES
@@ -194,6 +195,50 @@ class QueryCluster:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"task keys left after {timeout:g}s: {left}")
             await asyncio.sleep(0.1)
+
+
+async def node_info(c: QueryCluster, node_id: int) -> qc.NodeInfo:
+    """What ShowNodes says of ``node_id``."""
+    assert c.client is not None
+    resp = await c.client.query("ShowNodes", qc.ShowNodesRequest())
+    return next(n for n in resp.nodes if n.node_id == node_id)
+
+
+async def drain(c: QueryCluster, node_id: int) -> qc.NodeLifecycleResponse:
+    """DrainNode, which must be accepted."""
+    assert c.client is not None
+    r = await c.client.query("DrainNode", qc.NodeLifecycleRequest(node_id=node_id))
+    assert r.status.error_code == common_pb2.SUCCESS, r.status
+    return r
+
+
+async def drain_waiting(c: QueryCluster, node_id: int, rounds: int = 300) -> str:
+    """What the drain of ``node_id`` waits for, once ShowNodes says (polled ``rounds`` times, 0.1 s apart);
+    "" when it never does."""
+    for _ in range(rounds):
+        if (await node_info(c, node_id)).drain.waiting:
+            break
+        await asyncio.sleep(0.1)
+    return (await node_info(c, node_id)).drain.waiting
+
+
+async def replica_number_recorded(c: QueryCluster, cid: int, number: int, rounds: int = 600) -> bool:
+    """Whether etcd records ``number`` replicas of collection ``cid``: a fresh read of the meta, polled ``rounds``
+    times 0.1 s apart until it does."""
+    kv = c.kv
+    assert kv is not None
+
+    async def recorded() -> bool:
+        fresh = QueryMeta(kv)
+        await fresh.reload()
+        info = fresh.get_collection(cid)
+        return info is not None and info.replica_number == number
+
+    for _ in range(rounds):
+        if await recorded():
+            break
+        await asyncio.sleep(0.1)
+    return await recorded()
 
 
 def held_segments(node: QueryNode) -> set[int]:

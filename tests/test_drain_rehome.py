@@ -16,8 +16,7 @@ from proto import querycoord_pb2 as qc
 from querycoord.leader.balance import spare_may_join
 from querycoord.leader.view import Leadership
 from querycoord.nodes.querynode import QueryNode
-from tests.cluster import MiB, QueryCluster, running_cluster, wait_until
-from tests.test_node_drain import drain, node_info
+from tests.cluster import MiB, QueryCluster, drain, drain_waiting, node_info, running_cluster, wait_until
 from tests.test_resize import Watch, groups, holds, load
 from tests.test_served import two_replica_meta
 
@@ -90,15 +89,7 @@ async def test_a_drain_no_replica_can_help_waits_and_says_what_would_make_it_mov
         a, b = c.nodes
         held = set(a.state.segments)
         await drain(c, a.node_id)
-
-        async def waiting() -> str:
-            return (await node_info(c, a.node_id)).drain.waiting
-
-        for _ in range(300):
-            if await waiting():
-                break
-            await asyncio.sleep(0.1)
-        why = await waiting()
+        why = await drain_waiting(c, a.node_id)
         assert f"no other replica of collection {cid} can spare a node" in why, why
         assert "add a query node with" in why and "MiB free under 90% of capacity" in why, why
         assert held <= set(a.state.segments), "nothing was dropped while it waits"

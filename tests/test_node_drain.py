@@ -17,7 +17,7 @@ from proto import common_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.leader.view import Leadership
 from querycoord.nodes.querynode import QueryNode
-from tests.cluster import MiB, QueryCluster, running_cluster, wait_until
+from tests.cluster import MiB, QueryCluster, drain, drain_waiting, node_info, running_cluster, wait_until
 
 
 def replica_copies(lead: Leadership, nodes: list[QueryNode], cid: int) -> dict[int, Counter[int]]:
@@ -33,19 +33,6 @@ def held_everywhere(lead: Leadership, nodes: list[QueryNode], cid: int, segments
     """What is wrong: a segment some replica's nodes do not hold at least once."""
     return [f"replica {r} holds {len(set(held) & segments)} of {len(segments)}"
             for r, held in replica_copies(lead, nodes, cid).items() if not segments <= set(held)]
-
-
-async def node_info(c: QueryCluster, node_id: int) -> qc.NodeInfo:
-    assert c.client is not None
-    resp = await c.client.query("ShowNodes", qc.ShowNodesRequest())
-    return next(n for n in resp.nodes if n.node_id == node_id)
-
-
-async def drain(c: QueryCluster, node_id: int) -> qc.NodeLifecycleResponse:
-    assert c.client is not None
-    r = await c.client.query("DrainNode", qc.NodeLifecycleRequest(node_id=node_id))
-    assert r.status.error_code == common_pb2.SUCCESS, r.status
-    return r
 
 
 async def test_drain_in_two_replicas_never_holds_fewer_copies(etcd: EtcdCluster, root_path: str) -> None:
@@ -115,15 +102,7 @@ async def test_drain_without_room_waits_says_why_and_other_loads_go_on(etcd: Etc
         held_a = set(a.state.segments)
         assert held_a and b.state.segments
         await drain(c, a.node_id)
-
-        async def waiting() -> str:
-            return (await node_info(c, a.node_id)).drain.waiting
-
-        for _ in range(300):
-            if await waiting():
-                break
-            await asyncio.sleep(0.1)
-        why = await waiting()
+        why = await drain_waiting(c, a.node_id)
         assert "no room" in why and f"collection {big}" in why, why
         assert held_a <= set(a.state.segments), "a drain never drops a copy with no other home"
         assert (await node_info(c, a.node_id)).lifecycle == qc.NODE_LIFECYCLE_DRAINING

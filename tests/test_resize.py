@@ -24,7 +24,15 @@ from querycoord.nodes.querynode import FaultConfig, QueryNode
 from querycoord.querymeta import QueryMeta
 from querycoord.served.health import collection_health, missing_text
 from querycoord.served.state import GREEN, YELLOW, ServedView
-from tests.cluster import MiB, QueryCluster, fast_scheduler, running_cluster, wait_in_memory, wait_until
+from tests.cluster import (
+    MiB,
+    QueryCluster,
+    fast_scheduler,
+    replica_number_recorded,
+    running_cluster,
+    wait_in_memory,
+    wait_until,
+)
 from tests.spawn import MID_LOAD_FLAGS, spawn_coordinator
 from tests.test_served import FixedNodes, seg, two_replica_meta
 
@@ -331,17 +339,7 @@ async def test_a_leader_killed_mid_grow_is_finished_by_the_new_leader(
                 a.signal(signal.SIGKILL)
                 await b.next_event("leader", timeout=60)
 
-                async def done() -> bool:
-                    fresh = QueryMeta(c.kv)
-                    await fresh.reload()
-                    info = fresh.get_collection(cid)
-                    return info is not None and info.replica_number == 2
-
-                for _ in range(600):
-                    if await done():
-                        break
-                    await asyncio.sleep(0.1)
-                assert await done(), "the new leader recorded 2 replicas"
+                assert await replica_number_recorded(c, cid, 2), "the new leader recorded 2 replicas"
             assert not watch.broken, (watch.polls, watch.broken)
             fresh = QueryMeta(c.kv)
             await fresh.reload()

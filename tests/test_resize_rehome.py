@@ -16,7 +16,7 @@ from proto import querycoord_pb2 as qc
 from querycoord.nodes.querynode import FaultConfig, QueryNode
 from querycoord.querymeta import QueryMeta
 from querycoord.task.store import TaskStore
-from tests.cluster import QueryCluster, running_cluster
+from tests.cluster import QueryCluster, replica_number_recorded, running_cluster
 from tests.test_resize import Watch, groups, holds, load, snapshot, update
 
 SLOW = FaultConfig(latency_ms=40)
@@ -127,17 +127,7 @@ async def test_a_leader_killed_while_nodes_move_is_finished_by_the_new_leader(
             second = await c.wait_leader()
             assert second is not first_leader
 
-            async def grown() -> bool:
-                fresh = QueryMeta(c.kv)
-                await fresh.reload()
-                info = fresh.get_collection(cid)
-                return info is not None and info.replica_number == 2
-
-            for _ in range(600):
-                if await grown():
-                    break
-                await asyncio.sleep(0.1)
-            assert await grown(), "the new leader finished the grow"
+            assert await replica_number_recorded(c, cid, 2), "the new leader finished the grow"
             await c.wait_idle()
         assert not watch.broken, (watch.polls, watch.broken)
         fresh = QueryMeta(c.kv)
