@@ -125,6 +125,7 @@ async def plant(kv: MetaKV, cid: int, pid: int, node_id: int, spare: int) -> dic
         qkeys.segment_key(dropped_coll, 1, gone_coll_seg.segment_id): gone_coll_seg.SerializeToString(),
         stream_key(2): lost_stream.SerializeToString(),
         stream_name_key("lost_stream"): b"2",
+        "stream/checkpoints/77": b"\x08\x4d\x10\x03",  # stream 77 does not exist
         "mystery/key": b"who wrote this?",
     }
     await kv.multi_save(saves)
@@ -141,6 +142,7 @@ async def plant(kv: MetaKV, cid: int, pid: int, node_id: int, spare: int) -> dic
         "query-meta-of-dropped-partition": [(qkeys.segment_key(cid, 888888, gone_part.segment_id),)],
         "segment-on-dead-node": [(qkeys.segment_key(cid, pid, dead.segment_id),)],
         "stream-on-dropped-snode": [(stream_key(2),)],
+        "stream-record-without-stream": [("stream/checkpoints/77",)],
         "unknown-key": [("mystery/key",)],
     }
 

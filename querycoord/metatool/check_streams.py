@@ -1,9 +1,11 @@
 """Streams against the snodes they name, and the stream name index.
 
 Every stream's main snode exists (``StreamStore.drop_snode`` moves a
-snode's streams to its replica in the txn that removes it), and every name
-key names a stream. A stream left on a dropped snode is moved, as the drop
-would have, to an existing snode; with none left it cannot be repaired here.
+snode's streams to its replica in the txn that removes it), every name key
+names a stream, and every checkpoint or recalculation record belongs to a
+stream (a drop removes them; a drop racing a leader's commit can leave one).
+A stream left on a dropped snode is moved, as the drop would have, to an
+existing snode; with none left it cannot be repaired here.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from google.protobuf.message import DecodeError
 
 from meta.txn import absent, modified_at, put
 from proto import stream_pb2
+from querycoord.stream.checkpoint_store import CHECKPOINTS_PREFIX
+from querycoord.stream.recalc_store import RECALCS_PREFIX
 from querycoord.stream.store import NAMES_PREFIX, SNODES_PREFIX, STREAMS_PREFIX, snode_key, stream_key
 
 from .problems import Fix, Found, Problem, delete_fix
@@ -69,6 +73,20 @@ def check_streams(snap: Snapshot, found: Found) -> None:
             found.add(Problem("stream-name-without-stream", (item.key,),
                               f"name {item.key[len(NAMES_PREFIX):]!r} names stream {raw[:20]!r}, which does not exist",
                               delete_fix("delete the name key", [item])))
+    _check_stream_records(snap, found, streams)
+
+
+def _check_stream_records(snap: Snapshot, found: Found, streams: dict[int, stream_pb2.StreamDef]) -> None:
+    """Checkpoint (``stream/checkpoints/<stream>``) and recalculation (``stream/recalcs/<stream>/<id>``) records
+    of a stream that does not exist."""
+    for prefix, what in ((CHECKPOINTS_PREFIX, "checkpoint"), (RECALCS_PREFIX, "recalculation")):
+        for item in snap.under(prefix):
+            owner = item.key[len(prefix):].split("/", 1)[0]
+            if owner.isdigit() and int(owner) in streams:
+                continue
+            found.add(Problem("stream-record-without-stream", (item.key,),
+                              f"{what} record of stream {owner[:20]!r}, which does not exist",
+                              delete_fix(f"delete the {what} record", [item])))
 
 
 __all__ = ["check_streams", "decode_streams"]

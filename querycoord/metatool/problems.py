@@ -32,6 +32,7 @@ KINDS: dict[str, str] = {
     "corrupt-stream-record": "a stream or snode record that does not decode (left alone)",
     "stream-on-dropped-snode": "a stream whose main snode does not exist",
     "stream-name-without-stream": "a stream name key whose stream does not exist",
+    "stream-record-without-stream": "a stream's checkpoint or recalculation record whose stream does not exist",
     "unknown-key": "a key under the root that no module owns",
 }
 
