@@ -21,7 +21,7 @@ from meta.errors import NotLeader
 from meta.kv import MetaKV
 from proto import stream_pb2
 from querycoord.console import draw
-from querycoord.stream.checkpoint_store import CheckpointStore
+from querycoord.stream.checkpoint_store import CheckpointStore, checkpoint_key
 from querycoord.stream.manager import StreamManager
 from querycoord.stream.store import StreamStore
 from tests.leader import LEADER_KEY
@@ -210,6 +210,23 @@ async def test_drop_removes_the_checkpoint_record(store: StreamStore, kv: MetaKV
         assert await persisted(kv, sdef.id) > 0
         await store.drop_stream(sdef.id)
         assert await CheckpointStore(kv).get(sdef.id) is None
+
+
+async def test_a_new_leader_removes_the_checkpoint_record_of_a_dropped_stream(store: StreamStore, kv: MetaKV) -> None:
+    """A drop racing a leader's commit can leave a record behind: the next leader's load removes it, and keeps the
+    records of streams that exist."""
+    clock = Clock()
+    orphan = stream_pb2.StreamCheckpoint(stream_id=999, checkpoint_id=5, checkpoint_ms=1)
+    await kv.save(checkpoint_key(999), orphan.SerializeToString())
+    async with running_streams(store, kv, clock, 1, config=CKPT_CONFIG) as (nodes, (sdef,), mgr):
+        assert await kv.get(checkpoint_key(999)) is None
+        await beat_all(mgr, nodes, clock, rounds=12)
+        committed = await persisted(kv, sdef.id)
+        assert committed > 0
+        await kv.save(checkpoint_key(999), orphan.SerializeToString())
+        await mgr.checkpoints.load()  # what the next leadership's start does
+        assert await kv.get(checkpoint_key(999)) is None
+        assert await persisted(kv, sdef.id) == committed
 
 
 @pytest.mark.parametrize("flag,value", [("--checkpoint-interval", "-1"), ("--checkpoint-interval", "nan"),

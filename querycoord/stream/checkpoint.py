@@ -61,11 +61,16 @@ class Checkpoints:
         self.abandoned = 0
 
     async def load(self) -> None:
-        """The committed consensus of every known stream (on every leadership, before any heartbeat)."""
-        for stream_id, cp in (await self.store.load()).items():
+        """The committed consensus of every known stream (on every leadership, before any heartbeat); the records
+        of streams that no longer exist (a drop that raced an earlier leader's commit) are removed."""
+        records = await self.store.load()
+        for stream_id, cp in records.items():
             rt = self.shared.streams.get(stream_id)
             if rt is not None:
                 rt.checkpoint_id, rt.checkpoint_ms = cp.checkpoint_id, cp.checkpoint_ms
+        if any(stream_id not in self.shared.streams for stream_id in records):
+            removed = await self.store.prune(self.shared.streams)
+            logger.info("checkpoints: removed {} records of dropped streams", removed)
 
     # ----- the periodic part -----------------------------------------------------------------------------------------
     async def tick(self, now: float) -> None:
