@@ -244,3 +244,27 @@ def test_readme_checkpoint_line_is_what_stream_show_draws() -> None:
     now = 1_000_000.0
     info = stream_pb2.StreamStatusInfo(checkpoint_id=4, checkpoint_ms=int((now - 2.1) * 1000))
     assert f"  checkpoint: {draw.stream_checkpoint(info, now)}\n  TASK  KIND" in readme
+
+
+async def test_a_task_handed_out_while_a_settled_round_waits_for_its_commit_resumes_from_that_round(
+        store: StreamStore, kv: MetaKV) -> None:
+    """Every task held round N, so it is queued for commit (written a tick later). A task redeployed meanwhile
+    must resume from N, not from the older consensus: once N is committed, that task would hold less than it."""
+    clock = Clock()
+    async with running_streams(store, kv, clock, 1, config=CKPT_CONFIG) as (nodes, (sdef,), mgr):
+        rt = mgr.streams[sdef.id]
+        await mgr.checkpoints.start_rounds([rt], clock.now)
+        assert rt.round is not None
+        settled = rt.round.id
+        for t in rt.tasks.values():
+            t.checkpoint_id = settled  # what every instance's report says once it took the round
+        mgr.checkpoints.settle([sdef.id])
+        assert rt.round is None and rt.checkpoint_id < settled, "queued for commit, not written yet"
+        runner = next(t for t in rt.tasks.values() if t.task.kind == stream_pb2.RUNNER)
+        mgr.shared.redeploy_task(rt, runner, clock.now)
+        reply = stream_pb2.HeartbeatReply()
+        mgr.deploy.hand_out(runner.node_id or nodes[0].node_id, runner.task.snode_id, set(), clock.now, reply, set())
+        if not reply.deploys:  # the runner's snode is on the other node
+            mgr.deploy.hand_out(nodes[1].node_id, runner.task.snode_id, set(), clock.now, reply, set())
+        assert [d.resume_checkpoint_id for d in reply.deploys] == [settled], reply
+        assert runner.checkpoint_id == settled

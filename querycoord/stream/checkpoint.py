@@ -136,6 +136,7 @@ class Checkpoints:
                 continue  # the tick abandons it
             if all(t.checkpoint_id >= rnd.id for t in rt.tasks.values()):
                 rt.round = None
+                rt.settled_id = max(rt.settled_id, rnd.id)
                 held = self.to_commit.get(stream_id, (0, 0))[0]
                 if rnd.id > max(held, rt.checkpoint_id):
                     self.to_commit[stream_id] = (rnd.id, int(time.time() * 1000))

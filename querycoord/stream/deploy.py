@@ -111,9 +111,10 @@ class Deploy:
         for stream_id, rt in self.shared.streams.items():
             if not rt.pending or stream_id in skip:
                 continue
-            # Every task starts from the stream's consensus checkpoint (``checkpoint``): the newest all tasks held.
+            # Every task starts from the newest checkpoint all tasks held (``checkpoint``), committed or about to be.
+            resume = max(rt.checkpoint_id, rt.settled_id)
             deploy = stream_pb2.StreamDeploy(stream_id=stream_id, stream_name=rt.sdef.name,
-                                             resume_checkpoint_id=rt.checkpoint_id,
+                                             resume_checkpoint_id=resume,
                                              start_from_ms=rt.sdef.start_from_ms)
             given: list[TaskRuntime] = []
             for task_id in sorted(rt.pending):
@@ -122,7 +123,7 @@ class Deploy:
                 mine = p.vgroup_id in vgroups if p.kind in READER_KINDS else bool(snode_id) and p.snode_id == snode_id
                 if not mine:
                     continue
-                t.node_id, t.deployed_at, t.checkpoint_id = node_id, now, rt.checkpoint_id
+                t.node_id, t.deployed_at, t.checkpoint_id = node_id, now, resume
                 given.append(t)
                 msg = p.to_proto(stream_id, node_id)
                 if p.kind in READER_KINDS:

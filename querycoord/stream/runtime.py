@@ -114,6 +114,9 @@ class StreamRuntime:
     checkpoint_id: int = 0
     checkpoint_ms: int = 0
     checkpoint_at: float | None = None
+    # The newest round every task held, queued for commit or committed: what a task deployed now resumes from
+    # (a commit is written a tick later; a task handed out meanwhile must not resume from the older consensus).
+    settled_id: int = 0
     # The round in flight, and when the last round started (rounds start checkpoint_interval apart).
     round: CheckpointRound | None = None
     last_round: float | None = None
