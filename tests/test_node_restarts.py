@@ -64,30 +64,38 @@ class Sampler:
         self.c, self.cids = c, cids
         self.found: list[str] = []
         self.samples = 0
+        self._targets: dict[int, tuple[set[int], set[str]]] = {}
         self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Sampler:
-        targets = {cid: await target_of(self.c, cid) for cid in self.cids}
+        """One sample before returning and one in ``__aexit__``: a block that ends before the background loop
+        first runs still has samples at both its ends (the loop alone left ``samples`` at 0 once)."""
+        self._targets = {cid: await target_of(self.c, cid) for cid in self.cids}
+        await self.sample()
 
         async def run() -> None:
             while True:
-                for cid in self.cids:
-                    try:
-                        bad = await false_full(self.c, cid, targets[cid])
-                    except Exception:  # a leader change mid-sample: not a verdict
-                        bad = None
-                    self.samples += 1
-                    if bad:
-                        self.found.append(bad)
+                await self.sample()
                 await asyncio.sleep(0.05)
 
         self._task = asyncio.create_task(run())
         return self
 
+    async def sample(self) -> None:
+        for cid in self.cids:
+            try:
+                bad = await false_full(self.c, cid, self._targets[cid])
+            except Exception:  # a leader change mid-sample: not a verdict
+                bad = None
+            self.samples += 1
+            if bad:
+                self.found.append(bad)
+
     async def __aexit__(self, *exc: object) -> None:
         assert self._task is not None
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
+        await self.sample()
 
 
 async def test_a_whole_cluster_restarted_with_new_nodes_regains_every_replica(etcd: EtcdCluster,
