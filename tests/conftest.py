@@ -23,6 +23,7 @@ from meta.kv import MetaKV
 from meta.ops.etcd_server import EtcdCluster
 from querycoord.stream.store import StreamStore
 from tests.certs import CertFiles, make_certs
+from tests.default_port import default_etcd  # noqa: F401  (fixture: tests using etcd's default port)
 from tests.streams import fenced_store
 from tests.unretrieved import no_unretrieved_exceptions  # noqa: F401  (autouse: see tests/unretrieved.py)
 
