@@ -49,11 +49,14 @@ def test_etcd_command_runs_in_foreground_and_stops_on_sigterm(subprocess_env, tm
 class Up:
     """A `querycoord up` process: its output lines as they come, its endpoints once ready."""
 
-    def __init__(self, env: dict[str, str], data_dir: Path, *args: str, root: str = ""):
+    def __init__(self, env: dict[str, str], data_dir: Path, *args: str, root: str = "", etcd_port: str | None = "0"):
         self.root = root or f"test-up-{uuid.uuid4().hex[:8]}"
         self.data_dir = data_dir
-        self.proc = run_querycoord(["up", "--listen", "127.0.0.1:0", "--ttl", "2", "--root", self.root,
-                                    "--data-dir", str(data_dir), *args], env)
+        # etcd on any free port by default: etcd's default (2379, ``etcd_port=None``) is for the tests holding
+        # ``default_etcd``
+        port = ["--etcd-port", etcd_port] if etcd_port is not None else []
+        self.proc = run_querycoord(["up", "--listen", "127.0.0.1:0", *port, "--ttl", "2", "--root",
+                                    self.root, "--data-dir", str(data_dir), *args], env)
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.out: list[str] = []
         threading.Thread(target=self._pump, daemon=True).start()
@@ -79,6 +82,21 @@ class Up:
                 assert m, self.out
                 return m.group(1)
         raise AssertionError(f"`up` not ready after {timeout}s: {''.join(self.out)}")
+
+    def wait_line(self, prefix: str, timeout: float = 60.0) -> str:
+        """The next output line that starts with ``prefix``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if line is None:
+                raise AssertionError(f"`up` exited ({self.proc.wait()}): {''.join(self.out)}{self.proc.stderr.read()}")
+            self.out.append(line)
+            if line.startswith(prefix):
+                return line
+        raise AssertionError(f"no {prefix!r} line after {timeout}s: {''.join(self.out)}")
 
     def rest(self) -> str:
         while True:
@@ -230,9 +248,9 @@ def test_up_refuses_a_busy_coordinator_port_and_starts_nothing(subprocess_env, t
         busy.listen()
         port = busy.getsockname()[1]
         root = f"test-up-{uuid.uuid4().hex[:8]}"
-        r = subprocess.run([sys.executable, "-m", "querycoord.cli", "up", "--listen", f"127.0.0.1:{port}", "--root",
-                            root, "--data-dir", str(tmp_path / "d")], capture_output=True, text=True,
-                           env=subprocess_env, timeout=60)
+        r = subprocess.run([sys.executable, "-m", "querycoord.cli", "up", "--listen", f"127.0.0.1:{port}",
+                            "--etcd-port", "0", "--root", root, "--data-dir", str(tmp_path / "d")],
+                           capture_output=True, text=True, env=subprocess_env, timeout=60)
     assert r.returncode == 1 and f"error: cannot listen on 127.0.0.1:{port}" in r.stderr, r.stderr
     assert not procs.pids_matching(f"--root {root}") and not procs.etcd_pids_under(tmp_path)
 

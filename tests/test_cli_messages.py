@@ -243,8 +243,8 @@ async def test_a_standby_says_it_stands_by_and_names_the_leader(etcd, tmp_path, 
 def test_up_names_nodes_by_id_says_which_exited_and_keeps_its_logs(subprocess_env, tmp_path) -> None:
     root = f"test-up-{uuid.uuid4().hex[:8]}"
     proc = subprocess.Popen([sys.executable, "-m", "querycoord.cli", "up", "--listen", "127.0.0.1:0", "--ttl", "2",
-                             "--root", root, "--nodes", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=subprocess_env)
+                             "--etcd-port", "0", "--root", root, "--nodes", "2"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=subprocess_env)
     data_dir = None
     try:
         assert proc.stdout is not None

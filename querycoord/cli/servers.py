@@ -10,12 +10,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-from querycoord.cli.common import DEFAULT_ADDRESS, at_least, host_port, non_negative_int, positive_float
-
-if TYPE_CHECKING:
-    from querycoord.tooling.allinone import AllInOne
+from typing import Any
 
 
 class TermFlag:
@@ -122,93 +117,6 @@ def _data_dir_problem(data_dir: str) -> bool:
     return problem is not None
 
 
-def cmd_up(args: argparse.Namespace) -> int:
-    """The all-in-one cluster in the foreground: Ctrl-C or SIGTERM stops every process it started."""
-    if args.data_dir and _data_dir_problem(args.data_dir):
-        return 2
-    try:
-        return asyncio.run(_run_up(args))
-    except KeyboardInterrupt:  # a Ctrl-C before the signal handlers were installed: nothing was started yet
-        return 130
-
-
-async def _run_up(args: argparse.Namespace) -> int:
-    from querycoord.tooling.allinone import AllInOne, ClusterStartError, member_label
-
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        cluster = AllInOne(nodes=args.nodes, listen=args.listen, data_dir=args.data_dir, ttl=args.ttl,
-                           root=args.root, node_capacity_mb=args.node_capacity_mb, log_level=args.log_level,
-                           keep_logs=True)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    starting = asyncio.create_task(cluster.start())
-    stopping = asyncio.create_task(stop.wait())
-    await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-    if not starting.done():
-        starting.cancel()
-        await asyncio.gather(starting, return_exceptions=True)
-        await cluster.stop()
-        print("stopped before the cluster was ready; every process it started is gone", flush=True)
-        return 0
-    stopping.cancel()
-    try:
-        starting.result()
-    except ClusterStartError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    code = 0
-    try:
-        _print_endpoints(cluster)
-        reported: set[int] = set()
-        while not stop.is_set():
-            try:
-                await asyncio.wait_for(stop.wait(), 0.5)
-            except TimeoutError:
-                pass
-            for member in cluster.exited():
-                if member.child.pid in reported:
-                    continue
-                reported.add(member.child.pid)
-                where = f"{member.address}, " if member.address and member is not cluster.coordinator else ""
-                print(f"warning: {member_label(member)} ({where}pid {member.child.pid}) exited with code "
-                      f"{member.child.proc.returncode}; see {member.child.log_path}", file=sys.stderr, flush=True)
-                if member is cluster.coordinator:
-                    print("error: the coordinator is gone; stopping the cluster", file=sys.stderr, flush=True)
-                    code = 1
-                    stop.set()
-            if not cluster.etcd_running():
-                print(f"error: etcd exited; see {cluster.data_dir}/etcd; stopping the cluster", file=sys.stderr,
-                      flush=True)
-                code = 1
-                stop.set()
-    finally:
-        print("stopping: coordinator, query nodes, etcd ...", flush=True)
-        await cluster.stop()
-    print(f"stopped: every process of the cluster is gone (logs in {cluster.data_dir})", flush=True)
-    return code
-
-
-def _print_endpoints(cluster: AllInOne) -> None:
-    kept = "kept" if cluster.keeps_data else "etcd data removed on exit, logs kept"
-    coord = cluster.coordinator
-    assert coord is not None
-    lines = [
-        f"querycoord all-in-one cluster is up (data and logs in {cluster.data_dir}; {kept})",
-        f"  etcd endpoints  {','.join(cluster.etcd_endpoints)}",
-        f"  coordinator     {cluster.coordinator_address}  (leader, pid {coord.child.pid}, log {coord.child.log_path})",
-    ]
-    for n in cluster.nodes:
-        lines.append(f"  query node {n.node_id:<4} {n.address}  (pid {n.child.pid}, log {n.child.log_path})")
-    addr = "" if cluster.coordinator_address == DEFAULT_ADDRESS else f" --address {cluster.coordinator_address}"
-    lines.append(f"ready: try `querycoord nodes{addr}`; Ctrl-C stops everything")
-    print("\n".join(lines), flush=True)
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
     from querycoord.tooling import demo
 
@@ -217,6 +125,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def add_parsers(sub: Any) -> None:
     from querycoord.cli import etcd_admin
+    from querycoord.cli.up_cmd import add_up_parser
     from querycoord.nodes.querynode import add_querynode_parser
     from querycoord.nodes.streamnode import add_streamnode_parser
     from querycoord.settings.coord_options import add_coord_options
@@ -238,18 +147,7 @@ def add_parsers(sub: Any) -> None:
     add_streamnode_parser(sub)
     add_drill_parser(sub)
 
-    p = sub.add_parser("up", help="run the all-in-one cluster (embedded etcd, a coordinator, query nodes)")
-    p.add_argument("--nodes", type=non_negative_int, default=3, help="query nodes to start (default 3)")
-    p.add_argument("--listen", type=host_port, default=DEFAULT_ADDRESS,
-                   help=f"coordinator address (default {DEFAULT_ADDRESS}; port 0: any free port)")
-    p.add_argument("--data-dir", default=None, help="keep etcd data and logs here (default: a temp dir whose etcd "
-                                                    "data is removed on exit and whose logs are kept)")
-    p.add_argument("--ttl", type=at_least(2, 3600), default=10.0,
-                   help="session TTL of the coordinator and nodes, at least 2 (default 10)")
-    p.add_argument("--root", default="querycoord", help="meta root path in etcd (default querycoord)")
-    p.add_argument("--node-capacity-mb", type=positive_float, default=1024,
-                   help="memory of each query node (default 1024)")
-    p.set_defaults(func=cmd_up)
+    add_up_parser(sub)
 
     p = sub.add_parser("demo", help="the demo that `make demo` runs")
     add_demo_arguments(p)

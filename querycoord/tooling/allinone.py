@@ -34,18 +34,26 @@ with ``--snode``, so it hosts the snode that ``CreateSnode`` creates for it.
 By default stream node ``i`` leads vgroup ``i + 1``; ``stream_vgroups`` chooses.
 They stop with the query nodes, after the coordinators.
 
-Children log to the harness's files in the data dir (``coord-<i>.<g>.log``,
-``node-<i>.<g>.log``, ``streamnode-<i>.<g>.log``: member ``i`` from 0, its
-``g``-th process), so the terminal shows only what the caller prints; a child
-that fails to start is reported with the tail of its log.
+Children log to files in the data dir named as ``up`` names the processes:
+``coordinator-<n>.log`` (``n`` from 1), ``querynode-<id>.log`` and
+``streamnode-<id>.log`` by node id (a node logs to ``querynode-new-<i>.log``
+until it has its id; a node restarted under its id appends to its file), and
+``etcd.log`` (a link to etcd's own log while it runs; the log itself once a
+temporary data dir is removed). The terminal shows only what the caller
+prints; a child that fails to start is reported with the tail of its log.
+
+``etcd_port``: etcd's client port (0: the port a kept data dir used before,
+else any free one). ``http_listen``: the first coordinator's HTTP address
+(metrics, probes, status page). ``child_args``: options every child gets
+(log format, gRPC security, the configuration file), after its own.
 """
 
 from __future__ import annotations
 
 import asyncio
-import errno
+import contextlib
+import os
 import shutil
-import socket
 import tempfile
 import time
 from collections import Counter
@@ -53,62 +61,17 @@ from collections.abc import Awaitable, Sequence
 from pathlib import Path
 from typing import Any
 
-from meta.address import on_port, split_address
+from meta.address import on_port
 from meta.ops.child import log_tail
 from meta.ops.etcd_server import EtcdCluster
 from proto import common_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.net.client import CoordinatorUnavailable, QueryCoordClient
 from querycoord.tooling.harness import COORDINATOR, QUERY_NODE, STREAM_NODE, Harness, Member, StartError
+from querycoord.tooling.up_checks import data_dir_problem, listen_problem
 
 DEFAULT_LISTEN = "127.0.0.1:19531"
 DEFAULT_ROOT = "querycoord"
-
-
-def listen_problem(listen: str) -> str | None:
-    """Why a coordinator cannot take ``listen`` (malformed, or someone listens there now), or None.
-
-    gRPC binds with SO_REUSEPORT, so a second coordinator on a busy port
-    would start "successfully" and share the port with the first one:
-    clients would be spread over two unrelated clusters. A plain bind
-    (SO_REUSEADDR, not SO_REUSEPORT) fails only if someone listens there now.
-    """
-    try:
-        host, port = split_address(listen)
-    except ValueError as exc:
-        return f"listen address {exc}"
-    host = host.strip("[]")
-    if port == 0:
-        return None
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a recently closed port (TIME_WAIT) is free
-        try:
-            s.bind((host, port))
-        except OSError as exc:
-            why = exc.strerror or str(exc)
-            if exc.errno == errno.EADDRINUSE:
-                why += " (another `querycoord up` or coordinator?); stop it or choose another --listen"
-            return f"cannot listen on {listen}: {why}"
-    return None
-
-
-def data_dir_problem(path: str | Path, flag: str = "--data-dir") -> str | None:
-    """Why ``path`` cannot hold etcd's data and the logs (a file, or not a writable directory), or None.
-
-    Creates the directory: the question is whether this process can, and
-    asked this way root's answers are right too (``os.access`` would say yes).
-    """
-    p = Path(path)
-    if p.exists() and not p.is_dir():
-        return f"{flag} {p} is a file, not a directory"
-    try:
-        p.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=p):
-            pass
-    except OSError as exc:
-        return f"{flag} {p} is not a writable directory: {exc.strerror or exc}"
-    return None
 
 
 def member_label(member: Member) -> str:
@@ -130,6 +93,14 @@ async def _all_started(starts: Sequence[Awaitable[Member]]) -> list[Member]:
             raise result
         members.append(result)
     return members
+
+
+def _link(link: Path, target: Path) -> None:
+    """``link`` -> ``target`` (relative, so a moved data dir keeps it), replacing an older link or file."""
+    with contextlib.suppress(FileNotFoundError):
+        link.unlink()
+    with contextlib.suppress(OSError):
+        link.symlink_to(os.path.relpath(target, link.parent))
 
 
 class AllInOne:
@@ -175,6 +146,9 @@ class AllInOne:
         stream_nodes: int = 0,
         stream_vgroups: Sequence[Sequence[int]] | None = None,
         stream_node_args: Sequence[str] = (),
+        etcd_port: int = 0,
+        http_listen: str = "",
+        child_args: Sequence[str] = (),
     ):
         if nodes < 0:
             raise ValueError(f"the number of query nodes must be >= 0, got {nodes}")
@@ -209,6 +183,9 @@ class AllInOne:
         self.num_stream_nodes = stream_nodes
         self.stream_vgroups = [list(v) for v in stream_vgroups] if stream_vgroups is not None else None
         self.stream_node_args = list(stream_node_args)
+        self.etcd_port = etcd_port
+        self.http_listen = http_listen
+        self.child_args = list(child_args)
         self._stopped = False
 
     @property
@@ -293,12 +270,13 @@ class AllInOne:
         problem = data_dir_problem(self.data_dir)
         if problem:
             raise StartError(problem)
-        etcd = EtcdCluster(self.data_dir / "etcd", size=1)
+        etcd = EtcdCluster(self.data_dir / "etcd", size=1, client_ports=(self.etcd_port,) if self.etcd_port else ())
         self.etcd = etcd
         try:
             await asyncio.to_thread(etcd.start)
         except Exception as exc:
             raise StartError(f"embedded etcd did not start: {exc}") from exc
+        _link(self.etcd_log, etcd.members[0].log_path)
         self.harness = Harness(etcd.endpoints, self.root, self.data_dir, ttl=self.ttl, env=self.env,
                                log_level=self.log_level, start_timeout=self.start_timeout)
         await self.add_coordinators(self.num_coordinators)
@@ -314,22 +292,76 @@ class AllInOne:
             vgroups = self.stream_vgroups or [[i + 1] for i in range(self.num_stream_nodes)]
             await self.add_stream_nodes(vgroups)
 
+    @property
+    def etcd_log(self) -> Path:
+        return self.data_dir / "etcd.log"
+
+    def coord_log(self, index: int) -> Path:
+        return self.data_dir / f"coordinator-{index + 1}.log"
+
+    def node_log(self, role: str, node_id: int | str) -> Path:
+        return self.data_dir / f"{'streamnode' if role == STREAM_NODE else 'querynode'}-{node_id}.log"
+
+    def coord_flags(self, index: int, http: str | None = None) -> list[str]:
+        """The options of coordinator ``index`` after its listen address; ``http``: its HTTP address instead of
+        ``http_listen`` (a restart keeps the port it had)."""
+        http = http or (self.http_listen if index == 0 else "")
+        return [*self.coord_args, *(["--http-listen", http] if http else []), *self.child_args]
+
+    def _named(self, member: Member) -> Member:
+        """Move a node's log to the name of its id, which it has once ready (the process keeps writing to it)."""
+        target = self.node_log(member.role, member.node_id)
+        path = member.child.log_path
+        if path is not None and path != target and member.node_id:
+            os.replace(path, target)
+            member.child.log_path = target
+        return member
+
     async def add_coordinators(self, n: int) -> list[Member]:
         """Start ``n`` more coordinators and wait until each is ready (listens); they campaign on their own."""
         harness = self._harness()
         # The first takes ``listen``; the others any free port of that host.
         return await _all_started([
-            harness.start_coordinator(i, self.listen if i == 0 else on_port(self.listen, 0), *self.coord_args)
+            harness.start_coordinator(i, self.listen if i == 0 else on_port(self.listen, 0), *self.coord_flags(i),
+                                      log_path=self.coord_log(i))
             for i in self._indices(COORDINATOR, n)])
 
     async def add_nodes(self, n: int) -> list[Member]:
         """Start ``n`` more query nodes and wait until the leader lists them online (so loads can use them)."""
         harness = self._harness()
         new = await _all_started([
-            harness.start_node(QUERY_NODE, i, "--capacity-mb", f"{self.node_capacity_mb:g}", *self.node_args)
+            harness.start_node(QUERY_NODE, i, "--capacity-mb", f"{self.node_capacity_mb:g}", *self.node_args,
+                               *self.child_args, log_path=self.node_log(QUERY_NODE, f"new-{i}"))
             for i in self._indices(QUERY_NODE, n)])
-        await self.wait_nodes_online([x.node_id for x in new])
+        await self.wait_nodes_online([self._named(x).node_id for x in new])
         return new
+
+    async def restart_coordinator(self, member: Member) -> Member:
+        """Start an exited coordinator again: same address (while free), HTTP address and log; it campaigns, and
+        leads once the dead one's lease lapsed (``wait_new_leader``)."""
+        http = str(member.ready.get("http_address", "")) or None
+        return await self._harness().restart_coordinator(member, *self.coord_flags(member.index, http),
+                                                         log_path=self.coord_log(member.index))
+
+    async def restart_node(self, member: Member) -> Member:
+        """Start an exited query node again under its id, on its old address while free (the new process waits
+        for the old session to lapse, then registers a new incarnation holding nothing); until the leader lists
+        it online."""
+        harness = self._harness()
+        node_id = member.node_id
+        flags = ["--capacity-mb", f"{self.node_capacity_mb:g}", "--node-id", str(node_id), *self.node_args,
+                 *self.child_args]
+        listen = str(member.ready.get("listen_address", "")) or "127.0.0.1:0"
+        log = self.node_log(QUERY_NODE, node_id)
+        try:
+            await harness.start_node(QUERY_NODE, member.index, *flags, "--listen", listen, member=member, log_path=log)
+        except StartError:
+            if listen.endswith(":0"):
+                raise
+            await harness.start_node(QUERY_NODE, member.index, *flags, "--listen", on_port(listen, 0), member=member,
+                                     log_path=log)
+        await self.wait_nodes_online([node_id])
+        return member
 
     async def add_stream_nodes(self, vgroups: Sequence[Sequence[int]]) -> list[Member]:
         """Start one stream node per entry of ``vgroups`` (the vgroups it leads); wait until each registered.
@@ -337,9 +369,11 @@ class AllInOne:
         A stream node's ready event lists its vgroups (``member.ready["vgroups"]``).
         """
         harness = self._harness()
-        return await _all_started([
-            harness.start_node(STREAM_NODE, i, "--snode", "--vgroups", ",".join(map(str, v)), *self.stream_node_args)
+        new = await _all_started([
+            harness.start_node(STREAM_NODE, i, "--snode", "--vgroups", ",".join(map(str, v)), *self.stream_node_args,
+                               *self.child_args, log_path=self.node_log(STREAM_NODE, f"new-{i}"))
             for i, v in zip(self._indices(STREAM_NODE, len(vgroups)), vgroups, strict=True)])
+        return [self._named(x) for x in new]
 
     async def wait_nodes_online(self, node_ids: Sequence[int], timeout: float | None = None) -> None:
         """Until ShowNodes on the leader lists every id in ``node_ids`` as online."""
@@ -419,6 +453,9 @@ class AllInOne:
         if self.etcd is not None:
             await asyncio.to_thread(self.etcd.stop)
         if self._temp:
+            if self.keep_logs and self.etcd is not None and self.etcd.members:
+                with contextlib.suppress(OSError):  # the link would point into the removed etcd dir
+                    os.replace(self.etcd.members[0].log_path, self.etcd_log)
             shutil.rmtree(self.data_dir / "etcd" if self.keep_logs else self.data_dir, ignore_errors=True)
 
     async def __aenter__(self) -> AllInOne:

@@ -147,15 +147,16 @@ class Harness:
 
     # ----- start ----------------------------------------------------------------------------------------------------
     async def start(self, role: str, index: int, argv: Sequence[str], *, member: Member | None = None,
-                    stdin: bool = False, name: str | None = None) -> Member:
+                    stdin: bool = False, name: str | None = None, log_path: Path | None = None) -> Member:
         """Run ``python <argv>`` as ``role`` ``index`` and wait for its ready event.
 
         With ``member`` the new process replaces that member's (dead) one. A
         process that does not get ready within ``start_timeout`` is stopped and
-        ``StartError`` quotes its log.
+        ``StartError`` quotes its log. ``log_path``: where it logs instead of
+        the harness's name for it (appended to, so a restart can keep one file).
         """
         generation = 0 if member is None else member.generation + 1
-        log = self.work / f"{_PREFIX[role]}-{index}.{generation}.log"
+        log = log_path or self.work / f"{_PREFIX[role]}-{index}.{generation}.log"
         holder: list[Member] = []
         child = await ChildProcess.spawn(name or f"{role} {'c' if role == COORDINATOR else 'n'}{index}.{generation}",
                                          argv, log_path=log, env=self.env, stdin=stdin,
@@ -181,23 +182,23 @@ class Harness:
         return member
 
     async def start_coordinator(self, index: int, listen: str, *flags: str, member: Member | None = None,
-                                etcd: str | Sequence[str] | None = None) -> Member:
+                                etcd: str | Sequence[str] | None = None, log_path: Path | None = None) -> Member:
         """``querycoord coord`` on ``listen`` with ``flags`` (``etcd``: other endpoints, e.g. a proxy)."""
         argv = coord_argv(self.etcd_endpoints if etcd is None else etcd, self.root, listen, self.ttl, *flags,
                           log_level=self.log_level)
-        return await self.start(COORDINATOR, index, argv, member=member)
+        return await self.start(COORDINATOR, index, argv, member=member, log_path=log_path)
 
     async def start_node(self, role: str, index: int, *flags: str, member: Member | None = None,
-                         etcd: str | Sequence[str] | None = None) -> Member:
+                         etcd: str | Sequence[str] | None = None, log_path: Path | None = None) -> Member:
         """``querycoord querynode`` / ``streamnode`` with the harness's TTL and ``flags``; a stream node gets its
         stdin control channel (``Member.command``)."""
         argv = node_argv(role, self.etcd_endpoints if etcd is None else etcd, self.root, "--ttl", f"{self.ttl:g}",
                          *flags, log_level=self.log_level)
-        return await self.start(role, index, argv, member=member, stdin=role == STREAM_NODE)
+        return await self.start(role, index, argv, member=member, stdin=role == STREAM_NODE, log_path=log_path)
 
     async def restart_coordinator(self, member: Member, *flags: str, attempts: int = 6,
                                   etcd: str | Sequence[str] | None = None,
-                                  say: Callable[[str], None] | None = None) -> Member:
+                                  say: Callable[[str], None] | None = None, log_path: Path | None = None) -> Member:
         """Start a killed coordinator again, on its old address while that is free.
 
         A coordinator cannot start while etcd is unreachable (it exits), so
@@ -208,7 +209,8 @@ class Harness:
         for attempt in range(1, attempts + 1):
             listen = old if attempt <= attempts // 2 and old else on_port(old, 0)
             try:
-                return await self.start_coordinator(member.index, listen, *flags, member=member, etcd=etcd)
+                return await self.start_coordinator(member.index, listen, *flags, member=member, etcd=etcd,
+                                                    log_path=log_path)
             except StartError as exc:
                 if attempt == attempts:
                     raise
