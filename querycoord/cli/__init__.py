@@ -2,7 +2,7 @@
 
 Server commands (``cli/servers.py``): ``etcd`` (embedded etcd), ``coord``
 (one coordinator), ``querynode`` / ``streamnode`` (reference nodes), ``up``
-(the all-in-one cluster), ``demo``, ``drill``. Client commands talk to the
+(the all-in-one cluster, ``cli/up_cmd.py``), ``demo``, ``drill``. Client commands talk to the
 coordinators named by ``--address`` (any of them: the client follows the
 leader): ``collection create|load|release|drop|show`` and ``replicas`` (``cli/collection.py``),
 ``stream create|show|stop|start|drop`` and ``snode create|drop|show``
