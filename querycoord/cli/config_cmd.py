@@ -55,7 +55,10 @@ def settings(args: argparse.Namespace) -> tuple[list[dict[str, Any]], str | None
         elif s.name in _LOG_DEFAULTS and value is None:
             value = _LOG_DEFAULTS[s.name]
         source = sources[s.name]
-        rows.append({"key": s.name, "value": value, "source": source.value, "origin": _origin(source, s)})
+        origin = _origin(source, s)
+        if source is Source.ENV:  # the variable that set it: the setting's own, or an alias ($ETCDCTL_ENDPOINTS)
+            origin = "env " + args.config_origins.get(s.dest, f"${s.env}").removeprefix("$")
+        rows.append({"key": s.name, "value": value, "source": source.value, "origin": origin})
         if s is _PASSWORD_FILE:
             rows.append(_password_row(sources))
     return rows, error
