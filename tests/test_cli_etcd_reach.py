@@ -128,7 +128,7 @@ def test_flag_beats_variables_beat_the_file_for_root_and_endpoints(
     assert r.stderr.splitlines() == [reading_line(root_path, "from --root", endpoints, "from --etcd-endpoints")]
 
 
-def test_config_show_names_the_variable_that_set_a_value_aliases_included(subprocess_env) -> None:
+def test_config_show_names_the_variable_that_set_a_value_and_the_default_endpoint(subprocess_env) -> None:
     env = {**subprocess_env, "ETCDCTL_ENDPOINTS": "10.0.0.1:2379", "QUERYCOORD_ROOT": "shared"}
     r = run(env, "config", "show", "-o", "json")
     assert r.returncode == 0, r
@@ -136,6 +136,10 @@ def test_config_show_names_the_variable_that_set_a_value_aliases_included(subpro
     assert (rows["etcd.endpoints"]["value"], rows["etcd.endpoints"]["origin"]) == ("10.0.0.1:2379",
                                                                                    "env ETCDCTL_ENDPOINTS")
     assert (rows["coord.root"]["value"], rows["coord.root"]["origin"]) == ("shared", "env QUERYCOORD_ROOT")
+    r = run(subprocess_env, "config", "show", "-o", "json")
+    rows = {row["key"]: row for row in json.loads(r.stdout)["settings"]}
+    assert r.returncode == 0 and (rows["etcd.endpoints"]["value"], rows["etcd.endpoints"]["origin"]) == (
+        "127.0.0.1:2379", "default"), r
 
 
 def test_an_empty_root_is_refused_naming_where_it_was_set(subprocess_env, tmp_path) -> None:
