@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import signal
 import socket
@@ -281,8 +282,9 @@ async def test_tasks_history_with_children_ends_quietly_when_the_reader_closes_t
 
 # ----- `querycoord etcd` without --data-dir leaves nothing behind ----------------------------------------------------
 def start_etcd(env: dict[str, str], *args: str) -> tuple[subprocess.Popen[str], Path]:
+    """``querycoord etcd ARGS`` in a process group of its own (as a shell runs it), once it printed its data dir."""
     proc = subprocess.Popen([sys.executable, "-m", "querycoord.cli", "etcd", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
     assert proc.stdout is not None
     line = proc.stdout.readline()
     m = re.search(r"\(data in (\S+?);", line)
@@ -297,12 +299,15 @@ def wait_no_etcd_under(data_dir: Path, timeout: float = 15.0) -> None:
     assert not procs.etcd_pids_under(data_dir), "etcd outlived `querycoord etcd`"
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_etcd_without_data_dir_removes_its_temporary_directory_when_stopped(subprocess_env, sig) -> None:
+@pytest.mark.parametrize("how", ["SIGTERM", "Ctrl-C"])
+def test_etcd_without_data_dir_removes_its_temporary_directory_when_stopped(subprocess_env, how) -> None:
     proc, data_dir = start_etcd(subprocess_env)
     try:
         assert data_dir.is_dir() and procs.etcd_pids_under(data_dir), "etcd runs in its temporary directory"
-        proc.send_signal(sig)
+        if how == "SIGTERM":
+            proc.send_signal(signal.SIGTERM)
+        else:  # a terminal's Ctrl-C: SIGINT to the whole foreground process group
+            os.killpg(proc.pid, signal.SIGINT)
         assert proc.wait(timeout=60) == 0
         wait_no_etcd_under(data_dir)
         assert not data_dir.exists(), f"{data_dir} left behind"
@@ -316,7 +321,7 @@ def test_etcd_with_data_dir_keeps_its_data_when_stopped(subprocess_env, tmp_path
     proc, data_dir = start_etcd(subprocess_env, "--data-dir", str(tmp_path / "kept"))
     try:
         assert data_dir == (tmp_path / "kept").resolve() or data_dir == tmp_path / "kept"
-        proc.send_signal(signal.SIGINT)
+        os.killpg(proc.pid, signal.SIGINT)
         assert proc.wait(timeout=60) == 0
         wait_no_etcd_under(data_dir)
         assert (data_dir / "m0.etcd" / "member").is_dir(), "the data stays for the next run"
