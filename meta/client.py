@@ -39,8 +39,9 @@ from tenacity import (
 from meta import etcd_pb as pb
 from meta import observe
 from meta.config import EtcdConfig
-from meta.errors import ClientClosed, MetaAuthError, MetaNoSpace, MetaUnavailable
+from meta.errors import ClientClosed, MetaAuthError, MetaNoSpace, MetaRefused, MetaUnavailable
 from meta.loops import keep_running
+from meta.reach import refusals
 
 T = TypeVar("T")
 
@@ -504,7 +505,14 @@ async def connect(config: EtcdConfig, *, wait: bool = False) -> EtcdClient:
 
     ``wait``: keep trying until etcd answers instead (a server started before
     its etcd); the first failed attempt logs that etcd is unreachable, at once.
+    Without it, and with ``config.refused_is_final``, ``MetaRefused`` comes at
+    once when every endpoint refuses the TCP connection (``meta.reach``).
     """
+    if not wait and config.refused_is_final:
+        started = time.monotonic()
+        refused = await refusals(config.endpoints, timeout=min(1.0, config.call_timeout))
+        if refused is not None:
+            raise MetaRefused(refused, "connect", time.monotonic() - started)
     while True:
         try:
             return await _open(config)

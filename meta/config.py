@@ -28,6 +28,10 @@ class EtcdConfig:
     password: str | None = field(default=None, repr=False)
     call_timeout: float = 5.0
     deadline: float = 15.0
+    # A one-shot command: when every endpoint refuses TCP (nothing listens), ``connect`` fails at once
+    # (``MetaRefused``) instead of retrying until ``deadline``; endpoints that accept and do not answer are still
+    # waited for. Servers leave it off: they wait for an etcd that is starting.
+    refused_is_final: bool = False
 
     def __post_init__(self) -> None:
         if not self.endpoints:

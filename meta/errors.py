@@ -21,12 +21,27 @@ class MetaUnavailable(MetaError):
         self.endpoints = list(endpoints)
         self.operation = operation
         self.elapsed = elapsed
+        self.hint = hint
         detail = f": {cause}" if cause is not None else ""
         super().__init__(
             f"etcd unavailable: {operation} failed after {elapsed:.1f}s trying endpoints "
             f"{', '.join(self.endpoints)}{detail}. Check that etcd is running and reachable "
             f"(--etcd-endpoints), and its TLS/auth settings.{hint}"
         )
+
+
+class MetaRefused(MetaUnavailable):
+    """Every endpoint refused the TCP connection (or named a host that does not exist): nothing listens there, so
+    waiting out the deadline would only delay the same answer. ``reasons``: endpoint -> why, short."""
+
+    def __init__(self, reasons: dict[str, str], operation: str, elapsed: float):
+        self.reasons = dict(reasons)
+        super().__init__(list(reasons), operation, elapsed, None)
+        if set(self.reasons.values()) == {"connection refused"}:
+            text = f"etcd at {', '.join(self.reasons)} refused the connection (nothing listens there?)"
+        else:
+            text = "etcd unreachable: " + "; ".join(f"{ep}: {why}" for ep, why in self.reasons.items())
+        self.args = (text,)
 
 
 class ClientClosed(MetaError):

@@ -72,8 +72,10 @@ def project_root() -> Path:
 
 @pytest.fixture
 def subprocess_env(project_root: Path) -> dict[str, str]:
-    """Environment for child Python processes started by tests (unbuffered, project importable)."""
-    env = dict(os.environ)
+    """Environment for child Python processes started by tests (unbuffered, project importable), without the
+    variables a developer's shell may hold that would point a command at another etcd or root (a test that wants
+    one sets it)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("ETCDCTL_ENDPOINTS", "QUERYCOORD_ROOT")}
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONPATH"] = str(project_root) + os.pathsep + env.get("PYTHONPATH", "")
     return env

@@ -567,7 +567,9 @@ async def test_the_reader_credential_runs_every_read_command_and_no_repair(secur
         assert code in (0, 1) and f"root {ROOT} at revision" in out and "Traceback" not in err, (out, err)
         before = await secured_revision(secured)
         code, out, err = await etcd_command(secured, "reader", "meta", "repair", "--apply")
-        assert code != 0 and "Traceback" not in err and len(err.strip().splitlines()) == 1, (out, err)
+        said, *errors = err.strip().splitlines()  # the deployment it reads, then the one error line
+        assert code != 0 and "Traceback" not in err and said.startswith(f'reading root "{ROOT}"'), (out, err)
+        assert len(errors) == 1 and errors[0].startswith("error: "), (out, err)
         assert await secured_revision(secured) == before, "a refused repair wrote something"
     finally:
         await coord.stop()

@@ -46,6 +46,11 @@ async def cli(env: dict[str, str], etcd: EtcdCluster, root: str, *args: str) -> 
     return subprocess.CompletedProcess(argv, proc.returncode, out.decode(), err.decode())
 
 
+def said(etcd: EtcdCluster, root: str) -> list[str]:
+    """What ``cli`` prints on stderr when all goes well: the deployment it reads, nothing else."""
+    return [f'reading root "{root}" (from --root) at etcd {",".join(etcd.endpoints)} (from --etcd-endpoints)']
+
+
 async def state(kv: MetaKV) -> dict[str, tuple[bytes, int]]:
     """Every key under the root with its value and mod revision."""
     snap = await snapshot.take(kv)
@@ -178,10 +183,10 @@ async def test_verify_finds_each_planted_problem_and_repair_removes_only_them(et
 
         # the CLI: verify -o json lists the same problems and exits 1; show -o json decodes the planted segment
         r = await cli(subprocess_env, etcd, root_path, "verify", "-o", "json")
-        assert r.returncode == 1 and not r.stderr, r
+        assert r.returncode == 1 and r.stderr.splitlines() == said(etcd, root_path), r
         assert problems_by_kind(json.loads(r.stdout)["problems"]) == expected
         r = await cli(subprocess_env, etcd, root_path, "show", "segments", "-o", "json")
-        assert r.returncode == 0 and not r.stderr, r
+        assert r.returncode == 0 and r.stderr.splitlines() == said(etcd, root_path), r
         rows = {row["segment_id"]: row for row in json.loads(r.stdout)["rows"]}
         assert rows[880001]["node_id"] == 999 and rows[880001]["node_live"] is False
         assert {row["segment_id"] for row in loaded} <= set(rows)
@@ -224,7 +229,8 @@ async def test_repair_refuses_beside_a_live_leader(etcd, root_path, subprocess_e
         assert [o.problem.keys for o in dry.outcomes] == [("mystery/key",)]
 
         r = await cli(subprocess_env, etcd, root_path, "repair", "--apply")
-        lines = r.stderr.strip().splitlines()
+        said_first, *lines = r.stderr.strip().splitlines()
+        assert said_first == said(etcd, root_path)[0], r
         assert r.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: "), r
         assert coord.address in lines[0] and "never writes beside a live leader" in lines[0], lines
         assert await kv.get("mystery/key") == b"planted"

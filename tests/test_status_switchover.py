@@ -124,7 +124,9 @@ async def test_status_without_etcd_is_one_error_line() -> None:
     code, out, err = await cli("status", "--etcd-endpoints", f"127.0.0.1:{free_port()}", "--root", "x",
                                "--timeout", "2")
     assert code == 1 and out == ""
-    assert len(err.strip().splitlines()) == 1 and err.startswith("error: "), err
+    said, *errors = err.strip().splitlines()
+    assert said.startswith('reading root "x" (from --root) at etcd '), err  # which deployment, then why not
+    assert len(errors) == 1 and errors[0].startswith("error: "), err
 
 
 class Loads:

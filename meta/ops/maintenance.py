@@ -37,7 +37,7 @@ from etcd3aio.maintenance import AlarmType, MaintenanceService
 
 from meta.client import EtcdClient, connect
 from meta.config import EtcdConfig
-from meta.errors import ClientClosed, MetaError
+from meta.errors import ClientClosed, MetaAuthError, MetaError, MetaRefused, MetaUnavailable
 from meta.etcd_pb import AlarmResponse, CompactionRequest, RangeRequest
 
 MIB = 1 << 20
@@ -68,6 +68,8 @@ class MemberStatus:
     is_leader: bool = False
     errors: list[str] = field(default_factory=list)
     error: str = ""
+    # ``error`` in a few words, for a table cell ("unreachable: connection refused"); ``error`` keeps the whole.
+    reason: str = ""
 
     def as_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -92,6 +94,20 @@ class ClusterStatus:
                 "revision": self.revision, "compacted_revision": self.compacted_revision}
 
 
+def short_reason(exc: MetaError) -> str:
+    """Why a member did not answer, in a few words (the message itself names every endpoint and what to check)."""
+    if isinstance(exc, MetaRefused):
+        return "unreachable: " + ", ".join(sorted(set(exc.reasons.values())))
+    if isinstance(exc, MetaUnavailable):
+        if exc.hint:  # the TLS hints of meta.client: a failed handshake, or a plaintext client closed by TLS
+            return "unreachable: connection closed (TLS?)" if "If etcd serves TLS" in exc.hint else \
+                "unreachable: TLS handshake failed"
+        return f"unreachable: no answer within {exc.elapsed:.1f}s"
+    if isinstance(exc, MetaAuthError):
+        return "credentials refused"
+    return type(exc).__name__
+
+
 def _member_config(config: EtcdConfig, endpoint: str) -> EtcdConfig:
     return dataclasses.replace(config, endpoints=(endpoint,), deadline=config.call_timeout)
 
@@ -101,7 +117,7 @@ async def member_status(config: EtcdConfig, endpoint: str) -> MemberStatus:
     try:
         client = await connect(_member_config(config, endpoint))
     except MetaError as exc:
-        return MemberStatus(endpoint, error=str(exc).splitlines()[0])
+        return MemberStatus(endpoint, error=str(exc).splitlines()[0], reason=short_reason(exc))
     try:
         maintenance = _maintenance(client, "Maintenance.Status")
         resp = await client.call("Maintenance.Status", lambda t: maintenance.status(timeout=t))
@@ -111,13 +127,14 @@ async def member_status(config: EtcdConfig, endpoint: str) -> MemberStatus:
                               is_leader=resp.leader == resp.header.member_id, errors=list(resp.errors))
     except MetaError as exc:
         await client.close()
-        return MemberStatus(endpoint, error=str(exc).splitlines()[0])
+        return MemberStatus(endpoint, error=str(exc).splitlines()[0], reason=short_reason(exc))
     try:
         status.db_size_quota = resp.dbSizeQuota or await backend_quota(config, endpoint)
         status.compacted_revision = await compacted_revision(client, status.revision)
         return status
     except MetaError as exc:  # a member without a quorum answers its status but no reads
         status.error = f"answers its status but no reads: {str(exc).splitlines()[0]}"
+        status.reason = "answers its status but no reads"
         return status
     finally:
         await client.close()

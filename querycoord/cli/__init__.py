@@ -20,6 +20,7 @@ options (taken before or after the sub-command), the client options,
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from querycoord.cli import (
@@ -70,15 +71,37 @@ def _version() -> str:
         return "unknown"
 
 
+# Exit code of a command whose stdout was closed by its reader (`| head`): 128 + SIGPIPE, as a shell reports a
+# Unix tool that SIGPIPE ended.
+CLOSED_PIPE_EXIT = 141
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
-        apply_layers(args)  # options not given as flags: from QUERYCOORD_* variables, then the --config file
-        setup_logging(args.log_level, args.log_format)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return int(args.func(args))
+        args = build_parser().parse_args(argv)
+        try:
+            apply_layers(args)  # options not given as flags: from QUERYCOORD_* variables, then the --config file
+            setup_logging(args.log_level, args.log_format)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        code = int(args.func(args))
+        sys.stdout.flush()  # here, not at exit: a closed pipe must reach the handler below
+        return code
+    except BrokenPipeError:
+        return closed_pipe()
 
 
-__all__ = ["build_parser", "main"]
+def closed_pipe() -> int:
+    """End quietly once stdout's reader is gone (Python's documented recipe): what is left in stdout's buffer
+    would fail again at exit, so stdout is pointed at /dev/null first."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout has no file descriptor (replaced, closed): nothing left to flush there
+        pass
+    return CLOSED_PIPE_EXIT
+
+
+__all__ = ["CLOSED_PIPE_EXIT", "build_parser", "closed_pipe", "main"]

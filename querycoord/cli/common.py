@@ -21,9 +21,9 @@ from typing import Any, NoReturn
 import grpc
 
 from meta.address import address_problem
+from querycoord.cli.etcd_read import add_root_option
 from querycoord.console.actions import Refusal
 from querycoord.net.client import CoordinatorUnavailable, QueryCoordClient
-from querycoord.settings.config import CoordConfig
 from querycoord.settings.config_file import add_config_option
 from querycoord.settings.etcd_options import add_etcd_options
 from querycoord.settings.logs import add_log_options
@@ -108,11 +108,10 @@ def add_output_option(p: argparse.ArgumentParser) -> None:
 
 
 def add_etcd_read_options(p: argparse.ArgumentParser) -> None:
-    """What a command reading a deployment straight from etcd takes: the etcd options, ``--root``, ``-o`` and
-    ``--timeout``."""
+    """What a command reading a deployment straight from etcd takes: the etcd options, ``--root`` (layered as
+    ``coord``'s: ``cli/etcd_read.py``), ``-o`` and ``--timeout``."""
     add_etcd_options(p)
-    p.add_argument("--root", default=os.environ.get("QUERYCOORD_ROOT", CoordConfig.root),
-                   help=f"meta root path in etcd (default $QUERYCOORD_ROOT or {CoordConfig.root})")
+    add_root_option(p)
     add_output_option(p)
     p.add_argument("--timeout", type=positive_float, default=argparse.SUPPRESS,
                    help="seconds to wait for etcd before giving up (default 15)")

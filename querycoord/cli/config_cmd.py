@@ -19,6 +19,7 @@ from querycoord.console import draw
 from querycoord.settings.config import CoordConfig, scaled_config
 from querycoord.settings.config_file import PASSWORD_ENV, SETTINGS, Setting, Source, applicable
 from querycoord.settings.coord_options import OPTIONS, add_coord_options, config_from_args, option_value
+from querycoord.settings.etcd_options import DEFAULT_ENDPOINTS
 from querycoord.settings.logs import DEFAULT_FORMAT, DEFAULT_LEVEL
 from querycoord.settings.security_options import security_from_args
 
@@ -54,8 +55,13 @@ def settings(args: argparse.Namespace) -> tuple[list[dict[str, Any]], str | None
             value = option_value(base, _PATHS[s.flag])
         elif s.name in _LOG_DEFAULTS and value is None:
             value = _LOG_DEFAULTS[s.name]
+        elif s.name == "etcd.endpoints" and value is None:
+            value = DEFAULT_ENDPOINTS  # etcdctl's, what `coord` reaches when no endpoint is given
         source = sources[s.name]
-        rows.append({"key": s.name, "value": value, "source": source.value, "origin": _origin(source, s)})
+        origin = _origin(source, s)
+        if source is Source.ENV:  # the variable that set it: the setting's own, or an alias ($ETCDCTL_ENDPOINTS)
+            origin = "env " + args.config_origins.get(s.dest, f"${s.env}").removeprefix("$")
+        rows.append({"key": s.name, "value": value, "source": source.value, "origin": origin})
         if s is _PASSWORD_FILE:
             rows.append(_password_row(sources))
     return rows, error

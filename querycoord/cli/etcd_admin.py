@@ -18,18 +18,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 from meta.client import connect
 from meta.config import EtcdConfig
 from meta.election import leader_record_key
-from meta.errors import MetaError
+from meta.errors import MetaError, MetaRefused
 from meta.ops.etcd_roles import RolePlan, apply_roles, auth_enabled, enable_auth, password_files, plan_roles
 from meta.ops.etcd_server import DEFAULT_QUOTA_BYTES
 from meta.ops.maintenance import DEFAULT_KEEP_REVISIONS, MIB, ClusterStatus, cluster_status, maintain
 from meta.session import role_prefix
 from querycoord.cli.common import fail
+from querycoord.cli.etcd_read import add_root_option, describe_root, read_root, refused_message, say_target
 from querycoord.common.protocol import (
     QUERYCOORD_ELECTION,
     QUERYCOORD_ROLE,
@@ -93,7 +95,7 @@ def add_roles_parser(sub: Any) -> None:
     r = sub.add_parser("roles", help="create the etcd users and roles of least privilege (coordinator, reader, one "
                                      "per node id) and enable auth; idempotent")
     add_etcd_options(r)
-    r.add_argument("--root", required=True, help="meta root path the roles are confined to")
+    add_root_option(r, "meta root path the roles are confined to")
     r.add_argument("--querynodes", default="", metavar="IDS",
                    help="comma-separated fixed ids of the query nodes (role and user querynode-<id> each)")
     r.add_argument("--streamnodes", default="", metavar="IDS",
@@ -114,8 +116,8 @@ def status_rows(st: ClusterStatus) -> list[list[object]]:
         by_member.setdefault(member_id, []).append(name)
     rows: list[list[object]] = []
     for m in st.members:
-        if m.error:
-            rows.append([m.endpoint, "-", "-", "-", "-", "-", "-", "-", "-", f"not answering: {m.error}"])
+        if m.error:  # the short reason here; -o json has the whole error
+            rows.append([m.endpoint, "-", "-", "-", "-", "-", "-", "-", "-", m.reason or m.error])
             continue
         rows.append([m.endpoint, f"{m.member_id:x}", m.version, draw.mib(m.db_size), draw.mib(m.db_size_in_use),
                      draw.mib(m.db_size_quota) if m.db_size_quota else "?", m.revision, m.compacted_revision,
@@ -126,11 +128,13 @@ def status_rows(st: ClusterStatus) -> list[list[object]]:
 
 def cmd_status(args: argparse.Namespace) -> int:
     try:
-        config = etcd_config_from_args(args)
+        config = etcd_config_from_args(args, refused_is_final=True)
     except ValueError as exc:
         return fail(exc, 2)
     try:
         st = asyncio.run(cluster_status(config))
+    except MetaRefused as exc:
+        return fail(refused_message(args, exc))
     except MetaError as exc:
         return fail(exc)
     if args.output == "json":
@@ -145,7 +149,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_maintain(args: argparse.Namespace) -> int:
     try:
-        config = etcd_config_from_args(args)
+        config = etcd_config_from_args(args, refused_is_final=True)
         if args.keep < 0:
             raise ValueError(f"--keep must be >= 0, got {args.keep}")
     except ValueError as exc:
@@ -153,6 +157,8 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     try:
         after = asyncio.run(maintain(config, keep=args.keep, dry_run=args.dry_run,
                                      say=lambda line: print(line, flush=True)))
+    except MetaRefused as exc:
+        return fail(refused_message(args, exc))
     except MetaError as exc:
         return fail(exc)
     if not args.dry_run and after.nospace:
@@ -174,10 +180,11 @@ def _ids(text: str, option: str) -> list[int]:
         raise ValueError(f"{option}: expected comma-separated integers, got {text!r}") from None
 
 
-def roles_plan(args: argparse.Namespace) -> RolePlan:
-    """The plan the options describe; ``ValueError`` names the option that is wrong."""
+def roles_plan(args: argparse.Namespace, root: str | None = None) -> RolePlan:
+    """The plan the options describe (for ``root``, default the one they name); ``ValueError`` names the option
+    that is wrong."""
     try:
-        return plan_roles(args.root, querynodes=_ids(args.querynodes, "--querynodes"),
+        return plan_roles(root or read_root(args), querynodes=_ids(args.querynodes, "--querynodes"),
                           streamnodes=_ids(args.streamnodes, "--streamnodes"), node_reads=NODE_READS,
                           name_prefix=args.name_prefix)
     except ValueError as exc:
@@ -213,21 +220,28 @@ async def _apply(config: EtcdConfig, plan: RolePlan, passwords: dict[str, str], 
 def cmd_roles(args: argparse.Namespace) -> int:
     """Handler of ``querycoord etcd roles`` (and of ``scripts/etcd_roles.py``)."""
     try:
-        plan = roles_plan(args)
+        root = read_root(args)
+        plan = roles_plan(args, root)
         if args.dry_run:
+            print(f"planning roles for {describe_root(args, root)}", file=sys.stderr, flush=True)
             _print_dry_run(plan, args)
             return 0
         if not args.password_dir:
             raise ValueError("--password-dir is required: each user's password is read from (or created in) a file")
-        config = etcd_config_from_args(args)
+        config = etcd_config_from_args(args, refused_is_final=True)
+        say_target(args, root, config, verb="writing roles for")
         if config.user in plan.users:
             raise ValueError(f"the administrator --etcd-user {config.user} must not be one of the planned users")
         passwords = password_files(Path(args.password_dir), plan.users, create=True)
         asyncio.run(_apply(config, plan, passwords, enable=not args.no_enable_auth))
     except ValueError as exc:
         return fail(exc, 2)
+    except MetaRefused as exc:
+        return fail(refused_message(args, exc))
     except MetaError as exc:
         return fail(exc)
+    except BrokenPipeError:  # stdout closed (`| head`): the command line's main ends quietly
+        raise
     except OSError as exc:
         return fail(f"etcd roles: {exc}")
     print(f"etcd roles in place for root {plan.root}: {', '.join(plan.users)} (passwords in {args.password_dir}); "

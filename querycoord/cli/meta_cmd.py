@@ -20,13 +20,13 @@ from loguru import logger
 
 from meta.client import connect
 from meta.config import EtcdConfig
-from meta.errors import MetaError, MetaUnavailable
+from meta.errors import MetaError, MetaRefused, MetaUnavailable
 from meta.kv import MetaKV
 from querycoord.cli.common import add_etcd_read_options, emit
+from querycoord.cli.etcd_read import read_root, reader_config, refused_message, say_target
 from querycoord.metatool import repair, show, snapshot
 from querycoord.metatool.problems import Problem
 from querycoord.metatool.verify import summary, verify
-from querycoord.settings.etcd_options import etcd_config_from_args
 
 
 async def _with_kv(config: EtcdConfig, root: str, fn: Callable[[MetaKV], Awaitable[Any]]) -> Any:
@@ -39,14 +39,18 @@ def _run(args: argparse.Namespace, fn: Callable[[MetaKV], Awaitable[Any]]) -> tu
     if (getattr(args, "log_level", None) or "") not in ("TRACE", "DEBUG"):
         logger.disable("meta")  # one-shot: etcd not answering is the one error line, not retry chatter
     try:
-        timeout = float(getattr(args, "timeout", 15.0))
-        config = etcd_config_from_args(args, call_timeout=min(2.0, timeout), deadline=timeout)
-        return 0, asyncio.run(_with_kv(config, args.root, fn))
+        config = reader_config(args, float(getattr(args, "timeout", 15.0)))
+        root = read_root(args)
+        say_target(args, root, config)
+        return 0, asyncio.run(_with_kv(config, root, fn))
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2, None
     except (repair.LeaderLive, repair.RepairRefused) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 1, None
+    except MetaRefused as exc:
+        print(f"error: {refused_message(args, exc)}", file=sys.stderr)
         return 1, None
     except MetaUnavailable as exc:
         print(f"error: etcd did not answer: {str(exc).splitlines()[0]}", file=sys.stderr)

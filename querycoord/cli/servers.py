@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import signal
 import sys
 import tempfile
@@ -48,8 +49,14 @@ class TermFlag:
 
 
 def cmd_etcd(args: argparse.Namespace) -> int:
-    """Run the embedded etcd in the foreground until Ctrl-C or SIGTERM."""
-    from meta.ops.etcd_server import EtcdCluster, EtcdNotFound, EtcdStartError
+    """Run the embedded etcd in the foreground until Ctrl-C or SIGTERM.
+
+    Without ``--data-dir`` its data lives in a new temporary directory, removed
+    when it is stopped (Ctrl-C, SIGTERM): nothing is left behind in /tmp. It
+    is kept, and named, only when etcd failed (a member that would not start
+    or died), for its logs. With ``--data-dir`` the data is kept for the next
+    run.
+    """
     from querycoord.cli.etcd_admin import cluster_options
 
     if args.data_dir and _data_dir_problem(args.data_dir):
@@ -59,16 +66,45 @@ def cmd_etcd(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    data_dir = Path(args.data_dir) if args.data_dir else Path(tempfile.mkdtemp(prefix="querycoord-etcd-"))
+    if args.data_dir:
+        return _run_etcd(Path(args.data_dir), args.members, options, temporary=False)
+    stop = TermFlag.install()  # before the directory exists: a SIGTERM from now on still reaches its removal
+    data_dir = Path(tempfile.mkdtemp(prefix="querycoord-etcd-"))
+    code = 1
     try:
-        cluster = EtcdCluster(data_dir, size=args.members, **options).start()
-    except (EtcdNotFound, EtcdStartError) as exc:
+        code = _run_etcd(data_dir, args.members, options, temporary=True, stop=stop)
+        return code
+    except KeyboardInterrupt:  # Ctrl-C before etcd's own handling began
+        code = 130
+        return code
+    finally:
+        if code == 1:
+            print(f"etcd's logs are kept in {data_dir}", file=sys.stderr)
+        else:
+            shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def _run_etcd(data_dir: Path, members: int, options: dict[str, Any], *, temporary: bool,
+              stop: TermFlag | None = None) -> int:
+    """Start the members in ``data_dir``, say where they listen, wait for Ctrl-C or SIGTERM, stop them."""
+    from meta.ops.etcd_server import EtcdCluster, EtcdNotFound, EtcdStartError
+
+    stop = stop or TermFlag.install()
+    try:
+        cluster = EtcdCluster(data_dir, size=members, **options)
+    except (EtcdNotFound, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    stop = TermFlag.install()
-    print(f"etcd running: --etcd-endpoints {','.join(cluster.endpoints)}  (data in {data_dir}; Ctrl-C stops)")
-    sys.stdout.flush()
     try:
+        try:
+            cluster.start()
+        except EtcdStartError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        where = "a temporary dir, removed when etcd stops" if temporary else "kept"
+        print(f"etcd running: --etcd-endpoints {','.join(cluster.endpoints)}  (data in {data_dir}; {where}; "
+              "Ctrl-C stops)")
+        sys.stdout.flush()
         while not stop.wait(0.5):
             dead = [m.name for m in cluster.members if not m.running]
             if dead:

@@ -18,17 +18,17 @@ from typing import Any
 
 from loguru import logger
 
-from meta.errors import MetaError
+from meta.errors import MetaError, MetaRefused
 from meta.ops.maintenance import MIB
 from proto import querycoord_pb2 as qc
 from querycoord.cli.balance_cmd import utc
 from querycoord.cli.common import add_etcd_read_options, add_output_option, client_command, emit, fail
+from querycoord.cli.etcd_read import read_root, reader_config, refused_message, say_target
 from querycoord.console import draw
 from querycoord.console.actions import check
 from querycoord.console.status_view import PROBE_TIMEOUT, coordinator_health, gather_status
 from querycoord.leader.switchover import call_coordinator
 from querycoord.net.client import QueryCoordClient
-from querycoord.settings.etcd_options import etcd_config_from_args
 from querycoord.settings.security_options import configure_from_args
 
 
@@ -101,12 +101,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     if (getattr(args, "log_level", None) or "") not in ("TRACE", "DEBUG"):
         logger.disable("meta")  # a one-shot read: etcd not answering is the one error line, not retry chatter
     try:
-        timeout = float(args.timeout)
         configure_from_args(args)  # the coordinators are asked for their health and state over gRPC
-        config = etcd_config_from_args(args, call_timeout=min(2.0, timeout), deadline=timeout)
-        status = asyncio.run(gather_status(config, args.root))
+        config = reader_config(args, float(args.timeout))
+        root = read_root(args)
+        say_target(args, root, config)
+        status = asyncio.run(gather_status(config, root))
     except ValueError as exc:
         return fail(exc, 2)
+    except MetaRefused as exc:
+        return fail(refused_message(args, exc))
     except MetaError as exc:
         return fail(f"etcd did not answer: {str(exc).splitlines()[0]}")
     emit(args, status, lambda: render(status))

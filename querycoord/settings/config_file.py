@@ -36,6 +36,9 @@ from querycoord.settings.logs import FORMATS, LEVELS
 
 CONFIG_ENV = "QUERYCOORD_CONFIG"
 PASSWORD_ENV = etcd_options.ENV_PREFIX + "PASSWORD"
+# Variables read after a setting's own and before the file: etcdctl's for the endpoints, the readers' for the root.
+ENV_ALIASES: dict[str, tuple[str, ...]] = {"etcd.endpoints": etcd_options.ENDPOINTS_ENV_ALIASES,
+                                           "coord.root": ("QUERYCOORD_ROOT",)}
 
 
 class Source(enum.StrEnum):
@@ -68,6 +71,11 @@ class Setting:
     @property
     def env(self) -> str:
         return f"QUERYCOORD_{self.section.upper()}_{self.key.upper()}"
+
+    @property
+    def envs(self) -> tuple[str, ...]:
+        """Every variable of the setting, strongest first: ``env``, then the names other tools use."""
+        return (self.env, *ENV_ALIASES.get(self.name, ()))
 
 
 def _from_flag(section: str, flag: str, kind: type, dest: str | None = None, choices: tuple[str, ...] = ()) -> Setting:
@@ -149,29 +157,34 @@ def _checked(s: Setting, value: Any, where: str) -> Any:
     return value
 
 
-def _from_env(s: Setting, text: str) -> Any:
-    """A variable's text as the setting's type. Set but empty is a value like any other (a string setting's
-    rule refuses it where one is expected), never "not set": unset the variable for that."""
+def _from_env(s: Setting, text: str, name: str | None = None) -> Any:
+    """A variable's text (of the variable ``name``, default ``s.env``) as the setting's type. Set but empty is a
+    value like any other (a string setting's rule refuses it where one is expected), never "not set": unset the
+    variable for that."""
+    name = name or s.env
     if s.kind is bool:
         lowered = text.strip().lower()
         if lowered not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
-            raise ConfigError(f"${s.env}: expected true or false, got {text!r}")
+            raise ConfigError(f"${name}: expected true or false, got {text!r}")
         return lowered in ("1", "true", "yes", "on")
     if s.kind is str:
-        return _checked(s, text, f"${s.env}")
+        return _checked(s, text, f"${name}")
     try:
         value = s.kind(text)
     except ValueError:
         expected = {int: "an integer", float: "a number"}.get(s.kind, s.kind.__name__)
-        raise ConfigError(f"${s.env}: expected {expected}, got {text!r}") from None
-    return _checked(s, value, f"${s.env}")
+        raise ConfigError(f"${name}: expected {expected}, got {text!r}") from None
+    return _checked(s, value, f"${name}")
 
 
 def applicable(args: argparse.Namespace) -> Iterator[Setting]:
-    """The settings the command in ``args`` has options for."""
+    """The settings the command in ``args`` has options for: the shared sections, its own section
+    (``config_section``), and single settings of another section it names in ``config_settings`` (a reader of
+    etcd takes ``[coord] root`` as the coordinator does, and none of the coordinator's other options)."""
     own = getattr(args, "config_section", None)
+    picked = getattr(args, "config_settings", ())
     for s in SETTINGS:
-        if (s.section in _SHARED_SECTIONS or s.section == own) and hasattr(args, s.dest):
+        if (s.section in _SHARED_SECTIONS or s.section == own or s.name in picked) and hasattr(args, s.dest):
             yield s
 
 
@@ -207,10 +220,10 @@ def apply_layers(args: argparse.Namespace, environ: Mapping[str, str] | None = N
         if _given(getattr(args, s.dest)):
             sources[s.name] = Source.FLAG
             origins[s.dest] = s.flag
-        elif s.env in env:
-            setattr(args, s.dest, _from_env(s, env[s.env]))
+        elif (name := next((n for n in s.envs if n in env), None)) is not None:
+            setattr(args, s.dest, _from_env(s, env[name], name))
             sources[s.name] = Source.ENV
-            origins[s.dest] = f"${s.env}"
+            origins[s.dest] = f"${name}"
         elif s.key in file.get(s.section, {}):
             setattr(args, s.dest, file[s.section][s.key])
             sources[s.name] = Source.FILE
@@ -239,5 +252,5 @@ def _layer_password(args: argparse.Namespace, env: Mapping[str, str], sources: d
         sources["etcd.password"] = Source.DEFAULT
 
 
-__all__ = ["CONFIG_ENV", "PASSWORD_ENV", "SETTINGS", "ConfigError", "Setting", "Source", "add_config_option",
-           "applicable", "apply_layers", "load_file"]
+__all__ = ["CONFIG_ENV", "ENV_ALIASES", "PASSWORD_ENV", "SETTINGS", "ConfigError", "Setting", "Source",
+           "add_config_option", "applicable", "apply_layers", "load_file"]

@@ -23,9 +23,15 @@ from meta.config import EtcdConfig
 from querycoord.settings.setting_rules import FILE, TEXT, Rule, check, origin
 
 ENV_PREFIX = "QUERYCOORD_ETCD_"
+# As etcdctl: endpoints also from its variable (after ours, before the file), and this one when none is given.
+ENDPOINTS_ENV_ALIASES = ("ETCDCTL_ENDPOINTS",)
+DEFAULT_ENDPOINTS = "127.0.0.1:2379"
+# Other spellings of a flag: etcdctl's ``--endpoints``.
+FLAG_ALIASES = {"--etcd-endpoints": ("--endpoints",)}
 # flag -> (namespace attribute, help); the variable is ENV_PREFIX + the flag's rest, the file key [etcd] that rest.
 OPTIONS = (
-    ("--etcd-endpoints", "etcd_endpoints", "comma-separated host:port list of etcd members"),
+    ("--etcd-endpoints", "etcd_endpoints", f"comma-separated host:port list of etcd members (default "
+                                           f"{DEFAULT_ENDPOINTS}, as etcdctl)"),
     ("--etcd-cacert", "etcd_cacert", "CA bundle that signed etcd's server certificates (enables TLS)"),
     ("--etcd-cert", "etcd_cert", "client certificate for etcd (mutual TLS; with --etcd-key)"),
     ("--etcd-key", "etcd_key", "private key of --etcd-cert"),
@@ -49,19 +55,24 @@ def env_name(flag: str) -> str:
     return ENV_PREFIX + flag.removeprefix("--etcd-").replace("-", "_").upper()
 
 
+def env_names(flag: str) -> tuple[str, ...]:
+    """The variables of ``flag``, strongest first: ours, then the aliases (``$ETCDCTL_ENDPOINTS``)."""
+    return (env_name(flag), *(ENDPOINTS_ENV_ALIASES if flag == "--etcd-endpoints" else ()))
+
+
 def add_etcd_options(p: argparse.ArgumentParser, *, required: bool = True) -> None:
     """Add the etcd options to ``p`` (group "etcd").
 
-    ``required``: the command cannot run without endpoints; they may come
-    from a flag, a variable or the file, so ``etcd_config_from_args`` checks
-    it rather than argparse.
+    Endpoints given nowhere (flag, variable, file) are etcdctl's default,
+    ``DEFAULT_ENDPOINTS``; ``required`` is kept for callers and changes nothing.
     """
+    del required
     g = p.add_argument_group("etcd")
     for flag, dest, help_ in OPTIONS:
-        must = " (required)" if required and flag == "--etcd-endpoints" else ""
         key = flag.removeprefix("--etcd-").replace("-", "_")
-        g.add_argument(flag, dest=dest, default=None,
-                       help=f"{help_}{must} (${env_name(flag)}, [etcd] {key})")
+        names = ", ".join(f"${n}" for n in env_names(flag))
+        g.add_argument(flag, *FLAG_ALIASES.get(flag, ()), dest=dest, default=None,
+                       help=f"{help_} ({names}, [etcd] {key})")
 
 
 def _value(args: argparse.Namespace, flag: str, dest: str) -> str | None:
@@ -70,9 +81,9 @@ def _value(args: argparse.Namespace, flag: str, dest: str) -> str | None:
     given = getattr(args, dest, None)
     if given is not None:
         return str(check(origin(args, dest, flag), given, RULES[dest]))
-    name = env_name(flag)
-    if name in os.environ:
-        return str(check(f"${name}", os.environ[name], RULES[dest]))
+    for name in env_names(flag):
+        if name in os.environ:
+            return str(check(f"${name}", os.environ[name], RULES[dest]))
     return None
 
 
@@ -80,9 +91,10 @@ def etcd_config_from_args(args: argparse.Namespace, **kwargs: object) -> EtcdCon
     """The ``EtcdConfig`` the options describe; ``ValueError`` names the option that is wrong, and where it was
     set."""
     values = {dest: _value(args, flag, dest) for flag, dest, _ in OPTIONS}
-    if not values["etcd_endpoints"]:
-        raise ValueError(f"no etcd endpoints: give --etcd-endpoints, ${ENV_PREFIX}ENDPOINTS or [etcd] endpoints in "
-                         "the configuration file")
+    endpoints = values["etcd_endpoints"] or DEFAULT_ENDPOINTS  # nowhere given (an empty one is refused above)
+    if not endpoints.replace(",", "").strip():
+        raise ValueError(f"{origin(args, 'etcd_endpoints', '--etcd-endpoints')}: no etcd endpoint in "
+                         f"{endpoints!r} (give host:port, comma-separated)")
     password = os.environ.get(ENV_PREFIX + "PASSWORD")
     password_file = values["etcd_password_file"]
     if password_file:
@@ -98,10 +110,11 @@ def etcd_config_from_args(args: argparse.Namespace, **kwargs: object) -> EtcdCon
         value = values[name]
         return Path(value) if value else None
 
-    return EtcdConfig.from_endpoints(values["etcd_endpoints"], ca_file=path("etcd_cacert"),
+    return EtcdConfig.from_endpoints(endpoints, ca_file=path("etcd_cacert"),
                                      cert_file=path("etcd_cert"), key_file=path("etcd_key"),
                                      tls_server_name=values["etcd_server_name"], user=user,
                                      password=password if user else None, **kwargs)
 
 
-__all__ = ["ENV_PREFIX", "OPTIONS", "RULES", "add_etcd_options", "env_name", "etcd_config_from_args"]
+__all__ = ["DEFAULT_ENDPOINTS", "ENDPOINTS_ENV_ALIASES", "ENV_PREFIX", "FLAG_ALIASES", "OPTIONS", "RULES",
+           "add_etcd_options", "env_name", "env_names", "etcd_config_from_args"]
