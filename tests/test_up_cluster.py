@@ -21,7 +21,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import grpc
-import pytest
 
 from proto import querynode_pb2
 from querycoord.tooling.up_watch import RestartBudget
@@ -94,8 +93,6 @@ def test_up_on_the_default_port_writes_an_env_file_readers_use(subprocess_env, t
         stop(up)
 
 
-@pytest.mark.xfail(reason="readers with no endpoints try 127.0.0.1:2379: lands with the readers' defaults (29 A)",
-                   strict=False)
 def test_status_with_no_endpoint_at_all_finds_up_on_the_default_port(subprocess_env, tmp_path, default_etcd) -> None:
     with Up(subprocess_env, tmp_path / "up", "--nodes", "1", etcd_port=None, root="querycoord") as up:
         addr = up.wait_ready()
