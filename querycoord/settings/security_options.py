@@ -47,6 +47,12 @@ class SecurityOption:
     # What a value must be (``setting_rules``): a path names a file readable now, and an empty one is an error,
     # never "off" (``[auth] tokens_file = ""`` once turned authentication off without a word).
     rule: Rule = TEXT
+    # What applies when no layer sets it (None: nothing, e.g. no CA file); ``config show`` prints it.
+    default: object = None
+
+    def default_value(self) -> object:
+        """The value in effect when unset: ``default``, and ``False`` for a switch."""
+        return False if self.kind is bool and self.default is None else self.default
 
 
 OPTIONS: tuple[SecurityOption, ...] = (
@@ -71,7 +77,7 @@ OPTIONS: tuple[SecurityOption, ...] = (
                    "development mode, said explicitly: plaintext gRPC, no authentication"),
     SecurityOption("--grpc-max-message-mb", "grpc_max_message_mb", float, "grpc",
                    f"largest gRPC message sent or received, MiB (default {DEFAULT_MAX_MESSAGE_BYTES // MIB})",
-                   Rule(0.01, 2047)),
+                   Rule(0.01, 2047), default=DEFAULT_MAX_MESSAGE_BYTES // MIB),
 )
 
 
