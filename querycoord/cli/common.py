@@ -179,7 +179,13 @@ def client_command(fn: ClientFn) -> Callable[[argparse.Namespace], int]:
             print(f"error: {exc.reason}", file=sys.stderr)
             return 1
         except CoordinatorUnavailable as exc:
-            hint = ("; is `querycoord up` or `querycoord coord` running there?" if exc.nothing_listens else "")
+            if exc.in_flight and not is_read(exc.method):
+                hint = (f"; the request may have been queued at {exc.in_flight} before it went away: once a "
+                        "coordinator leads, `querycoord tasks` shows whether it runs (sending it again is safe)")
+            elif exc.nothing_listens:
+                hint = "; is `querycoord up` or `querycoord coord` running there?"
+            else:
+                hint = ""
             print(f"error: no leading coordinator answered at {args.address} within {args.timeout:g}s: "
                   f"{exc.summary()}{hint}", file=sys.stderr)
             return 1
@@ -196,6 +202,11 @@ def client_command(fn: ClientFn) -> Callable[[argparse.Namespace], int]:
             return 130
 
     return handler
+
+
+def is_read(method: str) -> bool:
+    """Whether an RPC only reads (``ShowCollections``, ``GetTask``...): one lost in flight changed nothing."""
+    return method.startswith(("Show", "Get", "List", "Describe", "Check"))
 
 
 def client_options(suppress: bool) -> argparse.ArgumentParser:

@@ -106,7 +106,7 @@ class Job(Generic[R]):
             try:
                 await asyncio.wait_for(asyncio.shield(fut), self.budget)
             except TimeoutError:
-                raise DeadlinePassed(f"{TIMEOUT_REASON}: check ListTasks") from None
+                raise DeadlinePassed(f"{TIMEOUT_REASON}: `querycoord tasks` shows it") from None
         return task.id
 
     def _pending_load(self, cid: int, kind: int, partition_ids: set[int] | None = None) -> TriggerTask | None:

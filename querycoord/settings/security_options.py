@@ -30,7 +30,7 @@ from querycoord.security.grpc_channels import (
     SecurityConfigError,
     configure,
 )
-from querycoord.settings.setting_rules import FILE, TEXT, Rule, check, origin
+from querycoord.settings.setting_rules import CERTIFICATE_FILE, FILE, KEY_FILE, TEXT, Rule, check, origin
 
 TOKEN_ENV = "QUERYCOORD_AUTH_TOKEN"
 
@@ -57,10 +57,11 @@ class SecurityOption:
 
 OPTIONS: tuple[SecurityOption, ...] = (
     SecurityOption("--tls-ca", "tls_ca", str, "tls",
-                   "CA that signed the servers' and clients' certificates (turns TLS on for gRPC)", FILE),
+                   "CA that signed the servers' and clients' certificates (turns TLS on for gRPC)", CERTIFICATE_FILE),
     SecurityOption("--tls-cert", "tls_cert", str, "tls",
-                   "this process's certificate: served by its gRPC server, presented as client certificate", FILE),
-    SecurityOption("--tls-key", "tls_key", str, "tls", "private key of --tls-cert", FILE),
+                   "this process's certificate: served by its gRPC server, presented as client certificate",
+                   CERTIFICATE_FILE),
+    SecurityOption("--tls-key", "tls_key", str, "tls", "private key of --tls-cert", KEY_FILE),
     SecurityOption("--tls-server-name", "tls_server_name", str, "tls",
                    "name to check the servers' certificates against (default: the address's host)"),
     SecurityOption("--tls-client-auth", "tls_client_auth", bool, "tls",
