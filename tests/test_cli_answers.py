@@ -107,7 +107,8 @@ def test_config_show_prints_the_defaults_it_knows(subprocess_env) -> None:
     assert shown["grpc.max_message_mb"]["value"] == 16 and shown["grpc.max_message_mb"]["source"] == "default"
     for switch in ("grpc.insecure", "tls.client_auth", "tls.http"):
         assert shown[switch]["value"] is False, shown[switch]
-    table = {line.split()[0]: line.split()[1] for line in run(subprocess_env, "config", "show", *given).stdout.splitlines()
+    out = run(subprocess_env, "config", "show", *given).stdout
+    table = {line.split()[0]: line.split()[1] for line in out.splitlines()
              if line and not line.startswith(("configuration file", "KEY"))}
     assert table["grpc.max_message_mb"] == "16" and table["grpc.insecure"] == "False", table
     r = run(subprocess_env, "config", "show", *given, "-o", "json", "--grpc-max-message-mb", "32", "--insecure")
