@@ -416,8 +416,7 @@ def stream_activity(info: sp.StreamStatusInfo, show: sp.ShowStreamsResponse, now
             if not t.pending:
                 counts[stream_task_status(t)] = counts.get(stream_task_status(t), 0) + 1
         detail = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
-        waits = (f"{pending} of {wording.plural(n, 'task')} wait{'s' if pending == 1 else ''} for "
-                 f"{'its' if pending == 1 else 'their'} host's heartbeat" if pending
+        waits = (f"{pending} of {wording.plural(n, 'task')} wait for their host's heartbeat" if pending
                  else f"{wording.plural(n, 'task')} handed out")
         waiting = f"; {_shorten(info.wait_reason, 120)}" if info.wait_reason else ""
         return f"deploying (deploy #{info.deploy_times}): {waits}" + (f"; {detail}" if detail else "") + waiting
