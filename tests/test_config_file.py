@@ -89,7 +89,7 @@ def test_etcd_section_reaches_every_command_that_reaches_etcd(tmp_path: Path) ->
     """``[etcd]`` and ``[log]`` apply to the nodes too; ``[coord]`` only to the coordinator (a query node's
     --listen or --ttl is its own)."""
     pw = write(tmp_path / "pw", SECRET + "\n")
-    ca = write(tmp_path / "ca.pem", "x")
+    ca = write(tmp_path / "ca.pem", "-----BEGIN CERTIFICATE-----\nx\n-----END CERTIFICATE-----\n")  # read, not used
     config = write(tmp_path / "q.toml", f"""
 [coord]
 listen = "127.0.0.1:7001"

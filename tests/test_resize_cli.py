@@ -80,5 +80,5 @@ def test_resize_down_and_up_again_on_four_nodes(subprocess_env, tmp_path, projec
         one_line_error(cli(env, addr, "collection", "resize", "c1", "--replicas", "0"), 2, "--replicas")
         one_line_error(cli(env, addr, "collection", "resize", "c1"), 2, "--replicas")
         out = ok(cli(env, addr, "collection", "resize", "c1", "--replicas", "1", "--no-wait"))
-        assert re.search(r"resizing c1 \(id \d+\) from 3 to 1 replicas \(task #\d+\)", out), out
+        assert re.search(r"resizing c1 \(id \d+\) from 3 to 1 replica \(task #\d+\)", out), out
         assert "querycoord tasks --task" in out, out

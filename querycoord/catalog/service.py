@@ -36,6 +36,7 @@ from querycoord.common.validate import (
     check_id,
     check_ids,
     check_name,
+    check_number_or_default,
     check_range,
     check_text,
     check_texts,
@@ -90,11 +91,11 @@ def _ref(collection_id: int, collection_name: str, limits: Limits) -> int | str:
 def check_create_collection(request: catalog_pb2.CreateCollectionRequest, limits: Limits) -> None:
     """Counts first (nothing is built from a number the caller sent), then names and the schema's texts."""
     check_name("collection_name", request.collection_name, limits.max_name_length)
-    check_range("num_partitions", request.num_partitions, 0, limits.max_partitions)
+    check_number_or_default("num_partitions", request.num_partitions, limits.max_partitions)
     check_count("partition_names", request.partition_names, limits.max_partitions)
     for name in request.partition_names:
         check_name("partition_names", name, limits.max_name_length)
-    check_range("num_dm_channels", request.num_dm_channels, 0, limits.max_dm_channels)
+    check_number_or_default("num_dm_channels", request.num_dm_channels, limits.max_dm_channels)
     if request.HasField("schema"):
         schema = request.schema
         check_name("schema.name", schema.name, limits.max_name_length, required=False)

@@ -17,6 +17,7 @@ from querycoord.cli.common import (
     positive_float,
     positive_int,
 )
+from querycoord.common.wording import plural
 from querycoord.console import draw
 from querycoord.console.actions import (
     COLLECTION_HEADERS,
@@ -44,8 +45,9 @@ async def _collection_create(c: QueryCoordClient, args: argparse.Namespace) -> i
     t0 = time.monotonic()
     desc, n = await create_collection(c, args.name, partitions=args.partitions, segments=args.segments,
                                       channels=args.channels, segment_mb=args.segment_mb, rows=args.rows)
-    print(f"created collection {desc.name} (id {desc.collection_id}): {len(desc.partitions)} partitions, "
-          f"{len(desc.dm_channels)} DM channels, {n:,} segments of {draw.mib(int(args.segment_mb * MIB))} "
+    print(f"created collection {desc.name} (id {desc.collection_id}): {plural(len(desc.partitions), 'partition')}, "
+          f"{plural(len(desc.dm_channels), 'DM channel')}, {plural(n, 'segment')} of "
+          f"{draw.mib(round(args.segment_mb * MIB))} "
           f"in {time.monotonic() - t0:.1f}s")
     return 0
 
@@ -108,7 +110,7 @@ async def _follow_resize(c: QueryCoordClient, args: argparse.Namespace, desc: ca
                          what: str, task_id: int, summary: str, t0: float) -> int:
     """Say that ``task_id`` resizes the collection and, unless ``--no-wait``, follow it to its end."""
     m = re.search(r"(\d+) -> (\d+) replicas", summary)
-    print(f"resizing {what} from {m.group(1)} to {m.group(2)} replicas (task #{task_id})" if m
+    print(f"resizing {what} from {m.group(1)} to {plural(int(m.group(2)), 'replica')} (task #{task_id})" if m
           else f"{what}: {summary} (task #{task_id})")
     if args.no_wait:
         print(f"follow it with `querycoord tasks --task {task_id}`")

@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 
 import grpc
 
-from meta.address import address_problem
+from meta.address import MAX_PORT, address_problem
 from querycoord.cli.etcd_read import add_root_option
 from querycoord.console.actions import Refusal
 from querycoord.net.client import CoordinatorUnavailable, QueryCoordClient
@@ -92,12 +92,37 @@ def at_least(minimum: float, maximum: float | None = None) -> Callable[[str], fl
     return flag_type(float, Rule(minimum, maximum))
 
 
+def name_or_id(text: str) -> str:
+    """A ``type=`` for a collection named by name or by id (``console.actions.describe`` resolves it)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("needs a collection name or id")
+    return text.strip()
+
+
 def host_port(text: str) -> str:
     """A ``type=`` for HOST:PORT with a port from 0 to 65535 (0: any free port)."""
     problem = address_problem(text)
     if problem:
         raise argparse.ArgumentTypeError(problem)
     return text
+
+
+def coordinator_addresses(text: str) -> str:
+    """A ``type=`` for ``--address``: comma-separated HOST:PORT items, each with a port from 1 to 65535 (a
+    client dials a port; none is "any free port"). A bad item is a usage error at once, not a wait."""
+    items = [item.strip() for item in text.split(",")]
+    for item in items:
+        host, sep, port = item.rpartition(":")
+        if not sep or not host.strip("[]") or not (port.isascii() and port.isdigit()):
+            what = f"{item!r} is not HOST:PORT"
+        elif not 0 < int(port) <= MAX_PORT:
+            what = f"{item!r}: port {port} is out of range (1 to {MAX_PORT})"
+        else:
+            continue
+        several = "; several are comma-separated" if len(items) > 1 else ""
+        raise argparse.ArgumentTypeError(f"{what}: give the coordinator's gRPC address, e.g. {DEFAULT_ADDRESS}"
+                                         f"{several}")
+    return ",".join(items)
 
 
 # ----- output: -o table|json ------------------------------------------------------------------------------------------
@@ -153,7 +178,13 @@ def client_command(fn: ClientFn) -> Callable[[argparse.Namespace], int]:
             print(f"error: {exc.reason}", file=sys.stderr)
             return 1
         except CoordinatorUnavailable as exc:
-            hint = ("; is `querycoord up` or `querycoord coord` running there?" if exc.nothing_listens else "")
+            if exc.in_flight and not is_read(exc.method):
+                hint = (f"; the request may have been queued at {exc.in_flight} before it went away: once a "
+                        "coordinator leads, `querycoord tasks` shows whether it runs (sending it again is safe)")
+            elif exc.nothing_listens:
+                hint = "; is `querycoord up` or `querycoord coord` running there?"
+            else:
+                hint = ""
             print(f"error: no leading coordinator answered at {args.address} within {args.timeout:g}s: "
                   f"{exc.summary()}{hint}", file=sys.stderr)
             return 1
@@ -172,6 +203,11 @@ def client_command(fn: ClientFn) -> Callable[[argparse.Namespace], int]:
     return handler
 
 
+def is_read(method: str) -> bool:
+    """Whether an RPC only reads (``ShowCollections``, ``GetTask``...): one lost in flight changed nothing."""
+    return method.startswith(("Show", "Get", "List", "Describe", "Check"))
+
+
 def client_options(suppress: bool) -> argparse.ArgumentParser:
     """``--address`` and ``--timeout``, accepted before or after the sub-command.
 
@@ -180,7 +216,8 @@ def client_options(suppress: bool) -> argparse.ArgumentParser:
     """
     p = argparse.ArgumentParser(add_help=False)
     d = argparse.SUPPRESS
-    p.add_argument("--address", default=d if suppress else os.environ.get("QUERYCOORD_ADDRESS", DEFAULT_ADDRESS),
+    p.add_argument("--address", type=coordinator_addresses,
+                   default=d if suppress else os.environ.get("QUERYCOORD_ADDRESS", DEFAULT_ADDRESS),
                    help="comma-separated coordinator addresses (any of them; the leader is followed) "
                         f"(default $QUERYCOORD_ADDRESS or {DEFAULT_ADDRESS})")
     p.add_argument("--timeout", type=positive_float, default=d if suppress else 15.0,

@@ -21,12 +21,15 @@ from querycoord.settings.config_file import PASSWORD_ENV, SETTINGS, Setting, Sou
 from querycoord.settings.coord_options import OPTIONS, add_coord_options, config_from_args, option_value
 from querycoord.settings.etcd_options import DEFAULT_ENDPOINTS
 from querycoord.settings.logs import DEFAULT_FORMAT, DEFAULT_LEVEL
+from querycoord.settings.security_options import OPTIONS as SECURITY_OPTIONS
 from querycoord.settings.security_options import security_from_args
 
 HIDDEN = "(hidden)"
 _PATHS = {o.flag: o.path for o in OPTIONS}
 _PASSWORD_FILE = next(s for s in SETTINGS if s.name == "etcd.password_file")
 _LOG_DEFAULTS = {"log.level": DEFAULT_LEVEL, "log.format": DEFAULT_FORMAT}
+# Defaults of the security options that have one (switches are off, the message limit is 16 MiB).
+_SECURITY_DEFAULTS = {o.flag: o.default_value() for o in SECURITY_OPTIONS if o.default_value() is not None}
 
 
 def _origin(source: Source, setting: Setting) -> str:
@@ -57,6 +60,8 @@ def settings(args: argparse.Namespace) -> tuple[list[dict[str, Any]], str | None
             value = _LOG_DEFAULTS[s.name]
         elif s.name == "etcd.endpoints" and value is None:
             value = DEFAULT_ENDPOINTS  # etcdctl's, what `coord` reaches when no endpoint is given
+        elif s.flag in _SECURITY_DEFAULTS and value in (None, False):
+            value = _SECURITY_DEFAULTS[s.flag]
         source = sources[s.name]
         origin = _origin(source, s)
         if source is Source.ENV:  # the variable that set it: the setting's own, or an alias ($ETCDCTL_ENDPOINTS)

@@ -24,6 +24,7 @@ from meta.errors import MetaError, MetaRefused, MetaUnavailable
 from meta.kv import MetaKV
 from querycoord.cli.common import add_etcd_read_options, emit
 from querycoord.cli.etcd_read import read_root, reader_config, refused_message, say_target
+from querycoord.common.wording import plural
 from querycoord.metatool import repair, show, snapshot
 from querycoord.metatool.problems import Problem
 from querycoord.metatool.verify import summary, verify
@@ -93,7 +94,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         if not problems:
             return [head + "no problem found"]
         counted = ", ".join(f"{n} {k}" for k, n in counts.items())
-        return [head + f"{len(problems)} problems ({counted})", *_problem_lines(problems),
+        return [head + f"{plural(len(problems), 'problem')} ({counted})", *_problem_lines(problems),
                 "`querycoord meta repair` shows what it would write; --apply writes it"]
 
     emit(args, {"root": snap.root, "revision": snap.revision, "summary": counts,

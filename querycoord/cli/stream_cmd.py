@@ -17,6 +17,7 @@ from typing import Any
 
 from proto import stream_pb2
 from querycoord.cli.common import add_output_option, client_command, emit, non_negative_int, positive_int
+from querycoord.common.wording import plural
 from querycoord.console import draw
 from querycoord.console import recalc as recalc_view
 from querycoord.console.actions import (
@@ -62,8 +63,8 @@ async def _stream_create(c: QueryCoordClient, args: argparse.Namespace) -> int:
     if resp.status.reason:  # accepted, and it says what the stream waits for
         print(f"note: {resp.status.reason}", file=sys.stderr)
     print(f"created stream {sdef.name} (id {sdef.id}) on vgroups {','.join(map(str, sdef.source_vgroup_ids))} of "
-          f"{sdef.source_db or '-'}: main snode {sdef.main_snode_id}, {sdef.num_calc_scan_plans} scan plans, "
-          f"{sdef.runner_deploys} runner deploys of {sdef.num_calc_subplans}; "
+          f"{sdef.source_db or '-'}: main snode {sdef.main_snode_id}, {plural(sdef.num_calc_scan_plans, 'scan plan')}, "
+          f"{plural(sdef.runner_deploys, 'runner deploy')} of {sdef.num_calc_subplans}; "
           f"follow it with `querycoord stream show {sdef.name}`")
     return 0
 
@@ -149,8 +150,8 @@ async def _snode_create(c: QueryCoordClient, args: argparse.Namespace) -> int:
 
 async def _snode_drop(c: QueryCoordClient, args: argparse.Namespace) -> int:
     resp = await drop_snode(c, args.snode_id, force=args.force)
-    moved = (f"; {resp.moved_streams} streams moved to snode {resp.moved_to_snode_id}, their tasks redeployed "
-             f"elsewhere" if resp.moved_streams else "; no stream had it as main snode")
+    moved = (f"; {plural(resp.moved_streams, 'stream')} moved to snode {resp.moved_to_snode_id}, their tasks "
+             f"redeployed elsewhere" if resp.moved_streams else "; no stream had it as main snode")
     print(f"dropped snode {args.snode_id}{moved}")
     return 0
 

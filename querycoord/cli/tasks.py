@@ -14,12 +14,21 @@ from typing import Any
 from proto import common_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.cli.balance_cmd import BALANCE_ACTIONS, balance_control
-from querycoord.cli.common import add_output_option, client_command, emit, non_negative_int, positive_int
+from querycoord.cli.common import (
+    add_output_option,
+    client_command,
+    emit,
+    name_or_id,
+    non_negative_int,
+    positive_int,
+)
+from querycoord.common.wording import plural
 from querycoord.console import draw
 from querycoord.console.actions import (
     NODE_HEADERS,
     Refusal,
     check,
+    describe,
     list_trees,
     node_records,
     node_rows,
@@ -40,6 +49,15 @@ def _ints(values: Sequence[str] | None, what: str) -> list[int]:
     return out
 
 
+async def collection_id(c: QueryCoordClient, ref: str | None) -> int:
+    """``--collection NAME_OR_ID`` as an id (0: not given): a name is looked up in the catalog (NOT_FOUND is a
+    refusal); an id is sent as it is, so tasks of a dropped collection are still found and the coordinator says
+    whether an id it is asked to act on is loaded."""
+    if not ref:
+        return 0
+    return int(ref) if ref.isdigit() else (await describe(c, ref)).collection_id
+
+
 async def _balance(c: QueryCoordClient, args: argparse.Namespace) -> int:
     if args.action is not None:
         return await balance_control(c, args)
@@ -47,7 +65,7 @@ async def _balance(c: QueryCoordClient, args: argparse.Namespace) -> int:
         raise ValueError("`querycoord balance` needs --source NODE (a move) or one of pause, resume, status")
     req = qc.LoadBalanceRequest(source_node_ids=_ints(args.source, "--source"), dst_node_ids=_ints(args.dst, "--dst"),
                                 sealed_segment_ids=_ints(args.segments, "--segments"),
-                                collection_id=args.collection)
+                                collection_id=await collection_id(c, args.collection))
     task_id = check(await c.query("LoadBalance", req), "load balance").task_id
     if args.no_wait:
         print(f"balance queued as task #{task_id}; follow it with `querycoord tasks --task {task_id}`")
@@ -57,7 +75,7 @@ async def _balance(c: QueryCoordClient, args: argparse.Namespace) -> int:
     if tree.trigger.state in (qc.TASK_STATE_FAILED, qc.TASK_STATE_CANCELLED):
         raise Refusal(f"balance task #{task_id} failed: {tree.trigger.error}", tree.trigger.error_code)
     moved = sum(segments_in(ch.summary) for ch in tree.children if ch.kind == qc.TASK_KIND_LOAD_SEGMENT)
-    print(f"balance task #{task_id} finished: {moved:,} segments moved")
+    print(f"balance task #{task_id} finished: {plural(moved, 'segment')} moved")
     return 0
 
 
@@ -113,7 +131,7 @@ async def _show(c: QueryCoordClient, args: argparse.Namespace, task_id: int) -> 
             lines.insert(1, f"  {outcome(tree.trigger)}  {timing_line(tree.trigger)}")
             listed, total = len(tree.children), tree.child_counts.total
             if listed < total and (not args.max_children or listed < args.max_children):
-                lines.append(f"  (the history record lists {listed} of its {total} children)")
+                lines.append(f"  (the history record lists {listed} of its {plural(total, 'child')})")
         return lines
 
     emit(args, history_record(tree), render)
@@ -124,13 +142,14 @@ async def _history(c: QueryCoordClient, args: argparse.Namespace) -> int:
     """The task history, newest first: finished trees as etcd keeps them, whichever coordinator answers."""
     trees: list[qc.TaskTree] = []
     after = 0
+    cid = await collection_id(c, args.collection)
     while not args.limit or len(trees) < args.limit:
         page = 5 if args.children else 100
         if args.limit:
             page = min(page, args.limit - len(trees))
         resp = check(await c.query("ListTasks", qc.ListTasksRequest(
             include_finished=True, states=FINISHED, newest_first=True, include_children=args.children,
-            collection_id=args.collection, after_task_id=after, limit=page,
+            collection_id=cid, after_task_id=after, limit=page,
             children_limit=args.max_children)), "list task history")
         trees.extend(resp.trees)
         if not resp.next_after_task_id:
@@ -189,7 +208,8 @@ async def _tasks(c: QueryCoordClient, args: argparse.Namespace) -> int:
     if args.history:
         return await _history(c, args)
     trees = await list_trees(c, include_finished=args.all, include_children=args.children,
-                             collection_id=args.collection, children_limit=args.max_children)
+                             collection_id=await collection_id(c, args.collection),
+                             children_limit=args.max_children)
 
     def render() -> list[str]:
         if not trees:
@@ -226,7 +246,8 @@ def add_parsers(sub: Any, client: list[argparse.ArgumentParser]) -> None:
     p.add_argument("--source", nargs="+", help="source node ids (a move)")
     p.add_argument("--dst", nargs="+", help="destination node ids (default: any other online node)")
     p.add_argument("--segments", nargs="+", help="segment ids to move (default: every segment of the sources)")
-    p.add_argument("--collection", type=non_negative_int, default=0, help="only segments of this collection id")
+    p.add_argument("--collection", type=name_or_id, metavar="NAME_OR_ID",
+                   help="only segments of this collection (name or id)")
     p.add_argument("--no-wait", action="store_true", help="return once the balance is queued")
     p.add_argument("--max-children", type=non_negative_int, default=20,
                    help="children drawn at most (0: all; default 20)")
@@ -249,7 +270,8 @@ def add_parsers(sub: Any, client: list[argparse.ArgumentParser]) -> None:
                    help="trees listed by --history at most (0: all; default 50)")
     p.add_argument("--children", action="store_true", help="draw the children of each trigger")
     p.add_argument("--task", type=non_negative_int, default=0, help="draw the tree of this task (trigger or child id)")
-    p.add_argument("--collection", type=non_negative_int, default=0, help="only tasks of this collection id")
+    p.add_argument("--collection", type=name_or_id, metavar="NAME_OR_ID",
+                   help="only tasks of this collection (name or id)")
     p.add_argument("--max-children", type=non_negative_int, default=50,
                    help="children drawn per tree at most (0: all; default 50)")
     add_output_option(p)

@@ -4,7 +4,7 @@ Every RPC handler checks its request with these before anything is queued or
 written (``querycoord.common.limits`` says why). A refusal is an ``InvalidField``,
 an ``IllegalArgument``: callers see ILLEGAL_ARGUMENT (the services' answer to
 a malformed request) with a reason such as ``invalid num_partitions:
-2147483647 is out of range (limit 0..4096)``.
+2147483647 is out of range (limit 1..4096, or 0 for the default)``.
 
 Each check costs time linear in what it is given and looks at a list's
 length before its items, so a refusal of a huge request is as cheap as
@@ -68,6 +68,14 @@ def check_range(field: str, value: int, low: int, high: int) -> int:
     return value
 
 
+def check_number_or_default(field: str, value: int, high: int) -> int:
+    """A count where 0 means "the default" (one partition, the default channels): 0 or ``1..high``, and the limit
+    shown says so (a range ``0..high`` would read as if 0 of them were possible)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= high:
+        raise InvalidField(field, value, "is out of range", f"1..{high}, or 0 for the default")
+    return value
+
+
 def check_id(field: str, value: int, *, optional: bool = False) -> int:
     """A positive id within int64 (0 too when ``optional``: "not given")."""
     if optional and value == 0:
@@ -113,7 +121,7 @@ def check_ids(
         seen: set[int] = set()
         for value in items:
             if value in seen:
-                raise InvalidField(field, value, "appears twice", "each id once")
+                raise InvalidField(field, value, "appears twice: each id is given once")
             seen.add(value)
     return unique
 
@@ -188,6 +196,7 @@ __all__ = [
     "check_id",
     "check_ids",
     "check_name",
+    "check_number_or_default",
     "check_range",
     "check_text",
     "check_texts",

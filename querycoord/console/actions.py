@@ -20,6 +20,7 @@ from proto import catalog_pb2, common_pb2, data_pb2, stream_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.common.messages import rpc_method
 from querycoord.common.protocol import parse_leader
+from querycoord.common.wording import plural
 from querycoord.console import draw
 from querycoord.net.client import QueryCoordClient
 
@@ -155,8 +156,8 @@ async def create_collection(
     if errors:
         first = errors[0]
         reason = first.reason if isinstance(first, Refusal) else str(first)
-        raise Refusal(f"collection {name} (id {cid}) was created but only {added} of {segments} segments were "
-                      f"added: {reason}")
+        raise Refusal(f"collection {name} (id {cid}) was created but only {added} of "
+                      f"{plural(segments, 'segment')} were added: {reason}")
     return desc, added
 
 

@@ -15,6 +15,7 @@ from typing import Any, TextIO
 from proto import data_pb2
 from proto import querycoord_pb2 as qc
 from proto import stream_pb2 as sp
+from querycoord.common import wording
 from querycoord.console.draw_progress import (
     progress_line,
     progress_record,
@@ -223,11 +224,8 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[object]], *, right: It
 
 
 def mib(n: int) -> str:
-    """Bytes as MiB with one decimal under 10 MiB (segments of a demo are small), else whole MiB."""
-    v = n / MIB
-    if v == 0:
-        return "0 MiB"
-    return f"{v:.1f} MiB" if v < 10 else f"{v:,.0f} MiB"
+    """Bytes as a size (``common.wording.mib``): one decimal under 10 MiB, whole MiB above, KiB under 1 MiB."""
+    return wording.mib(n)
 
 
 # ----- replicas -------------------------------------------------------------------------------------------------
@@ -418,13 +416,14 @@ def stream_activity(info: sp.StreamStatusInfo, show: sp.ShowStreamsResponse, now
             if not t.pending:
                 counts[stream_task_status(t)] = counts.get(stream_task_status(t), 0) + 1
         detail = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
-        waits = f"{pending} of {n} tasks wait for their host's heartbeat" if pending else f"{n} tasks handed out"
+        waits = (f"{pending} of {wording.plural(n, 'task')} wait for their host's heartbeat" if pending
+                 else f"{wording.plural(n, 'task')} handed out")
         waiting = f"; {_shorten(info.wait_reason, 120)}" if info.wait_reason else ""
         return f"deploying (deploy #{info.deploy_times}): {waits}" + (f"; {detail}" if detail else "") + waiting
     if info.state == sp.STREAM_RUNNING:
         if info.wait_reason:
-            return f"running: {n} tasks RUNNING; {_shorten(info.wait_reason, 120)}"
-        return f"running: {n} tasks RUNNING, nothing to do"
+            return f"running: {wording.plural(n, 'task')} RUNNING; {_shorten(info.wait_reason, 120)}"
+        return f"running: {wording.plural(n, 'task')} RUNNING, nothing to do"
     return stream_state_name(info.state)
 
 

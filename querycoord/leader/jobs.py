@@ -106,7 +106,7 @@ class Job(Generic[R]):
             try:
                 await asyncio.wait_for(asyncio.shield(fut), self.budget)
             except TimeoutError:
-                raise DeadlinePassed(f"{TIMEOUT_REASON}: check ListTasks") from None
+                raise DeadlinePassed(f"{TIMEOUT_REASON}: `querycoord tasks` shows it") from None
         return task.id
 
     def _pending_load(self, cid: int, kind: int, partition_ids: set[int] | None = None) -> TriggerTask | None:
@@ -264,7 +264,7 @@ class LoadBalanceJob(Job[qc.LoadBalanceRequest]):
         dsts = check_ids("dst_node_ids", request.dst_node_ids, limits.max_nodes_per_request)
         both = set(sources).intersection(dsts)
         if both:
-            raise InvalidField("dst_node_ids", min(both), "is also a source node", "sources and destinations differ")
+            raise InvalidField("dst_node_ids", min(both), "is also a source node: sources and destinations differ")
         check_ids("sealed_segment_ids", request.sealed_segment_ids, limits.max_ids_per_request)
         check_enum("reason", request.reason, qc.BalanceReason)
         check_id("collection_id", request.collection_id, optional=True)
@@ -279,7 +279,7 @@ class LoadBalanceJob(Job[qc.LoadBalanceRequest]):
             if not any(may_serve(self.meta, s.collection_id, s.replica_id, d) for d in dsts):
                 raise InvalidField("dst_node_ids", dsts,
                                    f"all serve other replicas of collection {s.collection_id} than replica "
-                                   f"{s.replica_id}, which holds segment {s.segment_id} on node {s.node_id}",
+                                   f"{s.replica_id}, which holds segment {s.segment_id} on node {s.node_id}; "
                                    "a segment moves within its replica (or to a node in no replica)")
 
     async def run(self) -> int:
@@ -289,6 +289,10 @@ class LoadBalanceJob(Job[qc.LoadBalanceRequest]):
         for t in self.scheduler.pending(None, (qc.TASK_KIND_LOAD_BALANCE,)):  # a retry of a balance joins it
             if same_balance(t.request, request):
                 return t.id
+        cid = request.collection_id
+        if cid and not self.meta.has_collection(cid) and not self.scheduler.pending(cid):
+            raise NotFound(f"collection {cid} is not loaded (or does not exist): no segment of it is on a query "
+                           "node to move")
         for nid in [*request.source_node_ids, *request.dst_node_ids]:
             if not self.env.nodes.is_online(nid):
                 raise NotFound(f"query node {nid} is unknown or offline")

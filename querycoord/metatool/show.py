@@ -148,6 +148,22 @@ def _cell(v: Any) -> str:
     return str(v)
 
 
+def _copies_cell(row: Row) -> str:
+    """Every node holding a copy of the segment or channel, with its replica and whether the node has a session:
+    ``3 (replica 1), 5 (replica 2, no session)``; the record's node when it names no replica."""
+    held = row.get("copies") or ([] if row.get("node_id") is None else
+                                 [{"replica_id": 0, "node_id": row["node_id"], "node_live": row["node_live"]}])
+    cells = []
+    for c in held:
+        notes = ([f"replica {c['replica_id']}"] if c["replica_id"] else []) + ([] if c["node_live"] else
+                                                                                 ["no session"])
+        cells.append(f"{c['node_id']}" + (f" ({', '.join(notes)})" if notes else ""))
+    return ", ".join(cells) or "-"
+
+
+# Table columns drawn from a whole row rather than one field.
+_DERIVED: dict[str, Callable[[Row], str]] = {"copies": _copies_cell}
+
 # kind -> (rows, columns shown in the table: (header, field)); -o json prints every field.
 KINDS: dict[str, tuple[Callable[[Snapshot], list[Row]], tuple[tuple[str, str], ...]]] = {
     "collections": (collections, (("ID", "collection_id"), ("NAME", "name"), ("IN CATALOG", "in_catalog"),
@@ -157,10 +173,10 @@ KINDS: dict[str, tuple[Callable[[Snapshot], list[Row]], tuple[tuple[str, str], .
                                 ("IN CATALOG", "in_catalog"), ("STATE", "state"),
                                 ("IN MEMORY %", "in_memory_percentage"))),
     "segments": (segments, (("SEGMENT", "segment_id"), ("COLLECTION", "collection_id"),
-                            ("PARTITION", "partition_id"), ("NODE", "node_id"), ("NODE LIVE", "node_live"),
-                            ("ROWS", "num_rows"), ("STATE", "state"))),
+                            ("PARTITION", "partition_id"), ("ROWS", "num_rows"), ("STATE", "state"),
+                            ("NODES", "copies"))),
     "channels": (channels, (("COLLECTION", "collection_id"), ("CHANNEL", "channel"), ("KIND", "kind"),
-                            ("NODE", "node_id"), ("NODE LIVE", "node_live"))),
+                            ("NODES", "copies"))),
     "tasks": (tasks, (("ID", "task_id"), ("PARENT", "parent_id"), ("KIND", "kind"), ("STATE", "state"),
                       ("COLLECTION", "collection_id"), ("NODE", "node_id"), ("RETRIES", "retry_count"),
                       ("REQUEST", "has_request"), ("ERROR", "error"))),
@@ -180,9 +196,11 @@ def show(snap: Snapshot, kind: str) -> list[Row]:
 
 def render(kind: str, rows: list[Row], root: str, revision: int) -> list[str]:
     columns = KINDS[kind][1]
-    lines = [f"{kind} under {root} at revision {revision}: {len(rows)}"]
+    lines = [f"{kind} under {root} at revision {revision}: {len(rows)}"]  # the count of records
     if rows:
-        lines += draw.table([h for h, _ in columns], ([_cell(r.get(f)) for _, f in columns] for r in rows))
+        lines += draw.table([h for h, _ in columns],
+                            ([_DERIVED[f](r) if f in _DERIVED else _cell(r.get(f)) for _, f in columns]
+                             for r in rows))
     return lines
 
 

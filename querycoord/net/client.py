@@ -47,6 +47,16 @@ NOTHING_LISTENS = "nothing listens there"
 NO_LEADER = "it stands by and no leader is elected yet"
 NO_ETCD = "it cannot reach etcd, so it cannot lead or name the leader"
 NOT_A_COORDINATOR = "that address is not a querycoord coordinator"
+WENT_AWAY = "it went away while the request was in flight (the connection dropped)"
+HTTP_SERVER = ("that is an HTTP server (the coordinator's --http-listen?), not its gRPC port (--listen; "
+               "`querycoord up` prints it)")
+# Phrases of a connection lost after it was made (the server died or closed it mid-call).
+_DROPPED = ("socket closed", "connection reset", "broken pipe", "goaway", "end of stream", "stream removed")
+# Phrases of an HTTP/1 server answering gRPC's HTTP/2 preface (gRPC reports the bytes it could not parse).
+_HTTP1 = ("failed parsing http/2", "expected settings frame", "http/1.", "trying to connect an http1.x server",
+          "bad_http_status", "malformed_frame_header", "frame_size_error", "invalid http2")
+# Answers that will not change: such an address is skipped, and a call whose addresses all answer so gives up.
+_FINAL = (NOT_A_COORDINATOR, HTTP_SERVER)
 # Phrases of gRPC's connection failures and of a standby's answer (coordinator.not_leader_message).
 _REFUSED = ("connection refused", "failed to connect", "connections to all backends failing", "name resolution",
             "dns resolution failed")
@@ -62,9 +72,14 @@ class CoordinatorUnavailable(Exception):
     ``problems``: address -> what it did, in the words the user reads (``describe``).
     """
 
-    def __init__(self, message: str, problems: dict[str, str] | None = None):
+    def __init__(self, message: str, problems: dict[str, str] | None = None, in_flight: str = "",
+                 method: str = ""):
         super().__init__(message)
+        self.method = method  # the call that got no answer (``LoadCollection``)
         self.problems = dict(problems or {})
+        # The address that had the request when its connection dropped or its answer did not come in time: the
+        # request may have been taken (and a mutation queued) there before it went away.
+        self.in_flight = in_flight
 
     @property
     def nothing_listens(self) -> bool:
@@ -83,6 +98,8 @@ def describe(code: grpc.StatusCode | None, details: str, method: str = "") -> st
         return f"{NOT_A_COORDINATOR} (it does not serve {method or 'the QueryCoord service'})"
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return "it did not answer in time (a coordinator that cannot reach etcd answers late)"
+    if any(p in low for p in _HTTP1):
+        return HTTP_SERVER
     if _NO_ETCD in low:
         return NO_ETCD
     if any(p in low for p in _NO_LEADER):
@@ -136,6 +153,7 @@ class LeaderFollowingClient:
         self._current = self.addresses[0] if self.addresses else ""
         self.leader_changes = 0
         self.last_error = ""
+        self._answered: set[str] = set()  # addresses that answered a call of this client (a connection was made)
 
     @property
     def current(self) -> str:
@@ -167,6 +185,7 @@ class LeaderFollowingClient:
         attempts = 0
         tried: list[str] = []
         problems: dict[str, str] = {}  # address -> what it did (``describe``); per call: calls may overlap
+        in_flight = ""  # where the request may have been taken before the connection was lost
         full_name = f"{getattr(stub_cls, '__name__', '').removesuffix('Stub')}/{method}"
         while self._may_try(started, attempts) and self._current:
             attempts += 1
@@ -179,9 +198,16 @@ class LeaderFollowingClient:
                     raise
                 details = exc.details() or ""
                 self.last_error = f"{address}: {exc.code().name} {details}"
-                problems[address] = describe(exc.code(), details, full_name)
+                problem = describe(exc.code(), details, full_name)
+                if self._dropped(address, exc.code(), details):
+                    in_flight = in_flight or address
+                    if problem.startswith(("it closed the connection", "UNAVAILABLE")):
+                        problem = WENT_AWAY
+                if not (problem == NOTHING_LISTENS and problems.get(address) == WENT_AWAY):
+                    problems[address] = problem  # "went away" is kept over the "nothing listens" of later tries
                 self._follow(address, parse_leader(details), problems)
             else:
+                self._answered.add(address)
                 status = getattr(resp, "status", None)
                 if status is None or status.error_code != common_pb2.NOT_LEADER:
                     return resp
@@ -189,7 +215,7 @@ class LeaderFollowingClient:
                 problems[address] = describe(None, status.reason, full_name)
                 self._follow(address, parse_leader(status.reason), problems)
             tried.append(address)
-            if self.addresses and all(problems.get(a, "").startswith(NOT_A_COORDINATOR) for a in self.addresses):
+            if self.addresses and all(problems.get(a, "").startswith(_FINAL) for a in self.addresses):
                 break  # none of them will ever answer
             if self.pause > 0:
                 await asyncio.sleep(self.pause)
@@ -197,7 +223,18 @@ class LeaderFollowingClient:
             await self._rediscover()
         within = f"within {self.deadline:g}s" if self.deadline is not None else "in one round"
         raise CoordinatorUnavailable(f"no leader answered {method} {within} "
-                                     f"(tried {sorted(set(tried))}; last: {self.last_error})", problems)
+                                     f"(tried {sorted(set(tried))}; last: {self.last_error})", problems, in_flight,
+                                     method)
+
+    def _dropped(self, address: str, code: grpc.StatusCode, details: str) -> bool:
+        """Whether ``address`` may have taken the request: its answer did not come in time, or the connection
+        broke after it was made (this client's calls were answered there before, or gRPC says it was reset)."""
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return True
+        low = details.lower()
+        if code != grpc.StatusCode.UNAVAILABLE or any(p in low for p in (*_REFUSED, *_HTTP1)):
+            return False
+        return (address in self._answered and any(p in low for p in _DROPPED)) or "connection reset" in low
 
     def _attempt_timeout(self, started: float) -> float:
         """``call_timeout``, cut to what is left of the deadline."""
@@ -233,7 +270,7 @@ class LeaderFollowingClient:
             # Skip addresses known not to be coordinators (the loop in ``call`` ends when all are).
             for step in range(1, len(self.addresses) + 1):
                 nxt = self.addresses[(i + step) % len(self.addresses)]
-                if not (problems or {}).get(nxt, "").startswith(NOT_A_COORDINATOR):
+                if not (problems or {}).get(nxt, "").startswith(_FINAL):
                     break
         else:
             return
@@ -273,5 +310,5 @@ class QueryCoordClient(LeaderFollowingClient):
         return await self.call(stream_pb2_grpc.StreamMgmtStub, method, request)
 
 
-__all__ = ["FOLLOWED", "CoordinatorUnavailable", "LeaderFollowingClient", "QueryCoordClient", "describe",
-           "split_addresses"]
+__all__ = ["FOLLOWED", "HTTP_SERVER", "WENT_AWAY", "CoordinatorUnavailable", "LeaderFollowingClient",
+           "QueryCoordClient", "describe", "split_addresses"]

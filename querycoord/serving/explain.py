@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from proto import querycoord_pb2 as qc
+from querycoord.common.wording import mib_exact
 from querycoord.served.missing import ReplicaMissing
 from querycoord.served.state import CollectionServed, ReplicaServed
 from querycoord.task.parking import NO_ROOM, Parked
@@ -54,7 +55,7 @@ class Facts:
 
 
 def _mib(n: int) -> str:
-    return f"{n / (1 << 20):,.1f} MiB"
+    return mib_exact(n)
 
 
 def _show(t: TriggerFacts) -> str:

@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 
 from meta.config import EtcdConfig
-from querycoord.settings.setting_rules import FILE, TEXT, Rule, check, origin
+from querycoord.settings.setting_rules import CERTIFICATE_FILE, FILE, KEY_FILE, TEXT, Rule, check, origin
 
 ENV_PREFIX = "QUERYCOORD_ETCD_"
 # As etcdctl: endpoints also from its variable (after ours, before the file), and this one when none is given.
@@ -42,10 +42,11 @@ OPTIONS = (
 )
 
 
-# What each value must be (``setting_rules``): files readable now, names not empty; an empty ``cacert`` must not
-# quietly mean plaintext, nor an empty ``user`` no authentication.
+# What each value must be (``setting_rules``): files readable now (certificates and keys holding their PEM block),
+# names not empty; an empty ``cacert`` must not quietly mean plaintext, nor an empty ``user`` no authentication.
 RULES: dict[str, Rule] = {
-    "etcd_endpoints": TEXT, "etcd_cacert": FILE, "etcd_cert": FILE, "etcd_key": FILE, "etcd_server_name": TEXT,
+    "etcd_endpoints": TEXT, "etcd_cacert": CERTIFICATE_FILE, "etcd_cert": CERTIFICATE_FILE, "etcd_key": KEY_FILE,
+    "etcd_server_name": TEXT,
     "etcd_user": TEXT, "etcd_password_file": FILE,
 }
 

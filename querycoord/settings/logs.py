@@ -112,9 +112,9 @@ def setup_logging(level: str | None = None, fmt: str | None = None) -> None:
     chosen = (level or os.environ.get("QUERYCOORD_LOG_LEVEL") or DEFAULT_LEVEL).upper()
     form = (fmt or os.environ.get("QUERYCOORD_LOG_FORMAT") or _current_format).lower()
     if chosen not in LEVELS:
-        raise ValueError(f"unknown log level {chosen!r} (one of {', '.join(LEVELS)})")
+        raise ValueError(f"--log-level: unknown log level {chosen!r} (one of {', '.join(LEVELS)})")
     if form not in FORMATS:
-        raise ValueError(f"unknown log format {form!r} (text or json)")
+        raise ValueError(f"--log-format: unknown log format {form!r} (text or json)")
     logger.remove()
     if form == "json":
         logger.add(_json_sink(sys.stderr), level=chosen, format="{message}", diagnose=False, backtrace=False)
@@ -122,7 +122,8 @@ def setup_logging(level: str | None = None, fmt: str | None = None) -> None:
         logger.add(sys.stderr, level=chosen, format=TEXT_FORMAT, diagnose=False, backtrace=False)
     _current_format = form
     logger.enable("meta")
-    logging.basicConfig(handlers=[_ToLoguru()], level=chosen, force=True)
+    # The standard library knows no TRACE or SUCCESS: it gets loguru's number of the level (TRACE 5, SUCCESS 25).
+    logging.basicConfig(handlers=[_ToLoguru()], level=logger.level(chosen).no, force=True)
     # What Python itself writes to stderr goes through the same sink: warnings, ignored and uncaught exceptions.
     logging.captureWarnings(True)
     sys.unraisablehook = _unraisable

@@ -30,7 +30,7 @@ from querycoord.security.grpc_channels import (
     SecurityConfigError,
     configure,
 )
-from querycoord.settings.setting_rules import FILE, TEXT, Rule, check, origin
+from querycoord.settings.setting_rules import CERTIFICATE_FILE, FILE, KEY_FILE, TEXT, Rule, check, origin
 
 TOKEN_ENV = "QUERYCOORD_AUTH_TOKEN"
 
@@ -47,14 +47,21 @@ class SecurityOption:
     # What a value must be (``setting_rules``): a path names a file readable now, and an empty one is an error,
     # never "off" (``[auth] tokens_file = ""`` once turned authentication off without a word).
     rule: Rule = TEXT
+    # What applies when no layer sets it (None: nothing, e.g. no CA file); ``config show`` prints it.
+    default: object = None
+
+    def default_value(self) -> object:
+        """The value in effect when unset: ``default``, and ``False`` for a switch."""
+        return False if self.kind is bool and self.default is None else self.default
 
 
 OPTIONS: tuple[SecurityOption, ...] = (
     SecurityOption("--tls-ca", "tls_ca", str, "tls",
-                   "CA that signed the servers' and clients' certificates (turns TLS on for gRPC)", FILE),
+                   "CA that signed the servers' and clients' certificates (turns TLS on for gRPC)", CERTIFICATE_FILE),
     SecurityOption("--tls-cert", "tls_cert", str, "tls",
-                   "this process's certificate: served by its gRPC server, presented as client certificate", FILE),
-    SecurityOption("--tls-key", "tls_key", str, "tls", "private key of --tls-cert", FILE),
+                   "this process's certificate: served by its gRPC server, presented as client certificate",
+                   CERTIFICATE_FILE),
+    SecurityOption("--tls-key", "tls_key", str, "tls", "private key of --tls-cert", KEY_FILE),
     SecurityOption("--tls-server-name", "tls_server_name", str, "tls",
                    "name to check the servers' certificates against (default: the address's host)"),
     SecurityOption("--tls-client-auth", "tls_client_auth", bool, "tls",
@@ -71,7 +78,7 @@ OPTIONS: tuple[SecurityOption, ...] = (
                    "development mode, said explicitly: plaintext gRPC, no authentication"),
     SecurityOption("--grpc-max-message-mb", "grpc_max_message_mb", float, "grpc",
                    f"largest gRPC message sent or received, MiB (default {DEFAULT_MAX_MESSAGE_BYTES // MIB})",
-                   Rule(0.01, 2047)),
+                   Rule(0.01, 2047), default=DEFAULT_MAX_MESSAGE_BYTES // MIB),
 )
 
 

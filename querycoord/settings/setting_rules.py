@@ -46,7 +46,8 @@ class SettingError(ValueError):
 class Rule:
     """What a value of one option must be. ``low``/``high`` bound a number (``above``: strictly more than
     ``low``); a string must not be empty unless ``empty_ok``; ``file``: it names a file readable now;
-    ``address``: it is HOST:PORT with a port in 0..65535."""
+    ``address``: it is HOST:PORT with a port in 0..65535; ``pem``: the file holds a PEM block of that kind
+    (``CERTIFICATE``, ``PRIVATE KEY``), so a wrong file is named at once, not by gRPC's own log lines later."""
 
     low: float | None = None
     high: float | None = None
@@ -54,6 +55,7 @@ class Rule:
     empty_ok: bool = False
     file: bool = False
     address: bool = False
+    pem: str = ""
 
     def problem(self, value: object) -> str | None:
         """Why ``value`` breaks the rule, as a phrase that follows the key (``must be at least 2, got nan``);
@@ -94,13 +96,28 @@ class Rule:
         if self.file:
             try:
                 with open(value, "rb") as f:
-                    f.read(1)
+                    head = f.read(_PEM_SCAN_BYTES)
             except OSError as exc:
                 return f"cannot be read ({value}: {exc.strerror or exc})"
+            if self.pem and not _has_pem(head, self.pem):
+                return f"{value} is not a PEM {self.pem.lower()} (no -----BEGIN ...{self.pem}----- block)"
         if self.address:
             if address_problem(value, any_host=True):
                 return f"{value!r} is not HOST:PORT with a port in 0..65535 (port 0: any free port)"
         return None
+
+
+# A certificate bundle or key file is read this far for its PEM block (a chain of certificates is a few KiB).
+_PEM_SCAN_BYTES = 1 << 20
+
+
+def _has_pem(data: bytes, kind: str) -> bool:
+    """Whether ``data`` holds a ``-----BEGIN <...kind>-----`` line (``PRIVATE KEY`` matches ``EC PRIVATE KEY``)."""
+    for line in data.splitlines():
+        text = line.strip()
+        if text.startswith(b"-----BEGIN ") and text.endswith(kind.encode() + b"-----"):
+            return True
+    return False
 
 
 def _num(value: float) -> str:
@@ -111,6 +128,8 @@ def _num(value: float) -> str:
 TEXT = Rule()
 OPTIONAL_TEXT = Rule(empty_ok=True)
 FILE = Rule(file=True)
+CERTIFICATE_FILE = Rule(file=True, pem="CERTIFICATE")
+KEY_FILE = Rule(file=True, pem="PRIVATE KEY")
 ADDRESS = Rule(address=True)
 COUNT = Rule(0, INT32_MAX)
 POSITIVE_COUNT = Rule(1, INT32_MAX)

@@ -97,7 +97,7 @@ class Recalcs:
         """Persist a new recalculation; its runners get it with their next heartbeats."""
         rt = self.shared.streams.get(stream_id)
         if rt is None:
-            raise StreamNotFound(f"unknown stream id {stream_id} (see ShowStreams)")
+            raise StreamNotFound(f"unknown stream id {stream_id} (`querycoord stream show` lists the streams)")
         total = validate(rt.sdef, from_ms, to_ms)
         async with self.lock:
             recs = self.by_stream.setdefault(stream_id, {})

@@ -97,7 +97,8 @@ class RecalcStore:
         of ``finished`` beyond the history bound in the same txn."""
         item = await self.kv.get_kv(stream_key(stream_id))
         if item is None:
-            raise StreamNotFound(f"unknown stream id {stream_id}: it was dropped (see ShowStreams)")
+            raise StreamNotFound(f"unknown stream id {stream_id}: it was dropped "
+                                 "(`querycoord stream show` lists the streams)")
         recalc_id = (await self.ids.allocate(1))[0]
         info = stream_pb2.RecalcInfo(recalc_id=recalc_id, stream_id=stream_id, from_ms=from_ms, to_ms=to_ms,
                                      state=stream_pb2.RECALC_PENDING, tasks_total=tasks_total, created_ms=now_ms())

@@ -251,7 +251,8 @@ class StreamStore:
     async def _get_stream_kv(self, stream_id: int) -> tuple[stream_pb2.StreamDef, KeyValue]:
         item = await self.kv.get_kv(stream_key(stream_id))
         if item is None:
-            raise StreamNotFound(f"unknown stream {stream_id}: it does not exist or was dropped (see ShowStreams)")
+            raise StreamNotFound(f"unknown stream {stream_id}: it does not exist or was dropped "
+                                 "(`querycoord stream show` lists the streams)")
         return stream_pb2.StreamDef.FromString(item.value), item
 
     async def get_stream(self, stream_id: int) -> stream_pb2.StreamDef:
@@ -262,7 +263,8 @@ class StreamStore:
         """The id of the stream named ``name``; ``StreamNotFound`` if there is none."""
         raw = await self.kv.get(name_key(name)) if name else None
         if raw is None:
-            raise StreamNotFound(f"unknown stream {name!r}: no stream has this name (see ShowStreams)")
+            raise StreamNotFound(f"unknown stream {name!r}: no stream has this name "
+                                 "(`querycoord stream show` lists the streams)")
         return int(raw)
 
     async def get_stream_by_name(self, name: str) -> stream_pb2.StreamDef:
@@ -289,7 +291,7 @@ class StreamStore:
     async def get_snode(self, snode_id: int) -> stream_pb2.SnodeInfo:
         raw = await self.kv.get(snode_key(snode_id))
         if raw is None:
-            raise SnodeNotFound(f"unknown snode {snode_id} (see ShowStreams for the snodes)")
+            raise SnodeNotFound(f"unknown snode {snode_id} (`querycoord snode show` lists the snodes)")
         return stream_pb2.SnodeInfo.FromString(raw)
 
     # ----- streams ---------------------------------------------------------------------------------------------------
@@ -327,7 +329,7 @@ class StreamStore:
                 raise NoSnodeAvailable(
                     f"no snode is available for stream {req.name!r}: "
                     + (
-                        "create an snode first (CreateSnode)"
+                        "create an snode first (`querycoord snode create NODE_ID`)"
                         if not snodes
                         else f"none of the snodes {sorted(snodes)} is live; start their stream nodes"
                     )

@@ -20,12 +20,13 @@ from dataclasses import dataclass
 from proto import task_pb2
 from querycoord.cluster.allocator import NoAvailableNode, Usage
 from querycoord.common.replica_number import serving_replica_ids
+from querycoord.common.wording import mib_exact
 from querycoord.task.model import TaskEnv
 from querycoord.task.units import place
 
 
 def mib(n: int) -> str:
-    return f"{n / (1 << 20):,.1f} MiB"
+    return mib_exact(n)
 
 
 @dataclass

@@ -21,6 +21,7 @@ from proto import common_pb2, data_pb2, task_pb2
 from querycoord.cluster.allocator import NoAvailableNode, Usage
 from querycoord.common.errors import CoordError
 from querycoord.common.replica_number import joining_replica_ids, serving_replica_ids
+from querycoord.common.wording import mib_exact, plural
 from querycoord.served.state import collection_served
 from querycoord.task.model import TaskEnv
 from querycoord.task.rehome_plan import DonorPicker
@@ -52,11 +53,11 @@ class ResizePlan:
 
 
 def _count(n: int, what: str) -> str:
-    return f"{n} {what}" if n == 1 else f"{n} {what}s"
+    return plural(n, what)
 
 
 def _mib(n: int) -> str:
-    return f"{n / (1 << 20):,.1f} MiB"
+    return mib_exact(n)
 
 
 def keep_order(env: TaskEnv, collection_id: int, replica_ids: Sequence[int]) -> list[int]:

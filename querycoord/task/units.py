@@ -18,6 +18,7 @@ from typing import Protocol
 from loguru import logger
 
 from querycoord.cluster.allocator import NoAvailableNode, Usage, allocate_channels, allocate_segments
+from querycoord.common.wording import mib_exact
 from querycoord.task.model import TaskEnv
 from querycoord.task.parking import NO_NODE, NO_ROOM, Parked
 
@@ -113,7 +114,7 @@ def place_unit(env: TaskEnv, collection_id: int, replica_id: int, sizes: Sequenc
 
 
 def _mib(n: int) -> str:
-    return f"{n / (1 << 20):,.1f} MiB"
+    return mib_exact(n)
 
 
 class Sized(Protocol):
