@@ -30,9 +30,16 @@ README_SETUP = (("collection", "create", "books", "--partitions", "2", "--segmen
 
 
 class Cluster:
-    def __init__(self, env: dict[str, str], address: str) -> None:
+    def __init__(self, env: dict[str, str], up: Up) -> None:
         self.env = env
-        self.address = address
+        self.up = up
+        self.address = up.wait_ready()
+
+    def node_pid(self, node_id: int) -> int:
+        """The pid `up` printed for query node ``node_id``."""
+        m = re.search(rf"query node {node_id}\s+\S+\s+\(pid (\d+)", "".join(self.up.out))
+        assert m, self.up.out
+        return int(m.group(1))
 
     def run(self, *args: str) -> subprocess.CompletedProcess[str]:
         return cli(self.env, self.address, *args)
@@ -52,7 +59,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     with Up(env, tmp_path_factory.mktemp("habits"), "--nodes", "4") as up:
-        c = Cluster(env, up.wait_ready())
+        c = Cluster(env, up)
         for args in README_SETUP:  # README's example collection first, as a user following it would
             ok(c.run(*args))
         ok(c.run("collection", "create", "c2", "--partitions", "3", "--segments", "12", "--segment-mb", "0.25"))
@@ -305,3 +312,30 @@ def test_readme_describe_and_segments_example_is_the_real_output(cluster: Cluste
     for command, expected in commands:
         got = ok(cluster.run(*command.split()[1:])).rstrip("\n").split("\n")
         assert [_normalize(x) for x in got] == [_normalize(x) for x in expected], "\n".join(got)
+
+
+# ----- last: a node dies (the cluster is not whole after this) ----------------------------------------------------
+def test_a_lost_watcher_shows_as_none_and_its_copies_leave_segments(cluster: Cluster) -> None:
+    for checker in ("replicas", "segments", "channels", "balance"):  # nothing repairs while the test looks
+        ok(cluster.run("checkers", "deactivate", checker))
+    d = json.loads(ok(cluster.run("collection", "describe", "books", "-o", "json")))
+    victim = d["dm_channels"][0]["watched_by"][0]
+    os.kill(cluster.node_pid(victim["node_id"]), signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while True:  # its session expires (ttl 2 s): from then on its watch is nobody's (0, or gone once forgotten)
+        d = json.loads(ok(cluster.run("collection", "describe", "books", "-o", "json")))
+        lost = next((w for w in d["dm_channels"][0]["watched_by"] if w["replica_id"] == victim["replica_id"]), None)
+        if lost is None or lost["node_id"] == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    assert lost is None or lost["node_id"] == 0, d
+    row = next(line for line in ok(cluster.run("collection", "describe", "books")).splitlines()
+               if line.startswith(d["dm_channels"][0]["name"]))
+    assert "-" in row.split()[1:], row
+    # GetSegmentInfo asks online nodes only: no copy on the dead one, every other copy still listed.
+    rows = json.loads(ok(cluster.run("segments", "books", "-o", "json")))
+    assert rows and victim["node_id"] not in {r["node_id"] for r in rows}, rows
+    held = cluster.distribution()
+    assert victim["node_id"] not in held
+    assert {(r["segment_id"], r["node_id"]) for r in rows} == {
+        (s.segment_id, n) for n, dist in held.items() for s in dist.segments if s.collection_id == d["id"]}
