@@ -195,20 +195,22 @@ class CollectionLoadInfo(_message.Message):
     def __init__(self, collection_id: _Optional[int] = ..., load_type: _Optional[_Union[LoadType, str]] = ..., in_memory_percentage: _Optional[int] = ..., replica_number: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[PartitionLoadInfo, _Mapping]]] = ..., released_partition_ids: _Optional[_Iterable[int]] = ..., replicas: _Optional[_Iterable[_Union[ReplicaInfo, _Mapping]]] = ...) -> None: ...
 
 class ReplicaInfo(_message.Message):
-    __slots__ = ("replica_id", "collection_id", "node_ids", "in_memory_percentage", "segment_count", "dm_channels")
+    __slots__ = ("replica_id", "collection_id", "node_ids", "in_memory_percentage", "segment_count", "dm_channels", "dm_channel_nodes")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     COLLECTION_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_IDS_FIELD_NUMBER: _ClassVar[int]
     IN_MEMORY_PERCENTAGE_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_COUNT_FIELD_NUMBER: _ClassVar[int]
     DM_CHANNELS_FIELD_NUMBER: _ClassVar[int]
+    DM_CHANNEL_NODES_FIELD_NUMBER: _ClassVar[int]
     replica_id: int
     collection_id: int
     node_ids: _containers.RepeatedScalarFieldContainer[int]
     in_memory_percentage: int
     segment_count: int
     dm_channels: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, replica_id: _Optional[int] = ..., collection_id: _Optional[int] = ..., node_ids: _Optional[_Iterable[int]] = ..., in_memory_percentage: _Optional[int] = ..., segment_count: _Optional[int] = ..., dm_channels: _Optional[_Iterable[str]] = ...) -> None: ...
+    dm_channel_nodes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, replica_id: _Optional[int] = ..., collection_id: _Optional[int] = ..., node_ids: _Optional[_Iterable[int]] = ..., in_memory_percentage: _Optional[int] = ..., segment_count: _Optional[int] = ..., dm_channels: _Optional[_Iterable[str]] = ..., dm_channel_nodes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class DmChannelWatchInfo(_message.Message):
     __slots__ = ("collection_id", "dm_channel", "node_id", "partition_ids", "replica_id", "node_ids", "replica_ids")

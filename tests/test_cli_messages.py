@@ -102,7 +102,7 @@ BAD = {
     "create --segments x": (["collection", "create", "c", "--segments", "x"], "--segments"),
     "tasks --max-children -1": (["tasks", "--max-children", "-1"], "--max-children"),
     "tasks --task -5": (["tasks", "--task", "-5"], "--task"),
-    "output yaml": (["nodes", "-o", "yaml"], "--output"),
+    "output xml": (["nodes", "-o", "xml"], "--output"),
     "up --node-capacity-mb 0": (["up", "--node-capacity-mb", "0"], "--node-capacity-mb"),
     "up --nodes -1": (["up", "--nodes", "-1"], "--nodes"),
     "up --ttl 1": (["up", "--ttl", "1"], "--ttl"),

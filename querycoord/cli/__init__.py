@@ -4,7 +4,8 @@ Server commands (``cli/servers.py``): ``etcd`` (embedded etcd), ``coord``
 (one coordinator), ``querynode`` / ``streamnode`` (reference nodes), ``up``
 (the all-in-one cluster, ``cli/up_cmd.py``), ``demo``, ``drill``. Client commands talk to the
 coordinators named by ``--address`` (any of them: the client follows the
-leader): ``collection create|load|release|drop|show`` and ``replicas`` (``cli/collection.py``),
+leader): ``collection create|load|release|drop|show`` and ``replicas`` (``cli/collection.py``), ``collection describe``
+and ``segments`` (``cli/describe_cmd.py``),
 ``stream create|show|stop|start|drop`` and ``snode create|drop|show``
 (``cli/stream_cmd.py``), ``balance``, ``tasks``, ``nodes`` (``cli/tasks.py``), ``balance pause|resume|status`` and
 ``checkers list|activate|deactivate`` (``cli/balance_cmd.py``), ``node cordon|uncordon|drain`` (``cli/node_cmd.py``),
@@ -28,6 +29,7 @@ from querycoord.cli import (
     collection,
     completion,
     config_cmd,
+    describe_cmd,
     health_cmd,
     meta_cmd,
     node_cmd,
@@ -49,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     client = [client_options(True)]
     servers.add_parsers(sub)
     collection.add_parsers(sub, client)
+    describe_cmd.add_parsers(sub, client)  # segments
     tasks.add_parsers(sub, client)
     balance_cmd.add_parsers(sub, client)
     node_cmd.add_parsers(sub, client)

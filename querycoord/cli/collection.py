@@ -17,6 +17,8 @@ from querycoord.cli.common import (
     positive_float,
     positive_int,
 )
+from querycoord.cli.describe_cmd import add_describe_parser
+from querycoord.cli.watch import add_watch_option
 from querycoord.common.wording import plural
 from querycoord.console import draw
 from querycoord.console.actions import (
@@ -230,10 +232,13 @@ def add_parsers(sub: Any, client: list[argparse.ArgumentParser]) -> None:
     q = csub.add_parser("show", parents=client, help="collections and their load state, with their replicas")
     q.add_argument("collections", nargs="*", help="collection ids or names (default: all)")
     add_output_option(q)
+    add_watch_option(q)
     q.set_defaults(func=client_command(_collection_show))
+    add_describe_parser(csub, client)
 
     q = sub.add_parser("replicas", parents=client,
                        help="the replicas of a loaded collection: nodes, in-memory %%, segments, DM channels")
     q.add_argument("collection", help="collection id or name")
     add_output_option(q)
+    add_watch_option(q)
     q.set_defaults(func=client_command(_replicas))

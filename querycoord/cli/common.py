@@ -22,7 +22,9 @@ import grpc
 
 from meta.address import MAX_PORT, address_problem
 from querycoord.cli.etcd_read import add_root_option
+from querycoord.cli.watch import watch, watching
 from querycoord.console.actions import Refusal
+from querycoord.console.tables import headers
 from querycoord.net.client import CoordinatorUnavailable, QueryCoordClient
 from querycoord.settings.config_file import add_config_option
 from querycoord.settings.etcd_options import add_etcd_options
@@ -31,7 +33,8 @@ from querycoord.settings.security_options import add_security_options, configure
 from querycoord.settings.setting_rules import INT64_MAX, Rule, flag_type
 
 DEFAULT_ADDRESS = "127.0.0.1:19531"
-OUTPUTS = ("table", "json")
+OUTPUTS = ("table", "wide", "json", "yaml")
+STRUCTURED = ("json", "yaml")  # one document of the data, the same in both
 
 ClientFn = Callable[[QueryCoordClient, argparse.Namespace], Awaitable[int]]
 
@@ -125,11 +128,13 @@ def coordinator_addresses(text: str) -> str:
     return ",".join(items)
 
 
-# ----- output: -o table|json ------------------------------------------------------------------------------------------
+# ----- output: -o table|wide|json|yaml, --no-headers -----------------------------------------------------------------
 def add_output_option(p: argparse.ArgumentParser) -> None:
-    """``-o/--output table|json`` on a show or list command; print through ``emit``."""
+    """``-o/--output table|wide|json|yaml`` and ``--no-headers`` on a show or list command; print through ``emit``."""
     p.add_argument("-o", "--output", choices=OUTPUTS, default="table",
-                   help="table (default), or json: one JSON document on stdout, for scripts")
+                   help="table (default); wide: the table with more columns where the command has them; json or "
+                        "yaml: one document on stdout, for scripts")
+    p.add_argument("--no-headers", action="store_true", help="tables without their header lines, for scripts")
 
 
 def add_etcd_read_options(p: argparse.ArgumentParser) -> None:
@@ -149,12 +154,29 @@ def fail(message: object, code: int = 1) -> int:
 
 
 def emit(args: argparse.Namespace, data: Any, render: Callable[[], Iterable[str]]) -> None:
-    """``data`` as JSON with ``-o json``, else the lines ``render`` draws (tables, trees, "nothing there")."""
-    if getattr(args, "output", "table") == "json":
-        print(json.dumps(data, indent=2, sort_keys=False))
-    else:
+    """``data`` as JSON or YAML with ``-o json|yaml``, else the lines ``render`` draws (tables, trees, "nothing
+    there"; ``-o wide`` is for ``render`` to read), without table headers under ``--no-headers``."""
+    output = getattr(args, "output", "table")
+    if output in STRUCTURED:
+        print(document(data, output))
+        return
+    with headers(not getattr(args, "no_headers", False)):
         for line in render():
             print(line)
+
+
+def document(data: Any, output: str) -> str:
+    """``data`` as one JSON (``output`` json) or YAML document: the same keys and values in both."""
+    if output == "yaml":
+        import yaml  # only a command asked for YAML pays for the import
+
+        return str(yaml.safe_dump(data, sort_keys=False, allow_unicode=True)).rstrip("\n")
+    return json.dumps(data, indent=2, sort_keys=False)
+
+
+def wide(args: argparse.Namespace) -> bool:
+    """``-o wide``: the command's table with its extra columns."""
+    return getattr(args, "output", "table") == "wide"
 
 
 # ----- client commands ------------------------------------------------------------------------------------------------
@@ -169,6 +191,8 @@ def client_command(fn: ClientFn) -> Callable[[argparse.Namespace], int]:
     def handler(args: argparse.Namespace) -> int:
         async def main() -> int:
             async with QueryCoordClient(args.address, deadline=args.timeout, call_timeout=args.timeout) as c:
+                if watching(args):
+                    return await watch(lambda: fn(c, args), args)
                 return await fn(c, args)
 
         try:
@@ -196,6 +220,8 @@ def client_command(fn: ClientFn) -> Callable[[argparse.Namespace], int]:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         except KeyboardInterrupt:
+            if watching(args):  # the way a watch ends: quietly
+                return 0
             print("\ninterrupted: the request, if sent, goes on in the cluster; see `querycoord tasks`",
                   file=sys.stderr)
             return 130

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ from meta.ops.etcd_roles import RolePlan, apply_roles, auth_enabled, enable_auth
 from meta.ops.etcd_server import DEFAULT_QUOTA_BYTES
 from meta.ops.maintenance import DEFAULT_KEEP_REVISIONS, MIB, ClusterStatus, cluster_status, maintain
 from meta.session import role_prefix
-from querycoord.cli.common import fail
+from querycoord.cli.common import emit, fail
 from querycoord.cli.etcd_read import add_root_option, describe_root, read_root, refused_message, say_target
 from querycoord.common.protocol import (
     QUERYCOORD_ELECTION,
@@ -137,13 +136,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         return fail(refused_message(args, exc))
     except MetaError as exc:
         return fail(exc)
-    if args.output == "json":
-        print(json.dumps(st.as_dict()))
-    else:
-        print("\n".join(draw.table(STATUS_HEADERS, status_rows(st), right=(3, 4, 5, 6, 7))))
-        for member_id, name in st.alarms:
-            print(f"alarm {name} on member {member_id:x}"
-                  + (": run `querycoord etcd maintain`" if name == "NOSPACE" else ""))
+    def render() -> list[str]:
+        return [*draw.table(STATUS_HEADERS, status_rows(st), right=(3, 4, 5, 6, 7)),
+                *(f"alarm {name} on member {member_id:x}" + (": run `querycoord etcd maintain`" if name == "NOSPACE"
+                                                               else "") for member_id, name in st.alarms)]
+
+    emit(args, st.as_dict(), render)
     return 1 if st.alarms or any(m.error for m in st.members) else 0
 
 

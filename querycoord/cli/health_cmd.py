@@ -13,6 +13,7 @@ from typing import Any
 
 from proto import querycoord_pb2 as qc
 from querycoord.cli.common import add_output_option, client_command, emit, positive_int
+from querycoord.cli.watch import add_watch_option
 from querycoord.console.actions import check, describe
 from querycoord.console.draw_health import HEALTH_ORDER, explain_lines, explain_record, health_lines, health_record
 from querycoord.net.client import QueryCoordClient
@@ -51,6 +52,7 @@ def add_parsers(sub: Any, client: list[argparse.ArgumentParser]) -> None:
                    help=f"exit {UNHEALTHY_EXIT} when a collection is this colour or worse (default: exit 0 "
                         "whenever the leader answered)")
     add_output_option(p)
+    add_watch_option(p)
     p.set_defaults(func=client_command(_health))
 
     p = sub.add_parser("explain", parents=client,
@@ -59,4 +61,5 @@ def add_parsers(sub: Any, client: list[argparse.ArgumentParser]) -> None:
     p.add_argument("--segments", type=positive_int, default=100, metavar="N",
                    help="missing segment ids listed per replica at most in -o json (default 100, at most 1000)")
     add_output_option(p)
+    add_watch_option(p)
     p.set_defaults(func=client_command(_explain))

@@ -50,7 +50,7 @@ async def _node(c: QueryCoordClient, args: argparse.Namespace) -> int:
                  f"{args.action} node {args.id}")
     node = resp.node
     if args.wait and node.lifecycle == qc.NODE_LIFECYCLE_DRAINING:
-        quiet = getattr(args, "output", "table") == "json"
+        quiet = getattr(args, "output", "table") in ("json", "yaml")
         if quiet:
             while node.lifecycle == qc.NODE_LIFECYCLE_DRAINING:
                 await asyncio.sleep(POLL_INTERVAL)

@@ -17,6 +17,7 @@ from typing import Any
 
 from proto import stream_pb2
 from querycoord.cli.common import add_output_option, client_command, emit, non_negative_int, positive_int
+from querycoord.cli.watch import add_watch_option
 from querycoord.common.wording import plural
 from querycoord.console import draw
 from querycoord.console import recalc as recalc_view
@@ -199,6 +200,7 @@ def add_parsers(sub: Any, client: list[argparse.ArgumentParser]) -> None:
     q.add_argument("streams", nargs="*", help="stream ids or names (default: all)")
     q.add_argument("--summary", action="store_true", help="one row per stream instead of its tasks")
     add_output_option(q)
+    add_watch_option(q)
     q.set_defaults(func=client_command(_stream_show))
 
     q = _named(ssub, "stop", "stop a stream: its tasks are undeployed with a checkpoint", client)
@@ -233,4 +235,5 @@ def add_parsers(sub: Any, client: list[argparse.ArgumentParser]) -> None:
     q.set_defaults(func=client_command(_snode_drop))
     q = ssub.add_parser("show", parents=client, help="snodes: node, replica, liveness, streams")
     add_output_option(q)
+    add_watch_option(q)
     q.set_defaults(func=client_command(_snode_show))

@@ -21,7 +21,9 @@ from querycoord.cli.common import (
     name_or_id,
     non_negative_int,
     positive_int,
+    wide,
 )
+from querycoord.cli.watch import add_watch_option
 from querycoord.common.wording import plural
 from querycoord.console import draw
 from querycoord.console.actions import (
@@ -29,6 +31,7 @@ from querycoord.console.actions import (
     Refusal,
     check,
     describe,
+    drain_text,
     list_trees,
     node_records,
     node_rows,
@@ -190,7 +193,38 @@ async def _cancel(c: QueryCoordClient, args: argparse.Namespace, task_id: int) -
                   + (f": {t.error}" if t.error else ""), common_pb2.CONFLICT)
 
 
+class _ActionOrId(tuple[str, ...]):
+    """The choices of ``tasks ACTION``: ``show``, ``cancel``, or a task id (``tasks ID`` is ``tasks show ID``).
+
+    argparse checks a positional against its choices with ``in``: this container also holds every number, while
+    listing (help, shell completion) only the two words."""
+
+    def __contains__(self, value: object) -> bool:
+        return super().__contains__(value) or (isinstance(value, str) and value.isdigit())
+
+
+TASK_ACTIONS = _ActionOrId(("show", "cancel"))
+
+
+def _action_or_id(text: str) -> str:
+    """A ``type=`` for ``tasks ACTION``: a task id must be positive (a usage error naming it otherwise)."""
+    if text.isdigit():
+        positive_int(text)
+    return text
+
+
+def _resolve_action(args: argparse.Namespace) -> None:
+    """``tasks ID`` becomes ``tasks show ID``; ``--watch`` never repeats a cancel."""
+    if args.action is not None and args.action.isdigit():
+        if args.id is not None:
+            raise ValueError(f"unexpected argument {args.id} after task id {args.action}")
+        args.action, args.id = "show", int(args.action)
+    if args.action == "cancel" and getattr(args, "watch", False):
+        raise ValueError("--watch goes with show and list commands, not with `tasks cancel`")
+
+
 async def _tasks(c: QueryCoordClient, args: argparse.Namespace) -> int:
+    _resolve_action(args)
     if args.action == "cancel":
         if args.id is None:
             raise ValueError("`querycoord tasks cancel` needs a task id: `querycoord tasks cancel ID`")
@@ -207,7 +241,7 @@ async def _tasks(c: QueryCoordClient, args: argparse.Namespace) -> int:
         return await _show(c, args, args.task)
     if args.history:
         return await _history(c, args)
-    trees = await list_trees(c, include_finished=args.all, include_children=args.children,
+    trees = await list_trees(c, include_finished=args.all, include_children=args.children or wide(args),
                              collection_id=await collection_id(c, args.collection),
                              children_limit=args.max_children)
 
@@ -215,7 +249,8 @@ async def _tasks(c: QueryCoordClient, args: argparse.Namespace) -> int:
         if not trees:
             return ["no task is queued or running" + ("" if args.all else " (--all also lists recently finished ones)")]
         if not args.children:
-            return [draw.trigger_line(tree.trigger, tree.child_counts) for tree in trees]
+            return [draw.trigger_line(tree.trigger, tree.child_counts) + (_child_nodes(tree) if wide(args) else "")
+                    for tree in trees]
         lines: list[str] = []
         for i, tree in enumerate(trees):
             lines.extend([""] if i else [])
@@ -226,12 +261,29 @@ async def _tasks(c: QueryCoordClient, args: argparse.Namespace) -> int:
     return 0
 
 
+def _child_nodes(tree: qc.TaskTree) -> str:
+    """``  nodes 3,4 (children #12-#15)``: where a trigger's listed children run (``tasks -o wide``)."""
+    nodes = sorted({ch.node_id for ch in tree.children if ch.node_id})
+    ids = sorted(ch.task_id for ch in tree.children)
+    if not ids:
+        return ""
+    span = f"#{ids[0]}" if len(ids) == 1 else f"#{ids[0]}-#{ids[-1]}"
+    return f"  nodes {','.join(map(str, nodes)) or '-'} (children {span})"
+
+
+WIDE_NODE_HEADERS = (*NODE_HEADERS, "RE-REPLICATES AT")
+
+
 async def _nodes(c: QueryCoordClient, args: argparse.Namespace) -> int:
     resp = check(await c.query("ShowNodes", qc.ShowNodesRequest()), "show nodes")
 
     def render() -> list[str]:
         if not resp.nodes:
             return ["no query node is registered; start one with `querycoord querynode` (or use `querycoord up`)"]
+        if wide(args):  # the drain with what it waits for; when a lost node's copies are made again elsewhere
+            rows = [[*row[:-1], drain_text(n, why=True), _clock(n.rereplicate_at_ms)]
+                    for row, n in zip(node_rows(resp.nodes), resp.nodes, strict=True)]
+            return draw.table(WIDE_NODE_HEADERS, rows, right=(0, 3, 4, 6))
         return draw.table(NODE_HEADERS, node_rows(resp.nodes), right=(0, 3, 4, 6))
 
     emit(args, node_records(resp.nodes), render)
@@ -257,9 +309,10 @@ def add_parsers(sub: Any, client: list[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("tasks", parents=client,
                        help="task trees: queued and running (--all: finished ones too; --history: finished ones, "
                             "newest first; `tasks show ID`: one tree; `tasks cancel ID`: cancel a trigger)")
-    p.add_argument("action", nargs="?", choices=["show", "cancel"],
+    p.add_argument("action", nargs="?", type=_action_or_id, choices=TASK_ACTIONS,
+                   metavar="{show,cancel,ID}",
                    help="show: draw the tree of task ID (trigger or child); cancel: cancel trigger ID (a load, a "
-                        "balance, a repair) and roll back what it did")
+                        "balance, a repair) and roll back what it did; a task id alone: `tasks show ID`")
     p.add_argument("id", nargs="?", type=positive_int, help="the task id of `show` or `cancel`")
     p.add_argument("--reason", help="cancel: why (kept in the task history with who asked)")
     p.add_argument("--no-wait", action="store_true", help="cancel: return once the cancel is recorded")
@@ -275,8 +328,10 @@ def add_parsers(sub: Any, client: list[argparse.ArgumentParser]) -> None:
     p.add_argument("--max-children", type=non_negative_int, default=50,
                    help="children drawn per tree at most (0: all; default 50)")
     add_output_option(p)
+    add_watch_option(p)
     p.set_defaults(func=client_command(_tasks))
 
     p = sub.add_parser("nodes", parents=client, help="query nodes and what they hold")
     add_output_option(p)
+    add_watch_option(p)
     p.set_defaults(func=client_command(_nodes))

@@ -23,6 +23,7 @@ from querycoord.console.draw_progress import (
     task_progress_cells,
     task_progress_record,
 )
+from querycoord.console.tables import headers_shown
 
 MIB = 1 << 20
 
@@ -208,9 +209,11 @@ def is_rescheduled(c: qc.TaskInfo) -> bool:
 
 # ----- tables ---------------------------------------------------------------------------------------------------
 def table(headers: Sequence[str], rows: Iterable[Sequence[object]], *, right: Iterable[int] = ()) -> list[str]:
-    """Columns padded to their widest cell; the columns in ``right`` (numbers) are right-aligned."""
+    """Columns padded to their widest cell; the columns in ``right`` (numbers) are right-aligned. Without the
+    header and its rule under ``--no-headers`` (``tables.headers``)."""
     body = [[str(x) for x in r] for r in rows]
-    widths = [len(h) for h in headers]
+    shown = headers_shown()
+    widths = [len(h) if shown else 0 for h in headers]
     for r in body:
         for i, cell in enumerate(r):
             widths[i] = max(widths[i], len(cell))
@@ -220,7 +223,8 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[object]], *, right: It
         out = [c.rjust(widths[i]) if i in align_right else c.ljust(widths[i]) for i, c in enumerate(cells)]
         return "  ".join(out).rstrip()
 
-    return [fmt(list(headers)), fmt(["─" * w for w in widths]), *(fmt(r) for r in body)]
+    head = [fmt(list(headers)), fmt(["─" * w for w in widths])] if shown else []
+    return [*head, *(fmt(r) for r in body)]
 
 
 def mib(n: int) -> str:

@@ -103,17 +103,19 @@ class Replicas:
             for r, n in zip(flat[::2], flat[1::2], strict=True):
                 held[r] = held.get(r, 0) + 1
                 nodes.setdefault(r, set()).add(n)
-        channels: dict[int, list[str]] = {}
+        channels: dict[int, list[tuple[str, int]]] = {}
         for name, watch in sorted(index.dm_channels.get(collection_id, {}).items()):
             for r, n in copies(watch).items():
-                channels.setdefault(r, []).append(name)
+                channels.setdefault(r, []).append((name, n))
                 nodes.setdefault(r, set()).add(n)
         for r in replicas:
             if not info.replicas:
                 r.node_ids.extend(sorted(nodes.get(0, ())))
             r.node_ids[:] = sorted(r.node_ids)
             r.segment_count = held.get(r.replica_id, 0)
-            r.dm_channels.extend(channels.get(r.replica_id, ()))
+            watched = channels.get(r.replica_id, [])
+            r.dm_channels.extend(name for name, _ in watched)
+            r.dm_channel_nodes.extend(node for _, node in watched)
         return replicas
 
     def replica_ids(self, collection_id: int) -> list[int]:

@@ -274,8 +274,11 @@ class ServedView:
         return shown_collection(info, self.collection(info.collection_id))
 
     def shown_replicas(self, replicas: list[data_pb2.ReplicaInfo]) -> list[data_pb2.ReplicaInfo]:
-        """``QueryMeta.replicas_of`` answers with each replica's percentage lowered to what it serves."""
+        """``QueryMeta.replicas_of`` answers with each replica's percentage lowered to what it serves, and the
+        watcher of a DM channel shown as 0 when that node does not serve now (its watch no longer counts)."""
+        serving = self.nodes.serving_ids()
         for r in replicas:
+            r.dm_channel_nodes[:] = [n if n in serving else 0 for n in r.dm_channel_nodes]
             served = self.collection(r.collection_id)
             live = served.replicas.get(r.replica_id) if served is not None else None
             if live is not None:
