@@ -80,6 +80,32 @@ async def browse(chromium: str, profile: Path, url: str, *mode: str) -> str:
     return out.decode()
 
 
+_MEASURE = """<script>
+window.addEventListener("load", () => setTimeout(() => {
+  const cards = {};
+  for (const c of document.querySelectorAll("section.card")) {
+    cards[c.id] = {scroll: c.scrollWidth, client: c.clientWidth, right: Math.ceil(c.getBoundingClientRect().right)};
+  }
+  document.body.setAttribute("data-layout", JSON.stringify({width: window.innerWidth, cards: cards}));
+}, 300));
+</script>
+"""
+
+
+async def measure_layout(chromium: str, tmp_path: Path, proc: Spawned, width: int) -> dict[str, Any]:
+    """Each card's box as Chromium lays the page out ``width`` px wide: the page as served (its snapshot
+    embedded), saved with a script that writes the boxes into the body, dumped. The served page runs only its own
+    two scripts, so the measuring one runs in this local copy (which draws from the same embedded snapshot)."""
+    code, _, html = await get(proc, "/")
+    assert code == 200, code
+    page = tmp_path / "layout.html"
+    page.write_text(html.replace("</body>", _MEASURE + "</body>"))
+    dom = Dom(await browse(chromium, tmp_path / "profile", page.as_uri(), "--dump-dom",
+                           f"--window-size={width},1500"))
+    layout: dict[str, Any] = json.loads(dom.body["data-layout"])
+    return layout
+
+
 class Dom(HTMLParser):
     """What a dumped DOM shows: the text under each element with an id, the rows (cell texts) of the tables
     under each id, the body's attributes and the script elements' contents."""
@@ -227,10 +253,16 @@ async def test_status_page_in_a_browser_during_a_load(etcd: EtcdCluster, root_pa
             dom = Dom(await browse(chromium, tmp_path / "profile", url, "--dump-dom"))
             shot = tmp_path / "status-page.png"
             await browse(chromium, tmp_path / "profile", url, f"--screenshot={shot}", "--window-size=1400,1500")
+            layout = await measure_layout(chromium, tmp_path, leader, width=1400)
             during = await status_json(leader)
         finally:
             await client.close()
         print(f"status page screenshot (during the load): {shot}")
+        # At 1,400 px every card holds its content: nothing scrolls sideways inside a card, no card passes the edge.
+        assert layout["width"] == 1400, layout
+        assert "query-nodes" in layout["cards"], layout
+        for name, box in layout["cards"].items():
+            assert box["scroll"] <= box["client"] and box["right"] <= layout["width"], (name, box)
         assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
         pct = load_state(during, cid)
         assert pct is not None and pct < 100, f"the page was drawn during the load (at {pct}% after it)"

@@ -244,7 +244,7 @@ code, .mono { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-
       (ctl.balance.by ? " by " + ctl.balance.by : "")) : null;
     if (paused) paused.id = "balance-paused";
     const offLine = off.length ? el("p", "busy", "checkers off: " + off.join(", ")) : null;
-    return card("coordinators", "Coordinators", d.coordinators.length, false, problem(d, "cluster"), sw, paused,
+    return card("coordinators", "Coordinators", d.coordinators.length, true, problem(d, "cluster"), sw, paused,
       offLine,
       rows.length ? table(["Address", "ID", "Role", "Since", "Fence", "Health"], rows, [1, 4])
                   : none("no coordinator session in etcd", d, "cluster"));
@@ -261,7 +261,7 @@ code, .mono { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-
       return [num(n.id), el("span", "mono", n.address), badge(n.state), num(n.segments), num(n.dm_channels), memory,
               el("span", null, dash(n.lifecycle) + (drain ? " (" + drain + ")" : ""))];
     });
-    return card("query-nodes", "Query nodes", d.query_nodes.length, false, problem(d, "nodes"),
+    return card("query-nodes", "Query nodes", d.query_nodes.length, true, problem(d, "nodes"),
       rows.length ? table(["ID", "Address", "State", "Segments", "DM channels", "Memory", "Lifecycle"], rows, [0, 3, 4])
                   : none("no query node is registered", d, "nodes"));
   }
