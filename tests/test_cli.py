@@ -68,20 +68,11 @@ class Up:
         self.lines.put(None)
 
     def wait_ready(self, timeout: float = 60.0) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                line = self.lines.get(timeout=max(0.1, deadline - time.monotonic()))
-            except queue.Empty:
-                break
-            if line is None:
-                raise AssertionError(f"`up` exited ({self.proc.wait()}): {''.join(self.out)}{self.proc.stderr.read()}")
-            self.out.append(line)
-            if line.startswith("ready:"):
-                m = re.search(r"coordinator\s+(\S+)", "".join(self.out))
-                assert m, self.out
-                return m.group(1)
-        raise AssertionError(f"`up` not ready after {timeout}s: {''.join(self.out)}")
+        """The coordinator's address, once `up` printed its ready line."""
+        self.wait_line("ready:", timeout)
+        m = re.search(r"coordinator\s+(\S+)", "".join(self.out))
+        assert m, self.out
+        return m.group(1)
 
     def wait_line(self, prefix: str, timeout: float = 60.0) -> str:
         """The next output line that starts with ``prefix``."""

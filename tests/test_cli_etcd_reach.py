@@ -22,7 +22,7 @@ import pytest
 from meta.client import connect
 from meta.config import EtcdConfig
 from meta.kv import MetaKV
-from meta.ops.etcd_server import EtcdCluster
+from meta.ops.etcd_server import EtcdCluster, bindable
 from proto import data_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.cli import CLOSED_PIPE_EXIT
@@ -44,16 +44,6 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
-
-def bindable(port: int) -> bool:
-    """Nothing listens on ``port`` (connections of an earlier run in TIME_WAIT do not count, as for etcd)."""
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def reading_line(root: str, root_from: str, endpoints: str, etcd_from: str) -> str:

@@ -7,21 +7,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.readme_blocks import fenced_block, steps
+
 MARKER = "<!-- checked by tests/test_readme_cli_answers.py -->"
 
 
 def examples(project_root: Path) -> list[tuple[str, list[str]]]:
     """(command line, the lines README shows after it) for each ``$ querycoord ...`` of the block."""
-    text = (project_root / "README.md").read_text()
-    start = text.index("```console\n", text.index(MARKER)) + len("```console\n")
-    body = text[start:text.index("```", start)].splitlines()
-    out: list[tuple[str, list[str]]] = []
-    for line in body:
-        if line.startswith("$ "):
-            out.append((line[2:], []))
-        else:
-            out[-1][1].append(line)
-    return out
+    return steps(fenced_block(project_root, MARKER, "```console"))
 
 
 def test_readme_cli_answers_are_what_the_commands_print(project_root: Path, subprocess_env) -> None:

@@ -20,26 +20,13 @@ from pathlib import Path
 import pytest
 
 from meta.ops.etcd_server import EtcdCluster
+from tests.readme_blocks import fenced_block, steps
 
 README_ENDPOINT = "127.0.0.1:2379"
 
 
 def block(project_root: Path, marker: str) -> list[str]:
-    text = (project_root / "README.md").read_text()
-    start = text.index(f"<!-- checked by tests/test_readme_etcd_reach.py: {marker} -->")
-    start = text.index("```\n", start) + 4
-    return text[start:text.index("```", start)].splitlines()
-
-
-def steps(lines: list[str]) -> list[tuple[str, list[str]]]:
-    """(command, the lines it prints) for each ``$`` line."""
-    out: list[tuple[str, list[str]]] = []
-    for line in lines:
-        if line.startswith("$ "):
-            out.append((line[2:], []))
-        else:
-            out[-1][1].append(line)
-    return out
+    return fenced_block(project_root, f"<!-- checked by tests/test_readme_etcd_reach.py: {marker} -->")
 
 
 def mask(line: str) -> str:

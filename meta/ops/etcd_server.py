@@ -160,7 +160,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _bindable(port: int) -> bool:
+def bindable(port: int) -> bool:
     """Whether no one listens on ``port`` (as etcd binds: connections left in TIME_WAIT do not count)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -412,7 +412,7 @@ class EtcdCluster:
                 )
                 if not port_taken or attempt == _START_ATTEMPTS:
                     raise
-                taken = [port for port in self.client_ports if not _bindable(port)]
+                taken = [port for port in self.client_ports if not bindable(port)]
                 if taken:
                     raise EtcdStartError(f"client port {taken[0]} is taken by another process: choose another "
                                          f"(--port) or stop that process") from None
