@@ -19,11 +19,17 @@ from querycoord.console import draw
 from tests import procs
 
 
-def run_querycoord(args: list[str], env: dict[str, str], **kw) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "querycoord.cli", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, **kw,
-    )
+def sigint_ignored(argv: list[str]) -> list[str]:
+    """``argv`` started as a shell starts a background job: with SIGINT ignored, inherited through exec. Ctrl-C
+    must still end a command so started (a suite run as `make test &` once left every child so)."""
+    return ["bash", "-c", 'trap "" INT; exec "$@"', "bash", *argv]
+
+
+def run_querycoord(args: list[str], env: dict[str, str], *, ignoring_sigint: bool = False,
+                   **kw) -> subprocess.Popen[str]:
+    argv = [sys.executable, "-m", "querycoord.cli", *args]
+    return subprocess.Popen(sigint_ignored(argv) if ignoring_sigint else argv,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, **kw)
 
 
 def test_etcd_command_runs_in_foreground_and_stops_on_sigterm(subprocess_env, tmp_path) -> None:

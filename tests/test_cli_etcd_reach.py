@@ -30,6 +30,7 @@ from querycoord.querymeta import keys as qkeys
 from querycoord.task.history import history_key, summarize
 from tests import procs
 from tests.cluster import running_cluster
+from tests.test_cli import run_querycoord
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -272,9 +273,9 @@ async def test_tasks_history_with_children_ends_quietly_when_the_reader_closes_t
 
 # ----- `querycoord etcd` without --data-dir leaves nothing behind ----------------------------------------------------
 def start_etcd(env: dict[str, str], *args: str) -> tuple[subprocess.Popen[str], Path]:
-    """``querycoord etcd ARGS`` in a process group of its own (as a shell runs it), once it printed its data dir."""
-    proc = subprocess.Popen([sys.executable, "-m", "querycoord.cli", "etcd", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    """``querycoord etcd ARGS`` in a process group of its own (as a shell runs it), once it printed its data dir;
+    started with SIGINT ignored, which Ctrl-C must overcome (``sigint_ignored``)."""
+    proc = run_querycoord(["etcd", *args], env, ignoring_sigint=True, start_new_session=True)
     assert proc.stdout is not None
     line = proc.stdout.readline()
     m = re.search(r"\(data in (\S+?);", line)

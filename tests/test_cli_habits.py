@@ -213,7 +213,8 @@ def _frames(proc: subprocess.Popen[str], count: int, timeout: float = 60) -> lis
 @pytest.mark.parametrize("command", [("nodes",), ("collection", "describe", "books"), ("segments", "books"),
                                      ("tasks", "--all")])
 def test_watch_redraws_until_ctrl_c_which_ends_it_quietly(cluster: Cluster, command: tuple[str, ...]) -> None:
-    proc = run_querycoord(["--address", cluster.address, *command, "--watch", "--interval", "0.2"], cluster.env)
+    proc = run_querycoord(["--address", cluster.address, *command, "--watch", "--interval", "0.2"], cluster.env,
+                          ignoring_sigint=True)
     try:
         frames = _frames(proc, 2)
         assert len(frames) == 2, frames
@@ -233,7 +234,7 @@ def test_watch_redraws_until_ctrl_c_which_ends_it_quietly(cluster: Cluster, comm
 
 def test_watch_json_is_a_stream_of_documents_and_a_failing_first_frame_ends_it(cluster: Cluster) -> None:
     proc = run_querycoord(["--address", cluster.address, "replicas", "books", "-w", "-o", "json", "--interval",
-                           "0.2"], cluster.env)
+                           "0.2"], cluster.env, ignoring_sigint=True)
     try:
         assert proc.stdout is not None
         docs, text, decoder = [], "", json.JSONDecoder()

@@ -84,7 +84,7 @@ def test_a_claim_resting_on_a_silent_node_is_unclear() -> None:
 def test_replicas_missing_or_sharing_nodes_are_not_whole() -> None:
     one = {1: CollectionShown(100, (ReplicaShown(7, frozenset({1, 2, 3}), 100),))}
     v = restart_judge.judge(sample(one, WHOLE), TARGETS, {}, 1.0)
-    assert not v.whole and "1 replicas shown of 2" in v.false_full[0]
+    assert not v.whole and "1 replica shown of 2" in v.false_full[0]
     shared = restart_judge.judge(sample(shown(r8_nodes=frozenset({2, 3})), WHOLE), TARGETS, {}, 1.0)
     assert not shared.whole and "sharing nodes" in shared.false_full[0]
 

@@ -46,7 +46,7 @@ def test_no_whole_replica_is_unserved_and_says_what_each_lacks() -> None:
     nodes = {1: holding({10, 11}, {"a"}), 2: holding({12}, {"b"}), 3: holding({10, 11, 12, 13}, {"a"})}
     verdict, why = serving(1, TARGET, REPLICAS, nodes, frozenset())
     assert verdict == UNSERVED
-    assert why == "nodes [1, 2] lack 1 segments, 0 DM channels; nodes [3] lack 0 segments, 1 DM channels"
+    assert why == "nodes [1, 2] lack 1 segment, 0 DM channels; nodes [3] lack 0 segments, 1 DM channel"
 
 
 def test_a_silent_node_makes_an_unserved_look_unknown_but_never_hides_a_whole_replica() -> None:
@@ -81,12 +81,12 @@ def test_stretches_run_from_the_first_unserved_sample_to_the_next_served_one() -
 def test_an_unserved_sample_is_one_with_a_two_replica_collection_unserved() -> None:
     t = Tally(two=frozenset({1}), one=frozenset({2}))
     assert t.add(1.0, {1: (SERVED, ""), 2: (UNSERVED, "x")}) == []
-    assert t.add(1.1, {1: (UNSERVED, "nodes [1] lack 1 segments"), 2: (SERVED, "")}) == [
-        "collection 1: nodes [1] lack 1 segments"]
+    assert t.add(1.1, {1: (UNSERVED, "nodes [1] lack 1 segment"), 2: (SERVED, "")}) == [
+        "collection 1: nodes [1] lack 1 segment"]
     assert t.add(1.2, {1: (UNKNOWN, ""), 2: (SERVED, "")}) == []
     t.finish()
     assert (t.samples, t.unserved_samples, t.unknown_samples) == (3, 1, 1)
-    assert t.unserved == ["at 1.10s: collection 1: nodes [1] lack 1 segments"]
+    assert t.unserved == ["at 1.10s: collection 1: nodes [1] lack 1 segment"]
     assert t.longest(t.one) == pytest.approx(0.1) and t.longest(t.two) == pytest.approx(0.1)
 
 

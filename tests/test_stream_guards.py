@@ -86,7 +86,7 @@ async def test_snode_drop_guard_force_and_start_ignore_untreated(
 
         # Forced: the stream moves to the other snode and runs there; the dropped snode's node holds none of it.
         out = await cli.ok("snode", "drop", str(main), "--force")
-        assert f"1 streams moved to snode {other}" in out, out
+        assert f"1 stream moved to snode {other}, its tasks" in out, out
 
         async def moved() -> tuple[bool, Any]:
             rec = (await cli.json("stream", "show", "s1"))["streams"][0]

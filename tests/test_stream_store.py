@@ -199,7 +199,7 @@ async def test_drop_last_snode_with_streams_is_refused(kv: MetaKV, store: Stream
     s1 = await store.create_snode(1)
     await store.create_stream(req("only"), [s1.id])
     before = await stored(kv)
-    with pytest.raises(NoSnodeAvailable, match=f"cannot drop snode {s1.id}: it is the only snode and 1 streams"):
+    with pytest.raises(NoSnodeAvailable, match=f"cannot drop snode {s1.id}: it is the only snode and 1 stream"):
         await store.drop_snode(s1.id)
     assert await stored(kv) == before
     # With a second snode the same drop goes through, to it.

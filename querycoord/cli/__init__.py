@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 
 from querycoord.cli import (
@@ -80,6 +81,9 @@ CLOSED_PIPE_EXIT = 141
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Ctrl-C ends every command, however it was started: a shell starts a background job (`cmd &` in a script)
+    # with SIGINT ignored, and Python then leaves it ignored; etcd and kubectl (Go) take it back the same way.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         args = build_parser().parse_args(argv)
         try:

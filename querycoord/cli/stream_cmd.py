@@ -151,7 +151,8 @@ async def _snode_create(c: QueryCoordClient, args: argparse.Namespace) -> int:
 
 async def _snode_drop(c: QueryCoordClient, args: argparse.Namespace) -> int:
     resp = await drop_snode(c, args.snode_id, force=args.force)
-    moved = (f"; {plural(resp.moved_streams, 'stream')} moved to snode {resp.moved_to_snode_id}, their tasks "
+    whose = "its" if resp.moved_streams == 1 else "their"
+    moved = (f"; {plural(resp.moved_streams, 'stream')} moved to snode {resp.moved_to_snode_id}, {whose} tasks "
              f"redeployed elsewhere" if resp.moved_streams else "; no stream had it as main snode")
     print(f"dropped snode {args.snode_id}{moved}")
     return 0

@@ -59,6 +59,7 @@ from meta.txn import Compare, Op, created_at, delete, modified_at, put, value_is
 from proto import common_pb2, stream_pb2
 from querycoord.common.errors import Conflict, CoordError, IllegalArgument, NotFound, status_for
 from querycoord.common.messages import copy_fields
+from querycoord.common.wording import plural
 from querycoord.stream.checkpoint_store import checkpoint_key
 
 STREAM_PREFIX = "stream/"
@@ -486,7 +487,8 @@ class StreamStore:
             target = info.replica_id if info.replica_id in others else (min(others) if others else 0)
             if streams and not target:
                 raise NoSnodeAvailable(
-                    f"cannot drop snode {snode_id}: it is the only snode and {len(streams)} streams use it "
+                    f"cannot drop snode {snode_id}: it is the only snode and {plural(len(streams), 'stream')} "
+                    f"{'uses' if len(streams) == 1 else 'use'} it "
                     f"(e.g. {', '.join(s.name for s, _ in streams[:5])}); create another snode first, or drop "
                     f"or move those streams"
                 )

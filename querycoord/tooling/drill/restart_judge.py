@@ -21,6 +21,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from querycoord.common.wording import plural
+
 
 @dataclass(frozen=True)
 class Target:
@@ -113,13 +115,13 @@ def judge(sample: Sample, targets: Mapping[int, Target], died: Mapping[int, floa
             if any(short[r.replica_id]) and r.percentage == 100:
                 s, c = short[r.replica_id]
                 claims.append((f"collection {cid} replica {r.replica_id} shown at 100 % while nodes "
-                               f"{sorted(r.nodes)} lack {s} segments, {c} DM channels", r.nodes))
+                               f"{sorted(r.nodes)} lack {plural(s, 'segment')}, {plural(c, 'DM channel')}", r.nodes))
         replicas_ok = len(shown.replicas) == target.replicas and _disjoint(shown.replicas)
         collection_whole = replicas_ok and not any(any(v) for v in short.values())
         if shown.percentage == 100 and not collection_whole:
             nodes = frozenset().union(*(r.nodes for r in shown.replicas))
             why = ({rid: v for rid, v in short.items() if any(v)} if replicas_ok
-                   else f"{len(shown.replicas)} replicas shown of {target.replicas}"
+                   else f"{plural(len(shown.replicas), 'replica')} shown of {target.replicas}"
                         f"{'' if _disjoint(shown.replicas) else ', sharing nodes'}")
             claims.append((f"collection {cid} shown at 100 % while (segments, DM channels) lacking by replica: "
                            f"{why}", nodes))

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from querycoord.common.wording import plural
 from querycoord.tooling.drill.restart_judge import Holding, Target, lacking
 
 SERVED, UNSERVED, UNKNOWN = "served", "unserved", "unknown"
@@ -50,7 +51,7 @@ def serving(cid: int, target: Target, replicas: Sequence[frozenset[int]] | None,
         segments, channels = lacking(target, cid, nodes, holdings)
         if not segments and not channels:
             return SERVED, ""
-        lacks.append(f"nodes {sorted(nodes)} lack {segments} segments, {channels} DM channels")
+        lacks.append(f"nodes {sorted(nodes)} lack {plural(segments, 'segment')}, {plural(channels, 'DM channel')}")
     if any(nodes & silent for nodes in replicas):
         return UNKNOWN, "; ".join(lacks)
     return UNSERVED, "; ".join(lacks) if lacks else "no replica listed"
