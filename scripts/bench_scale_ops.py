@@ -53,7 +53,7 @@ The last line printed is one JSON object, lists over the sizes::
 ``--profile-leader DIR`` runs c0 under ``scripts/profiled_coord.py``: a cProfile
 switched on and off by signals, covering exactly its steady passes
 (DIR/checker-<segments>.prof) and the node-down repair (DIR/repair-<segments>.prof);
-the top functions by cumulative time go to stderr. Profiling slows c0: take
+the top functions by cumulative and by own time go to stderr. Profiling slows c0: take
 the timings from a run without it.
 
 Example (smoke, about a minute): ``python scripts/bench_scale_ops.py --sizes 2000 --ttl 3 --passes 2 --reads 2``.
@@ -74,8 +74,8 @@ import urllib.request
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any
 
 from benchlib import BenchError, arg_parser, report, require_positive
 from etcd_raw import quiet_revision, raw_write, replay
@@ -185,10 +185,10 @@ class LeaderProfile:
         await wait_until(f"the leader's profile {path}", written, 300, 0.1)
         target = self.out / f"{name}.prof"
         path.replace(target)
-        text = io.StringIO()
-        pstats.Stats(str(target), stream=text).sort_stats("cumulative").print_stats(15)
-        print(f"== leader profile {target} (top 15 by cumulative time)\n{text.getvalue()}", file=sys.stderr,
-              flush=True)
+        for order in ("cumulative", "tottime"):
+            text = io.StringIO()
+            pstats.Stats(str(target), stream=text).sort_stats(order).print_stats(15)
+            print(f"== leader profile {target} (top 15 by {order})\n{text.getvalue()}", file=sys.stderr, flush=True)
 
 
 # ----- the measurements -----------------------------------------------------------------------------------------------
@@ -447,13 +447,13 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         with tempfile.TemporaryDirectory(prefix="bench-scale-ops-") as tmp:
             for n in args.sizes:
                 work = Path(tmp)
-                r = await on_fresh_etcd(args, n, work, lambda config, n=n, work=work: one_size(config, args, n, work))
+                r = await on_fresh_etcd(args, n, work, partial(one_size, args=args, segments=n, work=work))
                 results.append(r)
                 print(fmt_table(size_rows(r, args)), file=args.out, flush=True)
 
     asyncio.run(all_sizes())
 
-    def col(get: Any, digits: int = 3) -> list[Any]:
+    def col(get: Callable[[OpsResult], float], digits: int = 3) -> list[float]:
         return [round(get(r), digits) for r in results]
 
     return {
