@@ -70,6 +70,7 @@ import statistics
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Awaitable, Callable
@@ -144,6 +145,7 @@ class OpsResult:
     status_ms: float = 0.0
     cli_floor_ms: float = 0.0
     status_page_ms: float = 0.0
+    status_page_failed: list[str] = field(default_factory=list)
     verify_s: float = 0.0
     verify_rss_mb: float = 0.0
     verify_exit: int = 0
@@ -253,10 +255,14 @@ def cli_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "querycoord.cli", *args]
 
 
-async def status_reads(cl: ScaleCluster, config: EtcdConfig, reads: int) -> tuple[float, float, float]:
-    """(``status -o json`` ms, ``--help`` ms: a process's floor, status page ms), medians."""
+async def status_reads(cl: ScaleCluster, config: EtcdConfig, reads: int) -> tuple[float, float, float, list[str]]:
+    """(``status -o json`` ms, ``--help`` ms: a process's floor, status page ms, the page's failed answers); the
+    times are medians, a failed answer's included (a page that fails is timed until it says so)."""
     etcd = ("--etcd-endpoints", ",".join(config.endpoints), "--root", cl.kv.root)
-    status, floor, page = [], [], []
+    status: list[float] = []
+    floor: list[float] = []
+    page: list[float] = []
+    failed: list[str] = []
     for _ in range(reads):
         wall, _rss, code, out = await asyncio.to_thread(timed_process, cli_argv("status", *etcd, "-o", "json"))
         if code != 0 or not out.lstrip().startswith("{"):
@@ -266,16 +272,19 @@ async def status_reads(cl: ScaleCluster, config: EtcdConfig, reads: int) -> tupl
     for _ in range(reads):
         await asyncio.sleep(1.1)  # the page's snapshot serves a second: never reuse it
         t = time.perf_counter()
-        body = await asyncio.to_thread(_get, f"http://{cl.http0}/")
+        code, body = await asyncio.to_thread(_get, f"http://{cl.http0}/")
         page.append(time.perf_counter() - t)
-        if b"<html" not in body[:200].lower():
-            raise BenchError("the status page did not answer a page")
-    return median_ms(status), median_ms(floor), median_ms(page)
+        if code != 200 or b"<html" not in body[:200].lower():
+            failed.append(f"HTTP {code}: {body[:200].decode(errors='replace').strip()}")
+    return median_ms(status), median_ms(floor), median_ms(page), failed
 
 
-def _get(url: str) -> bytes:
-    with urllib.request.urlopen(url, timeout=120) as resp:
-        return bytes(resp.read())
+def _get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=300) as resp:
+            return resp.status, bytes(resp.read())
+    except urllib.error.HTTPError as exc:  # the page's own refusal (503 when it was not ready in time)
+        return exc.code, exc.read()
 
 
 async def meta_verify(cl: ScaleCluster, config: EtcdConfig) -> tuple[float, float, int]:
@@ -360,9 +369,19 @@ async def one_size(config: EtcdConfig, args: argparse.Namespace, segments: int, 
         res.passes, res.pass_s, res.pass_cpu_s, res.window_s, res.window_cpu_s = await steady_passes(
             cl, args.passes, profile)
         res.segment_info_ms, res.segment_info_ids = await segment_info(cl, args.reads)
-        res.status_ms, res.cli_floor_ms, res.status_page_ms = await status_reads(cl, config, args.reads)
+        res.status_ms, res.cli_floor_ms, res.status_page_ms, res.status_page_failed = await status_reads(
+            cl, config, args.reads)
         res.verify_s, res.verify_rss_mb, res.verify_exit = await meta_verify(cl, config)
-        logger.info("{:,} segments: reads and tools done", segments)
+        # Each figure as soon as it is taken: a later step that never ends (a repair stuck at some size) loses
+        # only its own.
+        logger.info("{:,} segments: leader RSS {:.3f} KiB/segment, standby RSS {:.3f} KiB/segment, standby read "
+                    "{} ms; steady pass {:.4f} s CPU, {:.4f} s wall (c0 {:.2f} s CPU over {:.1f} s); GetSegmentInfo "
+                    "of {} ids {} ms; status -o json {} ms (floor {} ms); status page {} ms, failed: {}; meta verify "
+                    "{:.2f} s, {:.0f} MiB, exit {}", segments, res.per_segment(res.leader_rss_kib),
+                    res.per_segment(res.standby_rss_kib), res.standby_read_ms, res.pass_cpu_s, res.pass_s,
+                    res.window_cpu_s, res.window_s, res.segment_info_ids, res.segment_info_ms, res.status_ms,
+                    res.cli_floor_ms, res.status_page_ms, res.status_page_failed or "none", res.verify_s,
+                    res.verify_rss_mb, res.verify_exit)
 
         whole = Whole(cl.nodes, cid, segments, args.channels)
         settled = lambda: leader_settled(cl.client_of_c0, http0, cid)  # noqa: E731
@@ -432,7 +451,8 @@ def size_rows(r: OpsResult, args: argparse.Namespace) -> list[tuple[str, str]]:
                                 f"CPU {r.window_cpu_s:.2f} s over the {r.window_s:.1f} s window"),
         (f"GetSegmentInfo of {r.segment_info_ids:,} ids", f"{r.segment_info_ms:.1f} ms"),
         ("status -o json (process)", f"{r.status_ms:.0f} ms (a `querycoord --help` process: {r.cli_floor_ms:.0f} ms)"),
-        ("status page", f"{r.status_page_ms:.1f} ms"),
+        ("status page", f"{r.status_page_ms:.1f} ms" + (f"; {len(r.status_page_failed)} of {args.reads} failed: "
+                                                         f"{r.status_page_failed[0]}" if r.status_page_failed else "")),
         ("meta verify (process)", f"{r.verify_s:.2f} s, peak RSS {r.verify_rss_mb:.0f} MiB, exit {r.verify_exit}"),
         ("node-down repair", move_row(r.repair)),
         ("drain of one node", move_row(r.drain)),
@@ -482,6 +502,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         "drain_records": [r.drain.records for r in results],
         "takeover_two_down_whole_s": col(lambda r: r.takeover_whole_s),
         "status_floor_ms": col(lambda r: r.cli_floor_ms, 1),
+        "status_page_failed": [len(r.status_page_failed) for r in results],
         "checker_window_cpu_s": col(lambda r: r.window_cpu_s),
     }
 

@@ -12,7 +12,7 @@ OPS_KEYS = {
     "drain_s", "drain_ratio", "takeover_two_down_over_ttl_s", "meta_verify_s", "meta_verify_rss_mb", "status_ms",
     "status_page_ms", "segment_info_ms", "standby_read_ms", "leader_rss_kib_per_segment",
     "standby_rss_kib_per_segment", "settle_s", "node_down_repair_raw_s", "node_down_repair_records", "drain_raw_s",
-    "drain_records", "takeover_two_down_whole_s", "status_floor_ms", "checker_window_cpu_s",
+    "drain_records", "takeover_two_down_whole_s", "status_floor_ms", "checker_window_cpu_s", "status_page_failed",
 }
 POSITIVE = OPS_KEYS - {"segments", "settle_s", "standby_rss_kib_per_segment", "leader_rss_kib_per_segment",
                        "checker_window_cpu_s"}
@@ -32,6 +32,7 @@ def test_bench_scale_ops_quick_run(project_root: Path, subprocess_env: dict[str,
     # The repair and the drain each rewrote at least the segment records of what moved (1,500 over 8 nodes).
     assert result["node_down_repair_records"][0] >= 1500 // 8 // 2
     assert result["drain_records"][0] >= 1500 // 8 // 2
+    assert result["status_page_failed"] == [0]  # a small cluster's page answers
     assert "node-down repair" in proc.stdout and "drain of one node" in proc.stdout
     # The leader's profiles cover its steady passes and the repair, and their top functions went to stderr.
     assert sorted(p.name for p in profiles.iterdir()) == ["checker-1500.prof", "repair-1500.prof"]
