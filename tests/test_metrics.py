@@ -177,6 +177,11 @@ async def test_metrics_move_through_a_load_a_node_kill_and_a_leader_kill(
         after_node_kill = await scrape(first)
         assert value(after_node_kill, "querycoord_node_segments") == 200
         assert value(after_node_kill, "querycoord_query_nodes_online") == 2
+        # Passes finished (the repair was queued by one), each with its wall and CPU seconds summed.
+        passes = value(after_node_kill, "querycoord_checker_passes_total")
+        assert 1 <= passes <= value(after_node_kill, "querycoord_checker_runs_total")
+        assert value(after_node_kill, "querycoord_checker_pass_seconds_total") > 0
+        assert value(after_node_kill, "querycoord_checker_pass_cpu_seconds_total") > 0
 
         # The leader killed: the standby takes over.
         await first.kill()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -75,7 +76,13 @@ class Checker:
         self.switches = switches if switches is not None else CheckerSwitches()
         self._reader = TargetReader(scheduler.env, targets)
         self._kick = asyncio.Event()
-        self.runs = 0
+        self.runs = 0  # passes started
+        # Passes finished, and their summed wall and process CPU seconds (``time.process_time``: every thread of
+        # the process while a pass ran, so what else the leader does meanwhile is counted too): what a pass costs
+        # at scale, read from /metrics.
+        self.passes = 0
+        self.pass_seconds = 0.0
+        self.pass_cpu_seconds = 0.0
         self.repairs = 0  # repair triggers enqueued
         self.errors = 0
         # The nodes' maintenance lifecycles: a pass drains the DRAINING nodes (``checkers.drain``).
@@ -118,9 +125,18 @@ class Checker:
 
     async def check_once(self) -> CheckReport:
         """One comparison; enqueues the repairs and corrects load percentages."""
+        self.runs += 1
+        wall, cpu = time.monotonic(), time.process_time()
+        try:
+            return await self._check()
+        finally:
+            self.passes += 1
+            self.pass_seconds += time.monotonic() - wall
+            self.pass_cpu_seconds += time.process_time() - cpu
+
+    async def _check(self) -> CheckReport:
         env = self.scheduler.env
         report = CheckReport()
-        self.runs += 1
         if self.forget is not None and self.switches.is_active(REPLICAS):
             await forget_offline(env, self.forget, report.forgotten)
         # Collections a trigger is working on are left to it: their segments are not even collected from the

@@ -79,6 +79,13 @@ def _leader_families(lead: Leadership) -> list[Metric]:
     out.extend(_scheduler_families(lead.scheduler))
     out.append(CounterMetricFamily("querycoord_checker_runs", "Checker passes in this leadership",
                                    value=lead.checker.runs))
+    out.append(CounterMetricFamily("querycoord_checker_passes", "Checker passes finished in this leadership",
+                                   value=lead.checker.passes))
+    out.append(CounterMetricFamily("querycoord_checker_pass_seconds", "Wall seconds of the checker passes finished "
+                                   "in this leadership", value=lead.checker.pass_seconds))
+    out.append(CounterMetricFamily("querycoord_checker_pass_cpu_seconds", "Process CPU seconds (every thread) "
+                                   "while the checker passes finished in this leadership ran",
+                                   value=lead.checker.pass_cpu_seconds))
     out.append(CounterMetricFamily("querycoord_checker_repairs", "Repair triggers the checker queued in this "
                                    "leadership", value=lead.checker.repairs))
     out.append(CounterMetricFamily("querycoord_checker_errors", "Checker passes that failed in this leadership",

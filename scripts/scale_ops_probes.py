@@ -1,0 +1,91 @@
+"""Probes of ``bench_scale_ops.py``: what the in-process nodes hold, a process's CPU, a command's wall and RSS.
+
+Imported by the scripts as a sibling module (see ``benchlib``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from benchlib import BenchError
+
+from meta.ops.child import child_env
+from querycoord.nodes.querynode import QueryNode
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def proc_cpu_s(pid: int) -> float:
+    """utime + stime of a process (every thread), seconds, from /proc/<pid>/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK  # fields 14 and 15 of proc(5), after pid and comm
+
+
+def timed_process(argv: Sequence[str], timeout: float = 3600) -> tuple[float, int, int, str]:
+    """Run ``argv`` to its end: (wall seconds, peak RSS KiB, exit code, stdout). The peak is the child's own
+    ``ru_maxrss`` (``os.wait4``), not the largest of every child this process ever had."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        t = time.perf_counter()
+        proc = subprocess.Popen(list(argv), stdout=out, stderr=err, env=child_env())
+        deadline = time.monotonic() + timeout
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise BenchError(f"{' '.join(argv[:5])} ... did not end within {timeout:.0f}s")
+            time.sleep(0.005)
+        wall = time.perf_counter() - t
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        if proc.returncode not in (0, 1):
+            tail = err.read().decode(errors="replace")[-2000:]
+            raise BenchError(f"{' '.join(argv[2:5])} ... exited {proc.returncode}: {tail}")
+        return wall, usage.ru_maxrss, proc.returncode, out.read().decode(errors="replace")
+
+
+class Whole:
+    """Whether the nodes still counted hold every segment and DM channel of one collection, read from the node
+    objects themselves (one replica: every copy counts once)."""
+
+    def __init__(self, nodes: Sequence[QueryNode], collection_id: int, segments: int, channels: int):
+        self.up = list(nodes)
+        self.collection_id, self.segments, self.channels = collection_id, segments, channels
+
+    async def crash(self, node: QueryNode) -> None:
+        """The node dies: its server stops at once and its session lease is revoked (what the coordinator sees
+        of a SIGKILLed node once its TTL lapsed); its copies count no more."""
+        self.up.remove(node)
+        await node.crash(revoke=True)
+
+    def leave(self, node: QueryNode) -> None:
+        """The node's copies count no more (it is being drained)."""
+        self.up.remove(node)
+
+    def holds_all(self) -> bool:
+        cid = self.collection_id
+        if sum(len(n.state.segments) for n in self.up) < self.segments:
+            return False
+        held: set[int] = set()
+        for n in self.up:
+            held.update(sid for sid, seg in n.state.segments.items() if seg.collection_id == cid)
+        if len(held) < self.segments:
+            return False
+        watched = {name for n in self.up for name, w in n.state.dm_channels.items() if w.collection_id == cid}
+        return len(watched) >= self.channels
+
+    async def wait(self, t0: float, timeout: float) -> float:
+        """Until ``holds_all``; seconds since ``t0`` (``time.perf_counter``) then."""
+        while not self.holds_all():
+            if time.perf_counter() - t0 > timeout:
+                raise BenchError(f"the nodes did not hold the whole collection within {timeout:.0f}s")
+            await asyncio.sleep(0.1 if self.segments < 200_000 else 0.25)
+        return time.perf_counter() - t0
