@@ -19,6 +19,8 @@ from querycoord.metatool.verify import verify
 from querycoord.net.client import QueryCoordClient
 from querycoord.nodes.querynode import FaultConfig
 from querycoord.nodes.querynode_state import QueryNodeState
+from querycoord.task.model import TaskCancelled
+from querycoord.task.repair import RepairTask
 from querycoord.task.store import TaskStore, cancel_key
 from tests.cluster import MiB, QueryCluster, fast_scheduler, running_cluster
 from tests.test_cli_messages import arun, one_error_line
@@ -107,6 +109,20 @@ async def test_cancel_a_balance_midway_loses_no_segment(etcd: EtcdCluster, root_
         await c.wait_idle()
         after = {sid: sum(sid in n.state.segments for n in c.nodes) for sid in before}
         assert all(after[sid] >= before[sid] for sid in before), {s: n for s, n in after.items() if n < 1}
+
+
+async def test_a_cancelled_tree_is_cancelled_from_the_end_of_its_rollback(etcd: EtcdCluster, root_path: str) -> None:
+    """The rollback of a cancelled tree ends with the tree CANCELLED, never FAILED: the executor awaits that
+    rollback through another task, and GetTask once answered in that step, showing a cancelled balance FAILED."""
+    async with running_cluster(etcd, root_path, [None]) as c:
+        lead = (await c.wait_leader()).coord.leadership
+        assert lead is not None
+        cid = await c.create_collection("rolled", partitions=1, segments=2)
+        t = RepairTask.new(lead.scheduler.env, task_pb2.RepairRequest(reason="x"),
+                           trigger_condition=qc.TRIGGER_CONDITION_CHECKER, collection_id=cid)
+        t.cancel_why = "stop"
+        await lead.scheduler.children.fail(t, TaskCancelled("cancelled: stop"))
+        assert t.rec.state == qc.TASK_STATE_CANCELLED, t.rec
 
 
 async def test_a_cancel_survives_a_leader_crash_right_after_it(etcd: EtcdCluster, root_path: str) -> None:

@@ -32,11 +32,13 @@ from querycoord.checkers.left import LeftNodes
 from querycoord.checkers.parked import weigh_units
 from querycoord.checkers.preempt import balances_by_collection, preempt_balances
 from querycoord.checkers.progress import set_progress
+from querycoord.checkers.repair_size import bound_repair
 from querycoord.checkers.replicas import forget_offline
 from querycoord.checkers.scan import Diff, describe, has_work
 from querycoord.checkers.targets import TargetReader
 from querycoord.cluster.lifecycle import NodeLifecycles
 from querycoord.common import memory
+from querycoord.common.wording import plural
 from querycoord.task.repair import RepairTask
 from querycoord.task.scheduler import Scheduler
 from querycoord.task.triggers import TriggerTask
@@ -179,7 +181,8 @@ class Checker:
                 continue
             unwhole[cid] = weigh_units(env, cid, req, usage, report.parked)
             self.switches.drop_inactive(req)  # after parking: a unit that cannot be placed still says why
-            req.reason = describe(req)
+            later = bound_repair(req, env.config.max_repair_bytes)  # one etcd write; the rest in the next repair
+            req.reason = describe(req) + (f"; {plural(later, 'segment')} more in a later repair" if later else "")
             if not has_work(req):
                 continue
             task = RepairTask.new(env, req, trigger_condition=qc.TRIGGER_CONDITION_CHECKER, collection_id=cid)

@@ -28,6 +28,9 @@ class SchedulerConfig:
     max_concurrent_children: int = 64
     trigger_timeout: float = 600.0  # a trigger's whole life, including waits for capacity
     max_request_bytes: int = 200_000  # merged LoadSegments request on the wire (Milvus MaxSendSizeToEtcd)
+    # A checker repair's persisted request at most (``checkers.repair_size``): etcd refuses a write over 1.5 MiB,
+    # so a bigger repair is done in parts, one after the other.
+    max_repair_bytes: int = 512 * 1024
     # LoadSegments calls in flight to one node at a time (TaskEnv.load_gate): a node loads its requests one by one
     # (as Milvus's query node does), so more at once only queue there, each spending its call timeout waiting.
     node_load_concurrency: int = 1

@@ -106,6 +106,8 @@ OPTIONS: tuple[Option, ...] = (
            "the leader fences a node that rewrites its session more often than this per minute"),
     # Scheduler knobs: drills and the demo change them; production keeps the defaults.
     Option("--max-request-bytes", "scheduler.max_request_bytes", int, Rule(1, 1 << 30)),
+    Option("--max-repair-bytes", "scheduler.max_repair_bytes", int, Rule(256, 1 << 20),
+           "a checker repair's persisted request at most; a bigger one is done in parts (256..1048576)"),
     Option("--max-concurrent-children", "scheduler.max_concurrent_children", int, POSITIVE_COUNT),
     Option("--node-load-concurrency", "scheduler.node_load_concurrency", int, POSITIVE_COUNT,
            "LoadSegments calls in flight to one query node at once (a node loads its requests one by one)"),

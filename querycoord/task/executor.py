@@ -226,7 +226,7 @@ class TreeRunner:
             logger.opt(exception=exc).error("{}: rollback did not complete ({}); the checker repairs what is left",
                                             t.describe(), exc)
             t.set_error(error)
-            t.set_state(FAILED)
+            t.set_state(CANCELLED if t.cancel_why else FAILED)
         finally:
             self.queue.failing.discard(t.id)
 

@@ -25,7 +25,7 @@ from querycoord.cluster.allocator import NoAvailableNode
 from querycoord.cluster.client import NodeError
 from querycoord.common import events
 from querycoord.task.leadership import CHILD_FAILURES, LeadershipLost, is_stale_leader
-from querycoord.task.model import DONE, FAILED, Task, TaskCancelled, TaskEnv, TaskError, check_cancelled
+from querycoord.task.model import CANCELLED, DONE, FAILED, Task, TaskCancelled, TaskEnv, TaskError, check_cancelled
 from querycoord.task.throttle import move_kind
 from querycoord.task.triggers import TriggerTask
 from querycoord.task.waits import Waits
@@ -203,7 +203,8 @@ class ChildRunner:
                 if isinstance(r, NotLeader):
                     raise r
         await t.after_failure()
-        t.set_state(FAILED)
+        # A cancelled tree is never shown FAILED, not even while its rollback ends (GetTask read it so once).
+        t.set_state(CANCELLED if t.cancel_why else FAILED)
 
     async def _rollback_child(self, c: Task) -> None:
         for attempt in range(self.cfg.retry_budget):
