@@ -47,7 +47,7 @@ def test_a_bound_repair_fits_and_keeps_a_prefix_of_each_list(missing: int, adopt
         assert kept == every[:len(kept)], name
     kept_release = {ns.node_id: list(ns.segment_ids) for ns in req.release_segments}
     every_release = {ns.node_id: list(ns.segment_ids) for ns in whole.release_segments}
-    assert all(ids and ids == every_release[node][:len(ids)] for node, ids in kept_release.items())
+    assert all(ids == every_release[node][:len(ids)] for node, ids in kept_release.items())
     counted = (len(whole.missing_segments) + len(whole.adopt) + len(whole.forget_segment_ids)
                + sum(len(ns.segment_ids) for ns in whole.release_segments))
     kept_count = (len(req.missing_segments) + len(req.adopt) + len(req.forget_segment_ids)
