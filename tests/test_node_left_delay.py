@@ -4,14 +4,22 @@ with no other whole replica is repaired at once; the delay survives a leader cha
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+from types import SimpleNamespace
 
+from pytest import MonkeyPatch
+
+from meta.kv import MetaKV
 from meta.ops.etcd_server import EtcdCluster
 from proto import common_pb2, querynode_pb2
 from proto import querycoord_pb2 as qc
+from querycoord.checkers import left as left_module
+from querycoord.checkers.left import LeftNodes
 from querycoord.metatool import snapshot
 from querycoord.metatool.verify import verify
 from querycoord.nodes.querynode import QueryNode
+from querycoord.querymeta import QueryMeta
 from tests.cluster import QueryCluster, wait_until
 
 SEGMENTS = 40
@@ -145,3 +153,19 @@ async def test_the_delay_survives_a_leader_change(etcd: EtcdCluster, root_path: 
         runs = new.checker.runs
         await wait_until(lambda: new.checker.runs >= runs + 2, "two checker passes of the new leader")
         assert not spare.state.segments and victim in new.meta.replica_node_ids(cid)
+
+
+async def test_two_forgets_holding_one_node_at_once_record_one_time(kv: MetaKV, monkeypatch: MonkeyPatch) -> None:
+    """The session watch's forget and a checker pass's may hold one lost node at once. Both must take the time the
+    first one recorded: the second once wrote its own a millisecond later, so a new leader counted the delay from
+    another time than the old one had (CI saw ``...108 == ...109``)."""
+    clock = iter(range(1_000_000, 1_000_100))
+    monkeypatch.setattr(left_module, "time", SimpleNamespace(time=lambda: next(clock) / 1000))
+    left = LeftNodes(kv, delay=120)
+    meta = QueryMeta(kv)
+    held = await asyncio.gather(left.hold(901, meta, None), left.hold(901, meta, None))
+    assert held == [True, True]
+    assert left.left == {901: 1_000_000}, "the second hold took the first one's time"
+    fresh = LeftNodes(kv, delay=120)
+    await fresh.load()
+    assert fresh.left == left.left, "what a new leader loads is what the old one counts from"

@@ -103,8 +103,14 @@ class LeftNodes:
                         node_id, lacking)
             return False
         if node_id not in self.left:
-            await self.kv.save(left_key(node_id), str(at).encode())
+            # Recorded before the write: the session watch's forget and a checker pass's may hold one node at
+            # once, and the second must take the first one's time, not write its own a millisecond later.
             self.left[node_id] = at
+            try:
+                await self.kv.save(left_key(node_id), str(at).encode())
+            except BaseException:
+                self.left.pop(node_id, None)
+                raise
             logger.info("query node {} left: every collection it served keeps a whole replica; its copies are "
                         "re-replicated in {:.0f}s unless it comes back", node_id, self.delay)
             if self.on_due is not None:
