@@ -11,6 +11,10 @@ the snapshot of ``querycoord.console.status_view.StatusSource``: embedded in the
 as it is served (so the first paint needs no second request), then polled
 from ``/status.json`` every ``?refresh=`` seconds (default 2) and drawn again.
 
+The snapshot a request gets may be up to ``MAX_AGE`` (30 s) old when nobody
+asked for a while: the header says when it was taken and how long ago, and
+the next poll shows a fresh one (``StatusSource.snapshot``).
+
 Every value is escaped. The snapshot is embedded as JSON inside a
 ``<script type="application/json">`` element with ``<``, ``>`` and ``&``
 written as ``\\u003c``-style escapes, so no value can end that element; the
@@ -226,7 +230,7 @@ code, .mono { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-
     leader.id = "leader";
     who.replaceChildren("root ", el("b", null, dash(d.root)), " \\u00b7 leader ", leader,
       " \\u00b7 this coordinator ", el("b", null, dash(me.address)), " (" + dash(me.role) + ")",
-      " \\u00b7 updated " + clock(d.generated_ms));
+      " \\u00b7 updated " + clock(d.generated_ms) + " (" + span(Date.now() - d.generated_ms) + " ago)");
   }
 
   function coordinators(d) {

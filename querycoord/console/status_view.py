@@ -25,6 +25,12 @@ Two readers, one gathering:
   Each part that cannot be read (no leader, etcd slow) is reported in
   ``errors`` under its name while the others are shown; a snapshot is
   gathered at most once per ``min_interval`` however many browsers poll.
+  Every part is O(collections + nodes) at the leader (counts it keeps, never a
+  walk over segments), and a request never waits for a gathering while the
+  last snapshot is younger than ``max_age``: it is answered with that one
+  (its ``generated_ms`` says when it was taken; the page shows its age) and a
+  fresh one is gathered behind it for the next request. Only the first
+  request, or one after a long quiet spell, waits for its own.
 """
 
 from __future__ import annotations
@@ -71,8 +77,15 @@ CLUSTER_TIMEOUT = 1.5
 LEADER_TIMEOUT = 2.5
 ETCD_REFRESH = 5.0
 # The catalog's summaries (names, partitions, segment counts: the catalog reads every segment record for them) are
-# asked again at most this often; the load state of each collection (the leader's query meta) on every snapshot.
+# asked again at most this often, and at most once per ten times what the last count took (a million segment
+# records are seconds of etcd reads); the load state of each collection (the leader's query meta) on every
+# snapshot. The count runs on its own, with its own timeout: a snapshot that cannot wait for it shows the counts
+# of before.
 CATALOG_REFRESH = 10.0
+CATALOG_TIMEOUT = 120.0
+# A snapshot younger than this answers a request at once (a fresh one is gathered behind it); an older one is
+# not shown: the request waits for the fresh one.
+MAX_AGE = 30.0
 RUNNING_TREES = 30
 CHILDREN_PER_TREE = 12
 # Children asked for per running tree, of which the page shows the CHILDREN_PER_TREE most telling (``_telling``).
@@ -354,9 +367,10 @@ def _reason(exc: BaseException, timeout: float) -> str:
 class StatusSource:
     """The status page's data of one coordinator (see module docstring): ``snapshot`` on its event loop."""
 
-    def __init__(self, coord: CoordinatorView, *, min_interval: float = 1.0):
+    def __init__(self, coord: CoordinatorView, *, min_interval: float = 1.0, max_age: float = MAX_AGE):
         self.coord = coord
         self.min_interval = min_interval
+        self.max_age = max_age
         self._last: dict[str, Any] | None = None
         self._last_at = float("-inf")
         self._inflight: asyncio.Task[dict[str, Any]] | None = None
@@ -364,14 +378,22 @@ class StatusSource:
         self._etcd_at = float("-inf")
         self._catalog: list[dict[str, Any]] | None = None
         self._catalog_at = float("-inf")
+        self._catalog_every = CATALOG_REFRESH
+        self._counting: asyncio.Task[None] | None = None
 
     async def snapshot(self) -> dict[str, Any]:
-        """The latest snapshot: a fresh one unless one was gathered within ``min_interval``; callers that ask
-        while one is being gathered share it (a request that times out does not cancel it for the others)."""
-        if self._last is not None and time.monotonic() - self._last_at < self.min_interval:
+        """The latest snapshot, at once while it is younger than ``max_age``; one older than ``min_interval``
+        has a fresh one gathered behind it, for the next request. Without a snapshot young enough the caller
+        waits for the fresh one; callers that wait meanwhile share it (a request that times out does not cancel
+        it for the others)."""
+        age = time.monotonic() - self._last_at
+        if self._last is not None and age < self.min_interval:
             return self._last
         if self._inflight is None or self._inflight.done():
             self._inflight = asyncio.create_task(self._gather(), name="status-page")
+            self._inflight.add_done_callback(_retrieved)
+        if self._last is not None and age < self.max_age:
+            return self._last
         return await asyncio.shield(self._inflight)
 
     def _this(self) -> dict[str, Any]:
@@ -425,12 +447,28 @@ class StatusSource:
 
     async def _collections(self, c: QueryCoordClient) -> list[dict[str, Any]]:
         """The catalog's collections with their load state (see ``CATALOG_REFRESH``)."""
-        if self._catalog is None or time.monotonic() - self._catalog_at >= CATALOG_REFRESH:
-            self._catalog = (await collection_records(c))[:COLLECTIONS]
-            self._catalog_at = time.monotonic()
-            return self._catalog
+        if self._counting is None and time.monotonic() - self._catalog_at >= self._catalog_every:
+            self._counting = asyncio.create_task(self._count_catalog(), name="status-page-catalog")
+            self._counting.add_done_callback(_retrieved)
+        if self._catalog is None and self._counting is not None:
+            await asyncio.shield(self._counting)  # the first count: nothing to show before it
+        if self._catalog is None:
+            raise RuntimeError("the catalog's collections are not counted yet")
         loaded = check(await c.query("ShowCollections", qc.ShowCollectionsRequest()), "show collections")
         return with_load_state(self._catalog, list(loaded.collections))
+
+    async def _count_catalog(self) -> None:
+        """The catalog's summaries, through a client of this count's own (a snapshot's client is closed when the
+        snapshot is taken, and this may outlast it)."""
+        started = time.monotonic()
+        try:
+            async with QueryCoordClient(self.coord.address, deadline=CATALOG_TIMEOUT,
+                                        call_timeout=CATALOG_TIMEOUT) as client:
+                records = (await collection_records(client))[:COLLECTIONS]
+            self._catalog, self._catalog_at = records, time.monotonic()
+            self._catalog_every = max(CATALOG_REFRESH, 10 * (self._catalog_at - started))
+        finally:
+            self._counting = None
 
     async def _etcd_status(self) -> dict[str, Any]:
         """etcd's members and alarms, asked again at most every ``ETCD_REFRESH`` seconds, with short timeouts (a
@@ -443,6 +481,12 @@ class StatusSource:
         self._etcd = etcd_for_page((await cluster_status(quick)).as_dict())
         self._etcd_at = time.monotonic()
         return self._etcd
+
+
+def _retrieved(task: asyncio.Task[Any]) -> None:
+    """Consume the outcome of a gathering nobody waited for (``_gather`` reports its parts' failures itself)."""
+    if not task.cancelled():
+        task.exception()
 
 
 def etcd_for_page(status: dict[str, Any]) -> dict[str, Any]:

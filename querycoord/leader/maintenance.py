@@ -23,11 +23,14 @@ def lifecycles_of(lead: Leadership) -> NodeLifecycles:
 
 
 def node_info(lead: Leadership, node_id: int) -> qc.NodeInfo:
-    """One query node: session, what query meta places on it, its lifecycle and drain progress."""
+    """One query node: session, what query meta places on it, its lifecycle and drain progress.
+
+    Counted from query meta's per-node index (``segment_count_by_node``, O(nodes)), never by listing the node's
+    copies: ShowNodes asks this of every node, and the status page asks ShowNodes every second."""
     meta = lead.meta
     node = lead.nodes.get(node_id)
     info = qc.NodeInfo(node_id=node_id, state="offline", memory_used=meta.node_memory_usage(node_id),
-                       segment_count=len(meta.segments_on_node(node_id)),
+                       segment_count=meta.segment_count_by_node().get(node_id, 0),
                        dm_channel_count=len(meta.channels_on_node(node_id)))
     if node is not None:
         info.address, info.state, info.memory_capacity = node.address, node.state.value, node.capacity
