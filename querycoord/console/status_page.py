@@ -11,7 +11,7 @@ the snapshot of ``querycoord.console.status_view.StatusSource``: embedded in the
 as it is served (so the first paint needs no second request), then polled
 from ``/status.json`` every ``?refresh=`` seconds (default 2) and drawn again.
 
-The snapshot a request gets may be up to ``MAX_AGE`` (30 s) old when nobody
+The snapshot a request gets may be up to ``MAX_AGE`` (10 s) old when nobody
 asked for a while: the header says when it was taken and how long ago, and
 the next poll shows a fresh one (``StatusSource.snapshot``).
 

@@ -85,7 +85,7 @@ CATALOG_REFRESH = 10.0
 CATALOG_TIMEOUT = 120.0
 # A snapshot younger than this answers a request at once (a fresh one is gathered behind it); an older one is
 # not shown: the request waits for the fresh one.
-MAX_AGE = 30.0
+MAX_AGE = 10.0
 RUNNING_TREES = 30
 CHILDREN_PER_TREE = 12
 # Children asked for per running tree, of which the page shows the CHILDREN_PER_TREE most telling (``_telling``).
