@@ -118,6 +118,13 @@ class Segments:
             out.append(view_of(seg, replica))
         return out
 
+    def collections_on_node(self, node_id: int) -> set[int]:
+        """The collections with a copy recorded on the node: ``segments_on_node`` without a view built per copy
+        (a node lost with a hundred thousand copies is weighed at once, by each forget of it)."""
+        index = self._core.index
+        places = index.segments.places()
+        return {places[sid][0] for sid in index.segments_by_node.get(node_id, ())}
+
     def node_memory_usage(self, node_id: int) -> int:
         """Sum of ``mem_size`` of the segments on the node (kept incrementally: O(1))."""
         return self._core.index.memory_by_node.get(node_id, 0)
