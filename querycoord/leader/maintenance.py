@@ -27,7 +27,7 @@ def node_info(lead: Leadership, node_id: int) -> qc.NodeInfo:
     meta = lead.meta
     node = lead.nodes.get(node_id)
     info = qc.NodeInfo(node_id=node_id, state="offline", memory_used=meta.node_memory_usage(node_id),
-                       segment_count=len(meta.segments_on_node(node_id)),
+                       segment_count=meta.segment_count_on_node(node_id),
                        dm_channel_count=len(meta.channels_on_node(node_id)))
     if node is not None:
         info.address, info.state, info.memory_capacity = node.address, node.state.value, node.capacity
@@ -82,7 +82,7 @@ async def uncordon(lead: Leadership, node_id: int) -> qc.NodeInfo:
 async def drain(lead: Leadership, node_id: int, *, graceful_stop: bool) -> qc.NodeInfo:
     _known(lead, node_id)
     node = lead.nodes.get(node_id)
-    copies = len(lead.meta.segments_on_node(node_id)) + len(lead.meta.channels_on_node(node_id))
+    copies = lead.meta.segment_count_on_node(node_id) + len(lead.meta.channels_on_node(node_id))
     await lifecycles_of(lead).drain(node_id, reason=GRACEFUL_STOP if graceful_stop else OPERATOR,
                                     incarnation=node.created if node is not None else 0, copies=copies)
     lead.checker.kick()

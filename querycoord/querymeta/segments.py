@@ -118,6 +118,11 @@ class Segments:
             out.append(view_of(seg, replica))
         return out
 
+    def segment_count_on_node(self, node_id: int) -> int:
+        """How many copies are recorded on the node: ``len(segments_on_node(...))`` without the views (ShowNodes
+        counts every node's, and an operator polls it through a drain)."""
+        return len(self._core.index.segments_by_node.get(node_id, ()))
+
     def collections_on_node(self, node_id: int) -> set[int]:
         """The collections with a copy recorded on the node: ``segments_on_node`` without a view built per copy
         (a node lost with a hundred thousand copies is weighed at once, by each forget of it)."""
