@@ -15,7 +15,7 @@ This module is the only one that turns them into etcd requests.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -103,6 +103,14 @@ class PrefixSnapshot:
     def as_dict(self) -> dict[str, bytes]:
         n = self._strip
         return {r.key[n:].decode(): r.value for r in self._raw}  # type: ignore[attr-defined]
+
+    def select(self, keys: Collection[str]) -> dict[str, tuple[bytes, int]]:
+        """``key -> (value, create_revision)`` of those of ``keys`` the snapshot holds (a range read for a few
+        of its keys: the others are skipped without building anything for them)."""
+        n = self._strip
+        wanted = {k.encode() for k in keys}
+        return {r.key[n:].decode(): (r.value, r.create_revision)  # type: ignore[attr-defined]
+                for r in self._raw if r.key[n:] in wanted}  # type: ignore[attr-defined]
 
 
 def _to_bytes(v: Value) -> bytes:
@@ -202,6 +210,14 @@ class MetaKV:
         req = RangeRequest(key=self.abs_key("\x00"), count_only=True)
         resp = await self._range(req, "revision")
         return resp.header.revision  # type: ignore[attr-defined]
+
+    async def count_between(self, first: str, last: str, *, revision: int = 0) -> int:
+        """How many keys lie from ``first`` to ``last``, both included, as of ``revision`` (0: now); etcd counts
+        them in its index, no value is sent."""
+        req = RangeRequest(key=self.abs_key(first), range_end=self.abs_key(last) + b"\x00", count_only=True,
+                           revision=revision)
+        resp = await self._range(req, f"count {first}..{last}")
+        return resp.count  # type: ignore[attr-defined]
 
     async def count_prefix(self, prefix: str) -> int:
         start = self.abs_prefix(prefix)

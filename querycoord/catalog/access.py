@@ -8,10 +8,10 @@ the store's own methods (so a test that replaces ``store.guarded_txn`` sees ever
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from meta.idalloc import IdAllocator
-from meta.kv import MetaKV
+from meta.kv import MAX_PAGE_SIZE, MetaKV
 from meta.txn import Compare, Op
 from proto import catalog_pb2
 from querycoord.catalog.checks import short_list
@@ -20,6 +20,29 @@ from querycoord.catalog.keys import ID_KEY, collection_key, name_key
 
 # Txns of one add_segments call (or reads of one lookup) sent at once.
 DEFAULT_WRITE_CONCURRENCY = 8
+
+# ``read_many``: keys of one run read as one range when the run has at least MIN_RANGE_KEYS keys and its range at
+# most MAX_SPAN_PER_KEY keys per key wanted (a point read costs about fifty times what one more record of a range
+# does); at most RUN_KEYS keys a run, so that a range read holds at most RUN_KEYS * MAX_SPAN_PER_KEY records.
+MIN_RANGE_KEYS = 8
+MAX_SPAN_PER_KEY = 16
+RUN_KEYS = 4096
+
+
+def key_runs(keys: Iterable[str]) -> list[list[str]]:
+    """The distinct ``keys`` in order, cut into runs of at most ``RUN_KEYS`` keys under one parent (the key up to
+    its last ``/``: a partition's segments), each a candidate for one range read.
+
+    str order is etcd's byte order: UTF-8 keeps code point order."""
+    runs: list[list[str]] = []
+    parent: str | None = None
+    for key in sorted(set(keys)):
+        up = key.rpartition("/")[0]
+        if up != parent or len(runs[-1]) >= RUN_KEYS:
+            runs.append([])
+            parent = up
+        runs[-1].append(key)
+    return runs
 
 
 class CatalogAccess:
@@ -39,6 +62,10 @@ class CatalogAccess:
     async def read_many(self, keys: Sequence[str]) -> dict[str, tuple[bytes, int]]:
         """``key -> (value, create_revision)`` of the keys that exist, all read at one revision.
 
+        Keys are read in runs (``key_runs``): a run whose range holds few other keys is read as that one range
+        (a repair reads an eighth of a partition's segments: one range instead of thousands of calls, each of
+        which cost far more than the records read beside it); the others key by key.
+
         Plain Range calls, not read-only txns: etcd before 3.5.5 panics when a
         read-only txn is cancelled (etcd-io/etcd#14110), and a coordinator that
         loses leadership or is killed cancels its reads.
@@ -55,7 +82,21 @@ class CatalogAccess:
             if item is not None:
                 found[item.key] = (item.value, item.create_revision)
 
-        await asyncio.gather(*(read(k) for k in keys))
+        async def read_run(run: list[str]) -> None:
+            if len(run) < MIN_RANGE_KEYS:
+                await asyncio.gather(*(read(k) for k in run))
+                return
+            async with sem:
+                span = await self.kv.count_between(run[0], run[-1], revision=revision)
+            if span > len(run) * MAX_SPAN_PER_KEY:
+                await asyncio.gather(*(read(k) for k in run))
+                return
+            async with sem:
+                snap = await self.kv.load_prefix(run[0], until=run[-1] + "\x00", revision=revision,
+                                                 page_size=min(span + 1, MAX_PAGE_SIZE))
+            found.update(snap.select(run))
+
+        await asyncio.gather(*(read_run(run) for run in key_runs(keys)))
         return found
 
     async def range_page(self, start: str, prefix: str, limit: int) -> tuple[list[tuple[str, bytes]], bool]:

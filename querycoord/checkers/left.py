@@ -40,7 +40,7 @@ def left_key(node_id: int) -> str:
 
 def served_collections(meta: QueryMeta, node_id: int) -> set[int]:
     """The collections ``node_id`` serves: a member of one of their replicas, or a copy or a watch on it."""
-    out = {s.collection_id for s in meta.segments_on_node(node_id)}
+    out = meta.collections_on_node(node_id)
     out |= {c.collection_id for c in meta.channels_on_node(node_id)}
     out |= {cid for cid in meta.collection_ids() if meta.replica_of_node(cid, node_id)}
     return out

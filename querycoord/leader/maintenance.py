@@ -25,12 +25,12 @@ def lifecycles_of(lead: Leadership) -> NodeLifecycles:
 def node_info(lead: Leadership, node_id: int) -> qc.NodeInfo:
     """One query node: session, what query meta places on it, its lifecycle and drain progress.
 
-    Counted from query meta's per-node index (``segment_count_by_node``, O(nodes)), never by listing the node's
+    Counted from query meta's per-node index (``segment_count_on_node``, O(1)), never by listing the node's
     copies: ShowNodes asks this of every node, and the status page asks ShowNodes every second."""
     meta = lead.meta
     node = lead.nodes.get(node_id)
     info = qc.NodeInfo(node_id=node_id, state="offline", memory_used=meta.node_memory_usage(node_id),
-                       segment_count=meta.segment_count_by_node().get(node_id, 0),
+                       segment_count=meta.segment_count_on_node(node_id),
                        dm_channel_count=len(meta.channels_on_node(node_id)))
     if node is not None:
         info.address, info.state, info.memory_capacity = node.address, node.state.value, node.capacity
@@ -85,7 +85,7 @@ async def uncordon(lead: Leadership, node_id: int) -> qc.NodeInfo:
 async def drain(lead: Leadership, node_id: int, *, graceful_stop: bool) -> qc.NodeInfo:
     _known(lead, node_id)
     node = lead.nodes.get(node_id)
-    copies = len(lead.meta.segments_on_node(node_id)) + len(lead.meta.channels_on_node(node_id))
+    copies = lead.meta.segment_count_on_node(node_id) + len(lead.meta.channels_on_node(node_id))
     await lifecycles_of(lead).drain(node_id, reason=GRACEFUL_STOP if graceful_stop else OPERATOR,
                                     incarnation=node.created if node is not None else 0, copies=copies)
     lead.checker.kick()

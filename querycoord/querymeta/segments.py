@@ -118,6 +118,18 @@ class Segments:
             out.append(view_of(seg, replica))
         return out
 
+    def segment_count_on_node(self, node_id: int) -> int:
+        """How many copies are recorded on the node: ``len(segments_on_node(...))`` without the views (ShowNodes
+        counts every node's, and an operator polls it through a drain)."""
+        return len(self._core.index.segments_by_node.get(node_id, ()))
+
+    def collections_on_node(self, node_id: int) -> set[int]:
+        """The collections with a copy recorded on the node: ``segments_on_node`` without a view built per copy
+        (a node lost with a hundred thousand copies is weighed at once, by each forget of it)."""
+        index = self._core.index
+        places = index.segments.places()
+        return {places[sid][0] for sid in index.segments_by_node.get(node_id, ())}
+
     def node_memory_usage(self, node_id: int) -> int:
         """Sum of ``mem_size`` of the segments on the node (kept incrementally: O(1))."""
         return self._core.index.memory_by_node.get(node_id, 0)

@@ -234,6 +234,12 @@ class QueryMeta:
     def segments_on_node(self, node_id: int) -> list[SegmentInfo]:
         return self._segments.segments_on_node(node_id)
 
+    def segment_count_on_node(self, node_id: int) -> int:
+        return self._segments.segment_count_on_node(node_id)
+
+    def collections_on_node(self, node_id: int) -> set[int]:
+        return self._segments.collections_on_node(node_id)
+
     def node_memory_usage(self, node_id: int) -> int:
         return self._segments.node_memory_usage(node_id)
 
