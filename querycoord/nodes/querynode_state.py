@@ -524,6 +524,8 @@ class QueryNodeState:
         but for the collections ``left_out``."""
         groups: dict[tuple[int, int], list[int]] = {}
         skip = set(left_out)
+        if skip and skip.issuperset(self.versions):  # every collection held here is left out: no loop over them
+            return []
         for sid, seg in self.segments.items():
             if skip and seg.collection_id in skip:
                 continue
