@@ -235,7 +235,7 @@ def test_a_node_leaves_out_only_what_it_was_told_and_only_for_its_own_incarnatio
     assert [g.collection_id for g in again.segment_groups] == [1], "a restarted node is another incarnation"
 
 
-async def whole_on_nodes(c: QueryCluster, cid: int, count: int) -> bool:
+def whole_on_nodes(c: QueryCluster, cid: int, count: int) -> bool:
     """Every segment of the collection held by exactly one node, as the nodes themselves report it."""
     held: list[int] = []
     for n in c.nodes:
@@ -252,9 +252,9 @@ async def one_pass(checker: Checker) -> None:
     await wait_until(lambda: checker.passes > runs, "a pass")
 
 
-async def steady(c: QueryCluster) -> Leadership:
-    """The leader after two passes that skipped everything (the collection was found whole and did not change)."""
-    lead = c.coords[0].coord.leadership
+async def steady(c: QueryCluster, coord: int = 0) -> Leadership:
+    """The leader (``c.coords[coord]``) after passes that skipped the collection (found whole, and unchanged)."""
+    lead = c.coords[coord].coord.leadership
     assert lead is not None and lead.checker is not None
     checker = lead.checker
     skipped = checker.unchanged.skipped
@@ -278,7 +278,7 @@ async def test_a_segment_a_node_dropped_by_itself_is_repaired_though_nothing_els
         await c.wait_idle()
         held = {s for n in c.nodes for g in n.state.distribution(ids_only=True).segment_groups for s in g.segment_ids}
         assert set(lost) <= held, "the dropped segments are held again"
-        assert await whole_on_nodes(c, cid, 10)
+        assert whole_on_nodes(c, cid, 10)
 
 
 async def test_a_node_restarted_under_its_id_with_the_same_version_is_not_skipped(
@@ -303,4 +303,30 @@ async def test_a_node_restarted_under_its_id_with_the_same_version_is_not_skippe
         repairs = lead.checker.repairs
         await wait_until(lambda: lead.checker.repairs > repairs, "the pass compared the restarted node's collection")
         await c.wait_idle()
-        assert await whole_on_nodes(c, cid, 6)
+        assert whole_on_nodes(c, cid, 6)
+
+
+async def test_a_new_leader_compares_what_the_old_one_skipped(etcd: EtcdCluster, root_path: str) -> None:
+    """What a pass skips is this leadership's memory only: a copy dropped as the leader changes is repaired by
+    the new leader, whose first pass compares everything."""
+    async with QueryCluster(etcd, root_path) as c:
+        c.config.checker_interval = 0.3
+        await c.start_coordinator()
+        await c.wait_leader()
+        for _ in range(2):
+            await c.add_node()
+        cid = await c.create_collection("switched", partitions=1, segments=8)
+        await c.load_collection(cid)
+        await c.wait_idle()
+        await steady(c)
+        await c.start_coordinator()
+        node = max(c.nodes, key=lambda n: len(n.state.segments))
+        lost = min(node.state.segments)
+        await c.coords[0].stop()
+        node.state.release_segments(querynode_pb2.ReleaseSegmentsRequest(collection_id=cid, segment_ids=[lost]))
+        new = await c.wait_leader()
+        assert new is c.coords[1]
+        await wait_until(lambda: whole_on_nodes(c, cid, 8), "the new leader reloaded the dropped copy")
+        await c.wait_idle()
+        lead = await steady(c, 1)
+        assert lead.checker.repairs >= 1 and whole_on_nodes(c, cid, 8)
