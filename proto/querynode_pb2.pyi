@@ -239,16 +239,28 @@ class GetSegmentInfoResponse(_message.Message):
     def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., infos: _Optional[_Iterable[_Union[_data_pb2.SegmentInfo, _Mapping]]] = ...) -> None: ...
 
 class GetDataDistributionRequest(_message.Message):
-    __slots__ = ("fence", "node_id", "task_id", "segment_ids_only")
+    __slots__ = ("fence", "node_id", "task_id", "segment_ids_only", "incarnation", "known")
     FENCE_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_IDS_ONLY_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    KNOWN_FIELD_NUMBER: _ClassVar[int]
     fence: CoordFence
     node_id: int
     task_id: int
     segment_ids_only: bool
-    def __init__(self, fence: _Optional[_Union[CoordFence, _Mapping]] = ..., node_id: _Optional[int] = ..., task_id: _Optional[int] = ..., segment_ids_only: _Optional[bool] = ...) -> None: ...
+    incarnation: int
+    known: _containers.RepeatedCompositeFieldContainer[CollectionVersion]
+    def __init__(self, fence: _Optional[_Union[CoordFence, _Mapping]] = ..., node_id: _Optional[int] = ..., task_id: _Optional[int] = ..., segment_ids_only: _Optional[bool] = ..., incarnation: _Optional[int] = ..., known: _Optional[_Iterable[_Union[CollectionVersion, _Mapping]]] = ...) -> None: ...
+
+class CollectionVersion(_message.Message):
+    __slots__ = ("collection_id", "version")
+    COLLECTION_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    collection_id: int
+    version: int
+    def __init__(self, collection_id: _Optional[int] = ..., version: _Optional[int] = ...) -> None: ...
 
 class SegmentIdGroup(_message.Message):
     __slots__ = ("collection_id", "partition_id", "segment_ids")
@@ -273,7 +285,7 @@ class WatchedChannel(_message.Message):
     def __init__(self, collection_id: _Optional[int] = ..., channel_name: _Optional[str] = ..., kind: _Optional[_Union[ChannelKind, str]] = ..., partition_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GetDataDistributionResponse(_message.Message):
-    __slots__ = ("status", "node_id", "segments", "channels", "memory_used", "memory_capacity", "highest_fence", "segment_groups")
+    __slots__ = ("status", "node_id", "segments", "channels", "memory_used", "memory_capacity", "highest_fence", "segment_groups", "incarnation", "versions")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
@@ -282,6 +294,8 @@ class GetDataDistributionResponse(_message.Message):
     MEMORY_CAPACITY_FIELD_NUMBER: _ClassVar[int]
     HIGHEST_FENCE_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
     status: _common_pb2.Status
     node_id: int
     segments: _containers.RepeatedCompositeFieldContainer[_data_pb2.SegmentInfo]
@@ -290,7 +304,9 @@ class GetDataDistributionResponse(_message.Message):
     memory_capacity: int
     highest_fence: CoordFence
     segment_groups: _containers.RepeatedCompositeFieldContainer[SegmentIdGroup]
-    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., node_id: _Optional[int] = ..., segments: _Optional[_Iterable[_Union[_data_pb2.SegmentInfo, _Mapping]]] = ..., channels: _Optional[_Iterable[_Union[WatchedChannel, _Mapping]]] = ..., memory_used: _Optional[int] = ..., memory_capacity: _Optional[int] = ..., highest_fence: _Optional[_Union[CoordFence, _Mapping]] = ..., segment_groups: _Optional[_Iterable[_Union[SegmentIdGroup, _Mapping]]] = ...) -> None: ...
+    incarnation: int
+    versions: _containers.RepeatedCompositeFieldContainer[CollectionVersion]
+    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., node_id: _Optional[int] = ..., segments: _Optional[_Iterable[_Union[_data_pb2.SegmentInfo, _Mapping]]] = ..., channels: _Optional[_Iterable[_Union[WatchedChannel, _Mapping]]] = ..., memory_used: _Optional[int] = ..., memory_capacity: _Optional[int] = ..., highest_fence: _Optional[_Union[CoordFence, _Mapping]] = ..., segment_groups: _Optional[_Iterable[_Union[SegmentIdGroup, _Mapping]]] = ..., incarnation: _Optional[int] = ..., versions: _Optional[_Iterable[_Union[CollectionVersion, _Mapping]]] = ...) -> None: ...
 
 class GetComponentStatesRequest(_message.Message):
     __slots__ = ()

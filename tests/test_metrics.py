@@ -182,6 +182,7 @@ async def test_metrics_move_through_a_load_a_node_kill_and_a_leader_kill(
         assert 1 <= passes <= value(after_node_kill, "querycoord_checker_runs_total")
         assert value(after_node_kill, "querycoord_checker_pass_seconds_total") > 0
         assert value(after_node_kill, "querycoord_checker_pass_cpu_seconds_total") > 0
+        assert has(after_node_kill, "querycoord_checker_skipped_collections_total")
 
         # The leader killed: the standby takes over.
         await first.kill()

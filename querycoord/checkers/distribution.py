@@ -158,14 +158,42 @@ class _Fill:
                 self.held.channels.setdefault((c.collection_id, c.channel_name), set()).add(node_id)
 
 
+@dataclass(frozen=True)
+class NodeReport:
+    """What one node said of its distribution besides what it holds: its incarnation (0: a node that predates
+    versions), each collection's version there, and the collections whose groups it left out (unchanged)."""
+
+    incarnation: int
+    versions: dict[int, int]
+    left_out: frozenset[int]
+
+
+#: Per node: (its incarnation, collection -> version) a pass already has (``GetDataDistributionRequest.known``).
+Known = dict[int, tuple[int, dict[int, int]]]
+
+
 async def collect(nodes: NodeManager, skipped: set[int], unreachable: list[int]) -> tuple[Held, set[int]]:
     """What the online nodes hold and which of them answered, without the segments of ``skipped`` collections
     (left out of the pass); a node that did not answer is added to ``unreachable``."""
+    held, reachable, _reports = await collect_reports(nodes, skipped, unreachable, {})
+    return held, reachable
+
+
+async def collect_reports(nodes: NodeManager, skipped: set[int], unreachable: list[int],
+                          known: Known) -> tuple[Held, set[int], dict[int, NodeReport]]:
+    """``collect``, telling each node the versions of ``known`` (it leaves out the groups of those unchanged), and
+    what each node that answered reported of its versions."""
+    reports: dict[int, NodeReport] = {}
 
     async def ask(node_id: int) -> querynode_pb2.GetDataDistributionResponse | None:
+        request = querynode_pb2.GetDataDistributionRequest(segment_ids_only=True)
+        mine = known.get(node_id)
+        if mine is not None and mine[1]:
+            request.incarnation = mine[0]
+            request.known.extend(querynode_pb2.CollectionVersion(collection_id=c, version=v)
+                                 for c, v in sorted(mine[1].items()))
         try:
-            return await nodes.client(node_id).call("GetDataDistribution",
-                                                    querynode_pb2.GetDataDistributionRequest(segment_ids_only=True))
+            return await nodes.client(node_id).call("GetDataDistribution", request)
         except NodeError as exc:
             logger.info("checker: node {} did not report its distribution: {}", node_id, exc)
             unreachable.append(node_id)
@@ -180,7 +208,19 @@ async def collect(nodes: NodeManager, skipped: set[int], unreachable: list[int])
             continue
         reachable.add(node_id)
         nodes.heard(node_id)
+        reports[node_id] = _report_of(dist, known.get(node_id))
         await fill.groups(node_id, dist.segment_groups)
         await fill.segments(node_id, dist.segments)
         fill.channels(node_id, dist.channels)
-    return fill.held, reachable
+    return fill.held, reachable, reports
+
+
+def _report_of(dist: querynode_pb2.GetDataDistributionResponse, asked: tuple[int, dict[int, int]] | None
+               ) -> NodeReport:
+    """The node's versions, and which of the asked collections it left out: those whose version is the one asked,
+    from the incarnation asked (what the node checks before it leaves a group out)."""
+    versions = {v.collection_id: v.version for v in dist.versions}
+    left_out: frozenset[int] = frozenset()
+    if asked is not None and dist.incarnation and dist.incarnation == asked[0]:
+        left_out = frozenset(c for c, v in asked[1].items() if v and versions.get(c) == v)
+    return NodeReport(dist.incarnation, versions, left_out)

@@ -7,6 +7,10 @@ collection that differs (``task.repair``) and moves the copies of draining nodes
 touches a collection that has a trigger queued or running (the trigger owns it until it ends) and never
 writes except through the scheduler, whose writes are fenced, and the node lifecycles' fenced records.
 
+A collection whose every input is as when a pass last found nothing to do for it is skipped (``unchanged``):
+the nodes report a version per collection and leave out the segments of those the pass already has, so a
+steady pass over a million segments reads and compares none of them.
+
 Check kinds an operator turned off (``activation``) plan nothing: a pass still compares and corrects
 percentages, then drops what those kinds would do from each repair.
 """
@@ -16,17 +20,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 
 from loguru import logger
 
+from meta.errors import MetaError
 from meta.loops import loop_failed
 from proto import querycoord_pb2 as qc
 from querycoord.catalog.targets import CatalogTargets
 from querycoord.checkers.activation import REPLICAS, CheckerSwitches
 from querycoord.checkers.diff import diff_async
-from querycoord.checkers.distribution import collect
+from querycoord.checkers.distribution import Held, NodeReport, collect_reports
 from querycoord.checkers.drain import drain_nodes
 from querycoord.checkers.left import LeftNodes
 from querycoord.checkers.parked import weigh_units
@@ -35,7 +40,8 @@ from querycoord.checkers.progress import set_progress
 from querycoord.checkers.repair_size import bound_repair
 from querycoord.checkers.replicas import forget_offline
 from querycoord.checkers.scan import Diff, describe, has_work
-from querycoord.checkers.targets import TargetReader
+from querycoord.checkers.targets import TARGETS_CATCH_UP, TargetReader
+from querycoord.checkers.unchanged import Unchanged, coordinator_marks
 from querycoord.cluster.lifecycle import NodeLifecycles
 from querycoord.common import memory
 from querycoord.common.wording import plural
@@ -64,12 +70,13 @@ class Checker:
 
     def __init__(self, scheduler: Scheduler, *, interval: float = 5.0, targets: CatalogTargets | None = None,
                  forget: Callable[[int], Awaitable[None]] | None = None, left: LeftNodes | None = None,
-                 switches: CheckerSwitches | None = None):
+                 switches: CheckerSwitches | None = None, skip_unchanged: bool = True):
         """``forget``: what a lost node gets (``watchers.forget_node``; see ``replicas.forget_offline``).
         ``targets``: the followed copy of a local catalog (``catalog.targets``): a pass reads targets from
         memory. ``left``: nodes whose re-replication is delayed (``checkers.left``): what meta places on them is
         unknown to a pass, neither missing nor extra, until they are forgotten or back. ``switches``: which kinds
-        run (``activation``; default: all)."""
+        run (``activation``; default: all). ``skip_unchanged``: skip the collections whose inputs did not change
+        since a pass found nothing to do for them (``unchanged``); False compares everything at every pass."""
         self.scheduler = scheduler
         self.left = left
         self.interval = interval
@@ -77,6 +84,7 @@ class Checker:
         self.targets = targets
         self.switches = switches if switches is not None else CheckerSwitches()
         self._reader = TargetReader(scheduler.env, targets)
+        self.unchanged = Unchanged(skip_unchanged)
         self._kick = asyncio.Event()
         self.runs = 0  # passes started
         # Passes finished, and their summed wall and process CPU seconds (``time.process_time``: every thread of
@@ -146,16 +154,21 @@ class Checker:
         # Except those only balances hold: a repair pre-empts them (``checkers.preempt``).
         balanced = balances_by_collection(self.scheduler)
         skipped = self._busy() - set(balanced)
-        held, reachable = await collect(env.nodes, skipped, report.unreachable)
+        gone = frozenset(self.left.left) if self.left is not None else frozenset()
+        marks = await self._marks(skipped | set(balanced), gone)
+        held, reachable, reports, unchanged = await self._collect(skipped, marks, report, gone)
         busy = skipped | (self._busy() - set(balances_by_collection(self.scheduler)))
-        targets = await self._reader.read([c for c in env.meta.collection_ids() if c not in busy])
+        targets = await self._reader.read([c for c in env.meta.collection_ids() if c not in busy | unchanged])
         # The catalog reads awaited: triggers may have started meanwhile.
         balanced = {c: ts for c, ts in balances_by_collection(self.scheduler).items() if c not in busy}
         busy |= self._busy() - set(balanced)
         online = {n.node_id for n in env.nodes.online()}
-        gone = frozenset(self.left.left) if self.left is not None else frozenset()
         online |= gone  # not reachable: silent, so their records are kept as they are (but count as not held)
-        d = await diff_async(env.meta, targets, held, reachable=reachable, online=online, busy=busy, gone=gone)
+        d = await diff_async(env.meta, targets, held, reachable=reachable, online=online, busy=busy | unchanged,
+                             gone=gone)
+        quiet = {c for c in marks if c not in self._busy() and c not in balanced and not env.parked.of(c)}
+        self.unchanged.after([c for c in targets if c not in busy], d, marks, reports, online, held.channels, quiet,
+                             env.meta.collection_ids())
         large = len(held.segment_collection) >= memory.LARGE_TASK_SEGMENTS
         del held, targets  # a million segments' worth: freed now, and handed back to the OS below
         if large:
@@ -168,6 +181,40 @@ class Checker:
         if self.lifecycles is not None:
             await drain_nodes(self.scheduler, self.lifecycles, self._busy)
         return report
+
+    async def _marks(self, busy: set[int], gone: frozenset[int]) -> dict[int, Hashable]:
+        """The coordinator's marks (``unchanged``) of the loaded collections not ``busy``, once the catalog copy is
+        current; none without a copy (a remote catalog) or when it is not current: then nothing is skipped."""
+        if not self.unchanged.enabled or self.targets is None:
+            return {}
+        try:
+            await self.targets.catch_up(TARGETS_CATCH_UP)
+        except (TimeoutError, MetaError):  # the target read says why, and reads the catalog instead
+            return {}
+        env = self.scheduler.env
+        return coordinator_marks(env, self.targets, self.switches, gone,
+                                 [c for c in env.meta.collection_ids() if c not in busy])
+
+    async def _collect(self, skipped: set[int], marks: dict[int, Hashable], report: CheckReport,
+                       gone: frozenset[int]) -> tuple[Held, set[int], dict[int, NodeReport], set[int]]:
+        """The nodes' distributions (without the groups of collections ``unchanged`` tells them they may leave out),
+        and the collections this pass skips. When a node left out a collection that must be compared after all,
+        every node is asked again for everything."""
+        env = self.scheduler.env
+        version = env.nodes.version
+        candidates = self.unchanged.candidates(marks)
+        held, reachable, reports = await collect_reports(env.nodes, skipped, report.unreachable,
+                                                         self.unchanged.known(candidates))
+        online = {n.node_id for n in env.nodes.online()} | gone
+        unchanged, again = self.unchanged.settle(candidates, reports, online, held.channels)
+        if env.nodes.version != version:  # a node came or went while they answered: compare everything
+            unchanged, again = set(), any(r.left_out for r in reports.values())
+        if again:
+            report.unreachable.clear()
+            held, reachable, reports = await collect_reports(env.nodes, skipped, report.unreachable, {})
+            unchanged = set()
+        self.unchanged.skipped += len(unchanged)
+        return held, reachable, reports, unchanged
 
     async def _queue_repairs(self, d: Diff, report: CheckReport) -> None:
         """Enqueue the repairs of collections still not busy, with only the units that can be placed now; then

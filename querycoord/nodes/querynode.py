@@ -385,7 +385,9 @@ class QueryNodeServicer(querynode_pb2_grpc.QueryNodeServicer):
         status = await self.node.read("GetDataDistribution", request)
         if status.error_code != EC.SUCCESS:
             return querynode_pb2.GetDataDistributionResponse(status=status, node_id=self.node.state.node_id)
-        return self.node.state.distribution(ids_only=request.segment_ids_only)
+        known = {k.collection_id: k.version for k in request.known}
+        return self.node.state.distribution(ids_only=request.segment_ids_only, incarnation=request.incarnation,
+                                            known=known)
 
     async def GetComponentStates(
         self, request: querynode_pb2.GetComponentStatesRequest, context: grpc.aio.ServicerContext

@@ -31,7 +31,8 @@ Rules (see proto/querynode.proto):
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import random
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import repeat
@@ -191,6 +192,18 @@ class QueryNodeState:
         self.query_channels: dict[int, tuple[str, str]] = {}
         self.fence = FenceMark()
         self.memory_used = 0
+        # Distribution versions (``GetDataDistribution``): a random id of this run of the node, and per collection
+        # the tick of its last change here (segments loaded or dropped, DM channels watched or unwatched). A
+        # checker that has a collection's version skips it when it did not move; a restarted node has another
+        # incarnation, so its versions never match what its last run reported.
+        self.incarnation = random.getrandbits(63) or 1
+        self.versions: dict[int, int] = {}
+        self._tick = 0
+
+    def touched(self, collection_id: int) -> None:
+        """The collection's part of the distribution changed (or may have): its version moves."""
+        self._tick += 1
+        self.versions[collection_id] = self._tick
 
     # ----- admission -----------------------------------------------------------
     def admit(self, kind: str, request: object, *, mutating: bool) -> None:
@@ -256,6 +269,7 @@ class QueryNodeState:
             )
         self.segments.update(new)
         self.memory_used += need
+        self.touched(coll)
 
     def _plain_new_segments(self, coll: int, columns: LoadColumns) -> dict[int, HeldSegment] | None:
         """The new segments of the usual load, built from the columns in C; None when any info needs a closer
@@ -321,6 +335,7 @@ class QueryNodeState:
         for sid in list(seg_ids):
             seg = self.segments.pop(sid, None)
             if seg is not None:
+                self.touched(seg.collection_id)
                 self._protos.pop(sid, None)
                 self.memory_used -= seg.mem_size
                 dropped += 1
@@ -372,6 +387,7 @@ class QueryNodeState:
                     EC.CONFLICT,
                     f"DM channel {name} is watched for collection {held.collection_id}, not {coll}; nothing watched",
                 )
+        self.touched(coll)
         for name in names:
             held = self.dm_channels.get(name)
             if held is None:
@@ -396,6 +412,7 @@ class QueryNodeState:
             if held is not None and held.collection_id == coll:
                 del self.dm_channels[name]
                 dropped += 1
+                self.touched(coll)
         return dropped
 
     def watch_delta_channels(self, request: querynode_pb2.WatchDeltaChannelsRequest) -> None:
@@ -423,6 +440,7 @@ class QueryNodeState:
     def release_collection(self, request: querynode_pb2.ReleaseCollectionRequest) -> None:
         coll = request.collection_id
         _positive("collection_id", coll)
+        self.touched(coll)
         self._drop_segments([sid for sid, s in self.segments.items() if s.collection_id == coll])
         for name in [n for n, w in self.dm_channels.items() if w.collection_id == coll]:
             del self.dm_channels[name]
@@ -440,6 +458,7 @@ class QueryNodeState:
         coll = request.collection_id
         _positive("collection_id", coll)
         parts = set(_ids("partition_ids", request.partition_ids, required=True))
+        self.touched(coll)
         self._drop_segments(
             [sid for sid, s in self.segments.items() if s.collection_id == coll and s.partition_id in parts]
         )
@@ -500,20 +519,41 @@ class QueryNodeState:
         ]
         return out
 
-    def segment_groups(self) -> list[querynode_pb2.SegmentIdGroup]:
-        """Held segment ids by (collection, partition), sorted (``GetDataDistribution`` with ``segment_ids_only``)."""
+    def segment_groups(self, left_out: Iterable[int] = ()) -> list[querynode_pb2.SegmentIdGroup]:
+        """Held segment ids by (collection, partition), sorted (``GetDataDistribution`` with ``segment_ids_only``),
+        but for the collections ``left_out``."""
         groups: dict[tuple[int, int], list[int]] = {}
+        skip = set(left_out)
+        if skip and skip.issuperset(self.versions):  # every collection held here is left out: no loop over them
+            return []
         for sid, seg in self.segments.items():
+            if skip and seg.collection_id in skip:
+                continue
             groups.setdefault((seg.collection_id, seg.partition_id), []).append(sid)
         return [querynode_pb2.SegmentIdGroup(collection_id=c, partition_id=p, segment_ids=sorted(ids))
                 for (c, p), ids in sorted(groups.items())]
 
-    def distribution(self, *, ids_only: bool = False) -> querynode_pb2.GetDataDistributionResponse:
+    def unchanged(self, incarnation: int, known: Mapping[int, int]) -> set[int]:
+        """The collections of ``known`` (collection -> version, from this node's ``incarnation``) whose version has
+        not moved since: their segment groups may be left out of a distribution. None from another incarnation."""
+        if incarnation != self.incarnation:
+            return set()
+        versions = self.versions
+        return {cid for cid, version in known.items() if version and versions.get(cid) == version}
+
+    def distribution(self, *, ids_only: bool = False, incarnation: int = 0,
+                     known: Mapping[int, int] | None = None) -> querynode_pb2.GetDataDistributionResponse:
+        """What the node holds; with ``ids_only``, the groups of the ``known`` collections whose version did not
+        move leave out (``unchanged``). Versions are always answered in full."""
+        left_out = self.unchanged(incarnation, known) if ids_only and known else set()
         return querynode_pb2.GetDataDistributionResponse(
             status=ok_status(),
             node_id=self.node_id,
             segments=[] if ids_only else self.segment_infos([], 0),
-            segment_groups=self.segment_groups() if ids_only else [],
+            segment_groups=self.segment_groups(left_out) if ids_only else [],
+            incarnation=self.incarnation,
+            versions=[querynode_pb2.CollectionVersion(collection_id=c, version=v)
+                      for c, v in sorted(self.versions.items())],
             channels=self.channels(),
             memory_used=self.memory_used,
             memory_capacity=self.capacity_bytes,

@@ -86,6 +86,9 @@ def _leader_families(lead: Leadership) -> list[Metric]:
     out.append(CounterMetricFamily("querycoord_checker_pass_cpu_seconds", "Process CPU seconds (every thread) "
                                    "while the checker passes finished in this leadership ran",
                                    value=lead.checker.pass_cpu_seconds))
+    out.append(CounterMetricFamily("querycoord_checker_skipped_collections", "Collections checker passes skipped in "
+                                   "this leadership: every input as when a pass last found nothing to do",
+                                   value=lead.checker.unchanged.skipped))
     out.append(CounterMetricFamily("querycoord_checker_repairs", "Repair triggers the checker queued in this "
                                    "leadership", value=lead.checker.repairs))
     out.append(CounterMetricFamily("querycoord_checker_errors", "Checker passes that failed in this leadership",
