@@ -24,6 +24,7 @@ import argparse
 import os
 import signal
 import sys
+from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from querycoord.cli.common import Parser, client_options, global_options, spread_global_options
@@ -51,12 +52,18 @@ MODULE_OF = {word: module for module, words in COMMAND_MODULES for word in words
 ALL_COMMANDS = ("completion",)  # its scripts complete every command: it needs the whole parser
 
 
-def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+def root_options() -> list[argparse.ArgumentParser]:
+    """The options the root parser takes before the command word (``--address``, ``--log-level``...)."""
+    return [client_options(False), global_options(False)]
+
+
+def build_parser(command: str | None = None, *,
+                 root: list[argparse.ArgumentParser] | None = None) -> argparse.ArgumentParser:
     """The ``querycoord`` parser: every command, or with ``command`` (a word of ``MODULE_OF``) only the module
-    that adds it, which parses that command's arguments, and says its help and errors, the same."""
-    parser = Parser(prog="querycoord", description="etcd-backed query coordinator",
-                    parents=[client_options(False), global_options(False)])
-    parser.add_argument("--version", action="version", version=f"querycoord {_version()}")
+    that adds it, which parses that command's arguments, and says its help and errors, the same. ``root``:
+    ``root_options()`` when the caller has them already."""
+    parser = Parser(prog="querycoord", description="etcd-backed query coordinator", parents=root or root_options())
+    parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     client = [client_options(True)]
     only = MODULE_OF.get(command or "") if command not in ALL_COMMANDS else None
@@ -118,11 +125,11 @@ class _Probe(argparse.ArgumentParser):
         raise _NoCommand(message)
 
 
-def command_word(argv: list[str]) -> str | None:
+def command_word(argv: list[str], root: list[argparse.ArgumentParser] | None = None) -> str | None:
     """The command ``argv`` runs, found the way the whole parser finds it (the same root options before it), or
     None when that is not plain (no command, an unknown word, a bad or unknown root option, ``-h`` or
     ``--version`` before it): then every command is registered, for the root's help and errors."""
-    probe = _Probe(add_help=False, parents=[client_options(False), global_options(False)])
+    probe = _Probe(add_help=False, parents=root or root_options())
     probe.add_argument("command", nargs="?")
     probe.add_argument("rest", nargs=argparse.REMAINDER)
     try:
@@ -131,6 +138,15 @@ def command_word(argv: list[str]) -> str | None:
         return None
     word = args.command
     return word if not unknown and word in MODULE_OF else None
+
+
+class _Version(argparse._VersionAction):  # noqa: SLF001 - argparse's --version, whose help and output are kept
+    """``--version``, reading the installed version only when asked (a metadata lookup every command would pay)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: str | Sequence[Any] | None, option_string: str | None = None) -> None:
+        self.version = f"querycoord {_version()}"
+        super().__call__(parser, namespace, values, option_string)
 
 
 def _version() -> str:
@@ -153,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         argv = sys.argv[1:] if argv is None else argv
-        args = build_parser(command_word(argv)).parse_args(argv)
+        root = root_options()  # built once: the command word is found with the root's own options
+        args = build_parser(command_word(argv, root), root=root).parse_args(argv)
         try:
             apply_layers(args)  # options not given as flags: from QUERYCOORD_* variables, then the --config file
             setup_logging(args.log_level, args.log_format)
@@ -179,4 +196,5 @@ def closed_pipe() -> int:
     return CLOSED_PIPE_EXIT
 
 
-__all__ = ["CLOSED_PIPE_EXIT", "COMMAND_MODULES", "MODULE_OF", "build_parser", "closed_pipe", "command_word", "main"]
+__all__ = ["CLOSED_PIPE_EXIT", "COMMAND_MODULES", "MODULE_OF", "build_parser", "closed_pipe", "command_word", "main",
+           "root_options"]
