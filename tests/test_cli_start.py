@@ -96,15 +96,21 @@ def test_client_commands_import_no_engine(subprocess_env: dict[str, str], tmp_pa
     assert heavy(modules) == []
 
 
-@pytest.mark.parametrize(("args", "light"), [(("status", "--help"), True), (("collection", "show", "--help"), True),
-                                             (("meta", "--help"), False)])
+@pytest.mark.parametrize("args", [("status", "--help"), ("collection", "show", "--help"), ("meta", "--help"),
+                                  ("meta", "verify", "--help")])
 def test_a_command_s_help_registers_only_its_module(subprocess_env: dict[str, str], tmp_path: Path,
-                                                    args: tuple[str, ...], light: bool) -> None:
+                                                    args: tuple[str, ...]) -> None:
     r, modules = run_probe(subprocess_env, tmp_path, *args)
     assert r.returncode == 0 and r.stdout.startswith(f"usage: querycoord {' '.join(args[:-1])}"), r.stdout
     assert "querycoord.cli.servers" not in modules and "querycoord.cli.stream_cmd" not in modules
-    if light:  # `meta` imports metatool to register: only its own command pays for it
-        assert heavy(modules) == []
+    assert heavy([m for m in modules if m != "querycoord.cli.meta_cmd"]) == []  # `meta` registers without metatool
+
+
+def test_meta_show_takes_the_kinds_metatool_decodes() -> None:
+    from querycoord.cli.meta_cmd import SHOW_KINDS
+    from querycoord.metatool.show import KINDS
+
+    assert SHOW_KINDS == tuple(KINDS)
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
