@@ -28,7 +28,6 @@ import dataclasses
 import functools
 import re
 import ssl
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -227,6 +226,8 @@ async def backend_quota(config: EtcdConfig, endpoint: str) -> int:
 
 
 def _scrape_quota(config: EtcdConfig, endpoint: str) -> int:
+    import urllib.request  # only for a member whose status has no quota: a status read does without it
+
     handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]  # never via an HTTP proxy
     scheme = "http"
     if config.ca_file is not None:

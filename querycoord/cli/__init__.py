@@ -24,46 +24,129 @@ import argparse
 import os
 import signal
 import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
-from querycoord.cli import (
-    balance_cmd,
-    collection,
-    completion,
-    config_cmd,
-    describe_cmd,
-    health_cmd,
-    meta_cmd,
-    node_cmd,
-    servers,
-    status,
-    stream_cmd,
-    tasks,
-)
 from querycoord.cli.common import Parser, client_options, global_options, spread_global_options
 from querycoord.settings.config_file import apply_layers
 from querycoord.settings.logs import setup_logging
 
+# The modules that add sub-commands, in the order `querycoord --help` lists them, with the command words each adds.
+# A command's run imports only its own module: a short command (`status`) does not pay for the start-up of every
+# other one (the checker, metatool, the tooling). tests/test_cli_start.py checks this table against the parser.
+COMMAND_MODULES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("servers", ("etcd", "coord", "querynode", "streamnode", "drill", "up", "demo")),
+    ("collection", ("collection", "replicas")),
+    ("describe_cmd", ("segments",)),
+    ("tasks", ("balance", "tasks", "nodes")),
+    ("balance_cmd", ("checkers",)),
+    ("node_cmd", ("node",)),
+    ("health_cmd", ("health", "explain")),
+    ("status", ("status", "switchover")),
+    ("config_cmd", ("config",)),
+    ("stream_cmd", ("stream", "snode")),
+    ("meta_cmd", ("meta",)),
+    ("completion", ("completion",)),
+)
+MODULE_OF = {word: module for module, words in COMMAND_MODULES for word in words}
+ALL_COMMANDS = ("completion",)  # its scripts complete every command: it needs the whole parser
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="querycoord", description="etcd-backed query coordinator",
-                    parents=[client_options(False), global_options(False)])
-    parser.add_argument("--version", action="version", version=f"querycoord {_version()}")
+
+def root_options() -> list[argparse.ArgumentParser]:
+    """The options the root parser takes before the command word (``--address``, ``--log-level``...)."""
+    return [client_options(False), global_options(False)]
+
+
+def build_parser(command: str | None = None, *,
+                 root: list[argparse.ArgumentParser] | None = None) -> argparse.ArgumentParser:
+    """The ``querycoord`` parser: every command, or with ``command`` (a word of ``MODULE_OF``) only the module
+    that adds it, which parses that command's arguments, and says its help and errors, the same. ``root``:
+    ``root_options()`` when the caller has them already."""
+    parser = Parser(prog="querycoord", description="etcd-backed query coordinator", parents=root or root_options())
+    parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     client = [client_options(True)]
-    servers.add_parsers(sub)
-    collection.add_parsers(sub, client)
-    describe_cmd.add_parsers(sub, client)  # segments
-    tasks.add_parsers(sub, client)
-    balance_cmd.add_parsers(sub, client)
-    node_cmd.add_parsers(sub, client)
-    health_cmd.add_parsers(sub, client)
-    status.add_parsers(sub, client)
-    config_cmd.add_parsers(sub, client)
-    stream_cmd.add_parsers(sub, client)
-    meta_cmd.add_parsers(sub)
-    completion.add_parsers(sub, parser)
+    only = MODULE_OF.get(command or "") if command not in ALL_COMMANDS else None
+    for module, _ in COMMAND_MODULES:
+        if only is None or module == only:
+            _add_parsers(module, sub, client, parser)
     spread_global_options(parser)  # last: every sub-command, whoever added it, takes --log-level after its name
     return parser
+
+
+def _add_parsers(module: str, sub: Any, client: list[argparse.ArgumentParser], root: argparse.ArgumentParser) -> None:
+    """Import ``querycoord.cli.<module>`` and let it add its sub-commands (imported here, when a command needs them)."""
+    if module == "servers":
+        from querycoord.cli import servers
+        servers.add_parsers(sub)
+    elif module == "collection":
+        from querycoord.cli import collection
+        collection.add_parsers(sub, client)
+    elif module == "describe_cmd":
+        from querycoord.cli import describe_cmd
+        describe_cmd.add_parsers(sub, client)  # segments
+    elif module == "tasks":
+        from querycoord.cli import tasks
+        tasks.add_parsers(sub, client)
+    elif module == "balance_cmd":
+        from querycoord.cli import balance_cmd
+        balance_cmd.add_parsers(sub, client)
+    elif module == "node_cmd":
+        from querycoord.cli import node_cmd
+        node_cmd.add_parsers(sub, client)
+    elif module == "health_cmd":
+        from querycoord.cli import health_cmd
+        health_cmd.add_parsers(sub, client)
+    elif module == "status":
+        from querycoord.cli import status
+        status.add_parsers(sub, client)
+    elif module == "config_cmd":
+        from querycoord.cli import config_cmd
+        config_cmd.add_parsers(sub, client)
+    elif module == "stream_cmd":
+        from querycoord.cli import stream_cmd
+        stream_cmd.add_parsers(sub, client)
+    elif module == "meta_cmd":
+        from querycoord.cli import meta_cmd
+        meta_cmd.add_parsers(sub)
+    elif module == "completion":
+        from querycoord.cli import completion
+        completion.add_parsers(sub, root)
+    else:
+        raise ValueError(f"no command module {module!r}")
+
+
+class _NoCommand(Exception):
+    """``command_word`` could not tell the command: the whole parser parses, and says what was wrong."""
+
+
+class _Probe(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise _NoCommand(message)
+
+
+def command_word(argv: list[str], root: list[argparse.ArgumentParser] | None = None) -> str | None:
+    """The command ``argv`` runs, found the way the whole parser finds it (the same root options before it), or
+    None when that is not plain (no command, an unknown word, a bad or unknown root option, ``-h`` or
+    ``--version`` before it): then every command is registered, for the root's help and errors."""
+    probe = _Probe(add_help=False, parents=root or root_options())
+    probe.add_argument("command", nargs="?")
+    probe.add_argument("rest", nargs=argparse.REMAINDER)
+    try:
+        args, unknown = probe.parse_known_args(argv)
+    except _NoCommand:
+        return None
+    word = args.command
+    return word if not unknown and word in MODULE_OF else None
+
+
+class _Version(argparse._VersionAction):  # noqa: SLF001 - argparse's --version, whose help and output are kept
+    """``--version``, reading the installed version only when asked (a metadata lookup every command would pay)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: str | Sequence[Any] | None, option_string: str | None = None) -> None:
+        self.version = f"querycoord {_version()}"
+        super().__call__(parser, namespace, values, option_string)
 
 
 def _version() -> str:
@@ -85,7 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     # with SIGINT ignored, and Python then leaves it ignored; etcd and kubectl (Go) take it back the same way.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        args = build_parser().parse_args(argv)
+        argv = sys.argv[1:] if argv is None else argv
+        root = root_options()  # built once: the command word is found with the root's own options
+        args = build_parser(command_word(argv, root), root=root).parse_args(argv)
         try:
             apply_layers(args)  # options not given as flags: from QUERYCOORD_* variables, then the --config file
             setup_logging(args.log_level, args.log_format)
@@ -111,4 +196,5 @@ def closed_pipe() -> int:
     return CLOSED_PIPE_EXIT
 
 
-__all__ = ["CLOSED_PIPE_EXIT", "build_parser", "closed_pipe", "main"]
+__all__ = ["CLOSED_PIPE_EXIT", "COMMAND_MODULES", "MODULE_OF", "build_parser", "closed_pipe", "command_word", "main",
+           "root_options"]

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from typing import Any
 
 from proto import querycoord_pb2 as qc
-from querycoord.cli.common import add_output_option, client_command, emit
+from querycoord.cli.common import add_output_option, client_command, emit, utc
 from querycoord.console import draw
 from querycoord.console.actions import check
 from querycoord.net.client import QueryCoordClient
@@ -24,11 +23,6 @@ BALANCE_ACTIONS = ("pause", "resume", "status")
 _BALANCE_CALLS = {"pause": ("SuspendBalance", qc.SuspendBalanceRequest),
                   "resume": ("ResumeBalance", qc.ResumeBalanceRequest),
                   "status": ("CheckBalanceStatus", qc.CheckBalanceStatusRequest)}
-
-
-def utc(ms: int) -> str:
-    """``2025-03-01 12:00:00 UTC``: one clock whoever reads it."""
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ms / 1000)) if ms else "-"
 
 
 def balance_record(resp: qc.BalanceStatusResponse) -> dict[str, Any]:

@@ -15,28 +15,28 @@ import asyncio
 import json
 import os
 import sys
+import time
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, NoReturn
-
-import grpc
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from meta.address import MAX_PORT, address_problem
 from querycoord.cli.etcd_read import add_root_option
 from querycoord.cli.watch import watch, watching
-from querycoord.console.actions import Refusal
 from querycoord.console.tables import headers
-from querycoord.net.client import CoordinatorUnavailable, QueryCoordClient
 from querycoord.settings.config_file import add_config_option
 from querycoord.settings.etcd_options import add_etcd_options
 from querycoord.settings.logs import add_log_options
 from querycoord.settings.security_options import add_security_options, configure_from_args
 from querycoord.settings.setting_rules import INT64_MAX, Rule, flag_type
 
+if TYPE_CHECKING:
+    from querycoord.net.client import QueryCoordClient
+
 DEFAULT_ADDRESS = "127.0.0.1:19531"
 OUTPUTS = ("table", "wide", "json", "yaml")
 STRUCTURED = ("json", "yaml")  # one document of the data, the same in both
 
-ClientFn = Callable[[QueryCoordClient, argparse.Namespace], Awaitable[int]]
+ClientFn = Callable[["QueryCoordClient", argparse.Namespace], Awaitable[int]]
 
 
 class Parser(argparse.ArgumentParser):
@@ -174,6 +174,11 @@ def document(data: Any, output: str) -> str:
     return json.dumps(data, indent=2, sort_keys=False)
 
 
+def utc(ms: int) -> str:
+    """``2025-03-01 12:00:00 UTC`` from unix ms (``-`` for 0): one clock whoever reads it."""
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ms / 1000)) if ms else "-"
+
+
 def wide(args: argparse.Namespace) -> bool:
     """``-o wide``: the command's table with its extra columns."""
     return getattr(args, "output", "table") == "wide"
@@ -189,6 +194,12 @@ def client_command(fn: ClientFn) -> Callable[[argparse.Namespace], int]:
     """
 
     def handler(args: argparse.Namespace) -> int:
+        # Imported when a command runs, not when it is registered: every command's start-up would pay for them.
+        import grpc
+
+        from querycoord.console.actions import Refusal
+        from querycoord.net.client import CoordinatorUnavailable, QueryCoordClient
+
         async def main() -> int:
             async with QueryCoordClient(args.address, deadline=args.timeout, call_timeout=args.timeout) as c:
                 if watching(args):

@@ -16,7 +16,7 @@ import contextlib
 import gc
 import sys
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
@@ -27,10 +27,14 @@ from meta.kv import MetaKV
 from querycoord.cli.common import add_etcd_read_options, emit
 from querycoord.cli.etcd_read import read_root, reader_config, refused_message, say_target
 from querycoord.common.wording import plural
-from querycoord.metatool import repair, show, snapshot
-from querycoord.metatool.problems import Problem
-from querycoord.metatool.verify import summary, verify
-from querycoord.metatool.verify import take as verify_snapshot
+
+if TYPE_CHECKING:
+    from querycoord.metatool.problems import Problem
+
+# The kinds `meta show` decodes (``querycoord.metatool.show.KINDS``; tests/test_cli_start.py checks they agree),
+# named here so that registering the command does not import metatool: its modules are imported by the commands
+# that run, never by `querycoord --help` or another command's start-up.
+SHOW_KINDS = ("collections", "partitions", "segments", "channels", "tasks", "sessions", "streams", "snodes")
 
 
 async def _with_kv(config: EtcdConfig, root: str, fn: Callable[[MetaKV], Awaitable[Any]]) -> Any:
@@ -40,6 +44,8 @@ async def _with_kv(config: EtcdConfig, root: str, fn: Callable[[MetaKV], Awaitab
 
 def _run(args: argparse.Namespace, fn: Callable[[MetaKV], Awaitable[Any]]) -> tuple[int, Any]:
     """(0, what ``fn`` returned) or (exit code, None) once the one error line is printed."""
+    from querycoord.metatool import repair
+
     if (getattr(args, "log_level", None) or "") not in ("TRACE", "DEBUG"):
         logger.disable("meta")  # one-shot: etcd not answering is the one error line, not retry chatter
     try:
@@ -65,6 +71,8 @@ def _run(args: argparse.Namespace, fn: Callable[[MetaKV], Awaitable[Any]]) -> tu
 
 
 def cmd_show(args: argparse.Namespace) -> int:
+    from querycoord.metatool import show, snapshot
+
     code, snap = _run(args, snapshot.take)
     if code:
         return code
@@ -105,6 +113,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
+    from querycoord.metatool.verify import summary, verify
+    from querycoord.metatool.verify import take as verify_snapshot
+
     code, snap = _run(args, verify_snapshot)
     if code:
         return code
@@ -125,6 +136,8 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def cmd_repair(args: argparse.Namespace) -> int:
+    from querycoord.metatool import repair
+
     code, report = _run(args, repair.apply if args.apply else repair.dry_run)
     if code:
         return code
@@ -147,7 +160,7 @@ def add_parsers(sub: Any) -> None:
     p = sub.add_parser("meta", help="inspect, verify and repair what is in etcd, with or without a leader")
     msub = p.add_subparsers(dest="meta_command", required=True, metavar="{show,verify,repair}")
     s = msub.add_parser("show", help="decoded records of one kind, read from etcd")
-    s.add_argument("kind", choices=list(show.KINDS), metavar="KIND", help=", ".join(show.KINDS))
+    s.add_argument("kind", choices=list(SHOW_KINDS), metavar="KIND", help=", ".join(SHOW_KINDS))
     add_etcd_read_options(s)
     s.set_defaults(func=cmd_show)
     v = msub.add_parser("verify", help="list each problem with its keys (exit 1 when there is one)")
@@ -160,4 +173,4 @@ def add_parsers(sub: Any) -> None:
     r.set_defaults(func=cmd_repair)
 
 
-__all__ = ["add_parsers"]
+__all__ = ["SHOW_KINDS", "add_parsers"]

@@ -2,7 +2,7 @@
 leader change.
 
 ``status`` reads etcd, not a coordinator, so it works with no leader at all;
-what it reads is gathered by ``querycoord.console.status_view.gather_status`` (which
+what it reads is gathered by ``querycoord.console.status_gather.gather_status`` (which
 the coordinators' status page shares) and drawn here.
 
 ``switchover`` asks the leader (``querycoord.leader.switchover``) and then waits for
@@ -14,22 +14,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
 from meta.errors import MetaError, MetaRefused
 from meta.ops.maintenance import MIB
 from proto import querycoord_pb2 as qc
-from querycoord.cli.balance_cmd import utc
-from querycoord.cli.common import add_etcd_read_options, add_output_option, client_command, emit, fail
+from querycoord.cli.common import add_etcd_read_options, add_output_option, client_command, emit, fail, utc
 from querycoord.cli.etcd_read import read_root, reader_config, refused_message, say_target
-from querycoord.console import draw
-from querycoord.console.actions import check
-from querycoord.console.status_view import PROBE_TIMEOUT, coordinator_health, gather_status
-from querycoord.leader.switchover import call_coordinator
-from querycoord.net.client import QueryCoordClient
+from querycoord.console.status_gather import PROBE_TIMEOUT, coordinator_health, gather_status
 from querycoord.settings.security_options import configure_from_args
+
+if TYPE_CHECKING:
+    from querycoord.net.client import QueryCoordClient
 
 
 def _since(t: float | None, now: float) -> str:
@@ -59,6 +57,8 @@ def control_lines(controls: dict[str, Any] | None) -> list[str]:
 
 def render(status: dict[str, Any], now: float | None = None) -> list[str]:
     """The one screen of ``querycoord status``."""
+    from querycoord.console import draw  # tables only: ``-o json`` does without
+
     now = time.time() if now is None else now
     lines = [f"root {status['root']}: " + (f"{status['leader']} leads" if status["leader"] else "no leader elected")]
     if status["switchover"]:
@@ -127,6 +127,9 @@ async def _wait_serving(address: str, timeout: float) -> float | None:
 
 
 async def _switchover(c: QueryCoordClient, args: argparse.Namespace) -> int:
+    from querycoord.console.actions import check
+    from querycoord.leader.switchover import call_coordinator
+
     # Find the leader with a call only it answers, then ask it once: a switchover retried elsewhere after a
     # timeout would be a second switchover.
     check(await c.query("ShowNodes", qc.ShowNodesRequest()), "find the leader")

@@ -20,10 +20,6 @@ import time
 from collections.abc import Awaitable, Callable
 from contextlib import redirect_stdout
 
-import grpc
-
-from querycoord.console.actions import Refusal
-from querycoord.net.client import CoordinatorUnavailable
 from querycoord.settings.setting_rules import Rule, flag_type
 
 DEFAULT_INTERVAL = 2.0
@@ -60,6 +56,11 @@ async def watch(run: Callable[[], Awaitable[int]], args: argparse.Namespace) -> 
 
     A frame is drawn whole once it is complete (its output is collected first): the screen never shows half a
     frame, and a first frame that fails prints nothing but its error."""
+    import grpc  # here, not at the top: registering ``--watch`` is part of every command's start-up
+
+    from querycoord.console.actions import Refusal
+    from querycoord.net.client import CoordinatorUnavailable
+
     tty = sys.stdout.isatty()
     output = getattr(args, "output", "table")
     first = True
@@ -88,6 +89,11 @@ async def watch(run: Callable[[], Awaitable[int]], args: argparse.Namespace) -> 
 
 
 def _reason(exc: Exception) -> str:
+    import grpc
+
+    from querycoord.console.actions import Refusal
+    from querycoord.net.client import CoordinatorUnavailable
+
     if isinstance(exc, Refusal):
         return exc.reason
     if isinstance(exc, CoordinatorUnavailable):

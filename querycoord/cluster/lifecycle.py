@@ -21,13 +21,15 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass
-from typing import TypeAlias
+from typing import TYPE_CHECKING, TypeAlias
 
 from loguru import logger
 
 from meta.kv import MetaKV
 from proto import querycoord_pb2 as qc
-from querycoord.cluster.nodes import NodeManager
+
+if TYPE_CHECKING:  # named only: a reader of the records (``querycoord status``) needs no node registry
+    from querycoord.cluster.nodes import NodeManager
 
 PREFIX = "queryCoord-nodeLifecycle/"
 OPERATOR = "operator"

@@ -34,13 +34,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from loguru import logger
 
-from querycoord.security.auth import Authenticator, SecurityInterceptor
-from querycoord.security.grpc_bounds import MAX_CONCURRENT_RPCS, OpenCallBounds, server_options
+# The server side (``auth``: the principals, their metrics; ``grpc_bounds``) is imported by the functions that
+# serve: a client (every CLI command) makes channels only, and its start-up should not pay for a server's parts.
+if TYPE_CHECKING:
+    from querycoord.security.auth import Authenticator
 
 MIB = 1 << 20
 DEFAULT_MAX_MESSAGE_BYTES = 16 * MIB
@@ -127,11 +129,15 @@ class GrpcSecurity:
             if path is not None:
                 _read(path, option)
         if self.tokens_file is not None:
+            from querycoord.security.auth import Authenticator
+
             Authenticator.load(self.tokens_file)
         return self
 
     def authenticator(self) -> Authenticator | None:
         """The server side's table of accepted credentials (None: authentication off)."""
+        from querycoord.security.auth import Authenticator
+
         return Authenticator.load(self.tokens_file) if self.tokens_file is not None else None
 
 
@@ -170,6 +176,9 @@ def _message_options(security: GrpcSecurity) -> list[tuple[str, Any]]:
 def make_server(security: GrpcSecurity | None = None, *, options: ChannelOptions = ()) -> grpc.aio.Server:
     """A grpc.aio server with the message size limits and the security interceptor (authentication, roles,
     INVALID_ARGUMENT for undecodable requests); bind it with ``add_port``."""
+    from querycoord.security.auth import SecurityInterceptor
+    from querycoord.security.grpc_bounds import MAX_CONCURRENT_RPCS, OpenCallBounds, server_options
+
     security = security or _current
     interceptor = SecurityInterceptor(security.authenticator())
     # OpenCallBounds first: it sees the raw bytes of open methods before the security interceptor decodes them.

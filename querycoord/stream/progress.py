@@ -26,9 +26,12 @@ message has the field (the checkpoint feature), and is None otherwise.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from proto import stream_pb2
-from querycoord.stream.runtime import TaskRuntime
+
+if TYPE_CHECKING:  # only named: the console draws progress without importing the stream runtime
+    from querycoord.stream.runtime import TaskRuntime
 
 
 def task_lag_ms(t: TaskRuntime) -> int:
