@@ -7,6 +7,7 @@ leaves an asyncio exception unretrieved (``tests/unretrieved.py``).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import shutil
@@ -45,6 +46,17 @@ def etcd() -> Iterator[EtcdCluster]:
     yield cluster
     cluster.stop()
     shutil.rmtree(data_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def on_etcd(etcd: EtcdCluster) -> Iterator[tuple[asyncio.AbstractEventLoop, EtcdClient]]:
+    """One loop and client for every example of a hypothesis test (it runs its examples inside one test call,
+    outside pytest-asyncio's loop)."""
+    loop = asyncio.new_event_loop()
+    client = loop.run_until_complete(connect(etcd.config()))
+    yield loop, client
+    loop.run_until_complete(client.close())
+    loop.close()
 
 
 @pytest.fixture

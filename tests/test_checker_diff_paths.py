@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -19,9 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from meta.client import EtcdClient, connect
+from meta.client import EtcdClient
 from meta.kv import MetaKV
-from meta.ops.etcd_server import EtcdCluster
 from proto import data_pb2, task_pb2
 from querycoord.checkers import Diff, Held, Holders, describe, diff, diff_async
 from querycoord.common.target import Target, TargetSegment
@@ -341,15 +339,6 @@ def flat(d: Diff) -> tuple[Any, ...]:
     return (list(d.repairs.items()), [(c, list(p.items())) for c, p in d.progress.items()],
             [(c, list(p.items())) for c, p in d.replica_progress.items()])
 
-
-@pytest.fixture(scope="module")
-def on_etcd(etcd: EtcdCluster) -> Iterator[tuple[asyncio.AbstractEventLoop, EtcdClient]]:
-    """One loop and client for every example (hypothesis runs examples inside one test call)."""
-    loop = asyncio.new_event_loop()
-    client = loop.run_until_complete(connect(etcd.config()))
-    yield loop, client
-    loop.run_until_complete(client.close())
-    loop.close()
 
 
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

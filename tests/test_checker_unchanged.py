@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from meta.client import EtcdClient, connect
+from meta.client import EtcdClient
 from meta.kv import MetaKV
 from meta.ops.etcd_server import EtcdCluster
 from proto import data_pb2, querynode_pb2
@@ -176,14 +175,6 @@ OPS = st.tuples(st.sampled_from(["noop", "lose", "heal", "stray", "restart", "si
                                  "target_drop", "forget_record", "forget_node", "release"]),
                 st.integers(0, 5), st.integers(0, 5))
 
-
-@pytest.fixture(scope="module")
-def on_etcd(etcd: EtcdCluster) -> Iterator[tuple[asyncio.AbstractEventLoop, EtcdClient]]:
-    loop = asyncio.new_event_loop()
-    client = loop.run_until_complete(connect(etcd.config()))
-    yield loop, client
-    loop.run_until_complete(client.close())
-    loop.close()
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
