@@ -15,7 +15,7 @@ This module is the only one that turns them into etcd requests.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -26,6 +26,7 @@ from meta.client import EtcdClient
 from meta.errors import InvalidKey, NotLeader, RequestTooLarge
 from meta.etcd_pb import PbCompare, RangeRequest, RequestOp, TxnRequest
 from meta.fence import Fence
+from meta.prefix_snapshot import PrefixSnapshot
 from meta.txn import (
     MAX_TXN_BYTES,
     MAX_TXN_OPS,
@@ -61,56 +62,6 @@ _TARGETS = {
     Target.MOD: (PbCompare.MOD, "mod_revision"),
     Target.VERSION: (PbCompare.VERSION, "version"),
 }
-
-
-class PrefixSnapshot:
-    """All keys under a prefix as of one etcd revision.
-
-    Built lazily from the raw pages: turning 100,000 protobuf entries into
-    ``KeyValue`` objects costs a quarter of a paged load, so it is done only
-    for callers that ask for ``kvs``; ``items()`` and ``as_dict()`` skip it.
-    """
-
-    __slots__ = ("_kvs", "_raw", "_strip", "revision")
-
-    def __init__(self, raw: list[object], revision: int, strip: int = 0):
-        self._raw = raw
-        self._strip = strip
-        self._kvs: list[KeyValue] | None = None
-        self.revision = revision
-
-    @property
-    def kvs(self) -> list[KeyValue]:
-        if self._kvs is None:
-            n = self._strip
-            self._kvs = [
-                KeyValue(r.key[n:].decode(), r.value, r.create_revision, r.mod_revision, r.version, r.lease)  # type: ignore[attr-defined]
-                for r in self._raw
-            ]
-        return self._kvs
-
-    def __len__(self) -> int:
-        return len(self._raw)
-
-    def items(self) -> list[tuple[str, bytes]]:
-        n = self._strip
-        return [(r.key[n:].decode(), r.value) for r in self._raw]  # type: ignore[attr-defined]
-
-    def values(self) -> list[bytes]:
-        """The values in key order, no key decoded (a reader that needs only the records)."""
-        return [r.value for r in self._raw]  # type: ignore[attr-defined]
-
-    def as_dict(self) -> dict[str, bytes]:
-        n = self._strip
-        return {r.key[n:].decode(): r.value for r in self._raw}  # type: ignore[attr-defined]
-
-    def select(self, keys: Collection[str]) -> dict[str, tuple[bytes, int]]:
-        """``key -> (value, create_revision)`` of those of ``keys`` the snapshot holds (a range read for a few
-        of its keys: the others are skipped without building anything for them)."""
-        n = self._strip
-        wanted = {k.encode() for k in keys}
-        return {r.key[n:].decode(): (r.value, r.create_revision)  # type: ignore[attr-defined]
-                for r in self._raw if r.key[n:] in wanted}  # type: ignore[attr-defined]
 
 
 def _to_bytes(v: Value) -> bytes:
