@@ -45,6 +45,12 @@ and holds its warm copy. Measured, in this order:
   SIGKILL at once; from the end of c0's lease until c1 has led and finished its
   first checker pass (as ``takeover_over_ttl_s`` of ``bench_scale.py``). The
   table also gives when the collection was whole again.
+- **leader_loop_blocked_max_s** / **new_leader_loop_blocked_max_s**: the longest
+  time c0's event loop ran nothing else, from its start until just before its kill,
+  and c1's until it finished the takeover
+  (``querycoord_event_loop_blocked_max_seconds``): a block longer than ``--ttl``
+  costs the leadership. If c0 no longer leads at the takeover step, the run ends
+  with the coordinators' role events and c0's log.
 
 The last line printed is one JSON object, lists over the sizes::
 
@@ -140,6 +146,8 @@ class OpsResult:
     pass_cpu_s: float = 0.0
     window_s: float = 0.0
     window_cpu_s: float = 0.0
+    loop_blocked_s: float = 0.0  # c0's longest event loop block before its kill
+    new_loop_blocked_s: float = 0.0  # c1's, until its takeover was reconciled
     segment_info_ms: float = 0.0
     segment_info_ids: int = 0
     status_ms: float = 0.0
@@ -333,6 +341,11 @@ async def leader_settled(client: QueryCoordClient, http: str, cid: int) -> bool:
     return got.get("querycoord_tasks", 0.0) == 0.0  # no series while no trigger exists
 
 
+async def loop_blocked(http: str) -> float:
+    """A coordinator's longest event loop block so far, in seconds (0 while it saw none over 50 ms)."""
+    return (await asyncio.to_thread(scrape, http)).get("querycoord_event_loop_blocked_max_seconds", 0.0)
+
+
 # ----- one size -------------------------------------------------------------------------------------------------------
 async def one_size(config: EtcdConfig, args: argparse.Namespace, segments: int, work: Path) -> OpsResult:
     res = OpsResult(segments)
@@ -413,11 +426,13 @@ async def one_size(config: EtcdConfig, args: argparse.Namespace, segments: int, 
         two = cl.nodes[2:4]
 
         async def two_down() -> None:
+            res.loop_blocked_s = await loop_blocked(http0)
             await asyncio.gather(*(whole.crash(n) for n in two))
 
         tk = await kill_and_take_over(cl.kv, c0, c1, args.timeout, args.ttl, before_kill=two_down)
         t_kill = time.perf_counter() - tk.reconciled_s
         res.takeover_lease_s, res.takeover_over_ttl_s = tk.lease_s, tk.reconciled_s - tk.lease_s
+        res.new_loop_blocked_s = await loop_blocked(str(c1.ready["http_address"]))
         await whole.wait(t_kill, args.timeout)
         c1_client = QueryCoordClient([c1.address], deadline=args.timeout, call_timeout=args.timeout)
         try:
@@ -458,6 +473,8 @@ def size_rows(r: OpsResult, args: argparse.Namespace) -> list[tuple[str, str]]:
         ("drain of one node", move_row(r.drain)),
         ("takeover, two nodes down", f"{r.takeover_over_ttl_s:.2f} s over the lease ({r.takeover_lease_s:.2f} s); "
                                      f"whole again {r.takeover_whole_s:.2f} s after the kill"),
+        ("longest event loop block", f"c0 {r.loop_blocked_s:.2f} s before its kill, c1 {r.new_loop_blocked_s:.2f} s "
+                                     f"until reconciled (session TTL {args.ttl:g} s)"),
     ]
 
 
@@ -504,6 +521,8 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         "status_floor_ms": col(lambda r: r.cli_floor_ms, 1),
         "status_page_failed": [len(r.status_page_failed) for r in results],
         "checker_window_cpu_s": col(lambda r: r.window_cpu_s),
+        "leader_loop_blocked_max_s": col(lambda r: r.loop_blocked_s, 2),
+        "new_leader_loop_blocked_max_s": col(lambda r: r.new_loop_blocked_s, 2),
     }
 
 

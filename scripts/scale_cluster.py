@@ -223,6 +223,10 @@ async def kill_and_take_over(kv: MetaKV, c0: Member, c1: Member, timeout: float,
     before = await current_leader(kv, prefix)
     if before is None:
         raise BenchError("no leader key in etcd before the kill")
+    leading = before.value.decode(errors="replace")
+    if leading != c0.address:
+        raise BenchError(f"c0 ({c0.address}) no longer leads at the takeover step, {leading} does: "
+                         f"{unplanned_change(c0, c1)}")
     since = len(c1.child.events)
     if before_kill is not None:
         await before_kill()
@@ -246,6 +250,16 @@ async def kill_and_take_over(kv: MetaKV, c0: Member, c1: Member, timeout: float,
     pending = int(await metric(http1, "querycoord_tasks") or 0)
     return Takeover(lease_s, leader_event_s, reconciled_s, pending,
                     str((ev.get("takeover") or {}).get("meta_source", "")))
+
+
+def unplanned_change(c0: Member, c1: Member) -> str:
+    """What the coordinators said of their roles, for an error when leadership moved with no kill asking it to:
+    at a large size that means the leader's loop was blocked past its session TTL, or the leader died."""
+    said = [f"{name} {ev.get('event')} at {float(ev.get('t', 0)):.1f}"
+            for name, member in (("c0", c0), ("c1", c1)) for ev in member.child.events
+            if ev.get("event") in ("leader", "standby")]
+    alive = "running" if c0.child.running else f"exited with code {c0.child.proc.returncode}"
+    return f"c0 is {alive}; role events: {', '.join(said) or 'none'}; c0's log ends:\n{c0.child.log_tail()}"
 
 
 async def wait_for_standby(kv: MetaKV, c1: Member, warm: int, timeout: float) -> None:

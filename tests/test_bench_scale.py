@@ -13,9 +13,11 @@ OPS_KEYS = {
     "status_page_ms", "segment_info_ms", "standby_read_ms", "leader_rss_kib_per_segment",
     "standby_rss_kib_per_segment", "settle_s", "node_down_repair_raw_s", "node_down_repair_records", "drain_raw_s",
     "drain_records", "takeover_two_down_whole_s", "status_floor_ms", "checker_window_cpu_s", "status_page_failed",
+    "leader_loop_blocked_max_s", "new_leader_loop_blocked_max_s",
 }
 POSITIVE = OPS_KEYS - {"segments", "settle_s", "standby_rss_kib_per_segment", "leader_rss_kib_per_segment",
-                       "checker_window_cpu_s", "status_page_failed"}
+                       "checker_window_cpu_s", "status_page_failed", "leader_loop_blocked_max_s",
+                       "new_leader_loop_blocked_max_s"}
 
 
 def test_bench_scale_ops_quick_run(project_root: Path, subprocess_env: dict[str, str], tmp_path: Path) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import time
 import urllib.error
 import urllib.request
@@ -289,3 +291,35 @@ async def _scraped_equals(proc: Spawned, name: str, expected: float, **labels: s
 
 async def _scraped_above(proc: Spawned, name: str, floor: float, **labels: str) -> bool:
     return value(await scrape(proc), name, **labels) > floor
+
+
+async def test_a_stopped_coordinator_reports_how_long_its_loop_was_blocked(
+    etcd: EtcdCluster, root_path: str, tmp_path: Path
+) -> None:
+    """A process stopped by SIGSTOP runs nothing, as a loop held by one long computation runs nothing else: once it
+    runs again, it counts the block and warns of it (the block is over a third of its 3 s session TTL)."""
+    coord = await spawn_coordinator(etcd, root_path, tmp_path, *HTTP, "--ttl", "3", name="coord-stall",
+                                    log_level="INFO")
+    try:
+        await coord.next_event("leader", timeout=60)
+        os.kill(coord.proc.pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        await asyncio.sleep(1.5)
+        held = time.monotonic() - stopped  # taken before SIGCONT: at most how long it was stopped
+        os.kill(coord.proc.pid, signal.SIGCONT)
+        await until("the block counted", lambda: _scraped_at_least(coord, "querycoord_event_loop_blocked_seconds_count",
+                                                                     1))
+        samples = await scrape(coord)
+        # The watch woke at most INTERVAL (0.1 s) before the stop: its lateness covers the rest of the stop.
+        assert value(samples, "querycoord_event_loop_blocked_max_seconds") >= held - 0.1 - 0.05
+        await until("the warning", lambda: _logged(coord, "the event loop was blocked for"))
+    finally:
+        await coord.kill()
+
+
+async def _scraped_at_least(proc: Spawned, name: str, least: float) -> bool:
+    return value(await scrape(proc), name) >= least
+
+
+async def _logged(proc: Spawned, text: str) -> bool:
+    return text in proc.log_tail(200)

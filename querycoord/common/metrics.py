@@ -73,6 +73,13 @@ HEARTBEAT_DURATION = Histogram(
 NODES_FENCED = Counter(
     "querycoord_nodes_fenced_total", "Node sessions the leader fenced (lease revoked) for a value too large or "
     "written too often, by reason", ["reason"])
+LOOP_BLOCKED = Histogram(
+    "querycoord_event_loop_blocked_seconds", "Times the event loop ran nothing else for over 50 ms, by how long "
+    "(a block longer than the session TTL loses the session)",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30, 60))
+LOOP_BLOCKED_MAX = Gauge(
+    "querycoord_event_loop_blocked_max_seconds", "The longest the event loop ran nothing else since the process "
+    "started (counted from 50 ms)")
 # ----- events: meta (through meta.observe) ----------------------------------------------------------------------------
 FENCED_WRITES_REFUSED = Counter(
     "querycoord_fenced_writes_refused_total", "Writes etcd refused because this process's leader fence was gone")

@@ -31,6 +31,7 @@ from querycoord.leader.coordinator import Coordinator
 from querycoord.net.probes import bind_http
 from querycoord.security.grpc_channels import add_port, make_server
 from querycoord.serving.health import CoordinatorEndpoints
+from querycoord.serving.loop_watch import LoopWatch
 from querycoord.serving.server import add_to_server
 from querycoord.serving.stream_service import add_stream_service
 from querycoord.settings.config import CoordConfig
@@ -60,6 +61,8 @@ class CoordinatorProcess:
         self.coord = Coordinator(config, self.address)
         self.health = GrpcHealth()
         self._health_task: asyncio.Task[None] | None = None
+        self.loop_watch = LoopWatch(config.session_ttl)
+        self._loop_watch_task: asyncio.Task[None] | None = None
         # /metrics, /healthz and /readyz (--http-listen): bound now, as the gRPC port is; served from start() on.
         self.http = bind_http(config.http_listen, CoordinatorEndpoints(self.coord), pages=True,
                               addresses=[self.address],
@@ -68,6 +71,7 @@ class CoordinatorProcess:
     async def start(self) -> None:
         if self.http is not None:
             self.http.start()  # before etcd is reached: the process is live (not ready) while it waits
+        self._loop_watch_task = asyncio.create_task(self.loop_watch.run(), name="loop watch")
         # A leader holds a protobuf per segment (100,000s): with the default thresholds the
         # cyclic GC rescans them all over and over (a noticeable share of a large load); they are not cyclic.
         gc.set_threshold(100_000, 50, 1000)
@@ -131,13 +135,16 @@ class CoordinatorProcess:
         gRPC calls in flight are cut, health stops following; the session and election key lapse after the TTL."""
         await self.coord.halt_as_crashed()
         await self.server.stop(None)
-        if self._health_task is not None:
-            self._health_task.cancel()
+        self._cancel_background()
         await self.coord.close_as_crashed()
 
+    def _cancel_background(self) -> None:
+        for task in (self._health_task, self._loop_watch_task):
+            if task is not None:
+                task.cancel()
+
     async def stop(self) -> None:
-        if self._health_task:
-            self._health_task.cancel()
+        self._cancel_background()
         await self.coord.stop()
         await self.server.stop(grace=1.0)
         if self.http is not None:
