@@ -29,7 +29,7 @@ deletes: ``release_collection`` is one txn), sent with ``MetaKV.txn``, which
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from google.protobuf.message import Message
@@ -126,6 +126,43 @@ class TxnWriter:
             self.in_doubt = True
             raise
         return len(txns)
+
+    async def commit_streamed(
+        self, operation: str, chunks: Iterable[Sequence[Mutation]], index: Callable[[], MetaIndex]
+    ) -> int:
+        """``commit`` of independent puts (``independent_puts``'s mutations, never ``atomic``) that ``chunks`` builds
+        a txn or so at a time: each chunk's txns are on their way to etcd while the next chunk is built, instead of
+        after the last one. Returns the txns used; every txn is tried, then the first error is raised.
+
+        Why: a load's node answers with thousands of segments whose records cost as much CPU to build as etcd
+        takes to write a few txns of them; building them all first kept etcd idle meanwhile, and the first write
+        of the load started that much later. The caller makes sure no record can exceed a txn alone (a too large
+        one would be refused with the chunks before it written).
+        """
+        applied = self._applier(index)
+        sends: list[asyncio.Task[None]] = []
+        loop = asyncio.get_running_loop()
+        try:
+            for mutations in chunks:
+                for txn in self.kv.pack([Unit(m.ops, payload=m, ops_size=m.ops_size) for m in mutations]):
+                    sends.append(loop.create_task(self._send_one(operation, txn, applied)))
+                await asyncio.sleep(0)  # the new sends take their slots and go out before the next chunk is built
+        finally:
+            results = await asyncio.gather(*sends, return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        return len(sends)
+
+    async def _send_one(self, operation: str, txn: Batch, applied: Callable[[Batch, TxnResult], None]) -> None:
+        """One txn of independent puts in one of the writer's in-flight slots; applied to memory once accepted."""
+        async with self._slots():
+            try:
+                result = await self.kv.txn((), txn.ops, operation=operation)
+            except MetaUnavailable:
+                self.in_doubt = True
+                raise
+        applied(txn, result)
 
     def _applier(self, index: Callable[[], MetaIndex]) -> Callable[[Batch, TxnResult], None]:
         """What follows each accepted txn: count it, apply its mutations to memory (etcd first, then memory)."""

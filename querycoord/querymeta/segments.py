@@ -9,10 +9,11 @@ record once (``_put_new_segments``, ``_put_loaded``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence, Set
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
+from operator import attrgetter
 from types import MappingProxyType
 
-from meta.txn import Put
+from meta.txn import MAX_TXN_OPS, Put
 from querycoord.common.messages import LoadItem
 
 from . import keys
@@ -44,6 +45,22 @@ def _checked_segment_ids(segs: Sequence[SegmentInfo | LoadItem]) -> set[int]:
             raise ValueError(f"segment {seg.segment_id} appears twice in one save")
         seen.add(seg.segment_id)
     return seen
+
+
+#: Records built per chunk of a streamed save (``save_loaded``): one txn's worth.
+_STREAM_CHUNK = MAX_TXN_OPS
+#: A channel name longer than this takes the save that checks every record against the limits before writing.
+_LONG_CHANNEL = 4096
+_COMPACTION_FROM = attrgetter("compaction_from")
+_INSERT_CHANNEL = attrgetter("insert_channel")
+
+
+def _small_records(infos: Sequence[LoadItem]) -> bool:
+    """Whether no record of ``infos`` can be near a txn's byte limit, so their save may be streamed: none has
+    compaction sources (a list of any length) or a long channel name; the rest of a record is ids and sizes."""
+    if any(map(_COMPACTION_FROM, infos)):
+        return False
+    return max(map(len, map(_INSERT_CHANNEL, infos)), default=0) <= _LONG_CHANNEL
 
 
 def _copies_tail(replica_id: int, node_id: int) -> bytes:
@@ -220,6 +237,9 @@ class Segments:
             replicas: dict[tuple[int, int], int] = {}
             places = core.index.segments.places()
             new = [info for info in infos if info.segment_id not in places]
+            if len(new) == len(infos) and _small_records(infos):
+                chunks = self._loaded_chunks(infos, node_id, replica_id, replicas, _STREAM_CHUNK)
+                return await core.writer.commit_streamed("save_segments", chunks, lambda: core.index)
             mutations = self._put_loaded(new, node_id, replica_id, replicas) if new else []
             if len(new) < len(infos):
                 mutations += [
@@ -324,34 +344,42 @@ class Segments:
                     replicas: dict[tuple[int, int], int]) -> list[Mutation]:
         """``_put_new_segments`` of the ``loaded_record``s of ``infos`` (segments with no record yet), serialized
         from one message whose per-segment fields are set in turn: the bytes ``loaded_record`` serializes to."""
-        rows: list[NewSegment] = []
-        puts: list[Put] = []
+        return [m for chunk in self._loaded_chunks(infos, node_id, replica_id, replicas, len(infos)) for m in chunk]
+
+    def _loaded_chunks(self, infos: list[LoadItem], node_id: int, replica_id: int,
+                       replicas: dict[tuple[int, int], int], size: int) -> Iterator[list[Mutation]]:
+        """``_put_loaded``'s mutations, built ``size`` records at a time (``TxnWriter.commit_streamed`` sends each
+        chunk while the next is built)."""
         seg = SegmentInfo(node_id=node_id, state=SEALED)
         serialize = seg.SerializeToString
         sources = seg.compaction_from
         collection = replica = partition = -1
         tail = b""
         prefix = ""
-        for info in infos:
-            sid, cid, pid, mem = info.segment_id, info.collection_id, info.partition_id, info.mem_size
-            if cid != collection:  # a load's infos are of one collection: resolved once
-                collection = seg.collection_id = cid
-                replica = seg.replica_id = replica_id or self._replica_of_copy(cid, node_id, replicas)
-                tail = _copies_tail(replica, node_id)
-                partition = -1
-            if pid != partition:  # they come by partition: the key's prefix made once per run
-                partition = seg.partition_id = pid
-                prefix = keys.segment_partition_prefix(cid, pid)
-            seg.segment_id = sid
-            seg.mem_size = mem
-            seg.num_rows = info.num_rows
-            seg.dm_channel = info.insert_channel
-            if info.compaction_from:
-                del sources[:]
-                sources.extend(info.compaction_from)
-            elif sources:
-                del sources[:]
-            raw = serialize() + tail  # the record with its one copy, byte for byte (see _copies_tail)
-            puts.append(Put(prefix + str(sid), raw))  # keys.segment_key, its prefix made once per partition
-            rows.append((sid, cid, pid, replica, node_id, mem, raw))
-        return self._core.writer.independent_puts(puts, lambda index, a, b: index.put_new_segments(rows, a, b))
+        for start in range(0, len(infos), size):
+            rows: list[NewSegment] = []
+            puts: list[Put] = []
+            for info in infos[start:start + size]:
+                sid, cid, pid, mem = info.segment_id, info.collection_id, info.partition_id, info.mem_size
+                if cid != collection:  # a load's infos are of one collection: resolved once
+                    collection = seg.collection_id = cid
+                    replica = seg.replica_id = replica_id or self._replica_of_copy(cid, node_id, replicas)
+                    tail = _copies_tail(replica, node_id)
+                    partition = -1
+                if pid != partition:  # they come by partition: the key's prefix made once per run
+                    partition = seg.partition_id = pid
+                    prefix = keys.segment_partition_prefix(cid, pid)
+                seg.segment_id = sid
+                seg.mem_size = mem
+                seg.num_rows = info.num_rows
+                seg.dm_channel = info.insert_channel
+                if info.compaction_from:
+                    del sources[:]
+                    sources.extend(info.compaction_from)
+                elif sources:
+                    del sources[:]
+                raw = serialize() + tail  # the record with its one copy, byte for byte (see _copies_tail)
+                puts.append(Put(prefix + str(sid), raw))  # keys.segment_key, its prefix made once per partition
+                rows.append((sid, cid, pid, replica, node_id, mem, raw))
+            yield self._core.writer.independent_puts(
+                puts, lambda index, a, b, rows=rows: index.put_new_segments(rows, a, b))  # type: ignore[misc]
