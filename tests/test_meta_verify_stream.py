@@ -4,7 +4,8 @@ random roots written to a real etcd it finds exactly what the whole-root snapsho
 The roots mix valid segment records with corrupt ones (bytes that do not parse, a record under another key, a
 segment id stored twice, the key equal to the prefix itself), records on live and dead query nodes, load records
 of some collections and partitions, catalog collections with some partitions, and keys beside the prefix. Pages of
-one to three keys put broken records on every side of a page boundary. Both reads are taken at one revision each
+one to three keys (fixed, or growing as they do over a large prefix) put broken records on every side of a
+page boundary. Both reads are taken at one revision each
 with nothing written between them.
 """
 
@@ -63,10 +64,12 @@ def _root(segments: list[tuple[int, int, int, int, str]], odd: list[str], catalo
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(segments=_SEGMENTS, odd=_ODD_KEYS, catalog=_IDS, loaded=_IDS, live=_IDS, page=st.integers(1, 3))
+@given(segments=_SEGMENTS, odd=_ODD_KEYS, catalog=_IDS, loaded=_IDS, live=_IDS, page=st.integers(1, 3),
+       grow=st.sampled_from([1, 4]))
 def test_streamed_verify_finds_what_the_whole_snapshot_finds(etcd: EtcdCluster, segments: list[tuple[int, int, int,
                                                              int, str]], odd: list[str], catalog: set[int],
-                                                             loaded: set[int], live: set[int], page: int) -> None:
+                                                             loaded: set[int], live: set[int], page: int,
+                                                             grow: int) -> None:
     async def run() -> None:
         client = await connect(etcd.config())
         kv = MetaKV(client, f"test/stream-{uuid.uuid4().hex[:8]}")
@@ -78,7 +81,8 @@ def test_streamed_verify_finds_what_the_whole_snapshot_finds(etcd: EtcdCluster, 
             lean = await snapshot.take(kv, skip_under=NOT_READ, skip_whole=(qkeys.SEGMENT_PREFIX,))
             assert lean.revision == whole.revision
             assert not any(k.startswith(qkeys.SEGMENT_PREFIX) for k in lean.items)
-            streamed = await read_segments(kv, lean.revision, live_nodes(lean), page_size=page)
+            streamed = await read_segments(kv, lean.revision, live_nodes(lean), page_size=page,
+                                           max_page_size=page * grow)
             expected = [p.as_dict() for p in verify(whole)]
             assert [p.as_dict() for p in verify(lean, streamed)] == expected
             # The fixes too: repair applies them as verify found them.
@@ -102,7 +106,7 @@ def test_a_page_boundary_between_a_segment_and_its_twin_still_finds_the_twin(etc
             first, second = qkeys.segment_key(1, 1, 7), qkeys.segment_key(1, 2, 7)
             await kv.multi_save({first: _segment(1, 1, 7, 0), second: _segment(1, 2, 7, 0)})
             lean = await snapshot.take(kv, skip_under=NOT_READ, skip_whole=(qkeys.SEGMENT_PREFIX,))
-            streamed = await read_segments(kv, lean.revision, set(), page_size=1)
+            streamed = await read_segments(kv, lean.revision, set(), page_size=1, max_page_size=1)
             assert [(p.kind, p.keys) for p in streamed.corrupt] == [("corrupt-query-meta", (second,))]
             assert "already stored under" in streamed.corrupt[0].detail
             assert streamed.collection_keys(1) == [first]

@@ -32,8 +32,11 @@ from querycoord.querymeta.records import decode_into
 
 from .problems import Problem, delete_fix
 
-# Keys per page: a page of segment records is a few MiB at most, below the gRPC receive limit.
-PAGE_SIZE = 5000
+# Keys per page: the first page, then twice as many each page up to MAX_PAGE_SIZE (etcd counts the whole rest of
+# the range for every page, so small pages over a million keys cost it O(n^2 / page)); a page over the gRPC
+# receive limit is halved, and pages stay below that size from then on.
+PAGE_SIZE = 1000
+MAX_PAGE_SIZE = 50_000
 
 
 class _Places(SegmentTable):
@@ -105,23 +108,26 @@ class StreamedSegments:
             yield item, SegmentInfo.FromString(item.value), dead
 
 
-async def read_segments(kv: MetaKV, revision: int, live: set[int], page_size: int = PAGE_SIZE) -> StreamedSegments:
+async def read_segments(kv: MetaKV, revision: int, live: set[int], page_size: int = PAGE_SIZE,
+                        max_page_size: int = MAX_PAGE_SIZE) -> StreamedSegments:
     """Every key from ``keys.SEGMENT_PREFIX`` (the key equal to it included) as of ``revision``, page by page."""
     out = StreamedSegments(live)
     start = ""
+    ceiling = max(page_size, max_page_size)
     while True:
         try:
             page, more = await kv.range_page(keys.SEGMENT_PREFIX, start=start, limit=page_size, revision=revision)
         except grpc.aio.AioRpcError as exc:  # a page over the gRPC receive limit (large records): halve it
             if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED or page_size == 1:
                 raise
-            page_size = max(1, page_size // 2)
+            page_size = ceiling = max(1, page_size // 2)
             continue
         for item in page:
             out.add(item)
         if not more or not page:
             return out
         start = page[-1].key + "\x00"
+        page_size = min(page_size * 2, ceiling)
 
 
-__all__ = ["PAGE_SIZE", "StreamedSegments", "read_segments"]
+__all__ = ["MAX_PAGE_SIZE", "PAGE_SIZE", "StreamedSegments", "read_segments"]
