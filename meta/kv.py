@@ -126,11 +126,14 @@ class MetaKV:
         resp = await self._range(RangeRequest(key=self.abs_key(key), revision=revision), f"get {key}")
         return self._kv(resp.kvs[0]) if resp.kvs else None  # type: ignore[attr-defined]
 
-    async def range_page(self, prefix: str, *, start: str = "", limit: int) -> tuple[list[KeyValue], bool]:
+    async def range_page(self, prefix: str, *, start: str = "", limit: int,
+                         revision: int = 0) -> tuple[list[KeyValue], bool]:
         """Keys under ``prefix`` from ``start`` on (a key >= ``prefix``; empty: from the first), at most
-        ``limit``; and whether more follow. One page of a cursor that callers resume after its last key."""
+        ``limit``; and whether more follow. One page of a cursor that callers resume after its last key;
+        ``revision``: every page as of it (0: now)."""
         first = self.abs_key(start) if start else self.abs_prefix(prefix)
-        req = RangeRequest(key=first, range_end=prefix_range_end(self.abs_prefix(prefix)), limit=limit)
+        req = RangeRequest(key=first, range_end=prefix_range_end(self.abs_prefix(prefix)), limit=limit,
+                           revision=revision)
         resp = await self._range(req, f"range_page {start or prefix}")
         return [self._kv(raw) for raw in resp.kvs], bool(resp.more)  # type: ignore[attr-defined]
 

@@ -29,13 +29,17 @@ def proc_cpu_s(pid: int) -> float:
 
 def timed_process(argv: Sequence[str], timeout: float = 3600) -> tuple[float, int, int, str]:
     """Run ``argv`` to its end: (wall seconds, peak RSS KiB, exit code, stdout). The peak is the child's own
-    ``ru_maxrss`` (``os.wait4``), not the largest of every child this process ever had."""
+    high-water mark (``VmHWM``), read while it runs: not ``ru_maxrss``, which Linux raises at ``exec`` to the
+    high-water mark of the memory it replaces, here this process's own (subprocess forks with vfork), so a bench
+    holding its nodes would report its own size for every command."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         t = time.perf_counter()
         proc = subprocess.Popen(list(argv), stdout=out, stderr=err, env=child_env())
         deadline = time.monotonic() + timeout
+        peak = 0
         while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            peak = max(peak, _high_water_kib(proc.pid))
+            pid, status, _usage = os.wait4(proc.pid, os.WNOHANG)
             if pid:
                 break
             if time.monotonic() > deadline:
@@ -49,7 +53,18 @@ def timed_process(argv: Sequence[str], timeout: float = 3600) -> tuple[float, in
         if proc.returncode not in (0, 1):
             tail = err.read().decode(errors="replace")[-2000:]
             raise BenchError(f"{' '.join(argv[2:5])} ... exited {proc.returncode}: {tail}")
-        return wall, usage.ru_maxrss, proc.returncode, out.read().decode(errors="replace")
+        return wall, peak, proc.returncode, out.read().decode(errors="replace")
+
+
+def _high_water_kib(pid: int) -> int:
+    """``VmHWM`` of /proc/<pid>/status, KiB; 0 once the process is gone (a zombie has no memory fields)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 class Whole:

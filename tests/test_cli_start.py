@@ -28,6 +28,10 @@ HEAVY = ("querycoord.checkers", "querycoord.metatool", "querycoord.console.statu
          "querycoord.stream.runtime", "querycoord.security.auth", "querycoord.common.metrics",
          "querycoord.cli.servers", "querycoord.cli.meta_cmd")
 
+# What `status` does without although it asks each coordinator for its state: the generated QueryCoord stub module
+# (every method of the service; the one method status calls is built from the service descriptor).
+STATUS_NEEDS_NOT = frozenset({"proto.querycoord_pb2_grpc"})
+
 # Runs `querycoord ARGS...` as `python -m querycoord.cli` does, and writes the modules it imported when it exits.
 PROBE = """
 import atexit, json, os, runpy, sys
@@ -70,6 +74,7 @@ def test_status_reads_etcd_without_importing_the_checker_or_the_engine(etcd: Etc
     assert heavy(modules) == []
     assert "querycoord.console.status_gather" in modules
     assert "querycoord.console.draw" not in modules  # -o json draws no table
+    assert STATUS_NEEDS_NOT.isdisjoint(modules), STATUS_NEEDS_NOT & set(modules)
 
     r, modules = run_probe(subprocess_env, tmp_path, "status", *etcd_flags(etcd, root_path))
     assert r.returncode == 0, r.stderr

@@ -28,6 +28,7 @@ from querycoord.net.client import QueryCoordClient
 from querycoord.nodes.querynode import FaultConfig, QueryNode
 from tests.cluster import QueryCluster, wait_in_memory
 from tests.spawn import MID_LOAD_FLAGS, Processes
+from tests.test_cli_start import STATUS_NEEDS_NOT, run_probe
 
 # Node calls of 600 ms, two at a time: the load takes about ten seconds, and a switchover
 # started right after it began (the command's start-up included) lands in the middle.
@@ -89,9 +90,12 @@ async def test_status_shows_coordinators_nodes_and_etcd(etcd: EtcdCluster, root_
         await queued(kv, 2)
         async with silent_candidate(kv) as silent:
             await queued(kv, 3)
-            code, out, err = await cli("status", *etcd_flags(etcd, root_path), "-o", "json")
-            assert code == 0, err
-            status = json.loads(out)
+            r, modules = await asyncio.to_thread(run_probe, child_env(), tmp_path, "status",
+                                                 *etcd_flags(etcd, root_path), "-o", "json")
+            assert r.returncode == 0, r.stderr
+            status = json.loads(r.stdout)
+            # It asked each coordinator for its state (``since`` below) without the generated stub module.
+            assert STATUS_NEEDS_NOT.isdisjoint(modules)
             code, table, err = await cli("status", *etcd_flags(etcd, root_path))
             assert code == 0, err
         print(table)

@@ -128,8 +128,19 @@ async def member_status(config: EtcdConfig, endpoint: str) -> MemberStatus:
         await client.close()
         return MemberStatus(endpoint, error=str(exc).splitlines()[0], reason=short_reason(exc))
     try:
-        status.db_size_quota = resp.dbSizeQuota or await backend_quota(config, endpoint)
-        status.compacted_revision = await compacted_revision(client, status.revision)
+        # The quota scrape (HTTP, in a thread) runs beside the reads that find the compacted revision.
+        quota = asyncio.ensure_future(backend_quota(config, endpoint)) if not resp.dbSizeQuota else None
+        try:
+            status.compacted_revision = await compacted_revision(client, status.revision)
+        except asyncio.CancelledError:
+            if quota is not None:
+                quota.cancel()
+            raise
+        finally:
+            if quota is not None and not quota.cancelled():
+                status.db_size_quota = await quota
+            else:
+                status.db_size_quota = resp.dbSizeQuota
         return status
     except MetaError as exc:  # a member without a quorum answers its status but no reads
         status.error = f"answers its status but no reads: {str(exc).splitlines()[0]}"

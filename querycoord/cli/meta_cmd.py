@@ -113,13 +113,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from querycoord.metatool.verify import summary, verify
-    from querycoord.metatool.verify import take as verify_snapshot
+    from querycoord.metatool.verify import summary, take_streamed, verify
 
-    code, snap = _run(args, verify_snapshot)
+    code, read = _run(args, take_streamed)
     if code:
         return code
-    problems = verify(snap)
+    snap = read.snap
+    problems = verify(snap, read.segments)
     counts = summary(problems)
 
     def render() -> list[str]:

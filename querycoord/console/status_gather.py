@@ -155,9 +155,12 @@ async def session_view(kv: MetaKV, probe_timeout: float) -> dict[str, Any]:
 
 async def gather_status(config: EtcdConfig, root: str, *, probe_timeout: float = PROBE_TIMEOUT) -> dict[str, Any]:
     """Everything ``querycoord status`` shows, as one JSON-ready dict; ``MetaError`` when etcd does not answer."""
-    async with await connect(config) as client:
-        view = await session_view(MetaKV(client, root), probe_timeout)
-    etcd = await cluster_status(config)
+    async def view_of_root() -> dict[str, Any]:
+        async with await connect(config) as client:
+            return await session_view(MetaKV(client, root), probe_timeout)
+
+    # Side by side: the members' status (their own connections) need not wait for the sessions and the probes.
+    view, etcd = await asyncio.gather(view_of_root(), cluster_status(config))
     return {"root": root, **view, "etcd": etcd.as_dict()}
 
 

@@ -30,13 +30,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 import grpc
+from google.protobuf.message_factory import GetMessageClass
 from loguru import logger
 
 from meta.election import LeaderInfo, election_prefix, observe_leader
 from meta.errors import MetaError
 from meta.kv import MetaKV
 from meta.txn import absent, created_at, delete, get, put
-from proto import common_pb2, querycoord_pb2_grpc
+from proto import common_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.common.errors import Conflict, CoordError, NotFound
 from querycoord.common.protocol import QUERYCOORD_ELECTION
@@ -86,7 +87,23 @@ async def call_coordinator(address: str, method: str, request: Any, timeout: flo
     """One QueryCoord call to the coordinator at ``address`` itself (no leader following), as this process (a
     leader asking a standby to step back presents the coordinator's credential)."""
     async with make_channel(address) as channel:
-        return await getattr(querycoord_pb2_grpc.QueryCoordStub(channel), method)(request, timeout=timeout)
+        return await _unary(channel, method)(request, timeout=timeout)
+
+
+_SERVICE = qc.DESCRIPTOR.services_by_name["QueryCoord"]
+
+
+def _unary(channel: grpc.aio.Channel, method: str) -> Any:
+    """The one QueryCoord method ``method`` on ``channel``, built from the service descriptor: the generated stub
+    (``querycoord_pb2_grpc``) builds every method of the service, and its module is most of what a short
+    ``querycoord status`` would import."""
+    response = GetMessageClass(_SERVICE.methods_by_name[method].output_type)  # the generated class itself
+    return channel.unary_unary(f"/{_SERVICE.full_name}/{method}", request_serializer=_serialize,
+                               response_deserializer=response.FromString)
+
+
+def _serialize(message: Any) -> bytes:
+    return bytes(message.SerializeToString())
 
 
 def coordinator_state(coord: Switchable) -> qc.GetCoordinatorStateResponse:

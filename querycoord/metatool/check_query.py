@@ -10,7 +10,8 @@ nodes that remain (it loads what no node holds).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
+from typing import Protocol
 
 from google.protobuf.message import DecodeError
 
@@ -18,6 +19,7 @@ from meta.kv import KeyValue
 from meta.session import SessionInfo, role_prefix, session_key
 from meta.txn import Compare, Op, absent, delete, delete_prefix, modified_at, put
 from proto import catalog_pb2
+from proto.data_pb2 import SegmentInfo
 from querycoord.catalog.store import COLLECTIONS_PREFIX
 from querycoord.catalog.store import collection_key as catalog_key
 from querycoord.common.protocol import QUERYNODE_ROLE
@@ -28,13 +30,65 @@ from querycoord.querymeta.index import MetaIndex
 from querycoord.querymeta.records import collection_percentage, copy_message, decode_into
 
 from .problems import Fix, Found, Problem, delete_fix
+from .segment_stream import StreamedSegments
 from .snapshot import Snapshot
 
 
-def decode_query_meta(snap: Snapshot, found: Found | None = None) -> MetaIndex:
-    """Query meta as a leader's reload builds it; corrupt records are reported (with ``found``) and skipped."""
+class SegmentRecords(Protocol):
+    """What the checks read of the segment records: from the snapshot (``SnapshotSegments``), or streamed
+    (``segment_stream.StreamedSegments``) when the snapshot was read without them."""
+
+    @property
+    def partitions(self) -> Mapping[int, Collection[int]]:
+        """collection -> the partitions that have decoded records."""
+
+    def partition_keys(self, cid: int, pid: int) -> list[str]:
+        """The keys under the partition's segment prefix that are not corrupt records, in key order."""
+
+    def collection_keys(self, cid: int) -> list[str]:
+        """Likewise under the collection's segment prefix."""
+
+    def on_dead_nodes(self) -> Iterable[tuple[KeyValue, SegmentInfo, list[int]]]:
+        """(record, segment, nodes without a session it names), by segment id."""
+
+
+class SnapshotSegments:
+    """``SegmentRecords`` of a snapshot that holds the segment records, decoded into ``index``."""
+
+    def __init__(self, snap: Snapshot, index: MetaIndex):
+        self.snap, self.index = snap, index
+
+    @property
+    def partitions(self) -> Mapping[int, Collection[int]]:
+        return self.index.segments_by_partition
+
+    def partition_keys(self, cid: int, pid: int) -> list[str]:
+        return [kv.key for kv in self.snap.under(keys.segment_partition_prefix(cid, pid))]
+
+    def collection_keys(self, cid: int) -> list[str]:
+        return [kv.key for kv in self.snap.under(keys.segment_collection_prefix(cid))]
+
+    def on_dead_nodes(self) -> Iterator[tuple[KeyValue, SegmentInfo, list[int]]]:
+        live = live_nodes(self.snap)
+        for seg in sorted(self.index.segments.values(), key=lambda s: s.segment_id):
+            kv = self.snap.get(keys.segment_key(seg.collection_id, seg.partition_id, seg.segment_id))
+            dead = sorted(n for n in copies(seg).values() if n not in live)
+            if dead and kv is not None:
+                yield kv, seg, dead
+
+
+def decode_query_meta(snap: Snapshot, found: Found | None = None, *,
+                      streamed: Iterable[Problem] | None = None) -> MetaIndex:
+    """Query meta as a leader's reload builds it; corrupt records are reported (with ``found``) and skipped.
+    ``streamed``: the snapshot has no segment records; these are the problems of those that were read apart
+    (reported in their turn, so problems come in the same order)."""
     index = MetaIndex()
     for prefix in keys.ALL_PREFIXES:
+        if streamed is not None and prefix == keys.SEGMENT_PREFIX:
+            for problem in streamed:
+                if found is not None:
+                    found.add(problem)
+            continue
         for item in snap.under(prefix):
             try:
                 decode_into(index, prefix, item.key, item.value)
@@ -69,11 +123,12 @@ def live_nodes(snap: Snapshot, role: str = QUERYNODE_ROLE) -> set[int]:
             if (info := SessionInfo.parse(kv.key, kv.value)) is not None}
 
 
-def _collection_keys(snap: Snapshot, cid: int) -> list[KeyValue]:
-    kvs = [kv for kv in [snap.get(keys.collection_key(cid))] if kv is not None]
-    for prefix in (keys.segment_collection_prefix(cid), keys.dm_channel_prefix(cid), keys.delta_channel_prefix(cid)):
-        kvs += snap.under(prefix)
-    return kvs
+def _collection_keys(snap: Snapshot, segs: SegmentRecords, cid: int) -> list[str]:
+    out = [kv.key for kv in [snap.get(keys.collection_key(cid))] if kv is not None]
+    out += segs.collection_keys(cid)
+    for prefix in (keys.dm_channel_prefix(cid), keys.delta_channel_prefix(cid)):
+        out += [kv.key for kv in snap.under(prefix)]
+    return out
 
 
 def _guard_load_record(snap: Snapshot, cid: int) -> Compare:
@@ -88,32 +143,33 @@ def _drop_collection_ops(cid: int) -> list[Op]:
             delete_prefix(keys.dm_channel_prefix(cid)), delete_prefix(keys.delta_channel_prefix(cid))]
 
 
-def _dropped_collections(snap: Snapshot, index: MetaIndex, catalog: Mapping[int, object], found: Found) -> set[int]:
-    cids = set(index.collections) | set(index.segments_by_partition) | set(index.dm_channels)
+def _dropped_collections(snap: Snapshot, index: MetaIndex, segs: SegmentRecords, catalog: Mapping[int, object],
+                         found: Found) -> set[int]:
+    cids = set(index.collections) | set(segs.partitions) | set(index.dm_channels)
     cids |= set(index.delta_channels)
     gone = {cid for cid in cids if cid not in catalog}
     for cid in sorted(gone):
-        kvs = [kv for kv in _collection_keys(snap, cid) if kv.key not in found.claimed]
+        named = [key for key in _collection_keys(snap, segs, cid) if key not in found.claimed]
         fix = Fix(f"release collection {cid} from query meta (record and range deletes)",
                   tuple(_drop_collection_ops(cid)), (absent(catalog_key(cid)), _guard_load_record(snap, cid)))
-        found.add(Problem("query-meta-of-dropped-collection", tuple(kv.key for kv in kvs),
+        found.add(Problem("query-meta-of-dropped-collection", tuple(named),
                           f"collection {cid} is not in the catalog ({catalog_key(cid)} is missing)", fix))
     return gone
 
 
-def _dropped_partitions(snap: Snapshot, index: MetaIndex, cid: int, desc: catalog_pb2.CollectionDescription,
-                        found: Found) -> None:
+def _dropped_partitions(snap: Snapshot, index: MetaIndex, segs: SegmentRecords, cid: int,
+                        desc: catalog_pb2.CollectionDescription, found: Found) -> None:
     have = {p.partition_id for p in desc.partitions}
     info = index.collections.get(cid)
     listed = {p.partition_id for p in info.partitions} | set(info.released_partition_ids) if info else set()
-    gone = sorted((listed | set(index.segments_by_partition.get(cid, {}))) - have)
+    gone = sorted((listed | set(segs.partitions.get(cid, ()))) - have)
     if not gone:
         return
     record = snap.get(keys.collection_key(cid))
     rewrite = info is not None and record is not None and bool(set(gone) & listed)
-    kvs = [record] if rewrite and record is not None else []
+    named = [record.key] if rewrite and record is not None else []
     for pid in gone:
-        kvs += snap.under(keys.segment_partition_prefix(cid, pid))
+        named += segs.partition_keys(cid, pid)
     ops: list[Op] = [delete_prefix(keys.segment_partition_prefix(cid, pid)) for pid in gone]
     if rewrite and info is not None:
         kept = [p for p in info.partitions if p.partition_id in have]
@@ -131,25 +187,27 @@ def _dropped_partitions(snap: Snapshot, index: MetaIndex, cid: int, desc: catalo
     assert cat is not None
     fix = Fix(f"forget partitions {gone} of collection {cid} (segment range deletes, load record rewritten)",
               tuple(ops), (modified_at(cat.key, cat.mod_revision), _guard_load_record(snap, cid)))
-    found.add(Problem("query-meta-of-dropped-partition", tuple(kv.key for kv in kvs if kv.key not in found.claimed),
+    found.add(Problem("query-meta-of-dropped-partition", tuple(key for key in named if key not in found.claimed),
                       f"collection {cid} has no partition {', '.join(map(str, gone))} in the catalog", fix))
 
 
-def _unloaded(snap: Snapshot, index: MetaIndex, cid: int, found: Found) -> None:
+def _unloaded(snap: Snapshot, index: MetaIndex, segs: SegmentRecords, cid: int, found: Found) -> None:
     """Range deletes (as a release makes them), so a fix stays one small txn however many records there are."""
     info = index.collections.get(cid)
     loaded = {p.partition_id for p in info.partitions} if info is not None else set()
-    prefixes = [keys.segment_partition_prefix(cid, pid) for pid in sorted(index.segments_by_partition.get(cid, {}))
-                if pid not in loaded]
+    pids = [pid for pid in sorted(segs.partitions.get(cid, ())) if pid not in loaded]
+    prefixes = [keys.segment_partition_prefix(cid, pid) for pid in pids]
+    named = [key for pid in pids for key in segs.partition_keys(cid, pid)]
     if info is None:
         prefixes += [keys.dm_channel_prefix(cid), keys.delta_channel_prefix(cid)]
-    kvs = [kv for prefix in prefixes for kv in snap.under(prefix) if kv.key not in found.claimed]
-    if kvs:
+        named += [kv.key for prefix in prefixes[-2:] for kv in snap.under(prefix)]
+    named = [key for key in named if key not in found.claimed]
+    if named:
         what = "collection is not loaded" if info is None else "partitions are not loaded"
         fix = Fix("delete the records (range deletes, as a release)", tuple(delete_prefix(p) for p in prefixes),
                   (_guard_load_record(snap, cid),))
-        found.add(Problem("query-meta-of-unloaded", tuple(kv.key for kv in kvs),
-                          f"collection {cid}: {len(kvs)} segment or channel records, but the {what}", fix))
+        found.add(Problem("query-meta-of-unloaded", tuple(named),
+                          f"collection {cid}: {len(named)} segment or channel records, but the {what}", fix))
 
 
 def _dead_copies_fix(kv: KeyValue, rec: Copyable, dead: list[int], what: str) -> Fix:
@@ -164,15 +222,13 @@ def _dead_copies_fix(kv: KeyValue, rec: Copyable, dead: list[int], what: str) ->
                (put(kv.key, rest.SerializeToString()),), (*guards, modified_at(kv.key, kv.mod_revision)))
 
 
-def _dead_nodes(snap: Snapshot, index: MetaIndex, found: Found) -> None:
+def _dead_nodes(snap: Snapshot, index: MetaIndex, segs: SegmentRecords, found: Found) -> None:
     live = live_nodes(snap)
-    for seg in sorted(index.segments.values(), key=lambda s: s.segment_id):
-        kv = snap.get(keys.segment_key(seg.collection_id, seg.partition_id, seg.segment_id))
-        dead = sorted(n for n in copies(seg).values() if n not in live)
-        if dead and kv is not None and kv.key not in found.claimed:
-            found.add(Problem("segment-on-dead-node", (kv.key,),
+    for record, seg, dead in segs.on_dead_nodes():
+        if record.key not in found.claimed:
+            found.add(Problem("segment-on-dead-node", (record.key,),
                               f"segment {seg.segment_id} is recorded on nodes {dead}, which have no session",
-                              _dead_copies_fix(kv, seg, dead, "loads it")))
+                              _dead_copies_fix(record, seg, dead, "loads it")))
     for cid, channels in sorted(index.dm_channels.items()):
         for name, watch in sorted(channels.items()):
             kv = snap.get(keys.dm_channel_key(cid, name))
@@ -183,17 +239,19 @@ def _dead_nodes(snap: Snapshot, index: MetaIndex, found: Found) -> None:
                                   _dead_copies_fix(kv, watch, dead, "watches it")))
 
 
-def check_query(snap: Snapshot, found: Found) -> None:
-    index = decode_query_meta(snap, found)
+def check_query(snap: Snapshot, found: Found, streamed: StreamedSegments | None = None) -> None:
+    """Every query meta check; ``streamed``: the segment records, read apart from ``snap`` (which lacks them)."""
+    index = decode_query_meta(snap, found, streamed=None if streamed is None else streamed.corrupt)
+    segs: SegmentRecords = SnapshotSegments(snap, index) if streamed is None else streamed
     catalog = decode_catalog(snap, found)
-    gone = _dropped_collections(snap, index, catalog, found)
+    gone = _dropped_collections(snap, index, segs, catalog, found)
     for cid, desc in sorted(catalog.items()):
         if desc is not None and cid not in gone:
-            _dropped_partitions(snap, index, cid, desc, found)
-    cids = (set(index.segments_by_partition) | set(index.dm_channels) | set(index.delta_channels)) - gone
+            _dropped_partitions(snap, index, segs, cid, desc, found)
+    cids = (set(segs.partitions) | set(index.dm_channels) | set(index.delta_channels)) - gone
     for cid in sorted(cids):
-        _unloaded(snap, index, cid, found)
-    _dead_nodes(snap, index, found)
+        _unloaded(snap, index, segs, cid, found)
+    _dead_nodes(snap, index, segs, found)
 
 
-__all__ = ["check_query", "decode_catalog", "decode_query_meta", "live_nodes"]
+__all__ = ["SegmentRecords", "SnapshotSegments", "check_query", "decode_catalog", "decode_query_meta", "live_nodes"]

@@ -73,13 +73,14 @@ def pieces(skipped: Iterable[tuple[str, str]]) -> list[tuple[str, str | None]]:
     return out
 
 
-async def take(kv: MetaKV, *, skip_under: Iterable[str] = ()) -> Snapshot:
+async def take(kv: MetaKV, *, skip_under: Iterable[str] = (), skip_whole: Iterable[str] = ()) -> Snapshot:
     """Read every key under ``kv``'s root, paged, at one revision; but not the keys under ``skip_under`` (a key
-    equal to one of these prefixes is read).
+    equal to one of these prefixes is read), nor those of ``skip_whole`` (the key equal to the prefix too: a
+    caller that reads that range itself, at the snapshot's revision).
 
     A credential that may read all but the election (the reader: ``meta.ops.etcd_roles``) reads around it, every
     part at one revision; the snapshot then has no election keys."""
-    skipped = [(p + "\x00", _end(p)) for p in skip_under]
+    skipped = [(p + "\x00", _end(p)) for p in skip_under] + [(p, _end(p)) for p in skip_whole]
     try:
         return await _read(kv, pieces(skipped))
     except MetaAuthError:
