@@ -422,7 +422,7 @@ class Coordinator:
                            sorted(silent))
         # Nodes gone for good: after the others answered, since whether a gone node's re-replication may wait
         # (``checkers.left``) depends on what the nodes that answered serve.
-        for node_id in sorted(meta.known_node_ids() - nodes.online_ids()):
+        for node_id in sorted(meta.bound_node_ids() - nodes.online_ids()):
             await on_node_down(node_id)
         started.append(scheduler.stop)
         queued = await scheduler.reload()
