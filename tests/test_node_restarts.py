@@ -393,6 +393,7 @@ async def test_a_node_back_under_its_id_while_its_old_self_is_forgotten_stays_kn
     meta.remove_node = remove_while_it_comes_back  # type: ignore[method-assign]
     try:
         await forget_node(env, 4545, incarnations=incarnations)  # type: ignore[arg-type]
+        await until_true("the node that came back counts", lambda: _serving(nodes, 4545), timeout=30)
         assert not meta.segments_on_node(4545), "the old process's copies are forgotten"
         assert nodes.is_online(4545), "the process that came back is still known"
         created = nodes.nodes[4545].created
