@@ -45,6 +45,7 @@ from querycoord.common.protocol import (
     leader_is_at,
 )
 from querycoord.leader.balance import auto_balance_loop
+from querycoord.leader.settle import ProgressAfterMoves
 from querycoord.leader.view import Leadership
 from querycoord.leader.watchers import forget_node, forget_restarted, kick_on_node_changes, record_joined, run_handoff
 from querycoord.querymeta import QueryMeta
@@ -411,6 +412,9 @@ class Coordinator:
                           forget=on_node_down, left=left, switches=switches)
         checker.lifecycles = lifecycles
         scheduler.finish_hooks.append(checker.after_trigger)
+        after_moves = ProgressAfterMoves(scheduler, served, self.targets)
+        scheduler.finish_hooks.append(after_moves.after_trigger)
+        started.append(after_moves.stop)
         started.append(nodes.stop)
         await nodes.start()
         # Before anything counts a copy: nodes restarted while no leader watched, and nodes gone for good.
