@@ -81,7 +81,7 @@ async def test_a_queued_release_never_drops_what_became_the_replicas_only_copy(e
             task_pb2.NodeSegments(node_id=a.node_id, segment_ids=[only])], reason="duplicate")
         await b.stop()
         c.nodes.remove(b)
-        await wait_until(lambda: b.node_id not in meta.known_node_ids(), "the leader forgot node B")
+        await wait_until(lambda: b.node_id not in meta.bound_node_ids(), "the leader forgot node B")
         await run_repair(lead, c, cid, planned)
         assert only in a.state.segments, "the release ran after B died: it must keep the replica's only copy"
 

@@ -372,24 +372,28 @@ async def test_a_node_back_under_its_id_while_its_old_self_is_forgotten_stays_kn
     await meta.save_segments([data_pb2.SegmentInfo(segment_id=100, collection_id=1, partition_id=10, node_id=4545,
                                                    replica_id=7, mem_size=100)])
     incarnations = Incarnations(meta.kv)
+    env = SimpleNamespace(meta=meta)
 
-    async def joined(node: Node) -> None:
-        await incarnations.save(node.node_id, node.created)
+    async def joined(node: Node) -> None:  # as the leader's node manager is told (``coordinator``)
+        await record_joined(node, env=env, incarnations=incarnations,  # type: ignore[arg-type]
+                            checker=SimpleNamespace(kick=lambda: None))  # type: ignore[arg-type]
 
     nodes = NodeManager(kv, on_node_up=joined)
+    env.nodes = nodes
     await nodes.start()
     node = QueryNode(kv, capacity_bytes=1024 * MiB, ttl=2.0, node_id=4545)
     remove_node = meta.remove_node
 
-    async def remove_while_it_comes_back(node_id: int) -> int:
-        await node.start()
-        await until_true("the node is online again", lambda: _online(nodes, node_id), timeout=30)
-        return await remove_node(node_id)
+    async def remove_while_it_comes_back(node_id: int, **kw: bool) -> int:
+        if not nodes.is_online(node_id):
+            await node.start()
+            await until_true("the node is online again", lambda: _online(nodes, node_id), timeout=30)
+        return await remove_node(node_id, **kw)
 
     meta.remove_node = remove_while_it_comes_back  # type: ignore[method-assign]
     try:
-        env = SimpleNamespace(meta=meta, nodes=nodes)
         await forget_node(env, 4545, incarnations=incarnations)  # type: ignore[arg-type]
+        await until_true("the node that came back counts", lambda: _serving(nodes, 4545), timeout=30)
         assert not meta.segments_on_node(4545), "the old process's copies are forgotten"
         assert nodes.is_online(4545), "the process that came back is still known"
         created = nodes.nodes[4545].created

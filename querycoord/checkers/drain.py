@@ -74,12 +74,12 @@ async def _drain_one(scheduler: Scheduler, lifecycles: NodeLifecycles, node_id: 
             status.waiting = "the node is offline: its copies are forgotten, then it is drained"
         return 0
     if not segs and not chans:
-        if await _holds_nothing(scheduler, node_id):
+        dist = await _distribution(scheduler, node_id)
+        if dist is not None and await _holds_nothing(scheduler, node_id, dist):
             await _leave_replicas(scheduler, lifecycles, node_id)
-        else:
-            status.waiting = "the node still reports copies query meta does not place on it: the checker " \
-                             "releases them"
-        return 0
+            return 0
+        status.waiting = "the node still reports copies query meta does not place on it: they are released"
+        return 0 if dist is None else await _release_leftovers(scheduler, node_id, dist, busy)
     by_coll: dict[int, list[data_pb2.SegmentInfo]] = {}
     for s in segs:
         by_coll.setdefault(s.collection_id, []).append(s)
@@ -133,17 +133,22 @@ async def _drain_one(scheduler: Scheduler, lifecycles: NodeLifecycles, node_id: 
     return queued
 
 
-async def _holds_nothing(scheduler: Scheduler, node_id: int) -> bool:
-    """The node's own report: no segment, no DM channel (a node that does not answer is not taken as empty).
-    The delta and query channel watches left (they only served the segments it held) are released with a
-    ReleaseCollection per collection, best effort: the node serves nothing of it any more."""
-    client = scheduler.env.nodes.client(node_id)
+async def _distribution(scheduler: Scheduler, node_id: int) -> querynode_pb2.GetDataDistributionResponse | None:
+    """The node's own report of what it holds (segment ids only); None when it does not answer."""
     try:
-        dist = await client.call("GetDataDistribution",
-                                 querynode_pb2.GetDataDistributionRequest(segment_ids_only=True))
+        return await scheduler.env.nodes.client(node_id).call(
+            "GetDataDistribution", querynode_pb2.GetDataDistributionRequest(segment_ids_only=True))
     except NodeError as exc:
         logger.info("drain of query node {}: it did not report its distribution: {}", node_id, exc)
-        return False
+        return None
+
+
+async def _holds_nothing(scheduler: Scheduler, node_id: int,
+                         dist: querynode_pb2.GetDataDistributionResponse) -> bool:
+    """The node's own report (``dist``): no segment, no DM channel (a node that does not answer is not taken as
+    empty). The delta and query channel watches left (they only served the segments it held) are released with a
+    ReleaseCollection per collection, best effort: the node serves nothing of it any more."""
+    client = scheduler.env.nodes.client(node_id)
     held = sum(len(g.segment_ids) for g in dist.segment_groups) + len(dist.segments)
     if held or any(ch.kind == querynode_pb2.CHANNEL_KIND_DM for ch in dist.channels):
         return False
@@ -154,6 +159,46 @@ async def _holds_nothing(scheduler: Scheduler, node_id: int) -> bool:
             logger.info("drain of query node {}: releasing what is left of collection {} failed: {}", node_id,
                         cid, exc)
     return True
+
+
+async def _release_leftovers(scheduler: Scheduler, node_id: int, dist: querynode_pb2.GetDataDistributionResponse,
+                             busy: Callable[[], set[int]]) -> int:
+    """Query meta places nothing on the draining node, yet it still holds some copies (the second watch of a DM
+    channel a drain's repair watched on another node, a segment a balance could not release): one REPAIR per
+    collection no trigger owns releases them from it now, rather than after the checker's next comparison. A DM
+    channel is released only while query meta records its watch on another online node of the collection (else
+    it is left to the checker); each segment release weighs its copies again when it runs
+    (``task.release_guard``), so a copy that is its replica's only one stays. Returns the triggers queued."""
+    env = scheduler.env
+    meta = env.meta
+    segments: dict[int, list[int]] = {}
+    for g in dist.segment_groups:
+        segments.setdefault(g.collection_id, []).extend(g.segment_ids)
+    for s in dist.segments:
+        segments.setdefault(s.collection_id, []).append(s.segment_id)
+    channels: dict[int, list[str]] = {}
+    for ch in dist.channels:
+        if ch.kind != querynode_pb2.CHANNEL_KIND_DM or not meta.has_collection(ch.collection_id):
+            continue
+        watchers = meta.dm_channel_copies(ch.collection_id).get(ch.channel_name, {}).values()
+        if any(n != node_id and env.nodes.is_online(n) for n in watchers):
+            channels.setdefault(ch.collection_id, []).append(ch.channel_name)
+    queued = 0
+    for cid in sorted(set(segments) | set(channels)):
+        if cid in busy() or scheduler.stopped:
+            continue
+        req = task_pb2.RepairRequest(reason=f"copies left on draining node {node_id} released")
+        if segments.get(cid):
+            req.release_segments.append(task_pb2.NodeSegments(node_id=node_id, segment_ids=sorted(segments[cid])))
+        if channels.get(cid):
+            req.release_dm_channels.append(task_pb2.NodeChannels(node_id=node_id,
+                                                                 channel_names=sorted(channels[cid])))
+        task = RepairTask.new(env, req, trigger_condition=qc.TRIGGER_CONDITION_CHECKER, collection_id=cid)
+        await scheduler.enqueue(task)
+        queued += 1
+        logger.info("drain of query node {}: releasing what it still holds of collection {} (task {})", node_id,
+                    cid, task.id)
+    return queued
 
 
 async def _leave_replicas(scheduler: Scheduler, lifecycles: NodeLifecycles, node_id: int) -> None:

@@ -54,6 +54,8 @@ from querycoord.task.units import usage_of
 _KICKED_BY = frozenset({qc.TASK_KIND_RELEASE_COLLECTION, qc.TASK_KIND_RELEASE_PARTITION, qc.TASK_KIND_REPAIR,
                         qc.TASK_KIND_UPDATE_LOAD_CONFIG,
                         qc.TASK_KIND_LOAD_BALANCE})
+# Trigger kinds a drain queues (``checkers.drain``): the end of one runs the drain's next step at once.
+_DRAIN_STEPS = frozenset({qc.TASK_KIND_REPAIR, qc.TASK_KIND_LOAD_BALANCE, qc.TASK_KIND_REHOME_NODE})
 
 
 @dataclass
@@ -97,6 +99,11 @@ class Checker:
         self.errors = 0
         # The nodes' maintenance lifecycles: a pass drains the DRAINING nodes (``checkers.drain``).
         self.lifecycles: NodeLifecycles | None = None
+        # One drain step at a time (a pass's, or ``drain_step``'s): two would both see a collection free and
+        # queue two moves of it.
+        self._draining = asyncio.Lock()
+        self._drain_task: asyncio.Task[None] | None = None
+        self._drain_again = False
 
     def kick(self) -> None:
         self._kick.set()
@@ -107,6 +114,40 @@ class Checker:
         parked; not after every load or handoff, which at a million segments would keep a pass always running."""
         if trigger.KIND in _KICKED_BY or len(self.scheduler.env.parked):
             self.kick()
+        if trigger.KIND in _DRAIN_STEPS:
+            self.drain_soon()
+
+    def drain_soon(self) -> None:
+        """Run ``drain_step`` now in the background (again once more if one is running): a drain started, or a
+        move that may have been a drain's ended. Nothing when no node is draining."""
+        if self.lifecycles is None or not self.lifecycles.draining() or self.scheduler.stopped:
+            return
+        if self._drain_task is not None and not self._drain_task.done():
+            self._drain_again = True
+            return
+        self._drain_task = asyncio.get_running_loop().create_task(self._drain_soon(), name="drain-step")
+
+    async def _drain_soon(self) -> None:
+        again = True
+        while again:
+            self._drain_again = False
+            try:
+                await self.drain_step()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the next pass's drain step does it
+                logger.warning("checker: a drain step failed: {}", exc)
+            again = self._drain_again
+
+    async def drain_step(self) -> int:
+        """The draining nodes' next moves now, without a pass's comparison first (``checkers.drain``): when a
+        drain's move ends or a drain starts, what comes next (the DM channels once the segments are moved, DRAINED
+        once the node holds nothing) needs no distribution nor target, only query meta and the draining node's own
+        report. Returns the triggers queued."""
+        if self.lifecycles is None or not self.lifecycles.draining() or self.scheduler.stopped:
+            return 0
+        async with self._draining:
+            return await drain_nodes(self.scheduler, self.lifecycles, self._busy)
 
     async def run_forever(self) -> None:
         while not self.scheduler.stopped:
@@ -179,7 +220,8 @@ class Checker:
         preempt_balances(self.scheduler, d, balanced)
         await self._queue_repairs(d, report)
         if self.lifecycles is not None:
-            await drain_nodes(self.scheduler, self.lifecycles, self._busy)
+            async with self._draining:
+                await drain_nodes(self.scheduler, self.lifecycles, self._busy)
         return report
 
     async def _marks(self, busy: set[int], gone: frozenset[int]) -> dict[int, Hashable]:

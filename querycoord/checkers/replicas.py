@@ -49,9 +49,11 @@ class ReplicaView:
 
 
 async def forget_offline(env: TaskEnv, forget: Callable[[int], Awaitable[None]], forgotten: list[int]) -> None:
-    """Forget (``forget``: ``watchers.forget_node``) every node query meta refers to that is not online (its
-    session went while forgetting it failed, or while no leader watched); each is added to ``forgotten``."""
-    for node_id in sorted(env.meta.known_node_ids() - env.nodes.online_ids()):
+    """Forget (``forget``: ``watchers.forget_node``) every node that is not online and still serves a replica or
+    watches a DM channel (its session went while forgetting it failed, or while no leader watched); each is added
+    to ``forgotten``. Segment copies left on a forgotten node need no forget: they count for nothing and the
+    repair moves them."""
+    for node_id in sorted(env.meta.bound_node_ids() - env.nodes.online_ids()):
         logger.info("checker: query node {} is not online but query meta still refers to it: forgetting it",
                     node_id)
         await forget(node_id)

@@ -45,6 +45,7 @@ from querycoord.common.protocol import (
     leader_is_at,
 )
 from querycoord.leader.balance import auto_balance_loop
+from querycoord.leader.settle import ProgressAfterMoves
 from querycoord.leader.view import Leadership
 from querycoord.leader.watchers import forget_node, forget_restarted, kick_on_node_changes, record_joined, run_handoff
 from querycoord.querymeta import QueryMeta
@@ -411,6 +412,9 @@ class Coordinator:
                           forget=on_node_down, left=left, switches=switches)
         checker.lifecycles = lifecycles
         scheduler.finish_hooks.append(checker.after_trigger)
+        after_moves = ProgressAfterMoves(scheduler, served, self.targets)
+        scheduler.finish_hooks.append(after_moves.after_trigger)
+        started.append(after_moves.stop)
         started.append(nodes.stop)
         await nodes.start()
         # Before anything counts a copy: nodes restarted while no leader watched, and nodes gone for good.
@@ -422,7 +426,7 @@ class Coordinator:
                            sorted(silent))
         # Nodes gone for good: after the others answered, since whether a gone node's re-replication may wait
         # (``checkers.left``) depends on what the nodes that answered serve.
-        for node_id in sorted(meta.known_node_ids() - nodes.online_ids()):
+        for node_id in sorted(meta.bound_node_ids() - nodes.online_ids()):
             await on_node_down(node_id)
         started.append(scheduler.stop)
         queued = await scheduler.reload()

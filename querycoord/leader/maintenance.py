@@ -89,4 +89,5 @@ async def drain(lead: Leadership, node_id: int, *, graceful_stop: bool) -> qc.No
     await lifecycles_of(lead).drain(node_id, reason=GRACEFUL_STOP if graceful_stop else OPERATOR,
                                     incarnation=node.created if node is not None else 0, copies=copies)
     lead.checker.kick()
+    lead.checker.drain_soon()  # its first moves now, not after the pass's comparison
     return node_info(lead, node_id)

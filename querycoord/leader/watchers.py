@@ -115,8 +115,10 @@ async def kick_on_node_changes(nodes: NodeManager, checker: Checker) -> None:
 
 async def forget_node(env: TaskEnv, node_id: int, *, incarnations: Incarnations,
                       served: ServedView | None = None, left: LeftNodes | None = None) -> None:
-    """A query node's session is gone: what it held leaves query meta now, it leaves its replicas, and its id is
-    free for the node's next incarnation (``NodeManager.remove``).
+    """A query node's session is gone: it leaves its replicas and its DM channel watches now, and its id is free
+    for the node's next incarnation (``NodeManager.remove``). The segment records naming it stay, counting for
+    nothing (it is offline and in no replica): the repair that loads each copy elsewhere rewrites its record once,
+    instead of a delete of every record now and a put moments later (``QueryMeta.remove_node``).
 
     Why at once and not through a trigger: the node holds nothing any more, so there is nothing to wait for, and
     a trigger would hold the lock of every collection the node served until the last of them could be repaired
@@ -139,10 +141,10 @@ async def forget_node(env: TaskEnv, node_id: int, *, incarnations: Incarnations,
         await persist_lowered(meta, meta.collection_ids(), served.collection)
     if left is not None and await left.hold(node_id, meta, served):
         return
-    if node_id in meta.known_node_ids():
-        txns = await meta.remove_node(node_id)
-        logger.info("query node {} forgotten: its copies left query meta and it left its replicas ({} txns)",
-                    node_id, txns)
+    if node_id in meta.bound_node_ids():
+        txns = await meta.remove_node(node_id, keep_segments=True)
+        logger.info("query node {} forgotten: it left its replicas and its DM channel watches ({} txns); the "
+                    "repair moves its {} segment copies", node_id, txns, meta.segment_count_on_node(node_id))
     # Two forgets of one node may run at once (the session watch's, a checker pass's): the first one's
     # ``nodes.remove`` lets a node back under its fixed id join, and this one must then leave that incarnation be
     # (its record and its place in the node map), or the leader would never see it again.
@@ -151,7 +153,10 @@ async def forget_node(env: TaskEnv, node_id: int, *, incarnations: Incarnations,
         return
     if left is not None:
         await left.drop(node_id)
-    await incarnations.drop(node_id)
+    if node_id not in meta.known_node_ids():
+        # Else kept while segment records still name it: a process back under its id while no leader watched is
+        # then told from the lost one (``forget_restarted``), and what those records say is forgotten.
+        await incarnations.drop(node_id)
     await nodes.remove(node_id)
 
 

@@ -23,13 +23,26 @@ class Nodes:
         members = {n for info in index.collections.values() for r in info.replicas for n in r.node_ids}
         return set(index.segments_by_node) | set(index.dm_channels_by_node) | members
 
-    async def remove_node(self, node_id: int) -> int:
+    def bound_node_ids(self) -> set[int]:
+        """Nodes that serve a replica or watch a DM channel: ``known_node_ids`` without the nodes named only by
+        segment copies. A lost node is forgotten (``remove_node(keep_segments=True)``) once it is none of these;
+        the copies still naming it count for nothing and are moved by the repair that loads them elsewhere."""
+        index = self._core.index
+        members = {n for info in index.collections.values() for r in info.replicas for n in r.node_ids}
+        return set(index.dm_channels_by_node) | members
+
+    async def remove_node(self, node_id: int, *, keep_segments: bool = False) -> int:
         """Remove the node's copies from every segment and DM channel record (a record left with no copy goes) and
         take the node out of every replica, in as few txns as the limits allow.
 
         Used by the node-down balance once the node's work was given to the
         survivors (their saves already moved those records to other nodes;
         what is left here is what could not be moved). Returns the txns used.
+
+        ``keep_segments``: the segment records keep their copies on the node (a lost node's forget). They count
+        for nothing once the node is in no replica and offline (``served``), and the repair that loads each
+        elsewhere moves it with the one write it makes anyway (``with_copy`` replaces the replica's copy): no
+        delete of every record first, and a leader that dies in between leaves the new one the same records.
         """
         check_id("node", node_id)
         core = self._core
@@ -37,7 +50,7 @@ class Nodes:
         def cids() -> set[int]:
             index = core.index
             places = index.segments.places()
-            out = {places[s][0] for s in index.segments_by_node.get(node_id, ())}
+            out = set() if keep_segments else {places[s][0] for s in index.segments_by_node.get(node_id, ())}
             out.update(c for c, _ in index.dm_channels_by_node.get(node_id, ()))
             out.update(i.collection_id for i in index.collections.values()
                        if any(node_id in r.node_ids for r in i.replicas))
@@ -46,7 +59,7 @@ class Nodes:
         async def body() -> int:
             index = core.index
             mutations = []
-            for sid in sorted(index.segments_by_node.get(node_id, ())):
+            for sid in () if keep_segments else sorted(index.segments_by_node.get(node_id, ())):
                 seg = index.segments[sid]
                 rest = without_node(seg, node_id)
                 mutations.append(core.put_segment(rest) if rest is not None else core.drop_segment(seg))

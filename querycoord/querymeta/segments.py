@@ -73,6 +73,13 @@ def _copies_tail(replica_id: int, node_id: int) -> bytes:
     return SegmentInfo(node_ids=[node_id], replica_ids=[replica_id]).SerializeToString()
 
 
+def _sole_copy_of(place: tuple[int, int, tuple[int, ...]] | None, collection_id: int, partition_id: int,
+                  replica_id: int) -> bool:
+    """Whether a record placed at ``place`` is of that partition and its one copy is ``replica_id``'s."""
+    return (place is not None and place[0] == collection_id and place[1] == partition_id
+            and len(place[2]) == 2 and place[2][0] == replica_id)
+
+
 class Segments:
     """Reads and writes of the segment records."""
 
@@ -237,15 +244,24 @@ class Segments:
             replicas: dict[tuple[int, int], int] = {}
             places = core.index.segments.places()
             new = [info for info in infos if info.segment_id not in places]
+            if len(new) < len(infos):
+                # A record whose one copy is this replica's (on a lost node: a repair moving it) becomes the
+                # loaded record as it is, like a new one: the merge would give the same bytes, per segment slower.
+                own = {cid: replica_id or self._replica_of_copy(cid, node_id, replicas) for cid, _ in pairs}
+                moved = {info.segment_id for info in infos
+                         if _sole_copy_of(places.get(info.segment_id), info.collection_id, info.partition_id,
+                                          own[info.collection_id])}
+                new = [info for info in infos if info.segment_id not in places or info.segment_id in moved]
             if len(new) == len(infos) and _small_records(infos):
                 chunks = self._loaded_chunks(infos, node_id, replica_id, replicas, _STREAM_CHUNK)
                 return await core.writer.commit_streamed("save_segments", chunks, lambda: core.index)
             mutations = self._put_loaded(new, node_id, replica_id, replicas) if new else []
             if len(new) < len(infos):
+                done = {info.segment_id for info in new}
                 mutations += [
                     core.put_segment(self._merged_segment(loaded_record(info, node_id, replica_id), replicas))
                     for info in infos
-                    if info.segment_id in places
+                    if info.segment_id not in done
                 ]
             return await core.commit("save_segments", mutations, atomic=False)
 

@@ -300,8 +300,11 @@ class QueryMeta:
     def known_node_ids(self) -> set[int]:
         return self._nodes.known_node_ids()
 
-    async def remove_node(self, node_id: int) -> int:
-        return await self._nodes.remove_node(node_id)
+    def bound_node_ids(self) -> set[int]:
+        return self._nodes.bound_node_ids()
+
+    async def remove_node(self, node_id: int, *, keep_segments: bool = False) -> int:
+        return await self._nodes.remove_node(node_id, keep_segments=keep_segments)
 
     async def remove_collection_copies(self, collection_id: int, node_ids: Iterable[int]) -> int:
         return await self._nodes.remove_collection_copies(collection_id, node_ids)

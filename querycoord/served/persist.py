@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from querycoord.common.partition_state import PARTIAL, PartitionState
+from querycoord.common.partition_state import IN_MEMORY, PARTIAL, PartitionState
 from querycoord.served.state import CollectionServed
 
 if TYPE_CHECKING:
@@ -42,6 +42,33 @@ async def persist_lowered(meta: QueryMeta, collection_ids: Iterable[int],
             await meta.set_replica_percentages(cid, replicas)
         written += bool(states or replicas)
     return written
+
+
+async def persist_raised(meta: QueryMeta, collection_id: int, now: CollectionServed | None) -> bool:
+    """Raise the persisted partition and replica percentages of ``collection_id`` to what ``now`` (its served
+    figures) says where that is more (a partition at 100 % is IN_MEMORY again); True when something was written.
+
+    Only against the catalog's own target (``target_from_catalog``): meta's records standing in for it would let
+    a collection missing a segment meta never recorded claim 100 %. The caller makes sure no trigger owns the
+    collection (a load's percentages are its own until it ends) and that the catalog copy is current."""
+    info = meta.get_collection(collection_id)
+    if info is None or now is None or not now.target_from_catalog:
+        return False
+    states: dict[int, tuple[PartitionState, int]] = {}
+    for p in info.partitions:
+        if p.partition_id not in now.partitions:
+            continue
+        live = now.partition_percentage(p.partition_id)
+        if live > p.in_memory_percentage:
+            states[p.partition_id] = (IN_MEMORY if live == 100 else PARTIAL, live)
+    replicas = {r.replica_id: now.replicas[r.replica_id].percentage for r in info.replicas
+                if r.replica_id in now.replicas and r.replica_id not in now.joining
+                and now.replicas[r.replica_id].percentage > r.in_memory_percentage}
+    if states:
+        await meta.set_partition_states(collection_id, states)
+    if replicas:
+        await meta.set_replica_percentages(collection_id, replicas)
+    return bool(states or replicas)
 
 
 async def persist_releasing(meta: QueryMeta, collection_id: int, partition_ids: Iterable[int] | None = None) -> None:

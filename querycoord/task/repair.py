@@ -87,13 +87,16 @@ class RepairTask(TriggerTask, kind=qc.TASK_KIND_REPAIR, request="repair"):
         """Load what each replica lacks and watch its unwatched DM channels, one replica (a unit) at a time: a
         unit that cannot be placed now is parked with its reason (``task.parking``) and the others go on."""
         env, cid, meta = self.env, self.collection_id, self.env.meta
-        # A copy still recorded on the node the checker saw without the segment (or on an offline one) is stale;
-        # one on another online node means somebody loaded it since: leave it. Removed by node, in as few txns as
-        # the limits allow (one txn per segment cost 8 s before 9,500 segments of a restarted node were loaded).
+        # A copy still recorded on the online node the checker saw without the segment is stale: removed, by node,
+        # in as few txns as the limits allow. One on an offline node (a lost node's: ``watchers.forget_node``)
+        # counts for nothing and stays until the load that replaces it rewrites its record (``with_copy``): a
+        # delete now would be a second write of every record that moves. One on another online node means
+        # somebody loaded it since: leave it.
+        online = env.nodes.is_online
         stale: dict[int, list[int]] = {}
         for s in self.request.missing_segments:
             node = meta.segment_copies(s.segment_id).get(s.replica_id, 0)
-            if node and (node == s.node_id or not env.nodes.is_online(node)):
+            if node and node == s.node_id and online(node):
                 stale.setdefault(node, []).append(s.segment_id)
         for node, ids in sorted(stale.items()):
             await meta.remove_segment_copies(node, ids)
@@ -101,7 +104,7 @@ class RepairTask(TriggerTask, kind=qc.TASK_KIND_REPAIR, request="repair"):
         missing: dict[int, dict[int, list[int]]] = {}
         for s in self.request.missing_segments:
             if (s.replica_id in replicas and meta.has_partition(cid, s.partition_id)
-                    and s.replica_id not in meta.segment_copies(s.segment_id)):
+                    and not online(meta.segment_copies(s.segment_id).get(s.replica_id, 0))):
                 missing.setdefault(s.replica_id, {}).setdefault(s.partition_id, []).append(s.segment_id)
         rewatch: dict[int, list[data_pb2.DmChannelWatchInfo]] = {}
         for w in self.request.rewatch:

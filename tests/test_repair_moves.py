@@ -1,0 +1,102 @@
+"""A lost node's segment records are moved by the repair, not deleted first: on a real cluster, through a leader
+change between the forget and the repair.
+
+What must hold: from the moment the node is lost its copies count for nothing (ShowCollections and the persisted
+percentage are below 100, its replica no longer names it), though its records still name it until the repair
+loads each copy elsewhere; the repair rewrites each such record once (its key is never deleted, so etcd's create
+revision of it stays); and a new leader that takes over before any repair finishes it, the nodes holding
+everything and the collection shown at 100 %.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from meta.ops.etcd_server import EtcdCluster
+from proto import querycoord_pb2 as qc
+from querycoord.leader.coordinator import Leadership
+from querycoord.querymeta import QueryMeta
+from querycoord.querymeta.keys import SEGMENT_PREFIX
+from tests.cluster import QueryCluster, fast_scheduler, until, wait_until
+from tests.truth import held_by, target_of
+
+
+async def pause_checker(lead: Leadership) -> None:
+    """Stop the leader's checker loop (and what kicks it): nothing repairs until another leader takes over."""
+    loops = [t for t in lead.tasks if t.get_name() in ("checker", "checker-kicks")]
+    for t in loops:
+        t.cancel()
+    await asyncio.gather(*loops, return_exceptions=True)
+
+
+async def shown_percentage(c: QueryCluster, cid: int) -> int:
+    assert c.client is not None
+    show = await c.client.query("ShowCollections", qc.ShowCollectionsRequest(collection_ids=[cid]))
+    assert show.status.error_code == 0, show.status
+    return show.collections[0].in_memory_percentage
+
+
+async def create_revisions(c: QueryCluster, cid: int) -> dict[str, int]:
+    assert c.kv is not None
+    snap = await c.kv.load_prefix(f"{SEGMENT_PREFIX}{cid}/")
+    return {kv.key: kv.create_revision for kv in snap.kvs}
+
+
+async def test_a_lost_nodes_records_count_for_nothing_and_a_new_leader_moves_them(etcd: EtcdCluster,
+                                                                                root_path: str) -> None:
+    async with QueryCluster(etcd, root_path, scheduler=fast_scheduler()) as c:
+        c.config.checker_interval = 0.3
+        await c.start_coordinator()
+        await c.wait_leader()
+        for _ in range(3):
+            await c.add_node()
+        cid = await c.create_collection("moved", partitions=2, segments=30, channels=2)
+        await c.load_collection(cid)
+        await c.wait_idle()
+        await c.start_coordinator()  # the standby that takes over
+        lead = c.coords[0].coord.leadership
+        assert lead is not None
+        await pause_checker(lead)  # the forget happens; the repair never does under this leader
+        victim = max(c.nodes, key=lambda n: len(n.state.segments))
+        on_victim = set(victim.state.segments)
+        assert on_victim
+        revisions = await create_revisions(c, cid)
+
+        await victim.crash(revoke=True)  # dead at once: its session is revoked
+        c.nodes.remove(victim)
+        await wait_until(lambda: victim.node_id not in lead.meta.bound_node_ids(), "the leader forgot the node")
+
+        # Lost: it counts for nothing, although the records that the repair will move still name it.
+        assert await shown_percentage(c, cid) < 100
+        assert c.kv is not None
+        persisted = QueryMeta(c.kv)  # what a standby or the next leader reads
+        await persisted.reload()
+        assert {s.segment_id for s in persisted.segments_on_node(victim.node_id)} == on_victim
+        assert all(victim.node_id not in persisted.replica_nodes(cid, r) for r in persisted.replica_ids(cid))
+        info = persisted.get_collection(cid)
+        assert info is not None and info.in_memory_percentage < 100
+
+        # The leader dies between the forget and the repair: the new one repairs.
+        await c.coords[0].stop()
+        new = await c.wait_leader()
+        assert new is c.coords[1]
+        target = await target_of(c, cid)
+        alive = {n.node_id for n in c.nodes}
+
+        async def whole() -> bool:
+            segs, chans = held_by(c, alive)
+            return target[0] <= segs and target[1] <= chans and await shown_percentage(c, cid) == 100
+
+        await until("the new leader repaired the collection", whole)
+        await c.wait_idle()
+        lead1 = new.coord.leadership
+        assert lead1 is not None
+        assert not lead1.meta.segments_on_node(victim.node_id) and victim.node_id not in lead1.meta.known_node_ids()
+        # Every record names the node that holds the copy, as that node reports it.
+        for node_id, dist in c.distribution().items():  # GetDataDistribution as each node answers it
+            held = {s.segment_id for s in dist.segments if s.collection_id == cid}
+            assert held == {s.segment_id for s in lead1.meta.segments_on_node(node_id)
+                            if s.collection_id == cid}
+        # Each moved record was rewritten, never deleted and put again.
+        after = await create_revisions(c, cid)
+        assert after == revisions
