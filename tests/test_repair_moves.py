@@ -17,6 +17,7 @@ from proto import querycoord_pb2 as qc
 from querycoord.leader.coordinator import Leadership
 from querycoord.querymeta import QueryMeta
 from querycoord.querymeta.keys import SEGMENT_PREFIX
+from querycoord.serving.coordinator_metrics import coordinator_families
 from tests.cluster import QueryCluster, fast_scheduler, until, wait_until
 from tests.truth import held_by, target_of
 
@@ -100,3 +101,39 @@ async def test_a_lost_nodes_records_count_for_nothing_and_a_new_leader_moves_the
         # Each moved record was rewritten, never deleted and put again.
         after = await create_revisions(c, cid)
         assert after == revisions
+
+
+async def test_a_lost_node_shows_nothing_while_its_records_wait_for_the_repair(etcd: EtcdCluster,
+                                                                              root_path: str) -> None:
+    """A cordoned node stays listed after it is lost (its lifecycle is kept), but it holds nothing: ShowNodes and
+    the per-node gauges must not count the records that still name it until the repair moves them."""
+    async with QueryCluster(etcd, root_path, scheduler=fast_scheduler()) as c:
+        await c.start_coordinator()
+        await c.wait_leader()
+        for _ in range(2):
+            await c.add_node()
+        cid = await c.create_collection("shown", partitions=1, segments=12, channels=1)
+        await c.load_collection(cid)
+        await c.wait_idle()
+        lead = c.coords[0].coord.leadership
+        assert lead is not None and c.client is not None
+        victim = max(c.nodes, key=lambda n: len(n.state.segments))
+        assert victim.state.segments
+        cordoned = await c.client.query("CordonNode", qc.NodeLifecycleRequest(node_id=victim.node_id))
+        assert cordoned.status.error_code == 0, cordoned.status
+        await pause_checker(lead)  # no repair moves the records under this leader
+
+        await victim.crash(revoke=True)
+        c.nodes.remove(victim)
+        await wait_until(lambda: victim.node_id not in lead.meta.bound_node_ids(), "the leader forgot the node")
+        assert lead.meta.segment_count_on_node(victim.node_id) > 0  # the records still name it
+
+        nodes = await c.client.query("ShowNodes", qc.ShowNodesRequest())
+        lost = next(n for n in nodes.nodes if n.node_id == victim.node_id)
+        assert (lost.state, lost.segment_count, lost.memory_used, lost.dm_channel_count) == ("offline", 0, 0, 0)
+        families = await coordinator_families(c.coords[0].coord)
+        labelled = {s.labels.get("node_id") for f in families
+                    if f.name in ("querycoord_node_segments", "querycoord_node_memory_used_bytes")
+                    for s in f.samples}
+        assert str(victim.node_id) not in labelled
+        assert {str(n.node_id) for n in c.nodes} <= labelled

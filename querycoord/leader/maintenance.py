@@ -22,6 +22,14 @@ def lifecycles_of(lead: Leadership) -> NodeLifecycles:
     return lead.lifecycles
 
 
+def holds_placements(lead: Leadership, node_id: int) -> bool:
+    """Whether what query meta places on a node is shown as the node's: it has a session, or it was lost within
+    its re-replication delay (its copies wait for it, ``checkers.left``). A node lost past that holds nothing, and
+    the segment records still naming it count for nothing until the repair that loads them elsewhere rewrites them
+    (``watchers.forget_node``)."""
+    return lead.nodes.get(node_id) is not None or (lead.left is not None and node_id in lead.left.left)
+
+
 def node_info(lead: Leadership, node_id: int) -> qc.NodeInfo:
     """One query node: session, what query meta places on it, its lifecycle and drain progress.
 
@@ -29,9 +37,10 @@ def node_info(lead: Leadership, node_id: int) -> qc.NodeInfo:
     copies: ShowNodes asks this of every node, and the status page asks ShowNodes every second."""
     meta = lead.meta
     node = lead.nodes.get(node_id)
-    info = qc.NodeInfo(node_id=node_id, state="offline", memory_used=meta.node_memory_usage(node_id),
-                       segment_count=meta.segment_count_on_node(node_id),
-                       dm_channel_count=len(meta.channels_on_node(node_id)))
+    info = qc.NodeInfo(node_id=node_id, state="offline")
+    if holds_placements(lead, node_id):
+        info.memory_used, info.segment_count = meta.node_memory_usage(node_id), meta.segment_count_on_node(node_id)
+        info.dm_channel_count = len(meta.channels_on_node(node_id))
     if node is not None:
         info.address, info.state, info.memory_capacity = node.address, node.state.value, node.capacity
     due_ms = lead.left.due_ms(node_id) if lead.left is not None else 0

@@ -23,6 +23,7 @@ from querycoord.cluster.lifecycle import state_name
 from querycoord.common.metrics import ETCD_SCRAPE_TIMEOUT, kind_label
 from querycoord.common.metrics import gauge as _gauge
 from querycoord.common.protocol import QUERYCOORD_ROLE, QUERYNODE_ROLE, STREAMNODE_ROLE
+from querycoord.leader.maintenance import holds_placements
 from querycoord.served.state import HEALTH_STATES
 from querycoord.serving.stream_metrics import stream_progress_families
 from querycoord.task.throttle import KINDS as MOVE_KINDS
@@ -105,7 +106,8 @@ def _leader_families(lead: Leadership) -> list[Metric]:
     per_node = lead.meta.segment_count_by_node()
     per_node_channels = lead.meta.channel_count_by_node()
     online = {n.node_id: n for n in lead.nodes.online()}
-    for node_id in sorted(set(per_node) | set(per_node_channels) | set(online)):
+    shown = {n for n in set(per_node) | set(per_node_channels) if holds_placements(lead, n)}
+    for node_id in sorted(shown | set(online)):
         label = [str(node_id)]
         segments.add_metric(label, per_node.get(node_id, 0))
         channels.add_metric(label, per_node_channels.get(node_id, 0))
