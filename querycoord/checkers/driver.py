@@ -3,7 +3,8 @@
 On the leader, every ``interval`` seconds and whenever kicked (node join or leave, takeover, handoff, a
 release or repair ending), a pass forgets offline nodes, gathers the distribution, reads the targets,
 compares them (``diff``), corrects load percentages, weighs parked units, enqueues one REPAIR trigger per
-collection that differs (``task.repair``) and moves the copies of draining nodes (``drain``). It never
+collection that differs (``task.repair``), gives a parked replica with no node one a sibling replica can spare
+(``rehome_parked``) and moves the copies of draining nodes (``drain``). It never
 touches a collection that has a trigger queued or running (the trigger owns it until it ends) and never
 writes except through the scheduler, whose writes are fenced, and the node lifecycles' fenced records.
 
@@ -29,7 +30,7 @@ from meta.errors import MetaError
 from meta.loops import loop_failed
 from proto import querycoord_pb2 as qc
 from querycoord.catalog.targets import CatalogTargets
-from querycoord.checkers.activation import REPLICAS, CheckerSwitches
+from querycoord.checkers.activation import REPLICAS, SEGMENTS, CheckerSwitches
 from querycoord.checkers.diff import diff_async
 from querycoord.checkers.distribution import Held, NodeReport, collect_reports
 from querycoord.checkers.drain import drain_nodes
@@ -37,6 +38,7 @@ from querycoord.checkers.left import LeftNodes
 from querycoord.checkers.parked import weigh_units
 from querycoord.checkers.preempt import balances_by_collection, preempt_balances
 from querycoord.checkers.progress import set_progress
+from querycoord.checkers.rehome_parked import rehome_to_parked
 from querycoord.checkers.repair_size import bound_repair
 from querycoord.checkers.replicas import forget_offline
 from querycoord.checkers.scan import Diff, describe, has_work
@@ -273,6 +275,9 @@ class Checker:
             later = bound_repair(req, env.config.max_repair_bytes)  # one etcd write; the rest in the next repair
             req.reason = describe(req) + (f"; {plural(later, 'segment')} more in a later repair" if later else "")
             if not has_work(req):
+                # Nothing placeable: a parked replica with no node may get one from a sibling (``rehome_parked``).
+                if self.switches.is_active(SEGMENTS):
+                    await rehome_to_parked(sched, cid, usage, report.parked)
                 continue
             task = RepairTask.new(env, req, trigger_condition=qc.TRIGGER_CONDITION_CHECKER, collection_id=cid)
             await sched.enqueue(task)

@@ -7,11 +7,15 @@ or the checker would queue repairs that then fail.
 Spares: a replica left with no online node gets one spare (an online node serving no replica of the collection),
 the emptiest first, before anything is planned for it, so that every replica regains a node when spares come
 back (Milvus 2.2 hands new nodes to replicas at once); without it, the first replica to plan took every spare
-and the others waited for ever. A replica whose own nodes lack room may still take more spares, which join it.
+and the others waited for ever. A replica whose own nodes lack room may still take more spares, which join it, but
+first only its fair share (``spare_share``): spares that come online while a repair is already planning (after
+its ``give_spares``) are shared between the collection's replicas with no online node, so one of them never takes
+every spare while another waits with none. Only a unit that fits in no fair share takes them all.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -40,12 +44,28 @@ def spares_of(env: TaskEnv, collection_id: int) -> list[int]:
     return sorted(spares, key=lambda n: (env.meta.node_memory_usage(n), n))
 
 
+def nodeless_replicas(env: TaskEnv, collection_id: int) -> list[int]:
+    """The collection's replicas with no online node, by replica id."""
+    online = env.nodes.online_ids()
+    return [r for r in env.meta.replica_ids(collection_id)
+            if r and not any(n in online for n in env.meta.replica_nodes(collection_id, r))]
+
+
 def spare_plan(env: TaskEnv, collection_id: int) -> dict[int, int]:
     """replica -> the spare it is given: one each for the replicas with no online node, by replica id."""
-    online = env.nodes.online_ids()
-    needy = [r for r in env.meta.replica_ids(collection_id)
-             if r and not any(n in online for n in env.meta.replica_nodes(collection_id, r))]
-    return dict(zip(needy, spares_of(env, collection_id), strict=False))
+    return dict(zip(nodeless_replicas(env, collection_id), spares_of(env, collection_id), strict=False))
+
+
+def spare_share(env: TaskEnv, collection_id: int, replica_id: int, spares: int) -> int:
+    """How many of ``spares`` spare nodes one unit of ``replica_id`` takes first (its fair share): with k
+    replicas of the collection left with no online node, one of them takes ceil(spares / k); any other replica
+    leaves one spare for each of them. At least one when there is any spare (a unit with no node needs one)."""
+    if spares <= 0:
+        return 0
+    nodeless = nodeless_replicas(env, collection_id)
+    if replica_id in nodeless:
+        return max(1, math.ceil(spares / len(nodeless)))
+    return max(1, spares - len(nodeless))
 
 
 async def give_spares(env: TaskEnv, collection_id: int) -> dict[int, int]:
@@ -57,15 +77,26 @@ async def give_spares(env: TaskEnv, collection_id: int) -> dict[int, int]:
 
 
 def candidates(env: TaskEnv, collection_id: int, replica_id: int, *, exclude: Sequence[int] = (),
-               include: Sequence[int] = (), with_spares: bool = False, planned: Sequence[int] = ()) -> list[int]:
+               include: Sequence[int] = (), with_spares: bool = False, planned: Sequence[int] = (),
+               spares: Sequence[int] | None = None) -> list[int]:
     """Online nodes that may take the replica's work: its own (and ``planned`` spares it is about to get), with
-    ``with_spares`` every spare too; minus ``exclude`` and the cordoned nodes, within ``include`` when given."""
+    ``with_spares`` every spare too (or only ``spares`` when given); minus ``exclude`` and the cordoned nodes,
+    within ``include`` when given."""
     members = set(env.meta.replica_nodes(collection_id, replica_id)) | set(planned)
     if with_spares:
-        members |= set(spares_of(env, collection_id))
+        members |= set(spares_of(env, collection_id) if spares is None else spares)
     online = env.nodes.eligible_ids()
     allowed = [n for n in sorted(members) if n in online and n not in exclude]
     return [n for n in allowed if n in include] if include else allowed
+
+
+def usable_spares(env: TaskEnv, collection_id: int, *, exclude: Sequence[int] = (), include: Sequence[int] = (),
+                  planned: Sequence[int] = ()) -> list[int]:
+    """The spares a unit could be given (``spares_of``'s order, emptiest first), minus ``planned`` ones (already
+    its own), ``exclude`` and the ineligible, within ``include`` when given."""
+    eligible = env.nodes.eligible_ids()
+    return [n for n in spares_of(env, collection_id)
+            if n in eligible and n not in exclude and n not in planned and (not include or n in include)]
 
 
 def place(env: TaskEnv, sizes: Sequence[tuple[int, int]], channels: Sequence[str], allowed: Sequence[int],
@@ -83,29 +114,42 @@ def place(env: TaskEnv, sizes: Sequence[tuple[int, int]], channels: Sequence[str
     }
 
 
+def _try_place(env: TaskEnv, sizes: Sequence[tuple[int, int]], channels: Sequence[str], allowed: Sequence[int],
+               usage: Usage, exclude: Sequence[int]) -> Placement | None:
+    """``place`` on ``allowed``, counted in ``usage`` only when everything fits; None when it does not."""
+    trial = Usage(dict(usage.memory), dict(usage.channels))
+    try:
+        placed = place(env, sizes, channels, allowed, trial, exclude=exclude)
+    except NoAvailableNode:
+        return None
+    usage.memory.update(trial.memory)
+    usage.channels.update(trial.channels)
+    return placed
+
+
 def place_unit(env: TaskEnv, collection_id: int, replica_id: int, sizes: Sequence[tuple[int, int]],
                channels: Sequence[str], usage: Usage, *, exclude: Sequence[int] = (), include: Sequence[int] = (),
                planned: Sequence[int] = ()) -> Placement:
-    """Place one unit: on the replica's own nodes, else with the spares too; replica 0 (a collection loaded
-    before replicas) anywhere. ``NoAvailableNode`` says why it cannot be placed."""
+    """Place one unit: on the replica's own nodes, else with its fair share of the spares too, else with every
+    spare (module docstring); replica 0 (a collection loaded before replicas) anywhere. ``NoAvailableNode`` says
+    why it cannot be placed."""
     if not replica_id:
         return place(env, sizes, channels, include, usage, exclude=exclude)
     own = candidates(env, collection_id, replica_id, exclude=exclude, include=include, planned=planned)
-    if own:
-        trial = Usage(dict(usage.memory), dict(usage.channels))
-        try:
-            placed = place(env, sizes, channels, own, trial, exclude=exclude)
-        except NoAvailableNode:
-            pass
-        else:
-            usage.memory.update(trial.memory)
-            usage.channels.update(trial.channels)
-            return placed
+    if own and (placed := _try_place(env, sizes, channels, own, usage, exclude)) is not None:
+        return placed
     wider = candidates(env, collection_id, replica_id, exclude=exclude, include=include, with_spares=True,
                        planned=planned)
     if not wider:
         raise NoAvailableNode(f"replica {replica_id} of collection {collection_id} has no online node "
                               f"(excluded {sorted(exclude)}) and no spare node is online")
+    spares = usable_spares(env, collection_id, exclude=exclude, include=include, planned=planned)
+    share = spare_share(env, collection_id, replica_id, len(spares))
+    if 0 < share < len(spares):
+        fair = candidates(env, collection_id, replica_id, exclude=exclude, include=include, with_spares=True,
+                          planned=planned, spares=spares[:share])
+        if (placed := _try_place(env, sizes, channels, fair, usage, exclude)) is not None:
+            return placed
     trial = Usage(dict(usage.memory), dict(usage.channels))
     placed = place(env, sizes, channels, wider, trial, exclude=exclude)
     usage.memory.update(trial.memory)
