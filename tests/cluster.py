@@ -140,11 +140,12 @@ class QueryCluster:
         return p, p.ready
 
     async def wait_node_online(self, node_id: int, timeout: float = 60.0) -> None:
-        """Until the leader counts ``node_id`` among its online nodes."""
+        """Until the leader counts ``node_id`` among its online nodes and has taken it in (its incarnation
+        recorded: ``record_joined`` done), so a snapshot of etcd taken next holds everything its joining wrote."""
         deadline = time.monotonic() + timeout
         while True:
             lead = (await self.wait_leader(timeout=max(0.1, deadline - time.monotonic()))).coord.leadership
-            if lead is not None and lead.nodes.is_online(node_id):
+            if lead is not None and lead.nodes.is_online(node_id) and node_id not in lead.nodes.joining:
                 return
             if time.monotonic() > deadline:
                 raise TimeoutError(f"query node {node_id} not online at the leader within {timeout:.0f}s")

@@ -144,10 +144,10 @@ async def test_a_load_whose_leader_died_before_its_commit_point_is_done_by_the_n
         assert set(held_once(c)) == await catalog_segments(c, cid)
 
 
-async def test_a_node_down_balance_that_finds_no_room_forgets_the_dead_copies_and_the_checker_reloads(
+async def test_a_node_down_repair_that_finds_no_room_counts_the_dead_copies_for_nothing_and_reloads(
         etcd: EtcdCluster, root_path: str) -> None:
-    """A node-down balance with no room forgets the dead node's copies, so 100 % is not shown, and the checker
-    loads them again once room appears."""
+    """A node-down repair with no room leaves the dead node's copies counting for nothing (the node is forgotten:
+    in no replica), so 100 % is not shown, and the checker loads them again once room appears."""
     async with started(etcd, root_path, [None, None], capacity=40 * MiB, trigger_timeout=6.0) as c:
         cid = await c.create_collection("tight", partitions=1, segments=10)
         await c.load_collection(cid)
@@ -161,9 +161,9 @@ async def test_a_node_down_balance_that_finds_no_room_forgets_the_dead_copies_an
         while True:  # the balance gives up at its deadline; the checker reports what nodes really hold
             show = await c.client.query("ShowCollections", qc.ShowCollectionsRequest(collection_ids=[cid]))
             pct = show.collections[0].in_memory_percentage
-            if pct < 100 and not lead.meta.segments_on_node(victim.node_id):
+            if pct < 100 and victim.node_id not in lead.meta.bound_node_ids():
                 break
-            assert time.monotonic() < deadline, f"still {pct} % with segments on the dead node"
+            assert time.monotonic() < deadline, f"still {pct} % or the dead node still in a replica"
             await asyncio.sleep(0.2)
         await c.add_node(capacity=40 * MiB)  # capacity returns: the checker loads the rest
         await c.wait_loaded(cid, timeout=60)
