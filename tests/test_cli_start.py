@@ -29,8 +29,10 @@ HEAVY = ("querycoord.checkers", "querycoord.metatool", "querycoord.console.statu
          "querycoord.cli.servers", "querycoord.cli.meta_cmd")
 
 # What `status` does without although it asks each coordinator for its state: the generated QueryCoord stub module
-# (every method of the service; the one method status calls is built from the service descriptor).
-STATUS_NEEDS_NOT = frozenset({"proto.querycoord_pb2_grpc"})
+# (every method of the service; the one method status calls is built from the service descriptor); and although it
+# scrapes an etcd member's quota from its metrics (etcd 3.5 says it nowhere else): urllib and the HTTP client (the
+# scrape is one GET on the event loop); and the TOML parser, with no --config file to read.
+STATUS_NEEDS_NOT = frozenset({"proto.querycoord_pb2_grpc", "urllib.request", "http.client", "tomllib"})
 
 # Runs `querycoord ARGS...` as `python -m querycoord.cli` does, and writes the modules it imported when it exits.
 PROBE = """
@@ -71,6 +73,7 @@ def test_status_reads_etcd_without_importing_the_checker_or_the_engine(etcd: Etc
     assert status["leader"] is None and status["coordinators"] == []  # nothing runs under this root
     assert status["controls"] == {"balance": {"paused": False, "since_ms": 0, "by": ""}, "inactive_checkers": []}
     assert status["etcd"]["members"], status
+    assert all(m["db_size_quota"] > 0 for m in status["etcd"]["members"]), status  # scraped without urllib
     assert heavy(modules) == []
     assert "querycoord.console.status_gather" in modules
     assert "querycoord.console.draw" not in modules  # -o json draws no table
