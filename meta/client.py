@@ -27,12 +27,12 @@ from etcd3aio import (
     EtcdTransientError,
     EtcdUnauthenticatedError,
 )
-from loguru import logger
 
 from meta import etcd_pb as pb
 from meta import observe
 from meta.config import EtcdConfig
 from meta.errors import ClientClosed, MetaAuthError, MetaNoSpace, MetaRefused, MetaUnavailable
+from meta.log import logger
 from meta.loops import keep_running
 from meta.reach import refusals
 
