@@ -23,12 +23,15 @@ stores state pulls in no launcher or process tooling.
 A library is silent until the application turns its logs on:
 ``logger.enable("meta")`` does (``querycoord.settings.logs.setup_logging`` calls it),
 so a program that imports ``meta`` keeps control of what reaches its log.
+``meta`` imports loguru only when it first logs (``meta.log``): the disable
+is applied the moment loguru is imported, by whoever imports it first.
 The package ships ``py.typed``: type checkers read its annotations.
 """
 
-from loguru import logger
+from meta.log import when_loguru_loaded
 
-logger.disable("meta")
+# Silent until the application enables it: at once if loguru is loaded, else the moment anything imports it.
+when_loguru_loaded(lambda real: real.disable("meta"))
 
 from meta.client import EtcdClient, connect  # noqa: E402  (after disable: importing must log nothing)
 from meta.config import EtcdConfig  # noqa: E402

@@ -27,19 +27,12 @@ from etcd3aio import (
     EtcdTransientError,
     EtcdUnauthenticatedError,
 )
-from loguru import logger
-from tenacity import (
-    AsyncRetrying,
-    RetryError,
-    retry_if_exception,
-    stop_before_delay,
-    wait_exponential_jitter,
-)
 
 from meta import etcd_pb as pb
 from meta import observe
 from meta.config import EtcdConfig
 from meta.errors import ClientClosed, MetaAuthError, MetaNoSpace, MetaRefused, MetaUnavailable
+from meta.log import logger
 from meta.loops import keep_running
 from meta.reach import refusals
 
@@ -331,7 +324,7 @@ class EtcdClient:
 
         The first attempt runs outside tenacity: building its retry state is a
         real share of a small call's client time, so only a failed first
-        attempt pays for it.
+        attempt pays for it (and only a process that retries imports it).
 
         Where ``NOSPACE_WAIT`` is set, a write refused for NOSPACE waits and is tried again. A closed client
         raises ``ClientClosed`` at once (its stubs are gone: what they would raise says nothing).
@@ -390,6 +383,10 @@ class EtcdClient:
     async def _call_retrying(
         self, operation: str, fn: Callable[[float], Awaitable[T]], budget: float, started: float, reauth: bool
     ) -> T:
+        # Imported at the first retry, not with the client: most processes, a one-shot reader's above all, never
+        # retry, and tenacity's import is a real share of a short command's start-up.
+        from tenacity import AsyncRetrying, RetryError, retry_if_exception, stop_before_delay, wait_exponential_jitter
+
         reauthed = False
 
         def attempt_timeout() -> float:

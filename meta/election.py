@@ -17,11 +17,10 @@ import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from loguru import logger
-
 from meta.errors import MetaError, NotLeader
 from meta.fence import Fence
 from meta.kv import FencedKV, MetaKV
+from meta.log import logger
 from meta.session import Session
 from meta.txn import absent, created_at, delete, get, put
 from meta.watch import EventType, Resync, watch_prefix

@@ -18,10 +18,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from loguru import logger
-
 from meta.errors import MetaError
 from meta.kv import MetaKV
+from meta.log import logger
 from meta.loops import follow_forever
 from meta.watch import Resync, WatchBatch, watch_prefix
 

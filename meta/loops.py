@@ -21,10 +21,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-from loguru import logger
-
 from meta import observe
 from meta.errors import ClientClosed, MetaError
+from meta.log import logger
 
 #: First pause before a loop that raised runs again; doubled while it keeps failing at once, up to ``MAX_PAUSE``.
 FIRST_PAUSE = 0.5

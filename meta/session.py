@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
-from loguru import logger
 
 from meta.client import is_transient
 from meta.errors import MetaError
 from meta.idalloc import IdAllocator
 from meta.kv import MetaKV
+from meta.log import logger
 from meta.loops import keep_running
 from meta.txn import KeyValue, TxnResult, absent, get, put
 from meta.watch import EventType, Resync, watch_prefix

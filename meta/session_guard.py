@@ -34,9 +34,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from loguru import logger
-
 from meta.kv import MetaKV
+from meta.log import logger
 from meta.session import MAX_SESSION_VALUE_BYTES, SESSION_PREFIX, role_prefix
 from meta.watch import EventType, Resync, watch_prefix
 

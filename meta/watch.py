@@ -22,12 +22,12 @@ from dataclasses import dataclass
 
 import grpc
 from etcd3aio.kv import prefix_range_end
-from loguru import logger
 
 from meta.client import is_transient
 from meta.errors import MetaError, MetaUnavailable
 from meta.etcd_pb import WatchCreateRequest, WatchRequest
 from meta.kv import MetaKV, PrefixSnapshot
+from meta.log import logger
 
 _PUT = 0  # mvccpb.Event.EventType
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -29,8 +30,12 @@ HEAVY = ("querycoord.checkers", "querycoord.metatool", "querycoord.console.statu
          "querycoord.cli.servers", "querycoord.cli.meta_cmd")
 
 # What `status` does without although it asks each coordinator for its state: the generated QueryCoord stub module
-# (every method of the service; the one method status calls is built from the service descriptor).
-STATUS_NEEDS_NOT = frozenset({"proto.querycoord_pb2_grpc"})
+# (every method of the service; the one method status calls is built from the service descriptor); and although it
+# scrapes an etcd member's quota from its metrics (etcd 3.5 says it nowhere else): urllib and the HTTP client (the
+# scrape is one GET on the event loop); the TOML parser, with no --config file to read; tenacity, with no call to
+# retry; and loguru, with nothing logged (``meta.log`` loads it at the first record).
+STATUS_NEEDS_NOT = frozenset({"proto.querycoord_pb2_grpc", "urllib.request", "http.client", "tomllib", "tenacity",
+                              "loguru"})
 
 # Runs `querycoord ARGS...` as `python -m querycoord.cli` does, and writes the modules it imported when it exits.
 PROBE = """
@@ -71,6 +76,7 @@ def test_status_reads_etcd_without_importing_the_checker_or_the_engine(etcd: Etc
     assert status["leader"] is None and status["coordinators"] == []  # nothing runs under this root
     assert status["controls"] == {"balance": {"paused": False, "since_ms": 0, "by": ""}, "inactive_checkers": []}
     assert status["etcd"]["members"], status
+    assert all(m["db_size_quota"] > 0 for m in status["etcd"]["members"]), status  # scraped without urllib
     assert heavy(modules) == []
     assert "querycoord.console.status_gather" in modules
     assert "querycoord.console.draw" not in modules  # -o json draws no table
@@ -80,6 +86,24 @@ def test_status_reads_etcd_without_importing_the_checker_or_the_engine(etcd: Etc
     assert r.returncode == 0, r.stderr
     assert "no leader elected" in r.stdout and "etcd members (" in r.stdout
     assert heavy(modules) == []
+
+
+def test_status_logs_through_the_configured_sink_once_something_logs(etcd: EtcdCluster, root_path: str,
+                                                                     subprocess_env: dict[str, str],
+                                                                     tmp_path: Path) -> None:
+    """At DEBUG the standard library's records (asyncio, grpc) reach loguru, loaded then, in the format and at the
+    level `setup_logging` chose before it was loaded; stdout is still the one JSON document."""
+    r, modules = run_probe(subprocess_env, tmp_path, "status", *etcd_flags(etcd, root_path), "-o", "json",
+                           "--log-level", "DEBUG")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["root"] == root_path
+    assert "loguru" in modules
+    assert re.search(r"^\d\d:\d\d:\d\d\.\d{3} DEBUG   asyncio", r.stderr, re.M), r.stderr
+    r, modules = run_probe(subprocess_env, tmp_path, "status", *etcd_flags(etcd, root_path), "-o", "json",
+                           "--log-level", "DEBUG", "--log-format", "json")
+    assert r.returncode == 0, r.stderr
+    lines = [json.loads(line) for line in r.stderr.splitlines() if line.startswith("{")]
+    assert any(e["level"] == "DEBUG" and e["component"].startswith("asyncio") for e in lines), r.stderr
 
 
 def test_status_against_no_etcd_is_still_one_error_line(subprocess_env: dict[str, str], tmp_path: Path) -> None:

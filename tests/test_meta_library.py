@@ -67,6 +67,14 @@ def test_the_library_loads_none_of_the_operations_tooling() -> None:
     assert r.returncode == 0, r
 
 
+def test_the_library_loads_loguru_only_when_it_logs() -> None:
+    """``import meta`` leaves loguru unloaded (``meta.log``): a short process that logs nothing never loads it.
+    The application enabling meta's logs after importing meta is the SILENT script below."""
+    code = "import sys, meta; sys.exit('loguru' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r
+
+
 SILENT = """
 import asyncio, os, sys
 from meta import Election, EtcdConfig, MetaKV, Session, connect

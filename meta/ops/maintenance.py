@@ -128,7 +128,7 @@ async def member_status(config: EtcdConfig, endpoint: str) -> MemberStatus:
         await client.close()
         return MemberStatus(endpoint, error=str(exc).splitlines()[0], reason=short_reason(exc))
     try:
-        # The quota scrape (HTTP, in a thread) runs beside the reads that find the compacted revision.
+        # The quota scrape (HTTP) runs beside the reads that find the compacted revision.
         quota = asyncio.ensure_future(backend_quota(config, endpoint)) if not resp.dbSizeQuota else None
         try:
             status.compacted_revision = await compacted_revision(client, status.revision)
@@ -232,32 +232,53 @@ async def space_status(client: EtcdClient) -> SpaceStatus:
 
 async def backend_quota(config: EtcdConfig, endpoint: str) -> int:
     """The member's backend quota in bytes, read from its metrics (etcd_server_quota_backend_bytes); 0 when it
-    cannot be read."""
-    return await asyncio.to_thread(_scrape_quota, config, endpoint)
+    cannot be read.
 
-
-def _scrape_quota(config: EtcdConfig, endpoint: str) -> int:
-    import urllib.request  # only for a member whose status has no quota: a status read does without it
-
-    handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]  # never via an HTTP proxy
-    scheme = "http"
-    if config.ca_file is not None:
-        scheme = "https"
-        context = ssl.create_default_context(cafile=str(config.ca_file))
-        if config.cert_file is not None and config.key_file is not None:
-            context.load_cert_chain(str(config.cert_file), str(config.key_file))
-        if config.tls_server_name:  # the certificate names another host than the endpoint's; the CA still checks it
-            context.check_hostname = False
-        handlers.append(urllib.request.HTTPSHandler(context=context))
+    One plain HTTP/1.0 GET on the event loop (TLS when the config has a CA): a one-shot reader such as
+    ``querycoord status`` pays for neither urllib's imports nor a thread for it."""
     try:
-        with urllib.request.build_opener(*handlers).open(f"{scheme}://{endpoint}/metrics",
-                                                          timeout=min(config.call_timeout, 5.0)) as resp:
-            for line in resp:
-                if line.startswith(b"etcd_server_quota_backend_bytes "):
-                    return int(float(line.split()[1]))
-    except (OSError, ValueError):  # ssl.SSLError and urllib's errors are OSErrors
-        pass
-    return 0
+        return await asyncio.wait_for(_scrape_quota(config, endpoint), min(config.call_timeout, 5.0))
+    except (OSError, ValueError):  # ssl.SSLError and TimeoutError are OSErrors; ValueError: a line past the limit
+        return 0
+
+
+def _tls_context(config: EtcdConfig) -> ssl.SSLContext | None:
+    """The TLS context of a metrics scrape (None: plain HTTP), checking the server as the gRPC client does."""
+    if config.ca_file is None:
+        return None
+    context = ssl.create_default_context(cafile=str(config.ca_file))
+    if config.cert_file is not None and config.key_file is not None:
+        context.load_cert_chain(str(config.cert_file), str(config.key_file))
+    if config.tls_server_name:  # the certificate names another host than the endpoint's; the CA still checks it
+        context.check_hostname = False
+    return context
+
+
+async def _scrape_quota(config: EtcdConfig, endpoint: str) -> int:
+    host, _, port = endpoint.rpartition(":")
+    host = host.strip("[]")
+    context = _tls_context(config)
+    reader, writer = await asyncio.open_connection(host, int(port), ssl=context,
+                                                   server_hostname=(config.tls_server_name or host) if context
+                                                   else None)
+    try:
+        # HTTP/1.0: the answer is the body up to the end of the connection, never chunked; no compression asked.
+        writer.write(f"GET /metrics HTTP/1.0\r\nHost: {endpoint}\r\nAccept: text/plain\r\n\r\n".encode())
+        status = (await reader.readline()).split()
+        if len(status) < 2 or status[1] != b"200":
+            return 0
+        while (await reader.readline()).strip():  # the headers, up to the blank line
+            pass
+        while line := await reader.readline():
+            if line.startswith(b"etcd_server_quota_backend_bytes "):
+                return int(float(line.split()[1]))
+        return 0
+    finally:
+        writer.close()
+        try:
+            await writer.wait_closed()
+        except (OSError, ValueError):  # a TLS peer that closed first: nothing left to say
+            pass
 
 
 async def maintain(config: EtcdConfig, *, keep: int = DEFAULT_KEEP_REVISIONS, dry_run: bool = False,

@@ -16,9 +16,8 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
-from loguru import logger
-
 from meta.errors import MetaError, MetaRefused
+from meta.log import when_loguru_loaded
 from meta.ops.maintenance import MIB
 from proto import querycoord_pb2 as qc
 from querycoord.cli.common import add_etcd_read_options, add_output_option, client_command, emit, fail, utc
@@ -99,7 +98,9 @@ def render(status: dict[str, Any], now: float | None = None) -> list[str]:
 
 def cmd_status(args: argparse.Namespace) -> int:
     if (getattr(args, "log_level", None) or "") not in ("TRACE", "DEBUG"):
-        logger.disable("meta")  # a one-shot read: etcd not answering is the one error line, not retry chatter
+        # A one-shot read: etcd not answering is the one error line, not retry chatter (and loguru stays unloaded
+        # while nothing logs).
+        when_loguru_loaded(lambda real: real.disable("meta"))
     try:
         configure_from_args(args)  # the coordinators are asked for their health and state over gRPC
         config = reader_config(args, float(args.timeout))

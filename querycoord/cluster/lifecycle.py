@@ -23,9 +23,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, TypeAlias
 
-from loguru import logger
-
 from meta.kv import MetaKV
+from meta.log import logger
 from proto import querycoord_pb2 as qc
 
 if TYPE_CHECKING:  # named only: a reader of the records (``querycoord status``) needs no node registry

@@ -32,9 +32,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from loguru import logger
-
 from meta.kv import FencedKV, MetaKV
+from meta.log import logger
 from proto import task_pb2
 from querycoord.common.errors import NotFound
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable
 from typing import Any
 
 import grpc
@@ -41,6 +42,20 @@ from querycoord.security.grpc_channels import make_channel
 
 # A coordinator that has not answered its health check by then is shown as not answering.
 PROBE_TIMEOUT = 1.0
+
+
+async def all_of(*steps: Awaitable[Any]) -> list[Any]:
+    """The results of ``steps``, run side by side (independent reads: each waits on etcd or a coordinator, not on
+    another). The first failure cancels the others and is raised as itself: none is left running on a client
+    the caller is about to close, to fail later with nobody to hear it."""
+    tasks = [asyncio.ensure_future(step) for step in steps]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 async def coordinator_health(address: str, timeout: float) -> str:
@@ -69,12 +84,14 @@ async def coordinator_rows(kv: MetaKV, probe_timeout: float) -> list[dict[str, A
     private lease). A credential that may not read the election (only coordinators may: its keys carry the leases
     that keep a leader leading) gets the queue from the coordinators themselves: each says its own election revision
     (``GetCoordinatorState``), so one that does not answer has no place in it."""
-    sessions = (await kv.load_prefix(role_prefix(QUERYCOORD_ROLE))).kvs
-    queue: list[Candidate] | None
-    try:
-        queue = await candidates(kv)
-    except MetaAuthError:
-        queue = None
+    async def read_queue() -> list[Candidate] | None:
+        try:
+            return await candidates(kv)
+        except MetaAuthError:
+            return None
+
+    snap, queue = await all_of(kv.load_prefix(role_prefix(QUERYCOORD_ROLE)), read_queue())
+    sessions = snap.kvs
     place = {c.address: (i, c) for i, c in enumerate(queue or [])}
     rows: dict[str, dict[str, Any]] = {}
     for item in sorted(sessions, key=lambda s: s.create_revision):
@@ -138,19 +155,17 @@ async def lifecycle_names(kv: MetaKV) -> dict[int, str]:
 async def session_view(kv: MetaKV, probe_timeout: float) -> dict[str, Any]:
     """Who leads, the coordinators, the query and stream nodes, a switchover in progress, and balance paused or
     check kinds turned off (``controls``), from etcd."""
-    coordinators = await coordinator_rows(kv, probe_timeout)
-    query_nodes = (await list_sessions(kv, QUERYNODE_ROLE)).sessions
-    stream_nodes = (await list_sessions(kv, STREAMNODE_ROLE)).sessions
-    switchover = await switchover_holder(kv)
-    controls = activation_record(await read_activation(kv))
+    coordinators, query_nodes, stream_nodes, switchover, activation, lifecycles = await all_of(
+        coordinator_rows(kv, probe_timeout), list_sessions(kv, QUERYNODE_ROLE), list_sessions(kv, STREAMNODE_ROLE),
+        switchover_holder(kv), read_activation(kv), lifecycle_names(kv))
+    controls = activation_record(activation)
     leader = next((c["address"] for c in coordinators if c["role"] == "leader"), None)
-    rows = node_rows(query_nodes, QUERYNODE_ROLE)
-    lifecycles = await lifecycle_names(kv)
+    rows = node_rows(query_nodes.sessions, QUERYNODE_ROLE)
     for row in rows:
         row["lifecycle"] = lifecycles.get(row["id"], "active")
     return {"leader": leader, "switchover": switchover, "controls": controls, "coordinators": coordinators,
             "query_nodes": rows,
-            "stream_nodes": node_rows(stream_nodes, STREAMNODE_ROLE)}
+            "stream_nodes": node_rows(stream_nodes.sessions, STREAMNODE_ROLE)}
 
 
 async def gather_status(config: EtcdConfig, root: str, *, probe_timeout: float = PROBE_TIMEOUT) -> dict[str, Any]:
@@ -164,5 +179,5 @@ async def gather_status(config: EtcdConfig, root: str, *, probe_timeout: float =
     return {"root": root, **view, "etcd": etcd.as_dict()}
 
 
-__all__ = ["PROBE_TIMEOUT", "coordinator_health", "coordinator_rows", "gather_status", "lifecycle_names", "node_rows",
-           "session_view"]
+__all__ = ["PROBE_TIMEOUT", "all_of", "coordinator_health", "coordinator_rows", "gather_status", "lifecycle_names",
+           "node_rows", "session_view"]

@@ -31,11 +31,11 @@ from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 from google.protobuf.message_factory import GetMessageClass
-from loguru import logger
 
 from meta.election import LeaderInfo, election_prefix, observe_leader
 from meta.errors import MetaError
 from meta.kv import MetaKV
+from meta.log import logger
 from meta.txn import absent, created_at, delete, get, put
 from proto import common_pb2
 from proto import querycoord_pb2 as qc

@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import grpc
-from loguru import logger
+
+from meta.log import logger
 
 # The server side (``auth``: the principals, their metrics; ``grpc_bounds``) is imported by the functions that
 # serve: a client (every CLI command) makes channels only, and its start-up should not pay for a server's parts.

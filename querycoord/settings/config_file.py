@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import enum
 import os
-import tomllib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,6 +104,8 @@ def add_config_option(p: argparse.ArgumentParser, *, suppress: bool = False) -> 
 
 def load_file(path: str | Path) -> dict[str, dict[str, Any]]:
     """The file's settings as ``{section: {key: value}}``, keys normalised; ``ConfigError`` for anything unknown."""
+    import tomllib  # only when a file is read: most commands run without one
+
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)

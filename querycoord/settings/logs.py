@@ -27,15 +27,17 @@ import traceback
 from collections.abc import Container
 from typing import TYPE_CHECKING, Any, TextIO
 
-from loguru import logger
+from meta.log import logger, when_loguru_loaded
 
 if TYPE_CHECKING:
-    from loguru import Message, Record
+    from loguru import Logger, Message, Record
 
 FORMATS = ("text", "json")
 DEFAULT_FORMAT = "text"
 DEFAULT_LEVEL = "INFO"
 LEVELS = ("TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL")
+# loguru's numbers of its levels (fixed by loguru), known without loading it.
+LEVEL_NUMBERS = {"TRACE": 5, "DEBUG": 10, "INFO": 20, "SUCCESS": 25, "WARNING": 30, "ERROR": 40, "CRITICAL": 50}
 TEXT_FORMAT = "<green>{time:HH:mm:ss.SSS}</green> <level>{level: <7}</level> <cyan>{name}</cyan> {message}"
 # Every sink is added with ``diagnose=False, backtrace=False``: loguru's defaults print the value of the variables
 # of every frame of a traceback, so a token, a password or a key held in a local would be in the log.
@@ -115,15 +117,21 @@ def setup_logging(level: str | None = None, fmt: str | None = None) -> None:
         raise ValueError(f"--log-level: unknown log level {chosen!r} (one of {', '.join(LEVELS)})")
     if form not in FORMATS:
         raise ValueError(f"--log-format: unknown log format {form!r} (text or json)")
-    logger.remove()
-    if form == "json":
-        logger.add(_json_sink(sys.stderr), level=chosen, format="{message}", diagnose=False, backtrace=False)
-    else:
-        logger.add(sys.stderr, level=chosen, format=TEXT_FORMAT, diagnose=False, backtrace=False)
+
+    def configure(real: Logger) -> None:
+        real.remove()
+        if form == "json":
+            real.add(_json_sink(sys.stderr), level=chosen, format="{message}", diagnose=False, backtrace=False)
+        else:
+            real.add(sys.stderr, level=chosen, format=TEXT_FORMAT, diagnose=False, backtrace=False)
+        real.enable("meta")
+
+    # The sink is set up when loguru is loaded: at once in a process that has it already, else at the first record
+    # (a command that logs nothing never loads it; ``meta.log``).
+    when_loguru_loaded(configure)
     _current_format = form
-    logger.enable("meta")
-    # The standard library knows no TRACE or SUCCESS: it gets loguru's number of the level (TRACE 5, SUCCESS 25).
-    logging.basicConfig(handlers=[_ToLoguru()], level=logger.level(chosen).no, force=True)
+    # The standard library knows no TRACE or SUCCESS: it gets loguru's number of the level.
+    logging.basicConfig(handlers=[_ToLoguru()], level=LEVEL_NUMBERS[chosen], force=True)
     # What Python itself writes to stderr goes through the same sink: warnings, ignored and uncaught exceptions.
     logging.captureWarnings(True)
     sys.unraisablehook = _unraisable
