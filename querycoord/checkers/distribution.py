@@ -95,6 +95,9 @@ class Held:
     segments: Holders = field(default_factory=Holders)
     segment_collection: dict[int, tuple[int, int]] = field(default_factory=dict)  # id -> (collection, partition)
     channels: dict[tuple[int, str], set[int]] = field(default_factory=dict)
+    # collection -> (node, partition, ids) of each group a node reported (``_Fill.groups`` adds each group's ids to
+    # ``segments`` for its node too): the checker's whole-collection fast path (``checkers.whole``).
+    groups: dict[int, list[tuple[int, int, set[int]]]] = field(default_factory=dict)
 
 
 class _Fill:
@@ -118,6 +121,7 @@ class _Fill:
                 continue
             ids = set(g.segment_ids)
             place = (g.collection_id, g.partition_id)
+            self.held.groups.setdefault(g.collection_id, []).append((node_id, g.partition_id, ids))
             where.update(dict.fromkeys(ids, place))
             seen = ids & first.keys()
             first.update(dict.fromkeys(ids - seen if seen else ids, node_id))
