@@ -25,6 +25,7 @@ from querycoord.checkers import diff, diff_async
 from querycoord.checkers.distribution import Held, _Fill
 from querycoord.common.target import Target, TargetSegment
 from querycoord.querymeta import QueryMeta
+from tests.cluster import QueryCluster, until, wait_until
 from tests.test_checker_diff_paths import FOREIGN_REPLICA, NODES, RefHeld, flat, reference_diff
 
 PERTURBATIONS = [
@@ -197,3 +198,45 @@ def test_the_whole_path_gives_what_the_rules_give(on_etcd: tuple[asyncio.Abstrac
         await meta.kv.remove_prefix("")
 
     loop.run_until_complete(run())
+
+
+async def test_a_new_leader_finds_what_a_node_lost_while_no_leader_watched(etcd: object, root_path: str) -> None:
+    """A real failover: a collection of one replica held exactly as recorded (the new leader's first pass decides
+    it by whole groups), except that one node lost a segment while no leader watched. The new leader's first pass
+    finds it (the per-segment steps decide that collection) and the nodes hold everything again, by their own
+    GetDataDistribution."""
+    async with QueryCluster(etcd, root_path) as c:  # type: ignore[arg-type]
+        first = await c.start_coordinator()
+        await c.wait_leader()
+        nodes = [await c.add_node() for _ in range(3)]
+        whole = await c.create_collection("whole", partitions=2, segments=30)
+        lossy = await c.create_collection("lossy", partitions=2, segments=30)
+        for cid in (whole, lossy):
+            await c.load_collection(cid)
+        second = await c.start_coordinator()
+        await c.wait_idle()
+        await first.stop()
+        c.coords.remove(first)
+        victim = next(n for n in nodes if any(s.collection_id == lossy for s in n.state.segments.values()))
+        lost = min(sid for sid, s in victim.state.segments.items() if s.collection_id == lossy)
+        # Dropped by the node itself (its state, not a leader's call): no leader was told.
+        assert victim.state.release_segments(querynode_pb2.ReleaseSegmentsRequest(collection_id=lossy,
+                                                                                   segment_ids=[lost])) == 1
+        with Spy() as spy:
+            assert await c.wait_leader() is second
+            lead = second.coord.leadership
+            assert lead is not None
+            await wait_until(lambda: lead.checker.passes >= 1, "the new leader's first pass")
+            assert spy.taken >= 1, "the whole collection was decided by whole groups"
+
+        def held(cid: int) -> set[int]:
+            """What the nodes themselves report of collection ``cid`` (their GetDataDistribution)."""
+            return {s.segment_id for dist in c.distribution().values() for s in dist.segments
+                    if s.collection_id == cid}
+
+        await until("the lost segment held again", lambda: asyncio.sleep(0, lost in held(lossy)))
+        await c.wait_idle()
+        assert held(lossy) == set(lead.meta.segment_id_set(lossy)) and len(held(lossy)) == 30
+        assert held(whole) == set(lead.meta.segment_id_set(whole)) and len(held(whole)) == 30
+        await c.wait_loaded(lossy)
+        await c.wait_loaded(whole)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable, Iterator, MutableMapping
 from dataclasses import dataclass, field
+from typing import TypeVar, overload
 
 from loguru import logger
 
@@ -14,6 +15,7 @@ from querycoord.cluster.client import NodeError
 from querycoord.cluster.nodes import NodeManager
 
 DM = querynode_pb2.CHANNEL_KIND_DM
+T = TypeVar("T")
 
 #: Segments the checker handles between two turns of the event loop (~20-50 ms of work).
 TURN_SEGMENTS = 20_000
@@ -72,6 +74,19 @@ class Holders(MutableMapping[int, set[int]]):
         del self.first[sid]
         self.second.pop(sid, None)
         self.rest.pop(sid, None)
+
+    @overload
+    def get(self, sid: int, /) -> set[int] | None: ...
+
+    @overload
+    def get(self, sid: int, /, default: set[int] | T) -> set[int] | T: ...
+
+    def get(self, sid: int, /, default: object = None) -> object:
+        """``self[sid]``, or ``default`` when no node reported it, without raising and catching a KeyError (a
+        pass after a node loss asks this of every segment it held)."""
+        if sid not in self.first and sid not in self._empty:
+            return default
+        return self[sid]
 
     def setdefault(self, sid: int, default: Iterable[int] | None = None) -> set[int]:
         """Refused: the set it would return is a copy, so adding to it would be lost. Use ``add``."""
