@@ -62,7 +62,9 @@ The last line printed is one JSON object with one entry per size::
     {"segments": [...], "load_s": [...], "takeover_over_ttl_s": [...], "rss_kib_per_segment": [...],
      "etcd_bytes_per_segment": [...], ...}
 
-``--profile-standby DIR`` runs c1 under cProfile (DIR/standby-<segments>.prof, written when it exits).
+``--profile-standby DIR`` runs c1 under ``profiled_coord.py``: a cProfile from just before the kill until c1
+reconciled (DIR/takeover-<segments>.prof; the top functions go to stderr). Profiling slows c1: take the timings
+from a run without it.
 
 Example (smoke, about 20 s): ``python scripts/bench_scale.py --sizes 2000 --queued 100 --ttl 3``.
 At 1M segments expect ~10-15 minutes and ~4 GB for the coordinator plus ~2 GB for etcd.
@@ -73,6 +75,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import io
+import pstats
+import signal
 import sys
 import tempfile
 import time
@@ -103,8 +108,9 @@ from meta.config import EtcdConfig
 from proto import querycoord_pb2 as qc
 from proto import querycoord_pb2_grpc
 from querycoord.security.grpc_channels import make_channel
-from querycoord.tooling.harness import COORDINATOR, coord_argv
+from querycoord.tooling.harness import COORDINATOR, Member, coord_argv
 
+SCRIPTS = Path(__file__).resolve().parent
 STANDBY_CHECKER_INTERVAL = 0.05
 
 
@@ -130,6 +136,7 @@ class SizeResult:
     c1_standby_kib: int = 0  # the standby's RSS before the kill (its warm copy of the query meta included)
     c1_rss_kib: int = 0  # and once it leads and reconciled
     meta_source: str = ""  # where the new leader's query meta came from: "warm standby copy" or "reload"
+    takeover_steps: dict[str, float] = field(default_factory=dict)  # the new leader's own breakdown
 
     @property
     def reload_kib_per_segment(self) -> float:
@@ -191,11 +198,12 @@ async def one_size(config: EtcdConfig, args: argparse.Namespace, segments: int, 
 
         # ----- the takeover --------------------------------------------------------------------------------
         flags = (*cl.common_flags(), "--checker-interval", str(STANDBY_CHECKER_INTERVAL))
-        if args.profile_standby:  # cProfile writes its file when the process exits (SIGTERM at the end)
-            out = args.profile_standby / f"standby-{segments}.prof"
+        if args.profile_standby:  # profiled from the kill until reconciled (SIGUSR1, SIGUSR2: profiled_coord.py)
+            raw = args.profile_standby / f"raw-{segments}"
             argv = coord_argv(config.endpoints, kv.root, "127.0.0.1:0", args.ttl, *flags, log_level="WARNING")
-            c1 = await harness.start(COORDINATOR, 1, ["-m", "cProfile", "-o", str(out), *argv])
-            logger.info("standby under cProfile, profile in {}", out)
+            c1 = await harness.start(COORDINATOR, 1, [str(SCRIPTS / "profiled_coord.py"),
+                                                      str(raw), *argv])
+            logger.info("standby under cProfile, profile of its takeover in {}", raw)
         else:
             c1 = await harness.start_coordinator(1, "127.0.0.1:0", *flags)
         await wait_for_standby(kv, c1, args.warm_standby, args.timeout)
@@ -213,9 +221,13 @@ async def one_size(config: EtcdConfig, args: argparse.Namespace, segments: int, 
             raise BenchError(f"{args.queued} spare loads were never all pending on the leader")
         res.enqueue_s = time.perf_counter() - t
         res.queued = int(await metric(http0, "querycoord_tasks") or 0)
+        if args.profile_standby:
+            c1.child.send_signal(signal.SIGUSR1)
         tk = await kill_and_take_over(kv, c0, c1, args.timeout, args.ttl)
+        if args.profile_standby:
+            await takeover_profile(c1, args.profile_standby, segments)
         res.lease_s, res.leader_event_s, res.reconciled_s = tk.lease_s, tk.leader_event_s, tk.reconciled_s
-        res.resumed, res.meta_source = tk.pending, tk.meta_source
+        res.resumed, res.meta_source, res.takeover_steps = tk.pending, tk.meta_source, tk.steps
         http1 = str(c1.ready["http_address"])
         res.c1_rss_kib = proc_status_kib(c1.child.pid, "VmRSS")
         logger.info("{:,} segments: {} queued; lease {:.2f}s, leader event {:.2f}s, reconciled {:.2f}s after the "
@@ -232,6 +244,23 @@ async def one_size(config: EtcdConfig, args: argparse.Namespace, segments: int, 
         return res
     finally:
         await cl.close()
+
+
+async def takeover_profile(c1: Member, out: Path, segments: int) -> None:
+    """Stop c1's profile (started just before the kill) and print its top functions."""
+    c1.child.send_signal(signal.SIGUSR2)
+    raw = out / f"raw-{segments}" / "profile-1.prof"
+
+    async def written() -> bool:
+        return raw.exists()
+
+    await wait_until(f"the standby's profile {raw}", written, 300, 0.1)
+    target = out / f"takeover-{segments}.prof"
+    raw.replace(target)
+    for order in ("cumulative", "tottime"):
+        text = io.StringIO()
+        pstats.Stats(str(target), stream=text).sort_stats(order).print_stats(25)
+        print(f"== standby profile {target} (top 25 by {order})\n{text.getvalue()}", file=sys.stderr, flush=True)
 
 
 # ----- report -----------------------------------------------------------------------------------------------------
@@ -259,6 +288,7 @@ def size_rows(r: SizeResult, args: argparse.Namespace) -> list[tuple[str, str]]:
         ("kill -> first checker pass done", f"{r.reconciled_s:.2f} s (+{r.reconciled_s - r.leader_event_s:.2f} s "
                                             f"after SERVING)"),
         ("takeover_over_ttl_s", f"{r.takeover_over_ttl_s:.2f} s"),
+        ("  the new leader's steps", ", ".join(f"{k} {v:.3f} s" for k, v in r.takeover_steps.items()) or "?"),
         ("standby RSS", f"{r.c1_standby_kib / 1024:.0f} MiB: {r.standby_kib_per_segment:.2f} KiB per segment over "
                         f"a fresh coordinator's {r.rss_before_kib / 1024:.0f} MiB"),
         ("new leader RSS", f"{r.c1_rss_kib / 1024:.0f} MiB once reconciled: {r.reload_kib_per_segment:.2f} KiB per "
@@ -316,7 +346,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g = add_scale_options(p)
     g.add_argument("--queued", type=int, default=1000, help="triggers queued at the kill (default 1000)")
     g.add_argument("--profile-standby", metavar="DIR",
-                   help="run the standby under cProfile; DIR/standby-<segments>.prof covers its takeover")
+                   help="profile the standby from the kill until reconciled (DIR/takeover-<segments>.prof)")
     args = p.parse_args(argv)
     check_scale_options(p, args)
     require_positive(p, args, ("queued",))

@@ -63,7 +63,9 @@ The last line printed is one JSON object, lists over the sizes::
 ``--profile-leader DIR`` runs c0 under ``scripts/profiled_coord.py``: a cProfile
 switched on and off by signals, covering exactly its steady passes
 (DIR/checker-<segments>.prof) and the node-down repair (DIR/repair-<segments>.prof);
-the top functions by cumulative and by own time go to stderr. Profiling slows c0: take
+the top functions by cumulative and by own time go to stderr. ``--profile-standby DIR``
+likewise runs c1 under it, covering its takeover from c0's kill until its first checker
+pass ended (DIR/takeover-<segments>.prof). Profiling slows the profiled process: take
 the timings from a run without it.
 
 Example (smoke, about a minute): ``python scripts/bench_scale_ops.py --sizes 2000 --ttl 3 --passes 2 --reads 2``.
@@ -166,6 +168,8 @@ class OpsResult:
     takeover_over_ttl_s: float = 0.0
     takeover_lease_s: float = 0.0
     takeover_whole_s: float = 0.0
+    takeover_leader_s: float = 0.0  # c1's ``leader`` event, from the end of c0's lease
+    takeover_steps: dict[str, float] = field(default_factory=dict)  # c1's own breakdown (its ``leader`` event)
 
     def per_segment(self, kib: int) -> float:
         return (kib - self.rss_before_kib) / self.segments
@@ -177,10 +181,16 @@ def median_ms(samples: list[float]) -> float:
 
 # ----- profiles -----------------------------------------------------------------------------------------------------
 class LeaderProfile:
-    """c0 under ``profiled_coord.py``: ``start`` and ``stop(name)`` bracket one stretch of its life."""
+    """A coordinator under ``profiled_coord.py`` (c0, or c1 with ``who="standby"``): ``start`` and ``stop(name)``
+    bracket one stretch of its life. Each coordinator writes its raw profiles in a directory of its own."""
 
-    def __init__(self, out: Path | None, member: Member | None = None):
-        self.out, self.member, self.written = out, member, 0
+    def __init__(self, out: Path | None, member: Member | None = None, who: str = "leader"):
+        self.out, self.member, self.written, self.who = out, member, 0, who
+
+    @property
+    def raw_dir(self) -> Path | None:
+        """Where the profiled process writes ``profile-<k>.prof``."""
+        return None if self.out is None else (self.out if self.who == "leader" else self.out / self.who)
 
     def start(self) -> None:
         if self.out is not None and self.member is not None:
@@ -191,18 +201,20 @@ class LeaderProfile:
             return
         self.member.child.send_signal(signal.SIGUSR2)
         self.written += 1
-        path = self.out / f"profile-{self.written}.prof"
+        assert self.raw_dir is not None
+        path = self.raw_dir / f"profile-{self.written}.prof"
 
         async def written() -> bool:
             return path.exists()
 
-        await wait_until(f"the leader's profile {path}", written, 300, 0.1)
+        await wait_until(f"the {self.who}'s profile {path}", written, 300, 0.1)
         target = self.out / f"{name}.prof"
         path.replace(target)
         for order in ("cumulative", "tottime"):
             text = io.StringIO()
             pstats.Stats(str(target), stream=text).sort_stats(order).print_stats(15)
-            print(f"== leader profile {target} (top 15 by {order})\n{text.getvalue()}", file=sys.stderr, flush=True)
+            print(f"== {self.who} profile {target} (top 15 by {order})\n{text.getvalue()}", file=sys.stderr,
+                  flush=True)
 
 
 # ----- the measurements -----------------------------------------------------------------------------------------------
@@ -356,13 +368,18 @@ async def one_size(config: EtcdConfig, args: argparse.Namespace, segments: int, 
     res = OpsResult(segments)
     profile = LeaderProfile(args.profile_leader)
 
-    async def start_c0(c: ScaleCluster) -> Member:
+    standby_profile = LeaderProfile(args.profile_standby, who="standby")
+
+    async def start_coordinator(c: ScaleCluster, index: int, prof: LeaderProfile) -> Member:
         flags = (*c.common_flags(), "--checker-interval", str(args.checker_interval))
-        if args.profile_leader is None:
-            return await c.harness.start_coordinator(0, "127.0.0.1:0", *flags)
+        if prof.raw_dir is None:
+            return await c.harness.start_coordinator(index, "127.0.0.1:0", *flags)
         argv = coord_argv(config.endpoints, c.kv.root, "127.0.0.1:0", args.ttl, *flags, log_level="WARNING")
-        return await c.harness.start(COORDINATOR, 0, [str(SCRIPTS / "profiled_coord.py"),
-                                                      str(args.profile_leader), *argv])
+        return await c.harness.start(COORDINATOR, index, [str(SCRIPTS / "profiled_coord.py"), str(prof.raw_dir),
+                                                          *argv])
+
+    async def start_c0(c: ScaleCluster) -> Member:
+        return await start_coordinator(c, 0, profile)
 
     # Every node has room for the whole collection: four of them go, and their copies must find a place.
     capacity = max(1024 << 20, segments * SEGMENT_MEM_BOUND)
@@ -378,8 +395,8 @@ async def one_size(config: EtcdConfig, args: argparse.Namespace, segments: int, 
                          lambda: at_least(http0, "querycoord_checker_passes", done0 + 2), args.timeout, 0.5)
         res.leader_rss_kib = proc_status_kib(c0.child.pid, "VmRSS")
 
-        c1 = await cl.harness.start_coordinator(1, "127.0.0.1:0", *cl.common_flags(),
-                                                "--checker-interval", str(args.checker_interval))
+        c1 = await start_coordinator(cl, 1, standby_profile)
+        standby_profile.member = c1
         await wait_for_standby(cl.kv, c1, args.warm_standby, args.timeout)
         res.standby_rss_kib = proc_status_kib(c1.child.pid, "VmRSS")
         res.standby_read_ms = await standby_reads(c1, cid, args.reads)
@@ -433,10 +450,13 @@ async def one_size(config: EtcdConfig, args: argparse.Namespace, segments: int, 
         async def two_down() -> None:
             res.loop_blocked_s = await loop_blocked(http0)
             await asyncio.gather(*(whole.crash(n) for n in two))
+            standby_profile.start()  # from the kill until c1 reconciled
 
         tk = await kill_and_take_over(cl.kv, c0, c1, args.timeout, args.ttl, before_kill=two_down)
+        await standby_profile.stop(f"takeover-{segments}")
         t_kill = time.perf_counter() - tk.reconciled_s
         res.takeover_lease_s, res.takeover_over_ttl_s = tk.lease_s, tk.reconciled_s - tk.lease_s
+        res.takeover_leader_s, res.takeover_steps = tk.leader_event_s - tk.lease_s, tk.steps
         res.new_loop_blocked_s = await loop_blocked(str(c1.ready["http_address"]))
         await whole.wait(t_kill, args.timeout)
         c1_client = QueryCoordClient([c1.address], deadline=args.timeout, call_timeout=args.timeout)
@@ -479,6 +499,9 @@ def size_rows(r: OpsResult, args: argparse.Namespace) -> list[tuple[str, str]]:
         ("drain of one node", move_row(r.drain)),
         ("takeover, two nodes down", f"{r.takeover_over_ttl_s:.2f} s over the lease ({r.takeover_lease_s:.2f} s); "
                                      f"whole again {r.takeover_whole_s:.2f} s after the kill"),
+        ("takeover steps", f"leading {r.takeover_leader_s:.2f} s over the lease, then its first pass "
+                           f"{r.takeover_over_ttl_s - r.takeover_leader_s:.2f} s; steps (s): "
+                           + ", ".join(f"{k} {v:.3f}" for k, v in r.takeover_steps.items())),
         ("longest event loop block", f"c0 {r.loop_blocked_s:.2f} s before its kill, c1 {r.new_loop_blocked_s:.2f} s "
                                      f"until reconciled (session TTL {args.ttl:g} s)"),
     ]
@@ -524,6 +547,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         "drain_raw_s": col(lambda r: r.drain.raw_s, 4),
         "drain_records": [r.drain.records for r in results],
         "takeover_two_down_whole_s": col(lambda r: r.takeover_whole_s),
+        "takeover_two_down_leading_s": col(lambda r: r.takeover_leader_s),
         "status_floor_ms": col(lambda r: r.cli_floor_ms, 1),
         "status_page_failed": [len(r.status_page_failed) for r in results],
         "checker_window_cpu_s": col(lambda r: r.window_cpu_s),
@@ -546,12 +570,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--profile-leader", metavar="DIR",
                    help="profile c0 over its steady passes and the node-down repair (DIR/checker-<segments>.prof, "
                         "DIR/repair-<segments>.prof)")
+    g.add_argument("--profile-standby", metavar="DIR",
+                   help="profile c1 from c0's kill until c1's first checker pass ended (DIR/takeover-<segments>.prof)")
     args = p.parse_args(argv)
     check_scale_options(p, args)
     require_positive(p, args, ("passes", "reads", "raw_rounds"))
     if args.nodes < 5:
         p.error("--nodes must be >= 5 (four of them are taken away)")
     args.profile_leader = Path(args.profile_leader).resolve() if args.profile_leader else None
+    args.profile_standby = Path(args.profile_standby).resolve() if args.profile_standby else None
     return args
 
 

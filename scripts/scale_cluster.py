@@ -212,6 +212,7 @@ class Takeover:
     reconciled_s: float  # the new leader's first checker pass finished
     pending: int  # triggers pending at the new leader then
     meta_source: str  # where its query meta came from: "warm standby copy" or "reload"
+    steps: dict[str, float] = field(default_factory=dict)  # the takeover's steps, seconds (its ``leader`` event)
 
 
 async def kill_and_take_over(kv: MetaKV, c0: Member, c1: Member, timeout: float, ttl: float,
@@ -248,8 +249,9 @@ async def kill_and_take_over(kv: MetaKV, c0: Member, c1: Member, timeout: float,
                      lambda: at_least(http1, "querycoord_checker_passes", 1), timeout, 0.02)
     reconciled_s = time.time() - t_kill
     pending = int(await metric(http1, "querycoord_tasks") or 0)
-    return Takeover(lease_s, leader_event_s, reconciled_s, pending,
-                    str((ev.get("takeover") or {}).get("meta_source", "")))
+    said = ev.get("takeover") or {}
+    steps = {"meta": float(said.get("meta_s", 0.0)), **{k: float(v) for k, v in (said.get("steps") or {}).items()}}
+    return Takeover(lease_s, leader_event_s, reconciled_s, pending, str(said.get("meta_source", "")), steps)
 
 
 def unplanned_change(c0: Member, c1: Member) -> str:

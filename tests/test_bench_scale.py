@@ -13,18 +13,18 @@ OPS_KEYS = {
     "status_page_ms", "segment_info_ms", "standby_read_ms", "leader_rss_kib_per_segment",
     "standby_rss_kib_per_segment", "settle_s", "node_down_repair_raw_s", "node_down_repair_records", "drain_raw_s",
     "drain_records", "takeover_two_down_whole_s", "status_floor_ms", "checker_window_cpu_s", "status_page_failed",
-    "leader_loop_blocked_max_s", "new_leader_loop_blocked_max_s",
+    "leader_loop_blocked_max_s", "new_leader_loop_blocked_max_s", "takeover_two_down_leading_s",
 }
 POSITIVE = OPS_KEYS - {"segments", "settle_s", "standby_rss_kib_per_segment", "leader_rss_kib_per_segment",
                        "checker_window_cpu_s", "status_page_failed", "leader_loop_blocked_max_s",
-                       "new_leader_loop_blocked_max_s"}
+                       "new_leader_loop_blocked_max_s", "takeover_two_down_leading_s"}
 
 
 def test_bench_scale_ops_quick_run(project_root: Path, subprocess_env: dict[str, str], tmp_path: Path) -> None:
     profiles = tmp_path / "prof"
     proc = run_bench(project_root, subprocess_env, "bench_scale_ops.py", "--sizes", "1500", "--ttl", "3",
                      "--passes", "1", "--reads", "1", "--raw-rounds", "1", "--checker-interval", "1",
-                     "--profile-leader", str(profiles), timeout=600)
+                     "--profile-leader", str(profiles), "--profile-standby", str(profiles), timeout=600)
     lines, result = report(proc, "== 1,500 segments")
     assert set(result) == OPS_KEYS
     assert all(isinstance(v, list) and len(v) == 1 for v in result.values()), result
@@ -36,20 +36,27 @@ def test_bench_scale_ops_quick_run(project_root: Path, subprocess_env: dict[str,
     assert result["drain_records"][0] >= 1500 // 8 // 2
     assert result["status_page_failed"] == [0]  # a small cluster's page answers
     assert "node-down repair" in proc.stdout and "drain of one node" in proc.stdout
-    # The leader's profiles cover its steady passes and the repair, and their top functions went to stderr.
-    assert sorted(p.name for p in profiles.iterdir()) == ["checker-1500.prof", "repair-1500.prof"]
-    assert "leader profile" in proc.stderr and "cumulative" in proc.stderr
+    # The leader's profiles cover its steady passes and the repair, the standby's its takeover (its raw profiles
+    # in a directory of their own), and their top functions went to stderr.
+    assert sorted(p.name for p in profiles.iterdir()) == ["checker-1500.prof", "repair-1500.prof", "standby",
+                                                          "takeover-1500.prof"]
+    assert "leader profile" in proc.stderr and "standby profile" in proc.stderr and "cumulative" in proc.stderr
+    assert "takeover steps" in proc.stdout
     assert not any(line.startswith("{") for line in lines[:-1]), proc.stdout
     assert_etcd_cleaned_up(proc.stderr)
 
 
-def test_bench_scale_quick_run(project_root: Path, subprocess_env: dict[str, str]) -> None:
+def test_bench_scale_quick_run(project_root: Path, subprocess_env: dict[str, str], tmp_path: Path) -> None:
+    profiles = tmp_path / "prof"
     proc = run_bench(project_root, subprocess_env, "bench_scale.py", "--sizes", "1500", "--queued", "40", "--ttl",
-                     "3", timeout=600)
+                     "3", "--profile-standby", str(profiles), timeout=600)
     _lines, result = report(proc, "== 1,500 segments")
     assert result["segments"] == [1500]
     assert result["queued"] == [40]
     assert result["meta_source"] == ["warm standby copy"]
+    # The standby's profile covers its takeover; the new leader's steps are in the table.
+    assert (profiles / "takeover-1500.prof").is_file() and "standby profile" in proc.stderr
+    assert "the new leader's steps" in proc.stdout and "streams" in proc.stdout
     for key in ("load_s", "takeover_over_ttl_s", "lease_s", "etcd_bytes_per_segment", "rss_kib_per_segment"):
         assert isinstance(result[key][0], float) and result[key][0] > 0, (key, result[key])
     assert_etcd_cleaned_up(proc.stderr)

@@ -122,8 +122,10 @@ async def broker_target(catalog: CatalogStore, cid: int, pids: list[int]) -> Tar
     target = Target()
     for pid in pids:
         chans, binlogs = await catalog.get_recovery_info(cid, pid)
+        part = target.partitions.setdefault(pid, {})
         for b in binlogs:
-            target.segments[b.segment_id] = TargetSegment(b.segment_id, pid, tuple(b.compaction_from), b.mem_size)
+            part[b.segment_id] = target.segments[b.segment_id] = TargetSegment(
+                b.segment_id, pid, tuple(b.compaction_from), b.mem_size)
         target.channels.update(c.channel_name for c in chans)
     return target
 

@@ -73,9 +73,11 @@ class CatalogTargets(RangeFollower):
             return None
         parts = self._segments.get(collection_id, {})
         segments: dict[int, TargetSegment] = {}
+        by_partition: dict[int, dict[int, TargetSegment]] = {}
         for pid in partition_ids:
-            segments.update(parts.get(pid, {}))
-        return Target(segments=segments, channels=set(known[1]))
+            part = by_partition[pid] = dict(parts.get(pid, {}))
+            segments.update(part)
+        return Target(segments=segments, channels=set(known[1]), partitions=by_partition)
 
     def drop(self) -> None:
         self._segments = {}

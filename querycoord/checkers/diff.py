@@ -19,6 +19,7 @@ from querycoord.checkers.releases import Releases, Sources, forget_unplaced, rel
 from querycoord.checkers.replicas import ReplicaView
 from querycoord.checkers.scan import Diff, Scan, describe
 from querycoord.checkers.segments import Tally, check_segments
+from querycoord.checkers.whole import held_as_recorded
 from querycoord.common.target import Target, TargetSegment
 from querycoord.querymeta import QueryMeta
 
@@ -43,6 +44,7 @@ async def diff_async(
     meta: QueryMeta, targets: dict[int, Target], held: Held, *, reachable: set[int], online: set[int], busy: set[int],
     every: int = TURN_SEGMENTS,
     gone: frozenset[int] = frozenset(),
+    own_targets: bool = False,
 ) -> Diff:
     """``diff``, giving the event loop a turn every ``every`` segments (a million segments take a second or more:
     the session keepalive, the election watch and every gRPC answer, /metrics included, wait meanwhile).
@@ -56,9 +58,12 @@ async def diff_async(
     level-triggered: a difference a pass missed or saw half-way is found whole by the next one. (A trigger that
     starts and ends within one pass is not seen as busy: that window is the pass, between the catalog reads'
     awaits and the end of the comparison.)
+
+    ``own_targets``: the caller's targets are its own and nothing changes them during the turns (the checker reads
+    fresh copies for each pass): they are not copied again (a million segments' dict).
     """
     steps = _diff_steps(meta, targets, held, reachable=reachable, online=online, busy=busy, every=every,
-                       gone=gone)
+                       gone=gone, copy=not own_targets)
     while True:
         try:
             next(steps)
@@ -80,21 +85,33 @@ def _diff_steps(
     meta: QueryMeta, targets: dict[int, Target], held: Held, *, reachable: set[int], online: set[int], busy: set[int],
     every: int,
     gone: frozenset[int] = frozenset(),
+    copy: bool = True,
 ) -> Generator[None, None, Diff]:
-    """``diff``'s body: yields every ``every`` segments (never when 0), returns the ``Diff``."""
+    """``diff``'s body: yields every ``every`` segments (never when 0), returns the ``Diff``; the targets are
+    copied first when it yields and ``copy`` (see ``diff_async``)."""
     out = Diff()
     scan = Scan(meta, held, reachable, online - reachable, every, out, Releases(out), gone)
     # A snapshot of each target taken now (see diff_async): the caller's may be shared and change during turns.
-    work = [(cid, dict(t.segments) if every else t.segments, set(t.channels) if every else t.channels)
-            for cid, t in list(targets.items()) if cid not in busy]
+    snapshot = bool(every) and copy
+    work = [(cid, dict(t.segments) if snapshot else t.segments, set(t.channels) if snapshot else t.channels,
+             _partitions(t, snapshot)) for cid, t in list(targets.items()) if cid not in busy]
     target_ids = set(targets)
     held_of = yield from _held_by_collection(held, every)
-    for cid, tsegs, tchans in work:
-        yield from _check_collection(scan, cid, tsegs, tchans, held_of.get(cid, []))
+    for cid, tsegs, tchans, tparts in work:
+        yield from _check_collection(scan, cid, tsegs, tchans, held_of.get(cid, []), tparts)
     release_unloaded(scan, held_of, target_ids, busy)
     for req in out.repairs.values():
         req.reason = describe(req)
     return out
+
+
+def _partitions(target: Target, snapshot: bool) -> dict[int, dict[int, TargetSegment]]:
+    """The target's segments by partition (copied when ``snapshot``, as its segments: see ``diff_async``); none
+    unless they are exactly its segments, each in one partition."""
+    parts = target.partitions
+    if not parts or sum(map(len, parts.values())) != len(target.segments):
+        return {}
+    return {pid: dict(segs) for pid, segs in parts.items()} if snapshot else parts
 
 
 def _held_by_collection(held: Held, every: int) -> Generator[None, None, dict[int, list[int]]]:
@@ -120,16 +137,20 @@ def _held_by_collection(held: Held, every: int) -> Generator[None, None, dict[in
 
 
 def _check_collection(scan: Scan, cid: int, tsegs: Mapping[int, TargetSegment], tchans: Iterable[str],
-                      held_here: list[int]) -> Generator[None, None, None]:
-    """Every step for one loaded collection; its progress goes to ``scan.out``."""
+                      held_here: list[int], tparts: Mapping[int, Mapping[int, TargetSegment]]
+                      ) -> Generator[None, None, None]:
+    """Every step for one loaded collection; its progress goes to ``scan.out``. A collection held exactly as
+    recorded is decided by whole groups (``whole``), and its per-segment steps are skipped."""
     meta = scan.meta
     loaded = set(meta.partition_ids(cid))
     view = ReplicaView(meta, cid)
     tally = Tally(loaded, view.replicas)
     keep_sources = Sources()
-    yield from check_segments(scan, cid, view, tsegs, tally, keep_sources)
-    yield from release_outside(scan, cid, tsegs, held_here, keep_sources)
-    yield from forget_unplaced(scan, cid, tsegs)
+    whole = yield from held_as_recorded(scan, cid, view, tsegs, tparts, len(held_here), tally)
+    if not whole:
+        yield from check_segments(scan, cid, view, tsegs, tally, keep_sources)
+        yield from release_outside(scan, cid, tsegs, held_here, keep_sources)
+        yield from forget_unplaced(scan, cid, tsegs)
     check_channels(scan, cid, view, tchans, loaded)
     scan.out.progress[cid] = tally.progress
     scan.out.replica_progress[cid] = {r: (h, t) for r, (h, t) in tally.per_replica.items()}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable, Iterator, MutableMapping
 from dataclasses import dataclass, field
+from typing import TypeVar, overload
 
 from loguru import logger
 
@@ -14,6 +15,7 @@ from querycoord.cluster.client import NodeError
 from querycoord.cluster.nodes import NodeManager
 
 DM = querynode_pb2.CHANNEL_KIND_DM
+T = TypeVar("T")
 
 #: Segments the checker handles between two turns of the event loop (~20-50 ms of work).
 TURN_SEGMENTS = 20_000
@@ -73,6 +75,19 @@ class Holders(MutableMapping[int, set[int]]):
         self.second.pop(sid, None)
         self.rest.pop(sid, None)
 
+    @overload
+    def get(self, sid: int, /) -> set[int] | None: ...
+
+    @overload
+    def get(self, sid: int, /, default: set[int] | T) -> set[int] | T: ...
+
+    def get(self, sid: int, /, default: object = None) -> object:
+        """``self[sid]``, or ``default`` when no node reported it, without raising and catching a KeyError (a
+        pass after a node loss asks this of every segment it held)."""
+        if sid not in self.first and sid not in self._empty:
+            return default
+        return self[sid]
+
     def setdefault(self, sid: int, default: Iterable[int] | None = None) -> set[int]:
         """Refused: the set it would return is a copy, so adding to it would be lost. Use ``add``."""
         raise TypeError("Holders.setdefault would return a copy: use Holders.add(segment, node)")
@@ -95,6 +110,9 @@ class Held:
     segments: Holders = field(default_factory=Holders)
     segment_collection: dict[int, tuple[int, int]] = field(default_factory=dict)  # id -> (collection, partition)
     channels: dict[tuple[int, str], set[int]] = field(default_factory=dict)
+    # collection -> (node, partition, ids) of each group a node reported (``_Fill.groups`` adds each group's ids to
+    # ``segments`` for its node too): the checker's whole-collection fast path (``checkers.whole``).
+    groups: dict[int, list[tuple[int, int, set[int]]]] = field(default_factory=dict)
 
 
 class _Fill:
@@ -118,6 +136,7 @@ class _Fill:
                 continue
             ids = set(g.segment_ids)
             place = (g.collection_id, g.partition_id)
+            self.held.groups.setdefault(g.collection_id, []).append((node_id, g.partition_id, ids))
             where.update(dict.fromkeys(ids, place))
             seen = ids & first.keys()
             first.update(dict.fromkeys(ids - seen if seen else ids, node_id))

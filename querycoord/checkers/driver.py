@@ -208,7 +208,7 @@ class Checker:
         online = {n.node_id for n in env.nodes.online()}
         online |= gone  # not reachable: silent, so their records are kept as they are (but count as not held)
         d = await diff_async(env.meta, targets, held, reachable=reachable, online=online, busy=busy | unchanged,
-                             gone=gone)
+                             gone=gone, own_targets=True)  # the reader's fresh copies: not copied again
         quiet = {c for c in marks if c not in self._busy() and c not in balanced and not env.parked.of(c)}
         self.unchanged.after([c for c in targets if c not in busy], d, marks, reports, online, held.channels, quiet,
                              env.meta.collection_ids())

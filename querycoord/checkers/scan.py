@@ -23,8 +23,12 @@ class Diff:
 
 
 def repair_of(d: Diff, cid: int) -> task_pb2.RepairRequest:
-    """The repair of collection ``cid``, started empty on first use."""
-    return d.repairs.setdefault(cid, task_pb2.RepairRequest())
+    """The repair of collection ``cid``, started empty on first use (built only then: the general path asks this
+    once per segment it finds missing)."""
+    req = d.repairs.get(cid)
+    if req is None:
+        req = d.repairs[cid] = task_pb2.RepairRequest()
+    return req
 
 
 @dataclass

@@ -115,15 +115,15 @@ def _general(scan: Scan, cid: int, view: ReplicaView, seg: TargetSegment, tally:
         tally.per_replica[replica][1] += 1
         if holding:
             keep = recorded if recorded in holding else min(holding)
-            if recorded != keep:
-                repair_of(out, cid).adopt.append(data_pb2.SegmentInfo(
+            if recorded != keep:  # ``add`` builds the entry in place (``append`` would copy a message built aside)
+                repair_of(out, cid).adopt.add(
                     segment_id=seg.segment_id, collection_id=cid, partition_id=seg.partition_id,
                     node_id=keep, replica_id=replica, state=data_pb2.SEGMENT_STATE_SEALED,
-                    compaction_from=list(seg.compaction_from)))
+                    compaction_from=list(seg.compaction_from))
             for extra in sorted(holding - {keep}):
                 release(cid, extra, seg.segment_id)
         elif not unknown:
             keep_sources.note(seg)  # serve the sources until the result is loaded
-            repair_of(out, cid).missing_segments.append(data_pb2.SegmentInfo(
+            repair_of(out, cid).missing_segments.add(
                 segment_id=seg.segment_id, collection_id=cid, partition_id=seg.partition_id,
-                node_id=recorded, replica_id=replica, mem_size=seg.mem_size))
+                node_id=recorded, replica_id=replica, mem_size=seg.mem_size)

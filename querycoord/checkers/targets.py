@@ -57,9 +57,10 @@ class TargetReader:
             target = Target()
             for pid in env.meta.partition_ids(cid):
                 chans, binlogs = await env.broker.get_recovery_info(cid, pid)
+                part = target.partitions.setdefault(pid, {})
                 for b in binlogs:
-                    target.segments[b.segment_id] = TargetSegment(b.segment_id, pid, tuple(b.compaction_from),
-                                                                  b.mem_size)
+                    part[b.segment_id] = target.segments[b.segment_id] = TargetSegment(
+                        b.segment_id, pid, tuple(b.compaction_from), b.mem_size)
                 target.channels.update(c.channel_name for c in chans)
             out[cid] = target
         return out

@@ -24,3 +24,7 @@ class Target:
 
     segments: dict[int, TargetSegment] = field(default_factory=dict)
     channels: set[str] = field(default_factory=set)
+    # The same segments by partition, when whoever built the target had them so (the catalog copy does): the
+    # checker's whole-collection fast path (``checkers.whole``) compares a node's report of one partition with
+    # it. Empty: not known.
+    partitions: dict[int, dict[int, TargetSegment]] = field(default_factory=dict)

@@ -276,7 +276,7 @@ class Coordinator:
             await meta.reload()
             source, at = "reload", ""
         took = time.monotonic() - began
-        self.last_takeover = {"meta_source": source, "meta_s": round(took, 4)}
+        self.last_takeover = {"meta_source": source, "meta_s": round(took, 4), "steps": {}}
         logger.info("coordinator {}: query meta from the {}{} in {:.3f}s", self.server_id, source, at, took)
 
     async def _say_standby(self) -> None:
@@ -368,9 +368,18 @@ class Coordinator:
             raise
         metrics.leader_acquired(time.monotonic() - began)
 
+    def _step_done(self, name: str, since: float) -> float:
+        """Note how long the takeover's step ``name`` took (``last_takeover["steps"]``, seconds); returns now."""
+        now = time.monotonic()
+        steps = self.last_takeover.setdefault("steps", {})
+        assert isinstance(steps, dict)
+        steps[name] = round(now - since, 4)
+        return now
+
     async def _take_over(self, fence: Fence, term: int, started: list[Callable[[], Awaitable[None]]]) -> None:
         assert self.kv is not None and self.broker is not None
         fenced = self.kv.fenced(fence)
+        self.last_takeover = {}
         # Before any node hears this fence: nodes adopt it only once the record shows it (they may not read
         # the election, whose keys name the leases).
         await publish_leader_record(fenced, QUERYCOORD_ELECTION, self.address)
@@ -381,6 +390,7 @@ class Coordinator:
 
         # Nodes whose re-replication waits (``checkers.left``), with when each left as earlier leaders recorded it.
         left = LeftNodes(fenced, self.config.node_left_delay, on_due=lambda: checker.kick())
+        step = time.monotonic()
         await left.load()
 
         async def on_node_down(node_id: int) -> None:
@@ -398,6 +408,7 @@ class Coordinator:
         # Before the nodes are taken in and before any placement: cordoned nodes are given nothing new.
         lifecycles = NodeLifecycles(fenced, nodes)
         await lifecycles.load()
+        step = self._step_done("records", step)
         store = TaskStore(fenced)
         ids = IdAllocator(fenced, "idalloc/task")
         env = TaskEnv(meta=meta, nodes=nodes, broker=self.broker, store=store, ids=ids,
@@ -417,10 +428,13 @@ class Coordinator:
         started.append(after_moves.stop)
         started.append(nodes.stop)
         await nodes.start()
+        step = self._step_done("nodes", step)
         # Before anything counts a copy: nodes restarted while no leader watched, and nodes gone for good.
         await forget_restarted(env, incarnations=incarnations, targets=self.targets, left=left)
         # And nodes whose session outlived them (etcd restarted and renewed it): they count once they answer.
+        step = self._step_done("restarted", step)
         silent = await nodes.hear_inherited(min(TAKEOVER_PROBE_S, self.config.rpc_timeout))
+        step = self._step_done("probe", step)
         if silent:
             logger.warning("query nodes {} did not answer at takeover: what they hold counts once they answer",
                            sorted(silent))
@@ -428,13 +442,16 @@ class Coordinator:
         # (``checkers.left``) depends on what the nodes that answered serve.
         for node_id in sorted(meta.bound_node_ids() - nodes.online_ids()):
             await on_node_down(node_id)
+        step = self._step_done("gone", step)
         started.append(scheduler.stop)
         queued = await scheduler.reload()
         await scheduler.start(reload=False)
+        step = self._step_done("triggers", step)
         # Streams: only definitions are persisted; the manager rebuilds its task maps (WATCH when streams exist).
         stream_store = StreamStore(fenced)
         streams = StreamManager(stream_store, leader_revision=fence.revision, config=self.config.stream)
         await streams.start()
+        self._step_done("streams", step)
         tasks: list[asyncio.Task[None]] = []
 
         async def cancel_tasks() -> None:

@@ -115,6 +115,10 @@ class Segments:
         arithmetic over a million ids (the checker's diff)."""
         return set().union(*self._core.index.segments_by_partition.get(collection_id, {}).values())
 
+    def segment_count(self, collection_id: int) -> int:
+        """How many segment records the collection has (every partition), without copying their ids."""
+        return sum(map(len, self._core.index.segments_by_partition.get(collection_id, {}).values()))
+
     def partition_segment_ids(self, collection_id: int, partition_id: int) -> Set[int]:
         """Ids of the partition's recorded segments, read-only and not copied (a million-segment partition is
         counted, not copied, by ``querycoord.served``); empty when it has none."""

@@ -225,6 +225,9 @@ class QueryMeta:
     def segment_id_set(self, collection_id: int) -> set[int]:
         return self._segments.segment_id_set(collection_id)
 
+    def segment_count(self, collection_id: int) -> int:
+        return self._segments.segment_count(collection_id)
+
     def partition_segment_ids(self, collection_id: int, partition_id: int) -> Set[int]:
         return self._segments.partition_segment_ids(collection_id, partition_id)
 
