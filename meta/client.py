@@ -31,7 +31,7 @@ from etcd3aio import (
 from meta import etcd_pb as pb
 from meta import observe
 from meta.config import EtcdConfig
-from meta.errors import ClientClosed, MetaAuthError, MetaNoSpace, MetaRefused, MetaUnavailable
+from meta.errors import ClientClosed, MetaAuthError, MetaNoSpace, MetaRefused, MetaUnavailable, NotEtcd
 from meta.log import logger
 from meta.loops import keep_running
 from meta.reach import refusals
@@ -374,6 +374,8 @@ class EtcdClient:
         """What etcd refuses (credentials, a write while out of space) it refuses again on retry: say so now."""
         if _is_nospace(exc):
             raise MetaNoSpace(self.endpoints, operation, exc.details() or "NOSPACE") from exc
+        if isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+            raise NotEtcd(self.endpoints, operation, exc.details() or "UNIMPLEMENTED") from exc
         refusal = _auth_refusal(exc)
         if refusal is not None:
             raise MetaAuthError(

@@ -72,6 +72,19 @@ class MetaAuthError(MetaError):
         )
 
 
+class NotEtcd(MetaError):
+    """The endpoint answered gRPC but has no etcd API (UNIMPLEMENTED): another gRPC server, such as a coordinator's
+    port given as an etcd endpoint. Raised at once: a retry asks the same server again."""
+
+    def __init__(self, endpoints: list[str], operation: str, details: str):
+        self.endpoints = list(endpoints)
+        self.operation = operation
+        super().__init__(
+            f"{', '.join(self.endpoints)} answered {operation} with UNIMPLEMENTED ({details}): that is a gRPC "
+            "server but not etcd; give etcd's client URL (etcd's --advertise-client-urls, port 2379 by default)"
+        )
+
+
 class MetaNoSpace(MetaError):
     """etcd raised its NOSPACE alarm: its database reached the backend quota and every write is refused.
 

@@ -17,7 +17,9 @@ import sys
 import time
 from pathlib import Path
 
+import grpc
 import pytest
+from grpc_health.v1 import health, health_pb2_grpc
 
 from meta.client import connect
 from meta.config import EtcdConfig
@@ -320,3 +322,26 @@ def test_etcd_with_data_dir_keeps_its_data_when_stopped(subprocess_env, tmp_path
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+async def test_a_grpc_server_that_is_not_etcd_gets_one_line_from_every_reader(subprocess_env) -> None:
+    """A coordinator's or any other gRPC port given as etcd answers UNIMPLEMENTED: each reader says so in one line
+    (exit 1, no traceback), and ``etcd status`` puts it in the member's row."""
+    server = grpc.aio.server()
+    health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    endpoint = f"127.0.0.1:{port}"
+    try:
+        for command in (["status"], ["meta", "verify"], ["meta", "show", "segments"]):
+            r = await asyncio.to_thread(run, subprocess_env, *command, "--etcd-endpoints", endpoint)
+            assert r.returncode == 1, (command, r)
+            assert "Traceback" not in r.stderr, (command, r.stderr)
+            errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+            assert len(errors) == 1 and "that is a gRPC server but not etcd" in errors[0], (command, r.stderr)
+        r = await asyncio.to_thread(run, subprocess_env, "etcd", "status", "--endpoints", endpoint, "-o", "json")
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r
+        member = json.loads(r.stdout)["members"][0]
+        assert member["reason"] == "not etcd (a gRPC server without etcd's API)", member
+    finally:
+        await server.stop(None)

@@ -36,7 +36,7 @@ from etcd3aio.maintenance import AlarmType, MaintenanceService
 
 from meta.client import EtcdClient, connect
 from meta.config import EtcdConfig
-from meta.errors import ClientClosed, MetaAuthError, MetaError, MetaRefused, MetaUnavailable
+from meta.errors import ClientClosed, MetaAuthError, MetaError, MetaRefused, MetaUnavailable, NotEtcd
 from meta.etcd_pb import AlarmResponse, CompactionRequest, RangeRequest
 
 MIB = 1 << 20
@@ -104,6 +104,8 @@ def short_reason(exc: MetaError) -> str:
         return f"unreachable: no answer within {exc.elapsed:.1f}s"
     if isinstance(exc, MetaAuthError):
         return "credentials refused"
+    if isinstance(exc, NotEtcd):
+        return "not etcd (a gRPC server without etcd's API)"
     return type(exc).__name__
 
 

@@ -16,7 +16,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
-from meta.errors import MetaError, MetaRefused
+from meta.errors import MetaError, MetaRefused, NotEtcd
 from meta.log import when_loguru_loaded
 from meta.ops.maintenance import MIB
 from proto import querycoord_pb2 as qc
@@ -111,6 +111,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         return fail(exc, 2)
     except MetaRefused as exc:
         return fail(refused_message(args, exc))
+    except NotEtcd as exc:
+        return fail(str(exc))
     except MetaError as exc:
         return fail(f"etcd did not answer: {str(exc).splitlines()[0]}")
     emit(args, status, lambda: render(status))
