@@ -28,3 +28,12 @@ def etcd_pids_under(fragment: str | Path) -> list[int]:
 def pids_mentioning(fragment: str) -> list[int]:
     """Pids whose command line contains ``fragment``, pytest's own included: what a script left behind."""
     return [pid for pid, cmd in _cmdlines() if fragment in cmd]
+
+
+def parent_of(pid: int) -> int | None:
+    """The parent pid of ``pid`` (None once it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])

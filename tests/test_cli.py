@@ -65,6 +65,7 @@ class Up:
                                     self.root, "--data-dir", str(data_dir), *args], env)
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.out: list[str] = []
+        self._seen_children: set[int] = set()
         threading.Thread(target=self._pump, daemon=True).start()
 
     def _pump(self) -> None:
@@ -76,6 +77,7 @@ class Up:
     def wait_ready(self, timeout: float = 60.0) -> str:
         """The coordinator's address, once `up` printed its ready line."""
         self.wait_line("ready:", timeout)
+        self.children()  # its children as started, while their parent is known
         m = re.search(r"coordinator\s+(\S+)", "".join(self.out))
         assert m, self.out
         return m.group(1)
@@ -103,8 +105,14 @@ class Up:
             self.out.append(line)
 
     def children(self) -> list[int]:
-        """Coordinator and query node processes of this cluster (their command line names our root)."""
-        return procs.pids_matching(f"--root {self.root}")
+        """Coordinator and query node processes of this cluster: those naming our root whose parent is `up`, seen
+        while it runs (another cluster on this machine may use the same root), still running. Once `up` exited,
+        its children have another parent: the pids seen before are the ones that count."""
+        fragment = f"--root {self.root}"
+        running = procs.pids_matching(fragment)
+        if self.proc.poll() is None:
+            self._seen_children.update(pid for pid in running if procs.parent_of(pid) == self.proc.pid)
+        return sorted(pid for pid in running if pid in self._seen_children)
 
     def etcd(self) -> list[int]:
         return procs.etcd_pids_under(self.data_dir)

@@ -54,6 +54,7 @@ def poll(check: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
 
 def stop(up: Up) -> str:
     """SIGINT; `up` exits 0 and leaves no process; its stderr."""
+    up.children()  # the children it runs now (it restarts killed ones), while it is their parent
     up.proc.send_signal(signal.SIGINT)
     assert up.proc.wait(timeout=60) == 0
     up.rest()

@@ -428,10 +428,14 @@ def _check_released(res: CheckResult, seen: _Seen, expected: dict[int, Expected]
 
 
 def _check_meta_segments(res: CheckResult, seen: _Seen) -> None:
-    """Every segment copy meta records is on its node, in its replica; every copy a node holds is in meta."""
+    """Every segment copy meta records is on its node, in its replica; every copy a node holds is in meta. A copy
+    on a node that is gone and in no replica of the collection is a lost node's, left for the repair that loads
+    it elsewhere to rewrite (it counts for nothing: the checks of what is served read the nodes)."""
     reps, holders = seen.reps, seen.holders
     for sid, (cid, _pid, recorded_copies) in sorted(seen.meta.segments.items()):
         for rid, nid in sorted(copies_of(recorded_copies).items()):
+            if nid not in seen.nodes and reps.of(cid, nid) is None:
+                continue
             if nid not in holders.get(sid, set()):
                 res.violation(f"meta places segment {sid} (collection {cid}) on node {nid}, which does not hold it"
                               f" (held by {sorted(holders.get(sid, set()))})")
