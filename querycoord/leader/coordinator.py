@@ -384,7 +384,7 @@ class Coordinator:
         await left.load()
 
         async def on_node_down(node_id: int) -> None:
-            await forget_node(env, node_id, incarnations=incarnations, served=served, left=left)
+            await forget_node(env, node_id, incarnations=incarnations, served=served, left=left, checker=checker)
 
         async def on_node_up(node: Node) -> None:
             await record_joined(node, env=env, incarnations=incarnations, checker=checker, served=served, left=left)
@@ -431,6 +431,7 @@ class Coordinator:
         started.append(scheduler.stop)
         queued = await scheduler.reload()
         await scheduler.start(reload=False)
+        checker.repair_at_forget = True  # the persisted triggers are in: a lost node's forget may queue its repair
         # Streams: only definitions are persisted; the manager rebuilds its task maps (WATCH when streams exist).
         stream_store = StreamStore(fenced)
         streams = StreamManager(stream_store, leader_revision=fence.revision, config=self.config.stream)
