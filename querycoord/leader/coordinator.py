@@ -383,8 +383,14 @@ class Coordinator:
         left = LeftNodes(fenced, self.config.node_left_delay, on_due=lambda: checker.kick())
         await left.load()
 
+        # One forget at a time: a checker pass forgetting a node the session watch is forgetting waits until that
+        # forget queued the node's repair, and then leaves the collection to it instead of comparing it first.
+        forgetting = asyncio.Lock()
+
         async def on_node_down(node_id: int) -> None:
-            await forget_node(env, node_id, incarnations=incarnations, served=served, left=left, checker=checker)
+            async with forgetting:
+                await forget_node(env, node_id, incarnations=incarnations, served=served, left=left,
+                                  checker=checker)
 
         async def on_node_up(node: Node) -> None:
             await record_joined(node, env=env, incarnations=incarnations, checker=checker, served=served, left=left)

@@ -150,7 +150,8 @@ async def forget_node(env: TaskEnv, node_id: int, *, incarnations: Incarnations,
     if node_id in meta.bound_node_ids():
         before = meta.channels_on_node(node_id)  # what its replicas lack once the forget drops them
         txns = await meta.remove_node(node_id, keep_segments=True)
-        watches = before
+        if txns:  # else a forget running beside this one took it out, and queues its repair
+            watches = before
         logger.info("query node {} forgotten: it left its replicas and its DM channel watches ({} txns); the "
                     "repair moves its {} segment copies", node_id, txns, meta.segment_count_on_node(node_id))
     # Two forgets of one node may run at once (the session watch's, a checker pass's): the first one's
