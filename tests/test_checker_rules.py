@@ -33,7 +33,8 @@ def leadership(c: QueryCluster) -> Leadership:
 
 async def pause_checker(lead: Leadership) -> None:
     """Stop the leader's checker loop (and what kicks it): the test plays the checker, so no pass of its own
-    repairs what the test arranged before the test looks."""
+    repairs what the test arranged before the test looks (nor the repair a lost node's forget queues)."""
+    lead.checker.repair_at_forget = False
     loops = [t for t in lead.tasks if t.get_name() in ("checker", "checker-kicks")]
     for t in loops:
         t.cancel()

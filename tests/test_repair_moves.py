@@ -23,7 +23,9 @@ from tests.truth import held_by, target_of
 
 
 async def pause_checker(lead: Leadership) -> None:
-    """Stop the leader's checker loop (and what kicks it): nothing repairs until another leader takes over."""
+    """Stop the leader's checker loop (and what kicks it) and the repair a lost node's forget queues: nothing
+    repairs until another leader takes over."""
+    lead.checker.repair_at_forget = False
     loops = [t for t in lead.tasks if t.get_name() in ("checker", "checker-kicks")]
     for t in loops:
         t.cancel()

@@ -18,7 +18,8 @@ checker reads it through the broker as before.
 
 from __future__ import annotations
 
-from collections.abc import Set
+from collections.abc import Mapping, Set
+from types import MappingProxyType
 
 from google.protobuf.message import DecodeError
 from loguru import logger
@@ -58,6 +59,13 @@ class CatalogTargets(RangeFollower):
         if known is None or partition_id not in known[0]:
             return None
         return self._segments.get(collection_id, {}).get(partition_id, {}).keys()
+
+    def partition_segments(self, collection_id: int, partition_id: int) -> Mapping[int, TargetSegment] | None:
+        """The partition's sealed segments by id, read-only and not copied; None as ``partition_segment_ids``."""
+        known = self._collections.get(collection_id)
+        if known is None or partition_id not in known[0]:
+            return None
+        return MappingProxyType(self._segments.get(collection_id, {}).get(partition_id, {}))
 
     def dm_channels(self, collection_id: int) -> tuple[str, ...] | None:
         known = self._collections.get(collection_id)

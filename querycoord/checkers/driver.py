@@ -28,6 +28,7 @@ from loguru import logger
 
 from meta.errors import MetaError
 from meta.loops import loop_failed
+from proto import data_pb2, task_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.catalog.targets import CatalogTargets
 from querycoord.checkers.activation import REPLICAS, SEGMENTS, CheckerSwitches
@@ -35,6 +36,7 @@ from querycoord.checkers.diff import diff_async
 from querycoord.checkers.distribution import Held, NodeReport, collect_reports
 from querycoord.checkers.drain import drain_nodes
 from querycoord.checkers.left import LeftNodes
+from querycoord.checkers.lost import lost_node_repairs
 from querycoord.checkers.parked import weigh_units
 from querycoord.checkers.preempt import balances_by_collection, preempt_balances
 from querycoord.checkers.progress import set_progress
@@ -106,6 +108,13 @@ class Checker:
         self._draining = asyncio.Lock()
         self._drain_task: asyncio.Task[None] | None = None
         self._drain_again = False
+        # Collections whose repair is being persisted (``_queue_repair``): busy before the trigger is queued.
+        self._queuing: set[int] = set()
+        # Whether a lost node's forget queues its repair at once (``repair_lost``); False leaves it to the passes.
+        # Off until the scheduler has taken in the persisted triggers (the coordinator turns it on after its
+        # takeover): a repair queued before would race the resumed ones, and the first pass repairs what the
+        # takeover's forgets found.
+        self.repair_at_forget = False
 
     def kick(self) -> None:
         self._kick.set()
@@ -168,8 +177,50 @@ class Checker:
                 if loop_failed("checker", exc, self.scheduler.env.store.kv.client):
                     return
 
+    async def _queue_repair(self, cid: int, req: task_pb2.RepairRequest,
+                            condition: qc.TriggerCondition) -> RepairTask | None:
+        """Queue ``req`` (its units already weighed) as collection ``cid``'s repair, without what inactive kinds
+        would do and cut to one etcd write; None when nothing is left to do. ``cid`` counts as busy while the
+        trigger is persisted (``_busy``): another path cannot queue a second repair of it meanwhile."""
+        env = self.scheduler.env
+        self.switches.drop_inactive(req)  # after parking: a unit that cannot be placed still says why
+        later = bound_repair(req, env.config.max_repair_bytes)  # one etcd write; the rest in the next repair
+        req.reason = describe(req) + (f"; {plural(later, 'segment')} more in a later repair" if later else "")
+        if not has_work(req):
+            return None
+        task = RepairTask.new(env, req, trigger_condition=condition, collection_id=cid)
+        self._queuing.add(cid)
+        try:
+            await self.scheduler.enqueue(task)
+        finally:
+            self._queuing.discard(cid)
+        self.repairs += 1
+        return task
+
+    async def repair_lost(self, node_id: int, watches: list[data_pb2.DmChannelWatchInfo]) -> int:
+        """Queue the repair of what lost node ``node_id`` held, right after its forget took it out of its replicas
+        (``checkers.lost``; ``watches``: its DM channel watches as recorded before the forget): no pass has to
+        compare every segment to find its copies missing. A collection a trigger owns is left to the next pass, as
+        the pass itself would leave it; units that cannot be placed now are parked. Returns the repairs queued."""
+        env = self.scheduler.env
+        if not self.repair_at_forget or self.scheduler.stopped:
+            return 0
+        queued = 0
+        usage = usage_of(env)  # shared by the node's units, as by a pass's
+        parked: dict[tuple[int, int], str] = {}
+        for cid, req in sorted(lost_node_repairs(env.meta, self.targets, node_id, watches, self._busy()).items()):
+            if cid in self._busy() or self.scheduler.stopped:
+                continue
+            weigh_units(env, cid, req, usage, parked)
+            task = await self._queue_repair(cid, req, qc.TRIGGER_CONDITION_NODE_DOWN)
+            if task is not None:
+                queued += 1
+                logger.info("checker: query node {} lost: collection {}: {}; repair task {} queued", node_id, cid,
+                            req.reason, task.id)
+        return queued
+
     def _busy(self) -> set[int]:
-        out: set[int] = set()
+        out: set[int] = set(self._queuing)
         for t in self.scheduler.triggers.values():
             out |= t.collections()
             if t.collection_id:
@@ -271,17 +322,12 @@ class Checker:
             if cid in self._busy() or sched.stopped:
                 continue
             unwhole[cid] = weigh_units(env, cid, req, usage, report.parked)
-            self.switches.drop_inactive(req)  # after parking: a unit that cannot be placed still says why
-            later = bound_repair(req, env.config.max_repair_bytes)  # one etcd write; the rest in the next repair
-            req.reason = describe(req) + (f"; {plural(later, 'segment')} more in a later repair" if later else "")
-            if not has_work(req):
+            task = await self._queue_repair(cid, req, qc.TRIGGER_CONDITION_CHECKER)
+            if task is None:
                 # Nothing placeable: a parked replica with no node may get one from a sibling (``rehome_parked``).
                 if self.switches.is_active(SEGMENTS):
                     await rehome_to_parked(sched, cid, usage, report.parked)
                 continue
-            task = RepairTask.new(env, req, trigger_condition=qc.TRIGGER_CONDITION_CHECKER, collection_id=cid)
-            await sched.enqueue(task)
-            self.repairs += 1
             report.repairs[cid] = req.reason
             logger.info("checker: collection {}: {}; repair task {} queued", cid, req.reason, task.id)
         for cid in d.progress:  # checked whole this pass: a unit it does not lack any more is not parked

@@ -393,8 +393,14 @@ class Coordinator:
         step = time.monotonic()
         await left.load()
 
+        # One forget at a time: a checker pass forgetting a node the session watch is forgetting waits until that
+        # forget queued the node's repair, and then leaves the collection to it instead of comparing it first.
+        forgetting = asyncio.Lock()
+
         async def on_node_down(node_id: int) -> None:
-            await forget_node(env, node_id, incarnations=incarnations, served=served, left=left)
+            async with forgetting:
+                await forget_node(env, node_id, incarnations=incarnations, served=served, left=left,
+                                  checker=checker)
 
         async def on_node_up(node: Node) -> None:
             await record_joined(node, env=env, incarnations=incarnations, checker=checker, served=served, left=left)
@@ -447,6 +453,7 @@ class Coordinator:
         queued = await scheduler.reload()
         await scheduler.start(reload=False)
         step = self._step_done("triggers", step)
+        checker.repair_at_forget = True  # the persisted triggers are in: a lost node's forget may queue its repair
         # Streams: only definitions are persisted; the manager rebuilds its task maps (WATCH when streams exist).
         stream_store = StreamStore(fenced)
         streams = StreamManager(stream_store, leader_revision=fence.revision, config=self.config.stream)

@@ -114,7 +114,8 @@ async def kick_on_node_changes(nodes: NodeManager, checker: Checker) -> None:
 
 
 async def forget_node(env: TaskEnv, node_id: int, *, incarnations: Incarnations,
-                      served: ServedView | None = None, left: LeftNodes | None = None) -> None:
+                      served: ServedView | None = None, left: LeftNodes | None = None,
+                      checker: Checker | None = None) -> None:
     """A query node's session is gone: it leaves its replicas and its DM channel watches now, and its id is free
     for the node's next incarnation (``NodeManager.remove``). The segment records naming it stay, counting for
     nothing (it is offline and in no replica): the repair that loads each copy elsewhere rewrites its record once,
@@ -128,6 +129,10 @@ async def forget_node(env: TaskEnv, node_id: int, *, incarnations: Incarnations,
 
     With ``left`` (``checkers.left``), a node whose every collection keeps a whole replica elsewhere is not
     forgotten before its delay is over; one back under its id meanwhile is taken in as its replicas' member.
+
+    With ``checker``, the forget that took the node out of its replicas queues the repair of its copies and DM
+    channel watches at once (``Checker.repair_lost``): the records still naming it are what it took with it, so no
+    pass has to compare every segment to find them. A failure there is logged: the next pass repairs instead.
     """
     meta, nodes = env.meta, env.nodes
     if nodes.is_online(node_id):
@@ -141,8 +146,12 @@ async def forget_node(env: TaskEnv, node_id: int, *, incarnations: Incarnations,
         await persist_lowered(meta, meta.collection_ids(), served.collection)
     if left is not None and await left.hold(node_id, meta, served):
         return
+    watches: list[data_pb2.DmChannelWatchInfo] | None = None  # set once this forget took the node out
     if node_id in meta.bound_node_ids():
+        before = meta.channels_on_node(node_id)  # what its replicas lack once the forget drops them
         txns = await meta.remove_node(node_id, keep_segments=True)
+        if txns:  # else a forget running beside this one took it out, and queues its repair
+            watches = before
         logger.info("query node {} forgotten: it left its replicas and its DM channel watches ({} txns); the "
                     "repair moves its {} segment copies", node_id, txns, meta.segment_count_on_node(node_id))
     # Two forgets of one node may run at once (the session watch's, a checker pass's): the first one's
@@ -158,6 +167,14 @@ async def forget_node(env: TaskEnv, node_id: int, *, incarnations: Incarnations,
         # then told from the lost one (``forget_restarted``), and what those records say is forgotten.
         await incarnations.drop(node_id)
     await nodes.remove(node_id)
+    if checker is not None and watches is not None:
+        try:
+            await checker.repair_lost(node_id, watches)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # NotLeader included: the scheduler was told, and the next leader's pass repairs
+            logger.warning("query node {} lost: its repair was not queued ({}); the next checker pass repairs it",
+                           node_id, exc)
 
 
 async def forget_restarted(env: TaskEnv, *, incarnations: Incarnations, targets: CatalogTargets | None,

@@ -146,6 +146,11 @@ class Segments:
             out.append(view_of(seg, replica))
         return out
 
+    def segment_ids_on_node(self, node_id: int) -> list[int]:
+        """Ids of the copies recorded on the node, sorted: ``segments_on_node`` without a view per copy (a lost
+        node's repair reads each copy's place from ``segment_places``)."""
+        return sorted(self._core.index.segments_by_node.get(node_id, ()))
+
     def segment_count_on_node(self, node_id: int) -> int:
         """How many copies are recorded on the node: ``len(segments_on_node(...))`` without the views (ShowNodes
         counts every node's, and an operator polls it through a drain)."""

@@ -237,6 +237,9 @@ class QueryMeta:
     def segments_on_node(self, node_id: int) -> list[SegmentInfo]:
         return self._segments.segments_on_node(node_id)
 
+    def segment_ids_on_node(self, node_id: int) -> list[int]:
+        return self._segments.segment_ids_on_node(node_id)
+
     def segment_count_on_node(self, node_id: int) -> int:
         return self._segments.segment_count_on_node(node_id)
 

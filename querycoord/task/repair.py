@@ -16,6 +16,8 @@ parked (``task.parking``) while the others go on.
 
 from __future__ import annotations
 
+import asyncio
+
 from proto import data_pb2, querynode_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.cluster.allocator import NoAvailableNode
@@ -28,6 +30,9 @@ from querycoord.task.children import (
 from querycoord.task.model import Task
 from querycoord.task.triggers import TriggerTask, segment_load_info
 from querycoord.task.units import give_spares, park_unplaced
+
+# Partitions whose catalog records a repair reads at once.
+PARTITION_READS = 8
 
 
 class RepairTask(TriggerTask, kind=qc.TASK_KIND_REPAIR, request="repair"):
@@ -112,16 +117,27 @@ class RepairTask(TriggerTask, kind=qc.TASK_KIND_REPAIR, request="repair"):
                 rewatch.setdefault(w.replica_id, []).append(w)
         out: list[Task] = []
         for replica in sorted(set(missing) | set(rewatch)):
-            infos: list[data_pb2.SegmentLoadInfo] = []
-            for pid, ids in sorted(missing.get(replica, {}).items()):
-                _, binlogs = await env.broker.get_recovery_info(cid, pid, ids)
-                infos += [segment_load_info(b) for b in binlogs]
+            infos = await self._load_infos(sorted(missing.get(replica, {}).items()))
             try:
                 out += await self._plan_unit(replica, infos, rewatch.get(replica, []))
             except NoAvailableNode as exc:
                 park_unplaced(env, cid, replica, infos, [w.dm_channel for w in rewatch.get(replica, [])],
                               by=self.describe(), error=exc)
         return out
+
+    async def _load_infos(self, by_partition: list[tuple[int, list[int]]]) -> list[data_pb2.SegmentLoadInfo]:
+        """The catalog records of the segments to load, partition by partition in order: up to
+        ``PARTITION_READS`` partitions read at once (each read is a few round trips to etcd, mostly waiting)."""
+        env, cid = self.env, self.collection_id
+        gate = asyncio.Semaphore(PARTITION_READS)
+
+        async def read(pid: int, ids: list[int]) -> list[data_pb2.SegmentLoadInfo]:
+            async with gate:
+                _, binlogs = await env.broker.get_recovery_info(cid, pid, ids)
+            return [segment_load_info(b) for b in binlogs]
+
+        parts = await asyncio.gather(*(read(pid, ids) for pid, ids in by_partition))
+        return [info for part in parts for info in part]
 
     async def _plan_unit(self, replica: int, infos: list[data_pb2.SegmentLoadInfo],
                          watches: list[data_pb2.DmChannelWatchInfo]) -> list[Task]:
