@@ -220,12 +220,7 @@ class Checker:
         return queued
 
     def _busy(self) -> set[int]:
-        out: set[int] = set(self._queuing)
-        for t in self.scheduler.triggers.values():
-            out |= t.collections()
-            if t.collection_id:
-                out.add(t.collection_id)
-        return out
+        return self.scheduler.busy_collections() | self._queuing
 
     async def check_once(self) -> CheckReport:
         """One comparison; enqueues the repairs and corrects load percentages."""

@@ -55,14 +55,6 @@ class ProgressAfterMoves:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
-    def _busy(self) -> set[int]:
-        out: set[int] = set()
-        for t in self.scheduler.triggers.values():
-            out |= t.collections()
-            if t.collection_id:
-                out.add(t.collection_id)
-        return out
-
     async def _run(self) -> None:
         while self._pending and not self.scheduler.stopped:
             cids, self._pending = sorted(self._pending), set()
@@ -72,7 +64,7 @@ class ProgressAfterMoves:
                 for cid in cids:
                     # Checked after the catch-up's await, with no await before the counting: a trigger that took
                     # the collection meanwhile owns its percentages.
-                    if cid in self._busy() or self.scheduler.stopped:
+                    if cid in self.scheduler.busy_collections() or self.scheduler.stopped:
                         continue
                     if await persist_raised(self.scheduler.env.meta, cid, self.served.collection(cid)):
                         self.raised += 1

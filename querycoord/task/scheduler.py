@@ -139,6 +139,16 @@ class Scheduler:
         """Queued or running triggers, oldest first (``TriggerQueue.pending``)."""
         return self.queue.pending(collection_id, kinds, cancelled=cancelled)
 
+    def busy_collections(self) -> set[int]:
+        """The collections a queued or running trigger owns: a checker pass, a lost node's repair and the
+        progress raised after a move leave them to it."""
+        out: set[int] = set()
+        for t in self.triggers.values():
+            out |= t.collections()
+            if t.collection_id:
+                out.add(t.collection_id)
+        return out
+
     def find(self, task_id: int) -> TriggerTask | None:
         """The queued or running trigger with this id, or whose tree holds a child with it."""
         return self.queue.find(task_id)
