@@ -27,6 +27,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+# gRPC's C core writes its own lines to stderr, past our log format (a plain-text "Got goaway" line was once seen in a
+# coordinator's JSON log). Its errors are enough: set before anything imports grpc, unless the user chose a level.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
 from querycoord.cli.common import Parser, client_options, global_options, spread_global_options
 from querycoord.settings.config_file import apply_layers
 from querycoord.settings.logs import setup_logging
