@@ -14,6 +14,7 @@ import asyncio
 
 from meta.ops.etcd_server import EtcdCluster
 from proto import querycoord_pb2 as qc
+from querycoord.cluster.incarnations import incarnation_key
 from querycoord.leader.coordinator import Leadership
 from querycoord.querymeta import QueryMeta
 from querycoord.querymeta.keys import SEGMENT_PREFIX
@@ -139,3 +140,50 @@ async def test_a_lost_node_shows_nothing_while_its_records_wait_for_the_repair(e
                     for s in f.samples}
         assert str(victim.node_id) not in labelled
         assert {str(n.node_id) for n in c.nodes} <= labelled
+
+
+async def test_a_lost_nodes_incarnation_record_goes_once_the_repair_moved_its_records(etcd: EtcdCluster,
+                                                                                    root_path: str) -> None:
+    """The record of a lost node's incarnation is kept while segment records name it, then dropped: node ids that
+    never come back (a fresh id per start) leave no key behind, under this leader or the next one."""
+    async with QueryCluster(etcd, root_path, scheduler=fast_scheduler()) as c:
+        c.config.checker_interval = 0.3
+        await c.start_coordinator()
+        await c.wait_leader()
+        for _ in range(3):
+            await c.add_node()
+        cid = await c.create_collection("pruned", partitions=1, segments=24, channels=2)
+        await c.load_collection(cid)
+        await c.wait_idle()
+        assert c.kv is not None
+        victim = max(c.nodes, key=lambda n: len(n.state.segments))
+        key = incarnation_key(victim.node_id)
+        assert await c.kv.get(key) is not None
+
+        await victim.crash(revoke=True)
+        c.nodes.remove(victim)
+        target = await target_of(c, cid)
+        alive = {n.node_id for n in c.nodes}
+
+        async def whole() -> bool:
+            segs, chans = held_by(c, alive)
+            return target[0] <= segs and target[1] <= chans and await shown_percentage(c, cid) == 100
+
+        await until("the lost node's copies repaired", whole)
+        await c.wait_idle()
+        await until("its incarnation record dropped", lambda: _absent(c, key))
+
+        # A record a leader left behind for a node nothing names any more goes at the next takeover.
+        stale = incarnation_key(4242)
+        await c.kv.save(stale, b"7")
+        await c.start_coordinator()
+        await c.coords[0].stop()
+        await c.wait_leader()
+        await until("the stale record dropped at takeover", lambda: _absent(c, stale))
+        for node in c.nodes:  # the live nodes keep theirs
+            assert await c.kv.get(incarnation_key(node.node_id)) is not None, node.node_id
+
+
+async def _absent(c: QueryCluster, key: str) -> bool:
+    assert c.kv is not None
+    return await c.kv.get(key) is None

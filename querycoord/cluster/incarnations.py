@@ -30,6 +30,10 @@ class Incarnations:
 
     def __init__(self, kv: MetaKV):
         self.kv = kv
+        # Lost nodes whose record was kept because segment records still named them (``watchers.forget_node``):
+        # dropped by ``drop_unnamed`` once the repair moved those records, so node ids that never come back
+        # (a fresh id per start) leave no key behind.
+        self.deferred: set[int] = set()
 
     async def load(self) -> dict[int, int]:
         """node id -> session create revision; malformed records are logged and left out."""
@@ -50,3 +54,17 @@ class Incarnations:
 
     async def drop(self, node_id: int) -> None:
         await self.kv.remove(incarnation_key(node_id))
+
+    async def drop_unnamed(self, named: set[int], online: set[int], *, keep: set[int] | frozenset[int] = frozenset(),
+                           recorded: set[int] | None = None) -> list[int]:
+        """Drop the records of nodes that are not online and that no query meta record names (``named``), except
+        ``keep`` (nodes within their re-replication delay): the deferred ones, or every recorded node of
+        ``recorded`` (the records a new leader loaded). Returns the nodes dropped."""
+        candidates = self.deferred if recorded is None else recorded | self.deferred
+        stale = sorted(n for n in candidates if n not in named and n not in online and n not in keep)
+        for node_id in stale:
+            await self.drop(node_id)
+            self.deferred.discard(node_id)
+        if stale:
+            logger.info("node incarnations: dropped the records of lost nodes {} (nothing names them any more)", stale)
+        return stale

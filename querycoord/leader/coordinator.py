@@ -47,7 +47,14 @@ from querycoord.common.protocol import (
 from querycoord.leader.balance import auto_balance_loop
 from querycoord.leader.settle import ProgressAfterMoves
 from querycoord.leader.view import Leadership
-from querycoord.leader.watchers import forget_node, forget_restarted, kick_on_node_changes, record_joined, run_handoff
+from querycoord.leader.watchers import (
+    forget_node,
+    forget_restarted,
+    kick_on_node_changes,
+    prune_incarnations,
+    record_joined,
+    run_handoff,
+)
 from querycoord.querymeta import QueryMeta
 from querycoord.querymeta.mirror import MetaMirror
 from querycoord.served.state import ServedView
@@ -431,6 +438,7 @@ class Coordinator:
         scheduler.finish_hooks.append(checker.after_trigger)
         after_moves = ProgressAfterMoves(scheduler, served, self.targets)
         scheduler.finish_hooks.append(after_moves.after_trigger)
+        scheduler.finish_hooks.append(prune_incarnations(env, incarnations, left))
         started.append(after_moves.stop)
         started.append(nodes.stop)
         await nodes.start()

@@ -12,6 +12,8 @@ counted, and the loop starts again.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from typing import Any
 
 from loguru import logger
 
@@ -163,9 +165,12 @@ async def forget_node(env: TaskEnv, node_id: int, *, incarnations: Incarnations,
     if left is not None:
         await left.drop(node_id)
     if node_id not in meta.known_node_ids():
-        # Else kept while segment records still name it: a process back under its id while no leader watched is
-        # then told from the lost one (``forget_restarted``), and what those records say is forgotten.
         await incarnations.drop(node_id)
+    else:
+        # Kept while segment records still name it: a process back under its id while no leader watched is then
+        # told from the lost one (``forget_restarted``), and what those records say is forgotten. Dropped once
+        # the repair moved them (``prune_incarnations``).
+        incarnations.deferred.add(node_id)
     await nodes.remove(node_id)
     if checker is not None and watches is not None:
         try:
@@ -203,7 +208,34 @@ async def forget_restarted(env: TaskEnv, *, incarnations: Incarnations, targets:
     for n, node in sorted(online.items()):
         if known.get(n) != node.created and node.created:
             await incarnations.save(n, node.created)
+    await incarnations.drop_unnamed(meta.known_node_ids(), set(online), keep=set(left.left) if left else set(),
+                                    recorded=set(known))
     return restarted
+
+
+def prune_incarnations(env: TaskEnv, incarnations: Incarnations, left: LeftNodes | None) -> Callable[[Any], None]:
+    """A scheduler finish hook: after a repair, the records of lost nodes it moved every copy off are dropped
+    (``Incarnations.drop_unnamed``), in a task of their own; a failure is logged and left to the next repair or
+    the next leader's takeover."""
+    running: list[asyncio.Task[None]] = []
+
+    async def prune() -> None:
+        try:
+            await incarnations.drop_unnamed(env.meta.known_node_ids(), env.nodes.online_ids(),
+                                            keep=set(left.left) if left is not None else set())
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # NotLeader, MetaUnavailable: the records stay until a later prune
+            logger.info("node incarnations: lost nodes' records not dropped now ({})", exc)
+
+    def after_trigger(trigger: Any) -> None:
+        if trigger.KIND != qc.TASK_KIND_REPAIR or not incarnations.deferred:
+            return
+        if running and not running[0].done():
+            return
+        running[:] = [asyncio.get_running_loop().create_task(prune(), name="prune-incarnations")]
+
+    return after_trigger
 
 
 async def record_joined(node: Node, *, env: TaskEnv, incarnations: Incarnations, checker: Checker,
