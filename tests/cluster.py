@@ -122,9 +122,10 @@ class QueryCluster:
             await asyncio.sleep(0.05)
         raise TimeoutError("no coordinator became leader")
 
-    async def add_node(self, capacity: int = 1024 * MiB, faults: FaultConfig | None = None) -> QueryNode:
+    async def add_node(self, capacity: int = 1024 * MiB, faults: FaultConfig | None = None,
+                       ttl: float = 2.0) -> QueryNode:
         assert self.kv is not None
-        n = QueryNode(self.kv, capacity_bytes=capacity, ttl=2.0, faults=faults)
+        n = QueryNode(self.kv, capacity_bytes=capacity, ttl=ttl, faults=faults)
         await n.start()
         self.nodes.append(n)
         return n
