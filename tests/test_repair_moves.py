@@ -46,17 +46,23 @@ async def create_revisions(c: QueryCluster, cid: int) -> dict[str, int]:
     return {kv.key: kv.create_revision for kv in snap.kvs}
 
 
+async def loaded(c: QueryCluster, name: str, *, nodes: int, partitions: int, segments: int) -> int:
+    """A leader, ``nodes`` query nodes and collection ``name`` loaded on them, nothing left to do; its id."""
+    await c.start_coordinator()
+    await c.wait_leader()
+    for _ in range(nodes):
+        await c.add_node()
+    cid = await c.create_collection(name, partitions=partitions, segments=segments, channels=2)
+    await c.load_collection(cid)
+    await c.wait_idle()
+    return cid
+
+
 async def test_a_lost_nodes_records_count_for_nothing_and_a_new_leader_moves_them(etcd: EtcdCluster,
                                                                                 root_path: str) -> None:
     async with QueryCluster(etcd, root_path, scheduler=fast_scheduler()) as c:
         c.config.checker_interval = 0.3
-        await c.start_coordinator()
-        await c.wait_leader()
-        for _ in range(3):
-            await c.add_node()
-        cid = await c.create_collection("moved", partitions=2, segments=30, channels=2)
-        await c.load_collection(cid)
-        await c.wait_idle()
+        cid = await loaded(c, "moved", nodes=3, partitions=2, segments=30)
         await c.start_coordinator()  # the standby that takes over
         lead = c.coords[0].coord.leadership
         assert lead is not None
@@ -111,13 +117,7 @@ async def test_a_lost_node_shows_nothing_while_its_records_wait_for_the_repair(e
     """A cordoned node stays listed after it is lost (its lifecycle is kept), but it holds nothing: ShowNodes and
     the per-node gauges must not count the records that still name it until the repair moves them."""
     async with QueryCluster(etcd, root_path, scheduler=fast_scheduler()) as c:
-        await c.start_coordinator()
-        await c.wait_leader()
-        for _ in range(2):
-            await c.add_node()
-        cid = await c.create_collection("shown", partitions=1, segments=12, channels=1)
-        await c.load_collection(cid)
-        await c.wait_idle()
+        await loaded(c, "shown", nodes=2, partitions=1, segments=12)
         lead = c.coords[0].coord.leadership
         assert lead is not None and c.client is not None
         victim = max(c.nodes, key=lambda n: len(n.state.segments))
@@ -148,13 +148,7 @@ async def test_a_lost_nodes_incarnation_record_goes_once_the_repair_moved_its_re
     never come back (a fresh id per start) leave no key behind, under this leader or the next one."""
     async with QueryCluster(etcd, root_path, scheduler=fast_scheduler()) as c:
         c.config.checker_interval = 0.3
-        await c.start_coordinator()
-        await c.wait_leader()
-        for _ in range(3):
-            await c.add_node()
-        cid = await c.create_collection("pruned", partitions=1, segments=24, channels=2)
-        await c.load_collection(cid)
-        await c.wait_idle()
+        cid = await loaded(c, "pruned", nodes=3, partitions=1, segments=24)
         assert c.kv is not None
         victim = max(c.nodes, key=lambda n: len(n.state.segments))
         key = incarnation_key(victim.node_id)
