@@ -170,6 +170,12 @@ def test_replica_changes_only_a_death_or_a_release_explains() -> None:
     loading = {1: coll(40, r51={7, 8}, r52={9}), 2: before[2]}
     assert invariants.replica_changes(loading, {1: coll(r53={7}, r54={8}), 2: before[2]}, live={7, 8, 9},
                                       loading={1}) == ([], {})
+    # A node re-homed from a sibling to a parked replica (REHOME_NODE on collection 1): explained there only.
+    rehomed = {1: coll(r51={7}, r52={8}), 2: coll(r61={8}, r62={7})}
+    problems, suspects = invariants.replica_changes(before, rehomed, live={7, 8}, rehomed={1})
+    assert problems == ["collection 2: node 8 moved from replica 62 to replica 61",
+                        "collection 2: node 7 moved from replica 61 to replica 62"], problems
+    assert set(suspects) == {7, 8}
 
 
 def test_stale_writes_are_changes_outside_sessions_and_election() -> None:

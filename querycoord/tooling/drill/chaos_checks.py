@@ -135,6 +135,9 @@ class ChaosChecks(ChaosCluster):
                 return trees
             after = resp.next_after_task_id
 
+    def _rehomed(self) -> set[int]:
+        return {t.collection_id for t in self._history.values() if t.kind == qc.TASK_KIND_REHOME_NODE}
+
     def _remember(self, trees: list[qc.TaskTree]) -> None:
         for tree in trees:
             t = tree.trigger

@@ -543,7 +543,8 @@ def check(expected: dict[int, Expected], catalog: dict[int, CatalogColl], meta: 
 
 def replica_changes(before: dict[int, MetaColl], after: dict[int, MetaColl], *, live: AbstractSet[int],
                     released: AbstractSet[int] = frozenset(), loading: AbstractSet[int] = frozenset(),
-                    reborn: AbstractSet[int] = frozenset()) -> tuple[list[str], dict[int, str]]:
+                    reborn: AbstractSet[int] = frozenset(),
+                    rehomed: AbstractSet[int] = frozenset()) -> tuple[list[str], dict[int, str]]:
     """What changed in the replicas of the collections in meta at two observations that nothing explains.
 
     Replicas keep their ids while the collection stays loaded; a node leaves its replica only when it dies, and
@@ -553,7 +554,8 @@ def replica_changes(before: dict[int, MetaColl], after: dict[int, MetaColl], *, 
     the first observation while a load request ran (``loading``: a failed first load is rolled back, and a retry
     creates new replicas). ``live``: the nodes running at the second observation; ``reborn``: nodes that died and
     came back under their fixed id in between (the leader forgot the dead one: the new one may join any replica
-    as a spare).
+    as a spare); ``rehomed``: collections a REHOME_NODE trigger worked on (a parked replica with no node given one
+    of a sibling's, or a resize or drain): their running nodes may move between replicas.
 
     Returns (violations, suspects): a node that left its replica while still running is a suspect (node id ->
     what happened) until a quiescent observation tells: dead by then (its session had lapsed), or still serving.
@@ -566,6 +568,8 @@ def replica_changes(before: dict[int, MetaColl], after: dict[int, MetaColl], *, 
             continue
         if sorted(a) != sorted(b):
             problems.append(f"collection {cid}: replicas {sorted(a)} became {sorted(b)} with no release in between")
+            continue
+        if cid in rehomed:
             continue
         owner = {n: r for r, ns in a.items() for n in ns if n not in reborn}
         for rid in sorted(a):

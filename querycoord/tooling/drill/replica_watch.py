@@ -58,6 +58,11 @@ class ReplicaWatch(FailoverBase):
         new ids; the chaos drill restarts nodes under fixed ids)."""
         return set()
 
+    def _rehomed(self) -> set[int]:
+        """Collections a REHOME_NODE trigger worked on (none here: the chaos drill reads the leader's task
+        history)."""
+        return set()
+
     def _judge_replicas(self, now: ReplicaObservation) -> None:
         """At a quiescent check: compare every observation since the last check with the next one
         (``replica_changes``); a node that left its replica while running must be dead by now."""
@@ -68,7 +73,7 @@ class ReplicaWatch(FailoverBase):
             problems, suspects = replica_changes(
                 a.collections, b.collections, live=b.live, released=released,
                 loading={c for c, m in requests if m in ("LoadCollection", "LoadPartitions")},
-                reborn=self._reborn_between(a, b))
+                reborn=self._reborn_between(a, b), rehomed=self._rehomed())
             self._replica_comparisons += len((a.collections.keys() & b.collections.keys()) - released)
             self._replica_history += [f"replicas from {a.what} to {b.what}: {p}" for p in problems]
             for n, what in suspects.items():
