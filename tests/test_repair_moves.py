@@ -46,6 +46,18 @@ async def create_revisions(c: QueryCluster, cid: int) -> dict[str, int]:
     return {kv.key: kv.create_revision for kv in snap.kvs}
 
 
+async def whole_on_survivors(c: QueryCluster, cid: int, what: str) -> None:
+    """Until the running nodes hold the whole target (as they report it) and the collection is shown at 100 %."""
+    target = await target_of(c, cid)
+    alive = {n.node_id for n in c.nodes}
+
+    async def whole() -> bool:
+        segs, chans = held_by(c, alive)
+        return target[0] <= segs and target[1] <= chans and await shown_percentage(c, cid) == 100
+
+    await until(what, whole)
+
+
 async def loaded(c: QueryCluster, name: str, *, nodes: int, partitions: int, segments: int) -> int:
     """A leader, ``nodes`` query nodes and collection ``name`` loaded on them, nothing left to do; its id."""
     await c.start_coordinator()
@@ -90,14 +102,7 @@ async def test_a_lost_nodes_records_count_for_nothing_and_a_new_leader_moves_the
         await c.coords[0].stop()
         new = await c.wait_leader()
         assert new is c.coords[1]
-        target = await target_of(c, cid)
-        alive = {n.node_id for n in c.nodes}
-
-        async def whole() -> bool:
-            segs, chans = held_by(c, alive)
-            return target[0] <= segs and target[1] <= chans and await shown_percentage(c, cid) == 100
-
-        await until("the new leader repaired the collection", whole)
+        await whole_on_survivors(c, cid, "the new leader repaired the collection")
         await c.wait_idle()
         lead1 = new.coord.leadership
         assert lead1 is not None
@@ -156,14 +161,7 @@ async def test_a_lost_nodes_incarnation_record_goes_once_the_repair_moved_its_re
 
         await victim.crash(revoke=True)
         c.nodes.remove(victim)
-        target = await target_of(c, cid)
-        alive = {n.node_id for n in c.nodes}
-
-        async def whole() -> bool:
-            segs, chans = held_by(c, alive)
-            return target[0] <= segs and target[1] <= chans and await shown_percentage(c, cid) == 100
-
-        await until("the lost node's copies repaired", whole)
+        await whole_on_survivors(c, cid, "the lost node's copies repaired")
         await c.wait_idle()
         await until("its incarnation record dropped", lambda: _absent(c, key))
 
