@@ -60,6 +60,10 @@ The last line printed is one JSON object, lists over the sizes::
 
     {"segments": [...], "load_s": [...], "checker_pass_cpu_s": [...], ..., "standby_rss_kib_per_segment": [...]}
 
+``--max-repair-bytes BYTES`` is given to both coordinators: a small one cuts the
+node-down repair at 100,000 segments into as many parts as the default does at a
+million.
+
 ``--profile-leader DIR`` runs c0 under ``scripts/profiled_coord.py``: a cProfile
 switched on and off by signals, covering exactly its steady passes
 (DIR/checker-<segments>.prof) and the node-down repair (DIR/repair-<segments>.prof);
@@ -372,6 +376,8 @@ async def one_size(config: EtcdConfig, args: argparse.Namespace, segments: int, 
 
     async def start_coordinator(c: ScaleCluster, index: int, prof: LeaderProfile) -> Member:
         flags = (*c.common_flags(), "--checker-interval", str(args.checker_interval))
+        if args.max_repair_bytes:
+            flags += ("--max-repair-bytes", str(args.max_repair_bytes))
         if prof.raw_dir is None:
             return await c.harness.start_coordinator(index, "127.0.0.1:0", *flags)
         argv = coord_argv(config.endpoints, c.kv.root, "127.0.0.1:0", args.ttl, *flags, log_level="WARNING")
@@ -567,6 +573,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--passes", type=int, default=3, help="steady checker passes measured (default 3)")
     g.add_argument("--reads", type=int, default=5, help="samples of each read, median kept (default 5)")
     g.add_argument("--raw-rounds", type=int, default=3, help="runs of each raw write, median kept (default 3)")
+    g.add_argument("--max-repair-bytes", type=int, default=0, metavar="BYTES",
+                   help="the coordinators' --max-repair-bytes (default: theirs): a small one cuts a node's repair "
+                        "into parts at 100k segments as the default does at 1M")
     g.add_argument("--profile-leader", metavar="DIR",
                    help="profile c0 over its steady passes and the node-down repair (DIR/checker-<segments>.prof, "
                         "DIR/repair-<segments>.prof)")
