@@ -81,8 +81,8 @@ async def shown_percentage(c: QueryCluster, cid: int) -> int:
     return int(show.collections[0].in_memory_percentage)
 
 
-async def loaded_with_victim(c: QueryCluster, tmp_path: Path, *, replicas: int = 1) -> tuple[int, set[int],
-                                                                                              set[str]]:
+async def loaded_with_victim(c: QueryCluster, tmp_path: Path, *, replicas: int = 1,
+                             segment_count: int = 36) -> tuple[int, set[int], set[str]]:
     """Two in-process nodes per replica and node process ``VICTIM``; a collection loaded over them. Returns the
     collection and the segments and DM channels the victim holds (its own GetDataDistribution)."""
     await c.start_coordinator()
@@ -90,7 +90,7 @@ async def loaded_with_victim(c: QueryCluster, tmp_path: Path, *, replicas: int =
     for _ in range(2 * replicas):
         await c.add_node()
     await c.start_node_process("--node-id", str(VICTIM), log_dir=tmp_path)
-    cid = await c.create_collection("lost", partitions=2, segments=36, channels=3)
+    cid = await c.create_collection("lost", partitions=2, segments=segment_count, channels=3)
     assert c.client is not None
     r = await c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid, replica_number=replicas))
     assert r.status.error_code == 0, r

@@ -36,7 +36,7 @@ from querycoord.checkers.diff import diff_async
 from querycoord.checkers.distribution import Held, NodeReport, collect_reports
 from querycoord.checkers.drain import drain_nodes
 from querycoord.checkers.left import LeftNodes
-from querycoord.checkers.lost import lost_node_repairs
+from querycoord.checkers.lost import lost_copy_count, lost_node_ids, lost_repairs, unwatched_channels
 from querycoord.checkers.parked import weigh_units
 from querycoord.checkers.preempt import balances_by_collection, preempt_balances
 from querycoord.checkers.progress import set_progress
@@ -115,6 +115,13 @@ class Checker:
         # takeover): a repair queued before would race the resumed ones, and the first pass repairs what the
         # takeover's forgets found.
         self.repair_at_forget = False
+        # The parts of lost nodes' repairs (``_next_lost_part``): collections whose next part is being built and
+        # queued (busy meanwhile: the pass a part's end kicks leaves them to it), and per collection the lost
+        # copies left when its last part was queued (a part that moved none ends the chain).
+        self._chaining: set[int] = set()
+        self._lost_left: dict[int, int] = {}
+        self._part_tasks: set[asyncio.Task[None]] = set()
+        self.lost_parts = 0  # later parts of lost nodes' repairs queued at a part's end
 
     def kick(self) -> None:
         self._kick.set()
@@ -123,6 +130,8 @@ class Checker:
         """A trigger finished (``Scheduler.finish_hooks``): check at once when it may have changed what can be
         placed or what is held (a release freed memory, a repair or a balance moved copies), or while units are
         parked; not after every load or handoff, which at a million segments would keep a pass always running."""
+        if trigger.KIND == qc.TASK_KIND_REPAIR:
+            self._chain_lost(trigger)
         if trigger.KIND in _KICKED_BY or len(self.scheduler.env.parked):
             self.kick()
         if trigger.KIND in _DRAIN_STEPS:
@@ -178,13 +187,14 @@ class Checker:
                     return
 
     async def _queue_repair(self, cid: int, req: task_pb2.RepairRequest,
-                            condition: qc.TriggerCondition) -> RepairTask | None:
+                            condition: qc.TriggerCondition, later: int = 0) -> RepairTask | None:
         """Queue ``req`` (its units already weighed) as collection ``cid``'s repair, without what inactive kinds
         would do and cut to one etcd write; None when nothing is left to do. ``cid`` counts as busy while the
-        trigger is persisted (``_busy``): another path cannot queue a second repair of it meanwhile."""
+        trigger is persisted (``_busy``): another path cannot queue a second repair of it meanwhile. ``later``:
+        segments already left out of ``req`` for a later repair (said in its reason)."""
         env = self.scheduler.env
         self.switches.drop_inactive(req)  # after parking: a unit that cannot be placed still says why
-        later = bound_repair(req, env.config.max_repair_bytes)  # one etcd write; the rest in the next repair
+        later += bound_repair(req, env.config.max_repair_bytes)  # one etcd write; the rest in the next repair
         req.reason = describe(req) + (f"; {plural(later, 'segment')} more in a later repair" if later else "")
         if not has_work(req):
             return None
@@ -208,19 +218,83 @@ class Checker:
         queued = 0
         usage = usage_of(env)  # shared by the node's units, as by a pass's
         parked: dict[tuple[int, int], str] = {}
-        for cid, req in sorted(lost_node_repairs(env.meta, self.targets, node_id, watches, self._busy()).items()):
+        lost = lost_repairs(env.meta, self.targets, [node_id], watches, self._busy(),
+                            budget=env.config.max_repair_bytes)
+        for cid, req in sorted(lost.requests.items()):
             if cid in self._busy() or self.scheduler.stopped:
                 continue
+            left = len(req.missing_segments) + lost.later.get(cid, 0)
             weigh_units(env, cid, req, usage, parked)
-            task = await self._queue_repair(cid, req, qc.TRIGGER_CONDITION_NODE_DOWN)
+            task = await self._queue_repair(cid, req, qc.TRIGGER_CONDITION_NODE_DOWN, lost.later.get(cid, 0))
             if task is not None:
+                self._lost_left[cid] = left
                 queued += 1
                 logger.info("checker: query node {} lost: collection {}: {}; repair task {} queued", node_id, cid,
                             req.reason, task.id)
         return queued
 
+    def _chain_lost(self, trigger: TriggerTask) -> None:
+        """A repair of collection ``cid`` ended: while lost nodes' records still name copies of it (the rest of a
+        repair cut to one etcd write), its next part is queued now (``_next_lost_part``) rather than after a pass
+        compares the whole collection. Only after a repair that ended well, while the lost copies of the
+        collection shrink from part to part (a part that moved none, or could not be placed, ends the chain: the
+        passes take over), and while no trigger owns the collection. Decided here, before the pass this end kicks
+        starts: the collection is busy until the part is queued, so that pass leaves it alone."""
+        cid = trigger.collection_id
+        if not cid or trigger.state in (qc.TASK_STATE_FAILED, qc.TASK_STATE_CANCELLED) \
+                or not self.repair_at_forget or self.scheduler.stopped or cid in self._chaining:
+            self._lost_left.pop(cid, None)
+            return
+        env = self.scheduler.env
+        lost = lost_node_ids(env.meta, env.nodes.online_ids())
+        left = lost_copy_count(env.meta, lost, cid) if lost else 0
+        before = self._lost_left.pop(cid, None)
+        if not left or (before is not None and left >= before) or cid in self._busy():
+            return
+        self._chaining.add(cid)
+        task = asyncio.get_running_loop().create_task(self._next_lost_part(cid, lost, left), name=f"lost-part-{cid}")
+        self._part_tasks.add(task)  # referenced until done: the loop keeps only weak references
+        task.add_done_callback(self._part_tasks.discard)
+
+    async def _next_lost_part(self, cid: int, lost: set[int], left: int) -> None:
+        """Queue the next part of the repair of what lost nodes ``lost`` held of ``cid`` (``left`` copies) through
+        ``repair_lost``'s path: built up to one etcd write, units weighed (one that cannot be placed is parked, and
+        nothing is queued), inactive kinds dropped. Whatever is not queued is left to the passes."""
+        env = self.scheduler.env
+        queued = False
+        try:
+            if self.scheduler.stopped or cid in self.scheduler.busy_collections() or cid in self._queuing:
+                return
+            parts = lost_repairs(env.meta, self.targets, sorted(lost), unwatched_channels(env.meta, self.targets, cid),
+                                 only=cid, budget=env.config.max_repair_bytes)
+            req = parts.requests.get(cid)
+            if req is None:
+                return
+            parked: dict[tuple[int, int], str] = {}
+            weigh_units(env, cid, req, usage_of(env), parked)
+            task = await self._queue_repair(cid, req, qc.TRIGGER_CONDITION_NODE_DOWN, parts.later.get(cid, 0))
+            if task is not None:
+                queued = True
+                self._lost_left[cid] = left
+                self.lost_parts += 1
+                logger.info("checker: lost query nodes {}: collection {}: next part: {}; repair task {} queued",
+                            sorted(lost), cid, req.reason, task.id)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # NotLeader included: the scheduler was told; else a pass repairs instead
+            logger.warning("checker: collection {}: the next part of a lost node's repair was not queued ({}); "
+                           "a checker pass repairs it", cid, exc)
+        finally:
+            self._chaining.discard(cid)
+            if not queued and not env.parked.of(cid):
+                self.kick()  # the pass this part's end kicked left the collection to the chain
+
+    def busy_collections(self) -> set[int]:
+        """The collections triggers own, and those whose repair this checker is queuing."""
+        return self._busy()
+
     def _busy(self) -> set[int]:
-        return self.scheduler.busy_collections() | self._queuing
+        return self.scheduler.busy_collections() | self._queuing | self._chaining
 
     async def check_once(self) -> CheckReport:
         """One comparison; enqueues the repairs and corrects load percentages."""

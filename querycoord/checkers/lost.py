@@ -19,11 +19,16 @@ re-reads meta, so a copy loaded meanwhile is not loaded twice.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
 
 from proto import data_pb2, task_pb2
 from querycoord.catalog.targets import CatalogTargets
 from querycoord.common.target import TargetSegment
 from querycoord.querymeta import QueryMeta
+from querycoord.querymeta.copies import copies
+
+# A repeated message field's tag and length prefix, as encoded: what each entry adds beside its own bytes.
+_FIELD_OVERHEAD = 3
 
 
 def replica_of_copy(flat: tuple[int, ...], node_id: int) -> int | None:
@@ -34,48 +39,123 @@ def replica_of_copy(flat: tuple[int, ...], node_id: int) -> int | None:
     return None
 
 
-def lost_node_repairs(meta: QueryMeta, targets: CatalogTargets | None, node_id: int,
-                      watches: Iterable[data_pb2.DmChannelWatchInfo],
-                      skip: Collection[int] = ()) -> dict[int, task_pb2.RepairRequest]:
-    """Collection -> the repair of what ``node_id`` (lost, already out of its replicas) held of it: every copy its
-    segment records still place on it, and ``watches`` (its DM channel watches as recorded before the forget),
-    each of a target segment or channel, in a replica that still exists. Collections in ``skip`` are left out."""
-    out: dict[int, task_pb2.RepairRequest] = {}
-    if targets is None:
-        return out
+@dataclass
+class LostRepairs:
+    """Collection -> the repair of what lost nodes held of it, each at most what one etcd write holds, and
+    collection -> the copies left for a later part (not built: beyond the byte budget)."""
+
+    requests: dict[int, task_pb2.RepairRequest] = field(default_factory=dict)
+    later: dict[int, int] = field(default_factory=dict)
+
+
+def lost_node_ids(meta: QueryMeta, online: Collection[int]) -> set[int]:
+    """Nodes only segment records still name: not online and in no replica, no DM channel watch on them (lost
+    nodes a forget took out, ``watchers.forget_node``). Their copies count for nothing and wait for a repair."""
+    return {n for n in meta.known_node_ids() - meta.bound_node_ids() if n not in online}
+
+
+def lost_copy_count(meta: QueryMeta, node_ids: Iterable[int], collection_id: int) -> int:
+    """How many copies of ``collection_id`` the records still place on ``node_ids`` (a few dict reads a copy)."""
     places = meta.segment_places()
-    partitions: dict[tuple[int, int], Mapping[int, TargetSegment] | None] = {}
-    replicas: dict[int, set[int]] = {}
-    for sid in meta.segment_ids_on_node(node_id):
-        place = places.get(sid)
-        if place is None:
-            continue
-        cid, pid, flat = place
-        if cid in skip:
-            continue
-        replica = replica_of_copy(flat, node_id)
-        if replica is None or replica not in replicas.setdefault(cid, set(meta.replica_ids(cid))):
-            continue
-        key = (cid, pid)
-        if key not in partitions:
-            partitions[key] = targets.partition_segments(cid, pid) if meta.has_partition(cid, pid) else None
-        segments = partitions[key]
-        seg = segments.get(sid) if segments is not None else None
-        if seg is None:
-            continue
-        out.setdefault(cid, task_pb2.RepairRequest()).missing_segments.append(data_pb2.SegmentInfo(
-            segment_id=sid, collection_id=cid, partition_id=pid, node_id=node_id, replica_id=replica,
-            mem_size=seg.mem_size))
-    for w in watches:
-        cid = w.collection_id
-        channels = targets.dm_channels(cid)
-        if cid in skip or channels is None or w.dm_channel not in channels or not meta.has_collection(cid) \
-                or w.replica_id not in replicas.setdefault(cid, set(meta.replica_ids(cid))):
-            continue
-        out.setdefault(cid, task_pb2.RepairRequest()).rewatch.append(data_pb2.DmChannelWatchInfo(
-            collection_id=cid, dm_channel=w.dm_channel, node_id=0, replica_id=w.replica_id,
-            partition_ids=list(w.partition_ids)))
+    count = 0
+    for node_id in node_ids:
+        for sid in meta.segment_ids_on_node(node_id):
+            place = places.get(sid)
+            if place is not None and place[0] == collection_id:
+                count += 1
+    return count
+
+
+def unwatched_channels(meta: QueryMeta, targets: CatalogTargets | None,
+                       collection_id: int) -> list[data_pb2.DmChannelWatchInfo]:
+    """The target DM channels of ``collection_id`` that no watch record places in one of its replicas: what a
+    forget took with a lost node and no repair watched again yet (a node lost while another's repair owned the
+    collection: its forget could not queue them). Rewatches as the checker's channel check builds them."""
+    channels = targets.dm_channels(collection_id) if targets is not None else None
+    if channels is None or not meta.has_collection(collection_id):
+        return []
+    pids = [] if meta.get_load_type(collection_id) == data_pb2.LOAD_TYPE_COLLECTION \
+        else sorted(meta.partition_ids(collection_id))
+    out = []
+    for name in sorted(channels):
+        recorded = meta.get_dm_channel(collection_id, name)
+        watched = copies(recorded) if recorded is not None else {}
+        parts = list(recorded.partition_ids) if recorded is not None else pids
+        out += [data_pb2.DmChannelWatchInfo(collection_id=collection_id, dm_channel=name, node_id=0,
+                                            replica_id=replica, partition_ids=parts)
+                for replica in meta.replica_ids(collection_id) if not watched.get(replica)]
     return out
 
 
-__all__ = ["lost_node_repairs", "replica_of_copy"]
+def lost_node_repairs(meta: QueryMeta, targets: CatalogTargets | None, node_id: int,
+                      watches: Iterable[data_pb2.DmChannelWatchInfo],
+                      skip: Collection[int] = ()) -> dict[int, task_pb2.RepairRequest]:
+    """Collection -> the repair of what ``node_id`` (lost, already out of its replicas) held of it, every copy
+    (``lost_repairs`` without a budget)."""
+    return lost_repairs(meta, targets, [node_id], watches, skip).requests
+
+
+def lost_repairs(meta: QueryMeta, targets: CatalogTargets | None, node_ids: Iterable[int],
+                 watches: Iterable[data_pb2.DmChannelWatchInfo], skip: Collection[int] = (), *,
+                 only: int | None = None, budget: int = 0) -> LostRepairs:
+    """The repairs of what ``node_ids`` (lost, already out of their replicas) held: every copy their segment
+    records still place on them, and ``watches`` (their DM channel watches as recorded before the forget), each
+    of a target segment or channel, in a replica that still exists. Collections in ``skip`` are left out; with
+    ``only``, every collection but that one.
+
+    ``budget`` (bytes, 0: none): a collection's request stops growing once its encoded size reaches it, and the
+    copies after are only counted (``later``), not built: one etcd write holds no more (``repair_size``), and
+    at a million segments building the rest cost more than the part itself. The DM channel watches come first
+    (a cut never drops one)."""
+    out = LostRepairs()
+    if targets is None:
+        return out
+    requests, size = out.requests, dict[int, int]()
+    replicas: dict[int, set[int]] = {}
+
+    def wanted(cid: int) -> bool:
+        return cid not in skip and (only is None or cid == only)
+
+    for w in watches:
+        cid = w.collection_id
+        channels = targets.dm_channels(cid)
+        if not wanted(cid) or channels is None or w.dm_channel not in channels or not meta.has_collection(cid) \
+                or w.replica_id not in replicas.setdefault(cid, set(meta.replica_ids(cid))):
+            continue
+        watch = data_pb2.DmChannelWatchInfo(collection_id=cid, dm_channel=w.dm_channel, node_id=0,
+                                            replica_id=w.replica_id, partition_ids=list(w.partition_ids))
+        requests.setdefault(cid, task_pb2.RepairRequest()).rewatch.append(watch)
+        size[cid] = size.get(cid, 0) + _FIELD_OVERHEAD + watch.ByteSize()
+    places = meta.segment_places()
+    partitions: dict[tuple[int, int], Mapping[int, TargetSegment] | None] = {}
+    for node_id in node_ids:
+        for sid in meta.segment_ids_on_node(node_id):
+            place = places.get(sid)
+            if place is None:
+                continue
+            cid, pid, flat = place
+            if not wanted(cid):
+                continue
+            if budget and size.get(cid, 0) >= budget:
+                out.later[cid] = out.later.get(cid, 0) + 1  # counted, not built
+                continue
+            replica = replica_of_copy(flat, node_id)
+            if replica is None or replica not in replicas.setdefault(cid, set(meta.replica_ids(cid))):
+                continue
+            key = (cid, pid)
+            if key not in partitions:
+                partitions[key] = targets.partition_segments(cid, pid) if meta.has_partition(cid, pid) else None
+            segments = partitions[key]
+            seg = segments.get(sid) if segments is not None else None
+            if seg is None:
+                continue
+            info = data_pb2.SegmentInfo(segment_id=sid, collection_id=cid, partition_id=pid, node_id=node_id,
+                                        replica_id=replica, mem_size=seg.mem_size)
+            requests.setdefault(cid, task_pb2.RepairRequest()).missing_segments.append(info)
+            if budget:
+                size[cid] = size.get(cid, 0) + _FIELD_OVERHEAD + info.ByteSize()
+    return out
+
+
+__all__ = ["LostRepairs", "lost_copy_count", "lost_node_ids", "lost_node_repairs", "lost_repairs", "replica_of_copy",
+           "unwatched_channels"]

@@ -436,7 +436,7 @@ class Coordinator:
                           forget=on_node_down, left=left, switches=switches)
         checker.lifecycles = lifecycles
         scheduler.finish_hooks.append(checker.after_trigger)
-        after_moves = ProgressAfterMoves(scheduler, served, self.targets)
+        after_moves = ProgressAfterMoves(scheduler, served, self.targets, busy=checker.busy_collections)
         scheduler.finish_hooks.append(after_moves.after_trigger)
         scheduler.finish_hooks.append(prune_incarnations(env, incarnations, left))
         started.append(after_moves.stop)

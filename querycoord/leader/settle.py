@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 
 from loguru import logger
 
@@ -34,8 +35,12 @@ _MOVES = frozenset({qc.TASK_KIND_REPAIR, qc.TASK_KIND_LOAD_BALANCE, qc.TASK_KIND
 class ProgressAfterMoves:
     """``after_trigger`` is a scheduler finish hook; the counting runs in one background task per leadership."""
 
-    def __init__(self, scheduler: Scheduler, served: ServedView, targets: CatalogTargets | None):
+    def __init__(self, scheduler: Scheduler, served: ServedView, targets: CatalogTargets | None,
+                 busy: Callable[[], set[int]] | None = None):
+        """``busy``: the collections left alone (default: those triggers own; the checker's also counts those
+        whose next repair part it is queuing: their percentages wait for the last part)."""
         self.scheduler = scheduler
+        self.busy = busy if busy is not None else scheduler.busy_collections
         self.served = served
         self.targets = targets
         self._pending: set[int] = set()
@@ -64,7 +69,7 @@ class ProgressAfterMoves:
                 for cid in cids:
                     # Checked after the catch-up's await, with no await before the counting: a trigger that took
                     # the collection meanwhile owns its percentages.
-                    if cid in self.scheduler.busy_collections() or self.scheduler.stopped:
+                    if cid in self.busy() or self.scheduler.stopped:
                         continue
                     if await persist_raised(self.scheduler.env.meta, cid, self.served.collection(cid)):
                         self.raised += 1
