@@ -16,11 +16,13 @@ from typing import Any
 
 from meta.kv import MetaKV
 from meta.ops.etcd_server import EtcdCluster
+from proto import data_pb2, task_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.nodes.querynode_faults import FaultConfig, FaultInjector
 from querycoord.task.history import TaskHistory
 from querycoord.task.parking import NO_ROOM
-from tests.cluster import MiB, QueryCluster, fast_scheduler, until, wait_until
+from querycoord.task.repair import RepairTask
+from tests.cluster import MiB, QueryCluster, fast_scheduler, running_cluster, until, wait_until
 from tests.test_repair_lost import (
     VICTIM,
     _is_100,
@@ -81,6 +83,7 @@ async def test_a_lost_nodes_repair_goes_in_parts_each_queued_when_the_last_ends(
                    for t in done)
         assert all("more in a later repair" in t.summary for t in done[:-1]), [t.summary for t in done]
         assert "more in a later repair" not in done[-1].summary
+        assert lead.scheduler.env.prefetch.taken > 0, "parts took catalog records read while the part before ran"
 
 
 async def test_a_leader_stopped_between_two_parts_leaves_the_rest_to_the_next(
@@ -158,3 +161,34 @@ async def test_a_part_with_no_room_parks_and_the_chain_stops(
         await until("the leader shows the collection at 100 %", lambda: _is_100(c, cid), timeout=90)
         await c.wait_idle()
         await assert_held_once(c, cid)
+
+
+async def test_a_record_read_ahead_of_a_segment_compacted_since_is_not_loaded(
+        etcd: EtcdCluster, root_path: str) -> None:
+    """The catalog records of a part are read while the part before it runs (``task.prefetch``); a segment
+    compacted away in between is not planned from its record read ahead (the followed catalog copy, brought up to
+    etcd's revision, no longer holds it), while the others are taken from the read."""
+    async with running_cluster(etcd, root_path, [None, None]) as c:
+        cid = await c.create_collection("ahead", partitions=1, segments=6)
+        await c.load_collection(cid)
+        await c.wait_idle()
+        lead = leadership(c)
+        env = lead.scheduler.env
+        catalog = c.coords[0].coord.catalog
+        assert catalog is not None and env.targets is not None
+        pid = (await catalog.show_partitions(cid))[0].partition_id
+        _, binlogs = await catalog.get_recovery_info(cid, pid)
+        ids = sorted(b.segment_id for b in binlogs)
+        gone, kept = ids[0], ids[1:]
+
+        env.prefetch.start(env.broker, cid, {pid: ids})
+        await wait_until(lambda: env.prefetch.done(cid), "the read ahead ended")
+        await catalog.add_segments([data_pb2.SegmentBinlogs(
+            collection_id=cid, partition_id=pid, num_rows=100, mem_size=1 << 20, binlog_paths=["x"],
+            compaction_from=[gone])])
+        taken = env.prefetch.taken
+        repair = RepairTask.new(env, task_pb2.RepairRequest(), trigger_condition=qc.TRIGGER_CONDITION_NODE_DOWN,
+                                collection_id=cid)
+        infos = await repair._load_infos([(pid, ids)])  # noqa: SLF001 (the plan's read, on its own)
+        assert [i.segment_id for i in infos] == kept, "the compacted segment is not planned"
+        assert env.prefetch.taken - taken == len(kept), "the others were taken from the read ahead"

@@ -228,6 +228,7 @@ class Checker:
             task = await self._queue_repair(cid, req, qc.TRIGGER_CONDITION_NODE_DOWN, lost.later.get(cid, 0))
             if task is not None:
                 self._lost_left[cid] = left
+                env.prefetch.start(env.broker, cid, lost.ahead.get(cid, {}))
                 queued += 1
                 logger.info("checker: query node {} lost: collection {}: {}; repair task {} queued", node_id, cid,
                             req.reason, task.id)
@@ -244,12 +245,14 @@ class Checker:
         if not cid or trigger.state in (qc.TASK_STATE_FAILED, qc.TASK_STATE_CANCELLED) \
                 or not self.repair_at_forget or self.scheduler.stopped or cid in self._chaining:
             self._lost_left.pop(cid, None)
+            self.scheduler.env.prefetch.drop(cid)
             return
         env = self.scheduler.env
         lost = lost_node_ids(env.meta, env.nodes.online_ids())
         left = lost_copy_count(env.meta, lost, cid) if lost else 0
         before = self._lost_left.pop(cid, None)
         if not left or (before is not None and left >= before) or cid in self._busy():
+            env.prefetch.drop(cid)  # no next part from here: what was read ahead for it is not needed
             return
         self._chaining.add(cid)
         task = asyncio.get_running_loop().create_task(self._next_lost_part(cid, lost, left), name=f"lost-part-{cid}")
@@ -276,6 +279,7 @@ class Checker:
             if task is not None:
                 queued = True
                 self._lost_left[cid] = left
+                env.prefetch.start(env.broker, cid, parts.ahead.get(cid, {}))
                 self.lost_parts += 1
                 logger.info("checker: lost query nodes {}: collection {}: next part: {}; repair task {} queued",
                             sorted(lost), cid, req.reason, task.id)

@@ -46,6 +46,9 @@ class LostRepairs:
 
     requests: dict[int, task_pb2.RepairRequest] = field(default_factory=dict)
     later: dict[int, int] = field(default_factory=dict)
+    # collection -> partition -> the first of the later copies' segment ids, as many as its request holds: the
+    # next part as far as can be told now, whose catalog records are read ahead (``task.prefetch``).
+    ahead: dict[int, dict[int, list[int]]] = field(default_factory=dict)
 
 
 def lost_node_ids(meta: QueryMeta, online: Collection[int]) -> set[int]:
@@ -137,7 +140,9 @@ def lost_repairs(meta: QueryMeta, targets: CatalogTargets | None, node_ids: Iter
             if not wanted(cid):
                 continue
             if budget and size.get(cid, 0) >= budget:
-                out.later[cid] = out.later.get(cid, 0) + 1  # counted, not built
+                later = out.later[cid] = out.later.get(cid, 0) + 1  # counted, not built
+                if later <= len(requests[cid].missing_segments):
+                    out.ahead.setdefault(cid, {}).setdefault(pid, []).append(sid)
                 continue
             replica = replica_of_copy(flat, node_id)
             if replica is None or replica not in replicas.setdefault(cid, set(meta.replica_ids(cid))):

@@ -20,6 +20,7 @@ from querycoord.common.errors import CoordError
 from querycoord.common.messages import copy_fields
 from querycoord.settings.config import SchedulerConfig
 from querycoord.task.parking import ParkedUnits
+from querycoord.task.prefetch import CatalogPrefetch
 from querycoord.task.throttle import MoveThrottle, budgets_of
 
 if TYPE_CHECKING:
@@ -85,6 +86,8 @@ class TaskEnv:
     # The local catalog's segments followed in memory (None with a remote catalog): load admission reads the
     # segment sizes there instead of the whole catalog (``task.admission``).
     targets: CatalogTargets | None = None
+    # Catalog records of a repair's next part, read while the part before it runs (``task.prefetch``).
+    prefetch: CatalogPrefetch = field(default_factory=CatalogPrefetch)
     _load_gates: dict[int, asyncio.Semaphore] = field(default_factory=dict, init=False, repr=False)
     _throttle: MoveThrottle | None = field(default=None, init=False, repr=False)
 

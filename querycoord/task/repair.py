@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 
+from meta.errors import MetaError
 from proto import data_pb2, querynode_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.cluster.allocator import NoAvailableNode
@@ -28,6 +29,7 @@ from querycoord.task.children import (
     plan_children,
 )
 from querycoord.task.model import Task
+from querycoord.task.prefetch import CATCH_UP
 from querycoord.task.triggers import TriggerTask, segment_load_info
 from querycoord.task.units import give_spares, park_unplaced
 
@@ -130,11 +132,27 @@ class RepairTask(TriggerTask, kind=qc.TASK_KIND_REPAIR, request="repair"):
         ``PARTITION_READS`` partitions read at once (each read is a few round trips to etcd, mostly waiting)."""
         env, cid = self.env, self.collection_id
         gate = asyncio.Semaphore(PARTITION_READS)
+        ahead = await env.prefetch.take(cid, [s for _, ids in by_partition for s in ids]) if by_partition else {}
+        targets = env.targets
+        if ahead and targets is not None:  # checked against the copy brought up to etcd's revision: a read now
+            try:
+                await targets.catch_up(CATCH_UP)
+            except (TimeoutError, MetaError):
+                ahead = {}
 
         async def read(pid: int, ids: list[int]) -> list[data_pb2.SegmentLoadInfo]:
-            async with gate:
-                _, binlogs = await env.broker.get_recovery_info(cid, pid, ids)
-            return [segment_load_info(b) for b in binlogs]
+            # Records read ahead (``task.prefetch``) of segments the followed catalog copy still holds; the rest
+            # (and everything without a copy to check against) read now.
+            held = targets.partition_segments(cid, pid) if ahead and targets is not None else None
+            known = {s: ahead[s] for s in ids if held is not None and s in held and s in ahead
+                     and ahead[s].partition_id == pid}
+            rest = [s for s in ids if s not in known]
+            if rest:
+                async with gate:
+                    _, binlogs = await env.broker.get_recovery_info(cid, pid, rest)
+                known.update((b.segment_id, b) for b in binlogs)
+            env.prefetch.taken += len(ids) - len(rest)
+            return [segment_load_info(known[s]) for s in ids if s in known]
 
         parts = await asyncio.gather(*(read(pid, ids) for pid, ids in by_partition))
         return [info for part in parts for info in part]

@@ -1,0 +1,113 @@
+"""The catalog records of a repair's next part, read while the part before it runs.
+
+A lost node's repair larger than one etcd write goes in parts, one after the other (``checkers.lost``): each part
+first reads the catalog records (binlogs) of what it loads, a range read of each partition that holds them, and only
+then plans and loads: the nodes wait while it reads. So when a part is queued, the records of the copies that come
+after it (the next part, as far as can be told now) are read in the background, and the next repair of that
+collection takes them instead of reading them again (``RepairTask``).
+
+What is taken is checked as a fresh read would be: only segments the followed catalog copy, brought up to etcd's
+revision first, still holds (one compacted or dropped meanwhile is not loaded), and only segments the repair asks
+for; whatever the read did not bring (a part that turned out different, a failed read) is read then as before. Two
+reads per collection at most (the queued part's and the next one's), kept in the leader's memory (a new leader reads
+afresh); a chain that stops drops them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Collection, Mapping, Sequence
+
+from loguru import logger
+
+from proto import data_pb2
+from querycoord.catalog.broker import Broker
+
+# Partitions read at once (as a repair's own read: ``task.repair.PARTITION_READS``).
+PARTITION_READS = 8
+# Seconds a repair waits for the followed catalog copy to reach etcd's revision before it trusts what was read
+# ahead (past them it reads everything itself).
+CATCH_UP = 5.0
+# Reads kept per collection: the queued part's and the next one's.
+KEEP = 2
+
+
+class CatalogPrefetch:
+    """Background catalog reads of segments a repair of a collection is expected to load next."""
+
+    def __init__(self) -> None:
+        # collection -> its reads not taken yet, oldest first (the queued part's, and the one after it), each with
+        # the segment ids it reads
+        self._reads: dict[int, list[tuple[frozenset[int], asyncio.Task[dict[int, data_pb2.SegmentBinlogs]]]]] = {}
+        self.started = 0  # reads started (tests, logs)
+        self.taken = 0  # records a repair took instead of reading them
+
+    def start(self, broker: Broker, collection_id: int, by_partition: Mapping[int, Sequence[int]]) -> None:
+        """Read the catalog records of ``by_partition`` (partition -> segment ids) of ``collection_id`` now, in the
+        background. At most ``KEEP`` reads of one collection are kept: a newer one pushes out the oldest."""
+        parts = {pid: list(ids) for pid, ids in by_partition.items() if ids}
+        if not parts:
+            return
+        reads = self._reads.setdefault(collection_id, [])
+        reads.append((frozenset(s for ids in parts.values() for s in ids), asyncio.get_running_loop().create_task(
+            _read(broker, collection_id, parts), name=f"catalog-prefetch-{collection_id}")))
+        while len(reads) > KEEP:
+            _forget(reads.pop(0)[1])
+        self.started += 1
+
+    def done(self, collection_id: int) -> bool:
+        """Whether every read of ``collection_id`` has ended (tests)."""
+        return all(t.done() for _, t in self._reads.get(collection_id, ()))
+
+    def drop(self, collection_id: int) -> None:
+        """Forget (and stop) the reads of ``collection_id``, if any."""
+        for _, task in self._reads.pop(collection_id, ()):
+            _forget(task)
+
+    async def take(self, collection_id: int, segment_ids: Collection[int]) -> dict[int, data_pb2.SegmentBinlogs]:
+        """The records read for ``collection_id`` by the reads that cover any of ``segment_ids`` (waiting for them
+        if they still run), by segment id; those reads are taken, the others (a later part's) stay. A failed read
+        brings nothing."""
+        reads = self._reads.get(collection_id, [])
+        wanted = set(segment_ids)
+        mine = [task for ids, task in reads if not ids.isdisjoint(wanted)]
+        reads[:] = [(ids, task) for ids, task in reads if ids.isdisjoint(wanted)]
+        if not reads:
+            self._reads.pop(collection_id, None)
+        out: dict[int, data_pb2.SegmentBinlogs] = {}
+        for task in mine:
+            try:
+                out.update(await asyncio.shield(task))
+            except asyncio.CancelledError:
+                if not task.cancelled():
+                    raise  # the caller is cancelled, not the read
+            except Exception as exc:  # the repair reads them itself
+                logger.info("catalog prefetch of collection {} failed ({}); read again", collection_id, exc)
+        return out
+
+    def close(self) -> None:
+        """Stop every read (the leadership ends)."""
+        for cid in list(self._reads):
+            self.drop(cid)
+
+
+def _forget(task: asyncio.Task[dict[int, data_pb2.SegmentBinlogs]]) -> None:
+    if not task.done():
+        task.cancel()
+    elif not task.cancelled():
+        task.exception()  # a failed read nobody takes is no "never retrieved" warning
+
+
+async def _read(broker: Broker, collection_id: int,
+                by_partition: dict[int, list[int]]) -> dict[int, data_pb2.SegmentBinlogs]:
+    gate = asyncio.Semaphore(PARTITION_READS)
+
+    async def one(pid: int, ids: list[int]) -> list[data_pb2.SegmentBinlogs]:
+        async with gate:
+            _, binlogs = await broker.get_recovery_info(collection_id, pid, ids)
+        return binlogs
+
+    parts = await asyncio.gather(*(one(pid, ids) for pid, ids in sorted(by_partition.items())))
+    return {b.segment_id: b for part in parts for b in part}
+
+__all__ = ["CATCH_UP", "CatalogPrefetch"]
