@@ -86,6 +86,56 @@ async def test_a_lost_nodes_repair_goes_in_parts_each_queued_when_the_last_ends(
         assert lead.scheduler.env.prefetch.taken > 0, "parts took catalog records read while the part before ran"
 
 
+async def test_two_nodes_lost_together_are_repaired_by_one_chain_of_parts(
+        etcd: EtcdCluster, root_path: str, tmp_path: Path) -> None:
+    """The second node's forget finds the collection owned by the first one's repair and queues nothing; the chain
+    takes the second node's copies and DM channels in with the first's, and does not stop because copies of a node
+    lost meanwhile outnumber what the first part moved."""
+    other = VICTIM + 1
+    async with QueryCluster(etcd, root_path, scheduler=fast_scheduler(max_repair_bytes=BUDGET)) as c:
+        await c.start_coordinator()
+        await c.wait_leader()
+        for _ in range(2):
+            await c.add_node()
+        for node_id in (VICTIM, other):
+            await c.start_node_process("--node-id", str(node_id), log_dir=tmp_path)
+        cid = await c.create_collection("two", partitions=2, segments=120, channels=4)
+        await c.load_collection(cid, timeout=90)
+        await c.wait_idle()
+        lost: set[int] = set()
+        lost_channels: set[str] = set()
+        for node_id in (VICTIM, other):
+            dist = await distribution(c, node_id)
+            lost |= {s.segment_id for s in dist.segments if s.collection_id == cid}
+            lost_channels |= dm_channels(dist, cid)
+        assert lost and lost_channels
+        lead = leadership(c)
+        await pause_checker(lead)
+        runs = lead.checker.runs
+        loads = count_loads(c.nodes)
+
+        for proc in list(c.procs):
+            await proc.kill()  # SIGKILL, both at once
+        await wait_until(lambda: not {VICTIM, other} & lead.meta.bound_node_ids(), "the leader forgot both nodes")
+        target = await target_of(c, cid)
+
+        async def whole() -> bool:
+            held: set[int] = set()
+            chans: set[str] = set()
+            for node in c.nodes:
+                dist = await distribution(c, node.node_id)
+                held |= {s.segment_id for s in dist.segments}
+                chans |= dm_channels(dist, cid)
+            return target[0] <= held and target[1] <= chans and await _is_100(c, cid)
+
+        await until("the survivors hold and watch everything, the leader shows 100 %", whole, timeout=90)
+        await c.wait_idle()
+        assert lead.checker.runs == runs, "no checker pass ran: the parts followed each other"
+        assert loads == Counter({s: 1 for s in lost}), "each lost copy loaded once"
+        await assert_held_once(c, cid)
+        assert not {VICTIM, other} & lead.meta.known_node_ids()
+
+
 async def test_a_leader_stopped_between_two_parts_leaves_the_rest_to_the_next(
         etcd: EtcdCluster, root_path: str, tmp_path: Path) -> None:
     # Slow retries: the refused part keeps running under the first leader until it is stopped.

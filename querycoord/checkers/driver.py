@@ -116,10 +116,11 @@ class Checker:
         # takeover's forgets found.
         self.repair_at_forget = False
         # The parts of lost nodes' repairs (``_next_lost_part``): collections whose next part is being built and
-        # queued (busy meanwhile: the pass a part's end kicks leaves them to it), and per collection the lost
-        # copies left when its last part was queued (a part that moved none ends the chain).
+        # queued (busy meanwhile: the pass a part's end kicks leaves them to it), and per collection the lost nodes
+        # its last part was built from, with their copies of it left then (a part that moved none of them ends
+        # the chain; a node lost meanwhile does not hide that).
         self._chaining: set[int] = set()
-        self._lost_left: dict[int, int] = {}
+        self._lost_left: dict[int, tuple[frozenset[int], int]] = {}
         self._part_tasks: set[asyncio.Task[None]] = set()
         self.lost_parts = 0  # later parts of lost nodes' repairs queued at a part's end
 
@@ -223,11 +224,11 @@ class Checker:
         for cid, req in sorted(lost.requests.items()):
             if cid in self._busy() or self.scheduler.stopped:
                 continue
-            left = len(req.missing_segments) + lost.later.get(cid, 0)
+            left = lost_copy_count(env.meta, [node_id], cid)
             weigh_units(env, cid, req, usage, parked)
             task = await self._queue_repair(cid, req, qc.TRIGGER_CONDITION_NODE_DOWN, lost.later.get(cid, 0))
             if task is not None:
-                self._lost_left[cid] = left
+                self._lost_left[cid] = (frozenset({node_id}), left)
                 env.prefetch.start(env.broker, cid, lost.ahead.get(cid, {}))
                 queued += 1
                 logger.info("checker: query node {} lost: collection {}: {}; repair task {} queued", node_id, cid,
@@ -251,7 +252,8 @@ class Checker:
         lost = lost_node_ids(env.meta, env.nodes.online_ids())
         left = lost_copy_count(env.meta, lost, cid) if lost else 0
         before = self._lost_left.pop(cid, None)
-        if not left or (before is not None and left >= before) or cid in self._busy():
+        moved = before is None or lost_copy_count(env.meta, before[0] & lost, cid) < before[1]
+        if not left or not moved or cid in self._busy():
             env.prefetch.drop(cid)  # no next part from here: what was read ahead for it is not needed
             return
         self._chaining.add(cid)
@@ -278,7 +280,7 @@ class Checker:
             task = await self._queue_repair(cid, req, qc.TRIGGER_CONDITION_NODE_DOWN, parts.later.get(cid, 0))
             if task is not None:
                 queued = True
-                self._lost_left[cid] = left
+                self._lost_left[cid] = (frozenset(lost), left)
                 env.prefetch.start(env.broker, cid, parts.ahead.get(cid, {}))
                 self.lost_parts += 1
                 logger.info("checker: lost query nodes {}: collection {}: next part: {}; repair task {} queued",
