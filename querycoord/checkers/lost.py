@@ -107,9 +107,9 @@ def lost_repairs(meta: QueryMeta, targets: CatalogTargets | None, node_ids: Iter
     ``only``, every collection but that one.
 
     ``budget`` (bytes, 0: none): a collection's request stops growing once its encoded size reaches it, and the
-    copies after are only counted (``later``), not built: one etcd write holds no more (``repair_size``), and
-    at a million segments building the rest cost more than the part itself. The DM channel watches come first
-    (a cut never drops one)."""
+    copies after are only counted (``later``), not built: one etcd write holds no more (``repair_size``), so
+    building them would be work thrown away; the first of them (as many as the request holds) are named in
+    ``ahead``. The DM channel watches come first (a cut never drops one)."""
     out = LostRepairs()
     if targets is None:
         return out
