@@ -36,7 +36,7 @@ from querycoord.checkers.diff import diff_async
 from querycoord.checkers.distribution import Held, NodeReport, collect_reports
 from querycoord.checkers.drain import drain_nodes
 from querycoord.checkers.left import LeftNodes
-from querycoord.checkers.lost import lost_node_repairs
+from querycoord.checkers.lost import lost_nodes_repairs
 from querycoord.checkers.parked import weigh_units
 from querycoord.checkers.preempt import balances_by_collection, preempt_balances
 from querycoord.checkers.progress import set_progress
@@ -202,20 +202,27 @@ class Checker:
         (``checkers.lost``; ``watches``: its DM channel watches as recorded before the forget): no pass has to
         compare every segment to find its copies missing. A collection a trigger owns is left to the next pass, as
         the pass itself would leave it; units that cannot be placed now are parked. Returns the repairs queued."""
+        return await self.repair_lost_nodes({node_id: watches})
+
+    async def repair_lost_nodes(self, lost: dict[int, list[data_pb2.DmChannelWatchInfo]]) -> int:
+        """``repair_lost`` of several nodes forgotten together (a takeover's gone nodes): one repair per
+        collection for all of them, so that the second node's copies do not wait for the first node's repair to
+        end and a pass to find them."""
         env = self.scheduler.env
-        if not self.repair_at_forget or self.scheduler.stopped:
+        if not self.repair_at_forget or self.scheduler.stopped or not lost:
             return 0
         queued = 0
-        usage = usage_of(env)  # shared by the node's units, as by a pass's
+        usage = usage_of(env)  # shared by the nodes' units, as by a pass's
         parked: dict[tuple[int, int], str] = {}
-        for cid, req in sorted(lost_node_repairs(env.meta, self.targets, node_id, watches, self._busy()).items()):
+        names = ("query node " if len(lost) == 1 else "query nodes ") + ", ".join(map(str, sorted(lost)))
+        for cid, req in sorted(lost_nodes_repairs(env.meta, self.targets, lost, self._busy()).items()):
             if cid in self._busy() or self.scheduler.stopped:
                 continue
             weigh_units(env, cid, req, usage, parked)
             task = await self._queue_repair(cid, req, qc.TRIGGER_CONDITION_NODE_DOWN)
             if task is not None:
                 queued += 1
-                logger.info("checker: query node {} lost: collection {}: {}; repair task {} queued", node_id, cid,
+                logger.info("checker: {} lost: collection {}: {}; repair task {} queued", names, cid,
                             req.reason, task.id)
         return queued
 

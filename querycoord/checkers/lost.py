@@ -22,7 +22,6 @@ from collections.abc import Collection, Iterable, Mapping
 
 from proto import data_pb2, task_pb2
 from querycoord.catalog.targets import CatalogTargets
-from querycoord.common.target import TargetSegment
 from querycoord.querymeta import QueryMeta
 
 
@@ -40,32 +39,53 @@ def lost_node_repairs(meta: QueryMeta, targets: CatalogTargets | None, node_id: 
     """Collection -> the repair of what ``node_id`` (lost, already out of its replicas) held of it: every copy its
     segment records still place on it, and ``watches`` (its DM channel watches as recorded before the forget),
     each of a target segment or channel, in a replica that still exists. Collections in ``skip`` are left out."""
+    return lost_nodes_repairs(meta, targets, {node_id: watches}, skip)
+
+
+def lost_nodes_repairs(meta: QueryMeta, targets: CatalogTargets | None,
+                       lost: Mapping[int, Iterable[data_pb2.DmChannelWatchInfo]],
+                       skip: Collection[int] = ()) -> dict[int, task_pb2.RepairRequest]:
+    """``lost_node_repairs`` of several lost nodes (``lost``: node -> its DM channel watches as recorded before its
+    forget), one repair per collection for all of them: a takeover that forgets nodes gone while no leader watched
+    queues one repair of each collection, not one for the first node while the others wait for it to end."""
     out: dict[int, task_pb2.RepairRequest] = {}
     if targets is None:
         return out
-    places = meta.segment_places()
-    partitions: dict[tuple[int, int], Mapping[int, TargetSegment] | None] = {}
     replicas: dict[int, set[int]] = {}
-    for sid in meta.segment_ids_on_node(node_id):
-        place = places.get(sid)
-        if place is None:
-            continue
-        cid, pid, flat = place
+    for node_id, watches in sorted(lost.items()):
+        _add_segments(out, meta, targets, node_id, skip, replicas)
+        _add_watches(out, meta, targets, watches, skip, replicas)
+    return out
+
+
+def _add_segments(out: dict[int, task_pb2.RepairRequest], meta: QueryMeta, targets: CatalogTargets, node_id: int,
+                  skip: Collection[int], replicas: dict[int, set[int]]) -> None:
+    """Add to ``out`` every copy the segment records still place on ``node_id``, of a target segment in a replica
+    that still exists (``replicas``: each collection's, filled on first use)."""
+    for (cid, pid, flat), ids in _by_place(meta, node_id).items():
         if cid in skip:
             continue
         replica = replica_of_copy(flat, node_id)
         if replica is None or replica not in replicas.setdefault(cid, set(meta.replica_ids(cid))):
             continue
-        key = (cid, pid)
-        if key not in partitions:
-            partitions[key] = targets.partition_segments(cid, pid) if meta.has_partition(cid, pid) else None
-        segments = partitions[key]
-        seg = segments.get(sid) if segments is not None else None
-        if seg is None:
+        segments = targets.partition_segments(cid, pid) if meta.has_partition(cid, pid) else None
+        if segments is None:
             continue
-        out.setdefault(cid, task_pb2.RepairRequest()).missing_segments.append(data_pb2.SegmentInfo(
-            segment_id=sid, collection_id=cid, partition_id=pid, node_id=node_id, replica_id=replica,
-            mem_size=seg.mem_size))
+        get = segments.get
+        found = [(sid, seg) for sid in ids if (seg := get(sid)) is not None]
+        if not found:
+            continue
+        add = out.setdefault(cid, task_pb2.RepairRequest()).missing_segments.add
+        for sid, seg in found:  # ``add`` builds each entry in place (``append`` would copy one built aside)
+            add(segment_id=sid, collection_id=cid, partition_id=pid, node_id=node_id, replica_id=replica,
+                mem_size=seg.mem_size)
+
+
+def _add_watches(out: dict[int, task_pb2.RepairRequest], meta: QueryMeta, targets: CatalogTargets,
+                 watches: Iterable[data_pb2.DmChannelWatchInfo], skip: Collection[int],
+                 replicas: dict[int, set[int]]) -> None:
+    """Add to ``out`` each of ``watches`` of a target DM channel, in a replica that still exists, to be watched
+    again."""
     for w in watches:
         cid = w.collection_id
         channels = targets.dm_channels(cid)
@@ -75,7 +95,23 @@ def lost_node_repairs(meta: QueryMeta, targets: CatalogTargets | None, node_id: 
         out.setdefault(cid, task_pb2.RepairRequest()).rewatch.append(data_pb2.DmChannelWatchInfo(
             collection_id=cid, dm_channel=w.dm_channel, node_id=0, replica_id=w.replica_id,
             partition_ids=list(w.partition_ids)))
+
+
+def _by_place(meta: QueryMeta, node_id: int) -> dict[tuple[int, int, tuple[int, ...]], list[int]]:
+    """The ids of the copies recorded on ``node_id`` by their record's place (collection, partition, copies), sorted
+    within each: what is decided once per place (records share their place tuple: a handful per node) is not
+    decided again per segment."""
+    places = meta.segment_places()
+    ids = meta.segment_ids_on_node(node_id)
+    out: dict[tuple[int, int, tuple[int, ...]], list[int]] = {}
+    for sid, place in zip(ids, map(places.get, ids), strict=True):
+        if place is not None:
+            group = out.get(place)
+            if group is None:
+                out[place] = [sid]
+            else:
+                group.append(sid)
     return out
 
 
-__all__ = ["lost_node_repairs", "replica_of_copy"]
+__all__ = ["lost_node_repairs", "lost_nodes_repairs", "replica_of_copy"]
