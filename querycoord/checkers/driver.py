@@ -97,6 +97,7 @@ class Checker:
         # the process while a pass ran, so what else the leader does meanwhile is counted too): what a pass costs
         # at scale, read from /metrics.
         self.passes = 0
+        self.passed = asyncio.Event()  # set when the first pass ended (the takeover's triggers dispatch then)
         self.pass_seconds = 0.0
         self.pass_cpu_seconds = 0.0
         self.repairs = 0  # repair triggers enqueued
@@ -237,6 +238,7 @@ class Checker:
             return await self._check()
         finally:
             self.passes += 1
+            self.passed.set()
             self.pass_seconds += time.monotonic() - wall
             self.pass_cpu_seconds += time.process_time() - cpu
 
@@ -281,16 +283,17 @@ class Checker:
 
     async def _marks(self, busy: set[int], gone: frozenset[int]) -> dict[int, Hashable]:
         """The coordinator's marks (``unchanged``) of the loaded collections not ``busy``, once the catalog copy is
-        current; none without a copy (a remote catalog) or when it is not current: then nothing is skipped."""
-        if not self.unchanged.enabled or self.targets is None:
+        current; none without a copy (a remote catalog) or when it is not current: then nothing is skipped. None
+        either, and no wait for the copy, when every loaded collection is ``busy``."""
+        env = self.scheduler.env
+        cids = [c for c in env.meta.collection_ids() if c not in busy]
+        if not self.unchanged.enabled or self.targets is None or not cids:
             return {}
         try:
             await self.targets.catch_up(TARGETS_CATCH_UP)
         except (TimeoutError, MetaError):  # the target read says why, and reads the catalog instead
             return {}
-        env = self.scheduler.env
-        return coordinator_marks(env, self.targets, self.switches, gone,
-                                 [c for c in env.meta.collection_ids() if c not in busy])
+        return coordinator_marks(env, self.targets, self.switches, gone, cids)
 
     async def _collect(self, skipped: set[int], marks: dict[int, Hashable], report: CheckReport,
                        gone: frozenset[int]) -> tuple[Held, set[int], dict[int, NodeReport], set[int]]:

@@ -75,6 +75,10 @@ STANDBY_LINE_DELAY = 0.5
 # How long a new leader waits for the nodes it finds online to say they run, before it serves (a dead node refuses
 # the connection at once; a hung one costs the takeover this much, and counts once it answers the checker).
 TAKEOVER_PROBE_S = 1.0
+# How long a new leader's triggers wait for its first checker pass before they dispatch: the pass decides from the
+# takeover's state and is not slowed by their planning (a repair of a quarter of a million copies plans for
+# seconds of CPU on the same event loop); a pass that takes longer (a million segments compared) lets them start.
+FIRST_PASS_BEFORE_DISPATCH_S = 2.0
 
 
 class Coordinator:
@@ -473,7 +477,6 @@ class Coordinator:
         checker.repair_at_forget = True
         await self._forget_gone(meta, nodes, served, forget_gone, checker)
         step = self._step_done("gone", step)
-        await scheduler.start(reload=False)
         # Streams: only definitions are persisted; the manager rebuilds its task maps (WATCH when streams exist).
         stream_store = StreamStore(fenced)
         streams = StreamManager(stream_store, leader_revision=fence.revision, config=self.config.stream)
@@ -497,6 +500,7 @@ class Coordinator:
         loop("handoff", lambda: run_handoff(broker, kv, scheduler, meta, checker))
         loop("checker", checker.run_forever)
         checker.kick()  # the first check right after takeover
+        loop("dispatch", lambda: self._dispatch_after_first_pass(scheduler, checker))
         loop("checker kicks", lambda: kick_on_node_changes(nodes, checker))
         if cfg.auto_balance_interval > 0:
             loop("auto balance", lambda: auto_balance_loop(scheduler, cfg.auto_balance_interval, cfg.balance_spread,
@@ -511,6 +515,17 @@ class Coordinator:
                     queued)
         self.role_since = time.time()
         self.became_leader.set()
+
+    @staticmethod
+    async def _dispatch_after_first_pass(scheduler: Scheduler, checker: Checker) -> None:
+        """Start the scheduler's dispatching once the checker's first pass ended, or after
+        ``FIRST_PASS_BEFORE_DISPATCH_S`` (see there); once only."""
+        if scheduler.dispatching:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(checker.passed.wait(), FIRST_PASS_BEFORE_DISPATCH_S)
+        if not scheduler.stopped:
+            await scheduler.start(reload=False)
 
     @staticmethod
     async def _forget_gone(meta: QueryMeta, nodes: NodeManager, served: ServedView,
