@@ -239,20 +239,22 @@ class GetSegmentInfoResponse(_message.Message):
     def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., infos: _Optional[_Iterable[_Union[_data_pb2.SegmentInfo, _Mapping]]] = ...) -> None: ...
 
 class GetDataDistributionRequest(_message.Message):
-    __slots__ = ("fence", "node_id", "task_id", "segment_ids_only", "incarnation", "known")
+    __slots__ = ("fence", "node_id", "task_id", "segment_ids_only", "incarnation", "known", "skip_collection_ids")
     FENCE_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_IDS_ONLY_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     KNOWN_FIELD_NUMBER: _ClassVar[int]
+    SKIP_COLLECTION_IDS_FIELD_NUMBER: _ClassVar[int]
     fence: CoordFence
     node_id: int
     task_id: int
     segment_ids_only: bool
     incarnation: int
     known: _containers.RepeatedCompositeFieldContainer[CollectionVersion]
-    def __init__(self, fence: _Optional[_Union[CoordFence, _Mapping]] = ..., node_id: _Optional[int] = ..., task_id: _Optional[int] = ..., segment_ids_only: _Optional[bool] = ..., incarnation: _Optional[int] = ..., known: _Optional[_Iterable[_Union[CollectionVersion, _Mapping]]] = ...) -> None: ...
+    skip_collection_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, fence: _Optional[_Union[CoordFence, _Mapping]] = ..., node_id: _Optional[int] = ..., task_id: _Optional[int] = ..., segment_ids_only: _Optional[bool] = ..., incarnation: _Optional[int] = ..., known: _Optional[_Iterable[_Union[CollectionVersion, _Mapping]]] = ..., skip_collection_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CollectionVersion(_message.Message):
     __slots__ = ("collection_id", "version")

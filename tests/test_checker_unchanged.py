@@ -226,6 +226,19 @@ def test_a_node_leaves_out_only_what_it_was_told_and_only_for_its_own_incarnatio
     assert [g.collection_id for g in again.segment_groups] == [1], "a restarted node is another incarnation"
 
 
+def test_a_node_leaves_out_the_collections_the_asker_skips_and_answers_every_version() -> None:
+    state = QueryNodeState(1 << 30, 5)
+    load(state, 1, 10, [100, 101])
+    load(state, 2, 20, [200])
+    skipped = state.distribution(ids_only=True, skip=[1])
+    assert [g.collection_id for g in skipped.segment_groups] == [2], "collection 1 skipped: left out"
+    assert {v.collection_id for v in skipped.versions} == {1, 2}, "versions in full"
+    both = state.distribution(ids_only=True, skip=[1, 2, 3])
+    assert not both.segment_groups and {v.collection_id for v in both.versions} == {1, 2}
+    infos = state.distribution(skip=[1])  # a full answer (SegmentInfo each) leaves nothing out
+    assert {s.segment_id for s in infos.segments} == {100, 101, 200}
+
+
 def whole_on_nodes(c: QueryCluster, cid: int, count: int) -> bool:
     """Every segment of the collection held by exactly one node, as the nodes themselves report it."""
     held: list[int] = []

@@ -201,11 +201,13 @@ async def collect(nodes: NodeManager, skipped: set[int], unreachable: list[int])
 async def collect_reports(nodes: NodeManager, skipped: set[int], unreachable: list[int],
                           known: Known) -> tuple[Held, set[int], dict[int, NodeReport]]:
     """``collect``, telling each node the versions of ``known`` (it leaves out the groups of those unchanged), and
-    what each node that answered reported of its versions."""
+    what each node that answered reported of its versions. Each node is told the ``skipped`` collections too: it
+    leaves out their groups (a node that predates that sends them, and they are dropped here as before)."""
     reports: dict[int, NodeReport] = {}
+    skip = sorted(skipped)
 
     async def ask(node_id: int) -> querynode_pb2.GetDataDistributionResponse | None:
-        request = querynode_pb2.GetDataDistributionRequest(segment_ids_only=True)
+        request = querynode_pb2.GetDataDistributionRequest(segment_ids_only=True, skip_collection_ids=skip)
         mine = known.get(node_id)
         if mine is not None and mine[1]:
             request.incarnation = mine[0]

@@ -97,6 +97,7 @@ class Checker:
         # the process while a pass ran, so what else the leader does meanwhile is counted too): what a pass costs
         # at scale, read from /metrics.
         self.passes = 0
+        self.passed = asyncio.Event()  # set when the first pass ended (the takeover's triggers dispatch then)
         self.pass_seconds = 0.0
         self.pass_cpu_seconds = 0.0
         self.repairs = 0  # repair triggers enqueued
@@ -213,25 +214,33 @@ class Checker:
         (``checkers.lost``; ``watches``: its DM channel watches as recorded before the forget): no pass has to
         compare every segment to find its copies missing. A collection a trigger owns is left to the next pass, as
         the pass itself would leave it; units that cannot be placed now are parked. Returns the repairs queued."""
+        return await self.repair_lost_nodes({node_id: watches})
+
+    async def repair_lost_nodes(self, lost: dict[int, list[data_pb2.DmChannelWatchInfo]]) -> int:
+        """``repair_lost`` of several nodes forgotten together (a takeover's gone nodes): one repair per
+        collection for all of them, so that the second node's copies do not wait for the first node's repair to
+        end and a pass to find them."""
         env = self.scheduler.env
-        if not self.repair_at_forget or self.scheduler.stopped:
+        if not self.repair_at_forget or self.scheduler.stopped or not lost:
             return 0
         queued = 0
-        usage = usage_of(env)  # shared by the node's units, as by a pass's
+        usage = usage_of(env)  # shared by the nodes' units, as by a pass's
         parked: dict[tuple[int, int], str] = {}
-        lost = lost_repairs(env.meta, self.targets, [node_id], watches, self._busy(),
-                            budget=env.config.max_repair_bytes)
-        for cid, req in sorted(lost.requests.items()):
+        names = ("query node " if len(lost) == 1 else "query nodes ") + ", ".join(map(str, sorted(lost)))
+        nodes = sorted(lost)
+        built = lost_repairs(env.meta, self.targets, nodes, [w for n in nodes for w in lost[n]], self._busy(),
+                             budget=env.config.max_repair_bytes)
+        for cid, req in sorted(built.requests.items()):
             if cid in self._busy() or self.scheduler.stopped:
                 continue
-            left = lost_copy_count(env.meta, [node_id], cid)
+            left = lost_copy_count(env.meta, nodes, cid)
             weigh_units(env, cid, req, usage, parked)
-            task = await self._queue_repair(cid, req, qc.TRIGGER_CONDITION_NODE_DOWN, lost.later.get(cid, 0))
+            task = await self._queue_repair(cid, req, qc.TRIGGER_CONDITION_NODE_DOWN, built.later.get(cid, 0))
             if task is not None:
-                self._lost_left[cid] = (frozenset({node_id}), left)
-                env.prefetch.start(env.broker, cid, lost.ahead.get(cid, {}))
+                self._lost_left[cid] = (frozenset(nodes), left)
+                env.prefetch.start(env.broker, cid, built.ahead.get(cid, {}))
                 queued += 1
-                logger.info("checker: query node {} lost: collection {}: {}; repair task {} queued", node_id, cid,
+                logger.info("checker: {} lost: collection {}: {}; repair task {} queued", names, cid,
                             req.reason, task.id)
         return queued
 
@@ -310,6 +319,7 @@ class Checker:
             return await self._check()
         finally:
             self.passes += 1
+            self.passed.set()
             self.pass_seconds += time.monotonic() - wall
             self.pass_cpu_seconds += time.process_time() - cpu
 
@@ -354,16 +364,17 @@ class Checker:
 
     async def _marks(self, busy: set[int], gone: frozenset[int]) -> dict[int, Hashable]:
         """The coordinator's marks (``unchanged``) of the loaded collections not ``busy``, once the catalog copy is
-        current; none without a copy (a remote catalog) or when it is not current: then nothing is skipped."""
-        if not self.unchanged.enabled or self.targets is None:
+        current; none without a copy (a remote catalog) or when it is not current: then nothing is skipped. None
+        either, and no wait for the copy, when every loaded collection is ``busy``."""
+        env = self.scheduler.env
+        cids = [c for c in env.meta.collection_ids() if c not in busy]
+        if not self.unchanged.enabled or self.targets is None or not cids:
             return {}
         try:
             await self.targets.catch_up(TARGETS_CATCH_UP)
         except (TimeoutError, MetaError):  # the target read says why, and reads the catalog instead
             return {}
-        env = self.scheduler.env
-        return coordinator_marks(env, self.targets, self.switches, gone,
-                                 [c for c in env.meta.collection_ids() if c not in busy])
+        return coordinator_marks(env, self.targets, self.switches, gone, cids)
 
     async def _collect(self, skipped: set[int], marks: dict[int, Hashable], report: CheckReport,
                        gone: frozenset[int]) -> tuple[Held, set[int], dict[int, NodeReport], set[int]]:

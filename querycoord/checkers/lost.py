@@ -18,12 +18,11 @@ re-reads meta, so a copy loaded meanwhile is not loaded twice.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
 from proto import data_pb2, task_pb2
 from querycoord.catalog.targets import CatalogTargets
-from querycoord.common.target import TargetSegment
 from querycoord.querymeta import QueryMeta
 from querycoord.querymeta.copies import copies
 
@@ -129,36 +128,61 @@ def lost_repairs(meta: QueryMeta, targets: CatalogTargets | None, node_ids: Iter
                                             replica_id=w.replica_id, partition_ids=list(w.partition_ids))
         requests.setdefault(cid, task_pb2.RepairRequest()).rewatch.append(watch)
         size[cid] = size.get(cid, 0) + _FIELD_OVERHEAD + watch.ByteSize()
-    places = meta.segment_places()
-    partitions: dict[tuple[int, int], Mapping[int, TargetSegment] | None] = {}
     for node_id in node_ids:
-        for sid in meta.segment_ids_on_node(node_id):
-            place = places.get(sid)
-            if place is None:
-                continue
-            cid, pid, flat = place
+        for (cid, pid, flat), ids in _by_place(meta, node_id).items():
             if not wanted(cid):
                 continue
             if budget and size.get(cid, 0) >= budget:
-                later = out.later[cid] = out.later.get(cid, 0) + 1  # counted, not built
-                if later <= len(requests[cid].missing_segments):
-                    out.ahead.setdefault(cid, {}).setdefault(pid, []).append(sid)
+                _count_later(out, cid, pid, ids)
                 continue
             replica = replica_of_copy(flat, node_id)
             if replica is None or replica not in replicas.setdefault(cid, set(meta.replica_ids(cid))):
                 continue
-            key = (cid, pid)
-            if key not in partitions:
-                partitions[key] = targets.partition_segments(cid, pid) if meta.has_partition(cid, pid) else None
-            segments = partitions[key]
-            seg = segments.get(sid) if segments is not None else None
-            if seg is None:
+            segments = targets.partition_segments(cid, pid) if meta.has_partition(cid, pid) else None
+            if segments is None:
                 continue
-            info = data_pb2.SegmentInfo(segment_id=sid, collection_id=cid, partition_id=pid, node_id=node_id,
-                                        replica_id=replica, mem_size=seg.mem_size)
-            requests.setdefault(cid, task_pb2.RepairRequest()).missing_segments.append(info)
-            if budget:
-                size[cid] = size.get(cid, 0) + _FIELD_OVERHEAD + info.ByteSize()
+            get = segments.get
+            found = [(sid, seg) for sid in ids if (seg := get(sid)) is not None]
+            if not found:
+                continue
+            add = requests.setdefault(cid, task_pb2.RepairRequest()).missing_segments.add
+            for i, (sid, seg) in enumerate(found):
+                if budget and size.get(cid, 0) >= budget:
+                    _count_later(out, cid, pid, [s for s, _ in found[i:]])
+                    break
+                # ``add`` builds each entry in place (``append`` would copy one built aside)
+                info = add(segment_id=sid, collection_id=cid, partition_id=pid, node_id=node_id, replica_id=replica,
+                           mem_size=seg.mem_size)
+                if budget:
+                    size[cid] = size.get(cid, 0) + _FIELD_OVERHEAD + info.ByteSize()
+    return out
+
+
+
+def _count_later(out: LostRepairs, cid: int, pid: int, ids: list[int]) -> None:
+    """Count ``ids`` (copies of partition ``pid`` of ``cid``) as left for a later part, naming the first of the
+    later copies in ``ahead`` while they are fewer than the request holds (the next part as far as can be told)."""
+    named = out.later.get(cid, 0)
+    out.later[cid] = named + len(ids)
+    room = len(out.requests[cid].missing_segments) - named
+    if room > 0:
+        out.ahead.setdefault(cid, {}).setdefault(pid, []).extend(ids[:room])
+
+
+def _by_place(meta: QueryMeta, node_id: int) -> dict[tuple[int, int, tuple[int, ...]], list[int]]:
+    """The ids of the copies recorded on ``node_id`` by their record's place (collection, partition, copies): what
+    is decided once per place (records share their place tuple: a handful per node) is not decided again per
+    segment."""
+    places = meta.segment_places()
+    ids = meta.segment_ids_on_node(node_id)
+    out: dict[tuple[int, int, tuple[int, ...]], list[int]] = {}
+    for sid, place in zip(ids, map(places.get, ids), strict=True):
+        if place is not None:
+            group = out.get(place)
+            if group is None:
+                out[place] = [sid]
+            else:
+                group.append(sid)
     return out
 
 

@@ -25,7 +25,12 @@ class TargetReader:
         self._no_target: set[int] = set()  # collections the catalog lacks (logged once each)
 
     async def read(self, cids: Iterable[int]) -> dict[int, Target]:
-        """The targets of ``cids``; a collection the catalog lacks (or one of its loaded partitions) is left out."""
+        """The targets of ``cids``; a collection the catalog lacks (or one of its loaded partitions) is left out.
+        None asked (every loaded collection owned by a trigger: a takeover's first pass with nodes down): nothing is
+        read, and the copy is not brought up to date for it."""
+        cids = list(cids)
+        if not cids:
+            return {}
         if self.targets is not None:
             try:
                 await self.targets.catch_up(TARGETS_CATCH_UP)

@@ -25,7 +25,7 @@ from meta.kv import MetaKV
 from meta.loops import keep_running
 from meta.session import Session, session_key
 from meta.session_guard import GuardLimits, SessionGuard
-from proto import querynode_pb2
+from proto import data_pb2, querynode_pb2
 from querycoord.catalog.broker import Broker, GrpcBroker, LocalBroker
 from querycoord.catalog.store import CatalogStore
 from querycoord.catalog.targets import CatalogTargets
@@ -52,11 +52,13 @@ from querycoord.leader.watchers import (
     forget_restarted,
     kick_on_node_changes,
     prune_incarnations,
+    queue_lost_repair,
     record_joined,
     run_handoff,
 )
 from querycoord.querymeta import QueryMeta
 from querycoord.querymeta.mirror import MetaMirror
+from querycoord.served.persist import persist_lowered
 from querycoord.served.state import ServedView
 from querycoord.settings.config import CoordConfig
 from querycoord.stream.loops import follow_stream_nodes, tick_streams
@@ -73,6 +75,10 @@ STANDBY_LINE_DELAY = 0.5
 # How long a new leader waits for the nodes it finds online to say they run, before it serves (a dead node refuses
 # the connection at once; a hung one costs the takeover this much, and counts once it answers the checker).
 TAKEOVER_PROBE_S = 1.0
+# How long a new leader's triggers wait for its first checker pass before they dispatch: the pass decides from the
+# takeover's state and is not slowed by their planning (a repair of a quarter of a million copies plans for
+# seconds of CPU on the same event loop); a pass that takes longer (a million segments compared) lets them start.
+FIRST_PASS_BEFORE_DISPATCH_S = 2.0
 
 
 class Coordinator:
@@ -409,6 +415,13 @@ class Coordinator:
                 await forget_node(env, node_id, incarnations=incarnations, served=served, left=left,
                                   checker=checker)
 
+        async def forget_gone(node_id: int) -> list[data_pb2.DmChannelWatchInfo] | None:
+            """A node gone while no leader watched: forgotten without its repair (queued for all of them at once)
+            and without lowering the percentages again (lowered once for all of them)."""
+            async with forgetting:
+                return await forget_node(env, node_id, incarnations=incarnations, served=served, left=left,
+                                         lowered=True)
+
         async def on_node_up(node: Node) -> None:
             await record_joined(node, env=env, incarnations=incarnations, checker=checker, served=served, left=left)
 
@@ -452,16 +465,18 @@ class Coordinator:
         if silent:
             logger.warning("query nodes {} did not answer at takeover: what they hold counts once they answer",
                            sorted(silent))
-        # Nodes gone for good: after the others answered, since whether a gone node's re-replication may wait
-        # (``checkers.left``) depends on what the nodes that answered serve.
-        for node_id in sorted(meta.bound_node_ids() - nodes.online_ids()):
-            await on_node_down(node_id)
-        step = self._step_done("gone", step)
         started.append(scheduler.stop)
         queued = await scheduler.reload()
-        await scheduler.start(reload=False)
         step = self._step_done("triggers", step)
-        checker.repair_at_forget = True  # the persisted triggers are in: a lost node's forget may queue its repair
+        # Nodes gone for good: after the others answered, since whether a gone node's re-replication may wait
+        # (``checkers.left``) depends on what the nodes that answered serve; and after the persisted triggers are
+        # in, so that each forget queues its node's repair from the records still naming it (``Checker.repair_lost``)
+        # and leaves a collection a resumed trigger owns to it. The first pass then finds those collections owned by
+        # the repairs: no comparison of every segment to find what the gone nodes held. Before dispatching starts:
+        # nothing runs while a gone node is still a member of its replicas.
+        checker.repair_at_forget = True
+        await self._forget_gone(meta, nodes, served, forget_gone, checker)
+        step = self._step_done("gone", step)
         # Streams: only definitions are persisted; the manager rebuilds its task maps (WATCH when streams exist).
         stream_store = StreamStore(fenced)
         streams = StreamManager(stream_store, leader_revision=fence.revision, config=self.config.stream)
@@ -485,6 +500,7 @@ class Coordinator:
         loop("handoff", lambda: run_handoff(broker, kv, scheduler, meta, checker))
         loop("checker", checker.run_forever)
         checker.kick()  # the first check right after takeover
+        loop("dispatch", lambda: self._dispatch_after_first_pass(scheduler, checker))
         loop("checker kicks", lambda: kick_on_node_changes(nodes, checker))
         if cfg.auto_balance_interval > 0:
             loop("auto balance", lambda: auto_balance_loop(scheduler, cfg.auto_balance_interval, cfg.balance_spread,
@@ -499,6 +515,36 @@ class Coordinator:
                     queued)
         self.role_since = time.time()
         self.became_leader.set()
+
+    @staticmethod
+    async def _dispatch_after_first_pass(scheduler: Scheduler, checker: Checker) -> None:
+        """Start the scheduler's dispatching once the checker's first pass ended, or after
+        ``FIRST_PASS_BEFORE_DISPATCH_S`` (see there); once only."""
+        if scheduler.dispatching:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(checker.passed.wait(), FIRST_PASS_BEFORE_DISPATCH_S)
+        if not scheduler.stopped:
+            await scheduler.start(reload=False)
+
+    @staticmethod
+    async def _forget_gone(meta: QueryMeta, nodes: NodeManager, served: ServedView,
+                           forget: Callable[[int], Awaitable[list[data_pb2.DmChannelWatchInfo] | None]],
+                           checker: Checker) -> None:
+        """Forget the nodes query meta binds that have no session (gone while no leader watched), then queue one
+        repair per collection of what they held (``Checker.repair_lost_nodes``). The persisted percentages are
+        lowered once for all of them (what online nodes serve is the same before each forget), not once per node: a
+        computation over every segment each."""
+        gone = sorted(meta.bound_node_ids() - nodes.online_ids())
+        if not gone:
+            return
+        await persist_lowered(meta, meta.collection_ids(), served.collection)
+        lost: dict[int, list[data_pb2.DmChannelWatchInfo]] = {}
+        for node_id in gone:
+            watches = await forget(node_id)
+            if watches is not None:
+                lost[node_id] = watches
+        await queue_lost_repair(checker, lost)
 
     async def _drop_leadership(self) -> None:
         lead, self.leadership = self.leadership, None

@@ -117,7 +117,8 @@ async def kick_on_node_changes(nodes: NodeManager, checker: Checker) -> None:
 
 async def forget_node(env: TaskEnv, node_id: int, *, incarnations: Incarnations,
                       served: ServedView | None = None, left: LeftNodes | None = None,
-                      checker: Checker | None = None) -> None:
+                      checker: Checker | None = None,
+                      lowered: bool = False) -> list[data_pb2.DmChannelWatchInfo] | None:
     """A query node's session is gone: it leaves its replicas and its DM channel watches now, and its id is free
     for the node's next incarnation (``NodeManager.remove``). The segment records naming it stay, counting for
     nothing (it is offline and in no replica): the repair that loads each copy elsewhere rewrites its record once,
@@ -135,19 +136,26 @@ async def forget_node(env: TaskEnv, node_id: int, *, incarnations: Incarnations,
     With ``checker``, the forget that took the node out of its replicas queues the repair of its copies and DM
     channel watches at once (``Checker.repair_lost``): the records still naming it are what it took with it, so no
     pass has to compare every segment to find them. A failure there is logged: the next pass repairs instead.
+
+    ``lowered``: the caller already lowered the persisted percentages with this node offline (a takeover forgetting
+    several gone nodes lowers once for all of them: what online nodes serve is the same before each forget).
+
+    Returns the node's DM channel watches as recorded before the forget when this forget took it out of its
+    replicas (what its repair rewatches), else None: a caller without ``checker`` queues the repair itself
+    (``Checker.repair_lost_nodes``: a takeover, one repair per collection for all its gone nodes).
     """
     meta, nodes = env.meta, env.nodes
     if nodes.is_online(node_id):
-        return
+        return None
     if left is not None and node_id in left.left and nodes.returning(node_id):
         logger.info("query node {} is back within its re-replication delay: it stays in its replicas", node_id)
         await incarnations.drop(node_id)
         await nodes.remove(node_id)  # takes the new session in: ``record_joined`` keeps its replicas
-        return
-    if served is not None:
+        return None
+    if served is not None and not lowered:
         await persist_lowered(meta, meta.collection_ids(), served.collection)
     if left is not None and await left.hold(node_id, meta, served):
-        return
+        return None
     watches: list[data_pb2.DmChannelWatchInfo] | None = None  # set once this forget took the node out
     if node_id in meta.bound_node_ids():
         before = meta.channels_on_node(node_id)  # what its replicas lack once the forget drops them
@@ -161,7 +169,7 @@ async def forget_node(env: TaskEnv, node_id: int, *, incarnations: Incarnations,
     # (its record and its place in the node map), or the leader would never see it again.
     if nodes.is_online(node_id):
         logger.info("query node {} came back while its previous process was forgotten: the new one stays", node_id)
-        return
+        return None
     if left is not None:
         await left.drop(node_id)
     if node_id not in meta.known_node_ids():
@@ -173,13 +181,20 @@ async def forget_node(env: TaskEnv, node_id: int, *, incarnations: Incarnations,
         incarnations.deferred.add(node_id)
     await nodes.remove(node_id)
     if checker is not None and watches is not None:
-        try:
-            await checker.repair_lost(node_id, watches)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # NotLeader included: the scheduler was told, and the next leader's pass repairs
-            logger.warning("query node {} lost: its repair was not queued ({}); the next checker pass repairs it",
-                           node_id, exc)
+        await queue_lost_repair(checker, {node_id: watches})
+    return watches
+
+
+async def queue_lost_repair(checker: Checker, lost: dict[int, list[data_pb2.DmChannelWatchInfo]]) -> None:
+    """Queue the repair of the ``lost`` nodes' copies and watches (``Checker.repair_lost_nodes``); a failure is
+    logged: the next checker pass repairs instead."""
+    try:
+        await checker.repair_lost_nodes(lost)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # NotLeader included: the scheduler was told, and the next leader's pass repairs
+        logger.warning("query nodes {} lost: their repair was not queued ({}); the next checker pass repairs it",
+                       sorted(lost), exc)
 
 
 async def forget_restarted(env: TaskEnv, *, incarnations: Incarnations, targets: CatalogTargets | None,

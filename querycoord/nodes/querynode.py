@@ -387,7 +387,7 @@ class QueryNodeServicer(querynode_pb2_grpc.QueryNodeServicer):
             return querynode_pb2.GetDataDistributionResponse(status=status, node_id=self.node.state.node_id)
         known = {k.collection_id: k.version for k in request.known}
         return self.node.state.distribution(ids_only=request.segment_ids_only, incarnation=request.incarnation,
-                                            known=known)
+                                            known=known, skip=request.skip_collection_ids)
 
     async def GetComponentStates(
         self, request: querynode_pb2.GetComponentStatesRequest, context: grpc.aio.ServicerContext

@@ -542,10 +542,14 @@ class QueryNodeState:
         return {cid for cid, version in known.items() if version and versions.get(cid) == version}
 
     def distribution(self, *, ids_only: bool = False, incarnation: int = 0,
-                     known: Mapping[int, int] | None = None) -> querynode_pb2.GetDataDistributionResponse:
+                     known: Mapping[int, int] | None = None,
+                     skip: Iterable[int] = ()) -> querynode_pb2.GetDataDistributionResponse:
         """What the node holds; with ``ids_only``, the groups of the ``known`` collections whose version did not
-        move leave out (``unchanged``). Versions are always answered in full."""
+        move leave out (``unchanged``), and those of the ``skip`` collections (the asker does not compare them).
+        Versions and channels are always answered in full."""
         left_out = self.unchanged(incarnation, known) if ids_only and known else set()
+        if ids_only:
+            left_out.update(skip)
         return querynode_pb2.GetDataDistributionResponse(
             status=ok_status(),
             node_id=self.node_id,

@@ -100,6 +100,11 @@ class Scheduler:
                                                         client=client), name="task-history-pruner")
         return n
 
+    @property
+    def dispatching(self) -> bool:
+        """Whether ``start`` ran (dispatching began)."""
+        return self._loop is not None
+
     async def stop(self) -> None:
         """Stop dispatching and cancel running triggers without writing anything more."""
         self.life.stopped = True
