@@ -2,11 +2,13 @@
 
     python scripts/stall_sampler.py FILE -m querycoord.cli coord ...
 
-The loop's every iteration stamps the time (``BaseEventLoop._run_once`` wrapped); a watcher thread samples the
-main thread's stack every ``--every`` while no iteration began for over ``THRESHOLD`` seconds. When the loop
+The loop's every iteration, and every return from its selector's wait, stamps the time (``BaseEventLoop._run_once``
+and the selector's ``select`` wrapped); a watcher thread samples the main thread's stack every ``EVERY`` seconds
+while, outside that wait, no stamp is newer than ``THRESHOLD`` seconds. When the loop
 moves again, the stall (its length, and its sampled stacks grouped, most frequent first) is appended to FILE.
 Cyclic GC collections over ``GC_NOTICE`` seconds are appended too (gc callbacks), since a full collection over
-millions of tracked objects stalls the loop with no Python frame of its own. No hook in the product.
+millions of tracked objects stalls the loop with no Python frame of its own. No hook in the product. A low
+``STALL_THRESHOLD`` (0.03) at a small size finds the stretches that grow into long stalls at a large one.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import asyncio.base_events
 import gc
 import os
 import runpy
+import selectors
 import sys
 import threading
 import time
@@ -23,8 +26,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-#: A loop iteration older than this is a stall being sampled.
-THRESHOLD = 0.15
+#: A loop iteration older than this is a stall being sampled (``STALL_THRESHOLD`` in the environment: another).
+THRESHOLD = float(os.environ.get("STALL_THRESHOLD", "0.15"))
 #: Seconds between samples.
 EVERY = 0.01
 #: A GC collection longer than this is written down.
@@ -43,11 +46,24 @@ def main() -> None:
     main_id = threading.main_thread().ident
     original = asyncio.base_events.BaseEventLoop._run_once  # noqa: SLF001 (the one place every iteration passes)
 
+    idle = [False]
+    selector = selectors.DefaultSelector
+    waits = selector.select
+
     def run_once(self: Any) -> None:
         beat[0] = time.monotonic()
         original(self)
 
+    def select(self: Any, timeout: float | None = None) -> Any:
+        idle[0] = True  # waiting for I/O or a timer: not a stall, however long
+        try:
+            return waits(self, timeout)
+        finally:
+            idle[0] = False
+            beat[0] = time.monotonic()
+
     asyncio.base_events.BaseEventLoop._run_once = run_once  # type: ignore[method-assign]  # noqa: SLF001
+    selector.select = select  # type: ignore[method-assign]
 
     def write(text: str) -> None:
         with lock, out.open("a") as f:
@@ -67,7 +83,7 @@ def main() -> None:
             time.sleep(EVERY)
             began = beat[0]
             late = time.monotonic() - began
-            if late > THRESHOLD:
+            if late > THRESHOLD and not idle[0]:
                 stalled_from = began
                 samples[stack()] += 1
             elif samples:

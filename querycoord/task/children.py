@@ -29,7 +29,7 @@ from querycoord.task.assign import (
 )
 from querycoord.task.model import Task, TaskEnv, TaskError, check_cancelled
 from querycoord.task.release_guard import dm_channels_to_keep, segments_to_keep
-from querycoord.task.units import place_unit, usage_of
+from querycoord.task.units import place_unit_with_turns, usage_of
 
 QUERYNODE = querynode_pb2.DESCRIPTOR.services_by_name["QueryNode"]
 _COMPACTION_FROM = attrgetter("compaction_from")  # read in C: every info of every load is asked
@@ -407,8 +407,8 @@ async def plan_children(
     """
     cfg = env.config
     sizes = segment_sizes(segments)
-    placed = place_unit(env, collection_id, replica_id, sizes, [c.channel_name for c in channels], usage_of(env),
-                        exclude=exclude, include=include)
+    placed = await place_unit_with_turns(env, collection_id, replica_id, sizes, [c.channel_name for c in channels],
+                                         usage_of(env), exclude=exclude, include=include)
     if replica_id:
         used = set(placed["segments"].values()) | set(placed["channels"].values())
         joining = sorted(used - set(env.meta.replica_nodes(collection_id, replica_id)))
