@@ -22,9 +22,11 @@ by the trigger: a unit it cannot place fails the load, or parks for the checker 
 
 from __future__ import annotations
 
+import asyncio
 import math
 import statistics
 from collections.abc import Sequence
+from operator import itemgetter
 
 from loguru import logger
 
@@ -80,13 +82,18 @@ async def load_sizes(env: TaskEnv, collection_id: int, partition_ids: Sequence[i
         else:
             target = env.targets.target(collection_id, todo)
             if target is not None:
-                sizes = [(s.segment_id, s.mem_size) for s in target.segments.values()]
+                sizes = []
+                for part in target.partitions.values():  # a partition at a time, a turn between
+                    sizes += [(s.segment_id, s.mem_size) for s in part.values()]
+                    await asyncio.sleep(0)
     if sizes is None:
         sizes = []
         for pid in todo:
             _, binlogs = await env.broker.get_recovery_info(collection_id, pid)
             sizes += [(b.segment_id, b.mem_size) for b in binlogs]
     placed = meta.segment_places()
+    if placed.keys().isdisjoint(map(itemgetter(0), sizes)):  # a first load: nothing to leave out (checked in C)
+        return sizes
     return [s for s in sizes if s[0] not in placed]
 
 

@@ -22,7 +22,7 @@ from querycoord.task.assign import (
     add_refs,
     merge_by_size,
     query_channels,
-    segment_sizes,
+    segment_sizes_with_turns,
     segments_by_node,
     sent_request,
     strip_channel,
@@ -406,7 +406,7 @@ async def plan_children(
     (a user's load) or parks the unit (a repair or a handoff: ``task.parking``).
     """
     cfg = env.config
-    sizes = segment_sizes(segments)
+    sizes = await segment_sizes_with_turns(segments)
     placed = await place_unit_with_turns(env, collection_id, replica_id, sizes, [c.channel_name for c in channels],
                                          usage_of(env), exclude=exclude, include=include)
     if replica_id:
