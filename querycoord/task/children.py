@@ -20,6 +20,7 @@ from querycoord.common.messages import load_items, rpc_method
 from querycoord.task.assign import (
     Planned,
     add_refs,
+    head_first,
     merge_by_size,
     query_channels,
     segment_sizes_with_turns,
@@ -422,7 +423,7 @@ async def plan_children(
 
     per_node = await segments_by_node(segments, sizes, placed["segments"])
     for node_id, infos in sorted(per_node.items()):
-        for group in merge_by_size(infos, cfg.max_request_bytes):
+        for group in head_first(merge_by_size(infos, cfg.max_request_bytes)):
             await asyncio.sleep(0)  # a group is up to a few thousand segments: a turn between groups
             req = querynode_pb2.LoadSegmentsRequest(
                 collection_id=collection_id,
