@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Iterable
 
 from meta.errors import MetaError
 from meta.kv import MetaKV
@@ -50,8 +51,9 @@ class RangeFollower:
         self._task: asyncio.Task[None] | None = None
 
     # ----- what a subclass provides ------------------------------------------------------------------------------
-    async def replace(self, items: list[tuple[str, bytes]], revision: int) -> None:
-        """Forget the copy; build it from every key and value of the range as of ``revision``."""
+    async def replace(self, items: Iterable[tuple[str, bytes]], revision: int) -> None:
+        """Forget the copy; build it from every key and value of the range as of ``revision`` (``items`` is read
+        once, lazily: give the loop turns while reading it, ``every_few``)."""
         raise NotImplementedError
 
     def apply(self, batch: WatchBatch) -> None:
@@ -135,7 +137,7 @@ class RangeFollower:
             async for item in stream:
                 if isinstance(item, Resync):
                     keys = len(item.snapshot)
-                    await self.replace(item.snapshot.items(), item.revision)
+                    await self.replace(item.snapshot.iter_items(), item.revision)
                     self.events = 0
                 else:
                     keys = 0
@@ -151,7 +153,7 @@ class RangeFollower:
         """The first full read (revision, keys); its raw records are freed on return (the copy is all that is
         kept)."""
         snapshot = await self._kv.load_prefix(self._prefix, through=self._through)
-        await self.replace(snapshot.items(), snapshot.revision)
+        await self.replace(snapshot.iter_items(), snapshot.revision)
         await self._moved_to(snapshot.revision)
         return snapshot.revision, len(snapshot)
 

@@ -3,7 +3,7 @@ until a caller asks for them in another form (``meta.kv.MetaKV.load_prefix`` bui
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 
 from meta.txn import KeyValue
 
@@ -40,6 +40,13 @@ class PrefixSnapshot:
     def items(self) -> list[tuple[str, bytes]]:
         n = self._strip
         return [(r.key[n:].decode(), r.value) for r in self._raw]  # type: ignore[attr-defined]
+
+    def iter_items(self) -> Iterator[tuple[str, bytes]]:
+        """``items()`` one at a time: a reader that gives the event loop turns as it goes (a follower's full
+        read) builds no list of a million pairs in one stretch first."""
+        n = self._strip
+        for r in self._raw:
+            yield r.key[n:].decode(), r.value  # type: ignore[attr-defined]
 
     def values(self) -> list[bytes]:
         """The values in key order, no key decoded (a reader that needs only the records)."""

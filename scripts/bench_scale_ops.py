@@ -378,6 +378,10 @@ async def one_size(config: EtcdConfig, args: argparse.Namespace, segments: int, 
         flags = (*c.common_flags(), "--checker-interval", str(args.checker_interval))
         if args.max_repair_bytes:
             flags += ("--max-repair-bytes", str(args.max_repair_bytes))
+        if args.stalls is not None and prof.raw_dir is None:
+            argv = coord_argv(config.endpoints, c.kv.root, "127.0.0.1:0", args.ttl, *flags, log_level="WARNING")
+            out = args.stalls / f"stalls-c{index}-{segments}.txt"
+            return await c.harness.start(COORDINATOR, index, [str(SCRIPTS / "stall_sampler.py"), str(out), *argv])
         if prof.raw_dir is None:
             return await c.harness.start_coordinator(index, "127.0.0.1:0", *flags)
         argv = coord_argv(config.endpoints, c.kv.root, "127.0.0.1:0", args.ttl, *flags, log_level="WARNING")
@@ -581,9 +585,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "DIR/repair-<segments>.prof)")
     g.add_argument("--profile-standby", metavar="DIR",
                    help="profile c1 from c0's kill until c1's first checker pass ended (DIR/takeover-<segments>.prof)")
+    g.add_argument("--stalls", metavar="DIR",
+                   help="run each coordinator not profiled under scripts/stall_sampler.py: where its event loop "
+                        "stalled, with sampled stacks, in DIR/stalls-c<k>-<segments>.txt")
     args = p.parse_args(argv)
     check_scale_options(p, args)
     require_positive(p, args, ("passes", "reads", "raw_rounds"))
+    args.stalls = Path(args.stalls).resolve() if args.stalls else None
     if args.nodes < 5:
         p.error("--nodes must be >= 5 (four of them are taken away)")
     args.profile_leader = Path(args.profile_leader).resolve() if args.profile_leader else None

@@ -9,13 +9,22 @@ clusters, including failures part way.
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import Callable
 
 import pytest
 
-from querycoord.cluster.allocator import NoAvailableNode, Usage, allocate_segments, place_linear
+from querycoord.cluster.allocator import (
+    STEP_SEGMENTS,
+    NoAvailableNode,
+    Usage,
+    allocate_segments,
+    allocation_steps,
+    place_linear,
+)
 from querycoord.cluster.nodes import Node, NodeState
+from querycoord.common.yielding import run_steps, run_steps_with_turns
 
 MiB = 1024 * 1024
 
@@ -107,3 +116,35 @@ def test_huge_capacities_use_the_rule_written_out() -> None:
     usage = Usage(memory={1: 2**57 + 1, 2: 2**57}, channels={})  # the same float rate: the first candidate
     want, _ = reference([(9, 1)], nodes, dict(usage.memory), exclude=[], include=[], memory_limit=0.9)
     assert allocate_segments([(9, 1)], nodes, usage) == want == {9: 1}
+
+
+@pytest.mark.parametrize("caps", [[1024 * MiB] * 3, [512 * MiB, 1024 * MiB, 2048 * MiB]])
+def test_the_steps_place_as_the_rule_and_give_a_turn_every_step_segments(caps: list[int]) -> None:
+    """A coroutine placing a million segments runs ``allocation_steps`` with a turn at each step: the placement
+    is the rule's (one capacity or several), and there is a step at least every ``STEP_SEGMENTS`` segments."""
+    nodes = [node(i + 1, cap) for i, cap in enumerate(caps)]
+    count = 2 * STEP_SEGMENTS + 10
+    sizes = [(i, 1 + i % 97) for i in range(count)]
+    steps = allocation_steps(sizes, nodes, usage := Usage(memory={}, channels={}))
+    taken = 0
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            placed = done.value
+            break
+        taken += 1
+    assert taken >= count // STEP_SEGMENTS
+    assert (placed, usage.memory) == reference(sizes, nodes, {}, exclude=[], include=[], memory_limit=0.9)
+    assert run_steps(allocation_steps(sizes, nodes, Usage(memory={}, channels={}))) == placed
+
+
+async def test_steps_run_with_turns_let_another_coroutine_run_in_between() -> None:
+    nodes = [node(1, 1024 * MiB), node(2, 1024 * MiB)]
+    sizes = [(i, 1) for i in range(3 * STEP_SEGMENTS)]
+    placing = asyncio.ensure_future(run_steps_with_turns(allocation_steps(sizes, nodes, Usage({}, {}))))
+    turns = 0
+    while not placing.done():  # runs only when the placement gives the loop a turn
+        turns += 1
+        await asyncio.sleep(0)
+    assert turns >= 3 and len(await placing) == len(sizes)

@@ -18,7 +18,7 @@ checker reads it through the broker as before.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Set
+from collections.abc import Iterable, Mapping, Set
 from types import MappingProxyType
 
 from google.protobuf.message import DecodeError
@@ -93,7 +93,7 @@ class CatalogTargets(RangeFollower):
         self._unreadable = set()
         self._generation += 1
 
-    async def replace(self, items: list[tuple[str, bytes]], revision: int) -> None:
+    async def replace(self, items: Iterable[tuple[str, bytes]], revision: int) -> None:
         # Built aside and swapped in at once: a checker pass reading targets during the turns below must see the
         # old copy whole, never half of the new one (it would release what the missing half holds).
         fresh_segments: dict[int, dict[int, dict[int, TargetSegment]]] = {}

@@ -63,10 +63,13 @@ async def _drain_one(scheduler: Scheduler, lifecycles: NodeLifecycles, node_id: 
                      busy: Callable[[], set[int]]) -> int:
     env = scheduler.env
     meta = env.meta
-    segs = meta.segments_on_node(node_id)
+    # Ids by collection from the places: a view per copy is built only for a collection about to move (at every
+    # pass, views of every copy the node holds held the event loop for seconds at a million segments).
+    ids_of = meta.segment_ids_by_collection_on_node(node_id)
+    segs = any(ids_of.values())
     chans = meta.channels_on_node(node_id)
     status = lifecycles.status.setdefault(node_id, DrainStatus())
-    status.copies_left = len(segs) + len(chans)
+    status.copies_left = sum(map(len, ids_of.values())) + len(chans)
     if not env.nodes.is_online(node_id):
         if not segs and not chans:
             await _leave_replicas(scheduler, lifecycles, node_id)
@@ -80,20 +83,19 @@ async def _drain_one(scheduler: Scheduler, lifecycles: NodeLifecycles, node_id: 
             return 0
         status.waiting = "the node still reports copies query meta does not place on it: they are released"
         return 0 if dist is None else await _release_leftovers(scheduler, node_id, dist, busy)
-    by_coll: dict[int, list[data_pb2.SegmentInfo]] = {}
-    for s in segs:
-        by_coll.setdefault(s.collection_id, []).append(s)
     chans_of: dict[int, list[data_pb2.DmChannelWatchInfo]] = {}
     for w in chans:
         chans_of.setdefault(w.collection_id, []).append(w)
     waits: list[str] = []
     queued = 0
     usage = usage_of(env)
-    for cid in sorted(set(by_coll) | set(chans_of)):
+    for cid in sorted(set(ids_of) | set(chans_of)):
         if cid in busy() or scheduler.stopped:
             continue
+        moving = await meta.read_segments_on_node(node_id, cid) if cid in ids_of else []
+        if cid in busy() or scheduler.stopped:  # a trigger took the collection during the read's turns
+            continue
         replica = meta.replica_of_node(cid, node_id)
-        moving = by_coll.get(cid, [])
         watches = [] if moving else chans_of.get(cid, [])
         parked = assess(env, cid, replica, moving, [w.dm_channel for w in watches], usage)
         if parked is not None:

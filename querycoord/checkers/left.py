@@ -48,7 +48,7 @@ def served_collections(meta: QueryMeta, node_id: int) -> set[int]:
 
 async def forget_copies(meta: QueryMeta, node_id: int) -> None:
     """Forget the copies and DM channel watches meta places on ``node_id``; its replica memberships stay."""
-    segments = [s.segment_id for s in meta.segments_on_node(node_id)]
+    segments = meta.segment_ids_on_node(node_id)
     if segments:
         await meta.remove_segment_copies(node_id, segments)
     by_collection: dict[int, list[str]] = {}

@@ -20,6 +20,7 @@ from operator import itemgetter
 from proto import common_pb2
 from querycoord.cluster.nodes import Node
 from querycoord.common.errors import CoordError
+from querycoord.common.yielding import TURN_EVERY, Steps, run_steps
 
 
 class NoAvailableNode(CoordError):
@@ -43,6 +44,10 @@ def _candidates(nodes: Iterable[Node], exclude: Sequence[int], include: Sequence
     return [n for n in nodes if n.online and n.node_id not in exclude and (not include or n.node_id in include)]
 
 
+#: Segments placed between two steps of ``allocation_steps`` (a few milliseconds).
+STEP_SEGMENTS = 8 * TURN_EVERY
+
+
 def allocate_segments(
     sizes: Sequence[tuple[int, int]],
     nodes: Iterable[Node],
@@ -52,6 +57,20 @@ def allocate_segments(
     include: Sequence[int] = (),
     memory_limit: float = 0.9,
 ) -> dict[int, int]:
+    """``allocation_steps`` in one stretch (see there)."""
+    return run_steps(allocation_steps(sizes, nodes, usage, exclude=exclude, include=include,
+                                      memory_limit=memory_limit))
+
+
+def allocation_steps(
+    sizes: Sequence[tuple[int, int]],
+    nodes: Iterable[Node],
+    usage: Usage,
+    *,
+    exclude: Sequence[int] = (),
+    include: Sequence[int] = (),
+    memory_limit: float = 0.9,
+) -> Steps[dict[int, int]]:
     """Map each (segment id, mem size) to a node id; raises ``NoAvailableNode`` if one does not fit.
 
     ``usage.memory`` is updated with what was placed, so successive calls see each other.
@@ -62,6 +81,9 @@ def allocate_segments(
     nodes in a heap keyed by (used, candidate order) and a segment compares one node per capacity:
     O(segments x (capacities + log nodes)) instead of O(segments x nodes), same placements (``place_linear``
     is the rule written out, kept for capacities too large for the rates to be told apart exactly).
+
+    A step every ``STEP_SEGMENTS`` segments (``common.yielding``): a coroutine placing a million segments gives
+    the event loop a turn there (placing them in one stretch held it for most of a second).
     """
     cands = _candidates(nodes, exclude, include)
     if not cands:
@@ -72,6 +94,7 @@ def allocate_segments(
     usable = [n for n in cands if n.capacity > 0]
     if any(n.capacity >= _EXACT_CAPACITY for n in usable) or len({n.node_id for n in usable}) != len(usable):
         return place_linear(ordered, cands, usage, memory_limit)
+    yield  # the sort: a step of its own
     memory = usage.memory
     # capacity -> heap of (used, candidate index, node id)
     heaps: dict[int, list[tuple[int, int, int]]] = {}
@@ -84,18 +107,31 @@ def allocate_segments(
     if len(groups) == 1:  # the usual cluster: one node size; the loop below with the comparisons inlined
         cap, h = groups[0]
         replace = heapq.heapreplace
-        for seg_id, size in ordered:
-            used, i, node_id = h[0]
-            total = used + size
-            # A size >= 0 cannot lower the rate: ``used / cap`` is then checked by the second test (division is
-            # monotonic), so it is computed only for a negative size.
-            if total / cap >= memory_limit or (size < 0 and used / cap >= memory_limit):
-                raise _no_room(seg_id, size, memory_limit, cands)
-            placed[seg_id] = node_id
-            replace(h, (total, i, node_id))
-            memory[node_id] = total
+        for start in range(0, len(ordered), STEP_SEGMENTS):
+            if start:
+                yield
+            for seg_id, size in ordered[start:start + STEP_SEGMENTS]:
+                used, i, node_id = h[0]
+                total = used + size
+                # A size >= 0 cannot lower the rate: ``used / cap`` is then checked by the second test (division
+                # is monotonic), so it is computed only for a negative size.
+                if total / cap >= memory_limit or (size < 0 and used / cap >= memory_limit):
+                    raise _no_room(seg_id, size, memory_limit, cands)
+                placed[seg_id] = node_id
+                replace(h, (total, i, node_id))
+                memory[node_id] = total
         return placed
-    for seg_id, size in ordered:
+    return (yield from _place_by_capacity(ordered, groups, cands, usage, memory_limit))
+
+
+def _place_by_capacity(ordered: Sequence[tuple[int, int]], groups: list[tuple[int, list[tuple[int, int, int]]]],
+                       cands: Sequence[Node], usage: Usage, memory_limit: float) -> Steps[dict[int, int]]:
+    """``allocation_steps`` for nodes of several capacities: ``groups`` holds each capacity's heap."""
+    memory = usage.memory
+    placed: dict[int, int] = {}
+    for k, (seg_id, size) in enumerate(ordered, 1):
+        if k % STEP_SEGMENTS == 0:
+            yield
         best: list[tuple[int, int, int]] | None = None
         best_key = (2.0, 0)
         for cap, h in groups:

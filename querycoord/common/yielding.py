@@ -9,7 +9,7 @@ waits seconds.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Generator, Iterable
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -24,3 +24,27 @@ async def every_few(items: Iterable[T], every: int = TURN_EVERY) -> AsyncIterato
         yield item
         if i % every == 0:
             await asyncio.sleep(0)
+
+
+#: A computation cut in steps: a generator that yields (nothing) where a turn may be given, and returns its result.
+Steps = Generator[None, None, T]
+
+
+def run_steps(steps: Steps[T]) -> T:
+    """The result of ``steps``, run through in one stretch (for callers that are not coroutines)."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
+async def run_steps_with_turns(steps: Steps[T]) -> T:
+    """The result of ``steps``, with a turn of the event loop at each step: the same computation as
+    ``run_steps``, for a coroutine whose input may be a million segments."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+        await asyncio.sleep(0)

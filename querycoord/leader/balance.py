@@ -43,13 +43,10 @@ def plan_move(rates: dict[int, tuple[int, int]], sizes: dict[int, list[tuple[int
     ``rates``: node -> (used bytes, capacity); ``sizes``: node -> [(segment id, bytes)]; ``movable(src, segment,
     dst)``: whether that copy may go there (replicas: only within the copy's replica).
     """
-    if len(rates) < 2:
+    ends = move_ends(rates, spread=spread, memory_limit=memory_limit)
+    if ends is None:
         return None
-    rate = {n: used / cap for n, (used, cap) in rates.items() if cap > 0}
-    src = max(rate, key=lambda n: (rate[n], n))
-    dst = min(rate, key=lambda n: (rate[n], -n))
-    if src == dst or not (rate[src] > memory_limit or rate[src] - rate[dst] > spread):
-        return None
+    src, dst = ends
     used_src, cap_src = rates[src]
     used_dst, cap_dst = rates[dst]
     moved: list[int] = []
@@ -64,6 +61,22 @@ def plan_move(rates: dict[int, tuple[int, int]], sizes: dict[int, list[tuple[int
         if (used_src / cap_src) - (used_dst / cap_dst) <= spread / 2:
             break
     return (src, dst, moved) if moved else None
+
+
+def move_ends(rates: dict[int, tuple[int, int]], *, spread: float,
+              memory_limit: float) -> tuple[int, int] | None:
+    """(source, destination) of the move ``plan_move`` would weigh: the fullest and the emptiest node by rate,
+    or None when they are balanced. Only the source's copies are then weighed, so only its are read."""
+    if len(rates) < 2:
+        return None
+    rate = {n: used / cap for n, (used, cap) in rates.items() if cap > 0}
+    if not rate:
+        return None
+    src = max(rate, key=lambda n: (rate[n], n))
+    dst = min(rate, key=lambda n: (rate[n], -n))
+    if src == dst or not (rate[src] > memory_limit or rate[src] - rate[dst] > spread):
+        return None
+    return src, dst
 
 
 def may_serve(meta: QueryMeta, collection_id: int, replica_id: int, node_id: int) -> bool:
@@ -112,12 +125,19 @@ async def auto_balance_once(scheduler: Scheduler, spread: float, switches: Check
     # A cordoned node neither takes copies nor gives them here: a draining one is emptied by the checker's drain.
     online = [n for n in env.nodes.online() if n.node_id not in env.nodes.cordoned]
     rates = {n.node_id: (env.meta.node_memory_usage(n.node_id), n.capacity) for n in online}
-    sizes: dict[int, list[tuple[int, int]]] = {}
-    replica_of_copy: dict[tuple[int, int], tuple[int, int]] = {}  # (node, segment) -> (collection, replica)
-    for n in online:
-        views = env.meta.segments_on_node(n.node_id)
-        sizes[n.node_id] = [(s.segment_id, s.mem_size) for s in views]
-        replica_of_copy.update({(n.node_id, s.segment_id): (s.collection_id, s.replica_id) for s in views})
+    ends = move_ends(rates, spread=spread, memory_limit=env.config.memory_limit)
+    if ends is None:
+        return
+    # Only the source's copies are weighed (``plan_move``): only its are read, with turns of the event loop
+    # (views of every copy of every node held the loop for seconds at a million segments, every round).
+    src = ends[0]
+    views = await env.meta.read_segments_on_node(src)
+    sizes = {src: [(s.segment_id, s.mem_size) for s in views]}
+    replica_of_copy = {(src, s.segment_id): (s.collection_id, s.replica_id) for s in views}
+    del views
+    if (switches is not None and switches.balance_paused) or any(
+            t.KIND == qc.TASK_KIND_LOAD_BALANCE for t in scheduler.triggers.values()):
+        return  # paused, or a balance queued, during the read's turns
 
     def movable(src: int, seg: int, dst: int) -> bool:
         cid, replica = replica_of_copy[(src, seg)]

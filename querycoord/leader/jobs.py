@@ -301,7 +301,7 @@ class LoadBalanceJob(Job[qc.LoadBalanceRequest]):
             if state is not None:
                 raise Conflict(f"query node {nid} is {state}: it is given nothing new; uncordon it first "
                                f"(querycoord node uncordon {nid})")
-        views = [s for n in request.source_node_ids for s in self.meta.segments_on_node(n)]
+        views = [s for n in request.source_node_ids for s in await self.meta.read_segments_on_node(n)]
         on_sources = {s.segment_id for s in views}
         missing = sorted(set(request.sealed_segment_ids) - on_sources)
         if missing:

@@ -20,6 +20,8 @@ mirror makes a takeover fast, never different.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from loguru import logger
 
 from meta.errors import MetaError
@@ -90,7 +92,7 @@ class MetaMirror(RangeFollower):
         self._index = None
         self._corrupt = {}
 
-    async def replace(self, items: list[tuple[str, bytes]], revision: int) -> None:
+    async def replace(self, items: Iterable[tuple[str, bytes]], revision: int) -> None:
         fresh = MetaIndex()
         corrupt: dict[str, str] = {}
         async for key, value in every_few(items):  # built aside: turns are safe

@@ -9,12 +9,14 @@ record once (``_put_new_segments``, ``_put_loaded``).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
 from operator import attrgetter
 from types import MappingProxyType
 
 from meta.txn import MAX_TXN_OPS, Put
 from querycoord.common.messages import LoadItem
+from querycoord.common.yielding import TURN_EVERY
 
 from . import keys
 from .batch import Mutation
@@ -145,6 +147,52 @@ class Segments:
             replica = next((r for r, n in copies(seg).items() if n == node_id), 0)
             out.append(view_of(seg, replica))
         return out
+
+    async def read_segments_on_node(self, node_id: int, collection_id: int = 0) -> list[SegmentInfo]:
+        """``segments_on_node`` (only ``collection_id``'s copies when not 0), a turn of the event loop every
+        ``TURN_EVERY`` copies.
+
+        Why: a view costs microseconds (parse, copy, strip); a node holding a hundred thousand copies took most
+        of a second in one stretch, and callers that run on every checker pass (a drain, a balance's plan) held
+        the loop for seconds at a million segments. The ids are taken first; a copy that left the node during a
+        turn is left out, so every view is one the node still holds when it is built.
+        """
+        index = self._core.index
+        ids = self.segment_ids_on_node_of(node_id, collection_id) if collection_id else \
+            self.segment_ids_on_node(node_id)
+        out = []
+        for start in range(0, len(ids), TURN_EVERY):
+            on_node = index.segments_by_node.get(node_id, ())
+            for sid in ids[start:start + TURN_EVERY]:
+                if sid not in on_node:
+                    continue
+                seg = index.segments[sid]
+                replica = next((r for r, n in copies(seg).items() if n == node_id), 0)
+                out.append(view_of(seg, replica))
+            if start + TURN_EVERY < len(ids):
+                await asyncio.sleep(0)
+        return out
+
+    def segment_ids_on_node_of(self, node_id: int, collection_id: int) -> list[int]:
+        """Ids of the collection's copies recorded on the node, sorted, from the places (no record parsed)."""
+        places = self._core.index.segments.places()
+        return sorted(sid for sid in self._core.index.segments_by_node.get(node_id, ())
+                      if places[sid][0] == collection_id)
+
+    def segment_ids_by_collection_on_node(self, node_id: int) -> dict[int, list[int]]:
+        """Ids of the copies recorded on the node by collection, each list sorted, from the places (no record
+        parsed): what a drain weighs at every pass without a view per copy."""
+        places = self._core.index.segments.places()
+        out: dict[int, list[int]] = {}
+        for sid in sorted(self._core.index.segments_by_node.get(node_id, ())):
+            out.setdefault(places[sid][0], []).append(sid)
+        return out
+
+    def segment_sizes_on_node(self, node_id: int, collection_id: int) -> list[tuple[int, int]]:
+        """(segment id, mem_size) of the collection's copies recorded on the node, by id: each record parsed for
+        its size, no view built (a tenth of ``segments_on_node``'s cost per copy)."""
+        segments = self._core.index.segments
+        return [(sid, segments[sid].mem_size) for sid in self.segment_ids_on_node_of(node_id, collection_id)]
 
     def segment_ids_on_node(self, node_id: int) -> list[int]:
         """Ids of the copies recorded on the node, sorted: ``segments_on_node`` without a view per copy (a lost

@@ -240,6 +240,18 @@ class QueryMeta:
     def segment_ids_on_node(self, node_id: int) -> list[int]:
         return self._segments.segment_ids_on_node(node_id)
 
+    async def read_segments_on_node(self, node_id: int, collection_id: int = 0) -> list[SegmentInfo]:
+        return await self._segments.read_segments_on_node(node_id, collection_id)
+
+    def segment_ids_on_node_of(self, node_id: int, collection_id: int) -> list[int]:
+        return self._segments.segment_ids_on_node_of(node_id, collection_id)
+
+    def segment_ids_by_collection_on_node(self, node_id: int) -> dict[int, list[int]]:
+        return self._segments.segment_ids_by_collection_on_node(node_id)
+
+    def segment_sizes_on_node(self, node_id: int, collection_id: int) -> list[tuple[int, int]]:
+        return self._segments.segment_sizes_on_node(node_id, collection_id)
+
     def segment_count_on_node(self, node_id: int) -> int:
         return self._segments.segment_count_on_node(node_id)
 

@@ -22,9 +22,11 @@ by the trigger: a unit it cannot place fails the load, or parks for the checker 
 
 from __future__ import annotations
 
+import asyncio
 import math
 import statistics
 from collections.abc import Sequence
+from operator import itemgetter
 
 from loguru import logger
 
@@ -36,7 +38,7 @@ from querycoord.common.errors import CoordError
 from querycoord.common.partition_state import NOT_PRESENT
 from querycoord.task.model import TaskEnv
 from querycoord.task.triggers import split_nodes
-from querycoord.task.units import place, place_unit, usage_of
+from querycoord.task.units import place_unit_with_turns, place_with_turns, usage_of
 
 # How long admission waits for the followed catalog copy to be current before it reads the catalog instead.
 CATCH_UP = 5.0
@@ -80,13 +82,18 @@ async def load_sizes(env: TaskEnv, collection_id: int, partition_ids: Sequence[i
         else:
             target = env.targets.target(collection_id, todo)
             if target is not None:
-                sizes = [(s.segment_id, s.mem_size) for s in target.segments.values()]
+                sizes = []
+                for part in target.partitions.values():  # a partition at a time, a turn between
+                    sizes += [(s.segment_id, s.mem_size) for s in part.values()]
+                    await asyncio.sleep(0)
     if sizes is None:
         sizes = []
         for pid in todo:
             _, binlogs = await env.broker.get_recovery_info(collection_id, pid)
             sizes += [(b.segment_id, b.mem_size) for b in binlogs]
     placed = meta.segment_places()
+    if placed.keys().isdisjoint(map(itemgetter(0), sizes)):  # a first load: nothing to leave out (checked in C)
+        return sizes
     return [s for s in sizes if s[0] not in placed]
 
 
@@ -101,12 +108,13 @@ async def admit_load(env: TaskEnv, collection_id: int, partition_ids: Sequence[i
         return
     if not sizes:
         return
-    check_fits(env, collection_id, sizes, replicas, nodes)
+    await check_fits(env, collection_id, sizes, replicas, nodes)
 
 
-def check_fits(env: TaskEnv, collection_id: int, sizes: list[tuple[int, int]], replicas: int,
-               nodes: list[Node]) -> None:
-    """``NotEnoughMemory`` unless every replica's copy of ``sizes`` can be placed on ``nodes`` (module docstring)."""
+async def check_fits(env: TaskEnv, collection_id: int, sizes: list[tuple[int, int]], replicas: int,
+                     nodes: list[Node]) -> None:
+    """``NotEnoughMemory`` unless every replica's copy of ``sizes`` can be placed on ``nodes`` (module docstring);
+    the placements give the event loop turns (a million segments per replica)."""
     usage = usage_of(env)
     ids = [n.node_id for n in nodes]
     groups: list[list[int]]
@@ -119,7 +127,8 @@ def check_fits(env: TaskEnv, collection_id: int, sizes: list[tuple[int, int]], r
         for replica in env.meta.replica_ids(collection_id):
             before = dict(usage.memory)
             try:
-                placed = place_unit(env, collection_id, replica, sizes, [], usage, exclude=[*not_eligible, *taken])
+                placed = await place_unit_with_turns(env, collection_id, replica, sizes, [], usage,
+                                                     exclude=[*not_eligible, *taken])
             except NoAvailableNode:
                 own = [n for n in env.meta.replica_nodes(collection_id, replica) if n in ids] if replica else ids
                 if not own and not [n for n in ids if n not in env.meta.replica_node_ids(collection_id)]:
@@ -137,7 +146,7 @@ def check_fits(env: TaskEnv, collection_id: int, sizes: list[tuple[int, int]], r
         for group in groups:
             before = dict(usage.memory)
             try:
-                place(env, sizes, [], group, usage)
+                await place_with_turns(env, sizes, [], group, usage)
             except NoAvailableNode:
                 failed = True
                 shortfalls.append(_shortfall(env, sizes, group, before))

@@ -20,16 +20,17 @@ from querycoord.common.messages import load_items, rpc_method
 from querycoord.task.assign import (
     Planned,
     add_refs,
+    head_first,
     merge_by_size,
     query_channels,
-    segment_sizes,
+    segment_sizes_with_turns,
     segments_by_node,
     sent_request,
     strip_channel,
 )
 from querycoord.task.model import Task, TaskEnv, TaskError, check_cancelled
 from querycoord.task.release_guard import dm_channels_to_keep, segments_to_keep
-from querycoord.task.units import place_unit, usage_of
+from querycoord.task.units import place_unit_with_turns, usage_of
 
 QUERYNODE = querynode_pb2.DESCRIPTOR.services_by_name["QueryNode"]
 _COMPACTION_FROM = attrgetter("compaction_from")  # read in C: every info of every load is asked
@@ -406,9 +407,9 @@ async def plan_children(
     (a user's load) or parks the unit (a repair or a handoff: ``task.parking``).
     """
     cfg = env.config
-    sizes = segment_sizes(segments)
-    placed = place_unit(env, collection_id, replica_id, sizes, [c.channel_name for c in channels], usage_of(env),
-                        exclude=exclude, include=include)
+    sizes = await segment_sizes_with_turns(segments)
+    placed = await place_unit_with_turns(env, collection_id, replica_id, sizes, [c.channel_name for c in channels],
+                                         usage_of(env), exclude=exclude, include=include)
     if replica_id:
         used = set(placed["segments"].values()) | set(placed["channels"].values())
         joining = sorted(used - set(env.meta.replica_nodes(collection_id, replica_id)))
@@ -422,7 +423,7 @@ async def plan_children(
 
     per_node = await segments_by_node(segments, sizes, placed["segments"])
     for node_id, infos in sorted(per_node.items()):
-        for group in merge_by_size(infos, cfg.max_request_bytes):
+        for group in head_first(merge_by_size(infos, cfg.max_request_bytes)):
             await asyncio.sleep(0)  # a group is up to a few thousand segments: a turn between groups
             req = querynode_pb2.LoadSegmentsRequest(
                 collection_id=collection_id,

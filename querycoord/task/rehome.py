@@ -63,7 +63,7 @@ async def plan_moves(env: TaskEnv, parent: Task, collection_id: int,
     for m in moves:
         node, replica = m.node_id, m.from_replica_id
         stay = [n for n in env.meta.replica_nodes(collection_id, replica) if n not in leaving]
-        held = [s for s in env.meta.segments_on_node(node) if s.collection_id == collection_id]
+        held = await env.meta.read_segments_on_node(node, collection_id)
         gone = [s.segment_id for s in held if s.segment_id not in binlogs]
         if gone:  # compacted away: its replacement arrives through handoff
             logger.info("{}: segments {} left the catalog; dropping them from query meta", parent.describe(), gone)
@@ -90,7 +90,7 @@ async def finish_move(env: TaskEnv, collection_id: int, move: task_pb2.RehomeNod
     node, replica = move.node_id, move.from_replica_id
     if env.meta.replica_of_node(collection_id, node) != replica:
         return
-    segs = [s.segment_id for s in env.meta.segments_on_node(node) if s.collection_id == collection_id]
+    segs = env.meta.segment_ids_on_node_of(node, collection_id)
     chans = [w.dm_channel for w in env.meta.channels_on_node(node) if w.collection_id == collection_id]
     if segs or chans:
         raise TaskError(f"node {node} still holds {len(segs)} segments and {len(chans)} DM channels of replica "

@@ -43,8 +43,7 @@ class Held:
 
 def held_by(env: TaskEnv, collection_id: int, node_id: int) -> Held:
     """The node's copies of the collection as query meta records them (a node serves one replica of it)."""
-    sizes = [(s.segment_id, s.mem_size) for s in env.meta.segments_on_node(node_id)
-             if s.collection_id == collection_id]
+    sizes = env.meta.segment_sizes_on_node(node_id, collection_id)
     channels = sorted(w.dm_channel for w in env.meta.channels_on_node(node_id) if w.collection_id == collection_id)
     return Held(sizes, channels)
 

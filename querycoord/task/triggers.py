@@ -481,16 +481,17 @@ class LoadBalanceTask(TriggerTask, kind=qc.TASK_KIND_LOAD_BALANCE, request="load
         released meanwhile must still wait for (and be serialised with) that release."""
         meta = self.env.meta
         out: set[int] = {c.collection_id for c in self.children if c.collection_id}
-        for src in self.request.source_node_ids:
-            out |= {s.collection_id for s in meta.segments_on_node(src)}
+        for src in self.request.source_node_ids:  # from the places: no view per copy (a checker pass asks often)
+            out |= meta.collections_on_node(src)
             out |= {c.collection_id for c in meta.channels_on_node(src)}
         if self.request.collection_id:
             out &= {self.request.collection_id}
         return out
 
-    def _segments_to_move(self) -> list[data_pb2.SegmentInfo]:
+    async def _segments_to_move(self) -> list[data_pb2.SegmentInfo]:
         wanted = set(self.request.sealed_segment_ids)
-        segs = [s for src in self.request.source_node_ids for s in self.env.meta.segments_on_node(src)]
+        segs = [s for src in self.request.source_node_ids
+                for s in await self.env.meta.read_segments_on_node(src, self.request.collection_id)]
         if wanted:
             segs = [s for s in segs if s.segment_id in wanted]
         if self.request.collection_id:
@@ -508,7 +509,7 @@ class LoadBalanceTask(TriggerTask, kind=qc.TASK_KIND_LOAD_BALANCE, request="load
         sources = list(self.request.source_node_ids)
         # Moves stay within the copy's replica: the source's replica (or a spare joining it) takes them.
         by_coll: dict[tuple[int, int, int], list[data_pb2.SegmentInfo]] = {}
-        for s in self._segments_to_move():
+        for s in await self._segments_to_move():
             by_coll.setdefault((s.collection_id, s.node_id, s.replica_id), []).append(s)
         children: list[Task] = []
         for (cid, src, replica), segs in sorted(by_coll.items()):

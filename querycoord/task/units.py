@@ -21,8 +21,9 @@ from typing import Protocol
 
 from loguru import logger
 
-from querycoord.cluster.allocator import NoAvailableNode, Usage, allocate_channels, allocate_segments
+from querycoord.cluster.allocator import NoAvailableNode, Usage, allocate_channels, allocation_steps
 from querycoord.common.wording import mib_exact
+from querycoord.common.yielding import Steps, run_steps, run_steps_with_turns
 from querycoord.task.model import TaskEnv
 from querycoord.task.parking import NO_NODE, NO_ROOM, Parked
 
@@ -103,23 +104,36 @@ def place(env: TaskEnv, sizes: Sequence[tuple[int, int]], channels: Sequence[str
           usage: Usage, *, exclude: Sequence[int] = ()) -> Placement:
     """Segments (memory-aware) and channels on ``allowed`` nodes (all but ``exclude`` when empty); ``usage`` is
     updated with what was placed; a cordoned node takes nothing. ``NoAvailableNode`` when something does not fit."""
-    nodes = env.nodes.nodes.values()
+    return run_steps(place_steps(env, sizes, channels, allowed, usage, exclude=exclude))
+
+
+async def place_with_turns(env: TaskEnv, sizes: Sequence[tuple[int, int]], channels: Sequence[str],
+                           allowed: Sequence[int], usage: Usage, *, exclude: Sequence[int] = ()) -> Placement:
+    """``place``, giving the event loop turns while it places (a load's million segments)."""
+    return await run_steps_with_turns(place_steps(env, sizes, channels, allowed, usage, exclude=exclude))
+
+
+def place_steps(env: TaskEnv, sizes: Sequence[tuple[int, int]], channels: Sequence[str], allowed: Sequence[int],
+                usage: Usage, *, exclude: Sequence[int] = ()) -> Steps[Placement]:
+    """``place`` cut in steps (``allocator.allocation_steps``)."""
+    nodes = list(env.nodes.nodes.values())
     if env.nodes.cordoned:
         exclude = [*exclude, *sorted(env.nodes.cordoned)]
+    segments = (yield from allocation_steps(sizes, nodes, usage, exclude=exclude, include=allowed,
+                                            memory_limit=env.config.memory_limit)) if sizes else {}
     return {
-        "segments": allocate_segments(sizes, nodes, usage, exclude=exclude, include=allowed,
-                                      memory_limit=env.config.memory_limit) if sizes else {},
+        "segments": segments,
         "channels": allocate_channels(list(channels), nodes, usage, exclude=exclude, include=allowed)
         if channels else {},
     }
 
 
 def _try_place(env: TaskEnv, sizes: Sequence[tuple[int, int]], channels: Sequence[str], allowed: Sequence[int],
-               usage: Usage, exclude: Sequence[int]) -> Placement | None:
+               usage: Usage, exclude: Sequence[int]) -> Steps[Placement | None]:
     """``place`` on ``allowed``, counted in ``usage`` only when everything fits; None when it does not."""
     trial = Usage(dict(usage.memory), dict(usage.channels))
     try:
-        placed = place(env, sizes, channels, allowed, trial, exclude=exclude)
+        placed = yield from place_steps(env, sizes, channels, allowed, trial, exclude=exclude)
     except NoAvailableNode:
         return None
     usage.memory.update(trial.memory)
@@ -133,10 +147,27 @@ def place_unit(env: TaskEnv, collection_id: int, replica_id: int, sizes: Sequenc
     """Place one unit: on the replica's own nodes, else with its fair share of the spares too, else with every
     spare (module docstring); replica 0 (a collection loaded before replicas) anywhere. ``NoAvailableNode`` says
     why it cannot be placed."""
+    return run_steps(place_unit_steps(env, collection_id, replica_id, sizes, channels, usage, exclude=exclude,
+                                      include=include, planned=planned))
+
+
+async def place_unit_with_turns(env: TaskEnv, collection_id: int, replica_id: int,
+                                sizes: Sequence[tuple[int, int]], channels: Sequence[str], usage: Usage, *,
+                                exclude: Sequence[int] = (), include: Sequence[int] = (),
+                                planned: Sequence[int] = ()) -> Placement:
+    """``place_unit``, giving the event loop turns while it places (a load's million segments)."""
+    return await run_steps_with_turns(place_unit_steps(env, collection_id, replica_id, sizes, channels, usage,
+                                                       exclude=exclude, include=include, planned=planned))
+
+
+def place_unit_steps(env: TaskEnv, collection_id: int, replica_id: int, sizes: Sequence[tuple[int, int]],
+                     channels: Sequence[str], usage: Usage, *, exclude: Sequence[int] = (),
+                     include: Sequence[int] = (), planned: Sequence[int] = ()) -> Steps[Placement]:
+    """``place_unit`` cut in steps (``allocator.allocation_steps``)."""
     if not replica_id:
-        return place(env, sizes, channels, include, usage, exclude=exclude)
+        return (yield from place_steps(env, sizes, channels, include, usage, exclude=exclude))
     own = candidates(env, collection_id, replica_id, exclude=exclude, include=include, planned=planned)
-    if own and (placed := _try_place(env, sizes, channels, own, usage, exclude)) is not None:
+    if own and (placed := (yield from _try_place(env, sizes, channels, own, usage, exclude))) is not None:
         return placed
     wider = candidates(env, collection_id, replica_id, exclude=exclude, include=include, with_spares=True,
                        planned=planned)
@@ -148,10 +179,10 @@ def place_unit(env: TaskEnv, collection_id: int, replica_id: int, sizes: Sequenc
     if 0 < share < len(spares):
         fair = candidates(env, collection_id, replica_id, exclude=exclude, include=include, with_spares=True,
                           planned=planned, spares=spares[:share])
-        if (placed := _try_place(env, sizes, channels, fair, usage, exclude)) is not None:
+        if (placed := (yield from _try_place(env, sizes, channels, fair, usage, exclude))) is not None:
             return placed
     trial = Usage(dict(usage.memory), dict(usage.channels))
-    placed = place(env, sizes, channels, wider, trial, exclude=exclude)
+    placed = yield from place_steps(env, sizes, channels, wider, trial, exclude=exclude)
     usage.memory.update(trial.memory)
     usage.channels.update(trial.channels)
     return placed
