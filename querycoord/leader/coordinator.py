@@ -453,6 +453,7 @@ class Coordinator:
         scheduler.finish_hooks.append(after_moves.after_trigger)
         scheduler.finish_hooks.append(prune_incarnations(env, incarnations, left))
         started.append(after_moves.stop)
+        started.append(env.prefetch.close)
         started.append(nodes.stop)
         await nodes.start()
         step = self._step_done("nodes", step)

@@ -85,8 +85,8 @@ class CatalogPrefetch:
                 logger.info("catalog prefetch of collection {} failed ({}); read again", collection_id, exc)
         return out
 
-    def close(self) -> None:
-        """Stop every read (the leadership ends)."""
+    async def close(self) -> None:
+        """Stop every read (the leadership ends: a new leader reads afresh)."""
         for cid in list(self._reads):
             self.drop(cid)
 
@@ -109,5 +109,6 @@ async def _read(broker: Broker, collection_id: int,
 
     parts = await asyncio.gather(*(one(pid, ids) for pid, ids in sorted(by_partition.items())))
     return {b.segment_id: b for part in parts for b in part}
+
 
 __all__ = ["CATCH_UP", "CatalogPrefetch"]
