@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -199,6 +199,21 @@ async def test_a_node_lost_within_its_re_replication_delay_is_not_repaired_by_it
         assert {s.segment_id for s in lead.meta.segments_on_node(VICTIM)} == lost_segments
 
 
+async def whole_under_the_next_leader(c: QueryCluster, cid: int, loads: Counter[int],
+                                      lost_segments: Iterable[int]) -> None:
+    """Stop leader c0 (the nodes' faults cleared) and wait for c1 to lead and show ``cid`` whole: every lost copy
+    loaded once over both leaders (``loads``), each held once as the nodes report."""
+    await c.coords[0].stop()
+    for node in c.nodes:
+        node.injector = FaultInjector(FaultConfig())
+    new = await c.wait_leader()
+    assert new is c.coords[1]
+    await until("the new leader shows the collection at 100 %", lambda: _is_100(c, cid), timeout=90)
+    await c.wait_idle()
+    assert loads == Counter({s: 1 for s in lost_segments}), "each lost copy loaded once, over both leaders"
+    await assert_held_once(c, cid)
+
+
 async def test_a_leader_stopped_after_the_forget_queued_the_repair_leaves_it_to_the_next(
         etcd: EtcdCluster, root_path: str, tmp_path: Path) -> None:
     # Slow retries: a refused load keeps the repair running for many seconds before it could fail.
@@ -221,13 +236,4 @@ async def test_a_leader_stopped_after_the_forget_queued_the_repair_leaves_it_to_
         assert c.kv is not None
         assert sum([await c.kv.count_prefix(p) for p in TASK_PREFIXES]), "the repair is persisted"
         assert lead.checker.runs == runs, "no checker pass ran: the forget queued the repair"
-        await c.coords[0].stop()
-        for node in c.nodes:
-            node.injector = FaultInjector(FaultConfig())
-
-        new = await c.wait_leader()
-        assert new is c.coords[1]
-        await until("the new leader shows the collection at 100 %", lambda: _is_100(c, cid), timeout=90)
-        await c.wait_idle()
-        assert loads == Counter({s: 1 for s in lost_segments}), "each lost copy loaded once, under the new leader"
-        await assert_held_once(c, cid)
+        await whole_under_the_next_leader(c, cid, loads, lost_segments)

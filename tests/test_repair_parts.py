@@ -34,6 +34,7 @@ from tests.test_repair_lost import (
     leadership,
     loaded_with_victim,
     pause_checker,
+    whole_under_the_next_leader,
 )
 from tests.truth import target_of
 
@@ -158,16 +159,7 @@ async def test_a_leader_stopped_between_two_parts_leaves_the_rest_to_the_next(
         await wait_until(lambda: lead.checker.lost_parts >= 1 and bool(lead.scheduler.triggers),
                          "the first part ended and the second is queued", timeout=90)
         assert lead.meta.segments_on_node(VICTIM), "copies still wait on the lost node"
-        await c.coords[0].stop()
-        for node in c.nodes:
-            node.injector = FaultInjector(FaultConfig())
-
-        new = await c.wait_leader()
-        assert new is c.coords[1]
-        await until("the new leader shows the collection at 100 %", lambda: _is_100(c, cid), timeout=90)
-        await c.wait_idle()
-        assert loads == Counter({s: 1 for s in lost_segments}), "each lost copy loaded once, over both leaders"
-        await assert_held_once(c, cid)
+        await whole_under_the_next_leader(c, cid, loads, lost_segments)
         new_lead = leadership(c, 1)
         assert not new_lead.meta.segments_on_node(VICTIM)
 

@@ -10,7 +10,6 @@ about a second of Python.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Generator, Iterable, Mapping
 
 from querycoord.checkers.channels import check_channels
@@ -21,6 +20,7 @@ from querycoord.checkers.scan import Diff, Scan, describe
 from querycoord.checkers.segments import Tally, check_segments
 from querycoord.checkers.whole import held_as_recorded
 from querycoord.common.target import Target, TargetSegment
+from querycoord.common.yielding import run_steps, run_steps_with_turns
 from querycoord.querymeta import QueryMeta
 
 
@@ -36,8 +36,8 @@ def diff(
     whose copies count as not held. Runs without a turn of the event loop: see
     ``diff_async`` for the checker's pass.
     """
-    return _run_through(_diff_steps(meta, targets, held, reachable=reachable, online=online, busy=busy, every=0,
-                                    gone=gone))
+    return run_steps(_diff_steps(meta, targets, held, reachable=reachable, online=online, busy=busy, every=0,
+                                 gone=gone))
 
 
 async def diff_async(
@@ -62,23 +62,8 @@ async def diff_async(
     ``own_targets``: the caller's targets are its own and nothing changes them during the turns (the checker reads
     fresh copies for each pass): they are not copied again (a million segments' dict).
     """
-    steps = _diff_steps(meta, targets, held, reachable=reachable, online=online, busy=busy, every=every,
-                       gone=gone, copy=not own_targets)
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return done.value
-        await asyncio.sleep(0)
-
-
-def _run_through(steps: Generator[None, None, Diff]) -> Diff:
-    """What ``steps`` returns, run to the end without a turn of the event loop."""
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return done.value
+    return await run_steps_with_turns(_diff_steps(meta, targets, held, reachable=reachable, online=online,
+                                                  busy=busy, every=every, gone=gone, copy=not own_targets))
 
 
 def _diff_steps(
