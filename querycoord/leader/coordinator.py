@@ -59,6 +59,7 @@ from querycoord.leader.watchers import (
 from querycoord.querymeta import QueryMeta
 from querycoord.querymeta.mirror import MetaMirror
 from querycoord.served.persist import persist_lowered
+from querycoord.served.snapshot import ServedSnapshot
 from querycoord.served.state import ServedView
 from querycoord.settings.config import CoordConfig
 from querycoord.stream.loops import follow_stream_nodes, tick_streams
@@ -415,11 +416,12 @@ class Coordinator:
                 await forget_node(env, node_id, incarnations=incarnations, served=served, left=left,
                                   checker=checker)
 
-        async def forget_gone(node_id: int) -> list[data_pb2.DmChannelWatchInfo] | None:
+        async def forget_gone(node_id: int, served_once: ServedView) -> list[data_pb2.DmChannelWatchInfo] | None:
             """A node gone while no leader watched: forgotten without its repair (queued for all of them at once)
-            and without lowering the percentages again (lowered once for all of them)."""
+            and without lowering the percentages again (lowered once for all of them); whether its
+            re-replication may wait is judged on ``served_once`` (the figures with every gone node offline)."""
             async with forgetting:
-                return await forget_node(env, node_id, incarnations=incarnations, served=served, left=left,
+                return await forget_node(env, node_id, incarnations=incarnations, served=served_once, left=left,
                                          lowered=True)
 
         async def on_node_up(node: Node) -> None:
@@ -530,19 +532,21 @@ class Coordinator:
 
     @staticmethod
     async def _forget_gone(meta: QueryMeta, nodes: NodeManager, served: ServedView,
-                           forget: Callable[[int], Awaitable[list[data_pb2.DmChannelWatchInfo] | None]],
+                           forget: Callable[[int, ServedView], Awaitable[list[data_pb2.DmChannelWatchInfo] | None]],
                            checker: Checker) -> None:
         """Forget the nodes query meta binds that have no session (gone while no leader watched), then queue one
-        repair per collection of what they held (``Checker.repair_lost_nodes``). The persisted percentages are
-        lowered once for all of them (what online nodes serve is the same before each forget), not once per node: a
-        computation over every segment each."""
+        repair per collection of what they held (``Checker.repair_lost_nodes``). What online nodes serve is the
+        same before each forget (the gone nodes are offline throughout), so it is counted once for all of them
+        (``ServedSnapshot``), not once per node: the persisted percentages are lowered from it, and each forget's
+        question whether its node's re-replication may wait reads it (a computation over every segment each)."""
         gone = sorted(meta.bound_node_ids() - nodes.online_ids())
         if not gone:
             return
-        await persist_lowered(meta, meta.collection_ids(), served.collection)
+        once = ServedSnapshot(served)
+        await persist_lowered(meta, meta.collection_ids(), once.collection)
         lost: dict[int, list[data_pb2.DmChannelWatchInfo]] = {}
         for node_id in gone:
-            watches = await forget(node_id)
+            watches = await forget(node_id, once)
             if watches is not None:
                 lost[node_id] = watches
         await queue_lost_repair(checker, lost)
