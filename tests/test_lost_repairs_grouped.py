@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from meta.kv import MetaKV
 from proto import data_pb2
-from querycoord.checkers.lost import lost_node_repairs, lost_repairs, replica_of_copy
+from querycoord.checkers.lost import lost_copy_count, lost_node_repairs, lost_repairs, replica_of_copy
 from querycoord.common.target import TargetSegment
 from querycoord.querymeta import QueryMeta
 from querycoord.querymeta.copies import set_copies
@@ -91,6 +91,8 @@ def test_the_grouped_build_gives_what_the_per_segment_rule_gives(
             segments[(cid, pid)][sid] = TargetSegment(sid, pid, (), size)
     targets = Targets(segments)
     built = lost_repairs(meta, cast(Any, targets), sorted(lost), [], skip, budget=budget)
+    assert built.copies == {cid: n for cid in COLLECTIONS
+                            if cid not in skip and (n := lost_copy_count(meta, sorted(lost), cid))}
     together = entries(built.requests)
     expected = set().union(*(reference(meta, targets, n, skip) for n in lost))
     assert len(together) == len(set(together)), "each copy once"

@@ -233,7 +233,7 @@ class Checker:
         for cid, req in sorted(built.requests.items()):
             if cid in self._busy() or self.scheduler.stopped:
                 continue
-            left = lost_copy_count(env.meta, nodes, cid)
+            left = built.copies.get(cid, 0)  # ``lost_copy_count``, counted by the build
             weigh_units(env, cid, req, usage, parked)
             task = await self._queue_repair(cid, req, qc.TRIGGER_CONDITION_NODE_DOWN, built.later.get(cid, 0))
             if task is not None:

@@ -48,6 +48,9 @@ class LostRepairs:
     # collection -> partition -> the first of the later copies' segment ids, as many as its request holds: the
     # next part as far as can be told now, whose catalog records are read ahead (``task.prefetch``).
     ahead: dict[int, dict[int, list[int]]] = field(default_factory=dict)
+    # collection -> every copy the lost nodes' records place in it, built or not: ``lost_copy_count`` of them at
+    # the build, counted on the way (what a repair's chain compares the next part's count with).
+    copies: dict[int, int] = field(default_factory=dict)
 
 
 def lost_node_ids(meta: QueryMeta, online: Collection[int]) -> set[int]:
@@ -132,6 +135,7 @@ def lost_repairs(meta: QueryMeta, targets: CatalogTargets | None, node_ids: Iter
         for (cid, pid, flat), ids in _by_place(meta, node_id).items():
             if not wanted(cid):
                 continue
+            out.copies[cid] = out.copies.get(cid, 0) + len(ids)
             if budget and size.get(cid, 0) >= budget:
                 _count_later(out, cid, pid, ids)
                 continue
