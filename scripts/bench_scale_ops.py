@@ -36,8 +36,11 @@ and holds its warm copy. Measured, in this order:
   session lease is revoked (``QueryNode.crash(revoke=True)``), which is what the
   coordinator sees of a SIGKILLed node once its TTL lapsed; the clock starts
   then. It ends when the nodes still up hold every segment and DM channel of the
-  collection (read from the node objects themselves) *and* the leader shows it
-  100 % with no trigger left: the later of the two. **node_down_repair_ratio**:
+  collection (read from the node objects themselves, every 10 ms while their
+  count falls short) *and* the leader shows it 100 % with no trigger left
+  (ShowCollections, then ListTasks, every 20 ms once the nodes hold everything;
+  the log gives the last poll's own time, which bounds how late the end was
+  read): the later of the two. **node_down_repair_ratio**:
   that over **raw**: the records the repair wrote (every key put under the root
   in its revisions, last value, from a watch replay: ``etcd_raw.replay``) written
   again with the plain etcd3aio client in sequential 128-op txns under a root of
@@ -123,6 +126,7 @@ from querycoord.tooling.harness import COORDINATOR, Member, coord_argv
 
 SCRIPTS = Path(__file__).resolve().parent
 MAX_IDS = 65_536  # ids in one request (limits.max_ids_per_request)
+LEADER_POLL_S = 0.02  # between polls of the leader at a move's end
 
 
 @dataclass
@@ -136,6 +140,7 @@ class Move:
     deletes: int = 0
     txns: int = 0  # etcd revisions
     raw_s: float = 0.0
+    last_poll_s: float = 0.0  # the leader's end was read to within this (the last poll's own time)
 
     @property
     def ratio(self) -> float:
@@ -335,8 +340,8 @@ async def measure_move(cl: ScaleCluster, whole: Whole, what: str, act: Callable[
     logger.info("{}: started at revision {}", what, rev0)
     move.nodes_whole_s = await whole.wait(t0, cl.args.timeout)
     logger.info("{}: the nodes hold everything after {:.2f}s", what, move.nodes_whole_s)
-    await wait_until(f"the leader done with the {what}", leader_done, cl.args.timeout, 0.1)
-    move.seconds = time.perf_counter() - t0
+    move.seconds, move.last_poll_s = await poll_until(f"the leader done with the {what}", leader_done, t0,
+                                                      cl.args.timeout)
     rev1 = await cl.kv.revision()  # what a later pass writes is not the move's
     rp = await replay(cl.client, cl.kv, rev0 + 1, rev1, cl.args.timeout)
     records = [(k, v) for k, v in rp.records() if not k.startswith("(outside the root)")]
@@ -348,18 +353,35 @@ async def measure_move(cl: ScaleCluster, whole: Whole, what: str, act: Callable[
         runs.append(await raw_write(cl.client, raw_root, records))
         await MetaKV(cl.client, raw_root).remove_prefix("")
     move.raw_s = statistics.median(runs)
-    logger.info("{}: {:.2f}s (nodes whole at {:.2f}s), {} records in {} txns, raw {:.3f}s", what, move.seconds,
-                move.nodes_whole_s, move.records, move.txns, move.raw_s)
+    logger.info("{}: {:.2f}s (nodes whole at {:.2f}s; the leader's end read within {:.3f}s), {} records in {} txns, "
+                "raw {:.3f}s", what, move.seconds, move.nodes_whole_s, move.last_poll_s, move.records, move.txns,
+                move.raw_s)
     return move
 
 
-async def leader_settled(client: QueryCoordClient, http: str, cid: int) -> bool:
-    """The leader shows the collection 100 % and has no trigger left."""
+async def poll_until(what: str, done: Callable[[], Awaitable[bool]], t0: float, timeout: float) -> tuple[float, float]:
+    """Await ``done()`` every ``LEADER_POLL_S`` until true: (seconds since ``t0`` when it answered true, how long
+    that last call took). The end is read to within one interval and that call, both logged: a move's tail (the
+    last records written, the trigger's end, the percentage raised) is tens of milliseconds at 10,000 segments."""
+    while True:
+        start = time.perf_counter()
+        if await done():
+            end = time.perf_counter()
+            return end - t0, end - start
+        if start - t0 > timeout:
+            raise BenchError(f"timed out after {timeout:.0f}s waiting for {what}")
+        await asyncio.sleep(LEADER_POLL_S)
+
+
+async def leader_settled(client: QueryCoordClient, cid: int) -> bool:
+    """The leader shows the collection 100 % and has no trigger left (ListTasks of the queued and running trees,
+    asked only once it shows 100 %: two small RPCs, cheap to poll, where a metrics scrape at 100,000 segments
+    takes a tenth of a second and would be counted in the move)."""
     show = await client.query("ShowCollections", qc.ShowCollectionsRequest(collection_ids=[cid]))
     if show.status.error_code != 0 or show.collections[0].in_memory_percentage != 100:
         return False
-    got = await asyncio.to_thread(scrape, http)
-    return got.get("querycoord_tasks", 0.0) == 0.0  # no series while no trigger exists
+    tasks = await client.query("ListTasks", qc.ListTasksRequest(limit=1))
+    return tasks.status.error_code == 0 and not tasks.trees
 
 
 async def loop_blocked(http: str) -> float:
@@ -429,7 +451,7 @@ async def one_size(config: EtcdConfig, args: argparse.Namespace, segments: int, 
                     res.verify_rss_mb, res.verify_exit)
 
         whole = Whole(cl.nodes, cid, segments, args.channels)
-        settled = lambda: leader_settled(cl.client_of_c0, http0, cid)  # noqa: E731
+        settled = lambda: leader_settled(cl.client_of_c0, cid)  # noqa: E731
         victim = cl.nodes[0]
 
         async def kill_victim() -> None:
@@ -471,8 +493,8 @@ async def one_size(config: EtcdConfig, args: argparse.Namespace, segments: int, 
         await whole.wait(t_kill, args.timeout)
         c1_client = QueryCoordClient([c1.address], deadline=args.timeout, call_timeout=args.timeout)
         try:
-            await wait_until("the new leader done with the two nodes", lambda: leader_settled(
-                c1_client, str(c1.ready["http_address"]), cid), args.timeout, 0.1)
+            await wait_until("the new leader done with the two nodes", lambda: leader_settled(c1_client, cid),
+                             args.timeout, 0.1)
         finally:
             await c1_client.close()
         res.takeover_whole_s = time.perf_counter() - t_kill
