@@ -39,6 +39,7 @@ from meta.session import Session, SessionIdTaken, list_sessions
 from meta.session_guard import SessionGuard
 from querycoord.cli.etcd_admin import NODE_READS
 from querycoord.common.protocol import QUERYCOORD_ELECTION
+from tests.cluster import wait_until
 from tests.spawn import Spawned, spawn_coordinator, spawn_query_node, spawn_ready
 
 ROOT = "prod"
@@ -238,6 +239,9 @@ async def test_a_node_filling_its_session_key_is_fenced_by_the_coordinator_user(
                 await asyncio.sleep(0.3)  # the guard has read what is there; the next write comes as an event
                 await node_kv.save("session/querynode-8", b"x" * 1_000_000, lease=session.lease_id)
                 await asyncio.wait_for(session.lost.wait(), 30)
+            # The node's session sees its key go when etcd revokes the lease, which can be before the guard has
+            # the answer to its revoke call and counts it: wait for the count, then check it is exactly one.
+            await wait_until(lambda: guard.revoked >= 1, "the guard counted the lease it revoked", timeout=30)
             assert guard.fenced == {"value_size": 1, "write_rate": 0} and guard.revoked == 1
             assert await coord_kv.get("session/querynode-8") is None
             await coord_kv.save("collection/6", b"still writing")

@@ -162,7 +162,6 @@ def lost_repairs(meta: QueryMeta, targets: CatalogTargets | None, node_ids: Iter
     return out
 
 
-
 def _count_later(out: LostRepairs, cid: int, pid: int, ids: list[int]) -> None:
     """Count ``ids`` (copies of partition ``pid`` of ``cid``) as left for a later part, naming the first of the
     later copies in ``ahead`` while they are fewer than the request holds (the next part as far as can be told)."""
