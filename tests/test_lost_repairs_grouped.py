@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from meta.kv import MetaKV
 from proto import data_pb2
-from querycoord.checkers.lost import lost_copy_count, lost_node_repairs, lost_repairs, replica_of_copy
+from querycoord.checkers.lost import lost_copy_count, lost_repairs, replica_of_copy
 from querycoord.common.target import TargetSegment
 from querycoord.querymeta import QueryMeta
 from querycoord.querymeta.copies import set_copies
@@ -106,6 +106,6 @@ def test_the_grouped_build_gives_what_the_per_segment_rule_gives(
     else:
         assert set(together) == expected
     for n in lost:
-        assert set(entries(lost_node_repairs(meta, cast(Any, targets), n, [], skip))) == reference(
+        assert set(entries(lost_repairs(meta, cast(Any, targets), [n], [], skip).requests)) == reference(
             meta, targets, n, skip)
     assert all(cid not in skip for cid, *_rest in together)

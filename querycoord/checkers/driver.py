@@ -261,7 +261,11 @@ class Checker:
         lost = lost_node_ids(env.meta, env.nodes.online_ids())
         left = lost_copy_count(env.meta, lost, cid) if lost else 0
         before = self._lost_left.pop(cid, None)
-        moved = before is None or lost_copy_count(env.meta, before[0] & lost, cid) < before[1]
+        if before is None:
+            moved = True
+        else:  # the copies left of the nodes the last part was built from (the usual case: those are ``lost``)
+            still = before[0] & lost
+            moved = (left if still == lost else lost_copy_count(env.meta, still, cid)) < before[1]
         if not left or not moved or cid in self._busy():
             env.prefetch.drop(cid)  # no next part from here: what was read ahead for it is not needed
             return

@@ -92,14 +92,6 @@ def unwatched_channels(meta: QueryMeta, targets: CatalogTargets | None,
     return out
 
 
-def lost_node_repairs(meta: QueryMeta, targets: CatalogTargets | None, node_id: int,
-                      watches: Iterable[data_pb2.DmChannelWatchInfo],
-                      skip: Collection[int] = ()) -> dict[int, task_pb2.RepairRequest]:
-    """Collection -> the repair of what ``node_id`` (lost, already out of its replicas) held of it, every copy
-    (``lost_repairs`` without a budget)."""
-    return lost_repairs(meta, targets, [node_id], watches, skip).requests
-
-
 def lost_repairs(meta: QueryMeta, targets: CatalogTargets | None, node_ids: Iterable[int],
                  watches: Iterable[data_pb2.DmChannelWatchInfo], skip: Collection[int] = (), *,
                  only: int | None = None, budget: int = 0) -> LostRepairs:
@@ -189,5 +181,5 @@ def _by_place(meta: QueryMeta, node_id: int) -> dict[tuple[int, int, tuple[int, 
     return out
 
 
-__all__ = ["LostRepairs", "lost_copy_count", "lost_node_ids", "lost_node_repairs", "lost_repairs", "replica_of_copy",
+__all__ = ["LostRepairs", "lost_copy_count", "lost_node_ids", "lost_repairs", "replica_of_copy",
            "unwatched_channels"]
