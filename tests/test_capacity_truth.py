@@ -22,7 +22,7 @@ from querycoord.nodes.querynode import FaultConfig, QueryNode
 from querycoord.querymeta.copies import copies
 from querycoord.tooling.drill.sampler import Sampler
 from tests.cluster import MiB, QueryCluster, fast_scheduler, wait_until
-from tests.truth import InProcessSources, held_by, target_of, until_true
+from tests.truth import InProcessSources, failed_triggers, held_by, target_of, until_true
 
 SEGMENT = 10_000 * (128 * 4 + 8)  # bytes accounted per segment of ``create_bulk_collection``
 
@@ -234,3 +234,43 @@ async def test_a_late_forget_of_a_node_back_under_its_id_leaves_it_online(etcd: 
 
 async def _offline(nodes: object, node_id: int) -> bool:
     return not nodes.is_online(node_id)  # type: ignore[attr-defined]
+
+
+async def test_a_repair_whose_node_is_lost_midway_parks_its_unit_instead_of_failing(etcd: EtcdCluster,
+                                                                                    root_path: str) -> None:
+    """One replica on nodes a and b. Node a is lost: its repair loads a's copies on b, and b is lost while that
+    load waits on it. With no node left in the replica and no spare, the repair's unit is parked (DESIGN rule
+    9), not the repair FAILED (it did, "could not be rescheduled: replica ... has no online node"); a node that
+    joins then gets the whole collection, as it reports, and no trigger failed."""
+    async with QueryCluster(etcd, root_path, scheduler=fast_scheduler(trigger_timeout=600.0)) as c:
+        await c.start_coordinator()
+        lead = (await c.wait_leader()).coord.leadership
+        assert lead is not None
+        a, b = await c.add_node(), await c.add_node()
+        cid = await c.create_collection("repaired", partitions=1, segments=20)
+        await c.load_collection(cid)
+        assert a.state.segments and b.state.segments
+        reached, go = _gate(b, lambda kind, req: kind == "LoadSegments")
+        await a.crash(revoke=True)  # etcd learns at once: a's repair loads its copies on b
+        await asyncio.wait_for(reached.wait(), 60)
+        await b.crash(revoke=True)  # lost while the repair's load waits on it
+        go.set()
+        c.nodes[:] = []
+
+        async def repairs_ended() -> bool:
+            return not ({a.node_id, b.node_id} & set(lead.meta.replica_node_ids(cid))) and not any(
+                t.collection_id == cid for t in lead.scheduler.triggers.values())
+
+        await until_true("both lost nodes forgotten, no trigger left", repairs_ended, timeout=60)
+        assert lead.env.parked.of(cid), "the lost nodes' work waits for a node, parked"
+        assert await failed_triggers(c) == []
+        await c.add_node()
+        target = await target_of(c, cid)
+
+        async def whole() -> bool:
+            reps = lead.meta.replicas_of(cid)
+            return bool(reps) and all(not (target[0] - held_by(c, set(x.node_ids))[0]) for x in reps)
+
+        await until_true("the collection loaded on the node that joined", whole, timeout=60)
+        assert await failed_triggers(c) == []
+

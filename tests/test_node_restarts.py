@@ -25,7 +25,7 @@ from querycoord.querymeta import QueryMeta
 from querycoord.task.history import TaskHistory
 from tests.cluster import MiB, QueryCluster, fast_scheduler
 from tests.leader import leader_fence
-from tests.truth import false_full, held_by, target_of, until_true
+from tests.truth import failed_triggers, false_full, held_by, target_of, until_true
 
 LONG = fast_scheduler(trigger_timeout=600.0)
 
@@ -48,13 +48,6 @@ async def whole(c: QueryCluster, cid: int) -> bool:
         if target[0] - segs or target[1] - chans:
             return False
     return bool(lead.meta.replicas_of(cid))
-
-
-async def failed_triggers(c: QueryCluster) -> list[str]:
-    assert c.kv is not None
-    page = await TaskHistory(c.kv).page(after=0, newest_first=False, want=1000)
-    return [f"{t.trigger.task_id} {t.trigger.summary}: {t.trigger.error}" for t in page
-            if t.trigger.state == qc.TASK_STATE_FAILED]
 
 
 class Sampler:
@@ -445,3 +438,47 @@ async def test_a_node_joining_under_an_id_meta_still_places_copies_on_counts_non
 
 async def _serving(nodes: NodeManager, node_id: int) -> bool:
     return node_id in nodes.serving_ids()
+
+
+async def test_a_node_lost_beside_one_whose_session_outlived_it_is_repaired_without_a_failed_trigger(
+        etcd: EtcdCluster, root_path: str) -> None:
+    """The restart drill's failure: after a takeover, one node of a replica is silent (its session outlived its
+    process) and the other is then lost. The lost node's repair must not place its work on the silent node
+    (that work failed once the silent node's session lapsed, and with no other node in the replica the
+    repair FAILED): it parks until a node joins, and then the collection is whole, as the nodes report, with
+    no trigger failed."""
+    async with QueryCluster(etcd, root_path, scheduler=LONG) as c:
+        await c.start_coordinator()
+        await c.wait_leader()
+        silent, _ = await c.start_node_process("--ttl", "15")
+        lost, _ = await c.start_node_process()
+        cid = await c.create_collection("outlived_and_lost", partitions=1, segments=24)
+        await load(c, cid, 1)  # one replica on both nodes
+        lead = (await c.wait_leader()).coord.leadership
+        assert lead is not None
+        assert set(lead.meta.replica_node_ids(cid)) == {silent.node_id, lost.node_id}
+        assert lead.meta.segments_on_node(lost.node_id), "the lost node held copies to repair"
+        await c.coords[0].stop()
+        await silent.kill()  # SIGKILL: its session lives on for 15 s
+        await c.start_coordinator()
+        lead = (await c.wait_leader()).coord.leadership
+        assert lead is not None and silent.node_id in lead.nodes.unheard
+        await lost.kill()  # its session lapses at once (2 s): its repair has only the silent node in its replica
+
+        async def lost_repair_ended() -> bool:
+            """The lost node is forgotten and its work parked, or its repair ran (and failed): no node has joined
+            yet."""
+            assert c.kv is not None and lead is not None
+            if lost.node_id in lead.meta.replica_node_ids(cid) or \
+                    any(t.collection_id == cid for t in lead.scheduler.triggers.values()):
+                return False
+            if lead.env.parked.of(cid):
+                return True
+            page = await TaskHistory(c.kv).page(after=0, newest_first=False, want=1000)
+            return any(t.trigger.kind == qc.TASK_KIND_REPAIR for t in page)
+
+        await until_true("the lost node's repair ended", lost_repair_ended, timeout=60)
+        assert await failed_triggers(c) == []
+        await c.add_node()
+        await until_true("the collection is whole on the nodes", lambda: whole(c, cid), timeout=90)
+        assert await failed_triggers(c) == []

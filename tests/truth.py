@@ -27,6 +27,7 @@ from proto import querycoord_pb2_grpc
 from querycoord.catalog.store import CatalogError, CatalogStore
 from querycoord.nodes.querynode import QueryNode
 from querycoord.security.grpc_channels import make_channel
+from querycoord.task.history import TaskHistory
 from querycoord.tooling.drill.invariants import node_view
 from querycoord.tooling.drill.placement import Room
 from querycoord.tooling.drill.sampler import Catalog, Reports, registered_sessions
@@ -147,3 +148,11 @@ class InProcessSources:
         for ch in self._channels.values():
             await ch.close()
         self._channels.clear()
+
+
+async def failed_triggers(c: QueryCluster) -> list[str]:
+    """The failed triggers in the task history, with their errors: what a test of repairs wants empty."""
+    assert c.kv is not None
+    page = await TaskHistory(c.kv).page(after=0, newest_first=False, want=1000)
+    return [f"{t.trigger.task_id} {t.trigger.summary}: {t.trigger.error}" for t in page
+            if t.trigger.state == qc.TASK_STATE_FAILED]

@@ -260,8 +260,16 @@ class NodeManager:
         return {n.node_id for n in self.nodes.values() if n.online}
 
     def eligible_ids(self) -> set[int]:
-        """Online nodes that may be given new work: not cordoned, draining or drained."""
-        return self.online_ids() - self.cordoned.keys()
+        """Online nodes that may be given new work: heard by this leader, and not cordoned, draining or drained."""
+        return self.online_ids() - self.ineligible_ids()
+
+    def ineligible_ids(self) -> set[int]:
+        """Nodes no new work goes to even while online: the cordoned, draining or drained ones, and those that have
+        not answered this leader (``unheard``). Why the unheard: a session that outlived its process (etcd renewed
+        it on restart) names a node nobody runs; work placed there fails once that session lapses, and a replica
+        left with no other node could not take it back (the restart drill failed a repair so). A live node leaves
+        the set at its first answer to the checker."""
+        return self.cordoned.keys() | self.unheard
 
     def serving_ids(self) -> set[int]:
         """The online nodes whose recorded copies count as served: not those unheard or joining."""

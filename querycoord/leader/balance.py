@@ -123,7 +123,9 @@ async def auto_balance_once(scheduler: Scheduler, spread: float, switches: Check
     if any(t.KIND == qc.TASK_KIND_LOAD_BALANCE for t in scheduler.triggers.values()):
         return
     # A cordoned node neither takes copies nor gives them here: a draining one is emptied by the checker's drain.
-    online = [n for n in env.nodes.online() if n.node_id not in env.nodes.cordoned]
+    # Nor does one not heard since the takeover (``NodeManager.ineligible_ids``).
+    ineligible = env.nodes.ineligible_ids()
+    online = [n for n in env.nodes.online() if n.node_id not in ineligible]
     rates = {n.node_id: (env.meta.node_memory_usage(n.node_id), n.capacity) for n in online}
     ends = move_ends(rates, spread=spread, memory_limit=env.config.memory_limit)
     if ends is None:

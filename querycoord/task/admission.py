@@ -52,7 +52,7 @@ class NotEnoughMemory(CoordError):
 
 def eligible_nodes(env: TaskEnv) -> list[Node]:
     """The query nodes a new load may be placed on: online ones that are not cordoned, draining or drained
-    (``cluster.lifecycle``)."""
+    (``cluster.lifecycle``), nor silent since the takeover (``NodeManager.ineligible_ids``)."""
     eligible = env.nodes.eligible_ids()
     return [n for n in env.nodes.online() if n.node_id in eligible]
 
@@ -104,7 +104,9 @@ async def admit_load(env: TaskEnv, collection_id: int, partition_ids: Sequence[i
     nodes = eligible_nodes(env)
     if not nodes:
         if sizes or not env.meta.has_collection(collection_id):
-            raise NoAvailableNode(f"no online query node to load collection {collection_id} on")
+            unheard = sorted(env.nodes.unheard & env.nodes.online_ids())
+            why = f" ({unheard} have not answered this coordinator yet)" if unheard else ""
+            raise NoAvailableNode(f"no online query node to load collection {collection_id} on{why}")
         return
     if not sizes:
         return

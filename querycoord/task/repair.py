@@ -30,7 +30,7 @@ from querycoord.task.children import (
 )
 from querycoord.task.model import Task
 from querycoord.task.prefetch import CATCH_UP
-from querycoord.task.triggers import TriggerTask, segment_load_info
+from querycoord.task.triggers import TriggerTask, park_lost_child, segment_load_info
 from querycoord.task.units import give_spares, park_unplaced
 
 # Partitions whose catalog records a repair reads at once.
@@ -40,6 +40,13 @@ PARTITION_READS = 8
 class RepairTask(TriggerTask, kind=qc.TASK_KIND_REPAIR, request="repair"):
     def summary(self) -> str:
         return f"repair collection {self.collection_id}: {self.request.reason}"
+
+    async def park_unplaced_child(self, child: Task, cause: BaseException | None, error: NoAvailableNode) -> bool:
+        """A repair's load or watch whose node was lost, cut off or full, with no other place for it now: its unit
+        is parked (DESIGN rule 9) and the repair's other units go on. Failing the repair instead rolled back
+        what the others had moved and held the collection until a later pass (the restart drill: a node lost
+        just after a takeover left its replica with no online node, and the whole repair FAILED)."""
+        return await park_lost_child(self, child, cause, error)
 
     async def execute(self) -> None:
         env, cid, req = self.env, self.collection_id, self.request

@@ -157,6 +157,25 @@ def _lost_or_full(env: TaskEnv, child: Task, cause: BaseException | None) -> boo
     return isinstance(cause, NodeError) and (cause.transport or cause.code == common_pb2.NO_AVAILABLE_NODE)
 
 
+async def park_lost_child(trigger: TriggerTask, child: Task, cause: BaseException | None,
+                          error: NoAvailableNode) -> bool:
+    """Park the unit of ``trigger``'s load or watch ``child`` that failed for want of its node or of room there
+    (``_lost_or_full``) and that ``error`` says cannot be placed anywhere else now; True when parked. What this
+    does not park (a node that answered and refused, a child of another kind) fails the trigger as before."""
+    replica = getattr(child.request, "replica_id", 0)
+    if not replica or not _lost_or_full(trigger.env, child, cause):
+        return False
+    if isinstance(child, LoadSegmentsTask):
+        segments, channels = list(load_items(await child.filled_request())), []
+    elif isinstance(child, WatchDmChannelsTask):
+        segments, channels = [], [i.channel_name for i in child.request.infos]
+    else:
+        return False
+    park_unplaced(trigger.env, trigger.collection_id, replica, segments, channels, by=trigger.describe(),
+                  error=error)
+    return True
+
+
 class _Touched:
     """How many segments a trigger loaded or released; shared with its ``finished`` callback instead of the trigger
     itself, which must not be kept alive (or put in a cycle) by its own future."""
@@ -320,17 +339,7 @@ class _LoadTrigger(TriggerTask):
         caller was told it succeeded. The checker places the unit when a node joins or memory frees; until then
         the collection shows what its nodes hold. A node that answers and refuses (anything but "no room") still
         fails the load, as before: the work fails there, not for want of a place."""
-        replica = getattr(child.request, "replica_id", 0)
-        if not replica or not _lost_or_full(self.env, child, cause):
-            return False
-        if isinstance(child, LoadSegmentsTask):
-            segments, channels = list(load_items(await child.filled_request())), []
-        elif isinstance(child, WatchDmChannelsTask):
-            segments, channels = [], [i.channel_name for i in child.request.infos]
-        else:
-            return False
-        park_unplaced(self.env, self.collection_id, replica, segments, channels, by=self.describe(), error=error)
-        return True
+        return await park_lost_child(self, child, cause, error)
 
     def _undone(self) -> list[int]:
         """The partitions a failure undoes: every one this trigger added; but a load answered SUCCESS that a

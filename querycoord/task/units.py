@@ -39,8 +39,9 @@ def usage_of(env: TaskEnv) -> Usage:
 
 
 def spares_of(env: TaskEnv, collection_id: int) -> list[int]:
-    """Online nodes serving no replica of the collection, emptiest first; a cordoned node is no spare."""
-    taken = env.meta.replica_node_ids(collection_id) | env.nodes.cordoned.keys()
+    """Online nodes serving no replica of the collection, emptiest first; an ineligible node (cordoned, or not
+    heard since the takeover) is no spare."""
+    taken = env.meta.replica_node_ids(collection_id) | env.nodes.ineligible_ids()
     spares = [n.node_id for n in env.nodes.online() if n.node_id not in taken]
     return sorted(spares, key=lambda n: (env.meta.node_memory_usage(n), n))
 
@@ -81,7 +82,7 @@ def candidates(env: TaskEnv, collection_id: int, replica_id: int, *, exclude: Se
                include: Sequence[int] = (), with_spares: bool = False, planned: Sequence[int] = (),
                spares: Sequence[int] | None = None) -> list[int]:
     """Online nodes that may take the replica's work: its own (and ``planned`` spares it is about to get), with
-    ``with_spares`` every spare too (or only ``spares`` when given); minus ``exclude`` and the cordoned nodes,
+    ``with_spares`` every spare too (or only ``spares`` when given); minus ``exclude`` and the ineligible nodes,
     within ``include`` when given."""
     members = set(env.meta.replica_nodes(collection_id, replica_id)) | set(planned)
     if with_spares:
@@ -103,7 +104,8 @@ def usable_spares(env: TaskEnv, collection_id: int, *, exclude: Sequence[int] = 
 def place(env: TaskEnv, sizes: Sequence[tuple[int, int]], channels: Sequence[str], allowed: Sequence[int],
           usage: Usage, *, exclude: Sequence[int] = ()) -> Placement:
     """Segments (memory-aware) and channels on ``allowed`` nodes (all but ``exclude`` when empty); ``usage`` is
-    updated with what was placed; a cordoned node takes nothing. ``NoAvailableNode`` when something does not fit."""
+    updated with what was placed; an ineligible node (cordoned, unheard) takes nothing. ``NoAvailableNode`` when
+    something does not fit."""
     return run_steps(place_steps(env, sizes, channels, allowed, usage, exclude=exclude))
 
 
@@ -117,8 +119,8 @@ def place_steps(env: TaskEnv, sizes: Sequence[tuple[int, int]], channels: Sequen
                 usage: Usage, *, exclude: Sequence[int] = ()) -> Steps[Placement]:
     """``place`` cut in steps (``allocator.allocation_steps``)."""
     nodes = list(env.nodes.nodes.values())
-    if env.nodes.cordoned:
-        exclude = [*exclude, *sorted(env.nodes.cordoned)]
+    if ineligible := env.nodes.ineligible_ids():
+        exclude = [*exclude, *sorted(ineligible)]
     segments = (yield from allocation_steps(sizes, nodes, usage, exclude=exclude, include=allowed,
                                             memory_limit=env.config.memory_limit)) if sizes else {}
     return {
