@@ -71,6 +71,9 @@ def add_scale_options(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     g.add_argument("--poll", type=float, default=0.05, help="GetTask poll interval (default 0.05)")
     g.add_argument("--timeout", type=float, default=3600.0, help="give up on any wait after this (default 3600)")
     g.add_argument("--quota-gb", type=int, default=8, help="embedded etcd's backend quota (default 8)")
+    g.add_argument("--coord-logs", metavar="DIR",
+                   help="keep the coordinators' logs, at INFO, in DIR/s<segments>/ (default: at WARNING, in a "
+                        "temporary directory removed at the end): a timeline of a move or a takeover")
     return g
 
 
@@ -86,6 +89,8 @@ def check_scale_options(p: argparse.ArgumentParser, args: argparse.Namespace) ->
         p.error("--ttl must be >= 2")
     if min(args.poll, args.timeout, args.checker_interval) <= 0:
         p.error("--poll, --timeout and --checker-interval must be > 0")
+    if args.coord_logs:
+        args.coord_logs = Path(args.coord_logs).resolve()
 
 
 async def on_fresh_etcd(args: argparse.Namespace, segments: int, work: Path,
@@ -330,9 +335,10 @@ class ScaleCluster:
         flags)."""
         root = f"bench/{uuid.uuid4().hex[:8]}"
         client = await connect(config)
-        (work / f"s{segments}").mkdir(parents=True, exist_ok=True)
-        harness = Harness(config.endpoints, root, work / f"s{segments}", ttl=args.ttl, log_level="WARNING",
-                          start_timeout=120)
+        logs = (args.coord_logs or work) / f"s{segments}"
+        logs.mkdir(parents=True, exist_ok=True)
+        level = "INFO" if args.coord_logs else "WARNING"
+        harness = Harness(config.endpoints, root, logs, ttl=args.ttl, log_level=level, start_timeout=120)
         self = cls(args, segments, client, MetaKV(client, root), harness, work)
         self.gate.set()
         try:

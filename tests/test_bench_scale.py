@@ -48,8 +48,9 @@ def test_bench_scale_ops_quick_run(project_root: Path, subprocess_env: dict[str,
 
 def test_bench_scale_quick_run(project_root: Path, subprocess_env: dict[str, str], tmp_path: Path) -> None:
     profiles = tmp_path / "prof"
+    logs = tmp_path / "logs"
     proc = run_bench(project_root, subprocess_env, "bench_scale.py", "--sizes", "1500", "--queued", "40", "--ttl",
-                     "3", "--profile-standby", str(profiles), timeout=600)
+                     "3", "--profile-standby", str(profiles), "--coord-logs", str(logs), timeout=600)
     _lines, result = report(proc, "== 1,500 segments")
     assert result["segments"] == [1500]
     assert result["queued"] == [40]
@@ -57,6 +58,9 @@ def test_bench_scale_quick_run(project_root: Path, subprocess_env: dict[str, str
     # The standby's profile covers its takeover; the new leader's steps are in the table.
     assert (profiles / "takeover-1500.prof").is_file() and "standby profile" in proc.stderr
     assert "the new leader's steps" in proc.stdout and "streams" in proc.stdout
+    # ``--coord-logs`` kept the coordinators' logs at INFO: the takeover's timeline is there.
+    kept = "".join(f.read_text() for f in (logs / "s1500").glob("*.log"))
+    assert " INFO " in kept and "leads with fence" in kept, sorted(p.name for p in (logs / "s1500").iterdir())
     for key in ("load_s", "takeover_over_ttl_s", "lease_s", "etcd_bytes_per_segment", "rss_kib_per_segment"):
         assert isinstance(result[key][0], float) and result[key][0] > 0, (key, result[key])
     assert_etcd_cleaned_up(proc.stderr)
