@@ -61,6 +61,7 @@ from querycoord.querymeta.mirror import MetaMirror
 from querycoord.served.persist import persist_lowered
 from querycoord.served.snapshot import ServedSnapshot
 from querycoord.served.state import ServedView
+from querycoord.served.warm import keep_counts_warm
 from querycoord.settings.config import CoordConfig
 from querycoord.stream.loops import follow_stream_nodes, tick_streams
 from querycoord.stream.manager import StreamManager
@@ -220,10 +221,15 @@ class Coordinator:
                     self.mirror = MetaMirror(self.kv)
                     self.mirror.start()
                 standby = asyncio.create_task(self._say_standby(), name="standby-line")
+                # The copies of each partition counted by place while waiting, for the takeover's first counts.
+                warm = asyncio.create_task(keep_counts_warm(self.kv, self.mirror, self.targets),
+                                           name="warm-counts") if self.mirror and self.targets else None
                 try:
                     fence = await self._campaign(election)
                 finally:
                     standby.cancel()
+                    if warm is not None:
+                        warm.cancel()
                 await self._become_leader(fence)
                 lost = asyncio.create_task(self.session.lost.wait())
                 deposed = asyncio.create_task(self._lost.wait())
@@ -538,7 +544,9 @@ class Coordinator:
         repair per collection of what they held (``Checker.repair_lost_nodes``). What online nodes serve is the
         same before each forget (the gone nodes are offline throughout), so it is counted once for all of them
         (``ServedSnapshot``), not once per node: the persisted percentages are lowered from it, and each forget's
-        question whether its node's re-replication may wait reads it (a computation over every segment each)."""
+        question whether its node's re-replication may wait reads it. The pass over every segment that count
+        starts from was made by this coordinator while it stood by (``served.warm``), unless the segment records
+        or the target changed since: what is left is a pass over the places."""
         gone = sorted(meta.bound_node_ids() - nodes.online_ids())
         if not gone:
             return
