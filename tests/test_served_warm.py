@@ -18,6 +18,7 @@ from querycoord.querymeta.mirror import MetaMirror
 from querycoord.served.state import PLACED, ServedView, collection_served
 from querycoord.served.warm import count_quiet
 from tests.catalog_helpers import followed_catalog
+from tests.cluster import QueryCluster, wait_until
 from tests.leader import leader_fence
 from tests.test_served import FixedNodes
 from tests.test_served_snapshot import NODES, random_collection
@@ -106,3 +107,38 @@ async def test_a_standby_counts_while_it_follows_for_the_leader_it_becomes(kv: M
         served = ServedView(meta, FixedNodes({1, 2}), targets).collection(cid)
         assert served is not None and served.target_from_catalog and served.unserved_segments > 1
         assert served == await fresh_count(kv, cid, {1, 2}, targets)
+
+
+async def test_a_standby_coordinator_hands_its_counts_to_its_takeover(etcd: object, root_path: str) -> None:
+    """Two coordinators: the standby counts the loaded collection while it follows; when the leader stops, the new
+    leader's query meta comes with those counts (nothing changed a segment record meanwhile)."""
+    async with QueryCluster(etcd, root_path) as c:  # type: ignore[arg-type]
+        first = await c.start_coordinator()
+        await c.wait_leader()
+        for _ in range(2):
+            await c.add_node()
+        cid = await c.create_collection("warm", partitions=2, segments=40)
+        await c.load_collection(cid)
+        second = await c.start_coordinator()
+        await c.wait_idle()
+        standby = second.coord
+
+        def counted() -> bool:
+            mirror, targets = standby.mirror, standby.targets
+            index = mirror.index if mirror is not None else None
+            if index is None or targets is None or cid not in index.collections:
+                return False
+            mark = targets.change_mark(cid)
+            return all(index.has_segment_view(PLACED, cid, p.partition_id, mark)
+                       for p in index.collections[cid].partitions)
+
+        await wait_until(counted, "the standby counted the collection")
+        await first.stop()
+        c.coords.remove(first)
+        assert await c.wait_leader() is second
+        lead = standby.leadership
+        assert lead is not None and standby.targets is not None
+        mark = standby.targets.change_mark(cid)
+        assert all(lead.meta.has_segment_view(PLACED, cid, pid, mark) for pid in lead.meta.partition_ids(cid))
+        online = lead.nodes.serving_ids()
+        assert lead.served.collection(cid) == await fresh_count(lead.meta.kv, cid, online, standby.targets)
