@@ -483,13 +483,22 @@ class Coordinator:
         # and leaves a collection a resumed trigger owns to it. The first pass then finds those collections owned by
         # the repairs: no comparison of every segment to find what the gone nodes held. Before dispatching starts:
         # nothing runs while a gone node is still a member of its replicas.
-        checker.repair_at_forget = True
-        await self._forget_gone(meta, nodes, served, forget_gone, checker)
-        step = self._step_done("gone", step)
         # Streams: only definitions are persisted; the manager rebuilds its task maps (WATCH when streams exist).
+        # Its reads go while the gone nodes are forgotten (nothing shared with them): not one after the other.
         stream_store = StreamStore(fenced)
         streams = StreamManager(stream_store, leader_revision=fence.revision, config=self.config.stream)
-        await streams.start()
+        streams_read = asyncio.create_task(streams.start(), name="streams-start")
+        try:
+            checker.repair_at_forget = True
+            await self._forget_gone(meta, nodes, served, forget_gone, checker)
+        except BaseException:
+            streams_read.cancel()
+            await asyncio.wait({streams_read})
+            if not streams_read.cancelled():
+                streams_read.exception()  # retrieved: the forget's error is the one raised
+            raise
+        step = self._step_done("gone", step)
+        await streams_read
         self._step_done("streams", step)
         tasks: list[asyncio.Task[None]] = []
 
