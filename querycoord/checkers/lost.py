@@ -18,11 +18,12 @@ re-reads meta, so a copy loaded meanwhile is not loaded twice.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from proto import data_pb2, task_pb2
 from querycoord.catalog.targets import CatalogTargets
+from querycoord.common.target import TargetSegment
 from querycoord.querymeta import QueryMeta
 from querycoord.querymeta.copies import copies
 
@@ -137,21 +138,34 @@ def lost_repairs(meta: QueryMeta, targets: CatalogTargets | None, node_ids: Iter
             segments = targets.partition_segments(cid, pid) if meta.has_partition(cid, pid) else None
             if segments is None:
                 continue
-            get = segments.get
-            found = [(sid, seg) for sid in ids if (seg := get(sid)) is not None]
-            if not found:
-                continue
-            add = requests.setdefault(cid, task_pb2.RepairRequest()).missing_segments.add
-            for i, (sid, seg) in enumerate(found):
-                if budget and size.get(cid, 0) >= budget:
-                    _count_later(out, cid, pid, [s for s, _ in found[i:]])
-                    break
-                # ``add`` builds each entry in place (``append`` would copy one built aside)
-                info = add(segment_id=sid, collection_id=cid, partition_id=pid, node_id=node_id, replica_id=replica,
-                           mem_size=seg.mem_size)
-                if budget:
-                    size[cid] = size.get(cid, 0) + _FIELD_OVERHEAD + info.ByteSize()
+            _add_copies(out, size, (cid, pid, node_id, replica), ids, segments, budget)
     return out
+
+
+def _add_copies(out: LostRepairs, size: dict[int, int], where: tuple[int, int, int, int], ids: list[int],
+                segments: Mapping[int, TargetSegment], budget: int) -> None:
+    """Add the copies ``ids`` of one place (``where``: collection, partition, lost node, replica) that the target
+    ``segments`` holds to the collection's request while its encoded size (``size``) is under ``budget``; the rest are
+    counted as later (``_count_later``). One pass over the ids, no (id, segment) pair built per copy: a place holds
+    a node's copies of a partition (a hundred thousand at a million segments), and those pairs kept the cyclic GC
+    busy."""
+    cid, pid, node_id, replica = where
+    get = segments.get
+    add = None  # the collection's request's, once a copy of this place is in the target
+    for i, sid in enumerate(ids):
+        seg = get(sid)
+        if seg is None:
+            continue
+        if add is None:
+            add = out.requests.setdefault(cid, task_pb2.RepairRequest()).missing_segments.add
+        elif budget and size.get(cid, 0) >= budget:
+            _count_later(out, cid, pid, [s for s in ids[i:] if s in segments])
+            return
+        # ``add`` builds each entry in place (``append`` would copy one built aside)
+        info = add(segment_id=sid, collection_id=cid, partition_id=pid, node_id=node_id, replica_id=replica,
+                   mem_size=seg.mem_size)
+        if budget:
+            size[cid] = size.get(cid, 0) + _FIELD_OVERHEAD + info.ByteSize()
 
 
 def _count_later(out: LostRepairs, cid: int, pid: int, ids: list[int]) -> None:

@@ -61,6 +61,7 @@ from querycoord.querymeta.mirror import MetaMirror
 from querycoord.served.persist import persist_lowered
 from querycoord.served.snapshot import ServedSnapshot
 from querycoord.served.state import ServedView
+from querycoord.served.warm import keep_counts_warm
 from querycoord.settings.config import CoordConfig
 from querycoord.stream.loops import follow_stream_nodes, tick_streams
 from querycoord.stream.manager import StreamManager
@@ -220,10 +221,15 @@ class Coordinator:
                     self.mirror = MetaMirror(self.kv)
                     self.mirror.start()
                 standby = asyncio.create_task(self._say_standby(), name="standby-line")
+                # The copies of each partition counted by place while waiting, for the takeover's first counts.
+                warm = asyncio.create_task(keep_counts_warm(self.kv, self.mirror, self.targets),
+                                           name="warm-counts") if self.mirror and self.targets else None
                 try:
                     fence = await self._campaign(election)
                 finally:
                     standby.cancel()
+                    if warm is not None:
+                        warm.cancel()
                 await self._become_leader(fence)
                 lost = asyncio.create_task(self.session.lost.wait())
                 deposed = asyncio.create_task(self._lost.wait())
@@ -477,13 +483,22 @@ class Coordinator:
         # and leaves a collection a resumed trigger owns to it. The first pass then finds those collections owned by
         # the repairs: no comparison of every segment to find what the gone nodes held. Before dispatching starts:
         # nothing runs while a gone node is still a member of its replicas.
-        checker.repair_at_forget = True
-        await self._forget_gone(meta, nodes, served, forget_gone, checker)
-        step = self._step_done("gone", step)
         # Streams: only definitions are persisted; the manager rebuilds its task maps (WATCH when streams exist).
+        # Its reads go while the gone nodes are forgotten (nothing shared with them): not one after the other.
         stream_store = StreamStore(fenced)
         streams = StreamManager(stream_store, leader_revision=fence.revision, config=self.config.stream)
-        await streams.start()
+        streams_read = asyncio.create_task(streams.start(), name="streams-start")
+        try:
+            checker.repair_at_forget = True
+            await self._forget_gone(meta, nodes, served, forget_gone, checker)
+        except BaseException:
+            streams_read.cancel()
+            await asyncio.wait({streams_read})
+            if not streams_read.cancelled():
+                streams_read.exception()  # retrieved: the forget's error is the one raised
+            raise
+        step = self._step_done("gone", step)
+        await streams_read
         self._step_done("streams", step)
         tasks: list[asyncio.Task[None]] = []
 
@@ -538,7 +553,9 @@ class Coordinator:
         repair per collection of what they held (``Checker.repair_lost_nodes``). What online nodes serve is the
         same before each forget (the gone nodes are offline throughout), so it is counted once for all of them
         (``ServedSnapshot``), not once per node: the persisted percentages are lowered from it, and each forget's
-        question whether its node's re-replication may wait reads it (a computation over every segment each)."""
+        question whether its node's re-replication may wait reads it. The pass over every segment that count
+        starts from was made by this coordinator while it stood by (``served.warm``), unless the segment records
+        or the target changed since: what is left is a pass over the places."""
         gone = sorted(meta.bound_node_ids() - nodes.online_ids())
         if not gone:
             return

@@ -15,7 +15,7 @@ Node id 0 means "on no node" and is not indexed by node.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from proto import data_pb2
@@ -149,6 +149,11 @@ class MetaIndex:
         # of a collection (GetReplicas' ``replicas.Replicas.replicas_of``) is derived once per change, not per
         # call. Owned by the managers' readers, dropped with the index.
         self.views: dict[tuple[str, int], tuple[int, Any]] = {}
+        # collection -> a counter bumped only by changes to its segment records (each also bumps ``changes``), and
+        # views derived from those records alone (``segment_view``): a node's forget, which rewrites its replicas
+        # and DM channel watches but no segment record (``remove_node(keep_segments=True)``), keeps them.
+        self.segment_changes: dict[int, int] = {}
+        self.segment_views: dict[tuple[str, int, Hashable], tuple[tuple[int, Hashable], Any]] = {}
 
     def view(self, name: str, collection_id: int, derive: Callable[[], Any]) -> Any:
         """``derive()``, or what it returned while the collection's records were as they are now."""
@@ -160,8 +165,32 @@ class MetaIndex:
         self.views[(name, collection_id)] = (mark, value)
         return value
 
+    def segment_view(self, name: str, collection_id: int, part: Hashable, key: Hashable,
+                     derive: Callable[[], Any]) -> Any:
+        """``derive()``, or what it returned for ``key`` while the collection's segment records were as they are
+        now: for views of the segment records alone (and of what ``key`` names: a target's change mark), which
+        outlive a change to the collection's other records. One view is kept per ``part`` (a partition): a new
+        ``key`` replaces it. Read-only to the caller: it is shared."""
+        mark = (self.segment_changes.get(collection_id, 0), key)
+        cached = self.segment_views.get((name, collection_id, part))
+        if cached is not None and cached[0] == mark:
+            return cached[1]
+        value = derive()
+        self.segment_views[(name, collection_id, part)] = (mark, value)
+        return value
+
+    def has_segment_view(self, name: str, collection_id: int, part: Hashable, key: Hashable) -> bool:
+        """Whether ``segment_view`` would answer without deriving."""
+        cached = self.segment_views.get((name, collection_id, part))
+        return cached is not None and cached[0] == (self.segment_changes.get(collection_id, 0), key)
+
     def changed(self, collection_id: int) -> None:
         self.changes[collection_id] = self.changes.get(collection_id, 0) + 1
+
+    def segments_changed(self, collection_id: int) -> None:
+        """A segment record of the collection changed (``changed`` too)."""
+        self.changes[collection_id] = self.changes.get(collection_id, 0) + 1
+        self.segment_changes[collection_id] = self.segment_changes.get(collection_id, 0) + 1
 
     # ----- collections ------------------------------------------------------
     def put_collection(self, info: CollectionLoadInfo) -> None:
@@ -173,6 +202,8 @@ class MetaIndex:
         self.changed(collection_id)
         for key in [k for k in self.views if k[1] == collection_id]:
             del self.views[key]
+        for skey in [k for k in self.segment_views if k[1] == collection_id]:
+            del self.segment_views[skey]
 
     def drop_everything_of(self, collection_id: int) -> None:
         """The memory side of ``release_collection``'s txn: record and all three range deletes."""
@@ -192,7 +223,7 @@ class MetaIndex:
         sid = seg.segment_id
         self.drop_segment(sid)
         cid, pid, flat = self.segments.put(seg, raw)
-        self.changed(cid)
+        self.segments_changed(cid)
         self.segments_by_partition.setdefault(cid, {}).setdefault(pid, set()).add(sid)
         mem = seg.mem_size
         for node in flat[1::2]:
@@ -214,7 +245,7 @@ class MetaIndex:
         for sid, cid, pid, _replica, node, mem, _raw in chunk:
             if last is None or last[0] != cid or last[1] != pid or last[2] != node:
                 if last is None or last[0] != cid:
-                    self.changed(cid)
+                    self.segments_changed(cid)
                 last = (cid, pid, node)
                 in_partition = by_partition.setdefault(cid, {}).setdefault(pid, set())
                 on_node = by_node.setdefault(node, set())
@@ -227,7 +258,7 @@ class MetaIndex:
         if popped is None:
             return
         _place, seg = popped
-        self.changed(seg.collection_id)
+        self.segments_changed(seg.collection_id)
         parts = self.segments_by_partition.get(seg.collection_id)
         if parts is not None:
             sids = parts.get(seg.partition_id)

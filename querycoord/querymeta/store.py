@@ -20,7 +20,8 @@ Getters return copies: the caller may modify them freely.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence, Set
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence, Set
+from typing import Any
 
 from meta.kv import DEFAULT_PAGE_SIZE, MetaKV
 from proto import data_pb2
@@ -104,6 +105,16 @@ class QueryMeta:
         """A value that changes whenever the collection's records change (a reload included): what a reader that
         derives something costly from them (``querycoord.served``) keys its cache by."""
         return self._core.generation, self._core.index.changes.get(collection_id, 0)
+
+    def segment_view(self, name: str, collection_id: int, part: Hashable, key: Hashable,
+                     derive: Callable[[], Any]) -> Any:
+        """``derive()``, or what it returned for ``key`` while the collection's segment records were as now
+        (``MetaIndex.segment_view``: kept with the index, so a warm standby's copy hands its views to the leader
+        that adopts it). Read-only to the caller."""
+        return self._core.index.segment_view(name, collection_id, part, key, derive)
+
+    def has_segment_view(self, name: str, collection_id: int, part: Hashable, key: Hashable) -> bool:
+        return self._core.index.has_segment_view(name, collection_id, part, key)
 
     def records(self) -> dict[str, Record]:
         """Every record in memory under its etcd key (copies): exactly what etcd must hold."""

@@ -35,6 +35,9 @@ if TYPE_CHECKING:
 
 
 GREEN, YELLOW, RED = "green", "yellow", "red"
+# The name of ``placed``'s counts among the segment records' views (``QueryMeta.segment_view``).
+PLACED = "served.placed"
+Place = tuple[int, int, tuple[int, ...]]
 HEALTH_STATES = (GREEN, YELLOW, RED)
 
 
@@ -149,6 +152,26 @@ class Judge:
                      if r in self.replica_ids and n in self.online and (legacy or n in self.members[r]))
 
 
+def placed(meta: QueryMeta, collection_id: int, partition_id: int,
+           targets: CatalogTargets | None = None) -> tuple[Counter[Place | None], bool]:
+    """How many of the partition's target segments share each place (collection, partition, copies) of their
+    records (None: no record), and whether the target is the catalog copy's (else meta's records stand in).
+
+    Counted by shared place, in C (see module docstring): ids of one place share one tuple object. The count
+    depends on the segment records and the target only, not on which nodes are online nor on the replicas' members:
+    it is kept with the segment records (``QueryMeta.segment_view``) under the target's change mark, so a node
+    coming or going, or a forget (which rewrites no segment record), costs a pass over the places, not over every
+    segment; and a warm standby counts while it follows (``served.warm``), for the leader it becomes."""
+    ids: Set[int] | None = targets.partition_segment_ids(collection_id, partition_id) if targets else None
+    if ids is None:
+        return meta.segment_view(PLACED, collection_id, partition_id, None,
+                                 lambda: Counter(map(meta.segment_places().get,
+                                                     meta.partition_segment_ids(collection_id, partition_id)))), False
+    assert targets is not None
+    return meta.segment_view(PLACED, collection_id, partition_id, targets.change_mark(collection_id),
+                             lambda: Counter(map(meta.segment_places().get, ids))), True
+
+
 def collection_served(meta: QueryMeta, collection_id: int, online: Set[int],
                       targets: CatalogTargets | None = None) -> CollectionServed | None:
     """What online nodes serve of the collection now (see module docstring); None when it is not loaded."""
@@ -159,7 +182,6 @@ def collection_served(meta: QueryMeta, collection_id: int, online: Set[int],
     members, replica_ids, good = judge.members, judge.replica_ids, judge.good
     joining = frozenset(joining_replica_ids(info))
     counted = [r for r in replica_ids if r not in joining]
-    places = meta.segment_places()
     from_catalog = targets is not None
     partitions: dict[int, tuple[int, int]] = {}
     held_by: Counter[int] = Counter()
@@ -167,12 +189,8 @@ def collection_served(meta: QueryMeta, collection_id: int, online: Set[int],
     verdicts: dict[tuple[int, ...], tuple[int, ...]] = {}
     for p in info.partitions:
         pid = p.partition_id
-        ids: Iterable[int] | None = targets.partition_segment_ids(collection_id, pid) if targets else None
-        if ids is None:
-            from_catalog = False
-            ids = meta.partition_segment_ids(collection_id, pid)
-        # Counted by shared place, in C (see module docstring): ids of one place share one tuple object.
-        by_place = Counter(map(places.get, ids))
+        by_place, catalog = placed(meta, collection_id, pid, targets)
+        from_catalog = from_catalog and catalog
         count = sum(by_place.values())
         held = 0
         for place, k in by_place.items():
