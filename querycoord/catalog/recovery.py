@@ -6,14 +6,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from operator import itemgetter
 
+from meta.get_many import get_many
 from proto import catalog_pb2, data_pb2
 from querycoord.catalog.access import CatalogAccess
 from querycoord.catalog.binlogs import add_flushed, parse_binlogs
 from querycoord.catalog.errors import InvalidArgument
 from querycoord.catalog.keys import parse_segment_key, segment_key, segment_prefix
 
-# Above this many ids a filtered lookup reads the partition's prefix instead of key by key.
+# Above this many ids a filtered lookup reads by txns of gets (``meta.get_many``), or the partition's whole prefix
+# when the ids are at least 1 / ``_PREFIX_SHARE`` of its segments (a range then reads few records not wanted).
 _MAX_POINT_READS = 1024
+_PREFIX_SHARE = 3
 _VALUE = itemgetter(1)
 
 
@@ -53,9 +56,13 @@ async def read_recovery_page(access: CatalogAccess, collection_id: int, partitio
         if len(ids) <= _MAX_POINT_READS:
             found = await access.read_many([segment_key(collection_id, partition_id, i) for i in ids])
             pairs = sorted((k, v) for k, (v, _) in found.items())
-        else:
+        elif len(ids) * _PREFIX_SHARE >= await access.kv.count_prefix(prefix):
             wanted = {segment_key(collection_id, partition_id, i) for i in ids}
             pairs = [(k, v) for k, v in (await access.kv.load_prefix(prefix)).items() if k in wanted]
+        else:  # a lost node's eighth of a large partition: the prefix read parsed eight records for each wanted
+            got = await get_many(access.kv, [segment_key(collection_id, partition_id, i) for i in ids],
+                                 operation=f"recovery records of partition {partition_id}")
+            pairs = sorted((k, kv.value) for k, kv in got.items())
     elif page_size:
         pairs, more = await access.range_page(prefix + f"{after_segment_id + 1:019d}", prefix, page_size)
         if more and pairs:
