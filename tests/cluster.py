@@ -113,6 +113,19 @@ class QueryCluster:
             self.client.addresses.append(c.address)
         return c
 
+    async def leader_and_standby(self, name: str) -> tuple[CoordinatorProcess, CoordinatorProcess, int]:
+        """A leader over two nodes with collection ``name`` loaded (2 partitions, 40 segments), then a second
+        coordinator that stands by, the cluster idle: (leader, standby, collection id)."""
+        first = await self.start_coordinator()
+        await self.wait_leader()
+        for _ in range(2):
+            await self.add_node()
+        cid = await self.create_collection(name, partitions=2, segments=40)
+        await self.load_collection(cid)
+        second = await self.start_coordinator()
+        await self.wait_idle()
+        return first, second, cid
+
     async def wait_leader(self, timeout: float = 30.0) -> CoordinatorProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -113,14 +113,7 @@ async def test_a_standby_coordinator_hands_its_counts_to_its_takeover(etcd: obje
     """Two coordinators: the standby counts the loaded collection while it follows; when the leader stops, the new
     leader's query meta comes with those counts (nothing changed a segment record meanwhile)."""
     async with QueryCluster(etcd, root_path) as c:  # type: ignore[arg-type]
-        first = await c.start_coordinator()
-        await c.wait_leader()
-        for _ in range(2):
-            await c.add_node()
-        cid = await c.create_collection("warm", partitions=2, segments=40)
-        await c.load_collection(cid)
-        second = await c.start_coordinator()
-        await c.wait_idle()
+        first, second, cid = await c.leader_and_standby("warm")
         standby = second.coord
 
         def counted() -> bool:

@@ -93,14 +93,7 @@ async def test_a_standby_takes_over_from_its_copy(etcd: object, root_path: str, 
     comes from its copy (no reload) and equals what etcd holds. ``--warm-standby 0``: the same, by a reload."""
     async with QueryCluster(etcd, root_path) as c:  # type: ignore[arg-type]
         c.config.warm_standby = warm
-        first = await c.start_coordinator()
-        await c.wait_leader()
-        for _ in range(2):
-            await c.add_node()
-        cid = await c.create_collection("warm", partitions=2, segments=40)
-        await c.load_collection(cid)
-        second = await c.start_coordinator()
-        await c.wait_idle()
+        first, second, cid = await c.leader_and_standby("warm")
         await first.stop()
         c.coords.remove(first)
         leader = await c.wait_leader()
