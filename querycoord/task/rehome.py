@@ -126,7 +126,8 @@ class RehomeNodeTask(TriggerTask, kind=qc.TASK_KIND_REHOME_NODE, request="rehome
         if m.to_replica_id and m.to_replica_id not in env.meta.replica_ids(cid):
             raise TaskError(f"collection {cid} has no replica {m.to_replica_id} any more", common_pb2.CONFLICT)
         if m.node_id not in env.nodes.eligible_ids():
-            raise TaskError(f"node {m.node_id} is offline or cordoned: it is not moved", common_pb2.CONFLICT)
+            raise TaskError(f"node {m.node_id} is offline, cordoned or not heard by this coordinator yet: it is not "
+                            "moved", common_pb2.CONFLICT)
         self.children = await plan_moves(env, self, cid, [m])
 
     async def post_execute(self) -> None:
