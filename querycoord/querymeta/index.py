@@ -189,7 +189,7 @@ class MetaIndex:
 
     def segments_changed(self, collection_id: int) -> None:
         """A segment record of the collection changed (``changed`` too)."""
-        self.changes[collection_id] = self.changes.get(collection_id, 0) + 1
+        self.changed(collection_id)
         self.segment_changes[collection_id] = self.segment_changes.get(collection_id, 0) + 1
 
     # ----- collections ------------------------------------------------------
