@@ -200,7 +200,7 @@ async def one_size(config: EtcdConfig, args: argparse.Namespace, segments: int, 
         flags = (*cl.common_flags(), "--checker-interval", str(STANDBY_CHECKER_INTERVAL))
         if args.profile_standby:  # profiled from the kill until reconciled (SIGUSR1, SIGUSR2: profiled_coord.py)
             raw = args.profile_standby / f"raw-{segments}"
-            argv = coord_argv(config.endpoints, kv.root, "127.0.0.1:0", args.ttl, *flags, log_level="WARNING")
+            argv = coord_argv(config.endpoints, kv.root, "127.0.0.1:0", args.ttl, *flags, log_level=harness.log_level)
             c1 = await harness.start(COORDINATOR, 1, [str(SCRIPTS / "profiled_coord.py"),
                                                       str(raw), *argv])
             logger.info("standby under cProfile, profile of its takeover in {}", raw)

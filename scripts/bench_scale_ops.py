@@ -314,12 +314,14 @@ async def one_size(config: EtcdConfig, args: argparse.Namespace, segments: int, 
         if args.max_repair_bytes:
             flags += ("--max-repair-bytes", str(args.max_repair_bytes))
         if args.stalls is not None and prof.raw_dir is None:
-            argv = coord_argv(config.endpoints, c.kv.root, "127.0.0.1:0", args.ttl, *flags, log_level="WARNING")
+            argv = coord_argv(config.endpoints, c.kv.root, "127.0.0.1:0", args.ttl, *flags,
+                              log_level=c.harness.log_level)
             out = args.stalls / f"stalls-c{index}-{segments}.txt"
             return await c.harness.start(COORDINATOR, index, [str(SCRIPTS / "stall_sampler.py"), str(out), *argv])
         if prof.raw_dir is None:
             return await c.harness.start_coordinator(index, "127.0.0.1:0", *flags)
-        argv = coord_argv(config.endpoints, c.kv.root, "127.0.0.1:0", args.ttl, *flags, log_level="WARNING")
+        argv = coord_argv(config.endpoints, c.kv.root, "127.0.0.1:0", args.ttl, *flags,
+                          log_level=c.harness.log_level)
         return await c.harness.start(COORDINATOR, index, [str(SCRIPTS / "profiled_coord.py"), str(prof.raw_dir),
                                                           *argv])
 

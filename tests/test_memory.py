@@ -180,3 +180,85 @@ def test_trim_returns_pages_without_a_gc_pass(monkeypatch: pytest.MonkeyPatch) -
     assert collections == []
     monkeypatch.setattr(memory, "_malloc_trim", None)
     assert memory.trim() is False
+
+
+class _Holder:
+    def __init__(self) -> None:
+        self.busy = True
+
+    def holding(self) -> bool:
+        return self.busy
+
+
+async def _until(ran: list[int], count: int) -> None:
+    while len(ran) < count:
+        await asyncio.sleep(0.01)
+
+
+async def test_a_release_waits_while_its_holder_is_busy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lost node's repair at 1M goes in parts: a full pass between two parts stalled the next one's loads."""
+    ran: list[int] = []
+    monkeypatch.setattr(memory, "release_freed_memory", lambda: ran.append(1) or True)
+    monkeypatch.setattr(memory, "RELEASE_DELAY", 0.01)
+    holder = _Holder()
+    stop = memory.defer_while(holder.holding)
+    try:
+        memory.release_soon(0.01)
+        await asyncio.sleep(0.2)
+        assert ran == [], "held while its holder is busy"
+        holder.busy = False
+        await asyncio.wait_for(_until(ran, 1), 10)
+        holder.busy = True
+        stop()
+        memory.release_soon(0.01)
+        await asyncio.wait_for(_until(ran, 2), 10)  # a holder that stopped holding holds nothing
+    finally:
+        stop()
+
+
+async def test_a_held_release_runs_after_max_defer_and_a_gone_holder_holds_nothing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    ran: list[int] = []
+    monkeypatch.setattr(memory, "release_freed_memory", lambda: ran.append(1) or True)
+    monkeypatch.setattr(memory, "RELEASE_DELAY", 0.01)
+    monkeypatch.setattr(memory, "MAX_DEFER", 0.1)
+    holder = _Holder()
+    stop = memory.defer_while(holder.holding)
+    try:
+        memory.release_soon(0.01)
+        await asyncio.wait_for(_until(ran, 1), 10)  # busy all along: the memory still comes back
+        monkeypatch.setattr(memory, "MAX_DEFER", 3600.0)
+        del holder
+        memory.release_soon(0.01)
+        await asyncio.wait_for(_until(ran, 2), 10)
+    finally:
+        stop()
+
+
+async def test_the_scheduler_holds_releases_while_a_trigger_runs(
+        cluster: QueryCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    ran: list[int] = []
+    monkeypatch.setattr(memory, "release_freed_memory", lambda: ran.append(1) or True)
+    monkeypatch.setattr(memory, "RELEASE_DELAY", 0.01)
+    lead = (await cluster.wait_leader()).coord.leadership
+    assert lead is not None
+    sched = lead.scheduler
+    gate = asyncio.Event()
+    execute = LoadSegmentsTask.execute
+
+    async def held(self: LoadSegmentsTask) -> None:
+        await gate.wait()
+        await execute(self)
+
+    monkeypatch.setattr(LoadSegmentsTask, "execute", held)
+    cid = await cluster.create_collection("held", partitions=1, segments=4)
+    loading = asyncio.create_task(cluster.load_collection(cid))
+    while not sched.running_any():
+        await asyncio.sleep(0.01)
+    memory.release_soon(0.01)
+    await asyncio.sleep(0.3)
+    assert ran == [], "a release waits while a trigger runs"
+    gate.set()
+    await loading
+    await cluster.wait_idle()
+    await asyncio.wait_for(_until(ran, 1), 10)

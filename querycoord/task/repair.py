@@ -115,9 +115,10 @@ class RepairTask(TriggerTask, kind=qc.TASK_KIND_REPAIR, request="repair"):
         for node, ids in sorted(stale.items()):
             await meta.remove_segment_copies(node, ids)
         replicas = set(meta.replica_ids(cid))
+        loaded = set(meta.partition_ids(cid))  # asked once: a part names tens of thousands of segments
         missing: dict[int, dict[int, list[int]]] = {}
         for s in self.request.missing_segments:
-            if (s.replica_id in replicas and meta.has_partition(cid, s.partition_id)
+            if (s.replica_id in replicas and s.partition_id in loaded
                     and not online(meta.segment_copies(s.segment_id).get(s.replica_id, 0))):
                 missing.setdefault(s.replica_id, {}).setdefault(s.partition_id, []).append(s.segment_id)
         rewatch: dict[int, list[data_pb2.DmChannelWatchInfo]] = {}

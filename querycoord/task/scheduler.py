@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from meta.loops import keep_running
 from proto import common_pb2, task_pb2
 from proto import querycoord_pb2 as qc
+from querycoord.common import memory
 from querycoord.task.executor import TreeRunner
 from querycoord.task.leadership import Lifecycle
 from querycoord.task.model import CANCELLED, DOING, DONE, EXPIRED, FAILED, UNDO, TaskEnv, TaskError
@@ -66,6 +67,7 @@ class Scheduler:
         self.finish_hooks: list[Callable[[TriggerTask], None]] = self.runner.finish_hooks
         self._loop: asyncio.Task[None] | None = None
         self._pruner: asyncio.Task[None] | None = None
+        self._undefer: Callable[[], None] = lambda: None  # ``memory.defer_while`` once started
 
     @property
     def stopped(self) -> bool:
@@ -94,11 +96,16 @@ class Scheduler:
         """Reload persisted trees (returns how many triggers were queued), then start dispatching."""
         n = await self.reload() if reload else 0
         client = self.env.store.kv.client
+        self._undefer = memory.defer_while(self.running_any)  # a memory release waits for the running triggers
         self._loop = asyncio.create_task(keep_running("scheduler", self.runner.dispatch_loop, client=client),
                                          name="scheduler")
         self._pruner = asyncio.create_task(keep_running("task history pruner", self.retention.prune_loop,
                                                         client=client), name="task-history-pruner")
         return n
+
+    def running_any(self) -> bool:
+        """Whether a trigger runs now."""
+        return bool(self.queue.running)
 
     @property
     def dispatching(self) -> bool:
@@ -108,6 +115,7 @@ class Scheduler:
     async def stop(self) -> None:
         """Stop dispatching and cancel running triggers without writing anything more."""
         self.life.stopped = True
+        self._undefer()
         tasks = [*self.queue.running.values(), *(t for t in (self._loop, self._pruner) if t is not None)]
         for t in tasks:
             t.cancel()
