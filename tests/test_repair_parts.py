@@ -10,14 +10,18 @@ and the chain stops there (the task history shows no repair queued pass after pa
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from meta.kv import MetaKV
 from meta.ops.etcd_server import EtcdCluster
 from proto import data_pb2, task_pb2
 from proto import querycoord_pb2 as qc
+from querycoord.common import memory
 from querycoord.nodes.querynode_faults import FaultConfig, FaultInjector
 from querycoord.task.history import TaskHistory
 from querycoord.task.parking import NO_ROOM
@@ -50,13 +54,24 @@ async def repairs(c: QueryCluster) -> list[Any]:
 
 
 async def test_a_lost_nodes_repair_goes_in_parts_each_queued_when_the_last_ends(
-        etcd: EtcdCluster, root_path: str, tmp_path: Path) -> None:
+        etcd: EtcdCluster, root_path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every part asks for a memory release (a full GC pass, 0.3 s at a million segments) soon after it ends: none
+    # may run before the last part has ended (``memory.defer_while``: between two parts as during one).
+    released: list[float] = []
+    ended: list[float] = []
+    release_soon = memory.release_soon
+    monkeypatch.setattr(memory, "LARGE_TASK_SEGMENTS", 1)
+    monkeypatch.setattr(memory, "RELEASE_DELAY", 0.005)
+    monkeypatch.setattr(memory, "release_soon", lambda delay=0.005: release_soon(delay))
+    monkeypatch.setattr(memory, "release_freed_memory", lambda: released.append(time.monotonic()) or True)
     async with QueryCluster(etcd, root_path, scheduler=fast_scheduler(max_repair_bytes=BUDGET)) as c:
         cid, lost_segments, lost_channels = await loaded_with_victim(c, tmp_path, segment_count=90)
         lead = leadership(c)
         await pause_checker(lead)
         runs = lead.checker.runs
         loads = count_loads(c.nodes)
+        lead.scheduler.finish_hooks.append(
+            lambda t: ended.append(time.monotonic()) if t.KIND == qc.TASK_KIND_REPAIR else None)
 
         await kill_victim(c)
         await wait_until(lambda: VICTIM not in lead.meta.bound_node_ids(), "the leader forgot the lost node")
@@ -85,6 +100,9 @@ async def test_a_lost_nodes_repair_goes_in_parts_each_queued_when_the_last_ends(
         assert all("more in a later repair" in t.summary for t in done[:-1]), [t.summary for t in done]
         assert "more in a later repair" not in done[-1].summary
         assert lead.scheduler.env.prefetch.taken > 0, "parts took catalog records read while the part before ran"
+        await wait_until(lambda: any(r > ended[-1] for r in released), "the memory is released once the parts are done")
+        assert len(ended) == len(done)
+        assert not [r for r in released if ended[0] < r < ended[-1]], "no release ran between two parts"
 
 
 async def test_two_nodes_lost_together_are_repaired_by_one_chain_of_parts(

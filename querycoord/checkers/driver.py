@@ -124,6 +124,11 @@ class Checker:
         self._lost_left: dict[int, tuple[frozenset[int], int]] = {}
         self._part_tasks: set[asyncio.Task[None]] = set()
         self.lost_parts = 0  # later parts of lost nodes' repairs queued at a part's end
+        memory.defer_while(self.queuing_next)  # a memory release waits between two parts, as during one
+
+    def queuing_next(self) -> bool:
+        """Whether the next part of a lost nodes' repair or the next drain move is being built and queued."""
+        return bool(self._chaining) or (self._drain_task is not None and not self._drain_task.done())
 
     def kick(self) -> None:
         self._kick.set()

@@ -96,16 +96,16 @@ class Scheduler:
         """Reload persisted trees (returns how many triggers were queued), then start dispatching."""
         n = await self.reload() if reload else 0
         client = self.env.store.kv.client
-        self._undefer = memory.defer_while(self.running_any)  # a memory release waits for the running triggers
+        self._undefer = memory.defer_while(self.has_triggers)  # a memory release waits for the triggers
         self._loop = asyncio.create_task(keep_running("scheduler", self.runner.dispatch_loop, client=client),
                                          name="scheduler")
         self._pruner = asyncio.create_task(keep_running("task history pruner", self.retention.prune_loop,
                                                         client=client), name="task-history-pruner")
         return n
 
-    def running_any(self) -> bool:
-        """Whether a trigger runs now."""
-        return bool(self.queue.running)
+    def has_triggers(self) -> bool:
+        """Whether a trigger is queued or runs now."""
+        return bool(self.triggers)
 
     @property
     def dispatching(self) -> bool:
