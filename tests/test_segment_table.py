@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 from proto import data_pb2
 from querycoord.querymeta.copies import set_copies
 from querycoord.querymeta.index import MetaIndex, SegmentTable
@@ -57,7 +59,7 @@ def test_the_index_keeps_node_memory_and_partitions_from_records_it_does_not_hol
 
 def _indexes(index: MetaIndex) -> tuple[object, ...]:
     return (dict(index.segments.places()), {s: index.segments[s] for s in index.segments},
-            index.segments_by_partition, index.segments_by_node, index.memory_by_node)
+            index.segments_by_partition, index.segments_by_node, index.memory_by_node, index.copies_by_node)
 
 
 def test_put_new_segments_indexes_as_put_segment_does_and_replaces_what_is_there() -> None:
@@ -75,3 +77,45 @@ def test_put_new_segments_indexes_as_put_segment_does_and_replaces_what_is_there
     bulk.put_new_segments(rows, 100, len(rows))
     assert _indexes(bulk) == _indexes(one_by_one)
     assert 9 not in bulk.memory_by_node and 12 not in bulk.segments_by_partition[7]
+
+
+def _counted(index: MetaIndex) -> dict[int, dict[int, int]]:
+    """``copies_by_node`` recomputed from the records."""
+    out: dict[int, dict[int, int]] = {}
+    for sid in index.segments:
+        seg = index.segments[sid]
+        for node in set(seg.node_ids):
+            per = out.setdefault(node, {})
+            per[seg.collection_id] = per.get(seg.collection_id, 0) + 1
+    return out
+
+
+def test_the_copies_counted_by_node_and_collection_follow_every_change() -> None:
+    """``copies_by_node`` answers a lost node's forget and each part of its repair without a walk over its copies:
+    after random puts, moves, bulk inserts and drops over three collections it equals a count from the records."""
+    rng = random.Random(7)
+    index = MetaIndex()
+    for step in range(3000):
+        sid, cid = rng.randrange(400), rng.choice((7, 8, 9))
+        roll = rng.random()
+        if roll < 0.5:
+            nodes = rng.sample(range(1, 6), rng.randint(1, 3))
+            index.put_segment(set_copies(
+                data_pb2.SegmentInfo(segment_id=sid, collection_id=cid, partition_id=10 + sid % 3, mem_size=100,
+                                     state=data_pb2.SEGMENT_STATE_SEALED),
+                {1000 + i: n for i, n in enumerate(nodes)}))
+        elif roll < 0.7:
+            node = rng.randrange(1, 6)
+            rows = [(s, cid, 10, 1000, node, 100, set_copies(
+                data_pb2.SegmentInfo(segment_id=s, collection_id=cid, partition_id=10, mem_size=100,
+                                     state=data_pb2.SEGMENT_STATE_SEALED), {1000: node}).SerializeToString())
+                    for s in range(sid, min(sid + rng.randint(1, 20), 400))]
+            index.put_new_segments(rows, 0, len(rows))
+        else:
+            index.drop_segment(sid)
+        if step % 100 == 0:
+            assert index.copies_by_node == _counted(index)
+    assert index.copies_by_node == _counted(index)
+    for sid in list(index.segments):
+        index.drop_segment(sid)
+    assert index.copies_by_node == {}

@@ -61,15 +61,9 @@ def lost_node_ids(meta: QueryMeta, online: Collection[int]) -> set[int]:
 
 
 def lost_copy_count(meta: QueryMeta, node_ids: Iterable[int], collection_id: int) -> int:
-    """How many copies of ``collection_id`` the records still place on ``node_ids`` (a few dict reads a copy)."""
-    places = meta.segment_places()
-    count = 0
-    for node_id in node_ids:
-        for sid in meta.segment_ids_on_node(node_id):
-            place = places.get(sid)
-            if place is not None and place[0] == collection_id:
-                count += 1
-    return count
+    """How many copies of ``collection_id`` the records still place on ``node_ids`` (kept counted by query meta:
+    asked at the end of each part of a repair, it walked the lost node's every copy)."""
+    return sum(meta.copy_count_on_node(node_id, collection_id) for node_id in node_ids)
 
 
 def unwatched_channels(meta: QueryMeta, targets: CatalogTargets | None,

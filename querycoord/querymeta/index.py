@@ -139,6 +139,10 @@ class MetaIndex:
         self.segments_by_partition: dict[int, dict[int, set[int]]] = {}
         self.segments_by_node: dict[int, set[int]] = {}
         self.memory_by_node: dict[int, int] = {}
+        # node -> collection -> its segments recorded on the node: which collections a node serves, and how many
+        # copies a lost node still holds of one (asked at each forget and each part of its repair), without a
+        # walk over the node's copies (a hundred thousand at a million segments)
+        self.copies_by_node: dict[int, dict[int, int]] = {}
         self.dm_channels: dict[int, dict[str, DmChannelWatchInfo]] = {}
         self.dm_channels_by_node: dict[int, set[tuple[int, str]]] = {}
         self.delta_channels: dict[int, dict[str, VChannelInfo]] = {}
@@ -227,7 +231,11 @@ class MetaIndex:
         self.segments_by_partition.setdefault(cid, {}).setdefault(pid, set()).add(sid)
         mem = seg.mem_size
         for node in flat[1::2]:
-            self.segments_by_node.setdefault(node, set()).add(sid)
+            on_node = self.segments_by_node.setdefault(node, set())
+            if sid not in on_node:
+                on_node.add(sid)
+                counts = self.copies_by_node.setdefault(node, {})
+                counts[cid] = counts.get(cid, 0) + 1
             self.memory_by_node[node] = self.memory_by_node.get(node, 0) + mem
 
     def put_new_segments(self, rows: Sequence[NewSegment], start: int, end: int) -> None:
@@ -242,6 +250,7 @@ class MetaIndex:
         last: tuple[int, int, int] | None = None
         in_partition: set[int] = set()
         on_node: set[int] = set()
+        runs: dict[tuple[int, int], int] = {}  # (node, collection) -> rows
         for sid, cid, pid, _replica, node, mem, _raw in chunk:
             if last is None or last[0] != cid or last[1] != pid or last[2] != node:
                 if last is None or last[0] != cid:
@@ -250,8 +259,13 @@ class MetaIndex:
                 in_partition = by_partition.setdefault(cid, {}).setdefault(pid, set())
                 on_node = by_node.setdefault(node, set())
             in_partition.add(sid)
-            on_node.add(sid)
+            if sid not in on_node:
+                on_node.add(sid)
+                runs[node, cid] = runs.get((node, cid), 0) + 1
             memory[node] = memory.get(node, 0) + mem
+        for (node, cid), n in runs.items():
+            counts = self.copies_by_node.setdefault(node, {})
+            counts[cid] = counts.get(cid, 0) + n
 
     def drop_segment(self, segment_id: int) -> None:
         popped = self.segments.pop(segment_id)
@@ -268,8 +282,10 @@ class MetaIndex:
                     del parts[seg.partition_id]
             if not parts:
                 del self.segments_by_partition[seg.collection_id]
+        cid = seg.collection_id
         for node in copies(seg).values():
             on_node = self.segments_by_node.get(node, set())
+            held = segment_id in on_node
             on_node.discard(segment_id)
             if on_node:
                 self.memory_by_node[node] -= seg.mem_size
@@ -277,6 +293,13 @@ class MetaIndex:
                 # Drop the entries rather than keep zeros: "nodes with segments" stays exact.
                 self.segments_by_node.pop(node, None)
                 self.memory_by_node.pop(node, None)
+            counts = self.copies_by_node.get(node)
+            if held and counts is not None and cid in counts:
+                counts[cid] -= 1
+                if not counts[cid]:
+                    del counts[cid]
+                    if not counts:
+                        del self.copies_by_node[node]
 
     def drop_partition_segments(self, collection_id: int, partition_id: int) -> None:
         for sid in list(self.segments_by_partition.get(collection_id, {}).get(partition_id, ())):

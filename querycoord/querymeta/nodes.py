@@ -49,8 +49,7 @@ class Nodes:
 
         def cids() -> set[int]:
             index = core.index
-            places = index.segments.places()
-            out = set() if keep_segments else {places[s][0] for s in index.segments_by_node.get(node_id, ())}
+            out = set() if keep_segments else set(index.copies_by_node.get(node_id, ()))
             out.update(c for c, _ in index.dm_channels_by_node.get(node_id, ()))
             out.update(i.collection_id for i in index.collections.values()
                        if any(node_id in r.node_ids for r in i.replicas))

@@ -205,11 +205,13 @@ class Segments:
         return len(self._core.index.segments_by_node.get(node_id, ()))
 
     def collections_on_node(self, node_id: int) -> set[int]:
-        """The collections with a copy recorded on the node: ``segments_on_node`` without a view built per copy
-        (a node lost with a hundred thousand copies is weighed at once, by each forget of it)."""
-        index = self._core.index
-        places = index.segments.places()
-        return {places[sid][0] for sid in index.segments_by_node.get(node_id, ())}
+        """The collections with a copy recorded on the node (a node lost with a hundred thousand copies is weighed
+        at once, by each forget of it: kept counted, ``MetaIndex.copies_by_node``)."""
+        return set(self._core.index.copies_by_node.get(node_id, ()))
+
+    def copy_count_on_node(self, node_id: int, collection_id: int) -> int:
+        """How many of the collection's segments are recorded on the node (kept counted: O(1))."""
+        return self._core.index.copies_by_node.get(node_id, {}).get(collection_id, 0)
 
     def node_memory_usage(self, node_id: int) -> int:
         """Sum of ``mem_size`` of the segments on the node (kept incrementally: O(1))."""

@@ -269,6 +269,9 @@ class QueryMeta:
     def collections_on_node(self, node_id: int) -> set[int]:
         return self._segments.collections_on_node(node_id)
 
+    def copy_count_on_node(self, node_id: int, collection_id: int) -> int:
+        return self._segments.copy_count_on_node(node_id, collection_id)
+
     def node_memory_usage(self, node_id: int) -> int:
         return self._segments.node_memory_usage(node_id)
 
