@@ -14,6 +14,7 @@ from meta.kv import MetaKV
 from proto import data_pb2
 from querycoord.catalog.store import CatalogStore
 from querycoord.querymeta import QueryMeta
+from querycoord.querymeta.index import PLACES_ON_NODE
 from querycoord.querymeta.mirror import MetaMirror
 from querycoord.served.state import PLACED, ServedView, collection_served
 from querycoord.served.warm import count_quiet
@@ -31,6 +32,15 @@ async def fresh_count(kv: MetaKV, cid: int, online: set[int], targets: object = 
     fresh = QueryMeta(kv)
     await fresh.reload()
     return collection_served(fresh, cid, online, targets)  # type: ignore[arg-type]
+
+
+def fresh_places(meta: QueryMeta, node: int, cid: int) -> dict[object, list[int]]:
+    """A node's copies of ``cid`` grouped by place, from the records one by one (no kept group)."""
+    out: dict[object, list[int]] = {}
+    for seg in sorted(meta.segments_on_node(node), key=lambda s: s.segment_id):
+        if seg.collection_id == cid:
+            out.setdefault(meta.segment_places()[seg.segment_id], []).append(seg.segment_id)
+    return out
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -64,8 +74,13 @@ async def test_kept_counts_equal_a_fresh_count_after_every_kind_of_change(kv: Me
             nodes.set(*rng.sample(NODES, rng.randint(1, len(NODES))))
         else:
             await meta.remove_segments([rng.choice(cids) * 1000 + rng.randrange(14)])
+        fresh = QueryMeta(kv)
+        await fresh.reload()
         for cid in cids:
-            assert view.collection(cid) == await fresh_count(kv, cid, nodes.serving_ids()), f"step {step}"
+            assert view.collection(cid) == collection_served(fresh, cid, nodes.serving_ids(), None), f"step {step}"
+            for node in NODES:  # a lost node's copies grouped by place, kept likewise
+                kept = meta.places_on_node(node, cid) if cid in meta.collections_on_node(node) else {}
+                assert kept == fresh_places(fresh, node, cid), f"step {step}, node {node}"
 
 
 async def test_a_standby_counts_while_it_follows_for_the_leader_it_becomes(kv: MetaKV) -> None:
@@ -104,6 +119,9 @@ async def test_a_standby_counts_while_it_follows_for_the_leader_it_becomes(kv: M
         assert all(meta.has_segment_view(PLACED, cid, pid, mark) for pid in pids), "the standby's counts came along"
         await meta.remove_node(3, keep_segments=True)
         assert all(meta.has_segment_view(PLACED, cid, pid, mark) for pid in pids), "a forget keeps them"
+        assert all(meta.has_segment_view(PLACES_ON_NODE, cid, node, None) for node in (1, 2, 3)), \
+            "the standby grouped each node's copies by place; the forget kept node 3's"
+        assert meta.places_on_node(3, cid) == fresh_places(meta, 3, cid) and meta.places_on_node(3, cid)
         served = ServedView(meta, FixedNodes({1, 2}), targets).collection(cid)
         assert served is not None and served.target_from_catalog and served.unserved_segments > 1
         assert served == await fresh_count(kv, cid, {1, 2}, targets)

@@ -175,17 +175,10 @@ def _count_later(out: LostRepairs, cid: int, pid: int, ids: list[int]) -> None:
 def _by_place(meta: QueryMeta, node_id: int) -> dict[tuple[int, int, tuple[int, ...]], list[int]]:
     """The ids of the copies recorded on ``node_id`` by their record's place (collection, partition, copies): what
     is decided once per place (records share their place tuple: a handful per node) is not decided again per
-    segment."""
-    places = meta.segment_places()
-    ids = meta.segment_ids_on_node(node_id)
+    segment. Each collection's groups are kept with its segment records (``QueryMeta.places_on_node``)."""
     out: dict[tuple[int, int, tuple[int, ...]], list[int]] = {}
-    for sid, place in zip(ids, map(places.get, ids), strict=True):
-        if place is not None:
-            group = out.get(place)
-            if group is None:
-                out[place] = [sid]
-            else:
-                group.append(sid)
+    for cid in sorted(meta.collections_on_node(node_id)):
+        out.update(meta.places_on_node(node_id, cid))
     return out
 
 

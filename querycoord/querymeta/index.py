@@ -130,6 +130,11 @@ class SegmentTable(Mapping[int, SegmentInfo]):
         return self._places
 
 
+# ``segment_view`` name of a node's copies of a collection grouped by place (``Segments.places_on_node``): dropped
+# with the node's last copy of the collection, so that lost nodes' groups do not pile up.
+PLACES_ON_NODE = "places-on-node"
+
+
 class MetaIndex:
     """Collections, segments and channels as etcd has them, indexed (see module docstring)."""
 
@@ -298,6 +303,8 @@ class MetaIndex:
                 counts[cid] -= 1
                 if not counts[cid]:
                     del counts[cid]
+                    # the node's place groups of the collection (``places_on_node``): nothing to group any more
+                    self.segment_views.pop((PLACES_ON_NODE, cid, node), None)
                     if not counts:
                         del self.copies_by_node[node]
 

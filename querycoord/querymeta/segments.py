@@ -22,7 +22,7 @@ from . import keys
 from .batch import Mutation
 from .copies import copies, view_of, with_copy, without_node
 from .core import MetaCore, check_id, unique_ids
-from .index import NewSegment
+from .index import PLACES_ON_NODE, NewSegment
 from .records import SEALED, SegmentInfo, loaded_record, stored_segment
 from .replicas import replica_of_node, sole_replica, with_replica
 
@@ -208,6 +208,29 @@ class Segments:
         """The collections with a copy recorded on the node (a node lost with a hundred thousand copies is weighed
         at once, by each forget of it: kept counted, ``MetaIndex.copies_by_node``)."""
         return set(self._core.index.copies_by_node.get(node_id, ()))
+
+    def places_on_node(self, node_id: int, collection_id: int) -> Mapping[tuple[int, int, tuple[int, ...]], list[int]]:
+        """The ids of the collection's copies recorded on the node, sorted, by their records' place (collection,
+        partition, copies): a lost node's repair decides once per place. Kept with the collection's segment
+        records (``MetaIndex.segment_view``): a forget rewrites none, so the place groups a warm standby made
+        while it followed (``served.warm``) are what its takeover's repair of the lost nodes starts from, instead
+        of a walk over their copies (two nodes' at a million segments: 0.15 s each). Read-only to the caller."""
+        index = self._core.index
+
+        def group() -> dict[tuple[int, int, tuple[int, ...]], list[int]]:
+            places = index.segments.places()
+            out: dict[tuple[int, int, tuple[int, ...]], list[int]] = {}
+            for sid in sorted(index.segments_by_node.get(node_id, ())):
+                place = places.get(sid)
+                if place is not None and place[0] == collection_id:
+                    ids = out.get(place)
+                    if ids is None:
+                        out[place] = [sid]
+                    else:
+                        ids.append(sid)
+            return out
+
+        return index.segment_view(PLACES_ON_NODE, collection_id, node_id, None, group)
 
     def copy_count_on_node(self, node_id: int, collection_id: int) -> int:
         """How many of the collection's segments are recorded on the node (kept counted: O(1))."""

@@ -269,6 +269,9 @@ class QueryMeta:
     def collections_on_node(self, node_id: int) -> set[int]:
         return self._segments.collections_on_node(node_id)
 
+    def places_on_node(self, node_id: int, collection_id: int) -> Mapping[tuple[int, int, tuple[int, ...]], list[int]]:
+        return self._segments.places_on_node(node_id, collection_id)
+
     def copy_count_on_node(self, node_id: int, collection_id: int) -> int:
         return self._segments.copy_count_on_node(node_id, collection_id)
 

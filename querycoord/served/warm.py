@@ -11,6 +11,9 @@ warm standby follows both (its copy of the query meta, ``querymeta.mirror``, and
 (``QueryMeta.segment_view``), and the leader that adopts the copy (``QueryMeta.adopt``) counts again only the
 partitions whose segment records or target changed since.
 
+The same rounds group each node's copies of a quiet collection by place (``QueryMeta.places_on_node``): if the
+node is among those the takeover finds gone, the repair it queues before it leads starts from those groups.
+
 A collection is counted once its segment records and its target stayed as they were for a whole ``QUIET_S``:
 not during a load or a repair, which change them all along (each count would be thrown away at once); one
 partition per turn of the loop, whose other work is answering the standby's reads.
@@ -70,6 +73,11 @@ async def count_quiet(kv: MetaKV, mirror: MetaMirror, targets: CatalogTargets, s
                 return done
             placed(meta, cid, pid, targets)
             done += 1
+            await asyncio.sleep(0)
+        for node in sorted(n for n, per in index.copies_by_node.items() if cid in per):
+            if mirror.index is not index or _marks(index, cid, targets) != mark:
+                return done
+            meta.places_on_node(node, cid)  # what a takeover's repair of this node, if lost, starts from
             await asyncio.sleep(0)
     for cid in set(seen) - set(index.collections):
         del seen[cid]
