@@ -10,6 +10,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
 from meta.ops.etcd_server import EtcdCluster
 from proto import querycoord_pb2 as qc
 from querycoord.nodes.querynode import FaultConfig, QueryNode
@@ -131,3 +133,54 @@ async def test_balance_within_its_budget_and_a_repair_pre_empts_it(
         await wait_until(lambda: copies_per_segment([a, dst]) == {s: 1 for s in copies_per_segment([a, dst])},
                          "no segment is held twice", 60)
         assert len(copies_per_segment([a, dst])) == 120
+
+
+async def test_a_load_queued_behind_its_nodes_call_holds_no_recovery_slot(
+        etcd: EtcdCluster, root_path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node loads one request at a time (``node_load_concurrency`` 1): a repair's second load for a node waits for
+    the first one's call, and must not hold a slot of the cluster's recovery budget meanwhile, or a few busy nodes
+    take every slot while the others idle (a lost node's repair at a million segments: five nodes' children held
+    all 16 slots, two nodes waited). The first call on a survivor is held until the second load waits behind it:
+    then one slot is taken on that node, the calling one's."""
+    from querycoord.task.children import LoadSegmentsTask
+
+    sched = fast_scheduler(max_request_bytes=600, node_load_concurrency=1, max_recoveries_per_node=4,
+                           max_cluster_recoveries=16)
+    release = asyncio.Event()
+    entered: dict[int, int] = {}
+    execute, call = LoadSegmentsTask.execute, LoadSegmentsTask.call
+    held_node: list[int] = []
+
+    async def counting(self: LoadSegmentsTask) -> None:
+        entered[self.node_id] = entered.get(self.node_id, 0) + 1
+        await execute(self)
+
+    async def holding(self: LoadSegmentsTask, request: object) -> object:
+        if not held_node or held_node[0] == self.node_id:
+            if not held_node:
+                held_node.append(self.node_id)
+            await release.wait()
+        return await call(self, request)
+
+    async with QueryCluster(etcd, root_path, scheduler=sched) as c:
+        await c.start_coordinator()
+        await c.wait_leader()
+        await c.add_node()
+        proc, _ready = await c.start_node_process(log_dir=tmp_path)
+        cid = await c.create_collection("queued", partitions=2, segments=60)
+        await c.load_collection(cid, timeout=120)
+        await c.wait_idle()
+        lead = c.coords[0].coord.leadership
+        assert lead is not None
+        throttle = lead.scheduler.env.throttle
+        monkeypatch.setattr(LoadSegmentsTask, "execute", counting)
+        monkeypatch.setattr(LoadSegmentsTask, "call", holding)
+        await proc.kill()
+        await wait_until(lambda: held_node and entered.get(held_node[0], 0) >= 2,
+                         "a second load waits behind the held call", 60)
+        await asyncio.sleep(0.2)  # had the waiting load taken a slot, it would have by now
+        assert throttle.on_node[RECOVERY][held_node[0]] == 1, dict(throttle.on_node[RECOVERY])
+        assert throttle.running[RECOVERY] == 1
+        release.set()
+        await c.wait_idle(timeout=120)
+        assert throttle.running[RECOVERY] == 0

@@ -7,6 +7,7 @@ same way a trigger plans its first children.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Collection, Sequence
 from operator import attrgetter
 from typing import Any, TypeVar
@@ -84,6 +85,11 @@ class LoadSegmentsTask(ChildTask, kind=qc.TASK_KIND_LOAD_SEGMENT, request="load_
     # What the request was planned from, binlog paths included (the catalog's binlogs, or filled load infos when
     # rescheduled); only in memory (the record holds references), and only until the child succeeded.
     full_infos: list[Planned] | None = None
+    # The move budget's slot this attempt's call needs (``task.throttle``; set by the runner before each attempt),
+    # taken once the node's load gate is this child's: a child queued behind its node's other calls is no call in
+    # flight, and holding a cluster slot there starved other nodes (a lost node's repair at a million segments:
+    # three children per node took the 16 cluster slots of five nodes, two nodes idle until those ended).
+    move_slot: contextlib.AbstractAsyncContextManager[Any] = contextlib.nullcontext()
 
     def segment_refs(self) -> tuple[Sequence[int], Sequence[int]]:
         """(segment ids, partition ids) of this child's segments, in order: its record's references, or the
@@ -133,16 +139,18 @@ class LoadSegmentsTask(ChildTask, kind=qc.TASK_KIND_LOAD_SEGMENT, request="load_
     async def _load(self) -> None:
         # Filled and sent once this child's turn on the node has come (``TaskEnv.load_gate``); the records are
         # saved after the slot is given back, while the node loads its next request.
-        async with self.env.load_gate(self.node_id):
-            req = await self._call_filled()
-        if req is None:
-            return
-        segments = load_items(req)
-        await self.env.meta.save_loaded(segments, self.node_id, req.replica_id)
-        replaced = (
-            [s for info in segments for s in info.compaction_from] if any(map(_COMPACTION_FROM, segments)) else []
-        )
-        await self._release_moved_and_replaced(req, replaced)
+        async with contextlib.AsyncExitStack() as held:
+            async with self.env.load_gate(self.node_id):
+                await held.enter_async_context(self.move_slot)  # held until the records are saved
+                req = await self._call_filled()
+            if req is None:
+                return
+            segments = load_items(req)
+            await self.env.meta.save_loaded(segments, self.node_id, req.replica_id)
+            replaced = (
+                [s for info in segments for s in info.compaction_from] if any(map(_COMPACTION_FROM, segments)) else []
+            )
+            await self._release_moved_and_replaced(req, replaced)
 
     async def _call_filled(self) -> querynode_pb2.LoadSegmentsRequest | None:
         """Fill the request and send it; the request sent, or None when nothing was left to load."""

@@ -24,6 +24,7 @@ from proto import querycoord_pb2 as qc
 from querycoord.cluster.allocator import NoAvailableNode
 from querycoord.cluster.client import NodeError
 from querycoord.common import events
+from querycoord.task.children import LoadSegmentsTask
 from querycoord.task.leadership import CHILD_FAILURES, LeadershipLost, is_stale_leader
 from querycoord.task.model import CANCELLED, DONE, FAILED, Task, TaskCancelled, TaskEnv, TaskError, check_cancelled
 from querycoord.task.throttle import move_kind
@@ -79,8 +80,12 @@ class ChildRunner:
             child.rec.retry_count += 1
             self.waits.calling(t.id, child)
             try:
-                async with self._move_slot(t, child):
+                if isinstance(child, LoadSegmentsTask):
+                    child.move_slot = self._move_slot(t, child)  # taken once its node's load gate is the child's
                     await child.execute()
+                else:
+                    async with self._move_slot(t, child):
+                        await child.execute()
             except CHILD_FAILURES as exc:
                 if isinstance(exc, NotLeader) or is_stale_leader(exc):
                     raise LeadershipLost(str(exc)) from exc
