@@ -82,7 +82,10 @@ class ChildRunner:
             try:
                 if isinstance(child, LoadSegmentsTask):
                     child.move_slot = self._move_slot(t, child)  # taken once its node's load gate is the child's
-                    await child.execute()
+                    try:
+                        await child.execute()
+                    finally:
+                        child.move_slot = contextlib.nullcontext()  # entered once: the next attempt gets its own
                 else:
                     async with self._move_slot(t, child):
                         await child.execute()
