@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from meta.kv import MetaKV
 from proto import data_pb2
-from querycoord.checkers.lost import lost_copy_count, lost_repairs, replica_of_copy
+from querycoord.checkers.lost import READ_AHEAD_PARTS, lost_copy_count, lost_repairs, replica_of_copy
 from querycoord.common.target import TargetSegment
 from querycoord.querymeta import QueryMeta
 from querycoord.querymeta.copies import set_copies
@@ -100,8 +100,12 @@ def test_the_grouped_build_gives_what_the_per_segment_rule_gives(
         assert set(together) <= expected
         for cid, later in built.later.items():
             assert later > 0 and built.requests[cid].missing_segments, "a cut request holds something"
-            named = [sid for ids in built.ahead.get(cid, {}).values() for sid in ids]
-            assert len(named) <= len(built.requests[cid].missing_segments)
+            parts = built.ahead.get(cid, [])
+            size = len(built.requests[cid].missing_segments)
+            assert 0 < len(parts) <= READ_AHEAD_PARTS
+            assert all(0 < sum(map(len, part.values())) <= size for part in parts), "each part at most a request"
+            named = [sid for part in parts for ids in part.values() for sid in ids]
+            assert len(named) == len(set(named)) == min(later, size * READ_AHEAD_PARTS), "the first later copies"
             assert not {sid for c, sid, *_r in together if c == cid} & set(named), "named later: not built now"
     else:
         assert set(together) == expected

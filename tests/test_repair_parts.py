@@ -241,7 +241,7 @@ async def test_a_record_read_ahead_of_a_segment_compacted_since_is_not_loaded(
         ids = sorted(b.segment_id for b in binlogs)
         gone, kept = ids[0], ids[1:]
 
-        env.prefetch.start(env.broker, cid, {pid: ids})
+        env.prefetch.start(env.broker, cid, [{pid: ids}])
         await wait_until(lambda: env.prefetch.done(cid), "the read ahead ended")
         await catalog.add_segments([data_pb2.SegmentBinlogs(
             collection_id=cid, partition_id=pid, num_rows=100, mem_size=1 << 20, binlog_paths=["x"],
@@ -252,3 +252,33 @@ async def test_a_record_read_ahead_of_a_segment_compacted_since_is_not_loaded(
         infos = await repair._load_infos([(pid, ids)])  # noqa: SLF001 (the plan's read, on its own)
         assert [i.segment_id for i in infos] == kept, "the compacted segment is not planned"
         assert env.prefetch.taken - taken == len(kept), "the others were taken from the read ahead"
+
+
+async def test_parts_read_ahead_one_after_the_other_and_a_larger_part_leaves_the_rest_to_the_next(
+        etcd: EtcdCluster, root_path: str) -> None:
+    """The reads ahead of a repair's next parts (``task.prefetch``) run one after the other, a part already being
+    read is not read again when the next part names it, and a part that takes more than its own read (parts are cut
+    by bytes, not counts) leaves what it did not ask for to the part after it: every record is read once."""
+    async with running_cluster(etcd, root_path, [None]) as c:
+        cid = await c.create_collection("chained", partitions=1, segments=12)
+        lead = leadership(c)
+        env = lead.scheduler.env
+        catalog = c.coords[0].coord.catalog
+        assert catalog is not None
+        pid = (await catalog.show_partitions(cid))[0].partition_id
+        _, binlogs = await catalog.get_recovery_info(cid, pid)
+        ids = sorted(b.segment_id for b in binlogs)
+        prefetch = env.prefetch
+        prefetch.start(env.broker, cid, [{pid: ids[0:4]}, {pid: ids[4:8]}])
+        assert prefetch.started == 2
+        prefetch.start(env.broker, cid, [{pid: ids[4:8]}, {pid: ids[8:12]}])  # the next part's start
+        assert prefetch.started == 3, "the part being read is not read again"
+        reads = [task for _, task in prefetch._reads[cid]]  # noqa: SLF001 (the order of the reads)
+        await reads[0]
+        assert not reads[2].done() or reads[1].done(), "one part after the other"
+        got = await prefetch.take(cid, ids[0:6])  # a larger part: its own read and the first of the next one's
+        assert sorted(got) == ids[0:6]
+        got = await prefetch.take(cid, ids[6:12])
+        assert sorted(got) == ids[6:12], "the rest of the second read, and the third"
+        assert not prefetch._reads.get(cid)  # noqa: SLF001
+        assert prefetch.started == 3

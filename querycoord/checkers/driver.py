@@ -243,7 +243,7 @@ class Checker:
             task = await self._queue_repair(cid, req, qc.TRIGGER_CONDITION_NODE_DOWN, built.later.get(cid, 0))
             if task is not None:
                 self._lost_left[cid] = (frozenset(nodes), left)
-                env.prefetch.start(env.broker, cid, built.ahead.get(cid, {}))
+                env.prefetch.start(env.broker, cid, built.ahead.get(cid, []))
                 queued += 1
                 logger.info("checker: {} lost: collection {}: {}; repair task {} queued", names, cid,
                             req.reason, task.id)
@@ -299,7 +299,7 @@ class Checker:
             if task is not None:
                 queued = True
                 self._lost_left[cid] = (frozenset(lost), left)
-                env.prefetch.start(env.broker, cid, parts.ahead.get(cid, {}))
+                env.prefetch.start(env.broker, cid, parts.ahead.get(cid, []))
                 self.lost_parts += 1
                 logger.info("checker: lost query nodes {}: collection {}: next part: {}; repair task {} queued",
                             sorted(lost), cid, req.reason, task.id)

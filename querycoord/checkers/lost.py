@@ -39,6 +39,12 @@ def replica_of_copy(flat: tuple[int, ...], node_id: int) -> int | None:
     return None
 
 
+# Parts of a lost node's repair whose catalog records are read ahead (``task.prefetch``): read one after the other
+# from the moment the first part is queued, so that each part finds its records read (at a million segments a part's
+# read competes with the part before it for etcd and the loop, and one part ahead was not always done in time).
+READ_AHEAD_PARTS = 3
+
+
 @dataclass
 class LostRepairs:
     """Collection -> the repair of what lost nodes held of it, each at most what one etcd write holds, and
@@ -46,9 +52,10 @@ class LostRepairs:
 
     requests: dict[int, task_pb2.RepairRequest] = field(default_factory=dict)
     later: dict[int, int] = field(default_factory=dict)
-    # collection -> partition -> the first of the later copies' segment ids, as many as its request holds: the
-    # next part as far as can be told now, whose catalog records are read ahead (``task.prefetch``).
-    ahead: dict[int, dict[int, list[int]]] = field(default_factory=dict)
+    # collection -> the next parts as far as can be told now (up to ``READ_AHEAD_PARTS``, each as many of the later
+    # copies as its request holds), each partition -> segment ids: their catalog records are read ahead, one part
+    # after the other (``task.prefetch``).
+    ahead: dict[int, list[dict[int, list[int]]]] = field(default_factory=dict)
     # collection -> every copy the lost nodes' records place in it, built or not: ``lost_copy_count`` of them at
     # the build, counted on the way (what a repair's chain compares the next part's count with).
     copies: dict[int, int] = field(default_factory=dict)
@@ -164,12 +171,22 @@ def _add_copies(out: LostRepairs, size: dict[int, int], where: tuple[int, int, i
 
 def _count_later(out: LostRepairs, cid: int, pid: int, ids: list[int]) -> None:
     """Count ``ids`` (copies of partition ``pid`` of ``cid``) as left for a later part, naming the first of the
-    later copies in ``ahead`` while they are fewer than the request holds (the next part as far as can be told)."""
+    later copies in ``ahead``, part by part, while they fill fewer than ``READ_AHEAD_PARTS`` parts of the size of
+    the request (the next parts as far as can be told)."""
     named = out.later.get(cid, 0)
     out.later[cid] = named + len(ids)
-    room = len(out.requests[cid].missing_segments) - named
-    if room > 0:
-        out.ahead.setdefault(cid, {}).setdefault(pid, []).extend(ids[:room])
+    per_part = len(out.requests[cid].missing_segments)
+    limit = per_part * READ_AHEAD_PARTS
+    start = 0
+    while named < limit and start < len(ids):
+        part, offset = divmod(named, per_part)
+        take = min(per_part - offset, len(ids) - start)
+        parts = out.ahead.setdefault(cid, [])
+        while len(parts) <= part:
+            parts.append({})
+        parts[part].setdefault(pid, []).extend(ids[start:start + take])
+        start += take
+        named += take
 
 
 def _by_place(meta: QueryMeta, node_id: int) -> dict[tuple[int, int, tuple[int, ...]], list[int]]:
