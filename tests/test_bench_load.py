@@ -26,7 +26,10 @@ def test_bench_load_quick_run(project_root: Path, subprocess_env: dict[str, str]
     for key in ("wall_s", "raw_s", "ratio"):
         assert isinstance(result[key], float) and result[key] > 0, (key, result[key])
     assert result["wall_s"] < 60
-    assert abs(result["ratio"] - result["wall_s"] / result["raw_s"]) <= 0.01 * result["ratio"]
+    # ratio = wall_s / raw_s of the unrounded times; wall_s and raw_s are rounded to 4 decimals and ratio to 3, so
+    # the quotient of the printed times may differ by their rounding (a 4 ms raw write moves it over 1 %).
+    rounding = result["ratio"] * 0.00005 * (1 / result["wall_s"] + 1 / result["raw_s"]) + 0.0005
+    assert abs(result["ratio"] - result["wall_s"] / result["raw_s"]) <= 0.01 * result["ratio"] + rounding
     # Nothing else on stdout is JSON (the coordinator's leadership events go to stderr).
     assert not any(line.startswith("{") for line in lines[:-1]), proc.stdout
     # The embedded etcd it started is gone, and so is its data dir; no query node process is left.
