@@ -25,7 +25,7 @@ from querycoord.nodes.querynode import FaultConfig, QueryNode
 from querycoord.querymeta import QueryMeta
 from querycoord.serving.process import CoordinatorProcess
 from querycoord.settings.config import SCALED_SCHEDULER, SchedulerConfig, scaled_config
-from querycoord.task.store import TASK_PREFIXES
+from querycoord.task.store import TASK_PREFIXES, TaskStore
 from tests.spawn import Spawned, spawn_query_node
 
 MiB = 1 << 20
@@ -208,8 +208,25 @@ class QueryCluster:
         deadline = time.monotonic() + timeout
         while any((left := await self.task_keys()).values()):
             if time.monotonic() > deadline:
-                raise TimeoutError(f"task keys left after {timeout:g}s: {left}")
+                raise TimeoutError(f"task keys left after {timeout:g}s: {left}; {await self._left_trees()}")
             await asyncio.sleep(0.1)
+
+    async def _left_trees(self) -> str:
+        """What the persisted tasks left are, and what the leader's scheduler knows of each (a failure's facts)."""
+        assert self.kv is not None
+        lead = next((c.coord.leadership for c in self.coords if c.coord.leadership is not None), None)
+        out = []
+        for rec in await TaskStore(self.kv).load_all():
+            where = "no leader"
+            if lead is not None:
+                q = lead.scheduler.queue
+                facts = (("queued", rec.id in q.triggers), ("running", rec.id in q.running),
+                         ("started", rec.id in q.started), ("failing", rec.id in q.failing),
+                         (f"cancel: {q.cancel_reason.get(rec.id)}", rec.id in q.cancel_reason),
+                         ("in the heap", rec.id in q.queued_order()))
+                where = ", ".join(f for f, on in facts if on) or "unknown to the leader"
+            out.append(f"task {rec.id} kind {rec.kind} state {rec.state} parent {rec.parent_id} ({where})")
+        return "; ".join(out) or "no task record"
 
 
 async def node_info(c: QueryCluster, node_id: int) -> qc.NodeInfo:
