@@ -15,7 +15,7 @@ from proto import common_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.common import memory
 from querycoord.task.children import LoadSegmentsTask
-from tests.cluster import QueryCluster, running_cluster
+from tests.cluster import QueryCluster, running_cluster, wait_until
 
 
 class _Cycle:
@@ -200,6 +200,7 @@ async def test_a_release_waits_while_its_holder_is_busy(monkeypatch: pytest.Monk
     ran: list[int] = []
     monkeypatch.setattr(memory, "release_freed_memory", lambda: ran.append(1) or True)
     monkeypatch.setattr(memory, "RELEASE_DELAY", 0.01)
+    monkeypatch.setattr(memory, "_holders", [])  # none of an earlier test's coordinators
     holder = _Holder()
     stop = memory.defer_while(holder.holding)
     try:
@@ -222,6 +223,7 @@ async def test_a_held_release_runs_after_max_defer_and_a_gone_holder_holds_nothi
     monkeypatch.setattr(memory, "release_freed_memory", lambda: ran.append(1) or True)
     monkeypatch.setattr(memory, "RELEASE_DELAY", 0.01)
     monkeypatch.setattr(memory, "MAX_DEFER", 0.1)
+    monkeypatch.setattr(memory, "_holders", [])  # none of an earlier test's coordinators
     holder = _Holder()
     stop = memory.defer_while(holder.holding)
     try:
@@ -240,6 +242,7 @@ async def test_the_scheduler_holds_releases_while_a_trigger_runs(
     ran: list[int] = []
     monkeypatch.setattr(memory, "release_freed_memory", lambda: ran.append(1) or True)
     monkeypatch.setattr(memory, "RELEASE_DELAY", 0.01)
+    monkeypatch.setattr(memory, "MAX_DEFER", 5.0)  # whatever else holds (an earlier test's), the release comes
     lead = (await cluster.wait_leader()).coord.leadership
     assert lead is not None
     sched = lead.scheduler
@@ -253,8 +256,7 @@ async def test_the_scheduler_holds_releases_while_a_trigger_runs(
     monkeypatch.setattr(LoadSegmentsTask, "execute", held)
     cid = await cluster.create_collection("held", partitions=1, segments=4)
     loading = asyncio.create_task(cluster.load_collection(cid))
-    while not sched.queue.running:
-        await asyncio.sleep(0.01)
+    await wait_until(lambda: bool(sched.queue.running), "the load runs")
     memory.release_soon(0.01)
     await asyncio.sleep(0.3)
     assert ran == [], "a release waits while a trigger is queued or runs"
