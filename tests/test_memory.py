@@ -190,6 +190,17 @@ class _Holder:
         return self.busy
 
 
+def _recorded_releases(monkeypatch: pytest.MonkeyPatch, *, own_holders: bool = True) -> list[int]:
+    """A list that grows by one at each release run (none runs for real), re-armed every 10 ms while held;
+    ``own_holders``: only the holders the test registers hold (none of an earlier test's coordinators)."""
+    ran: list[int] = []
+    monkeypatch.setattr(memory, "release_freed_memory", lambda: ran.append(1) or True)
+    monkeypatch.setattr(memory, "RELEASE_DELAY", 0.01)
+    if own_holders:
+        monkeypatch.setattr(memory, "_holders", [])
+    return ran
+
+
 async def _until(ran: list[int], count: int) -> None:
     while len(ran) < count:
         await asyncio.sleep(0.01)
@@ -197,10 +208,7 @@ async def _until(ran: list[int], count: int) -> None:
 
 async def test_a_release_waits_while_its_holder_is_busy(monkeypatch: pytest.MonkeyPatch) -> None:
     """A lost node's repair at 1M goes in parts: a full pass between two parts stalled the next one's loads."""
-    ran: list[int] = []
-    monkeypatch.setattr(memory, "release_freed_memory", lambda: ran.append(1) or True)
-    monkeypatch.setattr(memory, "RELEASE_DELAY", 0.01)
-    monkeypatch.setattr(memory, "_holders", [])  # none of an earlier test's coordinators
+    ran = _recorded_releases(monkeypatch)
     holder = _Holder()
     stop = memory.defer_while(holder.holding)
     try:
@@ -219,11 +227,8 @@ async def test_a_release_waits_while_its_holder_is_busy(monkeypatch: pytest.Monk
 
 async def test_a_held_release_runs_after_max_defer_and_a_gone_holder_holds_nothing(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    ran: list[int] = []
-    monkeypatch.setattr(memory, "release_freed_memory", lambda: ran.append(1) or True)
-    monkeypatch.setattr(memory, "RELEASE_DELAY", 0.01)
+    ran = _recorded_releases(monkeypatch)
     monkeypatch.setattr(memory, "MAX_DEFER", 0.1)
-    monkeypatch.setattr(memory, "_holders", [])  # none of an earlier test's coordinators
     holder = _Holder()
     stop = memory.defer_while(holder.holding)
     try:
@@ -239,9 +244,7 @@ async def test_a_held_release_runs_after_max_defer_and_a_gone_holder_holds_nothi
 
 async def test_the_scheduler_holds_releases_while_a_trigger_runs(
         cluster: QueryCluster, monkeypatch: pytest.MonkeyPatch) -> None:
-    ran: list[int] = []
-    monkeypatch.setattr(memory, "release_freed_memory", lambda: ran.append(1) or True)
-    monkeypatch.setattr(memory, "RELEASE_DELAY", 0.01)
+    ran = _recorded_releases(monkeypatch, own_holders=False)  # the cluster's scheduler holds
     monkeypatch.setattr(memory, "MAX_DEFER", 5.0)  # whatever else holds (an earlier test's), the release comes
     lead = (await cluster.wait_leader()).coord.leadership
     assert lead is not None

@@ -214,7 +214,8 @@ class Segments:
         partition, copies): a lost node's repair decides once per place. Kept with the collection's segment
         records (``MetaIndex.segment_view``): a forget rewrites none, so the place groups a warm standby made
         while it followed (``served.warm``) are what its takeover's repair of the lost nodes starts from, instead
-        of a walk over their copies (two nodes' at a million segments: 0.15 s each). Read-only to the caller."""
+        of a walk over their copies (two nodes' at a million segments: most of the 0.3 s the repair took to be
+        queued). Read-only to the caller."""
         index = self._core.index
 
         def group() -> dict[tuple[int, int, tuple[int, ...]], list[int]]:
