@@ -45,6 +45,11 @@ and holds its warm copy. Measured, in this order:
   in its revisions, last value, from a watch replay: ``etcd_raw.replay``) written
   again with the plain etcd3aio client in sequential 128-op txns under a root of
   the same length (median of ``--raw-rounds``; as ``bench_load.py``'s raw_s).
+  **node_down_repair_leader_cpu_s**, **node_down_repair_nodes_cpu_s**,
+  **node_down_repair_machine_busy**: over the same window, c0's CPU seconds,
+  this process's (the in-process nodes, mostly), and the share of the
+  machine's CPU time (every core, every process: etcd too) that was busy: near
+  1 the repair is bound by the machine, not by waiting.
 - **drain_ratio**: ``DrainNode`` of another node, until the leader lists it
   DRAINED, the nodes hold everything without it and no trigger is left; over
   the raw writes of its records, likewise.
@@ -112,7 +117,7 @@ from scale_cluster import (
     wait_for_standby,
     wait_until,
 )
-from scale_ops_probes import Whole, proc_cpu_s
+from scale_ops_probes import Whole, machine_cpu_s, proc_cpu_s
 from scale_ops_reads import meta_verify, segment_info, standby_reads, status_reads
 
 from meta.config import EtcdConfig
@@ -137,6 +142,12 @@ class Move:
     txns: int = 0  # etcd revisions
     raw_s: float = 0.0
     last_poll_s: float = 0.0  # the leader's end was read to within this (the last poll's own time)
+    # CPU seconds over the move (until the leader was done): c0, this process (the in-process nodes), the machine
+    # busy (every process, etcd and the standby included) and the machine's whole (wall x cores).
+    leader_cpu_s: float = 0.0
+    bench_cpu_s: float = 0.0
+    machine_busy_s: float = 0.0
+    machine_all_s: float = 0.0
 
     @property
     def ratio(self) -> float:
@@ -248,6 +259,8 @@ async def measure_move(cl: ScaleCluster, whole: Whole, what: str, act: Callable[
     """``act()`` then until ``whole`` and ``leader_done()``; the raw writes of what the leader wrote meanwhile."""
     move = Move()
     rev0 = await quiet_revision(cl.kv)
+    pid = cl.leader.child.pid
+    cpu0, own0, (busy0, all0) = proc_cpu_s(pid), time.process_time(), machine_cpu_s()
     t0 = time.perf_counter()
     await act()
     logger.info("{}: started at revision {}", what, rev0)
@@ -255,6 +268,9 @@ async def measure_move(cl: ScaleCluster, whole: Whole, what: str, act: Callable[
     logger.info("{}: the nodes hold everything after {:.2f}s", what, move.nodes_whole_s)
     move.seconds, move.last_poll_s = await poll_until(f"the leader done with the {what}", leader_done, t0,
                                                       cl.args.timeout)
+    busy1, all1 = machine_cpu_s()
+    move.leader_cpu_s, move.bench_cpu_s = proc_cpu_s(pid) - cpu0, time.process_time() - own0
+    move.machine_busy_s, move.machine_all_s = busy1 - busy0, all1 - all0
     rev1 = await cl.kv.revision()  # what a later pass writes is not the move's
     rp = await replay(cl.client, cl.kv, rev0 + 1, rev1, cl.args.timeout)
     records = [(k, v) for k, v in rp.records() if not k.startswith("(outside the root)")]
@@ -425,7 +441,8 @@ def size_rows(r: OpsResult, args: argparse.Namespace) -> list[tuple[str, str]]:
     def move_row(m: Move) -> str:
         return (f"{m.seconds:.2f} s (nodes whole at {m.nodes_whole_s:.2f} s); wrote {m.records:,} records "
                 f"({m.segment_records:,} segment records) and {m.deletes:,} deletes in {m.txns:,} txns; raw "
-                f"{m.raw_s:.3f} s: ratio {m.ratio:.2f}")
+                f"{m.raw_s:.3f} s: ratio {m.ratio:.2f}; CPU: c0 {m.leader_cpu_s:.2f} s, this process (the nodes) "
+                f"{m.bench_cpu_s:.2f} s, the machine busy {m.machine_busy_s:.2f} of {m.machine_all_s:.2f} s")
 
     return [
         (f"== {r.segments:,} segments", f"{args.nodes} in-process nodes, {args.partitions} partitions, 1 replica"),
@@ -491,6 +508,10 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         "settle_s": col(lambda r: r.settle_s, 2),
         "node_down_repair_raw_s": col(lambda r: r.repair.raw_s, 4),
         "node_down_repair_records": [r.repair.records for r in results],
+        "node_down_repair_leader_cpu_s": col(lambda r: r.repair.leader_cpu_s, 2),
+        "node_down_repair_nodes_cpu_s": col(lambda r: r.repair.bench_cpu_s, 2),
+        "node_down_repair_machine_busy": col(
+            lambda r: r.repair.machine_busy_s / r.repair.machine_all_s if r.repair.machine_all_s else 0.0, 2),
         "drain_raw_s": col(lambda r: r.drain.raw_s, 4),
         "drain_records": [r.drain.records for r in results],
         "takeover_two_down_whole_s": col(lambda r: r.takeover_whole_s),

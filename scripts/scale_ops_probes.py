@@ -28,6 +28,14 @@ def proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICK  # fields 14 and 15 of proc(5), after pid and comm
 
 
+def machine_cpu_s() -> tuple[float, float]:
+    """(busy, all) CPU seconds of the whole machine since boot, every core (/proc/stat's first line): over a
+    window, busy / all says how close the machine was to saturated, whoever used it (etcd included)."""
+    ticks = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = ticks[3] + ticks[4]  # idle, iowait
+    return (sum(ticks[:8]) - idle) / _TICK, sum(ticks[:8]) / _TICK  # guest time is already counted in user
+
+
 def byte_compile_project() -> None:
     """Byte-compile the project's packages (``meta``, ``proto``, ``querycoord``) where they are imported from, so a
     command process loads their ``.pyc`` as it does from a pip-installed package (pip compiles at install). A

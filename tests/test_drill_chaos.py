@@ -224,6 +224,14 @@ def test_a_compacted_away_segment_still_held_is_a_violation() -> None:
 CHAOS_BUDGET_S = 300
 
 
+def _findings(out: str) -> str:
+    """The report's stuck triggers, problems and continuous findings on one line: a CI log that shortens a long
+    failure message keeps its start, and the start is then what went wrong, not the phase table."""
+    section = out[out.find("\nstuck triggers:"):]
+    section = section[:section.find("\nlogs and etcd data kept")]
+    return " | ".join(ln.strip() for ln in section.splitlines() if ln.strip())[:3000]
+
+
 def _run_drill(tmp_path: Path, env: dict[str, str], *args: str) -> tuple[dict[str, object], str, subprocess.Popen[str]]:
     """``querycoord drill chaos`` with ``args``: its JSON line, the end of its table, the finished process."""
     proc = subprocess.Popen(
@@ -240,7 +248,7 @@ def _run_drill(tmp_path: Path, env: dict[str, str], *args: str) -> tuple[dict[st
     tail = out[out.find("\nphases\n"):][-8000:] + "\n" + err[-3000:]
     for key in ("unanswered", "invariant_violations", "stuck_triggers", "false_full_samples", "blocked_units",
                 "blocked_releases"):
-        assert summary[key] == 0, (key, tail)
+        assert summary[key] == 0, f"{key} {summary[key]}: {_findings(out)}\n{tail}"
     assert summary["samples"] > 0, summary
     assert proc.returncode == 0, f"exit {proc.returncode}\n{tail}"
     return summary, tail, proc

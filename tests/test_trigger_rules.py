@@ -635,6 +635,41 @@ async def test_a_load_persisted_before_a_release_but_queued_after_it_is_cancelle
         assert not held_once(c)
 
 
+async def test_a_persist_etcd_applied_but_never_answered_leaves_no_trigger_behind(
+        etcd: EtcdCluster, root_path: str) -> None:
+    """etcd applies a load's persist but its answer never arrives (the client's retries run out: MetaUnavailable
+    after the write). The caller hears that the load failed, so the keys this leader will never run are removed
+    at the next sweep: left, the next leader would load the collection long after the caller moved on."""
+    async with started(etcd, root_path, [None]) as c:
+        assert c.client is not None
+        cid = await c.create_collection("unanswered", partitions=1, segments=4)
+        env = (await c.wait_leader()).coord.leadership.scheduler.env
+        persist = env.store.add_trigger
+        lost: list[int] = []
+
+        async def applied_unanswered(rec: Any) -> None:  # the real write to etcd, then no answer
+            await persist(rec)
+            env.store.add_trigger = persist  # type: ignore[method-assign]
+            lost.append(rec.id)
+            raise MetaUnavailable(["127.0.0.1:2379"], "task store", 5.0, None)
+
+        env.store.add_trigger = applied_unanswered  # type: ignore[method-assign]
+        try:
+            r = await c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid))
+        finally:
+            env.store.add_trigger = persist  # type: ignore[method-assign]
+        assert lost, "the fault never ran"
+        await c.wait_no_task_keys(timeout=30)  # the applied trigger's keys are gone
+        await settled(c)
+        shown = await c.client.query("ShowCollections", qc.ShowCollectionsRequest())
+        if r.status.error_code == common_pb2.SUCCESS:  # a retry of the call (not the lost trigger) loaded it
+            assert r.task_id != lost[0]
+            await c.wait_loaded(cid, 30)
+        else:  # what the caller heard is what the nodes hold: nothing
+            assert cid not in [s.collection_id for s in shown.collections], (r.status, shown)
+            assert not held_once(c)
+
+
 async def test_a_resumed_balance_does_not_watch_channels_of_a_collection_released_meanwhile(
         etcd: EtcdCluster, root_path: str) -> None:
     """The next leader resumes a balance whose delta and query channel watches name a collection released

@@ -16,8 +16,8 @@ import itertools
 from collections.abc import Callable, Collection, Coroutine
 from typing import TYPE_CHECKING
 
-from meta.errors import MetaNoSpace, NotLeader
-from proto import common_pb2
+from meta.errors import MetaNoSpace, MetaUnavailable, NotLeader
+from proto import common_pb2, task_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.task.leadership import Lifecycle
 from querycoord.task.model import TaskEnv, TaskError, mark_retrieved
@@ -64,6 +64,9 @@ class TriggerQueue:
         self.wake = asyncio.Event()
         # Finishes a queued trigger a release cancelled (set by the tree runner).
         self.finish_cancelled: Callable[[TriggerTask], Coroutine[object, object, None]] | None = None
+        # Takes the record of a trigger whose persist failed with no answer from etcd: the txn may have been
+        # applied, so its keys are removed later (set by the scheduler: ``Retention.remove_later``).
+        self.persist_unknown: Callable[[task_pb2.TaskRecord], None] | None = None
 
     async def enqueue(self, trigger: TriggerTask) -> TriggerTask:
         """Give the trigger an id, persist it (UNDO), queue it. Releases cancel loads of their collection.
@@ -100,6 +103,14 @@ class TriggerQueue:
             await self.env.store.add_trigger(trigger.rec)
         except NotLeader as exc:
             self.life.lost(exc)
+            raise
+        except MetaUnavailable:
+            # No answer is no refusal: etcd may have applied the txn (the answer lost, or every retry timed out
+            # after the first was applied). The caller hears that it failed, so the keys go: left, this leader
+            # would never run the trigger and the next one would, long after the caller and every later
+            # request had moved on (a trigger left in etcd, unknown to the leader, for the rest of a drill).
+            if self.persist_unknown is not None and trigger.rec.id:
+                self.persist_unknown(trigger.rec)
             raise
         cid = trigger.collection_id
         if isinstance(trigger, ReleaseCollectionTask):

@@ -71,6 +71,14 @@ class Retention:
                 await asyncio.sleep(self.cfg.retry_backoff * attempt)
         self.unremoved.append((t.rec, recs, history))
 
+    def remove_later(self, rec: task_pb2.TaskRecord) -> None:
+        """A trigger whose persist got no answer (it may be in etcd, though nothing queued it): its keys are
+        removed with the finished trees' left behind, at the next sweep; it leaves no history record, as it never
+        ran. Removing keys that were never written writes nothing wrong."""
+        logger.warning("task {}: persisting it got no answer from etcd; its keys, if written, are removed at the "
+                       "next sweep", rec.id)
+        self.unremoved.append((rec, [], None))
+
     async def sweep_unremoved(self) -> int:
         """Retry removing the keys of finished trees whose removal failed (etcd trouble at the time)."""
         done = 0

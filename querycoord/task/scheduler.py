@@ -59,6 +59,7 @@ class Scheduler:
         self.pauses = SpacePauses(space, self.queue.triggers)
         self.children = ChildRunner(env, self.waits)
         self.retention = Retention(env, self.life, self.queue.started_ms)
+        self.queue.persist_unknown = self.retention.remove_later
         self.runner = TreeRunner(env, self.life, self.queue, self.children, self.retention, self.pauses,
                                  self.waits, self.tree)
         self.triggers: dict[int, TriggerTask] = self.queue.triggers  # queued or running
