@@ -49,7 +49,8 @@ and holds its warm copy. Measured, in this order:
   **node_down_repair_machine_busy**: over the same window, c0's CPU seconds,
   this process's (the in-process nodes, mostly), and the share of the
   machine's CPU time (every core, every process: etcd too) that was busy: near
-  1 the repair is bound by the machine, not by waiting.
+  1 the repair is bound by the machine, not by waiting. The table adds the
+  checker passes c0 ended meanwhile and their wall seconds.
 - **drain_ratio**: ``DrainNode`` of another node, until the leader lists it
   DRAINED, the nodes hold everything without it and no trigger is left; over
   the raw writes of its records, likewise.
@@ -148,6 +149,8 @@ class Move:
     bench_cpu_s: float = 0.0
     machine_busy_s: float = 0.0
     machine_all_s: float = 0.0
+    checker_passes: int = 0  # c0's checker passes that ended meanwhile, and their wall seconds (turns included)
+    checker_pass_s: float = 0.0
 
     @property
     def ratio(self) -> float:
@@ -260,6 +263,7 @@ async def measure_move(cl: ScaleCluster, whole: Whole, what: str, act: Callable[
     move = Move()
     rev0 = await quiet_revision(cl.kv)
     pid = cl.leader.child.pid
+    passes0 = await asyncio.to_thread(scrape, cl.http0)  # before the clock: a scrape at 1M costs c0 0.1 s
     cpu0, own0, (busy0, all0) = proc_cpu_s(pid), time.process_time(), machine_cpu_s()
     t0 = time.perf_counter()
     await act()
@@ -271,6 +275,10 @@ async def measure_move(cl: ScaleCluster, whole: Whole, what: str, act: Callable[
     busy1, all1 = machine_cpu_s()
     move.leader_cpu_s, move.bench_cpu_s = proc_cpu_s(pid) - cpu0, time.process_time() - own0
     move.machine_busy_s, move.machine_all_s = busy1 - busy0, all1 - all0
+    passes1 = await asyncio.to_thread(scrape, cl.http0)
+    move.checker_passes = int(passes1["querycoord_checker_passes_total"] - passes0["querycoord_checker_passes_total"])
+    move.checker_pass_s = (passes1["querycoord_checker_pass_seconds_total"]
+                           - passes0["querycoord_checker_pass_seconds_total"])
     rev1 = await cl.kv.revision()  # what a later pass writes is not the move's
     rp = await replay(cl.client, cl.kv, rev0 + 1, rev1, cl.args.timeout)
     records = [(k, v) for k, v in rp.records() if not k.startswith("(outside the root)")]
@@ -442,7 +450,8 @@ def size_rows(r: OpsResult, args: argparse.Namespace) -> list[tuple[str, str]]:
         return (f"{m.seconds:.2f} s (nodes whole at {m.nodes_whole_s:.2f} s); wrote {m.records:,} records "
                 f"({m.segment_records:,} segment records) and {m.deletes:,} deletes in {m.txns:,} txns; raw "
                 f"{m.raw_s:.3f} s: ratio {m.ratio:.2f}; CPU: c0 {m.leader_cpu_s:.2f} s, this process (the nodes) "
-                f"{m.bench_cpu_s:.2f} s, the machine busy {m.machine_busy_s:.2f} of {m.machine_all_s:.2f} s")
+                f"{m.bench_cpu_s:.2f} s, the machine busy {m.machine_busy_s:.2f} of {m.machine_all_s:.2f} s; "
+                f"{m.checker_passes} checker passes ended meanwhile, {m.checker_pass_s:.2f} s wall")
 
     return [
         (f"== {r.segments:,} segments", f"{args.nodes} in-process nodes, {args.partitions} partitions, 1 replica"),

@@ -50,7 +50,8 @@ def _scheduler_families(scheduler: Scheduler) -> list[Metric]:
         tasks.add_metric(list(key), n)
     for key, n in sorted(child_counts.items()):
         children.add_metric(list(key), n)
-    unremoved = _gauge("querycoord_tasks_unremoved", "Finished trees whose keys etcd has not removed yet (retried)",
+    unremoved = _gauge("querycoord_tasks_unremoved", "Finished trees whose keys etcd has not removed yet, and "
+                       "triggers whose persist etcd never answered (removed at the next sweep)",
                        len(scheduler.unremoved))
     return [tasks, children, unremoved, *_move_families(scheduler)]
 
