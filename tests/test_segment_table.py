@@ -79,6 +79,36 @@ def test_put_new_segments_indexes_as_put_segment_does_and_replaces_what_is_there
     assert 9 not in bulk.memory_by_node and 12 not in bulk.segments_by_partition[7]
 
 
+def test_put_new_segments_replacing_records_of_every_shape_indexes_as_put_segment_does() -> None:
+    """A repair's saves replace records (the lost node's copy) by place, not one ``drop_segment`` each: after random
+    records of one to three copies, several collections and partitions, and bulk saves that replace some of them
+    (in the same partition, another partition or collection, on the same or another node), every index equals the
+    one a ``put_segment`` per record builds."""
+    rng = random.Random(11)
+    for _round in range(40):
+        one_by_one, bulk = MetaIndex(), MetaIndex()
+        for sid in rng.sample(range(500), 250):
+            nodes = rng.choices(range(1, 7), k=rng.randint(1, 3))  # a node twice too (never in a valid replica set)
+            rec = set_copies(data_pb2.SegmentInfo(segment_id=sid, collection_id=rng.choice((7, 8)),
+                                                  partition_id=10 + rng.randrange(3), mem_size=rng.randint(1, 900),
+                                                  state=data_pb2.SEGMENT_STATE_SEALED),
+                             {1000 + i: n for i, n in enumerate(nodes)})
+            for index in (one_by_one, bulk):
+                index.put_segment(rec)
+        for _save in range(rng.randint(1, 4)):
+            cid, pid, node = rng.choice((7, 8)), 10 + rng.randrange(3), rng.randrange(1, 8)
+            start = rng.randrange(500)
+            rows = []
+            for sid in range(start, min(start + rng.randint(1, 120), 500)):
+                rec = set_copies(data_pb2.SegmentInfo(segment_id=sid, collection_id=cid, partition_id=pid,
+                                                      mem_size=rng.randint(1, 900),
+                                                      state=data_pb2.SEGMENT_STATE_SEALED), {1001: node})
+                one_by_one.put_segment(rec)
+                rows.append((sid, cid, pid, 1001, node, rec.mem_size, rec.SerializeToString()))
+            bulk.put_new_segments(rows, 0, len(rows))
+        assert _indexes(bulk) == _indexes(one_by_one)
+
+
 def _counted(index: MetaIndex) -> dict[int, dict[int, int]]:
     """``copies_by_node`` recomputed from the records."""
     out: dict[int, dict[int, int]] = {}

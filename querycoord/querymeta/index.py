@@ -247,8 +247,7 @@ class MetaIndex:
         """``put_segment`` of ``rows[start:end]``: one-copy records a load built, applied without a call per
         record or a parse (a segment already recorded is replaced, as ``put_segment`` does)."""
         table, chunk = self.segments, rows[start:end]
-        for sid in [r[0] for r in chunk if r[0] in table]:
-            self.drop_segment(sid)
+        self._unindex_replaced(chunk)
         table.put_rows(chunk)
         by_partition, by_node, memory = self.segments_by_partition, self.segments_by_node, self.memory_by_node
         # Sets looked up once per run of one partition and node (a load's rows come so), not per row.
@@ -271,6 +270,61 @@ class MetaIndex:
         for (node, cid), n in runs.items():
             counts = self.copies_by_node.setdefault(node, {})
             counts[cid] = counts.get(cid, 0) + n
+
+    def _unindex_replaced(self, chunk: Sequence[NewSegment]) -> None:
+        """``drop_segment`` of the rows' segments that have a record, but for the record and its place, which the
+        rows overwrite, and a partition set the segment stays in: by the old record's place, a set operation per
+        place and node rather than a call per segment. Why: a lost node's repair replaces every record it saves (the
+        copy on the lost node), 26,000 a part, and ``drop_segment`` each was a tenth of the leader's CPU there."""
+        places = self.segments.places()
+        by_place: dict[Place, list[NewSegment]] = {}
+        for row in chunk:
+            place = places.get(row[0])
+            if place is not None:
+                by_place.setdefault(place, []).append(row)
+        if not by_place:
+            return
+        table = self.segments
+        for (cid, pid, flat), rows in by_place.items():
+            self.segments_changed(cid)
+            left = [r[0] for r in rows if r[1] != cid or r[2] != pid]  # moved to another partition (a catalog fix)
+            parts = self.segments_by_partition.get(cid)
+            if left and parts is not None:
+                sids = parts.get(pid)
+                if sids is not None:
+                    sids.difference_update(left)
+                    if not sids:
+                        del parts[pid]
+                if not parts:
+                    del self.segments_by_partition[cid]
+            nodes = flat[1::2]
+            if not nodes:
+                continue
+            ids = list(dict.fromkeys(r[0] for r in rows))
+            mem = sum(table[sid].mem_size for sid in ids)  # the old records' sizes: what the nodes were charged
+            for node in dict.fromkeys(nodes):
+                self._uncount_on_node(node, cid, ids, mem * nodes.count(node))
+
+    def _uncount_on_node(self, node: int, cid: int, ids: list[int], mem: int) -> None:
+        """Node ``node`` no longer holds copies ``ids`` of collection ``cid``, which were charged ``mem`` bytes."""
+        on_node = self.segments_by_node.get(node)
+        held = len(on_node) if on_node is not None else 0
+        if on_node is not None:
+            on_node.difference_update(ids)
+        if on_node:
+            self.memory_by_node[node] -= mem
+        else:
+            self.segments_by_node.pop(node, None)
+            self.memory_by_node.pop(node, None)
+        held -= len(on_node) if on_node else 0
+        counts = self.copies_by_node.get(node)
+        if held and counts is not None and cid in counts:
+            counts[cid] -= held
+            if not counts[cid]:
+                del counts[cid]
+                self.segment_views.pop((PLACES_ON_NODE, cid, node), None)
+                if not counts:
+                    del self.copies_by_node[node]
 
     def drop_segment(self, segment_id: int) -> None:
         popped = self.segments.pop(segment_id)
