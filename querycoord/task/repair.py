@@ -17,6 +17,7 @@ parked (``task.parking``) while the others go on.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 
 from meta.errors import MetaError
 from proto import data_pb2, querynode_pb2
@@ -35,6 +36,18 @@ from querycoord.task.units import give_spares, park_unplaced
 
 # Partitions whose catalog records a repair reads at once.
 PARTITION_READS = 8
+
+
+def _copy_node(places: Mapping[int, tuple[int, int, tuple[int, ...]]], segment_id: int, replica_id: int) -> int:
+    """The node of replica ``replica_id``'s recorded copy of the segment (0: none), from its place."""
+    place = places.get(segment_id)
+    if place is None:
+        return 0
+    flat = place[2]
+    for i in range(0, len(flat), 2):
+        if flat[i] == replica_id:
+            return flat[i + 1]
+    return 0
 
 
 class RepairTask(TriggerTask, kind=qc.TASK_KIND_REPAIR, request="repair"):
@@ -108,19 +121,33 @@ class RepairTask(TriggerTask, kind=qc.TASK_KIND_REPAIR, request="repair"):
         # somebody loaded it since: leave it.
         online = env.nodes.is_online
         stale: dict[int, list[int]] = {}
+        places = meta.segment_places()
+        nodes: dict[tuple[int, int], int] = {}  # (id of a place, replica) -> its copy's node: once per place
         for s in self.request.missing_segments:
-            node = meta.segment_copies(s.segment_id).get(s.replica_id, 0)
+            sid, replica = s.segment_id, s.replica_id
+            key = (id(places.get(sid)), replica)
+            node = nodes.get(key)
+            if node is None:
+                node = nodes[key] = _copy_node(places, sid, replica)
             if node and node == s.node_id and online(node):
-                stale.setdefault(node, []).append(s.segment_id)
+                stale.setdefault(node, []).append(sid)
         for node, ids in sorted(stale.items()):
             await meta.remove_segment_copies(node, ids)
         replicas = set(meta.replica_ids(cid))
         loaded = set(meta.partition_ids(cid))  # asked once: a part names tens of thousands of segments
         missing: dict[int, dict[int, list[int]]] = {}
+        places = meta.segment_places()  # after the removals' awaits: the places as they are now
+        served: dict[tuple[int, int], bool] = {}  # (id of a place, replica) -> its copy is on an online node
         for s in self.request.missing_segments:
-            if (s.replica_id in replicas and s.partition_id in loaded
-                    and not online(meta.segment_copies(s.segment_id).get(s.replica_id, 0))):
-                missing.setdefault(s.replica_id, {}).setdefault(s.partition_id, []).append(s.segment_id)
+            sid, replica, pid = s.segment_id, s.replica_id, s.partition_id
+            if replica not in replicas or pid not in loaded:
+                continue
+            key = (id(places.get(sid)), replica)
+            held = served.get(key)
+            if held is None:  # once per place (a lost node's copies of a partition share theirs)
+                held = served[key] = online(_copy_node(places, sid, replica))
+            if not held:
+                missing.setdefault(replica, {}).setdefault(pid, []).append(sid)
         rewatch: dict[int, list[data_pb2.DmChannelWatchInfo]] = {}
         for w in self.request.rewatch:
             if w.replica_id in replicas:  # else the replica is gone (released and loaded again meanwhile)
