@@ -75,7 +75,8 @@ million.
 
 ``--profile-leader DIR`` runs c0 under ``scripts/profiled_coord.py``: a cProfile
 switched on and off by signals, covering exactly its steady passes
-(DIR/checker-<segments>.prof) and the node-down repair (DIR/repair-<segments>.prof);
+(DIR/checker-<segments>.prof) and the node-down repair, from the kill until the leader was done
+(DIR/repair-<segments>.prof);
 the top functions by cumulative and by own time go to stderr. ``--profile-standby DIR``
 likewise runs c1 under it, covering its takeover from c0's kill until its first checker
 pass ended (DIR/takeover-<segments>.prof). Profiling slows the profiled process: take
@@ -258,8 +259,10 @@ async def steady_passes(cl: ScaleCluster, passes: int, profile: LeaderProfile) -
 
 
 async def measure_move(cl: ScaleCluster, whole: Whole, what: str, act: Callable[[], Awaitable[None]],
-                       leader_done: Callable[[], Awaitable[bool]]) -> Move:
-    """``act()`` then until ``whole`` and ``leader_done()``; the raw writes of what the leader wrote meanwhile."""
+                       leader_done: Callable[[], Awaitable[bool]],
+                       ended: Callable[[], Awaitable[None]] | None = None) -> Move:
+    """``act()`` then until ``whole`` and ``leader_done()``; the raw writes of what the leader wrote meanwhile.
+    ``ended()`` runs as soon as the leader is done (a profile stopped there covers the move, not the raw writes)."""
     move = Move()
     rev0 = await quiet_revision(cl.kv)
     pid = cl.leader.child.pid
@@ -274,6 +277,8 @@ async def measure_move(cl: ScaleCluster, whole: Whole, what: str, act: Callable[
                                                       cl.args.timeout)
     busy1, all1 = machine_cpu_s()
     move.leader_cpu_s, move.bench_cpu_s = proc_cpu_s(pid) - cpu0, time.process_time() - own0
+    if ended is not None:
+        await ended()
     move.machine_busy_s, move.machine_all_s = busy1 - busy0, all1 - all0
     passes1 = await asyncio.to_thread(scrape, cl.http0)
     move.checker_passes = int(passes1["querycoord_checker_passes_total"] - passes0["querycoord_checker_passes_total"])
@@ -397,8 +402,8 @@ async def one_size(config: EtcdConfig, args: argparse.Namespace, segments: int, 
             profile.start()
             await whole.crash(victim)
 
-        res.repair = await measure_move(cl, whole, "node-down repair", kill_victim, settled)
-        await profile.stop(f"repair-{segments}")
+        res.repair = await measure_move(cl, whole, "node-down repair", kill_victim, settled,
+                                        ended=partial(profile.stop, f"repair-{segments}"))
 
         drained_node = cl.nodes[1]
         node_id = drained_node.state.node_id
