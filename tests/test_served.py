@@ -127,6 +127,45 @@ async def test_the_catalogs_target_counts_what_meta_never_recorded(kv: MetaKV) -
         assert served.percentage == 75 and served.unserved_segments == 1 and served.health == RED
 
 
+async def test_a_record_in_another_partition_than_its_target_counts_for_nothing_and_stays_counted_right(
+        kv: MetaKV) -> None:
+    """A target segment whose record says another partition (a catalog fix the checker has not applied) is not
+    counted as served: a partition's count reads that partition's records only, so that a save into another
+    partition keeps it (it is not recounted) and it still equals a count from scratch."""
+    catalog = CatalogStore(kv)
+    desc, _ = await catalog.create_bulk_collection("c", num_partitions=2, num_segments=8, num_channels=1)
+    async with followed_catalog(kv) as targets:
+        cid = desc.collection_id
+        p0, p1 = (p.partition_id for p in desc.partitions)
+        meta = QueryMeta(kv.fenced(await leader_fence(kv)))
+        await meta.add_collection(cid, COLL, [p0, p1], replicas=[
+            data_pb2.ReplicaInfo(replica_id=5, collection_id=cid, node_ids=[1])])
+        recorded = []
+        for pid in (p0, p1):
+            _chans, binlogs = await catalog.get_recovery_info(cid, pid)
+            recorded += [(b.segment_id, pid) for b in binlogs]
+        stray = recorded[0][0]  # a segment of p0 recorded under p1
+        await meta.save_segments([data_pb2.SegmentInfo(
+            segment_id=sid, collection_id=cid, partition_id=p1 if sid == stray else pid, node_id=1, replica_id=5,
+            mem_size=1) for sid, pid in recorded])
+        await meta.save_dm_channel_watch([data_pb2.DmChannelWatchInfo(
+            collection_id=cid, dm_channel=desc.dm_channels[0], node_id=1, replica_id=5)])
+        view = ServedView(meta, FixedNodes({1}), targets)
+        served = view.collection(cid)
+        assert served is not None and served.target_from_catalog
+        in_p0 = sum(1 for _, pid in recorded if pid == p0)
+        assert served.partitions[p0] == (in_p0 - 1, in_p0) and served.unserved_segments == 1
+        # the stray record's copy goes (a release on node 1): only p1's count is made again, and both still
+        # equal a count from scratch
+        await meta.remove_segment_copies(1, [stray])
+        again = view.collection(cid)
+        fresh = QueryMeta(kv)
+        await fresh.reload()
+        scratch = collection_served(fresh, cid, {1}, targets)
+        assert again is not None and scratch is not None and again.partitions == scratch.partitions
+        assert again.partitions[p0] == (in_p0 - 1, in_p0)
+
+
 async def test_figures_are_recomputed_only_when_something_changed(kv: MetaKV) -> None:
     meta = await two_replica_meta(kv)
     nodes = FixedNodes({1, 2, 3, 4})

@@ -116,6 +116,14 @@ class QueryMeta:
     def has_segment_view(self, name: str, collection_id: int, part: Hashable, key: Hashable) -> bool:
         return self._core.index.has_segment_view(name, collection_id, part, key)
 
+    def partition_view(self, name: str, collection_id: int, partition_id: int, key: Hashable,
+                       derive: Callable[[], Any]) -> Any:
+        """``segment_view`` of one partition's records alone (``MetaIndex.partition_view``)."""
+        return self._core.index.partition_view(name, collection_id, partition_id, key, derive)
+
+    def has_partition_view(self, name: str, collection_id: int, partition_id: int, key: Hashable) -> bool:
+        return self._core.index.has_partition_view(name, collection_id, partition_id, key)
+
     def records(self) -> dict[str, Record]:
         """Every record in memory under its etcd key (copies): exactly what etcd must hold."""
         return {k: copy_message(v) for k, v in self._core.index.records()}

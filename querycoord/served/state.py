@@ -158,18 +158,28 @@ def placed(meta: QueryMeta, collection_id: int, partition_id: int,
     records (None: no record), and whether the target is the catalog copy's (else meta's records stand in).
 
     Counted by shared place, in C (see module docstring): ids of one place share one tuple object. The count
-    depends on the segment records and the target only, not on which nodes are online nor on the replicas' members:
-    it is kept with the segment records (``QueryMeta.segment_view``) under the target's change mark, so a node
-    coming or going, or a forget (which rewrites no segment record), costs a pass over the places, not over every
-    segment; and a warm standby counts while it follows (``served.warm``), for the leader it becomes."""
+    depends on the partition's segment records and the target only, not on which nodes are online nor on the
+    replicas' members: it is kept with those records (``QueryMeta.partition_view``) under the target's change mark,
+    so a node coming or going, a forget (which rewrites no segment record) or a save into another partition costs
+    a pass over the places, not over every segment; and a warm standby counts while it follows (``served.warm``),
+    for the leader it becomes. A target segment whose record is in another partition (a catalog fix not yet
+    applied) counts as unplaced: the count reads no other partition's records, and says less, never more."""
     ids: Set[int] | None = targets.partition_segment_ids(collection_id, partition_id) if targets else None
     if ids is None:
-        return meta.segment_view(PLACED, collection_id, partition_id, None,
-                                 lambda: Counter(map(meta.segment_places().get,
-                                                     meta.partition_segment_ids(collection_id, partition_id)))), False
+        return meta.partition_view(PLACED, collection_id, partition_id, None,
+                                   lambda: Counter(map(meta.segment_places().get,
+                                                       meta.partition_segment_ids(collection_id, partition_id)))), False
     assert targets is not None
-    return meta.segment_view(PLACED, collection_id, partition_id, targets.change_mark(collection_id),
-                             lambda: Counter(map(meta.segment_places().get, ids))), True
+    return meta.partition_view(PLACED, collection_id, partition_id, targets.change_mark(collection_id),
+                               lambda: _in_partition(Counter(map(meta.segment_places().get, ids)), collection_id,
+                                                     partition_id)), True
+
+
+def _in_partition(counts: Counter[Place | None], collection_id: int, partition_id: int) -> Counter[Place | None]:
+    """``counts`` with the places of other partitions' records counted as no place (None)."""
+    for place in [p for p in counts if p is not None and (p[0] != collection_id or p[1] != partition_id)]:
+        counts[None] += counts.pop(place)
+    return counts
 
 
 def collection_served(meta: QueryMeta, collection_id: int, online: Set[int],
