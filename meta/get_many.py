@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import grpc
 
 from meta.kv import MetaKV
-from meta.txn import MAX_TXN_OPS, KeyValue, delete, get
+from meta.txn import MAX_TXN_OPS, delete
 
 # The never-taken branch's key: under the reader's root, so that a role allowed to write there may send the txn.
 NEVER_WRITTEN = "_get_many/never-written"
@@ -31,11 +31,11 @@ CONCURRENCY = 8
 
 
 async def get_many(kv: MetaKV, keys: Sequence[str], *, concurrency: int = CONCURRENCY,
-                   operation: str = "get_many") -> dict[str, KeyValue]:
-    """``key -> KeyValue`` of those of ``keys`` that exist, read by txns of at most ``MAX_TXN_OPS`` gets,
-    ``concurrency`` at once. A txn whose answer exceeds the client's receive limit (records of many binlogs) is
-    read again in halves."""
-    found: dict[str, KeyValue] = {}
+                   operation: str = "get_many") -> dict[str, bytes]:
+    """``key -> value`` of those of ``keys`` that exist, read by txns of at most ``MAX_TXN_OPS`` gets
+    (``MetaKV.txn_values``: no object per key but the value), ``concurrency`` at once. A txn whose answer exceeds
+    the client's receive limit (records of many binlogs) is read again in halves."""
+    found: dict[str, bytes] = {}
     distinct = list(dict.fromkeys(keys))
     gate = asyncio.Semaphore(concurrency)
     guard = (delete(NEVER_WRITTEN),)
@@ -43,14 +43,14 @@ async def get_many(kv: MetaKV, keys: Sequence[str], *, concurrency: int = CONCUR
     async def read(batch: Sequence[str]) -> None:
         try:
             async with gate:
-                result = await kv.txn((), [get(k) for k in batch], on_failure_ops=guard, operation=operation)
+                values = await kv.txn_values(batch, on_failure_ops=guard, operation=operation)
         except grpc.aio.AioRpcError as exc:
             if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED or len(batch) == 1:
                 raise
             half = len(batch) // 2
             await asyncio.gather(read(batch[:half]), read(batch[half:]))
             return
-        found.update((item.key, item) for item in result.responses if item is not None)
+        found.update(values)
 
     await asyncio.gather(*(read(distinct[i:i + MAX_TXN_OPS]) for i in range(0, len(distinct), MAX_TXN_OPS)))
     return found

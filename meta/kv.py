@@ -23,7 +23,7 @@ from etcd3aio.kv import prefix_range_end
 
 from meta import observe
 from meta.client import EtcdClient
-from meta.errors import InvalidKey, NotLeader, RequestTooLarge
+from meta.errors import InvalidKey, MetaError, NotLeader, RequestTooLarge
 from meta.etcd_pb import PbCompare, RangeRequest, RequestOp, TxnRequest
 from meta.fence import Fence
 from meta.prefix_snapshot import PrefixSnapshot
@@ -381,6 +381,31 @@ class MetaKV:
         branch = ops if succeeded else on_failure_ops
         revision: int = resp.header.revision  # type: ignore[attr-defined]
         return TxnResult(succeeded, revision, self._responses(resp, branch, succeeded, gets))
+
+    async def txn_values(self, keys: Sequence[str], *, on_failure_ops: Sequence[Op] = (),
+                         operation: str = "txn") -> dict[str, bytes]:
+        """One txn of a get per key (no compare of the caller's: the fenced view raises ``NotLeader`` when its
+        fence is gone), answered as ``key -> value`` of the keys that exist. ``txn`` with ``get`` ops reads the
+        same, but builds an op and a ``KeyValue`` per key: for a bulk read of records (``meta.get_many``: a lost
+        node's 125,000 catalog records at a million segments) that was most of the read's CPU."""
+        request = self._request()
+        add, root = request.success.add, self._root_prefix
+        for key in keys:
+            if not key:
+                raise InvalidKey("empty key")
+            add().request_range.key = (root + key).encode()
+        self._fill_ops(request.failure, on_failure_ops)
+        resp = await self._send(operation, request)
+        if not self._judge(resp):  # no compare of ours: only a fenced view's lost fence fails, and it raised
+            raise MetaError(f"{operation}: etcd took the failure branch of a txn without compares")
+        out: dict[str, bytes] = {}
+        cut = len(root)
+        for r in resp.responses:  # type: ignore[attr-defined]
+            kvs = r.response_range.kvs
+            if kvs:
+                kv = kvs[0]
+                out[kv.key.decode()[cut:]] = kv.value
+        return out
 
     def _judge(self, resp: object) -> bool:
         """Whether the caller's compares held. The fenced view also tells a lost fence (raised) apart."""

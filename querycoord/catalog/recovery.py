@@ -62,7 +62,7 @@ async def read_recovery_page(access: CatalogAccess, collection_id: int, partitio
         else:  # a lost node's eighth of a large partition: the prefix read parsed eight records for each wanted
             got = await get_many(access.kv, [segment_key(collection_id, partition_id, i) for i in ids],
                                  operation=f"recovery records of partition {partition_id}")
-            pairs = sorted((k, kv.value) for k, kv in got.items())
+            pairs = sorted(got.items())
     elif page_size:
         pairs, more = await access.range_page(prefix + f"{after_segment_id + 1:019d}", prefix, page_size)
         if more and pairs:
