@@ -75,8 +75,8 @@ million.
 
 ``--profile-leader DIR`` runs c0 under ``scripts/profiled_coord.py``: a cProfile
 switched on and off by signals, covering exactly its steady passes
-(DIR/checker-<segments>.prof) and the node-down repair, from the kill until the leader was done
-(DIR/repair-<segments>.prof);
+(DIR/checker-<segments>.prof), the node-down repair, from the kill until the leader was done
+(DIR/repair-<segments>.prof), and the drain likewise (DIR/drain-<segments>.prof);
 the top functions by cumulative and by own time go to stderr. ``--profile-standby DIR``
 likewise runs c1 under it, covering its takeover from c0's kill until its first checker
 pass ended (DIR/takeover-<segments>.prof). Profiling slows the profiled process: take
@@ -409,6 +409,7 @@ async def one_size(config: EtcdConfig, args: argparse.Namespace, segments: int, 
         node_id = drained_node.state.node_id
 
         async def drain() -> None:
+            profile.start()
             resp = await cl.client_of_c0.query("DrainNode", qc.NodeLifecycleRequest(node_id=node_id))
             if resp.status.error_code != 0:
                 raise BenchError(f"DrainNode {node_id}: {resp.status.reason}")
@@ -419,7 +420,8 @@ async def one_size(config: EtcdConfig, args: argparse.Namespace, segments: int, 
             state = {n.node_id: n.lifecycle for n in nodes.nodes}
             return state.get(node_id) == qc.NODE_LIFECYCLE_DRAINED and await settled()
 
-        res.drain = await measure_move(cl, whole, "drain", drain, drained)
+        res.drain = await measure_move(cl, whole, "drain", drain, drained,
+                                       ended=partial(profile.stop, f"drain-{segments}"))
 
         two = cl.nodes[2:4]
 
@@ -553,8 +555,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the coordinators' --max-repair-bytes (default: theirs): a small one cuts a node's repair "
                         "into parts at 100k segments as the default does at 1M")
     g.add_argument("--profile-leader", metavar="DIR",
-                   help="profile c0 over its steady passes and the node-down repair (DIR/checker-<segments>.prof, "
-                        "DIR/repair-<segments>.prof)")
+                   help="profile c0 over its steady passes, the node-down repair and the drain "
+                        "(DIR/checker-<segments>.prof, DIR/repair-<segments>.prof, DIR/drain-<segments>.prof)")
     g.add_argument("--profile-standby", metavar="DIR",
                    help="profile c1 from c0's kill until c1's first checker pass ended (DIR/takeover-<segments>.prof)")
     g.add_argument("--stalls", metavar="DIR",

@@ -41,10 +41,10 @@ def test_bench_scale_ops_quick_run(project_root: Path, subprocess_env: dict[str,
     assert result["node_down_repair_leader_cpu_s"][0] >= 0 and result["node_down_repair_nodes_cpu_s"][0] >= 0
     assert result["status_page_failed"] == [0]  # a small cluster's page answers
     assert "node-down repair" in proc.stdout and "drain of one node" in proc.stdout
-    # The leader's profiles cover its steady passes and the repair, the standby's its takeover (its raw profiles
-    # in a directory of their own), and their top functions went to stderr.
-    assert sorted(p.name for p in profiles.iterdir()) == ["checker-1500.prof", "repair-1500.prof", "standby",
-                                                          "takeover-1500.prof"]
+    # The leader's profiles cover its steady passes, the repair and the drain, the standby's its takeover (its raw
+    # profiles in a directory of their own), and their top functions went to stderr.
+    assert sorted(p.name for p in profiles.iterdir()) == ["checker-1500.prof", "drain-1500.prof", "repair-1500.prof",
+                                                          "standby", "takeover-1500.prof"]
     assert "leader profile" in proc.stderr and "standby profile" in proc.stderr and "cumulative" in proc.stderr
     assert "takeover steps" in proc.stdout
     assert not any(line.startswith("{") for line in lines[:-1]), proc.stdout
