@@ -92,15 +92,14 @@ async def _drain_one(scheduler: Scheduler, lifecycles: NodeLifecycles, node_id: 
     for cid in sorted(set(ids_of) | set(chans_of)):
         if cid in busy() or scheduler.stopped:
             continue
-        moving = await meta.read_segments_on_node(node_id, cid) if cid in ids_of else []
+        moving = await meta.read_segment_sizes_on_node(node_id, cid) if cid in ids_of else []
         if cid in busy() or scheduler.stopped:  # a trigger took the collection during the read's turns
             continue
         replica = meta.replica_of_node(cid, node_id)
         watches = [] if moving else chans_of.get(cid, [])
         parked = assess(env, cid, replica, moving, [w.dm_channel for w in watches], usage)
         if parked is not None:
-            sizes = [(s.segment_id, s.mem_size) for s in moving]
-            move, why = donor_for_drain(env, cid, replica, sizes, [w.dm_channel for w in watches], usage)
+            move, why = donor_for_drain(env, cid, replica, moving, [w.dm_channel for w in watches], usage)
             if move is None:
                 waits.append(f"collection {cid}: {parked.reason}" + (f"; {why}" if why else ""))
                 continue

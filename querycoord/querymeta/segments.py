@@ -13,6 +13,7 @@ import asyncio
 from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
 from operator import attrgetter
 from types import MappingProxyType
+from typing import NamedTuple
 
 from meta.txn import MAX_TXN_OPS, Put
 from querycoord.common.messages import LoadItem
@@ -80,6 +81,13 @@ def _sole_copy_of(place: tuple[int, int, tuple[int, ...]] | None, collection_id:
     """Whether a record placed at ``place`` is of that partition and its one copy is ``replica_id``'s."""
     return (place is not None and place[0] == collection_id and place[1] == partition_id
             and len(place[2]) == 2 and place[2][0] == replica_id)
+
+
+class SegmentSize(NamedTuple):
+    """A copy's segment id and size: what weighing a move needs, without a view of its record."""
+
+    segment_id: int
+    mem_size: int
 
 
 class Segments:
@@ -193,6 +201,20 @@ class Segments:
         its size, no view built (a tenth of ``segments_on_node``'s cost per copy)."""
         segments = self._core.index.segments
         return [(sid, segments[sid].mem_size) for sid in self.segment_ids_on_node_of(node_id, collection_id)]
+
+    async def read_segment_sizes_on_node(self, node_id: int, collection_id: int) -> list[SegmentSize]:
+        """``segment_sizes_on_node`` with a turn of the event loop every ``TURN_EVERY`` copies: a drain weighs
+        its next move from these, where views of each copy (``read_segments_on_node``) were a tenth of the
+        leader's CPU in a drain of 143,000 copies. A copy that left the node during a turn is left out."""
+        index = self._core.index
+        ids = self.segment_ids_on_node_of(node_id, collection_id)
+        out: list[SegmentSize] = []
+        for start in range(0, len(ids), TURN_EVERY):
+            on_node, segments = index.segments_by_node.get(node_id, ()), index.segments
+            out += [SegmentSize(sid, segments[sid].mem_size) for sid in ids[start:start + TURN_EVERY] if sid in on_node]
+            if start + TURN_EVERY < len(ids):
+                await asyncio.sleep(0)
+        return out
 
     def segment_ids_on_node(self, node_id: int) -> list[int]:
         """Ids of the copies recorded on the node, sorted: ``segments_on_node`` without a view per copy (a lost

@@ -37,7 +37,7 @@ from .nodes import Nodes
 from .progress import Progress
 from .records import CollectionLoadInfo, DmChannelWatchInfo, SegmentInfo, VChannelInfo
 from .replicas import Replicas
-from .segments import Segments
+from .segments import Segments, SegmentSize
 
 
 class QueryMeta:
@@ -270,6 +270,9 @@ class QueryMeta:
 
     def segment_sizes_on_node(self, node_id: int, collection_id: int) -> list[tuple[int, int]]:
         return self._segments.segment_sizes_on_node(node_id, collection_id)
+
+    async def read_segment_sizes_on_node(self, node_id: int, collection_id: int) -> list[SegmentSize]:
+        return await self._segments.read_segment_sizes_on_node(node_id, collection_id)
 
     def segment_count_on_node(self, node_id: int) -> int:
         return self._segments.segment_count_on_node(node_id)
