@@ -19,7 +19,7 @@ from querycoord.cluster.allocator import STEP_SEGMENTS
 from tests.cluster import QueryCluster, drain, fast_scheduler, wait_until
 
 SEGMENTS = 2 * STEP_SEGMENTS + 4_000  # several placement steps; a drained node holds many read chunks
-STEPPED = ("run_steps_with_turns", "read_segments_on_node")
+STEPPED = ("run_steps_with_turns", "read_segment_sizes_on_node")
 
 
 def awaiting(coro: object) -> set[str]:
@@ -73,7 +73,7 @@ async def test_a_large_load_and_a_drain_of_its_node_let_other_coroutines_run_bet
             await wait_until(lambda: lead.lifecycles is not None
                              and lead.lifecycles.state(victim.node_id) == qc.NODE_LIFECYCLE_DRAINED,
                              "the drain ends", timeout=240)
-            assert seen["read_segments_on_node"] >= 2, "the drain read the node's copies with turns between chunks"
+            assert seen["read_segment_sizes_on_node"] >= 2, "the drain read the node's copies with turns between chunks"
             assert not victim.state.segments, "the drained node holds nothing (its own report)"
             assert len(survivor.state.segments) == SEGMENTS, "the other node holds every segment (its own report)"
         finally:
