@@ -29,7 +29,7 @@ from querycoord.nodes.querynode import FaultConfig
 from querycoord.querymeta import QueryMeta
 from querycoord.task.store import TaskStore
 from querycoord.task.triggers import LoadPartitionsTask
-from tests.cluster import MiB, QueryCluster, fast_scheduler, running_cluster
+from tests.cluster import MiB, QueryCluster, fast_scheduler, running_cluster, wait_until
 
 SLOW = FaultConfig(latency_ms=300)
 
@@ -668,6 +668,43 @@ async def test_a_persist_etcd_applied_but_never_answered_leaves_no_trigger_behin
         else:  # what the caller heard is what the nodes hold: nothing
             assert cid not in [s.collection_id for s in shown.collections], (r.status, shown)
             assert not held_once(c)
+
+
+async def test_a_release_queued_while_a_finished_load_removes_its_keys_leaves_no_key_behind(
+        etcd: EtcdCluster, root_path: str) -> None:
+    """A load's tree has ended and its keys are being removed when a release of its collection is queued: too late
+    to cancel, the release waits for it. Cancelling it interrupted the removal, and the load's whole tree stayed in
+    etcd, unknown to the leader, until a next leader ran it again (the chaos drill with tight capacity)."""
+    async with started(etcd, root_path, [None]) as c:
+        assert c.client is not None
+        cid = await c.create_collection("finishing", partitions=1, segments=4)
+        sched = (await c.wait_leader()).coord.leadership.scheduler
+        env = sched.env
+        gate, removing = asyncio.Event(), asyncio.Event()
+        remove = env.store.remove_tree
+
+        async def held_remove(trigger: Any, children: Any, history: Any = None) -> None:  # the real removal, held
+            if trigger.kind == qc.TASK_KIND_LOAD_COLLECTION:
+                removing.set()
+                await gate.wait()
+            await remove(trigger, children, history)
+
+        env.store.remove_tree = held_remove  # type: ignore[method-assign]
+        try:
+            load = asyncio.create_task(c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid)))
+            await asyncio.wait_for(removing.wait(), 30)
+            release = asyncio.create_task(c.client.query("ReleaseCollection",
+                                                         qc.ReleaseCollectionRequest(collection_id=cid)))
+            await wait_until(lambda: bool(sched.pending(cid, (qc.TASK_KIND_RELEASE_COLLECTION,))),
+                             "the release queued", 30)
+            gate.set()
+            answers = await asyncio.gather(load, release)
+        finally:
+            gate.set()
+            env.store.remove_tree = remove  # type: ignore[method-assign]
+        assert [a.status.error_code for a in answers] == [common_pb2.SUCCESS] * 2, answers
+        await settled(c)  # no key left: the load's tree was removed, then the release ran
+        assert not held_once(c), "released last: the nodes hold nothing"
 
 
 async def test_a_resumed_balance_does_not_watch_channels_of_a_collection_released_meanwhile(

@@ -86,6 +86,7 @@ class TreeRunner:
                     await self._run_trigger(t)
         finally:
             q.started.discard(t.id)
+            q.finishing.discard(t.id)
 
     async def _run_trigger(self, t: TriggerTask) -> None:
         """Run one tree to one of its exits (see module docstring)."""
@@ -93,6 +94,7 @@ class TreeRunner:
             NOSPACE_WAIT.set(self.pauses.waiter(t.id))  # the id: tasks copy this context
         try:
             error = await self._run_tree(t)
+            self.queue.finishing.add(t.id)  # ended: a release queued now waits for it, it does not cancel it
             await self.retention.remove_tree(t)
         except Abandon:
             self._drop(t)

@@ -56,6 +56,9 @@ class TriggerQueue:
         self.busy: dict[int, int] = {}  # collection -> trigger id
         self.cancel_reason: dict[int, str] = {}
         self.failing: set[int] = set()  # triggers rolling back their failure: not cancelled
+        # Triggers whose tree ended and whose keys are being removed: too late to cancel (a release cancelling a
+        # finished load interrupted the removal of its keys, which stayed in etcd, unknown to the leader).
+        self.finishing: set[int] = set()
         # The highest id of a release queued per collection, and per (collection, partition) for partition
         # releases: a load persisted before a release but queued after it (its etcd write answered later) is
         # older than the release and must not run after it (``_cancel_if_released``).
@@ -168,7 +171,7 @@ class TriggerQueue:
     def cancel(self, t: TriggerTask, reason: str) -> None:
         """Cancel ``t`` (queued or running) once: its callers get CANCELLED with ``reason``; a running one rolls
         back what it undoes (a load) and finishes, a queued one finishes without running."""
-        if t.id in self.cancel_reason or self.triggers.get(t.id) is not t:
+        if t.id in self.cancel_reason or self.triggers.get(t.id) is not t or t.id in self.finishing:
             return
         self.cancel_reason[t.id] = reason
         running = self.running.get(t.id)
