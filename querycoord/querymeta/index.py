@@ -184,13 +184,7 @@ class MetaIndex:
         now: for views of the segment records alone (and of what ``key`` names: a target's change mark), which
         outlive a change to the collection's other records. One view is kept per ``part`` (a partition): a new
         ``key`` replaces it. Read-only to the caller: it is shared."""
-        mark = (self.segment_changes.get(collection_id, 0), key)
-        cached = self.segment_views.get((name, collection_id, part))
-        if cached is not None and cached[0] == mark:
-            return cached[1]
-        value = derive()
-        self.segment_views[(name, collection_id, part)] = (mark, value)
-        return value
+        return self._kept((name, collection_id, part), (self.segment_changes.get(collection_id, 0), key), derive)
 
     def has_segment_view(self, name: str, collection_id: int, part: Hashable, key: Hashable) -> bool:
         """Whether ``segment_view`` would answer without deriving."""
@@ -204,11 +198,15 @@ class MetaIndex:
         partition's records. Why: ShowCollections recounted every partition of a million-segment collection (0.1 s
         of the leader's CPU per call) after each save of a repair that touched a few of its 16 partitions."""
         mark = (self.partition_changes.get((collection_id, partition_id), 0), key)
-        cached = self.segment_views.get((name, collection_id, partition_id))
+        return self._kept((name, collection_id, partition_id), mark, derive)
+
+    def _kept(self, slot: tuple[str, int, Hashable], mark: tuple[int, Hashable], derive: Callable[[], Any]) -> Any:
+        """The view kept in ``slot`` while its ``mark`` holds, else ``derive()`` kept there under it."""
+        cached = self.segment_views.get(slot)
         if cached is not None and cached[0] == mark:
             return cached[1]
         value = derive()
-        self.segment_views[(name, collection_id, partition_id)] = (mark, value)
+        self.segment_views[slot] = (mark, value)
         return value
 
     def has_partition_view(self, name: str, collection_id: int, partition_id: int, key: Hashable) -> bool:
