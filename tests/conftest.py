@@ -26,7 +26,10 @@ from querycoord.stream.store import StreamStore
 from tests.certs import CertFiles, make_certs
 from tests.default_port import default_etcd  # noqa: F401  (fixture: tests using etcd's default port)
 from tests.streams import fenced_store
-from tests.unretrieved import no_unretrieved_exceptions  # noqa: F401  (autouse: see tests/unretrieved.py)
+from tests.unretrieved import (  # noqa: F401  (an autouse fixture and a hook: see tests/unretrieved.py)
+    no_unretrieved_exceptions,
+    pytest_collection_finish,
+)
 
 # The tests are meta's application: they read its logs (as a library it is silent until enabled).
 logger.enable("meta")

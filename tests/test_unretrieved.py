@@ -9,6 +9,7 @@ from pathlib import Path
 
 INNER = '''
 import asyncio
+import gc
 
 from loguru import logger
 
@@ -23,6 +24,10 @@ async def test_leaks_a_failing_task():
 
 def test_logs_a_never_retrieved_line():
     logger.error("Task exception was never retrieved (said by hand)")
+
+
+def test_what_collection_made_is_frozen_out_of_the_collections():
+    assert gc.get_freeze_count() > 0
 
 
 async def test_awaits_what_it_starts():
@@ -45,7 +50,7 @@ def test_the_guard_fails_a_test_that_leaves_an_exception_unretrieved(tmp_path: P
         cwd=tmp_path, env=subprocess_env, capture_output=True, text=True, timeout=120)
     out = run.stdout + run.stderr
     assert run.returncode == 1, out
-    assert "3 passed, 2 errors" in out, out
+    assert "4 passed, 2 errors" in out, out
     assert "ERROR at teardown of test_leaks_a_failing_task" in out, out
     assert "RuntimeError: boom from a leaked task" in out, out
     assert "ERROR at teardown of test_logs_a_never_retrieved_line" in out, out
