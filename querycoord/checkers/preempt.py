@@ -15,22 +15,12 @@ from loguru import logger
 
 from querycoord.checkers.scan import Diff
 from querycoord.task.scheduler import Scheduler
-from querycoord.task.throttle import BALANCE, move_kind
 from querycoord.task.triggers import TriggerTask
 
 
 def balances_by_collection(scheduler: Scheduler) -> dict[int, list[TriggerTask]]:
-    """Collections held only by balance triggers, with those triggers."""
-    balances: dict[int, list[TriggerTask]] = {}
-    others: set[int] = set()
-    for t in scheduler.triggers.values():
-        colls = t.collections() | ({t.collection_id} if t.collection_id else set())
-        if move_kind(t) == BALANCE:
-            for c in colls:
-                balances.setdefault(c, []).append(t)
-        else:
-            others |= colls
-    return {c: ts for c, ts in balances.items() if c not in others}
+    """Collections held only by balance triggers, with those triggers (kept by the queue: ``task.owners``)."""
+    return scheduler.queue.owners.balance_only()
 
 
 def preempt_balances(scheduler: Scheduler, d: Diff, balanced: dict[int, list[TriggerTask]]) -> list[int]:

@@ -256,7 +256,7 @@ class TreeRunner:
     def _finish(self, t: TriggerTask, error: BaseException | None) -> None:
         q = self.queue
         q.running.pop(t.id, None)
-        q.triggers.pop(t.id, None)
+        q.drop(t)
         q.cancel_reason.pop(t.id, None)
         q.started_ms.pop(t.id, None)
         self.waits.forget(t.id)

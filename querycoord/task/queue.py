@@ -21,6 +21,7 @@ from proto import common_pb2, task_pb2
 from proto import querycoord_pb2 as qc
 from querycoord.task.leadership import Lifecycle
 from querycoord.task.model import TaskEnv, TaskError, mark_retrieved
+from querycoord.task.owners import CollectionOwners
 from querycoord.task.triggers import ReleaseCollectionTask, ReleasePartitionsTask, TriggerTask
 
 if TYPE_CHECKING:
@@ -49,7 +50,8 @@ class TriggerQueue:
         self.space = space
         self._heap: list[tuple[int, int, int]] = []  # (-priority, id, tiebreak)
         self._tiebreak = itertools.count()
-        self.triggers: dict[int, TriggerTask] = {}  # queued or running
+        self.triggers: dict[int, TriggerTask] = {}  # queued or running: changed by ``push`` and ``drop`` only
+        self.owners = CollectionOwners()  # which collections they own, kept with ``triggers``
         self.running: dict[int, asyncio.Task[None]] = {}
         self.started: set[int] = set()  # dispatched triggers whose task has begun running (cancel only those)
         self.started_ms: dict[int, int] = {}  # running trigger id -> when this coordinator began running it
@@ -144,9 +146,16 @@ class TriggerQueue:
     def push(self, trigger: TriggerTask) -> None:
         """Queue a persisted trigger in priority order."""
         self.triggers[trigger.id] = trigger
+        self.owners.add(trigger)
         heapq.heappush(self._heap, (-PRIORITY.get(trigger.rec.trigger_condition, 0), trigger.id,
                                     next(self._tiebreak)))
         self.wake.set()
+
+    def drop(self, t: TriggerTask) -> None:
+        """The trigger has left the queue (finished, failed or cancelled)."""
+        if self.triggers.get(t.id) is t:
+            del self.triggers[t.id]
+            self.owners.remove(t)
 
     def cancel_loads(self, collection_id: int, reason: str, partition_ids: set[int] | None = None) -> None:
         """Cancel the loads a release really conflicts with: all of the collection's, or (a partitions

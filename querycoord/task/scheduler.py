@@ -155,13 +155,8 @@ class Scheduler:
 
     def busy_collections(self) -> set[int]:
         """The collections a queued or running trigger owns: a checker pass, a lost node's repair and the
-        progress raised after a move leave them to it."""
-        out: set[int] = set()
-        for t in self.triggers.values():
-            out |= t.collections()
-            if t.collection_id:
-                out.add(t.collection_id)
-        return out
+        progress raised after a move leave them to it (kept by the queue: ``task.owners``)."""
+        return self.queue.owners.busy()
 
     def find(self, task_id: int) -> TriggerTask | None:
         """The queued or running trigger with this id, or whose tree holds a child with it."""
