@@ -330,3 +330,37 @@ async def test_the_cancel_key_lives_exactly_as_long_as_its_trigger(kv) -> None:
     assert all(v == 0 for v in (await store.count_keys()).values()), await store.count_keys()
     assert not await store.mark_cancel(5, "too late (by admin)")
     assert await kv.get(cancel_key(5)) is None
+
+
+async def test_cancel_of_a_load_whose_tree_ended_says_it_finished_and_writes_no_cancel_key(
+        etcd: EtcdCluster, root_path: str) -> None:
+    """Between a tree's end and the removal of its keys the trigger is still queued, but too late to cancel
+    (``TriggerQueue.finishing``): CancelTask answers as it does for a tree in the history, and stores nothing."""
+    async with running_cluster(etcd, root_path, [None]) as c:
+        assert c.client is not None
+        cid = await c.create_collection("ending", partitions=1, segments=4)
+        env = (await c.wait_leader()).coord.leadership.scheduler.env
+        gate, removing = asyncio.Event(), asyncio.Event()
+        remove = env.store.remove_tree
+
+        async def held_remove(trigger: task_pb2.TaskRecord, *args: object) -> None:  # the real removal, held
+            if trigger.kind == qc.TASK_KIND_LOAD_COLLECTION:
+                removing.set()
+                await gate.wait()
+            await remove(trigger, *args)  # type: ignore[arg-type]
+
+        env.store.remove_tree = held_remove  # type: ignore[method-assign]
+        try:
+            r = await c.client.query("LoadCollection", qc.LoadCollectionRequest(collection_id=cid))
+            assert r.status.error_code == common_pb2.SUCCESS, r.status
+            await asyncio.wait_for(removing.wait(), 30)
+            got = await c.client.query("CancelTask", qc.CancelTaskRequest(task_id=r.task_id, reason="too late"))
+            cancel_keys = await env.store.kv.count_prefix(cancel_key(r.task_id))
+        finally:
+            gate.set()
+            env.store.remove_tree = remove  # type: ignore[method-assign]
+        assert got.status.error_code == common_pb2.CONFLICT, got.status
+        assert got.status.reason == f"task {r.task_id} already finished: DONE", got.status
+        assert (await _ended(c, r.task_id)).state == qc.TASK_STATE_EXPIRED
+        assert cancel_keys == 0, "no cancel key was stored for it"
+        await c.wait_no_task_keys()

@@ -25,6 +25,8 @@ from querycoord.task.queue import TriggerQueue
 from querycoord.task.store import TaskStore
 
 RELEASE_KINDS = (qc.TASK_KIND_RELEASE_COLLECTION, qc.TASK_KIND_RELEASE_PARTITION)
+# How an ended tree's trigger state reads in an answer (the words CancelTask gives for one in the task history).
+_ENDED = {qc.TASK_STATE_EXPIRED: "DONE", qc.TASK_STATE_CANCELLED: "CANCELLED"}
 
 
 # One cancel at a time per queue: two asked at once must not store one reason and keep the other in memory.
@@ -55,6 +57,8 @@ async def _cancel(queue: TriggerQueue, store: TaskStore, task_id: int, why: str)
         raise Conflict(f"task {task_id} failed already and is rolling back: {t.rec.error}")
     if t.id in queue.cancel_reason:
         raise Conflict(f"task {task_id} is being cancelled already: {queue.cancel_reason[t.id]}")
+    if t.id in queue.finishing:  # its tree ended: the keys being removed, a cancel key would name nothing to stop
+        raise Conflict(f"task {task_id} already finished: {_ENDED.get(t.state, 'FAILED')}")
     if not await store.mark_cancel(t.id, why):
         return None  # finished between the look and the write
     t.cancel_why = why
