@@ -74,6 +74,8 @@ def add_scale_options(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     g.add_argument("--coord-logs", metavar="DIR",
                    help="keep the coordinators' logs, at INFO, in DIR/s<segments>/ (default: at WARNING, in a "
                         "temporary directory removed at the end): a timeline of a move or a takeover")
+    g.add_argument("--coord-log-level", choices=("INFO", "DEBUG", "TRACE"), default="INFO",
+                   help="their level with --coord-logs (default INFO; DEBUG names each child's steps)")
     return g
 
 
@@ -337,7 +339,7 @@ class ScaleCluster:
         client = await connect(config)
         logs = (args.coord_logs or work) / f"s{segments}"
         logs.mkdir(parents=True, exist_ok=True)
-        level = "INFO" if args.coord_logs else "WARNING"
+        level = args.coord_log_level if args.coord_logs else "WARNING"
         harness = Harness(config.endpoints, root, logs, ttl=args.ttl, log_level=level, start_timeout=120)
         self = cls(args, segments, client, MetaKV(client, root), harness, work)
         self.gate.set()
