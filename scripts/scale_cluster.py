@@ -75,7 +75,7 @@ def add_scale_options(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
                    help="keep the coordinators' logs, at INFO, in DIR/s<segments>/ (default: at WARNING, in a "
                         "temporary directory removed at the end): a timeline of a move or a takeover")
     g.add_argument("--coord-log-level", choices=("INFO", "DEBUG", "TRACE"), default="INFO",
-                   help="their level with --coord-logs (default INFO; DEBUG names each child's steps)")
+                   help="their level with --coord-logs (default INFO)")
     return g
 
 

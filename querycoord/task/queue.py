@@ -153,9 +153,9 @@ class TriggerQueue:
 
     def drop(self, t: TriggerTask) -> None:
         """The trigger has left the queue (finished, failed or cancelled)."""
-        if self.triggers.get(t.id) is t:
-            del self.triggers[t.id]
-            self.owners.remove(t)
+        gone = self.triggers.pop(t.id, None)
+        if gone is not None:
+            self.owners.remove(gone)
 
     def cancel_loads(self, collection_id: int, reason: str, partition_ids: set[int] | None = None) -> None:
         """Cancel the loads a release really conflicts with: all of the collection's, or (a partitions
