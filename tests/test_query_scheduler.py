@@ -16,7 +16,7 @@ from querycoord.nodes.querynode import FaultConfig
 from querycoord.task.assign import merge_by_size
 from querycoord.task.model import DONE, UNDO
 from querycoord.task.store import TaskStore, save_unit
-from tests.cluster import MiB, QueryCluster, running_cluster
+from tests.cluster import MiB, QueryCluster, running_cluster, wait_until
 
 
 def test_requests_are_split_at_200kb_on_the_wire() -> None:
@@ -278,6 +278,10 @@ async def test_queue_order_is_priority_then_fifo(etcd: EtcdCluster, root_path: s
         await c.start_coordinator()
         lead = (await c.wait_leader()).coord.leadership
         sched = lead.scheduler
+        # A new leader starts dispatching once, after its checker's first pass (``_dispatch_after_first_pass``):
+        # stopped before that, the scheduler was started again under this test, which then saw its triggers run
+        # instead of queued. So that start comes first, then the stop.
+        await wait_until(lambda: sched.dispatching, "the leader dispatching")
         await sched.stop()  # stop dispatching; inspect the heap order only
         sched.stopped = False
         from querycoord.task.triggers import HandoffTask, LoadBalanceTask, ReleaseCollectionTask
