@@ -7,15 +7,16 @@ from dataclasses import dataclass
 from operator import itemgetter
 
 from meta.get_many import get_many
+from meta.txn import MAX_TXN_OPS
 from proto import catalog_pb2, data_pb2
 from querycoord.catalog.access import CatalogAccess
 from querycoord.catalog.binlogs import add_flushed, parse_binlogs
 from querycoord.catalog.errors import InvalidArgument
 from querycoord.catalog.keys import parse_segment_key, segment_key, segment_prefix
 
-# Above this many ids a filtered lookup reads by txns of gets (``meta.get_many``), or the partition's whole prefix
-# when the ids are at least 1 / ``_PREFIX_SHARE`` of its segments (a range then reads few records not wanted).
-_MAX_POINT_READS = 1024
+# A filtered lookup reads its ids by txns of gets (``meta.get_many``: exactly the records wanted, 128 a txn), or the
+# partition's whole prefix when the ids are at least 1 / ``_PREFIX_SHARE`` of its segments (a range then reads few
+# records not wanted). Up to ``MAX_TXN_OPS`` ids go by one txn without asking the partition's size first.
 _PREFIX_SHARE = 3
 _VALUE = itemgetter(1)
 
@@ -53,13 +54,12 @@ async def read_recovery_page(access: CatalogAccess, collection_id: int, partitio
         ids = sorted({i for i in segment_ids if i > after_segment_id})
         if page_size and len(ids) > page_size:
             ids, next_after = ids[:page_size], ids[page_size - 1]
-        if len(ids) <= _MAX_POINT_READS:
-            found = await access.read_many([segment_key(collection_id, partition_id, i) for i in ids])
-            pairs = sorted((k, v) for k, (v, _) in found.items())
-        elif len(ids) * _PREFIX_SHARE >= await access.kv.count_prefix(prefix):
+        if len(ids) > MAX_TXN_OPS and len(ids) * _PREFIX_SHARE >= await access.kv.count_prefix(prefix):
             wanted = {segment_key(collection_id, partition_id, i) for i in ids}
             pairs = [(k, v) for k, v in (await access.kv.load_prefix(prefix)).items() if k in wanted]
-        else:  # a lost node's eighth of a large partition: the prefix read parsed eight records for each wanted
+        else:
+            # A lost or drained node's eighth of a partition: a range over it read and parsed eight records for
+            # each one wanted (most of a repair's plan at 100,000 segments), key-by-key reads a round trip each.
             got = await get_many(access.kv, [segment_key(collection_id, partition_id, i) for i in ids],
                                  operation=f"recovery records of partition {partition_id}")
             pairs = sorted(got.items())
