@@ -63,8 +63,9 @@ class CatalogAccess:
         """``key -> (value, create_revision)`` of the keys that exist, all read at one revision.
 
         Keys are read in runs (``key_runs``): a run whose range holds few other keys is read as that one range
-        (a repair reads an eighth of a partition's segments: one range instead of thousands of calls, each of
-        which cost far more than the records read beside it); the others key by key.
+        (one call instead of one per key, each of which costs far more than the records read beside it); the
+        others key by key. Reads that need no single revision, such as a repair's catalog records, go by
+        ``meta.get_many`` instead (``catalog.recovery``).
 
         Plain Range calls, not read-only txns: etcd before 3.5.5 panics when a
         read-only txn is cancelled (etcd-io/etcd#14110), and a coordinator that
